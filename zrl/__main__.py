@@ -1,0 +1,3 @@
+from zrl.cli import main
+
+main()

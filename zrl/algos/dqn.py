@@ -1,0 +1,182 @@
+"""DQN / Ape-X learner math: n-step (double) Q targets, prioritized Huber loss, one update step.
+
+Transitions are n-step: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is
+``gamma^k`` (0 when the episode terminated), both from :func:`zrl.algos.returns.nstep_transitions`,
+so the targets below never need ``gamma`` or a done flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike
+from torch import Tensor, nn
+
+BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+
+
+def double_q_targets(
+    returns: Tensor, discounts: Tensor, next_q_online: Tensor, next_q_target: Tensor
+) -> Tensor:
+    """Double-DQN target (van Hasselt et al. 2016).
+
+    ``y = R + discount * Q_target(s', argmax_a Q_online(s', a))``: the online network picks
+    the action and the target network evaluates it, which curbs max-operator overestimation.
+    Shapes: returns/discounts ``[B]``, next_q_* ``[B, A]`` -> ``[B]``.
+    """
+    best = next_q_online.argmax(dim=1, keepdim=True)
+    return returns + discounts * next_q_target.gather(1, best).squeeze(1)
+
+
+def q_targets(returns: Tensor, discounts: Tensor, next_q_target: Tensor) -> Tensor:
+    """Plain DQN target ``y = R + discount * max_a Q_target(s', a)``; ``[B]``."""
+    return returns + discounts * next_q_target.max(dim=1).values
+
+
+def td_errors(q_values: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
+    """TD errors ``delta = y - Q(s, a)`` for the taken actions; q_values ``[B, A]`` -> ``[B]``."""
+    return targets - q_values.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+
+
+def huber(x: Tensor, delta: float = 1.0) -> Tensor:
+    """Elementwise Huber loss: ``0.5 x^2`` if ``|x| <= delta`` else ``delta * (|x| - delta / 2)``."""
+    abs_x = x.abs()
+    return torch.where(abs_x <= delta, 0.5 * x.square(), delta * (abs_x - 0.5 * delta))
+
+
+def dqn_loss(
+    q_values: Tensor,
+    actions: Tensor,
+    targets: Tensor,
+    weights: Tensor,
+    huber_delta: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Importance-weighted Huber loss ``mean_b w_b * huber(y_b - Q(s_b, a_b))``.
+
+    ``targets`` must be detached by the caller (computed under ``torch.no_grad()``): gradients
+    flow only through ``Q(s, a)``, never into the bootstrap target. A target that requires
+    grad raises ``ValueError`` instead of silently training towards a moving target.
+    ``weights`` are the prioritized-replay importance weights (all ones for uniform replay).
+    Returns ``(loss, td)`` with ``td = y - Q(s, a)`` detached, ``[B]``.
+    """
+    if targets.requires_grad:
+        raise ValueError("dqn_loss: targets require grad; compute them under torch.no_grad()")
+    if huber_delta <= 0:
+        raise ValueError(f"huber_delta must be > 0, got huber_delta={huber_delta!r}")
+    td = td_errors(q_values, actions, targets)
+    loss = (weights * huber(td, huber_delta)).mean()
+    return loss, td.detach()
+
+
+def apex_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """Per-actor exploration rates of Ape-X (Horgan et al. 2018).
+
+    ``eps_i = base ** (1 + alpha * i / (num - 1))`` for ``i = 0..num-1``, so actor 0 explores
+    most (``base``) and the last least (``base ** (1 + alpha)``); ``num == 1`` gives ``[base]``.
+    """
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
+        raise ValueError(f"num must be an integer >= 1, got num={num!r}")
+    if num == 1:
+        return np.array([base], dtype=np.float64)
+    exponents = 1.0 + alpha * np.arange(num, dtype=np.float64) / (num - 1)
+    return np.power(base, exponents)
+
+
+def initial_priorities(
+    q_taken: np.ndarray, returns: ArrayLike, discounts: ArrayLike, next_q: np.ndarray
+) -> np.ndarray:
+    """Ape-X actor-side priorities ``|R + discount * max_a next_q(s', a) - Q(s, a)|``.
+
+    Actors compute these with their own (possibly stale) network so new data enters replay
+    with a sensible priority instead of the max. Shapes: q_taken/returns/discounts ``[M]``,
+    next_q ``[M, A]``. Returns float32 ``[M]``.
+    """
+    next_q = np.asarray(next_q, dtype=np.float64)
+    target = np.asarray(returns, dtype=np.float64) + np.asarray(
+        discounts, dtype=np.float64
+    ) * next_q.max(axis=1)
+    return np.abs(target - np.asarray(q_taken, dtype=np.float64)).astype(np.float32)
+
+
+@dataclass
+class DQNUpdate:
+    """Result of one :func:`dqn_update` step."""
+
+    loss: float
+    td: np.ndarray  # float32 [B] |td error|, the new replay priorities
+    grad_norm: float  # global L2 norm of the gradients before clipping
+    q_mean: float  # mean Q(s, a) of the taken actions, before the step
+
+
+def dqn_update(
+    online: nn.Module,
+    target: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, Tensor],
+    *,
+    double: bool,
+    huber_delta: float,
+    grad_clip: float,
+) -> DQNUpdate:
+    """One gradient step of (double) n-step DQN with prioritized-replay weights.
+
+    ``batch`` holds ``obs [B, ...]``, ``action [B]`` (int), ``reward [B]`` (the n-step return),
+    ``discount [B]`` (``gamma^k`` or 0), ``next_obs [B, ...]`` and ``weight [B]``. Gradients are
+    clipped to global L2 norm ``grad_clip`` (``math.inf`` disables clipping).
+    """
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"dqn_update: batch is missing keys {missing}")
+    if not grad_clip > 0:
+        raise ValueError(f"grad_clip must be > 0 (math.inf disables), got grad_clip={grad_clip!r}")
+
+    with torch.no_grad():
+        next_q_target = target(batch["next_obs"])
+        if double:
+            y = double_q_targets(
+                batch["reward"], batch["discount"], online(batch["next_obs"]), next_q_target
+            )
+        else:
+            y = q_targets(batch["reward"], batch["discount"], next_q_target)
+
+    q_values = online(batch["obs"])
+    loss, td = dqn_loss(q_values, batch["action"], y, batch["weight"], huber_delta)
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    # clip_grad_norm_ returns the total norm measured before clipping.
+    grad_norm = nn.utils.clip_grad_norm_(online.parameters(), grad_clip)
+    optimizer.step()
+
+    q_taken = q_values.detach().gather(1, batch["action"].long().unsqueeze(1)).mean()
+    return DQNUpdate(
+        loss=float(loss.item()),
+        td=td.abs().cpu().numpy().astype(np.float32),
+        grad_norm=float(grad_norm.item()),
+        q_mean=float(q_taken.item()),
+    )
+
+
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging ``theta_target <- tau * theta_online + (1 - tau) * theta_target``.
+
+    ``tau = 1`` is an exact hard copy. Non-float buffers (e.g. BatchNorm counters) are copied.
+    """
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must be in (0, 1], got tau={tau!r}")
+    # state_dict tensors share storage with the module, so in-place ops update it.
+    target_state = target.state_dict()
+    online_state = online.state_dict()
+    if target_state.keys() != online_state.keys():
+        diff = sorted(set(target_state) ^ set(online_state))
+        raise ValueError(f"soft_update: target and online differ in keys {diff}")
+    with torch.no_grad():
+        for name, dst in target_state.items():
+            src = online_state[name]
+            if tau == 1.0 or not dst.is_floating_point():
+                dst.copy_(src)
+            else:
+                dst.lerp_(src.to(dst.dtype), tau)

@@ -1,0 +1,372 @@
+"""The broker: the one well-known address of a zrl experiment.
+
+Sockets (base address tcp://H:P; see ``broker_endpoints`` for the full layout):
+
+- ROUTER ``registry`` (P): roles say HELLO and get WELCOME (their id, the experiment
+  spec, the stream endpoints), then HEARTBEAT (answered with HEARTBEAT_ACK) and BYE;
+  anyone may ask LOOKUP (a service's rpc endpoints) and STATUS (the role table).
+- XSUB ``topics_in`` (P+1) / XPUB ``topics_out`` (P+2): the topic bus (weights,
+  metrics, priorities/<shard>). PUB semantics: a slow subscriber loses messages at its
+  high-water mark, never blocks the publisher.
+- per stream S: PULL ``S_in`` / PUSH ``S_out``: load-balanced pipelines (experience,
+  batches, ...). PUSH semantics: a full queue blocks the producer (back-pressure).
+
+The devices are ``zmq.proxy_steerable`` running in C in their own threads; no
+stream byte passes through Python here. Only the registry is Python, and it
+validates every message it reads (malformed ones are counted and dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from zrl import __version__
+from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+
+log = logging.getLogger("zrl.broker")
+
+REGISTRY_POLL_MS = 100
+LIVENESS_CHECK_S = 0.25
+
+
+@dataclass
+class RoleEntry:
+    """What the registry knows about one registered role."""
+
+    id: str
+    role: str
+    host: str
+    pid: int
+    rpc: str
+    routing_id: bytes
+    state: str = "alive"  # alive | dead | stopped
+    registered: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, now: float) -> dict[str, Any]:
+        received = sum(s.get("received", 0) for s in self.stats.values())
+        sent = sum(s.get("sent", 0) for s in self.stats.values())
+        dropped = sum(s.get("dropped", 0) for s in self.stats.values())
+        gaps = sum(s.get("gaps", 0) for s in self.stats.values())
+        return {
+            "id": self.id,
+            "role": self.role,
+            "host": self.host,
+            "pid": self.pid,
+            "rpc": self.rpc,
+            "state": self.state,
+            "age": round(now - self.last_seen, 2),
+            "restarts": self.restarts,
+            "msgs_in": received,
+            "msgs_out": sent,
+            "dropped": dropped,
+            "gaps": gaps,
+            "streams": self.stats,
+            "info": self.info,
+        }
+
+
+class Broker:
+    """Registry plus routing devices. ``run()`` serves until ``stop()`` is called."""
+
+    def __init__(
+        self,
+        bind: str,
+        config: ExperimentConfig | None = None,
+        *,
+        ctx: zmq.Context | None = None,
+    ) -> None:
+        self.config = config
+        bcfg = config.broker if config is not None else ExperimentConfig().broker
+        self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
+        self.heartbeat_interval = bcfg.heartbeat_interval
+        self.heartbeat_timeout = bcfg.heartbeat_timeout
+        self.max_message_bytes = bcfg.max_message_bytes
+        self.stream_hwm = bcfg.stream_hwm
+        self.bind_address = bind
+        self.endpoints = broker_endpoints(bind, self.streams)
+        self.ctx = ctx or zmq.Context.instance()
+        self.stats = TransportStats()
+        self.roles: dict[str, RoleEntry] = {}
+        self._counters: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._controls: list[zmq.Socket] = []
+        self.started = time.time()
+        self.id = f"broker@{socket.gethostname()}"
+
+        registry = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=self.max_message_bytes)
+        self._bind(registry, "registry")
+        self.registry = Channel(
+            registry, "registry", self.id, self.stats, envelope=True,
+            max_message_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        # Topic bus: large HWMs so a weights burst is not dropped for a subscriber that is
+        # merely busy; a truly stuck subscriber still cannot grow the broker's memory unbounded.
+        xsub = make_socket(self.ctx, zmq.XSUB, sndhwm=10_000, rcvhwm=10_000,
+                           max_message_bytes=self.max_message_bytes)  # fmt: skip
+        xpub = make_socket(self.ctx, zmq.XPUB, sndhwm=10_000, rcvhwm=10_000,
+                           max_message_bytes=self.max_message_bytes)  # fmt: skip
+        self._bind(xsub, "topics_in")
+        self._bind(xpub, "topics_out")
+        self._start_device("topics", xsub, xpub)
+        for name in self.streams:
+            pull = make_socket(self.ctx, zmq.PULL, rcvhwm=self.stream_hwm,
+                               max_message_bytes=self.max_message_bytes)  # fmt: skip
+            push = make_socket(self.ctx, zmq.PUSH, sndhwm=self.stream_hwm,
+                               max_message_bytes=self.max_message_bytes)  # fmt: skip
+            self._bind(pull, f"{name}_in")
+            self._bind(push, f"{name}_out")
+            self._start_device(name, pull, push)
+
+    def _bind(self, sock: zmq.Socket, name: str) -> None:
+        addr = self.endpoints[name]
+        try:
+            sock.bind(addr)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._close_devices()
+            raise OSError(f"broker cannot bind {name} at {addr}: {exc}") from None
+
+    def _start_device(self, name: str, frontend: zmq.Socket, backend: zmq.Socket) -> None:
+        ctrl_addr = f"inproc://zrl-broker-ctrl-{id(self)}-{name}"
+        ctrl_server = self.ctx.socket(zmq.PAIR)
+        ctrl_server.bind(ctrl_addr)
+        ctrl_client = self.ctx.socket(zmq.PAIR)
+        ctrl_client.connect(ctrl_addr)
+        self._controls.append(ctrl_client)
+
+        def device() -> None:
+            try:
+                zmq.proxy_steerable(frontend, backend, None, ctrl_server)
+            except zmq.ContextTerminated:
+                pass
+            finally:
+                for s in (frontend, backend, ctrl_server):
+                    s.close(linger=0)
+
+        t = threading.Thread(target=device, name=f"zrl-device-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _close_devices(self) -> None:
+        for ctrl in self._controls:
+            try:
+                ctrl.send(b"TERMINATE")
+            except zmq.ZMQError:
+                pass
+        for t in self._threads:
+            t.join(timeout=5)
+        for ctrl in self._controls:
+            ctrl.close(linger=0)
+        self._controls.clear()
+        self._threads.clear()
+
+    # --- registry ---------------------------------------------------------------------
+
+    def _new_id(self, role: str, index: Any) -> str:
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return f"{role}-{index}"
+        n = self._counters.get(role, 0)
+        while f"{role}-{n}" in self.roles and self.roles[f"{role}-{n}"].state == "alive":
+            n += 1
+        self._counters[role] = n + 1
+        return f"{role}-{n}"
+
+    def _reply(self, to: bytes, kind: str, **meta: Any) -> None:
+        self.registry.send(P.Message(kind, meta=meta), to=to, block=False)
+
+    def _on_hello(self, ident: bytes, msg: P.Message) -> None:
+        m = msg.meta
+        P.require_meta(msg, {"role": str, "host": str, "pid": int})
+        theirs = m.get("zrl_version")
+        if theirs != __version__:
+            self._reply(ident, P.REFUSED, reason=(
+                f"zrl version mismatch: this broker runs zrl {__version__}, the role runs zrl {theirs}"
+            ))  # fmt: skip
+            return
+        wanted = m.get("id")
+        role = m["role"]
+        if isinstance(wanted, str) and wanted.startswith(role + "-"):
+            rid = wanted
+        else:
+            rid = self._new_id(role, m.get("index"))
+        old = self.roles.get(rid)
+        restarts = 0
+        if old is not None:
+            # Same id from a new process: a restart. From the same process: a reconnect.
+            restarts = old.restarts + (1 if old.pid != m["pid"] or old.host != m["host"] else 0)
+            if old.state == "alive" and old.pid != m["pid"] and old.routing_id != ident:
+                log.warning("%s re-registered from pid %s (was pid %s)", rid, m["pid"], old.pid)
+        entry = RoleEntry(
+            id=rid,
+            role=role,
+            host=m["host"],
+            pid=m["pid"],
+            rpc=str(m.get("rpc", "")),
+            routing_id=ident,
+            restarts=restarts,
+        )
+        self.roles[rid] = entry
+        log.info("registered %s (host %s, pid %s)", rid, entry.host, entry.pid)
+        spec = self.config.model_dump(mode="json") if self.config is not None else None
+        self._reply(
+            ident,
+            P.WELCOME,
+            id=rid,
+            spec=spec,
+            endpoints=self.endpoints,
+            streams=self.streams,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+            max_message_bytes=self.max_message_bytes,
+            zrl_version=__version__,
+            broker_started=self.started,
+        )
+
+    def _on_heartbeat(self, ident: bytes, msg: P.Message) -> None:
+        rid = msg.meta.get("id")
+        entry = self.roles.get(rid) if isinstance(rid, str) else None
+        if entry is None or entry.state == "stopped":
+            self._reply(ident, P.UNKNOWN_ROLE, id=rid)
+            return
+        if entry.state == "dead":
+            log.warning("%s is heartbeating again after being marked dead", rid)
+        entry.state = "alive"
+        entry.routing_id = ident
+        entry.last_seen = time.monotonic()
+        stats, info = msg.meta.get("stats"), msg.meta.get("info")
+        if isinstance(stats, dict):
+            entry.stats = stats
+        if isinstance(info, dict):
+            entry.info = info
+        self._reply(ident, P.HEARTBEAT_ACK)
+
+    def _on_bye(self, ident: bytes, msg: P.Message) -> None:
+        rid = msg.meta.get("id")
+        entry = self.roles.get(rid) if isinstance(rid, str) else None
+        if entry is not None:
+            entry.state = "stopped"
+            stats = msg.meta.get("stats")
+            if isinstance(stats, dict):
+                entry.stats = stats
+            log.info("%s said bye", rid)
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [e.row(now) for e in sorted(self.roles.values(), key=lambda e: (e.role, e.id))]
+
+    def _on_status(self, ident: bytes, msg: P.Message) -> None:
+        self._reply(
+            ident,
+            P.STATUS_REPLY,
+            roles=self.status_rows(),
+            broker={
+                "id": self.id,
+                "bind": self.bind_address,
+                "pid": os.getpid(),
+                "uptime": round(time.time() - self.started, 1),
+                "zrl_version": __version__,
+                "registry": self.stats.snapshot(),
+                "experiment": self.config.name if self.config is not None else None,
+            },
+        )
+
+    def _on_lookup(self, ident: bytes, msg: P.Message) -> None:
+        role = msg.meta.get("role")
+        services = [
+            {"id": e.id, "rpc": e.rpc, "host": e.host}
+            for e in self.roles.values()
+            if e.role == role and e.state == "alive" and e.rpc
+        ]
+        self._reply(ident, P.LOOKUP_REPLY, role=role, services=services)
+
+    def _handle(self, ident: bytes, msg: P.Message) -> None:
+        handler = {
+            P.HELLO: self._on_hello,
+            P.HEARTBEAT: self._on_heartbeat,
+            P.BYE: self._on_bye,
+            P.STATUS: self._on_status,
+            P.LOOKUP: self._on_lookup,
+        }.get(msg.kind)
+        if handler is None:
+            raise P.ProtocolError(f"registry does not serve {msg.kind!r}")
+        handler(ident, msg)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for e in self.roles.values():
+            if e.state == "alive" and now - e.last_seen > self.heartbeat_timeout:
+                e.state = "dead"
+                log.warning(
+                    "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
+                    e.id, e.host, e.pid, now - e.last_seen,
+                )  # fmt: skip
+
+    def _recv_registry(self) -> tuple[bytes, P.Message] | None:
+        try:
+            frames = self.registry.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        if len(frames) < 2:
+            self.registry._drop("?", "no routing envelope")
+            return None
+        ident = frames[0].bytes
+        try:
+            msg = P.decode(frames[1:], max_bytes=self.max_message_bytes)
+        except P.VersionMismatch as exc:
+            # Answer so the peer can say exactly which versions disagree.
+            self._reply(ident, P.REFUSED, reason=str(exc), protocol=P.PROTOCOL_VERSION)
+            self.registry._drop(P.peek_sender(frames[1:]), str(exc))
+            return None
+        except P.ProtocolError as exc:
+            self.registry._drop(P.peek_sender(frames[1:]), str(exc))
+            return None
+        self.registry.stats.received += 1
+        return ident, msg
+
+    def run(self) -> None:
+        log.info("broker listening on %s (streams: %s)", self.bind_address, ", ".join(self.streams))
+        poller = zmq.Poller()
+        poller.register(self.registry.sock, zmq.POLLIN)
+        next_check = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if poller.poll(REGISTRY_POLL_MS):
+                    for _ in range(1000):  # drain a burst, but keep checking liveness
+                        got = self._recv_registry()
+                        if got is None:
+                            break
+                        try:
+                            self._handle(*got)
+                        except P.ProtocolError as exc:
+                            self.registry._drop(got[1].sender or "?", str(exc))
+                if time.monotonic() >= next_check:
+                    self._check_liveness()
+                    next_check = time.monotonic() + LIVENESS_CHECK_S
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._close_devices()
+        if not self.registry.sock.closed:
+            self.registry.close()
+        log.info("broker stopped")

@@ -1,0 +1,274 @@
+"""The ``zrl`` command line: start roles, run experiments, inspect them.
+
+Every command turns bad input into a one-line ``error: ...`` and exit code 2;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from zrl import __version__
+
+app = typer.Typer(
+    help="zrl: distributed reinforcement learning on ZeroMQ.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+start_app = typer.Typer(help="Start one role of an experiment in this process.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
+app.add_typer(start_app, name="start")
+app.add_typer(config_app, name="config")
+
+BrokerOpt = Annotated[
+    str, typer.Option("--broker", "-b", help="Broker address, e.g. tcp://10.0.0.1:5555.")
+]
+IndexOpt = Annotated[
+    int | None, typer.Option("--index", "-i", help="Role index (ids, seeds, exploration).")
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a config key: a.b.c=value.")
+]
+LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")]
+TimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", help="Seconds to keep trying to reach the broker.")
+]
+AdvertiseOpt = Annotated[
+    str | None,
+    typer.Option("--advertise", help="Address peers reach this host at (default: auto)."),
+]
+
+
+class UserError(Exception):
+    """Bad input; printed as one line."""
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def version() -> None:
+    """Print the zrl and protocol versions."""
+    from zrl.transport.protocol import PROTOCOL_VERSION
+
+    typer.echo(f"zrl {__version__} (protocol {PROTOCOL_VERSION})")
+
+
+# --- start ------------------------------------------------------------------------------
+
+
+@start_app.command("broker")
+def start_broker(
+    bind: Annotated[str, typer.Option("--bind", help="Base address: tcp://HOST:PORT.")] = (
+        "tcp://127.0.0.1:5555"
+    ),
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Experiment config every role receives.")
+    ] = None,
+    overrides: SetOpt = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow binding a non-loopback address without keys.")
+    ] = False,
+    log_level: LogOpt = "INFO",
+) -> None:
+    """Run the broker: registry, topic bus and stream devices."""
+    from zrl.broker import Broker
+    from zrl.config import load_config
+    from zrl.runtime import install_stop_signals, setup_logging
+    from zrl.transport.sockets import is_loopback
+
+    setup_logging(log_level)
+    if not is_loopback(bind) and not insecure:
+        fail(
+            f"{bind} is reachable from other hosts and no keys are configured: anyone on the "
+            "network could join this experiment. Pass --insecure to accept that."
+        )
+    cfg = load_config(config, overrides) if config is not None else None
+    broker = Broker(bind, cfg)
+    install_stop_signals(broker.stop)
+    broker.run()
+
+
+def _start_role(
+    name: str, broker: str, index: int | None, log_level: str, timeout: float, advertise: str | None
+) -> None:
+    from zrl.roles import role_class
+    from zrl.runtime import install_stop_signals, setup_logging
+
+    setup_logging(log_level)
+    cls = role_class(name)
+    role = cls(broker, index=index, connect_timeout=timeout, advertise=advertise)
+    install_stop_signals(role.request_stop)
+    role.run()
+
+
+def _add_role_command(name: str, help_text: str) -> None:
+    def command(
+        broker: BrokerOpt = "tcp://127.0.0.1:5555",
+        index: IndexOpt = None,
+        connect_timeout: TimeoutOpt = 60.0,
+        advertise: AdvertiseOpt = None,
+        log_level: LogOpt = "INFO",
+    ) -> None:
+        _start_role(name, broker, index, log_level, connect_timeout, advertise)
+
+    command.__doc__ = help_text
+    start_app.command(name)(command)
+
+
+for _name, _help in (
+    ("actor", "Run an actor: vector envs, batched inference, trajectories to `experience`."),
+    ("replay", "Run a replay shard: tables, rate limiter, batches to `batches`."),
+    ("params", "Run the parameter server: versioned weights, published on each update."),
+    ("learner", "Run a learner: batches in, updates, priorities and weights out."),
+    ("evaluator", "Run the evaluator: greedy episodes with the latest weights."),
+):
+    _add_role_command(_name, _help)
+
+
+# --- status -----------------------------------------------------------------------------
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.1f}s"
+
+
+@app.command()
+def status(
+    broker: BrokerOpt = "tcp://127.0.0.1:5555",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw status as JSON.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
+) -> None:
+    """Show the roles registered with a broker."""
+    import zmq
+    from rich.console import Console
+    from rich.table import Table
+
+    from zrl.roles.base import registry_request
+    from zrl.transport import protocol as P
+
+    reply = registry_request(zmq.Context.instance(), broker, P.Message(P.STATUS), timeout)
+    if as_json:
+        typer.echo(json.dumps(reply.meta, indent=2, default=str))
+        return
+    b = reply.meta.get("broker", {})
+    roles: list[dict[str, Any]] = reply.meta.get("roles", [])
+    table = Table(
+        title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
+        f"(up {b.get('uptime', 0):.0f}s)"
+    )
+    for col in ("role", "id", "host", "pid", "state", "heartbeat", "restarts", "msgs in", "msgs out", "dropped"):
+        table.add_column(col, justify="right" if col.startswith(("pid", "msgs", "rest", "drop", "heart")) else "left")
+    colors = {"alive": "green", "dead": "red", "stopped": "yellow"}
+    for r in roles:
+        state = r["state"]
+        table.add_row(
+            r["role"], r["id"], r["host"], str(r["pid"]),
+            f"[{colors.get(state, 'white')}]{state}[/]", _age(r["age"]), str(r["restarts"]),
+            str(r["msgs_in"]), str(r["msgs_out"]), str(r["dropped"]),
+        )  # fmt: skip
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    hosts: dict[str, int] = {}
+    for r in roles:
+        if r["state"] == "alive":
+            hosts[r["host"]] = hosts.get(r["host"], 0) + 1
+    if hosts:
+        console.print("alive per host: " + ", ".join(f"{h}: {n}" for h, n in sorted(hosts.items())))
+
+
+# --- config -----------------------------------------------------------------------------
+
+
+@config_app.command("show")
+def config_show(
+    config: Annotated[Path, typer.Argument(help="YAML config file.")],
+    overrides: SetOpt = None,
+) -> None:
+    """Print the fully resolved config (defaults filled in, overrides applied)."""
+    from zrl.config import config_to_yaml, load_config
+
+    typer.echo(config_to_yaml(load_config(config, overrides)), nl=False)
+
+
+# --- run / eval / plot ------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML config file.")],
+    overrides: SetOpt = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Where to write logs, metrics, the model.")
+    ] = None,
+    inproc: Annotated[
+        bool, typer.Option("--inproc", help="Every role as a thread of this process (debugging).")
+    ] = False,
+    port: Annotated[int | None, typer.Option("--port", help="Broker base port (default: free).")] = None,
+    log_level: LogOpt = "INFO",
+) -> None:
+    """Run an experiment locally: broker and every role, live status, run directory."""
+    from zrl.config import load_config
+    from zrl.supervisor import Supervisor
+
+    cfg = load_config(config, overrides)
+    sup = Supervisor(cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level)
+    summary = sup.run()
+    if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def eval_run(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `zrl run`.")],
+    episodes: Annotated[int, typer.Option("--episodes", "-n")] = 10,
+    seed: Annotated[int, typer.Option("--seed")] = 12345,
+) -> None:
+    """Play the saved policy of a run greedily and print the returns."""
+    from zrl.evaluation import evaluate_run_dir
+
+    returns = evaluate_run_dir(run_dir, episodes=episodes, seed=seed)
+    for i, r in enumerate(returns):
+        typer.echo(f"episode {i}: return {r:.1f}")
+    import numpy as np
+
+    typer.echo(f"mean {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes")
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `zrl run`.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG path.")] = None,
+) -> None:
+    """Write a PNG of a run's learning curve (evaluation return against env steps and time)."""
+    from zrl.metrics import plot_run
+
+    path = plot_run(run_dir, out)
+    typer.echo(f"wrote {path}")
+
+
+def main() -> None:
+    """Entry point: user errors become one line and exit code 2."""
+    from zrl.config import ConfigError
+    from zrl.roles.base import RoleError
+
+    try:
+        app()
+    except (ConfigError, RoleError, UserError, OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
+

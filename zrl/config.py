@@ -1,0 +1,213 @@
+"""Experiment configuration: typed schema, YAML loading, ``--set`` overrides.
+
+A config is one YAML file; every role receives the whole resolved config from
+the broker (the experiment spec) and reads its own section. Validation is done
+by pydantic with ``extra="forbid"``, so a typo is an error naming the key path,
+never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded or does not validate; the message is user-facing."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(_Section):
+    id: str = "CartPole-v1"
+    """gymnasium environment id."""
+    num_envs: int = Field(16, ge=1)
+    """Environments stepped together by one actor (one batched forward pass per step)."""
+    vectorization: Literal["auto", "native", "sync", "async"] = "auto"
+    """auto: the env's native vectorized form where it has one, else sync."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for gymnasium.make."""
+
+
+class ModelConfig(_Section):
+    hidden: list[int] = Field(default_factory=lambda: [64, 64])
+    """Hidden layer sizes of the MLP torso."""
+    dueling: bool = True
+    """Dueling value/advantage heads."""
+
+
+class BrokerConfig(_Section):
+    heartbeat_interval: float = Field(0.5, gt=0)
+    """Seconds between a role's heartbeats."""
+    heartbeat_timeout: float = Field(3.0, gt=0)
+    """A role silent this long is marked dead."""
+    streams: list[str] = Field(default_factory=lambda: list(DEFAULT_STREAMS))
+    """Named PUSH/PULL streams the broker runs a device for."""
+    stream_hwm: int = Field(64, ge=1)
+    """High-water mark (messages) of each side of a stream device."""
+    max_message_bytes: int = Field(256 * 2**20, ge=1024)
+    """Largest message any socket accepts (ZMQ_MAXMSGSIZE); larger ones are dropped by libzmq."""
+
+
+class RolesConfig(_Section):
+    actors: int = Field(2, ge=0)
+    replay: int = Field(1, ge=0)
+    params: int = Field(1, ge=0, le=1)
+    learners: int = Field(1, ge=0)
+    evaluator: int = Field(1, ge=0, le=1)
+
+
+class ActorConfig(_Section):
+    trajectory_length: int = Field(32, ge=1)
+    """Steps per env in one pushed trajectory."""
+    epsilon: float = Field(0.4, ge=0, le=1)
+    """Ape-X base epsilon: slot i of N explores with epsilon ** (1 + alpha * i / (N - 1))."""
+    epsilon_alpha: float = Field(7.0, ge=0)
+    """Ape-X epsilon exponent spread."""
+    torch_threads: int = Field(1, ge=1)
+
+
+class ReplayConfig(_Section):
+    table: Literal["uniform", "prioritized", "fifo"] = "prioritized"
+    capacity: int = Field(100_000, ge=1)
+    """Items per replay shard; the oldest is evicted first."""
+    alpha: float = Field(0.6, ge=0)
+    """Priority exponent (prioritized table)."""
+    beta: float = Field(0.4, ge=0, le=1)
+    """Importance-sampling exponent (prioritized table)."""
+    n_step: int = Field(3, ge=1)
+    gamma: float = Field(0.99, ge=0, le=1)
+    batch_size: int = Field(64, ge=1)
+    min_size: int = Field(1000, ge=1)
+    """Items a shard must hold before it samples."""
+    samples_per_insert: float = Field(8.0, ge=0)
+    """Target sampled items per inserted item (0 disables the ratio limit)."""
+    samples_per_insert_tolerance: float = Field(4096.0, ge=0)
+    """Error buffer of the ratio, in sampled items (Reverb's error_buffer)."""
+    prefetch: int = Field(4, ge=1)
+    """Sampled batches queued ahead of the learners (send high-water mark)."""
+
+
+class LearnerConfig(_Section):
+    lr: float = Field(1e-3, gt=0)
+    double: bool = True
+    target_update_interval: int = Field(500, ge=1)
+    """Updates between hard target-network copies."""
+    grad_clip: float = Field(10.0, gt=0)
+    huber_delta: float = Field(1.0, gt=0)
+    publish_interval: int = Field(20, ge=1)
+    """Updates between sending weights to the parameter server."""
+    torch_threads: int = Field(1, ge=1)
+
+
+class EvaluatorConfig(_Section):
+    interval: float = Field(5.0, gt=0)
+    """Seconds between evaluations (only when a new weights version exists)."""
+    episodes: int = Field(20, ge=1)
+
+
+class StopConfig(_Section):
+    eval_return: float | None = 475.0
+    """Stop when the mean evaluation return reaches this."""
+    env_steps: int | None = Field(None, ge=1)
+    wall_time: float | None = Field(600.0, gt=0)
+    """Seconds."""
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> StopConfig:
+        if self.eval_return is None and self.env_steps is None and self.wall_time is None:
+            raise ValueError("at least one of eval_return, env_steps, wall_time must be set")
+        return self
+
+
+class ExperimentConfig(_Section):
+    name: str = "experiment"
+    algo: Literal["apex_dqn"] = "apex_dqn"
+    seed: int = 0
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    roles: RolesConfig = Field(default_factory=RolesConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in e and e["type"] != "missing":
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a","b","c"], value parsed as YAML, so types survive)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key.path=value")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"override {item!r}: {where} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
+    data = apply_overrides(dict(data), list(overrides or []))
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"invalid config: {_format_validation_error(err)}") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate a YAML config; every failure is a ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return config_from_dict(data, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"{p}: {err}") from None
+
+
+def config_to_yaml(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

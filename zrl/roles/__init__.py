@@ -1,0 +1,26 @@
+"""The roles of a zrl experiment, one class each (see ``zrl.roles.base.Role``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from zrl.roles.base import Role, RoleError
+
+ROLE_MODULES = {
+    "actor": "zrl.roles.actor:Actor",
+    "replay": "zrl.roles.replay:ReplayServer",
+    "params": "zrl.roles.params:ParameterServer",
+    "learner": "zrl.roles.learner:Learner",
+    "evaluator": "zrl.roles.evaluator:Evaluator",
+}
+
+
+def role_class(name: str) -> type[Role]:
+    """The class of a role by its CLI name (imported lazily: torch is slow to import)."""
+    if name not in ROLE_MODULES:
+        raise RoleError(f"unknown role {name!r}; roles are {', '.join(ROLE_MODULES)}")
+    module, cls = ROLE_MODULES[name].split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+__all__ = ["ROLE_MODULES", "Role", "RoleError", "role_class"]

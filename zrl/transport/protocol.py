@@ -1,0 +1,247 @@
+"""The zrl wire protocol: message kinds, the version, and frame encoding/validation.
+
+Frame layout of every message (after any ROUTER envelope or PUB topic frame)::
+
+    frame 0   header: msgpack map
+                v   protocol version (int)          k   kind (str)
+                s   sender id (str)                 q   per-stream sequence number (int)
+                st  stream name (str)               m   metadata (map of plain values)
+                a   [[name, dtype, shape], ...]     one entry per array frame, in order
+    frame 1.. raw array buffers, C order, no padding
+
+Arrays go out as the numpy buffers themselves (``send_multipart(copy=False)``)
+and come back as ``np.frombuffer`` views on the received frames, so array bytes
+are never copied by zrl. No pickle is ever decoded from a data frame.
+
+Threat model: any peer that can reach a socket can send any bytes. ``decode``
+therefore checks everything a malicious or buggy sender controls (frame count,
+header type and size, version, dtypes from an allow-list, shapes, sizes) and
+raises :class:`ProtocolError`; receivers count and drop such messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# Registry (role <-> broker ROUTER)
+HELLO = "hello"
+WELCOME = "welcome"
+REFUSED = "refused"
+HEARTBEAT = "heartbeat"
+HEARTBEAT_ACK = "heartbeat_ack"
+UNKNOWN_ROLE = "unknown_role"  # heartbeat from an id the broker does not know (it restarted)
+BYE = "bye"
+LOOKUP = "lookup"
+LOOKUP_REPLY = "lookup_reply"
+STATUS = "status"
+STATUS_REPLY = "status_reply"
+ERROR = "error"
+# Data paths
+TRAJECTORY = "trajectory"  # actor -> replay on `experience`
+BATCH = "batch"  # replay -> learner on `batches`
+PRIORITIES = "priorities"  # learner -> replay shard (topic priorities/<shard>)
+WEIGHTS = "weights"  # params -> everyone (topic weights); learner -> params (rpc)
+GET_WEIGHTS = "get_weights"  # rpc to params: latest weights for a late joiner
+NO_WEIGHTS = "no_weights"
+ACK = "ack"
+METRICS = "metrics"  # every role -> topic metrics
+END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
+
+MAX_HEADER_BYTES = 4 * 2**20
+MAX_ARRAYS = 256
+MAX_NDIM = 16
+# Plain numeric dtypes only: object, string and void dtypes could smuggle arbitrary
+# Python objects or mislead size checks.
+ALLOWED_DTYPES = frozenset(
+    np.dtype(t).str
+    for t in (
+        "bool",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+)
+
+
+class ProtocolError(ValueError):
+    """A received message that does not follow the protocol (always dropped, never fatal)."""
+
+
+class VersionMismatch(ProtocolError):
+    """A peer speaks another protocol version."""
+
+    def __init__(self, theirs: object, ours: int = PROTOCOL_VERSION) -> None:
+        super().__init__(f"protocol version mismatch: peer speaks {theirs!r}, this zrl speaks {ours}")
+        self.theirs = theirs
+
+
+@dataclass
+class Message:
+    """One zrl message: a kind, plain metadata and named numpy arrays."""
+
+    kind: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    sender: str = ""
+    seq: int = 0
+    stream: str = ""
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+def _plain(obj: Any) -> Any:
+    # numpy scalars and arrays in metadata would otherwise make msgpack raise.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, tuple | set):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} in message metadata")
+
+
+def encode(msg: Message) -> list[Any]:
+    """Message -> frames. Array frames are the arrays themselves (no copy for contiguous ones)."""
+    specs = []
+    bufs: list[Any] = []
+    for name, arr in msg.arrays.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype.str not in ALLOWED_DTYPES:
+            raise TypeError(f"array {name!r} has dtype {a.dtype} which the protocol does not carry")
+        specs.append([name, a.dtype.str, list(a.shape)])
+        # A 0-d or empty array has no usable buffer view; send its bytes.
+        bufs.append(a if a.ndim and a.size else a.tobytes())
+    header = msgpack.packb(
+        {
+            "v": msg.version,
+            "k": msg.kind,
+            "s": msg.sender,
+            "q": msg.seq,
+            "st": msg.stream,
+            "m": msg.meta,
+            "a": specs,
+        },
+        default=_plain,
+        use_bin_type=True,
+    )
+    return [header, *bufs]
+
+
+def _buffer(frame: Any) -> memoryview:
+    # zmq.Frame exposes .buffer; bytes and memoryview are accepted too (tests, copy=True).
+    buf = getattr(frame, "buffer", frame)
+    return memoryview(buf)
+
+
+def peek_sender(frames: Sequence[Any]) -> str:
+    """Best-effort sender id of a (possibly malformed) message, for logging drops."""
+    try:
+        head = msgpack.unpackb(_buffer(frames[0]), raw=False, strict_map_key=True)
+        sender = head.get("s") if isinstance(head, dict) else None
+        return sender if isinstance(sender, str) and sender else "?"
+    except Exception:
+        return "?"
+
+
+def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
+    """Frames -> Message, validating everything; raises ProtocolError on any fault.
+
+    Arrays are read-only views on the received frames (zero copy)."""
+    if not frames:
+        raise ProtocolError("empty message")
+    head_buf = _buffer(frames[0])
+    if head_buf.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {head_buf.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        head = msgpack.unpackb(head_buf, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"header is not msgpack: {type(exc).__name__}") from None
+    if not isinstance(head, dict):
+        raise ProtocolError(f"header is a {type(head).__name__}, not a map")
+    version = head.get("v")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(version)
+    kind, sender, seq, stream = head.get("k"), head.get("s", ""), head.get("q", 0), head.get("st", "")
+    meta, specs = head.get("m", {}), head.get("a", [])
+    if not isinstance(kind, str) or not kind:
+        raise ProtocolError("header has no kind")
+    if not isinstance(sender, str) or not isinstance(stream, str):
+        raise ProtocolError("sender and stream must be strings")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ProtocolError(f"bad sequence number {seq!r}")
+    if not isinstance(meta, dict):
+        raise ProtocolError("metadata is not a map")
+    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise ProtocolError("array list is not a list of at most MAX_ARRAYS entries")
+    if len(frames) != 1 + len(specs):
+        raise ProtocolError(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
+    arrays: dict[str, np.ndarray] = {}
+    total = head_buf.nbytes
+    for spec, frame in zip(specs, frames[1:], strict=True):
+        if not (isinstance(spec, list) and len(spec) == 3):
+            raise ProtocolError("array spec is not [name, dtype, shape]")
+        name, dtype, shape = spec
+        if not isinstance(name, str) or name in arrays:
+            raise ProtocolError(f"bad or duplicate array name {name!r}")
+        if dtype not in ALLOWED_DTYPES:
+            raise ProtocolError(f"array {name!r}: dtype {dtype!r} not allowed")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_NDIM
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ProtocolError(f"array {name!r}: bad shape {shape!r}")
+        dt = np.dtype(dtype)
+        expected = dt.itemsize * int(np.prod(shape, dtype=np.int64)) if shape else dt.itemsize
+        buf = _buffer(frame)
+        if buf.nbytes != expected:
+            raise ProtocolError(
+                f"array {name!r}: {buf.nbytes} bytes, header says {expected} ({dtype} {shape})"
+            )
+        total += expected
+        if total > max_bytes:
+            raise ProtocolError(f"message exceeds size cap of {max_bytes} bytes")
+        arrays[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
+    return Message(
+        kind=kind, meta=meta, arrays=arrays, sender=sender, seq=seq, stream=stream, version=version
+    )
+
+
+def require_arrays(msg: Message, spec: Mapping[str, tuple[str | None, int | None]]) -> None:
+    """Check that ``msg`` carries each named array with the given dtype and rank (None: any).
+
+    Receivers call this for the kinds they consume; a mismatch is a ProtocolError."""
+    for name, (dtype, ndim) in spec.items():
+        arr = msg.arrays.get(name)
+        if arr is None:
+            raise ProtocolError(f"{msg.kind} from {msg.sender or '?'} lacks array {name!r}")
+        if dtype is not None and arr.dtype != np.dtype(dtype):
+            raise ProtocolError(f"{msg.kind} array {name!r} has dtype {arr.dtype}, expected {dtype}")
+        if ndim is not None and arr.ndim != ndim:
+            raise ProtocolError(f"{msg.kind} array {name!r} has rank {arr.ndim}, expected {ndim}")
+
+
+def require_meta(msg: Message, spec: Mapping[str, type | tuple[type, ...]]) -> None:
+    """Check metadata fields and their types; a mismatch is a ProtocolError."""
+    for key, typ in spec.items():
+        value = msg.meta.get(key)
+        if not isinstance(value, typ) or (isinstance(value, bool) and typ in (int, float)):
+            raise ProtocolError(f"{msg.kind} field {key!r} is {value!r}, expected {typ}")

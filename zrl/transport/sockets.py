@@ -1,0 +1,248 @@
+"""Sockets with explicit options, and channels that count what they send and receive.
+
+Every zrl socket is made by :func:`make_socket`, which sets the high-water marks,
+``MAXMSGSIZE``, linger and timeouts explicitly (libzmq's defaults — unbounded
+messages, infinite linger — are wrong for a long-running training job). A
+:class:`Channel` wraps one socket with the protocol: it stamps sender and
+sequence numbers on what it sends, validates what it receives, and keeps
+per-stream counters (sent, received, dropped, sequence gaps) that every role
+reports in its heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from zrl.transport.protocol import Message, ProtocolError, decode, encode, peek_sender
+
+log = logging.getLogger("zrl.transport")
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+
+
+def make_socket(
+    ctx: zmq.Context,
+    socket_type: int,
+    *,
+    sndhwm: int = 1000,
+    rcvhwm: int = 1000,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    linger_ms: int = 0,
+    rcvtimeo_ms: int = 1000,
+    sndtimeo_ms: int = 1000,
+) -> zmq.Socket:
+    """A socket with every option that matters set explicitly.
+
+    Timeouts are finite so no blocking call can hang a role forever; linger
+    defaults to 0 because LINGER is no delivery guarantee anyway (graceful
+    stops use an end-of-stream message instead)."""
+    sock = ctx.socket(socket_type)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.RCVTIMEO, rcvtimeo_ms)
+    sock.setsockopt(zmq.SNDTIMEO, sndtimeo_ms)
+    if socket_type in (zmq.DEALER, zmq.ROUTER, zmq.REQ):
+        # Reconnect quickly after a broker restart, but back off against a dead one.
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    if socket_type == zmq.ROUTER:
+        # Replies to a peer that vanished are dropped instead of raising.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    return sock
+
+
+@dataclass
+class StreamStats:
+    """Counters of one stream (or socket) as seen by one role."""
+
+    sent: int = 0
+    received: int = 0
+    dropped: int = 0
+    gaps: int = 0
+    dropped_by_sender: dict[str, int] = field(default_factory=dict)
+    last_seq: dict[str, int] = field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, int]:
+        return {"sent": self.sent, "received": self.received, "dropped": self.dropped, "gaps": self.gaps}
+
+    def note_seq(self, sender: str, seq: int) -> None:
+        """Count missing sequence numbers; a reset (restarted sender) starts afresh."""
+        last = self.last_seq.get(sender)
+        if last is not None and seq > last + 1:
+            self.gaps += seq - last - 1
+        self.last_seq[sender] = seq
+
+
+class TransportStats:
+    """All stream counters of one role, thread-safe enough for the in-process mode."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, StreamStats] = {}
+        self._lock = threading.Lock()
+
+    def stream(self, name: str) -> StreamStats:
+        with self._lock:
+            return self._streams.setdefault(name, StreamStats())
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {name: s.snapshot() for name, s in self._streams.items()}
+
+    def totals(self) -> tuple[int, int, int]:
+        snap = self.snapshot()
+        return (
+            sum(s["received"] for s in snap.values()),
+            sum(s["sent"] for s in snap.values()),
+            sum(s["dropped"] for s in snap.values()),
+        )
+
+
+class Channel:
+    """One socket speaking the zrl protocol.
+
+    ``envelope`` is for ROUTER sockets (a routing-id frame precedes the message);
+    ``topics`` for PUB/SUB sockets (a topic frame precedes it)."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        name: str,
+        sender: str,
+        stats: TransportStats,
+        *,
+        envelope: bool = False,
+        topics: bool = False,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.sock = sock
+        self.name = name
+        self.sender = sender
+        self.stats = stats.stream(name)
+        self.envelope = envelope
+        self.topics = topics
+        self.max_message_bytes = max_message_bytes
+        self._seq = 0
+        self._warned: set[str] = set()
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def send(
+        self, msg: Message, *, to: bytes | None = None, topic: str | None = None, block: bool = True
+    ) -> bool:
+        """Send ``msg``; False when it could not be queued (timeout or full queue when not blocking)."""
+        msg.sender = self.sender
+        msg.stream = self.name
+        msg.seq = self._seq
+        frames = encode(msg)
+        if self.envelope:
+            if to is None:
+                raise ValueError("a ROUTER channel needs the recipient's routing id")
+            frames = [to, *frames]
+        if self.topics:
+            frames = [(topic or msg.kind).encode(), *frames]
+        try:
+            self.sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        self._seq += 1
+        self.stats.sent += 1
+        return True
+
+    def recv(self, *, block: bool = True) -> tuple[bytes | None, Message] | None:
+        """Receive one message: (routing id or topic-less None, message), or None when the
+        wait timed out or the message was malformed (then counted and dropped)."""
+        try:
+            frames = self.sock.recv_multipart(flags=0 if block else zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        ident: bytes | None = None
+        if self.envelope:
+            if len(frames) < 2:
+                self._drop("?", "no routing envelope")
+                return None
+            ident = frames[0].bytes
+            frames = frames[1:]
+        if self.topics:
+            if len(frames) < 2:
+                self._drop("?", "no topic frame")
+                return None
+            frames = frames[1:]
+        try:
+            msg = decode(frames, max_bytes=self.max_message_bytes)
+        except ProtocolError as exc:
+            self._drop(peek_sender(frames), str(exc))
+            return None
+        self.stats.received += 1
+        self.stats.note_seq(msg.sender, msg.seq)
+        return ident, msg
+
+    def _drop(self, sender: str, reason: str) -> None:
+        self.stats.dropped += 1
+        self.stats.dropped_by_sender[sender] = self.stats.dropped_by_sender.get(sender, 0) + 1
+        if sender not in self._warned:  # once per sender: a flood must not flood the log
+            self._warned.add(sender)
+            log.warning("dropped malformed message on %s from %s: %s", self.name, sender, reason)
+
+    def close(self, linger_ms: int = 0) -> None:
+        self.sock.close(linger=linger_ms)
+
+
+# --- endpoint layout ----------------------------------------------------------------
+
+
+def broker_endpoints(base: str, streams: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Every address the broker binds, derived from its base address.
+
+    tcp://H:P -> registry P, topics in P+1 / out P+2, stream i in P+3+2i / out P+4+2i.
+    inproc:// and ipc:// -> the base name with a suffix per socket."""
+    names = ["registry", "topics_in", "topics_out"]
+    for s in streams:
+        names += [f"{s}_in", f"{s}_out"]
+    if base.startswith("tcp://"):
+        host, port = split_tcp(base)
+        return {name: f"tcp://{host}:{port + i}" for i, name in enumerate(names)}
+    if base.startswith(("inproc://", "ipc://")):
+        return {name: base if i == 0 else f"{base}-{name}" for i, name in enumerate(names)}
+    raise ValueError(f"unsupported broker address {base!r}: use tcp://HOST:PORT, ipc:// or inproc://")
+
+
+def split_tcp(addr: str) -> tuple[str, int]:
+    parsed = urllib.parse.urlsplit(addr)
+    if parsed.scheme != "tcp" or not parsed.hostname or parsed.port is None:
+        raise ValueError(f"{addr!r} is not tcp://HOST:PORT")
+    host = parsed.hostname
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return host, parsed.port
+
+
+def connect_address(bound: str, broker: str) -> str:
+    """The address to connect to for a broker socket bound at ``bound`` when the broker
+    was reached at ``broker``: a wildcard bind is replaced by the broker's host."""
+    if bound.startswith("tcp://") and broker.startswith("tcp://"):
+        _, port = split_tcp(bound)
+        host, _ = split_tcp(broker)
+        return f"tcp://{host}:{port}"
+    return bound
+
+
+def is_loopback(addr: str) -> bool:
+    if not addr.startswith("tcp://"):
+        return True
+    host, _ = split_tcp(addr)
+    host = host.strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def socket_opts_from_config(cfg: Any) -> dict[str, int]:
+    return {"max_message_bytes": int(cfg.broker.max_message_bytes)}
