@@ -26,6 +26,7 @@ def test_dueling_head_centres_advantages():
     torch.manual_seed(0)
     net = QNetwork(4, 5, hidden=(16,), dueling=True)
     obs = torch.randn(10, 4)
+    assert net.value_head is not None
     with torch.no_grad():
         q = net(obs)
         features = net.torso(obs)

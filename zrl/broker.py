@@ -49,7 +49,7 @@ class RoleEntry:
     pid: int
     rpc: str
     routing_id: bytes
-    state: str = "alive"  # alive | dead | stopped
+    state: str = "starting"  # starting | alive | dead | stopped
     registered: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     restarts: int = 0
@@ -94,11 +94,16 @@ class Broker:
         self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
         self.heartbeat_interval = bcfg.heartbeat_interval
         self.heartbeat_timeout = bcfg.heartbeat_timeout
+        self.setup_grace = bcfg.setup_grace
         self.max_message_bytes = bcfg.max_message_bytes
         self.stream_hwm = bcfg.stream_hwm
+        self.stream_buffer_bytes = bcfg.stream_buffer_bytes
         self.bind_address = bind
         self.endpoints = broker_endpoints(bind, self.streams)
-        self.ctx = ctx or zmq.Context.instance()
+        # An own context lets close() end devices blocked on a full queue (ctx.term() wakes
+        # them with ETERM); in-process mode shares the caller's context for inproc://.
+        self._owns_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
         self.stats = TransportStats()
         self.roles: dict[str, RoleEntry] = {}
         self._counters: dict[str, int] = {}
@@ -116,21 +121,24 @@ class Broker:
         )  # fmt: skip
         # Topic bus: large HWMs so a weights burst is not dropped for a subscriber that is
         # merely busy; a truly stuck subscriber still cannot grow the broker's memory unbounded.
-        xsub = make_socket(self.ctx, zmq.XSUB, sndhwm=10_000, rcvhwm=10_000,
-                           max_message_bytes=self.max_message_bytes)  # fmt: skip
-        xpub = make_socket(self.ctx, zmq.XPUB, sndhwm=10_000, rcvhwm=10_000,
-                           max_message_bytes=self.max_message_bytes)  # fmt: skip
+        xsub = self._device_socket(zmq.XSUB, 10_000)
+        xpub = self._device_socket(zmq.XPUB, 10_000)
         self._bind(xsub, "topics_in")
         self._bind(xpub, "topics_out")
         self._start_device("topics", xsub, xpub)
         for name in self.streams:
-            pull = make_socket(self.ctx, zmq.PULL, rcvhwm=self.stream_hwm,
-                               max_message_bytes=self.max_message_bytes)  # fmt: skip
-            push = make_socket(self.ctx, zmq.PUSH, sndhwm=self.stream_hwm,
-                               max_message_bytes=self.max_message_bytes)  # fmt: skip
+            pull = self._device_socket(zmq.PULL, self.stream_hwm, self.stream_buffer_bytes)
+            push = self._device_socket(zmq.PUSH, self.stream_hwm, self.stream_buffer_bytes)
             self._bind(pull, f"{name}_in")
             self._bind(push, f"{name}_out")
             self._start_device(name, pull, push)
+
+    def _device_socket(self, kind: int, hwm: int, kernel_buffer: int | None = None) -> zmq.Socket:
+        # No timeouts: zmq_proxy gives up for good on the first EAGAIN, losing the message in
+        # flight and the whole device. A full PUSH side must block (back-pressure) instead.
+        return make_socket(self.ctx, kind, sndhwm=hwm, rcvhwm=hwm, rcvtimeo_ms=-1, sndtimeo_ms=-1,
+                           max_message_bytes=self.max_message_bytes,
+                           kernel_buffer_bytes=kernel_buffer)  # fmt: skip
 
     def _bind(self, sock: zmq.Socket, name: str) -> None:
         addr = self.endpoints[name]
@@ -165,11 +173,13 @@ class Broker:
     def _close_devices(self) -> None:
         for ctrl in self._controls:
             try:
-                ctrl.send(b"TERMINATE")
+                ctrl.send(b"TERMINATE", flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+        # A device blocked on a full PUSH side never reads TERMINATE; with our own context
+        # ctx.term() below wakes it. With a shared context we can only stop waiting for it.
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=1.0)
         for ctrl in self._controls:
             ctrl.close(linger=0)
         self._controls.clear()
@@ -290,7 +300,7 @@ class Broker:
         services = [
             {"id": e.id, "rpc": e.rpc, "host": e.host}
             for e in self.roles.values()
-            if e.role == role and e.state == "alive" and e.rpc
+            if e.role == role and e.state in ("starting", "alive") and e.rpc
         ]
         self._reply(ident, P.LOOKUP_REPLY, role=role, services=services)
 
@@ -309,7 +319,9 @@ class Broker:
     def _check_liveness(self) -> None:
         now = time.monotonic()
         for e in self.roles.values():
-            if e.state == "alive" and now - e.last_seen > self.heartbeat_timeout:
+            # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
+            window = self.setup_grace if e.state == "starting" else self.heartbeat_timeout
+            if e.state in ("starting", "alive") and now - e.last_seen > window:
                 e.state = "dead"
                 log.warning(
                     "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
@@ -369,4 +381,6 @@ class Broker:
         self._close_devices()
         if not self.registry.sock.closed:
             self.registry.close()
+        if self._owns_ctx:
+            self.ctx.term()
         log.info("broker stopped")

@@ -48,10 +48,15 @@ class BrokerConfig(_Section):
     """Seconds between a role's heartbeats."""
     heartbeat_timeout: float = Field(3.0, gt=0)
     """A role silent this long is marked dead."""
+    setup_grace: float = Field(60.0, gt=0)
+    """Seconds a role may take between HELLO and its first heartbeat (imports, envs, models)."""
     streams: list[str] = Field(default_factory=lambda: list(DEFAULT_STREAMS))
     """Named PUSH/PULL streams the broker runs a device for."""
-    stream_hwm: int = Field(64, ge=1)
-    """High-water mark (messages) of each side of a stream device."""
+    stream_hwm: int = Field(4, ge=1)
+    """High-water mark (messages) of each side of a stream device. Small on purpose: deep
+    queues only make the data a learner sees older."""
+    stream_buffer_bytes: int = Field(256 * 1024, ge=4096)
+    """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of stream sockets, bounding hidden queues."""
     max_message_bytes: int = Field(256 * 2**20, ge=1024)
     """Largest message any socket accepts (ZMQ_MAXMSGSIZE); larger ones are dropped by libzmq."""
 

@@ -57,7 +57,7 @@ def test_targets_match_per_sample_reference(b):
     for i in range(len(b["returns"])):
         online_row = b["next_online"][i].tolist()
         target_row = b["next_target"][i].tolist()
-        a_star = max(range(len(online_row)), key=lambda a, row=online_row: row[a])
+        a_star = online_row.index(max(online_row))
         r, d = float(b["returns"][i]), float(b["discounts"][i])
         assert double[i].item() == pytest.approx(r + d * target_row[a_star], abs=1e-5)
         assert plain[i].item() == pytest.approx(r + d * max(target_row), abs=1e-5)
@@ -240,20 +240,21 @@ def test_soft_update():
     torch.manual_seed(0)
     online = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     target = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    online[1].num_batches_tracked.fill_(7)
+    o = online.state_dict()  # shares storage with the module
+    o["1.running_mean"].fill_(1.0)
+    o["1.num_batches_tracked"].fill_(7)
     t0 = {k: v.clone() for k, v in target.state_dict().items()}
-    o = online.state_dict()
 
     soft_update(target, online, tau=0.25)
     for k, v in target.state_dict().items():
         if v.is_floating_point():
             torch.testing.assert_close(v, 0.25 * o[k] + 0.75 * t0[k])
-    assert target[1].num_batches_tracked.item() == 7
+    assert target.state_dict()["1.num_batches_tracked"].item() == 7
 
     soft_update(target, online, tau=1.0)
     for k, v in target.state_dict().items():
         assert torch.equal(v, o[k]), k
-    assert target[0].weight.data_ptr() != online[0].weight.data_ptr()
+    assert target.state_dict()["1.running_mean"].data_ptr() != o["1.running_mean"].data_ptr()
 
     with pytest.raises(ValueError, match="tau=0"):
         soft_update(target, online, tau=0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,11 +19,13 @@ SETTINGS = settings(max_examples=150, deadline=None)
 
 @st.composite
 def autoreset_blocks(draw: st.DrawFn) -> dict[str, np.ndarray]:
-    """[E, T] steps as gymnasium NEXT_STEP autoreset produces them.
+    """[E, T] steps as gymnasium autoreset produces them.
 
-    A step right after an episode end is the reset-only step: invalid, not done. The first
-    column may be invalid too (the previous block ended an episode on its last step).
+    NEXT_STEP mode: a step right after an episode end is the reset-only step (invalid, not
+    done); the first column may be invalid too (the previous block ended an episode on its last
+    step). SAME_STEP mode: every step is valid, episodes end and restart within one step.
     """
+    same_step = draw(st.booleans())
     num_envs = draw(st.integers(1, 4))
     horizon = draw(st.integers(1, 12))
     shape = (num_envs, horizon)
@@ -32,6 +36,13 @@ def autoreset_blocks(draw: st.DrawFn) -> dict[str, np.ndarray]:
     terminated = rng.random(shape) < p_end
     truncated = rng.random(shape) < p_end
     valid = np.ones(shape, dtype=bool)
+    if same_step:
+        return {
+            "rewards": rewards,
+            "terminated": terminated,
+            "truncated": truncated,
+            "valid": valid,
+        }
     for e in range(num_envs):
         valid[e, 0] = rng.random() < 0.8
         for t in range(horizon):
@@ -148,7 +159,7 @@ def test_nstep_stops_before_invalid_padding():
     ],
 )
 def test_nstep_validation(kwargs, match):
-    args = {
+    args: dict[str, Any] = {
         "rewards": np.zeros((2, 3), np.float32),
         "terminated": np.zeros((2, 3), bool),
         "truncated": np.zeros((2, 3), bool),

@@ -103,9 +103,7 @@ class RateLimiter:
         """
         _check_count("n", n, 1)
         if size < self.min_size_to_sample:
-            return (
-                f"replay has {size} items, needs {self.min_size_to_sample} to start sampling"
-            )
+            return f"replay has {size} items, needs {self.min_size_to_sample} to start sampling"
         if not self.ratio_enabled:
             return None
         spi = self.samples_per_insert

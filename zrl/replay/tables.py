@@ -151,7 +151,9 @@ class Table(ABC):
         return batch_size
 
     # ------------------------------------------------------------------ public API
-    def insert(self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+    def insert(
+        self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> np.ndarray:
         """Insert a batch of ``n`` items (each field shaped ``[n, ...]``) and return their keys.
 
         ``n`` may exceed capacity: all ``n`` keys are returned (the counter advances by ``n``)
@@ -254,7 +256,9 @@ class PrioritizedTable(Table):
     def _transform(self, raw: np.ndarray) -> np.ndarray:
         return np.power(np.abs(raw) + self.epsilon, self.alpha)
 
-    def insert(self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> np.ndarray:
+    def insert(
+        self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> np.ndarray:
         """Insert items; without ``priorities`` they get the max priority seen so far so that
         every new transition is likely to be replayed at least once before its error is known.
         """
@@ -263,7 +267,7 @@ class PrioritizedTable(Table):
         raw = None if priorities is None else _check_priorities(priorities, n)
         keys, slots, start = self._write(items)
         if raw is None:
-            stored = np.full(slots.shape, self._transform(np.float64(self.max_priority)))
+            stored = np.full(slots.shape, self._transform(np.array(self.max_priority)))
         else:
             if raw.size:
                 self.max_priority = max(self.max_priority, float(raw.max()))

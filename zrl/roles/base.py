@@ -210,14 +210,16 @@ class Role:
     def _sock(self, kind: int, **kw: Any) -> zmq.Socket:
         return make_socket(self.ctx, kind, max_message_bytes=self.max_message_bytes, **kw)
 
-    def open_push(self, stream: str, *, hwm: int = 64, sndtimeo_ms: int = 100) -> Channel:
+    def open_push(self, stream: str, *, hwm: int = 4, sndtimeo_ms: int = 100) -> Channel:
         """PUSH into a stream device: blocks (up to the timeout) when every consumer is full."""
-        sock = self._sock(zmq.PUSH, sndhwm=hwm, sndtimeo_ms=sndtimeo_ms)
+        sock = self._sock(zmq.PUSH, sndhwm=hwm, sndtimeo_ms=sndtimeo_ms,
+                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
         sock.connect(self._endpoint(f"{stream}_in"))
         return self._channel(sock, stream)
 
-    def open_pull(self, stream: str, *, hwm: int = 64) -> Channel:
-        sock = self._sock(zmq.PULL, rcvhwm=hwm, rcvtimeo_ms=100)
+    def open_pull(self, stream: str, *, hwm: int = 4) -> Channel:
+        sock = self._sock(zmq.PULL, rcvhwm=hwm, rcvtimeo_ms=100,
+                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
         sock.connect(self._endpoint(f"{stream}_out"))
         return self._channel(sock, stream)
 
@@ -321,6 +323,9 @@ class Role:
 
     # --- lifecycle --------------------------------------------------------------------
 
+    def bind(self) -> None:
+        """Bind the role's own sockets (its rpc ROUTER); called before HELLO announces them."""
+
     def setup(self) -> None:
         """Open sockets, build models; called once after registration."""
 
@@ -336,6 +341,7 @@ class Role:
 
     def run(self) -> None:
         """Register, then loop ``step()`` + ``tick()`` until asked to stop."""
+        self.bind()
         self.connect()
         try:
             self.setup()

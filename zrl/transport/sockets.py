@@ -36,6 +36,7 @@ def make_socket(
     linger_ms: int = 0,
     rcvtimeo_ms: int = 1000,
     sndtimeo_ms: int = 1000,
+    kernel_buffer_bytes: int | None = None,
 ) -> zmq.Socket:
     """A socket with every option that matters set explicitly.
 
@@ -49,6 +50,11 @@ def make_socket(
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.RCVTIMEO, rcvtimeo_ms)
     sock.setsockopt(zmq.SNDTIMEO, sndtimeo_ms)
+    if kernel_buffer_bytes is not None:
+        # Linux autotunes loopback TCP buffers to megabytes, a hidden queue far deeper than
+        # the HWM; bounding them keeps back-pressure (and data staleness) where we set it.
+        sock.setsockopt(zmq.SNDBUF, kernel_buffer_bytes)
+        sock.setsockopt(zmq.RCVBUF, kernel_buffer_bytes)
     if socket_type in (zmq.DEALER, zmq.ROUTER, zmq.REQ):
         # Reconnect quickly after a broker restart, but back off against a dead one.
         sock.setsockopt(zmq.RECONNECT_IVL, 100)

@@ -1,0 +1,140 @@
+"""The live status of ``zrl run``: a rich panel on a terminal, plain lines in a log."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from zrl.supervisor import Supervisor
+
+STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow"}
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+class StatusDisplay:
+    def __init__(self, sup: Supervisor, enabled: bool = True) -> None:
+        self.sup = sup
+        self.enabled = enabled
+        self.console = Console(stderr=False)
+        self.live: Live | None = None
+        self.row: dict[str, Any] = {}
+        self._next_plain = 0.0
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[label]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
+        stop = sup.cfg.stop
+        self.tasks: dict[str, Any] = {}
+        if stop.eval_return is not None:
+            self.tasks["eval"] = self.progress.add_task("eval return", total=stop.eval_return, label="")
+        if stop.env_steps is not None:
+            self.tasks["steps"] = self.progress.add_task("env steps", total=stop.env_steps, label="")
+        if stop.wall_time is not None:
+            self.tasks["time"] = self.progress.add_task("wall time", total=stop.wall_time, label="")
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text)
+
+    def start(self) -> None:
+        if self.enabled and self.console.is_terminal:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.row = row
+        stop = self.sup.cfg.stop
+        best = max((e["mean"] for e in self.sup.agg.evals), default=0.0)
+        if "eval" in self.tasks:
+            last = row.get("eval_return")
+            self.progress.update(
+                self.tasks["eval"], completed=max(best, 0.0),
+                label=f"best {best:.1f} / {stop.eval_return:.0f} (last {_fmt(last)})",
+            )  # fmt: skip
+        if "steps" in self.tasks:
+            self.progress.update(self.tasks["steps"], completed=row["env_steps"],
+                                 label=f"{row['env_steps']:,} / {stop.env_steps:,}")  # fmt: skip
+        if "time" in self.tasks:
+            self.progress.update(self.tasks["time"], completed=row["time"],
+                                 label=f"{row['time']:.0f} / {stop.wall_time:.0f} s")  # fmt: skip
+        if self.live is not None:
+            self.live.update(self._render())
+        elif self.enabled and time.monotonic() >= self._next_plain:
+            self._next_plain = time.monotonic() + 5.0
+            alive = sum(1 for r in self.sup.status_rows if r["state"] == "alive")
+            self.console.print(
+                f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
+                f"updates {row['updates']:,} ({row['updates_per_s']:,.0f}/s) replay {row['replay_size']:,} "
+                f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
+                f"lag {row['max_version_lag']} eval {_fmt(row.get('eval_return'))} "
+                f"roles alive {alive}/{len(self.sup.status_rows)}",
+                highlight=False,
+            )
+
+    def _render(self) -> Group:
+        r = self.row
+        figures = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            figures.add_column()
+        if r:
+            figures.add_row("env steps/s", _fmt(r["env_steps_per_s"], 0), "env steps", _fmt(r["env_steps"]))
+            figures.add_row("updates/s", _fmt(r["updates_per_s"], 0), "updates", _fmt(r["updates"]))
+            figures.add_row("replay size", _fmt(r["replay_size"]), "samples/insert", _fmt(r["samples_per_insert"], 2))
+            figures.add_row("weights", f"v{r['weights_version']}", "actor version lag", _fmt(r["max_version_lag"]))
+            figures.add_row("eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir))
+        roles = Table(box=None, header_style="bold")
+        for col in ("id", "host", "pid", "state", "heartbeat", "restarts", "in", "out", "dropped", "note"):
+            roles.add_column(col)
+        for row in self.sup.status_rows:
+            info = row.get("info", {})
+            note = info.get("sampling_blocked") or (
+                f"waiting for batches {info['waiting_for_batches_s']}s" if "waiting_for_batches_s" in info else ""
+            )
+            state = row["state"]
+            roles.add_row(
+                row["id"], row["host"], str(row["pid"]), f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
+                f"{row['age']:.1f}s", str(row["restarts"]), _fmt(row["msgs_in"]), _fmt(row["msgs_out"]),
+                _fmt(row["dropped"]), str(note)[:60],
+            )  # fmt: skip
+        return Group(self.progress, figures, roles)
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def final(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if summary["reached_target"]:
+            self.console.print(
+                f"[green]reached eval return {summary['target_return']} in "
+                f"{summary['seconds_to_target']:.1f} s and {summary['env_steps_to_target']:,} env steps[/]"
+            )
+        else:
+            self.console.print(f"[yellow]stopped: {summary['stop_reason']}[/]")
+        if summary.get("error"):
+            self.console.print(f"[red]{summary['error']}[/]")
+        self.console.print(
+            f"best eval return {_fmt(summary['best_eval_return'])}, env steps {summary['env_steps']:,}, "
+            f"wall time {summary['wall_time']:.1f} s"
+        )
+        self.console.print(f"run directory: {summary['run_dir']}")

@@ -1,0 +1,88 @@
+"""Vector environments, always in gymnasium's NEXT_STEP autoreset mode.
+
+NEXT_STEP is the one mode every gymnasium vector env supports (the native
+vectorized CartPole only has it): the step after an episode ends only resets that
+env, its action is ignored and its reward is 0. Rollout code marks those steps
+invalid instead of learning from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from zrl.config import EnvConfig
+
+
+class EnvError(ValueError):
+    """An environment that cannot be made or is not supported; user-facing."""
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
+    n = num_envs or cfg.num_envs
+    mode = cfg.vectorization
+    try:
+        if mode in ("auto", "native"):
+            try:
+                env = gym.make_vec(
+                    cfg.id, num_envs=n, vectorization_mode="vector_entry_point", **cfg.kwargs
+                )
+            except (gym.error.Error, ValueError, TypeError) as exc:
+                if mode == "native":
+                    raise EnvError(f"{cfg.id} has no native vectorized form: {exc}") from None
+                mode = "sync"
+            else:
+                _check_next_step(env, cfg.id)
+                return env
+        return gym.make_vec(
+            cfg.id,
+            num_envs=n,
+            vectorization_mode=mode,
+            vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
+            **cfg.kwargs,
+        )
+    except gym.error.Error as exc:
+        raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from None
+
+
+def _check_next_step(env: gym.vector.VectorEnv, env_id: str) -> None:
+    mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if mode != AutoresetMode.NEXT_STEP:
+        env.close()
+        raise EnvError(f"{env_id}: native vector env autoresets in {mode}, zrl needs NEXT_STEP")
+
+
+def flat_obs_dim(space: gym.Space[Any]) -> int:
+    if not isinstance(space, gym.spaces.Box):
+        raise EnvError(f"observation space {space} is not a Box")
+    return int(np.prod(space.shape))
+
+
+class EpisodeTracker:
+    """Returns and lengths of finished episodes across the envs of a vector env."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.running_return = np.zeros(num_envs, dtype=np.float64)
+        self.running_length = np.zeros(num_envs, dtype=np.int64)
+        self.finished_returns: list[float] = []
+        self.finished_lengths: list[int] = []
+        self.episodes = 0
+
+    def update(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
+        self.running_return += np.where(valid, rewards, 0.0)
+        self.running_length += valid
+        for i in np.flatnonzero(done & valid):
+            self.finished_returns.append(float(self.running_return[i]))
+            self.finished_lengths.append(int(self.running_length[i]))
+            self.episodes += 1
+        self.running_return[done] = 0.0
+        self.running_length[done] = 0
+        # Keep a bounded window: only recent episodes matter for reporting.
+        del self.finished_returns[:-100]
+        del self.finished_lengths[:-100]
+
+    def recent_mean(self) -> float | None:
+        return float(np.mean(self.finished_returns)) if self.finished_returns else None

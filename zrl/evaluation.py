@@ -1,0 +1,65 @@
+"""Greedy evaluation of a Q-network, shared by the evaluator role and ``zrl eval``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zrl.config import EnvConfig, ExperimentConfig
+from zrl.envs import make_vector_env
+from zrl.models import build_q_network, load_arrays
+
+
+@torch.no_grad()
+def greedy_returns(
+    model: torch.nn.Module,
+    env_cfg: EnvConfig,
+    episodes: int,
+    seed: int,
+    on_step: Callable[[], None] | None = None,
+) -> np.ndarray:
+    """One greedy episode in each of ``episodes`` parallel envs; their undiscounted returns."""
+    envs = make_vector_env(env_cfg, num_envs=episodes)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        returns = np.zeros(episodes)
+        finished = np.zeros(episodes, dtype=bool)
+        steps = 0
+        while not finished.all():
+            obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32).reshape(episodes, -1))
+            actions = model(obs_t).argmax(dim=1).numpy()
+            obs, r, term, trunc, _ = envs.step(actions)
+            returns += np.where(finished, 0.0, r)
+            finished |= np.asarray(term) | np.asarray(trunc)
+            steps += 1
+            if on_step is not None and steps % 50 == 0:
+                on_step()
+        return returns
+    finally:
+        envs.close()
+
+
+def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig]:
+    """The model saved by ``zrl run`` in ``run_dir/model.pt`` and the run's config."""
+    path = Path(run_dir) / "model.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: was the run stopped before saving a model?")
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
+    probe = make_vector_env(cfg.env, num_envs=1)
+    model = build_q_network(
+        probe.single_observation_space, probe.single_action_space, cfg.model.hidden, cfg.model.dueling
+    )
+    probe.close()
+    load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})
+    model.eval()
+    return model, cfg
+
+
+def evaluate_run_dir(run_dir: Path, episodes: int = 10, seed: int = 12345) -> list[float]:
+    model, cfg = load_policy(run_dir)
+    return [float(r) for r in greedy_returns(model, cfg.env, episodes, seed)]

@@ -1,0 +1,182 @@
+"""``Actor``: steps a vector env with the latest policy and pushes trajectories.
+
+Sockets:
+
+- PUSH ``experience`` -> broker -> a replay shard: one TRAJECTORY message per
+  ``trajectory_length`` steps of all envs (arrays [E, T, ...]), with Ape-X
+  actor-side initial priorities. A full stream blocks the send (back-pressure):
+  the actor then retries the same message and collects nothing new meanwhile, so
+  nothing is dropped and memory stays bounded.
+- SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest
+  version is applied before each trajectory and reported with it.
+
+Exploration: env slot k of all N = actors x envs slots uses the Ape-X epsilon
+base ** (1 + alpha * k / (N - 1)); seeds derive from the run seed and the index.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from zrl.algos.dqn import apex_epsilons, initial_priorities
+from zrl.algos.returns import nstep_transitions
+from zrl.envs import EpisodeTracker, make_vector_env
+from zrl.models import build_q_network, load_arrays
+from zrl.roles.base import Role
+from zrl.roles.weights import WeightsFollower
+from zrl.runtime import limit_torch_threads
+from zrl.transport import protocol as P
+
+
+def actor_seed(run_seed: int, index: int) -> int:
+    """Env and exploration seed of actor ``index``: distinct per actor, fixed per run."""
+    return int(run_seed) * 10_007 + 1_000 * (index + 1)
+
+
+class Actor(Role):
+    role = "actor"
+
+    def setup(self) -> None:
+        cfg = self.config
+        limit_torch_threads(cfg.actor.torch_threads)
+        self.actor_index = self.index if self.index is not None else 0
+        self.seed = actor_seed(cfg.seed, self.actor_index)
+        torch.manual_seed(cfg.seed)  # same initial weights as the learner until the first version
+        self.rng = np.random.default_rng(self.seed)
+        self.envs = make_vector_env(cfg.env)
+        self.num_envs = self.envs.num_envs
+        self.model = build_q_network(
+            self.envs.single_observation_space,
+            self.envs.single_action_space,
+            cfg.model.hidden,
+            cfg.model.dueling,
+        )
+        self.model.eval()
+        self.num_actions = int(self.envs.single_action_space.n)  # type: ignore[attr-defined]
+        slots = max(cfg.roles.actors, self.actor_index + 1) * self.num_envs
+        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
+        first = self.actor_index * self.num_envs
+        self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
+        self.experience = self.open_push("experience", hwm=2)
+        self.weights = WeightsFollower(self)
+        latest = self.weights.fetch_latest()
+        if latest is not None:
+            load_arrays(self.model, latest.arrays)
+        obs, _ = self.envs.reset(seed=self.seed)
+        self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
+        self.needs_reset = np.zeros(self.num_envs, dtype=bool)
+        self.episodes = EpisodeTracker(self.num_envs)
+        self.env_steps = 0
+        self.trajectories = 0
+        self.pending: P.Message | None = None
+        self.blocked_since: float | None = None
+        self.started = time.monotonic()
+        self.log.info(
+            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
+            self.actor_index, self.num_envs, cfg.env.id,
+            float(self.epsilons.max()), float(self.epsilons.min()), self.seed,
+        )  # fmt: skip
+
+    def apply_newest_weights(self) -> None:
+        msg = self.weights.newest()
+        if msg is not None:
+            load_arrays(self.model, msg.arrays)
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.model(torch.from_numpy(obs)).numpy()
+
+    def act(self, q: np.ndarray) -> np.ndarray:
+        greedy = q.argmax(axis=1)
+        explore = self.rng.random(self.num_envs) < self.epsilons
+        random_actions = self.rng.integers(0, self.num_actions, size=self.num_envs)
+        return np.where(explore, random_actions, greedy)
+
+    def collect(self) -> P.Message:
+        """T steps of every env, as one TRAJECTORY message."""
+        cfg = self.config
+        T, E = cfg.actor.trajectory_length, self.num_envs
+        obs_dim = self.obs.shape[1]
+        obs_buf = np.empty((E, T, obs_dim), np.float32)
+        next_buf = np.empty((E, T, obs_dim), np.float32)
+        actions = np.empty((E, T), np.int64)
+        rewards = np.empty((E, T), np.float32)
+        terminated = np.empty((E, T), bool)
+        truncated = np.empty((E, T), bool)
+        valid = np.empty((E, T), bool)
+        q_taken = np.empty((E, T), np.float32)
+        version = self.weights.version
+        for t in range(T):
+            q = self.q_values(self.obs)
+            a = self.act(q)
+            next_obs, r, term, trunc, _ = self.envs.step(a)
+            next_obs = np.asarray(next_obs, dtype=np.float32).reshape(E, -1)
+            obs_buf[:, t] = self.obs
+            next_buf[:, t] = next_obs
+            actions[:, t] = a
+            rewards[:, t] = r
+            terminated[:, t] = term
+            truncated[:, t] = trunc
+            # NEXT_STEP autoreset: the step after an episode end only resets that env.
+            valid[:, t] = ~self.needs_reset
+            q_taken[:, t] = q[np.arange(E), a]
+            done = np.asarray(term) | np.asarray(trunc)
+            self.episodes.update(rewards[:, t], done, valid[:, t])
+            self.needs_reset = done
+            self.obs = next_obs
+        self.env_steps += int(valid.sum())
+        nstep = nstep_transitions(
+            rewards, terminated, truncated, valid, cfg.replay.n_step, cfg.replay.gamma
+        )
+        next_q = self.q_values(next_buf[nstep.env, nstep.end])
+        priority = np.zeros((E, T), np.float32)
+        priority[nstep.env, nstep.start] = initial_priorities(
+            q_taken[nstep.env, nstep.start], nstep.returns, nstep.discounts, next_q
+        )
+        self.trajectories += 1
+        return P.Message(
+            P.TRAJECTORY,
+            meta={"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps},
+            arrays={
+                "obs": obs_buf,
+                "action": actions,
+                "reward": rewards,
+                "terminated": terminated,
+                "truncated": truncated,
+                "valid": valid,
+                "next_obs": next_buf,
+                "priority": priority,
+            },
+        )
+
+    def step(self) -> None:
+        if self.pending is None:
+            self.apply_newest_weights()
+            self.pending = self.collect()
+        # Blocks at most the socket's send timeout; on a full stream we retry next step.
+        if self.experience.send(self.pending):
+            self.pending = None
+            self.blocked_since = None
+        elif self.blocked_since is None:
+            self.blocked_since = time.monotonic()
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "env_steps": self.env_steps,
+            "episodes": self.episodes.episodes,
+            "weights_version": self.weights.version,
+        }
+        recent = self.episodes.recent_mean()
+        if recent is not None:
+            info["episode_return"] = round(recent, 2)
+        if self.blocked_since is not None:
+            info["blocked_s"] = round(time.monotonic() - self.blocked_since, 1)
+        return info
+
+    def teardown(self) -> None:
+        if hasattr(self, "envs"):
+            self.envs.close()

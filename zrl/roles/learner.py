@@ -1,0 +1,177 @@
+"""``Learner``: Ape-X DQN updates on batches from the replay shards.
+
+Sockets:
+
+- PULL ``batches`` <- replay shards (via the broker): BATCH messages.
+- PUB ``priorities/<shard>/`` (topic bus): PRIORITIES for the sampled keys, back
+  to the shard that sampled them.
+- DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"):
+  WEIGHTS every ``publish_interval`` updates, answered with ACK {version}.
+
+The update math is ``zrl.algos.dqn``; this class only moves data.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from zrl.algos.dqn import dqn_update, soft_update
+from zrl.envs import make_vector_env
+from zrl.models import build_q_network, model_to_arrays
+from zrl.roles.base import Role
+from zrl.roles.replay import priority_topic
+from zrl.runtime import limit_torch_threads
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel
+
+BATCH_ARRAYS: dict[str, tuple[str | None, int | None]] = {
+    "obs": ("float32", 2),
+    "action": ("int64", 1),
+    "reward": ("float32", 1),
+    "discount": ("float32", 1),
+    "next_obs": ("float32", 2),
+    "weight": ("float32", 1),
+    "key": ("int64", 1),
+}
+PARAMS_LOOKUP_INTERVAL_S = 1.0
+PARAMS_ACK_TIMEOUT_S = 10.0
+
+
+class Learner(Role):
+    role = "learner"
+
+    def setup(self) -> None:
+        cfg = self.config
+        limit_torch_threads(cfg.learner.torch_threads)
+        torch.manual_seed(cfg.seed)
+        probe = make_vector_env(cfg.env, num_envs=1)  # only for the spaces
+        self.online = build_q_network(
+            probe.single_observation_space,
+            probe.single_action_space,
+            cfg.model.hidden,
+            cfg.model.dueling,
+        )
+        probe.close()
+        self.target = copy.deepcopy(self.online)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.learner.lr)
+        self.batches = self.open_pull("batches", hwm=2)
+        self.priority_pub = self.open_publisher("priorities")
+        self.params: Channel | None = None
+        self.params_endpoint = ""
+        self._next_lookup = 0.0
+        self._unacked_since: float | None = None
+        self.updates = 0
+        self.weights_version = 0
+        self.last_loss = float("nan")
+        self.waiting_since: float | None = time.monotonic()
+        self.started = time.monotonic()
+        self.send_weights()  # version 1: every actor starts from the learner's initial weights
+
+    # --- parameter server -------------------------------------------------------------
+
+    def _connect_params(self) -> bool:
+        if self.params is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_lookup:
+            return False
+        self._next_lookup = now + PARAMS_LOOKUP_INTERVAL_S
+        services = self.lookup("params", timeout=1.0)
+        if not services:
+            self.log.info("no parameter server registered yet")
+            return False
+        sock = self._sock(zmq.DEALER, sndhwm=4, sndtimeo_ms=0)
+        sock.connect(services[0]["rpc"])
+        self.params_endpoint = services[0]["rpc"]
+        self.params = self._channel(sock, "params-rpc")
+        return True
+
+    def send_weights(self) -> None:
+        if not self._connect_params():
+            return
+        assert self.params is not None
+        msg = P.Message(P.WEIGHTS, meta={"updates": self.updates}, arrays=model_to_arrays(self.online))
+        if self.params.send(msg, block=False) and self._unacked_since is None:
+            self._unacked_since = time.monotonic()
+
+    def read_acks(self) -> None:
+        if self.params is None:
+            return
+        while True:
+            got = self.params.recv(block=False)
+            if got is None:
+                break
+            if got[1].kind == P.ACK and isinstance(got[1].meta.get("version"), int):
+                self.weights_version = got[1].meta["version"]
+                self._unacked_since = None
+        if self._unacked_since is not None and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S:
+            # The parameter server restarted elsewhere or died: find it again.
+            self.log.warning("parameter server %s stopped answering; looking it up again", self.params_endpoint)
+            self.params.close()
+            self._channels.remove(self.params)
+            self.params = None
+            self._unacked_since = None
+
+    # --- updates ----------------------------------------------------------------------
+
+    def on_batch(self, msg: P.Message) -> None:
+        if msg.kind != P.BATCH:
+            raise P.ProtocolError(f"batches stream carries {msg.kind!r}, expected batch")
+        P.require_arrays(msg, BATCH_ARRAYS)
+        shard = msg.meta.get("shard")
+        if not isinstance(shard, str):
+            raise P.ProtocolError("batch without a shard id")
+        n = len(msg.arrays["key"])
+        if any(a.shape[0] != n for a in msg.arrays.values()):
+            raise P.ProtocolError("batch arrays of different lengths")
+        batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
+        lc = self.config.learner
+        result = dqn_update(
+            self.online, self.target, self.optimizer, batch,
+            double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
+        )  # fmt: skip
+        self.updates += 1
+        self.last_loss = result.loss
+        self.priority_pub.send(
+            P.Message(
+                P.PRIORITIES,
+                arrays={"key": np.ascontiguousarray(msg.arrays["key"]), "priority": result.td.astype(np.float32)},
+            ),
+            topic=priority_topic(shard),
+            block=False,
+        )
+        if self.updates % lc.target_update_interval == 0:
+            soft_update(self.target, self.online, 1.0)
+        if self.updates % lc.publish_interval == 0:
+            self.send_weights()
+
+    def step(self) -> None:
+        self.read_acks()
+        if self.weights_version == 0 and self._unacked_since is None:
+            self.send_weights()
+        got = self.batches.recv()  # waits up to the socket's 100 ms receive timeout
+        if got is None:
+            if self.waiting_since is None:
+                self.waiting_since = time.monotonic()
+            return
+        self.waiting_since = None
+        try:
+            self.on_batch(got[1])
+        except P.ProtocolError as exc:
+            self.batches._drop(got[1].sender or "?", str(exc))
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "updates": self.updates,
+            "weights_version": self.weights_version,
+            "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
+        }
+        if self.waiting_since is not None:
+            info["waiting_for_batches_s"] = round(time.monotonic() - self.waiting_since, 1)
+        return info

@@ -1,0 +1,199 @@
+"""``ReplayServer``: one replay shard — a table, a rate limiter, prefetched batches.
+
+Sockets:
+
+- PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
+  into n-step transitions and inserted. Read only while the rate limiter allows
+  inserts, so a shard that is ahead of its learners applies back-pressure to the
+  actors instead of growing.
+- PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
+  rate limiter allows and the socket has room (its high-water mark is the
+  prefetch depth).
+- SUB ``priorities/<shard id>/`` (topic bus): PRIORITIES for the keys this shard
+  sampled. Priorities travel by topic, not on a load-balanced stream, because
+  they must reach the shard that owns the keys.
+
+Several shards share the load by simply starting more of them: the experience
+stream load-balances trajectories across them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zrl.algos.returns import nstep_transitions
+from zrl.replay.rate_limiter import RateLimiter
+from zrl.replay.tables import PrioritizedTable, Table, make_table
+from zrl.roles.base import Role
+from zrl.transport import protocol as P
+
+TRAJECTORY_ARRAYS: dict[str, tuple[str | None, int | None]] = {
+    "obs": ("float32", 3),
+    "action": ("int64", 2),
+    "reward": ("float32", 2),
+    "terminated": ("bool", 2),
+    "truncated": ("bool", 2),
+    "valid": ("bool", 2),
+    "next_obs": ("float32", 3),
+    "priority": ("float32", 2),
+}
+INSERTS_PER_STEP = 32
+SAMPLES_PER_STEP = 16
+
+
+def priority_topic(shard_id: str) -> str:
+    # The trailing slash keeps "replay-1" from also matching "replay-10".
+    return f"priorities/{shard_id}/"
+
+
+def assemble_transitions(
+    msg: P.Message, n_step: int, gamma: float
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A TRAJECTORY message -> (n-step transition items, their initial priorities)."""
+    P.require_arrays(msg, TRAJECTORY_ARRAYS)
+    a = msg.arrays
+    E, T = a["reward"].shape
+    for name in TRAJECTORY_ARRAYS:
+        if a[name].shape[:2] != (E, T):
+            raise P.ProtocolError(f"trajectory array {name!r} has shape {a[name].shape}, not [{E}, {T}, ...]")
+    if a["obs"].shape != a["next_obs"].shape:
+        raise P.ProtocolError("trajectory obs and next_obs shapes differ")
+    ns = nstep_transitions(a["reward"], a["terminated"], a["truncated"], a["valid"], n_step, gamma)
+    items = {
+        "obs": a["obs"][ns.env, ns.start],
+        "action": a["action"][ns.env, ns.start],
+        "reward": ns.returns.astype(np.float32),
+        "discount": ns.discounts.astype(np.float32),
+        "next_obs": a["next_obs"][ns.env, ns.end],
+    }
+    priorities = a["priority"][ns.env, ns.start]
+    if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
+        raise P.ProtocolError("trajectory carries non-finite or negative priorities")
+    return items, priorities
+
+
+class ReplayServer(Role):
+    role = "replay"
+
+    def setup(self) -> None:
+        rc = self.config.replay
+        kwargs: dict[str, Any] = {}
+        if rc.table == "prioritized":
+            kwargs = {"alpha": rc.alpha, "beta": rc.beta}
+        self.table: Table = make_table(rc.table, rc.capacity, **kwargs)
+        self.limiter = RateLimiter(rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance)
+        self.rng = np.random.default_rng(self.config.seed + 7919 * (1 + (self.index or 0)))
+        self.experience = self.open_pull("experience", hwm=2)
+        self.batches = self.open_push("batches", hwm=rc.prefetch, sndtimeo_ms=0)
+        self.priorities = self.open_subscriber([priority_topic(self.id)], "priorities")
+        self.trajectories = 0
+        self.batches_sent = 0
+        self.priority_updates = 0
+        self.stale_priority_keys = 0
+        self.weights_versions: list[int] = []
+        self.started = time.monotonic()
+        self.log.info(
+            "%s table, capacity %d, n-step %d, min size %d, samples/insert %.1f",
+            rc.table, rc.capacity, rc.n_step, rc.min_size, rc.samples_per_insert,
+        )  # fmt: skip
+
+    # --- handlers ---------------------------------------------------------------------
+
+    def on_trajectory(self, msg: P.Message) -> None:
+        if msg.kind != P.TRAJECTORY:
+            raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
+        rc = self.config.replay
+        items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
+        n = len(priorities)
+        if n == 0:
+            return
+        self.table.insert(items, priorities if isinstance(self.table, PrioritizedTable) else None)
+        self.limiter.on_insert(n)
+        self.trajectories += 1
+        version = msg.meta.get("weights_version")
+        if isinstance(version, int):
+            self.weights_versions.append(version)
+            del self.weights_versions[:-64]
+
+    def on_priorities(self, msg: P.Message) -> None:
+        P.require_arrays(msg, {"key": ("int64", 1), "priority": ("float32", 1)})
+        keys, prios = msg.arrays["key"], msg.arrays["priority"]
+        if keys.shape != prios.shape:
+            raise P.ProtocolError("priority update with mismatched key/priority lengths")
+        if not np.all(np.isfinite(prios)) or np.any(prios < 0):
+            raise P.ProtocolError("priority update with non-finite or negative values")
+        applied = self.table.update_priorities(keys, prios)
+        self.priority_updates += 1
+        self.stale_priority_keys += len(keys) - applied
+
+    def sample_batch(self) -> P.Message:
+        rc = self.config.replay
+        b = self.table.sample(rc.batch_size, self.rng)
+        self.limiter.on_sample(rc.batch_size)
+        return P.Message(
+            P.BATCH,
+            meta={"shard": self.id, "table_size": self.table.size},
+            arrays={**b.items, "weight": b.weights.astype(np.float32), "key": b.keys.astype(np.int64)},
+        )
+
+    # --- loop -------------------------------------------------------------------------
+
+    def _drain(self, channel: Any, handler: Any, limit: int) -> None:
+        for _ in range(limit):
+            got = channel.recv(block=False)
+            if got is None:
+                return
+            try:
+                handler(got[1])
+            except (P.ProtocolError, ValueError) as exc:
+                # A bad message from one actor must not stop the shard: count and drop it.
+                channel._drop(got[1].sender or "?", str(exc))
+
+    def step(self) -> None:
+        rc = self.config.replay
+        self._drain(self.priorities, self.on_priorities, 64)
+        can_insert = self.limiter.can_insert(1, self.table.size)
+        if can_insert:
+            self._drain(self.experience, self.on_trajectory, INSERTS_PER_STEP)
+        sent = 0
+        while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.table.size):
+            if not self.batches.sock.poll(0, zmq.POLLOUT):
+                break
+            if not self.batches.send(self.sample_batch(), block=False):
+                break
+            sent += 1
+            self.batches_sent += 1
+        if sent:
+            return
+        # Nothing to send: wait for whatever can make progress.
+        poller = zmq.Poller()
+        poller.register(self.priorities.sock, zmq.POLLIN)
+        if self.limiter.can_insert(1, self.table.size):
+            poller.register(self.experience.sock, zmq.POLLIN)
+        if self.limiter.can_sample(rc.batch_size, self.table.size):
+            poller.register(self.batches.sock, zmq.POLLOUT)
+        poller.poll(50)
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        rc = self.config.replay
+        inserts, samples = self.limiter.inserts, self.limiter.samples
+        info: dict[str, Any] = {
+            "size": self.table.size,
+            "capacity": self.table.capacity,
+            "inserts": inserts,
+            "samples": samples,
+            "samples_per_insert": round(samples / inserts, 3) if inserts else 0.0,
+            "trajectories": self.trajectories,
+            "batches": self.batches_sent,
+            "stale_priority_keys": self.stale_priority_keys,
+        }
+        blocked = self.limiter.why_blocked(rc.batch_size, self.table.size)
+        if blocked:
+            info["sampling_blocked"] = blocked
+        if self.weights_versions:
+            info["weights_version_seen"] = max(self.weights_versions)
+        return info

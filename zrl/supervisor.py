@@ -1,0 +1,530 @@
+"""``zrl run``: the local supervisor.
+
+Starts a broker and every role of the config as children of this process (the same
+``zrl start`` commands a user would type on other hosts), or as threads over
+``inproc://`` with ``--inproc``; shows live status; restarts what crashes; stops
+everything at the target, at the time limit or on Ctrl-C; and writes the run
+directory::
+
+    RUN_DIR/config.yaml      the resolved config       RUN_DIR/seeds.json     per-actor seeds
+    RUN_DIR/logs/<id>.log    one log per role          RUN_DIR/progress.csv   one row a second
+    RUN_DIR/eval.csv         every evaluation          RUN_DIR/tensorboard/   event files
+    RUN_DIR/model.pt         final weights             RUN_DIR/summary.json   how it ended
+
+Sockets: a SUB on the topic bus (``metrics``, ``eval``) and throwaway DEALERs for
+STATUS, LOOKUP and the final GET_WEIGHTS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.metrics import MetricsWriter
+from zrl.roles.base import RoleError, registry_request
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+
+log = logging.getLogger("zrl.supervisor")
+
+RESTART_BUDGET = 5
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+STOP_GRACE_S = 10.0
+MONITOR_INTERVAL_S = 0.5
+PLAIN_STATUS_INTERVAL_S = 5.0
+
+
+@dataclass
+class Child:
+    """One role started by the supervisor (a process, or a thread with --inproc)."""
+
+    role: str
+    index: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    thread: threading.Thread | None = None
+    stop_event: threading.Event | None = None
+    error: BaseException | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.thread is not None and self.thread.is_alive()
+
+    def exit_code(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return 1 if self.error is not None else 0
+
+
+def free_port_range(count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000) -> int:
+    """A base port P with P..P+count-1 all free right now (random start, linear probe)."""
+    import random
+
+    rng = random.Random(os.getpid() ^ int(time.time() * 1000))
+    for _ in range(200):
+        base = rng.randrange(start, end - count)
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no range of {count} free ports on {host}")
+
+
+def _set_parent_death_signal() -> None:
+    # Children die with the supervisor even if it is SIGKILLed: nothing is left running.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Aggregator:
+    """Turns the roles' latest metrics into the figures the display and CSV show."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, dict[str, Any]] = {}
+        self._carry: dict[tuple[str, str], int] = {}
+        self._last_raw: dict[tuple[str, str], int] = {}
+        self._history: list[tuple[float, int, int]] = []
+        self.evals: list[dict[str, Any]] = []
+
+    def on_metrics(self, meta: dict[str, Any]) -> None:
+        rid = meta.get("id")
+        if isinstance(rid, str):
+            self.latest[rid] = meta
+
+    def _monotonic_sum(self, role: str, key: str) -> int:
+        """Sum of a counter over roles, carried across restarts (a restarted role counts from 0)."""
+        total = 0
+        for rid, m in self.latest.items():
+            if m.get("role") != role or not isinstance(m.get(key), int):
+                continue
+            raw = int(m[key])
+            k = (rid, key)
+            if raw < self._last_raw.get(k, 0):
+                self._carry[k] = self._carry.get(k, 0) + self._last_raw[k]
+            self._last_raw[k] = raw
+            total += raw + self._carry.get(k, 0)
+        return total
+
+    def _of(self, role: str) -> list[dict[str, Any]]:
+        return [m for m in self.latest.values() if m.get("role") == role]
+
+    def row(self, elapsed: float) -> dict[str, Any]:
+        env_steps = self._monotonic_sum("actor", "env_steps")
+        updates = self._monotonic_sum("learner", "updates")
+        self._history.append((elapsed, env_steps, updates))
+        # Rates over the last ~5 s, so the display reacts but does not flicker.
+        while len(self._history) > 2 and elapsed - self._history[0][0] > 5.0:
+            self._history.pop(0)
+        t0, s0, u0 = self._history[0]
+        dt = max(elapsed - t0, 1e-6)
+        replays = self._of("replay")
+        inserts = sum(int(m.get("inserts", 0)) for m in replays)
+        samples = sum(int(m.get("samples", 0)) for m in replays)
+        params = self._of("params")
+        version = max((int(m.get("weights_version", 0)) for m in params), default=0)
+        actor_versions = [int(m.get("weights_version", 0)) for m in self._of("actor")]
+        return {
+            "time": round(elapsed, 2),
+            "env_steps": env_steps,
+            "env_steps_per_s": round((env_steps - s0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "updates": updates,
+            "updates_per_s": round((updates - u0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "replay_size": sum(int(m.get("size", 0)) for m in replays),
+            "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,
+            "weights_version": version,
+            "max_version_lag": max((version - v for v in actor_versions), default=0),
+            "eval_return": self.evals[-1]["mean"] if self.evals else None,
+        }
+
+
+class Supervisor:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        run_dir: Path | None = None,
+        inproc: bool = False,
+        port: int | None = None,
+        log_level: str = "INFO",
+        show_status: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(run_dir) if run_dir else Path("runs") / f"{cfg.name}-{stamp}-{os.getpid()}"
+        self.inproc = inproc
+        self.log_level = log_level
+        self.show_status = show_status
+        self.ctx = zmq.Context.instance()
+        n_endpoints = len(broker_endpoints("tcp://127.0.0.1:1", cfg.broker.streams))
+        if inproc:
+            self.broker_addr = f"inproc://zrl-{os.getpid()}-{id(self)}"
+        else:
+            base = port or free_port_range(n_endpoints)
+            self.broker_addr = f"tcp://127.0.0.1:{base}"
+        self.children: list[Child] = []
+        self.broker_child: Child | None = None
+        self.inproc_broker: Any = None
+        self.agg = Aggregator()
+        self.status_rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self.stop_reason = ""
+        self.started = time.monotonic()
+        self.target_time: float | None = None
+        self.target_steps: int | None = None
+
+    # --- run directory ----------------------------------------------------------------
+
+    def _prepare_run_dir(self) -> None:
+        from zrl.roles.actor import actor_seed
+
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
+        seeds = {
+            "run_seed": self.cfg.seed,
+            "actors": {f"actor-{i}": actor_seed(self.cfg.seed, i) for i in range(self.cfg.roles.actors)},
+        }
+        (self.run_dir / "seeds.json").write_text(json.dumps(seeds, indent=2))
+
+    # --- children ---------------------------------------------------------------------
+
+    def _role_plan(self) -> list[tuple[str, int]]:
+        r = self.cfg.roles
+        plan: list[tuple[str, int]] = [("params", i) for i in range(r.params)]
+        plan += [("replay", i) for i in range(r.replay)]
+        plan += [("learner", i) for i in range(r.learners)]
+        plan += [("evaluator", i) for i in range(r.evaluator)]
+        plan += [("actor", i) for i in range(r.actors)]
+        return plan
+
+    def _spawn(self, child: Child) -> None:
+        child.started = time.monotonic()
+        if self.inproc:
+            self._spawn_thread(child)
+            return
+        if child.role == "broker":
+            cmd = ["start", "broker", "--bind", self.broker_addr, "--config", str(self.run_dir / "config.yaml")]
+        else:
+            cmd = ["start", child.role, "--broker", self.broker_addr, "--index", str(child.index),
+                   "--connect-timeout", "30"]  # fmt: skip
+        logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
+        child.proc = subprocess.Popen(
+            [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+        )
+        logf.close()
+
+    def _spawn_thread(self, child: Child) -> None:
+        from zrl.roles import role_class
+
+        child.stop_event = threading.Event()
+        child.error = None
+        role = role_class(child.role)(
+            self.broker_addr, index=child.index, ctx=self.ctx, stop_event=child.stop_event
+        )
+
+        def target() -> None:
+            try:
+                role.run()
+            except BaseException as exc:  # noqa: BLE001 - reported by the supervisor
+                child.error = exc
+                logging.getLogger("zrl").exception("%s crashed", child.name)
+
+        child.thread = threading.Thread(target=target, name=child.name, daemon=True)
+        child.thread.start()
+
+    def _start_broker(self) -> None:
+        if self.inproc:
+            from zrl.broker import Broker
+
+            self.inproc_broker = Broker(self.broker_addr, self.cfg, ctx=self.ctx)
+            t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
+            t.start()
+            self.broker_child = Child("broker", 0, self.run_dir / "logs" / "broker.log", thread=t)
+        else:
+            self.broker_child = Child("broker", 0, self.run_dir / "logs" / "broker.log")
+            self._spawn(self.broker_child)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.broker_child.proc is not None and self.broker_child.proc.poll() is not None:
+                tail = self.broker_child.log_path.read_text(errors="replace")[-2000:]
+                raise RoleError(f"the broker exited at start:\n{tail}")
+            try:
+                registry_request(self.ctx, self.broker_addr, P.Message(P.STATUS), timeout=1.0)
+                return
+            except RoleError:
+                continue
+        raise RoleError(f"the broker at {self.broker_addr} did not answer within 30 s")
+
+    def _start_roles(self) -> None:
+        for role, index in self._role_plan():
+            child = Child(role, index, self.run_dir / "logs" / f"{role}-{index}.log")
+            self.children.append(child)
+            self._spawn(child)
+
+    def _check_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.restart_at = None
+                    child.restarts += 1
+                    log.warning("restarting %s (restart %d of %d)", child.name, child.restarts, RESTART_BUDGET)
+                    self._spawn(child)
+                continue
+            if child.alive():
+                continue
+            code = child.exit_code()
+            if child.restarts >= RESTART_BUDGET:
+                self.stop_reason = "error"
+                self._fatal = f"{child.name} crashed {child.restarts + 1} times (exit code {code}); see {child.log_path}"
+                self._stop.set()
+                return
+            delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
+            log.warning("%s exited with code %s; restarting in %.0fs (log: %s)", child.name, code, delay, child.log_path)
+            child.restart_at = now + delay
+        if self.broker_child is not None and not self.broker_child.alive():
+            self.stop_reason = "error"
+            self._fatal = f"the broker exited; see {self.broker_child.log_path}"
+            self._stop.set()
+
+    def _stop_children(self) -> None:
+        # Actors first (they produce), the broker last (everyone says BYE through it).
+        order = sorted(self.children, key=lambda c: 0 if c.role == "actor" else 1)
+        for child in order:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+            if child.stop_event is not None:
+                child.stop_event.set()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in order:
+            self._wait_child(child, deadline)
+        if self.broker_child is not None:
+            if self.broker_child.proc is not None and self.broker_child.proc.poll() is None:
+                self.broker_child.proc.send_signal(signal.SIGTERM)
+            if self.inproc_broker is not None:
+                self.inproc_broker.stop()
+            self._wait_child(self.broker_child, time.monotonic() + STOP_GRACE_S)
+
+    @staticmethod
+    def _wait_child(child: Child, deadline: float) -> None:
+        if child.proc is not None:
+            try:
+                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time: killing it", child.name)
+                child.proc.kill()
+                child.proc.wait(timeout=5)
+        elif child.thread is not None:
+            child.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+
+    # --- monitoring -------------------------------------------------------------------
+
+    def _open_monitor(self) -> Channel:
+        endpoints = broker_endpoints(self.broker_addr, self.cfg.broker.streams)
+        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0,
+                           max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
+        for topic in ("metrics", "eval"):
+            sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        sock.connect(endpoints["topics_out"])
+        return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
+
+    def _drain_monitor(self, monitor: Channel, writer: MetricsWriter, elapsed: float) -> None:
+        while True:
+            got = monitor.recv(block=False)
+            if got is None:
+                return
+            meta = got[1].meta
+            if meta.get("kind") == "eval" and isinstance(meta.get("mean"), int | float):
+                row = dict(meta)
+                row["time"] = round(elapsed, 2)
+                row["env_steps"] = self.agg.row(elapsed)["env_steps"]
+                self.agg.evals.append(row)
+                writer.write_eval(row)
+                self._check_eval_target(row)
+            else:
+                self.agg.on_metrics(meta)
+
+    def _check_eval_target(self, row: dict[str, Any]) -> None:
+        target = self.cfg.stop.eval_return
+        if target is not None and row["mean"] >= target and self.target_time is None:
+            self.target_time = row["time"]
+            self.target_steps = row["env_steps"]
+            self.stop_reason = "eval_return"
+            self._stop.set()
+
+    def _check_limits(self, row: dict[str, Any]) -> None:
+        s = self.cfg.stop
+        if s.env_steps is not None and row["env_steps"] >= s.env_steps:
+            self.stop_reason = self.stop_reason or "env_steps"
+            self._stop.set()
+        if s.wall_time is not None and row["time"] >= s.wall_time:
+            self.stop_reason = self.stop_reason or "wall_time"
+            self._stop.set()
+
+    def _refresh_status(self) -> None:
+        try:
+            reply = registry_request(self.ctx, self.broker_addr, P.Message(P.STATUS), timeout=0.5)
+            self.status_rows = reply.meta.get("roles", [])
+        except RoleError:
+            pass
+
+    # --- finish -----------------------------------------------------------------------
+
+    def _save_model(self) -> int | None:
+        import torch
+
+        from zrl.roles.weights import request_latest_weights
+
+        try:
+            services = registry_request(
+                self.ctx, self.broker_addr, P.Message(P.LOOKUP, meta={"role": "params"}), timeout=2.0
+            ).meta.get("services", [])
+        except RoleError:
+            return None
+        msg = request_latest_weights(self.ctx, services, self.cfg.broker.max_message_bytes, timeout=5.0)
+        if msg is None:
+            return None
+        torch.save(
+            {
+                "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
+                "version": msg.meta.get("version"),
+                "config": json.dumps(self.cfg.model_dump(mode="json")),
+            },
+            self.run_dir / "model.pt.tmp",
+        )
+        os.replace(self.run_dir / "model.pt.tmp", self.run_dir / "model.pt")
+        return int(msg.meta.get("version", 0))
+
+    # --- main -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from zrl.display import StatusDisplay
+
+        self._prepare_run_dir()
+        self._fatal = ""
+        if self.inproc:
+            from zrl.runtime import setup_logging
+
+            setup_logging(self.log_level)
+            handler = logging.FileHandler(self.run_dir / "logs" / "inproc.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger().addHandler(handler)
+        writer = MetricsWriter(self.run_dir)
+        display = StatusDisplay(self, enabled=self.show_status)
+        interrupted = False
+        previous_handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        summary: dict[str, Any] = {}
+        row: dict[str, Any] = {}
+        try:
+            display.message(f"run directory: {self.run_dir}")
+            self._start_broker()
+            self._start_roles()
+            monitor = self._open_monitor()
+            display.start()
+            next_row = time.monotonic()
+            while not self._stop.is_set():
+                elapsed = time.monotonic() - self.started
+                self._drain_monitor(monitor, writer, elapsed)
+                if time.monotonic() >= next_row:
+                    next_row += 1.0
+                    self._refresh_status()
+                    self._check_children()
+                    row = self.agg.row(elapsed)
+                    writer.write_progress(row)
+                    self._check_limits(row)
+                    display.update(row)
+                self._stop.wait(MONITOR_INTERVAL_S / 5)
+            monitor.close()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            display.stop()
+            if self.stop_reason == "interrupted":
+                interrupted = True
+            try:
+                version = self._save_model() if self.broker_child is not None else None
+            finally:
+                self._stop_children()
+                writer.close()
+                for sig, h in previous_handlers.items():
+                    signal.signal(sig, h)
+            summary = self._summary(row, version, interrupted)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            if self.agg.evals:
+                try:
+                    from zrl.metrics import plot_run
+
+                    plot_run(self.run_dir)
+                except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
+                    log.warning("could not plot the learning curve: %s", exc)
+            display.final(summary)
+        return summary
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.stop_reason == "interrupted":
+            raise KeyboardInterrupt
+        self.stop_reason = "interrupted"
+        self._stop.set()
+
+    def _summary(self, row: dict[str, Any], version: int | None, interrupted: bool) -> dict[str, Any]:
+        evals = self.agg.evals
+        return {
+            "experiment": self.cfg.name,
+            "run_dir": str(self.run_dir),
+            "stop_reason": "interrupted" if interrupted else (self.stop_reason or "unknown"),
+            "error": self._fatal or None,
+            "reached_target": self.target_time is not None,
+            "target_return": self.cfg.stop.eval_return,
+            "seconds_to_target": self.target_time,
+            "env_steps_to_target": self.target_steps,
+            "wall_time": round(time.monotonic() - self.started, 2),
+            "env_steps": row.get("env_steps", 0),
+            "updates": row.get("updates", 0),
+            "final_eval_return": evals[-1]["mean"] if evals else None,
+            "best_eval_return": max(e["mean"] for e in evals) if evals else None,
+            "evaluations": len(evals),
+            "weights_version": version,
+            "model": str(self.run_dir / "model.pt") if version is not None else None,
+            "restarts": {c.name: c.restarts for c in self.children if c.restarts},
+        }
