@@ -21,7 +21,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-start_app = typer.Typer(help="Start one role of an experiment in this process.", no_args_is_help=True)
+start_app = typer.Typer(
+    help="Start one role of an experiment in this process.", no_args_is_help=True
+)
 config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
 app.add_typer(start_app, name="start")
 app.add_typer(config_app, name="config")
@@ -165,8 +167,22 @@ def status(
         title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
         f"(up {b.get('uptime', 0):.0f}s)"
     )
-    for col in ("role", "id", "host", "pid", "state", "heartbeat", "restarts", "msgs in", "msgs out", "dropped"):
-        table.add_column(col, justify="right" if col.startswith(("pid", "msgs", "rest", "drop", "heart")) else "left")
+    for col in (
+        "role",
+        "id",
+        "host",
+        "pid",
+        "state",
+        "heartbeat",
+        "restarts",
+        "msgs in",
+        "msgs out",
+        "dropped",
+    ):
+        table.add_column(
+            col,
+            justify="right" if col.startswith(("pid", "msgs", "rest", "drop", "heart")) else "left",
+        )
     colors = {"alive": "green", "dead": "red", "stopped": "yellow"}
     for r in roles:
         state = r["state"]
@@ -212,7 +228,9 @@ def run(
     inproc: Annotated[
         bool, typer.Option("--inproc", help="Every role as a thread of this process (debugging).")
     ] = False,
-    port: Annotated[int | None, typer.Option("--port", help="Broker base port (default: free).")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Broker base port (default: free).")
+    ] = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
@@ -271,4 +289,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -44,9 +44,13 @@ class StatusDisplay:
         stop = sup.cfg.stop
         self.tasks: dict[str, Any] = {}
         if stop.eval_return is not None:
-            self.tasks["eval"] = self.progress.add_task("eval return", total=stop.eval_return, label="")
+            self.tasks["eval"] = self.progress.add_task(
+                "eval return", total=stop.eval_return, label=""
+            )
         if stop.env_steps is not None:
-            self.tasks["steps"] = self.progress.add_task("env steps", total=stop.env_steps, label="")
+            self.tasks["steps"] = self.progress.add_task(
+                "env steps", total=stop.env_steps, label=""
+            )
         if stop.wall_time is not None:
             self.tasks["time"] = self.progress.add_task("wall time", total=stop.wall_time, label="")
 
@@ -56,7 +60,9 @@ class StatusDisplay:
 
     def start(self) -> None:
         if self.enabled and self.console.is_terminal:
-            self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+            self.live = Live(
+                self._render(), console=self.console, refresh_per_second=2, transient=False
+            )
             self.live.start()
 
     def update(self, row: dict[str, Any]) -> None:
@@ -95,18 +101,45 @@ class StatusDisplay:
         for _ in range(4):
             figures.add_column()
         if r:
-            figures.add_row("env steps/s", _fmt(r["env_steps_per_s"], 0), "env steps", _fmt(r["env_steps"]))
+            figures.add_row(
+                "env steps/s", _fmt(r["env_steps_per_s"], 0), "env steps", _fmt(r["env_steps"])
+            )
             figures.add_row("updates/s", _fmt(r["updates_per_s"], 0), "updates", _fmt(r["updates"]))
-            figures.add_row("replay size", _fmt(r["replay_size"]), "samples/insert", _fmt(r["samples_per_insert"], 2))
-            figures.add_row("weights", f"v{r['weights_version']}", "actor version lag", _fmt(r["max_version_lag"]))
-            figures.add_row("eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir))
+            figures.add_row(
+                "replay size",
+                _fmt(r["replay_size"]),
+                "samples/insert",
+                _fmt(r["samples_per_insert"], 2),
+            )
+            figures.add_row(
+                "weights",
+                f"v{r['weights_version']}",
+                "actor version lag",
+                _fmt(r["max_version_lag"]),
+            )
+            figures.add_row(
+                "eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir)
+            )
         roles = Table(box=None, header_style="bold")
-        for col in ("id", "host", "pid", "state", "heartbeat", "restarts", "in", "out", "dropped", "note"):
+        for col in (
+            "id",
+            "host",
+            "pid",
+            "state",
+            "heartbeat",
+            "restarts",
+            "in",
+            "out",
+            "dropped",
+            "note",
+        ):
             roles.add_column(col)
         for row in self.sup.status_rows:
             info = row.get("info", {})
             note = info.get("sampling_blocked") or (
-                f"waiting for batches {info['waiting_for_batches_s']}s" if "waiting_for_batches_s" in info else ""
+                f"waiting for batches {info['waiting_for_batches_s']}s"
+                if "waiting_for_batches_s" in info
+                else ""
             )
             state = row["state"]
             roles.add_row(

@@ -47,12 +47,17 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig]:
     """The model saved by ``zrl run`` in ``run_dir/model.pt`` and the run's config."""
     path = Path(run_dir) / "model.pt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: was the run stopped before saving a model?")
+        raise FileNotFoundError(
+            f"{path} does not exist: was the run stopped before saving a model?"
+        )
     saved = torch.load(path, map_location="cpu", weights_only=False)
     cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
     probe = make_vector_env(cfg.env, num_envs=1)
     model = build_q_network(
-        probe.single_observation_space, probe.single_action_space, cfg.model.hidden, cfg.model.dueling
+        probe.single_observation_space,
+        probe.single_action_space,
+        cfg.model.hidden,
+        cfg.model.dueling,
     )
     probe.close()
     load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})

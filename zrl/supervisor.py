@@ -78,7 +78,9 @@ class Child:
         return 1 if self.error is not None else 0
 
 
-def free_port_range(count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000) -> int:
+def free_port_range(
+    count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000
+) -> int:
     """A base port P with P..P+count-1 all free right now (random start, linear probe)."""
     import random
 
@@ -185,11 +187,13 @@ class Supervisor:
     ) -> None:
         self.cfg = cfg
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.run_dir = Path(run_dir) if run_dir else Path("runs") / f"{cfg.name}-{stamp}-{os.getpid()}"
+        self.run_dir = (
+            Path(run_dir) if run_dir else Path("runs") / f"{cfg.name}-{stamp}-{os.getpid()}"
+        )
         self.inproc = inproc
         self.log_level = log_level
         self.show_status = show_status
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         n_endpoints = len(broker_endpoints("tcp://127.0.0.1:1", cfg.broker.streams))
         if inproc:
             self.broker_addr = f"inproc://zrl-{os.getpid()}-{id(self)}"
@@ -216,7 +220,9 @@ class Supervisor:
         (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
         seeds = {
             "run_seed": self.cfg.seed,
-            "actors": {f"actor-{i}": actor_seed(self.cfg.seed, i) for i in range(self.cfg.roles.actors)},
+            "actors": {
+                f"actor-{i}": actor_seed(self.cfg.seed, i) for i in range(self.cfg.roles.actors)
+            },
         }
         (self.run_dir / "seeds.json").write_text(json.dumps(seeds, indent=2))
 
@@ -237,7 +243,14 @@ class Supervisor:
             self._spawn_thread(child)
             return
         if child.role == "broker":
-            cmd = ["start", "broker", "--bind", self.broker_addr, "--config", str(self.run_dir / "config.yaml")]
+            cmd = [
+                "start",
+                "broker",
+                "--bind",
+                self.broker_addr,
+                "--config",
+                str(self.run_dir / "config.yaml"),
+            ]
         else:
             cmd = ["start", child.role, "--broker", self.broker_addr, "--index", str(child.index),
                    "--connect-timeout", "30"]  # fmt: skip
@@ -306,7 +319,12 @@ class Supervisor:
                 if now >= child.restart_at:
                     child.restart_at = None
                     child.restarts += 1
-                    log.warning("restarting %s (restart %d of %d)", child.name, child.restarts, RESTART_BUDGET)
+                    log.warning(
+                        "restarting %s (restart %d of %d)",
+                        child.name,
+                        child.restarts,
+                        RESTART_BUDGET,
+                    )
                     self._spawn(child)
                 continue
             if child.alive():
@@ -318,7 +336,13 @@ class Supervisor:
                 self._stop.set()
                 return
             delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
-            log.warning("%s exited with code %s; restarting in %.0fs (log: %s)", child.name, code, delay, child.log_path)
+            log.warning(
+                "%s exited with code %s; restarting in %.0fs (log: %s)",
+                child.name,
+                code,
+                delay,
+                child.log_path,
+            )
             child.restart_at = now + delay
         if self.broker_child is not None and not self.broker_child.alive():
             self.stop_reason = "error"
@@ -415,11 +439,16 @@ class Supervisor:
 
         try:
             services = registry_request(
-                self.ctx, self.broker_addr, P.Message(P.LOOKUP, meta={"role": "params"}), timeout=2.0
+                self.ctx,
+                self.broker_addr,
+                P.Message(P.LOOKUP, meta={"role": "params"}),
+                timeout=2.0,
             ).meta.get("services", [])
         except RoleError:
             return None
-        msg = request_latest_weights(self.ctx, services, self.cfg.broker.max_message_bytes, timeout=5.0)
+        msg = request_latest_weights(
+            self.ctx, services, self.cfg.broker.max_message_bytes, timeout=5.0
+        )
         if msg is None:
             return None
         torch.save(
@@ -445,12 +474,14 @@ class Supervisor:
 
             setup_logging(self.log_level)
             handler = logging.FileHandler(self.run_dir / "logs" / "inproc.log")
-            handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s")
+            )
             logging.getLogger().addHandler(handler)
         writer = MetricsWriter(self.run_dir)
         display = StatusDisplay(self, enabled=self.show_status)
         interrupted = False
-        previous_handlers: dict[int, Any] = {}
+        previous_handlers: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -507,7 +538,9 @@ class Supervisor:
         self.stop_reason = "interrupted"
         self._stop.set()
 
-    def _summary(self, row: dict[str, Any], version: int | None, interrupted: bool) -> dict[str, Any]:
+    def _summary(
+        self, row: dict[str, Any], version: int | None, interrupted: bool
+    ) -> dict[str, Any]:
         evals = self.agg.evals
         return {
             "experiment": self.cfg.name,

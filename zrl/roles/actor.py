@@ -140,7 +140,11 @@ class Actor(Role):
         self.trajectories += 1
         return P.Message(
             P.TRAJECTORY,
-            meta={"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps},
+            meta={
+                "weights_version": version,
+                "actor": self.actor_index,
+                "env_steps": self.env_steps,
+            },
             arrays={
                 "obs": obs_buf,
                 "action": actions,

@@ -203,7 +203,9 @@ class Role:
     # --- sockets ----------------------------------------------------------------------
 
     def _channel(self, sock: zmq.Socket, name: str, **kw: Any) -> Channel:
-        ch = Channel(sock, name, self.id, self.stats, max_message_bytes=self.max_message_bytes, **kw)
+        ch = Channel(
+            sock, name, self.id, self.stats, max_message_bytes=self.max_message_bytes, **kw
+        )
         self._channels.append(ch)
         return ch
 
@@ -304,7 +306,12 @@ class Role:
             self._registry.send(
                 P.Message(
                     P.HEARTBEAT,
-                    meta={"id": self.id, "state": self.state, "stats": self.stats.snapshot(), "info": info},
+                    meta={
+                        "id": self.id,
+                        "state": self.state,
+                        "stats": self.stats.snapshot(),
+                        "info": info,
+                    },
                 ),
                 block=False,
             )
@@ -316,7 +323,9 @@ class Role:
         if self._metrics_pub is None:
             self._metrics_pub = self.open_publisher("metrics")
         self._metrics_pub.send(
-            P.Message(P.METRICS, meta={"id": self.id, "role": self.role, "time": time.time(), **info}),
+            P.Message(
+                P.METRICS, meta={"id": self.id, "role": self.role, "time": time.time(), **info}
+            ),
             topic="metrics",
             block=False,
         )

@@ -34,7 +34,10 @@ class Evaluator(Role):
         limit_torch_threads(1)
         probe = make_vector_env(cfg.env, num_envs=1)
         self.model = build_q_network(
-            probe.single_observation_space, probe.single_action_space, cfg.model.hidden, cfg.model.dueling
+            probe.single_observation_space,
+            probe.single_action_space,
+            cfg.model.hidden,
+            cfg.model.dueling,
         )
         probe.close()
         self.model.eval()
@@ -79,10 +82,15 @@ class Evaluator(Role):
             "eval of weights v%d: %.1f +- %.1f over %d episodes",
             version, self.last["mean"], self.last["std"], len(returns),
         )  # fmt: skip
-        self.publisher.send(P.Message(P.METRICS, meta={"kind": "eval", **self.last}), topic=EVAL_TOPIC, block=False)
+        self.publisher.send(
+            P.Message(P.METRICS, meta={"kind": "eval", **self.last}), topic=EVAL_TOPIC, block=False
+        )
 
     def heartbeat_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"evaluations": self.evaluations, "weights_version": self.weights.version}
+        info: dict[str, Any] = {
+            "evaluations": self.evaluations,
+            "weights_version": self.weights.version,
+        }
         if self.last:
             info["eval_return"] = round(self.last["mean"], 2)
         return info

@@ -96,7 +96,9 @@ class Learner(Role):
         if not self._connect_params():
             return
         assert self.params is not None
-        msg = P.Message(P.WEIGHTS, meta={"updates": self.updates}, arrays=model_to_arrays(self.online))
+        msg = P.Message(
+            P.WEIGHTS, meta={"updates": self.updates}, arrays=model_to_arrays(self.online)
+        )
         if self.params.send(msg, block=False) and self._unacked_since is None:
             self._unacked_since = time.monotonic()
 
@@ -110,9 +112,14 @@ class Learner(Role):
             if got[1].kind == P.ACK and isinstance(got[1].meta.get("version"), int):
                 self.weights_version = got[1].meta["version"]
                 self._unacked_since = None
-        if self._unacked_since is not None and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S:
+        if (
+            self._unacked_since is not None
+            and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S
+        ):
             # The parameter server restarted elsewhere or died: find it again.
-            self.log.warning("parameter server %s stopped answering; looking it up again", self.params_endpoint)
+            self.log.warning(
+                "parameter server %s stopped answering; looking it up again", self.params_endpoint
+            )
             self.params.close()
             self._channels.remove(self.params)
             self.params = None
@@ -141,7 +148,10 @@ class Learner(Role):
         self.priority_pub.send(
             P.Message(
                 P.PRIORITIES,
-                arrays={"key": np.ascontiguousarray(msg.arrays["key"]), "priority": result.td.astype(np.float32)},
+                arrays={
+                    "key": np.ascontiguousarray(msg.arrays["key"]),
+                    "priority": result.td.astype(np.float32),
+                },
             ),
             topic=priority_topic(shard),
             block=False,

@@ -56,13 +56,17 @@ class ParameterServer(Role):
             if not msg.arrays:
                 raise P.ProtocolError("weights message without arrays")
             if self.arrays and set(msg.arrays) != set(self.arrays):
-                raise P.ProtocolError("weights with different parameter names than the current ones")
+                raise P.ProtocolError(
+                    "weights with different parameter names than the current ones"
+                )
             # The arrays are views on the received frames; holding them keeps the frames alive,
             # so storing a version costs no copy.
             self.arrays = msg.arrays
             self.version += 1
             self.updated_at = time.time()
-            self.weights_meta = {k: v for k, v in msg.meta.items() if isinstance(v, int | float | str)}
+            self.weights_meta = {
+                k: v for k, v in msg.meta.items() if isinstance(v, int | float | str)
+            }
             self.publish_weights()
             self.rpc.send(P.Message(P.ACK, meta={"version": self.version}), to=ident, block=False)
         elif msg.kind == P.GET_WEIGHTS:

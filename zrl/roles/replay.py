@@ -59,7 +59,9 @@ def assemble_transitions(
     E, T = a["reward"].shape
     for name in TRAJECTORY_ARRAYS:
         if a[name].shape[:2] != (E, T):
-            raise P.ProtocolError(f"trajectory array {name!r} has shape {a[name].shape}, not [{E}, {T}, ...]")
+            raise P.ProtocolError(
+                f"trajectory array {name!r} has shape {a[name].shape}, not [{E}, {T}, ...]"
+            )
     if a["obs"].shape != a["next_obs"].shape:
         raise P.ProtocolError("trajectory obs and next_obs shapes differ")
     ns = nstep_transitions(a["reward"], a["terminated"], a["truncated"], a["valid"], n_step, gamma)
@@ -85,7 +87,9 @@ class ReplayServer(Role):
         if rc.table == "prioritized":
             kwargs = {"alpha": rc.alpha, "beta": rc.beta}
         self.table: Table = make_table(rc.table, rc.capacity, **kwargs)
-        self.limiter = RateLimiter(rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance)
+        self.limiter = RateLimiter(
+            rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance
+        )
         self.rng = np.random.default_rng(self.config.seed + 7919 * (1 + (self.index or 0)))
         self.experience = self.open_pull("experience", hwm=2)
         self.batches = self.open_push("batches", hwm=rc.prefetch, sndtimeo_ms=0)
@@ -137,7 +141,11 @@ class ReplayServer(Role):
         return P.Message(
             P.BATCH,
             meta={"shard": self.id, "table_size": self.table.size},
-            arrays={**b.items, "weight": b.weights.astype(np.float32), "key": b.keys.astype(np.int64)},
+            arrays={
+                **b.items,
+                "weight": b.weights.astype(np.float32),
+                "key": b.keys.astype(np.int64),
+            },
         )
 
     # --- loop -------------------------------------------------------------------------

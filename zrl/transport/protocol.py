@@ -86,7 +86,9 @@ class VersionMismatch(ProtocolError):
     """A peer speaks another protocol version."""
 
     def __init__(self, theirs: object, ours: int = PROTOCOL_VERSION) -> None:
-        super().__init__(f"protocol version mismatch: peer speaks {theirs!r}, this zrl speaks {ours}")
+        super().__init__(
+            f"protocol version mismatch: peer speaks {theirs!r}, this zrl speaks {ours}"
+        )
         self.theirs = theirs
 
 
@@ -179,7 +181,12 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
     version = head.get("v")
     if version != PROTOCOL_VERSION:
         raise VersionMismatch(version)
-    kind, sender, seq, stream = head.get("k"), head.get("s", ""), head.get("q", 0), head.get("st", "")
+    kind, sender, seq, stream = (
+        head.get("k"),
+        head.get("s", ""),
+        head.get("q", 0),
+        head.get("st", ""),
+    )
     meta, specs = head.get("m", {}), head.get("a", [])
     if not isinstance(kind, str) or not kind:
         raise ProtocolError("header has no kind")
@@ -192,7 +199,9 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
     if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
         raise ProtocolError("array list is not a list of at most MAX_ARRAYS entries")
     if len(frames) != 1 + len(specs):
-        raise ProtocolError(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
+        raise ProtocolError(
+            f"header announces {len(specs)} arrays but {len(frames) - 1} frames came"
+        )
     arrays: dict[str, np.ndarray] = {}
     total = head_buf.nbytes
     for spec, frame in zip(specs, frames[1:], strict=True):
@@ -234,7 +243,9 @@ def require_arrays(msg: Message, spec: Mapping[str, tuple[str | None, int | None
         if arr is None:
             raise ProtocolError(f"{msg.kind} from {msg.sender or '?'} lacks array {name!r}")
         if dtype is not None and arr.dtype != np.dtype(dtype):
-            raise ProtocolError(f"{msg.kind} array {name!r} has dtype {arr.dtype}, expected {dtype}")
+            raise ProtocolError(
+                f"{msg.kind} array {name!r} has dtype {arr.dtype}, expected {dtype}"
+            )
         if ndim is not None and arr.ndim != ndim:
             raise ProtocolError(f"{msg.kind} array {name!r} has rank {arr.ndim}, expected {ndim}")
 

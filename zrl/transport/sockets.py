@@ -77,7 +77,12 @@ class StreamStats:
     last_seq: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, int]:
-        return {"sent": self.sent, "received": self.received, "dropped": self.dropped, "gaps": self.gaps}
+        return {
+            "sent": self.sent,
+            "received": self.received,
+            "dropped": self.dropped,
+            "gaps": self.gaps,
+        }
 
     def note_seq(self, sender: str, seq: int) -> None:
         """Count missing sequence numbers; a reset (restarted sender) starts afresh."""
@@ -219,7 +224,9 @@ def broker_endpoints(base: str, streams: list[str] | tuple[str, ...]) -> dict[st
         return {name: f"tcp://{host}:{port + i}" for i, name in enumerate(names)}
     if base.startswith(("inproc://", "ipc://")):
         return {name: base if i == 0 else f"{base}-{name}" for i, name in enumerate(names)}
-    raise ValueError(f"unsupported broker address {base!r}: use tcp://HOST:PORT, ipc:// or inproc://")
+    raise ValueError(
+        f"unsupported broker address {base!r}: use tcp://HOST:PORT, ipc:// or inproc://"
+    )
 
 
 def split_tcp(addr: str) -> tuple[str, int]:
