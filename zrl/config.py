@@ -76,6 +76,8 @@ class ActorConfig(_Section):
     """Ape-X base epsilon: slot i of N explores with epsilon ** (1 + alpha * i / (N - 1))."""
     epsilon_alpha: float = Field(7.0, ge=0)
     """Ape-X epsilon exponent spread."""
+    max_in_flight: int = Field(2, ge=1)
+    """Trajectories sent but not yet acknowledged by a replay shard; bounds data staleness."""
     torch_threads: int = Field(1, ge=1)
 
 

@@ -169,7 +169,8 @@ class Aggregator:
             "replay_size": sum(int(m.get("size", 0)) for m in replays),
             "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,
             "weights_version": version,
-            "max_version_lag": max((version - v for v in actor_versions), default=0),
+            # Metrics arrive at different moments: an actor may report a version params has not.
+            "max_version_lag": max((max(version - v, 0) for v in actor_versions), default=0),
             "eval_return": self.evals[-1]["mean"] if self.evals else None,
         }
 
@@ -490,6 +491,11 @@ class Supervisor:
         try:
             display.message(f"run directory: {self.run_dir}")
             self._start_broker()
+            (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
+            if not self.inproc:
+                display.message(
+                    f"broker: {self.broker_addr}  (zrl status --broker {self.broker_addr})"
+                )
             self._start_roles()
             monitor = self._open_monitor()
             display.start()

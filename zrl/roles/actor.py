@@ -31,6 +31,8 @@ from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 
+ACK_TIMEOUT_S = 30.0
+
 
 def actor_seed(run_seed: int, index: int) -> int:
     """Env and exploration seed of actor ``index``: distinct per actor, fixed per run."""
@@ -74,6 +76,12 @@ class Actor(Role):
         self.trajectories = 0
         self.pending: P.Message | None = None
         self.blocked_since: float | None = None
+        # Credit window: a trajectory counts as in flight until a replay shard acknowledges
+        # its insertion. Bounding it bounds how stale the data in replay can be, whatever
+        # the socket buffers between here and the shard could hold.
+        self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
+        self.acked_seq = -1
+        self.ack_timeouts = 0
         self.started = time.monotonic()
         self.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
@@ -157,7 +165,34 @@ class Actor(Role):
             },
         )
 
+    @property
+    def in_flight(self) -> int:
+        return self.experience.next_seq - 1 - self.acked_seq
+
+    def read_acks(self) -> None:
+        while True:
+            got = self.acks.recv(block=False)
+            if got is None:
+                return
+            seq = got[1].meta.get("seq")
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                self.acked_seq = max(self.acked_seq, seq)
+
     def step(self) -> None:
+        self.read_acks()
+        if self.pending is None and self.in_flight >= self.config.actor.max_in_flight:
+            now = time.monotonic()
+            if self.blocked_since is None:
+                self.blocked_since = now
+            if now - self.blocked_since <= ACK_TIMEOUT_S:
+                self.acks.sock.poll(100)
+                return
+            # A shard restarted or an ack was lost: never deadlock on the window.
+            self.ack_timeouts += 1
+            self.log.warning(
+                "no insert ack for %.0fs: resetting the in-flight window", ACK_TIMEOUT_S
+            )
+            self.acked_seq = self.experience.next_seq - 1
         if self.pending is None:
             self.apply_newest_weights()
             self.pending = self.collect()
@@ -173,6 +208,8 @@ class Actor(Role):
             "env_steps": self.env_steps,
             "episodes": self.episodes.episodes,
             "weights_version": self.weights.version,
+            "in_flight": self.in_flight,
+            "ack_timeouts": self.ack_timeouts,
         }
         recent = self.episodes.recent_mean()
         if recent is not None:

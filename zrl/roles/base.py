@@ -321,12 +321,12 @@ class Role:
 
     def publish_metrics(self, info: dict[str, Any]) -> None:
         if self._metrics_pub is None:
-            self._metrics_pub = self.open_publisher("metrics")
+            self._metrics_pub = self.open_publisher(P.METRICS_TOPIC)
         self._metrics_pub.send(
             P.Message(
                 P.METRICS, meta={"id": self.id, "role": self.role, "time": time.time(), **info}
             ),
-            topic="metrics",
+            topic=P.METRICS_TOPIC,
             block=False,
         )
 
@@ -355,6 +355,7 @@ class Role:
         try:
             self.setup()
             self.state = "running"
+            self._last_ack = time.monotonic()  # a long setup is not a silent broker
             while not self.stop_event.is_set():
                 self.step()
                 self.tick()

@@ -23,8 +23,6 @@ from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 
-EVAL_TOPIC = "eval"
-
 
 class Evaluator(Role):
     role = "evaluator"
@@ -42,7 +40,7 @@ class Evaluator(Role):
         probe.close()
         self.model.eval()
         self.weights = WeightsFollower(self)
-        self.publisher = self.open_publisher(EVAL_TOPIC)
+        self.publisher = self.open_publisher(P.EVAL_TOPIC)
         self.evaluated_version = 0
         self.next_eval = time.monotonic()
         self.evaluations = 0
@@ -83,7 +81,9 @@ class Evaluator(Role):
             version, self.last["mean"], self.last["std"], len(returns),
         )  # fmt: skip
         self.publisher.send(
-            P.Message(P.METRICS, meta={"kind": "eval", **self.last}), topic=EVAL_TOPIC, block=False
+            P.Message(P.METRICS, meta={"kind": "eval", **self.last}),
+            topic=P.EVAL_TOPIC,
+            block=False,
         )
 
     def heartbeat_info(self) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from zrl.algos.dqn import dqn_update, soft_update
 from zrl.envs import make_vector_env
 from zrl.models import build_q_network, model_to_arrays
 from zrl.roles.base import Role
-from zrl.roles.replay import priority_topic
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -153,7 +152,7 @@ class Learner(Role):
                     "priority": result.td.astype(np.float32),
                 },
             ),
-            topic=priority_topic(shard),
+            topic=P.priority_topic(shard),
             block=False,
         )
         if self.updates % lc.target_update_interval == 0:

@@ -20,14 +20,12 @@ import numpy as np
 from zrl.roles.base import Role
 from zrl.transport import protocol as P
 
-WEIGHTS_TOPIC = "weights"
-
 
 class ParameterServer(Role):
     role = "params"
 
     def setup(self) -> None:
-        self.publisher = self.open_publisher(WEIGHTS_TOPIC, hwm=100)
+        self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
         self.version = 0
         self.arrays: dict[str, np.ndarray] = {}
         self.weights_meta: dict[str, Any] = {}
@@ -84,7 +82,7 @@ class ParameterServer(Role):
         )
 
     def publish_weights(self) -> None:
-        self.publisher.send(self.weights_message(), topic=WEIGHTS_TOPIC, block=False)
+        self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"weights_version": self.version, "late_join_requests": self.served}

@@ -45,11 +45,6 @@ INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 
 
-def priority_topic(shard_id: str) -> str:
-    # The trailing slash keeps "replay-1" from also matching "replay-10".
-    return f"priorities/{shard_id}/"
-
-
 def assemble_transitions(
     msg: P.Message, n_step: int, gamma: float
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -93,7 +88,8 @@ class ReplayServer(Role):
         self.rng = np.random.default_rng(self.config.seed + 7919 * (1 + (self.index or 0)))
         self.experience = self.open_pull("experience", hwm=2)
         self.batches = self.open_push("batches", hwm=rc.prefetch, sndtimeo_ms=0)
-        self.priorities = self.open_subscriber([priority_topic(self.id)], "priorities")
+        self.priorities = self.open_subscriber([P.priority_topic(self.id)], "priorities")
+        self.acks = self.open_publisher("acks")
         self.trajectories = 0
         self.batches_sent = 0
         self.priority_updates = 0
@@ -113,11 +109,14 @@ class ReplayServer(Role):
         rc = self.config.replay
         items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
         n = len(priorities)
-        if n == 0:
-            return
         self.table.insert(items, priorities if isinstance(self.table, PrioritizedTable) else None)
         self.limiter.on_insert(n)
         self.trajectories += 1
+        self.acks.send(
+            P.Message(P.ACK, meta={"seq": msg.seq, "inserted": n}),
+            topic=P.ack_topic(msg.sender),
+            block=False,
+        )
         version = msg.meta.get("weights_version")
         if isinstance(version, int):
             self.weights_versions.append(version)
@@ -150,8 +149,10 @@ class ReplayServer(Role):
 
     # --- loop -------------------------------------------------------------------------
 
-    def _drain(self, channel: Any, handler: Any, limit: int) -> None:
+    def _drain(self, channel: Any, handler: Any, limit: int, gate: Any = None) -> None:
         for _ in range(limit):
+            if gate is not None and not gate():
+                return
             got = channel.recv(block=False)
             if got is None:
                 return
@@ -164,9 +165,10 @@ class ReplayServer(Role):
     def step(self) -> None:
         rc = self.config.replay
         self._drain(self.priorities, self.on_priorities, 64)
-        can_insert = self.limiter.can_insert(1, self.table.size)
-        if can_insert:
-            self._drain(self.experience, self.on_trajectory, INSERTS_PER_STEP)
+        self._drain(
+            self.experience, self.on_trajectory, INSERTS_PER_STEP,
+            gate=lambda: self.limiter.can_insert(1, self.table.size),
+        )  # fmt: skip
         sent = 0
         while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.table.size):
             if not self.batches.sock.poll(0, zmq.POLLOUT):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import zmq
 
 from zrl.roles.base import Role
-from zrl.roles.params import WEIGHTS_TOPIC
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -20,7 +19,7 @@ class WeightsFollower:
 
     def __init__(self, role: Role) -> None:
         self.role = role
-        self.sub = role.open_subscriber([WEIGHTS_TOPIC], "weights")
+        self.sub = role.open_subscriber([P.WEIGHTS_TOPIC], "weights")
         self.version = 0
 
     def _newer(self, msg: P.Message) -> bool:

@@ -54,6 +54,23 @@ ACK = "ack"
 METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
 
+# Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
+# matching "replay-10").
+WEIGHTS_TOPIC = "weights"
+METRICS_TOPIC = "metrics"
+EVAL_TOPIC = "eval"
+
+
+def priority_topic(shard_id: str) -> str:
+    """Priority updates for the keys one replay shard sampled."""
+    return f"priorities/{shard_id}/"
+
+
+def ack_topic(actor_id: str) -> str:
+    """A replay shard's acknowledgements of one actor's inserted trajectories."""
+    return f"acks/{actor_id}/"
+
+
 MAX_HEADER_BYTES = 4 * 2**20
 MAX_ARRAYS = 256
 MAX_NDIM = 16

@@ -141,10 +141,12 @@ class Channel:
         self.topics = topics
         self.max_message_bytes = max_message_bytes
         self._seq = 0
+        self._topic_seq: dict[str, int] = {}
         self._warned: set[str] = set()
 
     @property
     def next_seq(self) -> int:
+        """Messages sent so far (the sequence number of the next one on a stream)."""
         return self._seq
 
     def send(
@@ -153,19 +155,24 @@ class Channel:
         """Send ``msg``; False when it could not be queued (timeout or full queue when not blocking)."""
         msg.sender = self.sender
         msg.stream = self.name
-        msg.seq = self._seq
+        # A topic channel numbers each topic on its own: a subscriber sees one topic only,
+        # and must see consecutive numbers there for gaps to mean loss.
+        topic_name = (topic or msg.kind) if self.topics else None
+        msg.seq = self._topic_seq.get(topic_name, 0) if topic_name is not None else self._seq
         frames = encode(msg)
         if self.envelope:
             if to is None:
                 raise ValueError("a ROUTER channel needs the recipient's routing id")
             frames = [to, *frames]
-        if self.topics:
-            frames = [(topic or msg.kind).encode(), *frames]
+        if topic_name is not None:
+            frames = [topic_name.encode(), *frames]
         try:
             self.sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         self._seq += 1
+        if topic_name is not None:
+            self._topic_seq[topic_name] = msg.seq + 1
         self.stats.sent += 1
         return True
 

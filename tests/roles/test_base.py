@@ -1,0 +1,232 @@
+"""Role base class against an in-process Broker: registration, spec, heartbeats, reconnects."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import zmq
+
+import zrl.roles.base as base
+from tests.conftest import wait_for
+from zrl import __version__
+from zrl.broker import Broker
+from zrl.config import ExperimentConfig
+from zrl.roles.base import Role, RoleError, registry_request
+from zrl.transport import protocol as P
+
+_names = itertools.count()
+
+
+class FakeRole(Role):
+    role = "fake"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = 0
+        self.error: BaseException | None = None
+
+    def step(self) -> None:
+        self.steps += 1
+        self.stop_event.wait(0.02)
+
+
+def make_config() -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "role-base-test",
+            "seed": 17,
+            "broker": {"heartbeat_interval": 0.1, "heartbeat_timeout": 0.6, "setup_grace": 5.0},
+        }
+    )
+
+
+class Running:
+    """Brokers and roles run in threads; everything is stopped and joined at teardown."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.ctx = ctx
+        self.brokers: list[tuple[Broker, threading.Thread]] = []
+        self.roles: list[tuple[Role, threading.Thread]] = []
+
+    def broker(self, addr: str, cfg: ExperimentConfig | None = None) -> Broker:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                b = Broker(addr, cfg or make_config(), ctx=self.ctx)
+                break
+            except OSError:  # the previous broker's inproc names may take a moment to go
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        t = threading.Thread(target=b.run, name="test-broker", daemon=True)
+        t.start()
+        self.brokers.append((b, t))
+        return b
+
+    def stop_broker(self, b: Broker) -> None:
+        for broker, t in self.brokers:
+            if broker is b:
+                broker.stop()
+                t.join(5)
+                assert not t.is_alive(), "broker did not stop"
+
+    def role(self, addr: str, **kwargs) -> FakeRole:
+        r = FakeRole(addr, ctx=self.ctx, **kwargs)
+
+        def run() -> None:
+            try:
+                r.run()
+            except BaseException as exc:  # reported by the test, not lost in the thread
+                r.error = exc
+
+        t = threading.Thread(target=run, name="test-role", daemon=True)
+        t.start()
+        self.roles.append((r, t))
+        return r
+
+    def close(self) -> None:
+        for r, t in self.roles:
+            r.request_stop()
+            t.join(5)
+        for b, t in self.brokers:
+            b.stop()
+            t.join(5)
+
+
+@pytest.fixture
+def running(zmq_ctx) -> Iterator[Running]:
+    run = Running(zmq_ctx)
+    yield run
+    run.close()
+
+
+@pytest.fixture
+def inproc_addr() -> str:
+    return f"inproc://zrl-role-base-{os.getpid()}-{next(_names)}"
+
+
+def registered(b: Broker, r: Role, state: str = "alive") -> Callable[[], bool]:
+    return lambda: r.id in b.roles and b.roles[r.id].state == state
+
+
+def test_role_registers_gets_spec_and_heartbeats(running, inproc_addr):
+    b = running.broker(inproc_addr)
+    r = running.role(inproc_addr, index=3, connect_timeout=5)
+    wait_for(registered(b, r), timeout=5)
+    assert r.error is None
+    assert r.id == "fake-3"
+    entry = b.roles["fake-3"]
+    assert (entry.role, entry.pid, entry.host) == ("fake", os.getpid(), r.host)
+    # The experiment spec and the liveness settings came from the broker.
+    assert r.config.name == "role-base-test" and r.config.seed == 17
+    assert (r.heartbeat_interval, r.heartbeat_timeout) == (0.1, 0.6)
+    assert set(r.endpoints) == set(b.endpoints)
+    assert r.state == "running"
+    # Heartbeats keep arriving (and carry the role's stream counters).
+    first = b.registry.stats.received
+    wait_for(lambda: b.registry.stats.received >= first + 5, timeout=5)
+    assert "registry" in b.roles["fake-3"].stats
+    assert b.roles["fake-3"].stats["registry"]["sent"] >= 5
+    assert r.steps > 0
+    # A clean stop says bye.
+    r.request_stop()
+    wait_for(registered(b, r, "stopped"), timeout=5)
+
+
+def test_two_roles_without_index_get_distinct_ids(running, inproc_addr):
+    b = running.broker(inproc_addr)
+    r1 = running.role(inproc_addr, connect_timeout=5)
+    r2 = running.role(inproc_addr, connect_timeout=5)
+    wait_for(lambda: registered(b, r1)() and registered(b, r2)(), timeout=5)
+    assert {r1.id, r2.id} == {"fake-0", "fake-1"}
+
+
+def test_role_reregisters_after_broker_restart(running, inproc_addr):
+    b1 = running.broker(inproc_addr)
+    r = running.role(inproc_addr, connect_timeout=5)
+    wait_for(registered(b1, r), timeout=5)
+    rid = r.id
+    assert r.registrations == 1
+    running.stop_broker(b1)
+    time.sleep(0.3)  # the role notices the silence only after heartbeat_timeout
+    b2 = running.broker(inproc_addr)
+    assert rid not in b2.roles
+    t0 = time.monotonic()
+    wait_for(registered(b2, r), timeout=8)
+    wait_for(lambda: r.registrations == 2, timeout=5)
+    assert time.monotonic() - t0 < 8
+    assert r.error is None
+    assert r.id == rid and list(b2.roles) == [rid]
+    assert b2.roles[rid].pid == os.getpid()
+    assert b2.roles[rid].restarts == 0  # same process: a reconnect, not a restart
+    # Heartbeats flow to the new broker.
+    first = b2.registry.stats.received
+    wait_for(lambda: b2.registry.stats.received >= first + 3, timeout=5)
+
+
+def test_connect_without_broker_fails_after_timeout(zmq_ctx, broker_addr):
+    r = FakeRole(broker_addr, ctx=zmq_ctx, connect_timeout=1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RoleError, match="no answer from a broker at") as info:
+            r.connect()
+    finally:
+        r.close()
+    elapsed = time.monotonic() - t0
+    assert broker_addr in str(info.value)
+    assert 1.0 <= elapsed < 4.0
+
+
+def test_connect_refused_on_zrl_version_mismatch(running, inproc_addr, monkeypatch):
+    b = running.broker(inproc_addr)
+    monkeypatch.setattr(base, "__version__", "99.0.0")
+    r = FakeRole(inproc_addr, ctx=running.ctx, connect_timeout=3.0)
+    try:
+        with pytest.raises(RoleError, match="refused") as info:
+            r.connect()
+    finally:
+        r.close()
+    assert "99.0.0" in str(info.value) and __version__ in str(info.value)
+    assert b.roles == {}
+
+
+def test_connect_stops_when_asked(zmq_ctx, broker_addr):
+    stop = threading.Event()
+    r = FakeRole(broker_addr, ctx=zmq_ctx, connect_timeout=30.0, stop_event=stop)
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RoleError, match="stopped before the broker answered"):
+            r.connect()
+    finally:
+        r.close()
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_lookup_and_status_through_registry_request(running, inproc_addr):
+    b = running.broker(inproc_addr)
+
+    class Service(FakeRole):
+        role = "params"
+
+        def bind(self) -> None:
+            self.bind_rpc()
+
+    svc = Service(inproc_addr, ctx=running.ctx, connect_timeout=5)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    running.roles.append((svc, t))
+    wait_for(registered(b, svc), timeout=5)
+    assert svc.rpc_endpoint.startswith("inproc://")
+    client = FakeRole(inproc_addr, ctx=running.ctx)
+    services = client.lookup("params", timeout=2.0)
+    assert services == [{"id": svc.id, "rpc": svc.rpc_endpoint, "host": svc.host}]
+    assert client.lookup("learner", timeout=2.0) == []
+    reply = registry_request(running.ctx, inproc_addr, P.Message(P.STATUS), 2.0)
+    assert [row["id"] for row in reply.meta["roles"]] == [svc.id]
+    assert reply.meta["broker"]["experiment"] == "role-base-test"

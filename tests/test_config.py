@@ -1,0 +1,196 @@
+"""Config loading, validation messages and ``--set`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from zrl.config import (
+    DEFAULT_STREAMS,
+    ConfigError,
+    ExperimentConfig,
+    config_from_dict,
+    config_to_yaml,
+    load_config,
+    parse_override,
+)
+
+CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "cfg.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_load_cartpole_config():
+    cfg = load_config(CARTPOLE)
+    raw = yaml.safe_load(CARTPOLE.read_text())
+    assert cfg.name == "cartpole_apex_dqn" == raw["name"]
+    assert cfg.env.id == "CartPole-v1"
+    assert cfg.replay.capacity == raw["replay"]["capacity"] == 100_000
+    assert cfg.replay.samples_per_insert_tolerance == 4096.0
+    assert isinstance(cfg.replay.samples_per_insert_tolerance, float)
+    assert cfg.model.hidden == [64, 64]
+    assert cfg.stop.eval_return == 475 and cfg.stop.wall_time == 600
+    # Sections the file leaves out get their defaults.
+    assert cfg.broker.streams == list(DEFAULT_STREAMS)
+    assert cfg.broker.heartbeat_timeout == 3.0
+
+
+def test_config_survives_yaml_and_spec_round_trips():
+    cfg = load_config(CARTPOLE, ["replay.capacity=5000", "model.hidden=[8, 16]"])
+    again = ExperimentConfig.model_validate(yaml.safe_load(config_to_yaml(cfg)))
+    assert again == cfg
+    # What the broker sends every role as the experiment spec.
+    assert ExperimentConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+def test_config_to_yaml_keeps_field_order():
+    text = config_to_yaml(load_config(CARTPOLE))
+    top = [line.split(":")[0] for line in text.splitlines() if line and not line[0].isspace()]
+    assert top == list(ExperimentConfig.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("replay:\n  capacityy: 5\n", "replay.capacityy"),
+        ("replayy:\n  capacity: 5\n", "replayy"),
+        ("broker:\n  heartbeat: 1.0\n", "broker.heartbeat"),
+    ],
+)
+def test_unknown_key_names_its_path(tmp_path, text, path):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    msg = str(info.value)
+    assert f"{path}: unknown key" in msg
+    assert str(tmp_path / "cfg.yaml") in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "value"),
+    [
+        ("replay:\n  capacity: lots\n", "replay.capacity", "'lots'"),
+        ("env:\n  num_envs: 0\n", "env.num_envs", "0"),
+        ("replay:\n  table: heap\n", "replay.table", "'heap'"),
+        ("learner:\n  lr: -1\n", "learner.lr", "-1"),
+        ("model:\n  hidden: [64, x]\n", "model.hidden.1", "'x'"),
+        ("replay: 5\n", "replay", "5"),
+    ],
+)
+def test_wrong_type_names_path_and_value(tmp_path, text, path, value):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    msg = str(info.value)
+    assert f"{path}: " in msg
+    assert f"(got {value})" in msg
+
+
+def test_several_errors_reported_together():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"replay": {"capacityy": 1}, "env": {"num_envs": "many"}})
+    msg = str(info.value)
+    assert "replay.capacityy: unknown key" in msg
+    assert "env.num_envs:" in msg and "'many'" in msg
+
+
+def test_stop_needs_a_condition():
+    with pytest.raises(ConfigError, match="at least one of eval_return"):
+        config_from_dict({"stop": {"eval_return": None, "wall_time": None}})
+    cfg = config_from_dict({"stop": {"eval_return": None, "wall_time": None, "env_steps": 10}})
+    assert cfg.stop.env_steps == 10
+
+
+def test_overrides_are_typed():
+    cfg = load_config(
+        CARTPOLE,
+        [
+            "replay.capacity=5000",
+            "learner.double=false",
+            "model.hidden=[32, 16]",
+            "stop.eval_return=null",
+            "name=my run",
+            "learner.lr=1e-4",  # YAML 1.1 reads this as a string; the schema makes it a float
+            "env.kwargs.max_episode_steps=100",  # kwargs is a free-form mapping
+        ],
+    )
+    assert cfg.replay.capacity == 5000 and isinstance(cfg.replay.capacity, int)
+    assert cfg.learner.double is False
+    assert cfg.model.hidden == [32, 16]
+    assert cfg.stop.eval_return is None
+    assert cfg.name == "my run"
+    assert cfg.learner.lr == 1e-4
+    assert cfg.env.kwargs == {"max_episode_steps": 100}
+    # Later overrides win.
+    assert load_config(CARTPOLE, ["seed=1", "seed=2"]).seed == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("replay.capacity=abc", r"replay\.capacity: .*\(got 'abc'\)"),
+        ("replay.capacity=0", r"replay\.capacity: .*greater than or equal to 1 \(got 0\)"),
+        ("replay.capacityy=5", r"replay\.capacityy: unknown key"),
+        ("replay.foo.bar=1", r"replay\.foo: unknown key"),  # no new nested sections
+        ("newsection.key=1", r"newsection: unknown key"),
+        ("replay.capacity.x=1", r"override 'replay\.capacity\.x=1': replay\.capacity is not a"),
+        ("replay.capacity", r"override 'replay\.capacity' is not of the form key\.path=value"),
+        ("=5", r"override '=5' has an empty key"),
+        ("seed=[1", r"override 'seed=\[1': value is not valid YAML"),
+        ("roles.params=2", r"roles\.params: .*(got 2)"),
+    ],
+)
+def test_bad_overrides(override, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(CARTPOLE, [override])
+    assert str(CARTPOLE) in str(info.value)
+
+
+def test_parse_override():
+    assert parse_override("a.b.c=1") == (["a", "b", "c"], 1)
+    assert parse_override(" a.b =x=y") == (["a", "b"], "x=y")  # only the first '=' splits
+    assert parse_override("a=") == (["a"], "")
+    assert parse_override("a='007'") == (["a"], "007")
+    assert parse_override("a=1.5") == (["a"], 1.5)
+    assert parse_override("a=[1, {b: 2}]") == (["a"], [1, {"b": 2}])
+
+
+def test_non_mapping_yaml(tmp_path):
+    for text, kind in (("- a\n- b\n", "list"), ("just a string\n", "str"), ("42\n", "int")):
+        with pytest.raises(ConfigError, match=f"top level must be a mapping, got {kind}"):
+            load_config(write(tmp_path, text))
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    assert load_config(write(tmp_path, "")) == ExperimentConfig()
+
+
+def test_invalid_yaml_file(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "replay: [1, 2\n"))
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"config file not found: {missing}"):
+        load_config(missing)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path)  # a directory is not a config file
+
+
+def test_config_error_is_value_error():
+    # The CLI turns ValueErrors into one-line errors; ConfigError must be one of them.
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_sections_validate_assignment():
+    cfg = ExperimentConfig()
+    with pytest.raises(ValueError):
+        cfg.replay.capacity = "abc"  # type: ignore[assignment]
+    with pytest.raises(ValueError):
+        cfg.replay.capacityy = 3  # type: ignore[attr-defined]
