@@ -182,28 +182,37 @@ def zrl_consumer(
                        rcvtimeo_ms=int(RESULT_TIMEOUT_S * 1000))  # fmt: skip
     sock.connect(addr)
     ch = Channel(sock, "experience", "bench-consumer", TransportStats())
+
+    def recv() -> Any:
+        """The next valid message, skipping (and counting) malformed ones; None on timeout."""
+        while True:
+            dropped = ch.stats.dropped
+            got = ch.recv()
+            if got is not None or ch.stats.dropped == dropped:
+                return got
+
     try:
         # The broker, reused across measurements, may still hold messages of an earlier one:
         # only this measurement's producer is counted.
         sender = f"bench-producer-{cell}"
         while True:
-            got = ch.recv()
+            got = recv()
             if got is None:
-                return {"error": "no valid message (timeout or dropped)"}
+                return {"error": f"no valid message for {RESULT_TIMEOUT_S:.0f}s"}
             if got[1].sender == sender:
                 break
         clock = time.perf_counter
         end_warmup = clock() + warmup
         while clock() < end_warmup:
-            ch.recv()
+            recv()
         stats0 = ch.stats.snapshot()
         n = nbytes = 0
         t0 = clock()
         end = t0 + seconds
         while True:
-            got = ch.recv()  # decode() validates every frame
+            got = recv()  # decode() validates every frame
             if got is None:
-                return {"error": "timeout or dropped message during measurement"}
+                return {"error": f"no valid message for {RESULT_TIMEOUT_S:.0f}s"}
             if got[1].sender == sender:
                 n += 1
                 nbytes += got[1].nbytes

@@ -144,9 +144,7 @@ CHILD_ROLE = textwrap.dedent(
 # --- registration, status, liveness -----------------------------------------------------------
 
 
-def test_status_shows_roles_and_a_killed_role_goes_dead(
-    spawn, zmq_ctx, broker_addr, thread_roles
-):
+def test_status_shows_roles_and_a_killed_role_goes_dead(spawn, zmq_ctx, broker_addr, thread_roles):
     start_broker(
         spawn,
         zmq_ctx,
@@ -169,7 +167,9 @@ def test_status_shows_roles_and_a_killed_role_goes_dead(
 
         def both_alive() -> bool:
             rows = rows_by_id(status(zmq_ctx, broker_addr))
-            return all(rows.get(i, {}).get("state") == "alive" for i in ("threaded-0", "procrole-0"))
+            return all(
+                rows.get(i, {}).get("state") == "alive" for i in ("threaded-0", "procrole-0")
+            )
 
         wait_for(both_alive, timeout=20)
         rows = rows_by_id(zrl_status_json(broker_addr))
@@ -182,17 +182,14 @@ def test_status_shows_roles_and_a_killed_role_goes_dead(
 
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
-        killed = time.monotonic()
         wait_for(
             lambda: rows_by_id(status(zmq_ctx, broker_addr))["procrole-0"]["state"] == "dead",
             timeout=10,
             interval=0.05,
         )
-        # Not before the heartbeat window (1.0 s, minus at most one 0.2 s interval) ran out.
-        assert time.monotonic() - killed > 0.7
         rows = rows_by_id(zrl_status_json(broker_addr))
         assert rows["procrole-0"]["state"] == "dead"
-        assert rows["procrole-0"]["age"] >= 1.0
+        assert rows["procrole-0"]["age"] >= 1.0  # not before the heartbeat window ran out
         assert rows["threaded-0"]["state"] == "alive"
         assert rows["threaded-0"]["age"] < 1.0
     finally:

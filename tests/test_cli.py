@@ -50,8 +50,6 @@ def _invocations() -> dict[str, tuple[str, ...]]:
         "config_show": ("config", "show", CONFIG, "--set", "replay.capacity=5000"),
         "missing_config": ("config", "show", "configs/does_not_exist.yaml"),
         "bad_override": ("config", "show", CONFIG, "--set", "replay.capacity=abc"),
-        "override_without_eq": ("config", "show", CONFIG, "--set", "replay.capacity"),
-        "override_bad_yaml": ("config", "show", CONFIG, "--set", "seed=[1"),
         "unknown_role": ("start", "foo", "--broker", _dead_address()),
         "status_dead": ("status", "--broker", _dead_address(), "--timeout", "0.5"),
         "public_bind": ("start", "broker", "--bind", f"tcp://0.0.0.0:{port}"),
@@ -134,7 +132,6 @@ def test_config_show_applies_override(cli):
     [
         ("missing_config", "config file not found: configs/does_not_exist.yaml"),
         ("bad_override", "replay.capacity: "),
-        ("override_without_eq", "override 'replay.capacity' is not of the form key.path=value"),
         ("status_dead", "no answer from a broker at tcp://127.0.0.1:"),
         ("public_bind", "is reachable from other hosts"),
     ],
@@ -156,19 +153,6 @@ def test_bad_override_names_key_and_value(cli):
 
 def test_public_bind_mentions_insecure(cli):
     assert "--insecure" in cli["public_bind"].stderr
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG config.parse_override/load_config: PyYAML error text has newlines, so the "
-    "CLI's 'error:' message spans several lines",
-)
-def test_invalid_yaml_override_is_one_error_line(cli):
-    r = cli["override_bad_yaml"]
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    assert r.stderr.startswith("error: ") and "not valid YAML" in r.stderr
-    assert len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_unknown_role_is_usage_error(cli):

@@ -34,8 +34,9 @@ meta_leaves = (
 )
 meta_values = st.recursive(
     meta_leaves,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 metas = st.dictionaries(st.text(max_size=10), meta_values, max_size=6)
@@ -112,7 +113,9 @@ def test_round_trip_zero_dim(dtype):
 
 
 def test_numpy_scalars_in_meta_become_plain():
-    msg = P.Message("x", meta={"a": np.int64(3), "b": np.float32(0.5), "c": np.arange(3), "d": (1, 2)})
+    msg = P.Message(
+        "x", meta={"a": np.int64(3), "b": np.float32(0.5), "c": np.arange(3), "d": (1, 2)}
+    )
     got = P.decode(P.encode(msg))
     assert got.meta == {"a": 3, "b": 0.5, "c": [0, 1, 2], "d": [1, 2]}
     assert type(got.meta["a"]) is int

@@ -26,9 +26,10 @@ from zrl.transport.sockets import (
 # --- make_socket -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "kind", [zmq.PUSH, zmq.PULL, zmq.DEALER, zmq.ROUTER, zmq.PUB, zmq.SUB, zmq.XPUB]
-)
+SOCKET_TYPES = ["PUSH", "PULL", "DEALER", "ROUTER", "PUB", "SUB", "XPUB"]
+
+
+@pytest.mark.parametrize("kind", [getattr(zmq, t) for t in SOCKET_TYPES], ids=SOCKET_TYPES)
 def test_make_socket_sets_every_option(zmq_ctx, kind):
     sock = make_socket(
         zmq_ctx,

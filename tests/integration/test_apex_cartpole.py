@@ -1,0 +1,103 @@
+"""The whole system for real: `zrl run` on CartPole with every role as its own process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, kill_pids
+
+RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
+
+
+def zrl_processes(marker: str) -> list[psutil.Process]:
+    """Processes whose command line mentions ``marker`` (a run's broker address or run dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "zrl", "run", str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
+        "--run-dir", str(run_dir), "--set", "stop.wall_time=60",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            kill_pids([proc.pid])
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] in ("eval_return", "wall_time"), summary
+    assert summary["evaluations"] >= 3, summary
+    # Clearly beats a random policy (about 22): learning happened.
+    assert summary["best_eval_return"] > 5 * RANDOM_POLICY_RETURN, (summary, text[-3000:])
+    assert summary["env_steps"] > 10_000
+    assert summary["updates"] > 1_000
+
+    # The run directory a user is promised.
+    for name in ("config.yaml", "seeds.json", "progress.csv", "eval.csv", "model.pt",
+                 "learning_curve.png", "broker_address"):  # fmt: skip
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"broker.log", "actor-0.log", "actor-1.log", "replay-0.log", "params-0.log",
+            "learner-0.log", "evaluator-0.log"} <= logs  # fmt: skip
+    seeds = json.loads((run_dir / "seeds.json").read_text())
+    assert seeds["actors"]["actor-0"] != seeds["actors"]["actor-1"]
+
+    # Every child is gone.
+    broker = (run_dir / "broker_address").read_text().strip()
+    time.sleep(0.5)
+    left = zrl_processes(broker)
+    assert not left, [p.cmdline() for p in left]
+
+    # The saved policy plays as well as the evaluator said, give or take evaluation noise.
+    ev = subprocess.run(
+        [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", "5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    assert "mean" in ev.stdout
+    mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
+    assert mean > 2 * RANDOM_POLICY_RETURN, ev.stdout
+
+
+@pytest.mark.slow
+def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "zrl", "run", str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
+        "--inproc", "--run-dir", str(run_dir), "--set", "stop.wall_time=25",
+        "--set", "evaluator.interval=3",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            kill_pids([proc.pid])
+    assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluations"] >= 1, summary
+    assert summary["updates"] > 0, summary
+    assert (run_dir / "logs" / "inproc.log").is_file()
+    # One process: no `zrl start` children were spawned.
+    assert not zrl_processes(str(run_dir))
