@@ -26,6 +26,7 @@ import argparse
 import multiprocessing as mp
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -365,6 +366,9 @@ def main() -> None:
                 stop_process(p)
             except Exception:
                 pass
+
+    if "error" not in zrl_res:
+        shutil.rmtree(tmp, ignore_errors=True)  # config and role logs: kept when something failed
 
     def summary(results: list[dict[str, Any]]) -> dict[str, float] | None:
         ok = [r for r in results if "error" not in r]

@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import shutil
 import socket
 import struct
 import subprocess
@@ -606,6 +607,7 @@ def main() -> None:
         wb = weights_broadcast(procs, mpc, endpoints)
     finally:
         procs.stop_all()
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept only when the broker failed (raised above)
     codec = codec_costs()
 
     print()

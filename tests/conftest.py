@@ -84,7 +84,9 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     kill_pids([p.pid for p in procs])
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.1) -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.1
+) -> object:
     """Poll until predicate() is truthy; fail the test with a clear message on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

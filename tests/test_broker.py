@@ -496,7 +496,7 @@ def test_sigterm_stops_broker_with_full_stream_queue(spawn, zmq_ctx, broker_addr
     assert not broker_up(zmq_ctx, broker_addr)
 
 
-# --- bugs (in-process broker; xfail until fixed) ------------------------------------------------
+# --- hostile input against an in-process broker (each was a bug) ------------------------------------------------
 
 
 @pytest.fixture
@@ -517,11 +517,6 @@ def inproc_broker(zmq_ctx) -> Iterator[tuple[Broker, list[BaseException], thread
     t.join(5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG broker: heartbeat 'stats' is stored unchecked; RoleEntry.row() then raises "
-    "in STATUS and the registry loop dies",
-)
 def test_hostile_heartbeat_stats_do_not_kill_registry(zmq_ctx, inproc_broker, clients):
     b, errors, t = inproc_broker
     c = RegistryClient(zmq_ctx, b.bind_address)
@@ -534,11 +529,6 @@ def test_hostile_heartbeat_stats_do_not_kill_registry(zmq_ctx, inproc_broker, cl
         assert t.is_alive(), errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG protocol.decode: an overflowing shape raises ValueError, which the registry "
-    "loop does not catch",
-)
 def test_overflowing_shape_does_not_kill_registry(zmq_ctx, inproc_broker, clients):
     b, errors, t = inproc_broker
     c = RegistryClient(zmq_ctx, b.bind_address)

@@ -175,11 +175,6 @@ def test_invalid_yaml_file(tmp_path):
         load_config(write(tmp_path, "replay: [1, 2\n"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG config.parse_override/load_config: PyYAML's error text has newlines, so the "
-    "CLI's one-line 'error: ...' spans several lines",
-)
 @pytest.mark.parametrize("where", ["override", "file"])
 def test_yaml_errors_are_one_line(tmp_path, where):
     with pytest.raises(ConfigError) as info:

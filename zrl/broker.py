@@ -39,6 +39,24 @@ REGISTRY_POLL_MS = 100
 LIVENESS_CHECK_S = 0.25
 
 
+STAT_COUNTERS = ("sent", "received", "dropped", "gaps")
+
+
+def clean_stats(raw: Any, previous: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """A role's reported stream counters, keeping only well-formed ones (a peer may lie)."""
+    if not isinstance(raw, dict):
+        return previous
+    clean: dict[str, dict[str, int]] = {}
+    for stream, counters in raw.items():
+        if isinstance(stream, str) and isinstance(counters, dict):
+            clean[stream] = {
+                k: v
+                for k in STAT_COUNTERS
+                if isinstance(v := counters.get(k, 0), int) and not isinstance(v, bool)
+            }
+    return clean
+
+
 @dataclass
 class RoleEntry:
     """What the registry knows about one registered role."""
@@ -258,9 +276,8 @@ class Broker:
         entry.state = "alive"
         entry.routing_id = ident
         entry.last_seen = time.monotonic()
-        stats, info = msg.meta.get("stats"), msg.meta.get("info")
-        if isinstance(stats, dict):
-            entry.stats = stats
+        entry.stats = clean_stats(msg.meta.get("stats"), entry.stats)
+        info = msg.meta.get("info")
         if isinstance(info, dict):
             entry.info = info
         self._reply(ident, P.HEARTBEAT_ACK)
@@ -270,9 +287,7 @@ class Broker:
         entry = self.roles.get(rid) if isinstance(rid, str) else None
         if entry is not None:
             entry.state = "stopped"
-            stats = msg.meta.get("stats")
-            if isinstance(stats, dict):
-                entry.stats = stats
+            entry.stats = clean_stats(msg.meta.get("stats"), entry.stats)
             log.info("%s said bye", rid)
 
     def status_rows(self) -> list[dict[str, Any]]:
@@ -366,6 +381,11 @@ class Broker:
                             self._handle(*got)
                         except P.ProtocolError as exc:
                             self.registry._drop(got[1].sender or "?", str(exc))
+                        except Exception as exc:  # noqa: BLE001 - one message must not stop the broker
+                            log.exception(
+                                "registry failed on %s from %s", got[1].kind, got[1].sender
+                            )
+                            self.registry._drop(got[1].sender or "?", f"handler error: {exc!r}")
                 if time.monotonic() >= next_check:
                     self._check_liveness()
                     next_check = time.monotonic() + LIVENESS_CHECK_S

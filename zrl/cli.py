@@ -275,16 +275,26 @@ def plot(
 
 def main() -> None:
     """Entry point: user errors become one line and exit code 2."""
+    try:  # typer >= 0.20 vendors click
+        from typer._click.exceptions import UsageError
+    except ImportError:  # pragma: no cover - older typer on real click
+        from click.exceptions import UsageError  # type: ignore[no-redef,assignment]
+
     from zrl.config import ConfigError
     from zrl.roles.base import RoleError
 
     try:
-        app()
+        code = app(standalone_mode=False)
+    except UsageError as exc:
+        if exc.format_message():  # empty when the help was shown for a bare command group
+            typer.echo(f"error: {exc.format_message()} (see zrl --help)", err=True)
+        sys.exit(2)
     except (ConfigError, RoleError, UserError, OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ never a silently ignored setting.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -162,6 +163,10 @@ def _format_validation_error(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], value parsed as YAML, so types survive)."""
     if "=" not in item:
@@ -173,7 +178,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        raise ConfigError(
+            f"override {item!r}: value is not valid YAML ({_one_line(exc)})"
+        ) from None
     return path, value
 
 
@@ -192,7 +199,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
-    data = apply_overrides(dict(data), list(overrides or []))
+    data = apply_overrides(copy.deepcopy(data), list(overrides or []))
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
@@ -207,7 +214,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{p}: not valid YAML: {_one_line(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
     try:

@@ -211,6 +211,7 @@ class Supervisor:
         self.started = time.monotonic()
         self.target_time: float | None = None
         self.target_steps: int | None = None
+        self.target_reached_at: float | None = None
 
     # --- run directory ----------------------------------------------------------------
 
@@ -411,6 +412,7 @@ class Supervisor:
         target = self.cfg.stop.eval_return
         if target is not None and row["mean"] >= target and self.target_time is None:
             self.target_time = row["time"]
+            self.target_reached_at = time.time()
             self.target_steps = row["env_steps"]
             self.stop_reason = "eval_return"
             self._stop.set()
@@ -556,6 +558,7 @@ class Supervisor:
             "reached_target": self.target_time is not None,
             "target_return": self.cfg.stop.eval_return,
             "seconds_to_target": self.target_time,
+            "target_reached_at": self.target_reached_at,
             "env_steps_to_target": self.target_steps,
             "wall_time": round(time.monotonic() - self.started, 2),
             "env_steps": row.get("env_steps", 0),

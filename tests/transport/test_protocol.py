@@ -101,10 +101,6 @@ def test_round_trip_non_contiguous(arr):
     assert_same_array(got.arrays["a"], np.ascontiguousarray(view))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG protocol.encode: np.ascontiguousarray turns a 0-d array into shape (1,)",
-)
 @pytest.mark.parametrize("dtype", ["<f8", "|b1", "<u2"])
 def test_round_trip_zero_dim(dtype):
     arr = np.array(1, dtype=dtype)
@@ -173,11 +169,6 @@ def test_decode_from_zmq_frames_is_a_view(pair):
     np.testing.assert_array_equal(got.arrays["a"], arr)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG protocol.decode: arrays on zmq.Frame buffers are writable (docstring: read-only); "
-    "over inproc a receiver writing one changes the sender's array",
-)
 def test_decoded_frame_arrays_are_read_only(pair):
     a, b = pair
     arr = np.arange(50_000, dtype=np.float64)
@@ -244,11 +235,6 @@ def test_structured_garbage_only_raises_protocol_error(head, bodies):
         assert arr.nbytes == len(body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG protocol.decode: np.prod(shape, dtype=int64) overflows; reshape raises a plain "
-    "ValueError instead of ProtocolError (kills the broker registry loop)",
-)
 @pytest.mark.parametrize(
     ("dtype", "shape", "nbytes"),
     [("<f8", [2**32, 2**32], 0), ("|u1", [2**61 + 1, 8], 8)],

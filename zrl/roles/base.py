@@ -195,7 +195,7 @@ class Role:
                         raise RoleError(f"broker refused us: {msg.meta.get('reason')}")
             if time.monotonic() > deadline:
                 raise RoleError(
-                    f"no answer from a broker at {self.broker} after {self.connect_timeout:.0f}s"
+                    f"no answer from a broker at {self.broker} after {self.connect_timeout:g}s"
                 )
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_S)
         raise RoleError("stopped before the broker answered")
@@ -393,7 +393,7 @@ def registry_request(
         ch.send(msg)
         got = ch.recv()
         if got is None:
-            raise RoleError(f"no answer from a broker at {broker} within {timeout:.0f}s")
+            raise RoleError(f"no answer from a broker at {broker} within {timeout:g}s")
         return got[1]
     finally:
         sock.close(linger=0)

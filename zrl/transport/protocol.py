@@ -21,6 +21,7 @@ raises :class:`ProtocolError`; receivers count and drop such messages.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,9 @@ def encode(msg: Message) -> list[Any]:
     specs = []
     bufs: list[Any] = []
     for name, arr in msg.arrays.items():
-        a = np.ascontiguousarray(arr)
+        a = np.asarray(arr)
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)  # (ascontiguousarray alone would turn 0-d into 1-d)
         if a.dtype.str not in ALLOWED_DTYPES:
             raise TypeError(f"array {name!r} has dtype {a.dtype} which the protocol does not carry")
         specs.append([name, a.dtype.str, list(a.shape)])
@@ -196,7 +199,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
     if not isinstance(head, dict):
         raise ProtocolError(f"header is a {type(head).__name__}, not a map")
     version = head.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise VersionMismatch(version)
     kind, sender, seq, stream = (
         head.get("k"),
@@ -236,7 +239,8 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
         ):
             raise ProtocolError(f"array {name!r}: bad shape {shape!r}")
         dt = np.dtype(dtype)
-        expected = dt.itemsize * int(np.prod(shape, dtype=np.int64)) if shape else dt.itemsize
+        # Python ints: a numpy product would wrap around and let a huge shape pass as 0 bytes.
+        expected = dt.itemsize * math.prod(shape)
         buf = _buffer(frame)
         if buf.nbytes != expected:
             raise ProtocolError(
@@ -245,7 +249,10 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
         total += expected
         if total > max_bytes:
             raise ProtocolError(f"message exceeds size cap of {max_bytes} bytes")
-        arrays[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        # Over inproc the frame may be the sender's own memory: never let a receiver write it.
+        arr.flags.writeable = False
+        arrays[name] = arr
     return Message(
         kind=kind, meta=meta, arrays=arrays, sender=sender, seq=seq, stream=stream, version=version
     )
