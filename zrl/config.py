@@ -59,7 +59,7 @@ class BrokerConfig(_Section):
     stream_buffer_bytes: int = Field(256 * 1024, ge=4096)
     """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of stream sockets, bounding hidden queues."""
     max_message_bytes: int = Field(256 * 2**20, ge=1024)
-    """Largest message any socket accepts (ZMQ_MAXMSGSIZE); larger ones are dropped by libzmq."""
+    """Largest message any socket accepts (ZMQ_MAXMSGSIZE); libzmq disconnects a peer that sends more."""
 
 
 class RolesConfig(_Section):

@@ -44,6 +44,11 @@ class Actor(Role):
 
     def setup(self) -> None:
         cfg = self.config
+        # Subscribe first: the subscription must reach the broker before our first insert
+        # is acknowledged, or the window would wait for an ack that was never delivered.
+        self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
+        self.weights = WeightsFollower(self)
+        self.experience = self.open_push("experience", hwm=2)
         limit_torch_threads(cfg.actor.torch_threads)
         self.actor_index = self.index if self.index is not None else 0
         self.seed = actor_seed(cfg.seed, self.actor_index)
@@ -63,8 +68,6 @@ class Actor(Role):
         all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
         first = self.actor_index * self.num_envs
         self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
-        self.experience = self.open_push("experience", hwm=2)
-        self.weights = WeightsFollower(self)
         latest = self.weights.fetch_latest()
         if latest is not None:
             load_arrays(self.model, latest.arrays)
@@ -79,7 +82,6 @@ class Actor(Role):
         # Credit window: a trajectory counts as in flight until a replay shard acknowledges
         # its insertion. Bounding it bounds how stale the data in replay can be, whatever
         # the socket buffers between here and the shard could hold.
-        self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
         self.acked_seq = -1
         self.ack_timeouts = 0
         self.started = time.monotonic()
@@ -98,44 +100,55 @@ class Actor(Role):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         return self.model(torch.from_numpy(obs)).numpy()
 
-    def act(self, q: np.ndarray) -> np.ndarray:
-        greedy = q.argmax(axis=1)
-        explore = self.rng.random(self.num_envs) < self.epsilons
-        random_actions = self.rng.integers(0, self.num_actions, size=self.num_envs)
-        return np.where(explore, random_actions, greedy)
-
     def collect(self) -> P.Message:
-        """T steps of every env, as one TRAJECTORY message."""
+        """T steps of every env, as one TRAJECTORY message.
+
+        The per-step loop does only what must happen per step (forward, act, step, store);
+        exploration draws, episode bookkeeping and priorities are done once per trajectory."""
         cfg = self.config
         T, E = cfg.actor.trajectory_length, self.num_envs
         obs_dim = self.obs.shape[1]
-        obs_buf = np.empty((E, T, obs_dim), np.float32)
-        next_buf = np.empty((E, T, obs_dim), np.float32)
-        actions = np.empty((E, T), np.int64)
-        rewards = np.empty((E, T), np.float32)
-        terminated = np.empty((E, T), bool)
-        truncated = np.empty((E, T), bool)
-        valid = np.empty((E, T), bool)
-        q_taken = np.empty((E, T), np.float32)
+        # Time-major buffers: each step writes one contiguous row.
+        obs_t = np.empty((T, E, obs_dim), np.float32)
+        next_t = np.empty((T, E, obs_dim), np.float32)
+        actions_t = np.empty((T, E), np.int64)
+        rewards_t = np.empty((T, E), np.float32)
+        terminated_t = np.empty((T, E), bool)
+        truncated_t = np.empty((T, E), bool)
+        q_t = np.empty((T, E, self.num_actions), np.float32)
+        explore = self.rng.random((T, E)) < self.epsilons
+        random_actions = self.rng.integers(0, self.num_actions, size=(T, E))
+        first_needs_reset = self.needs_reset
         version = self.weights.version
+        obs = self.obs
         for t in range(T):
-            q = self.q_values(self.obs)
-            a = self.act(q)
+            q = self.q_values(obs)
+            a = np.where(explore[t], random_actions[t], q.argmax(axis=1))
             next_obs, r, term, trunc, _ = self.envs.step(a)
-            next_obs = np.asarray(next_obs, dtype=np.float32).reshape(E, -1)
-            obs_buf[:, t] = self.obs
-            next_buf[:, t] = next_obs
-            actions[:, t] = a
-            rewards[:, t] = r
-            terminated[:, t] = term
-            truncated[:, t] = trunc
-            # NEXT_STEP autoreset: the step after an episode end only resets that env.
-            valid[:, t] = ~self.needs_reset
-            q_taken[:, t] = q[np.arange(E), a]
-            done = np.asarray(term) | np.asarray(trunc)
-            self.episodes.update(rewards[:, t], done, valid[:, t])
-            self.needs_reset = done
-            self.obs = next_obs
+            obs_t[t] = obs
+            next_t[t] = next_obs.reshape(E, -1)
+            actions_t[t] = a
+            rewards_t[t] = r
+            terminated_t[t] = term
+            truncated_t[t] = trunc
+            q_t[t] = q
+            obs = next_t[t]
+        self.obs = obs
+        done_t = terminated_t | truncated_t
+        self.needs_reset = done_t[-1].copy()
+
+        def env_major(x: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(x.swapaxes(0, 1))
+
+        obs_buf, next_buf = env_major(obs_t), env_major(next_t)
+        actions, rewards = env_major(actions_t), env_major(rewards_t)
+        terminated, truncated = env_major(terminated_t), env_major(truncated_t)
+        q_taken = np.take_along_axis(q_t, actions_t[..., None], axis=2)[..., 0].T
+        # NEXT_STEP autoreset: the step after an episode end only resets that env.
+        valid = np.empty((E, T), bool)
+        valid[:, 0] = ~first_needs_reset
+        valid[:, 1:] = ~env_major(done_t)[:, :-1]
+        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
         self.env_steps += int(valid.sum())
         nstep = nstep_transitions(
             rewards, terminated, truncated, valid, cfg.replay.n_step, cfg.replay.gamma

@@ -249,7 +249,10 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
         total += expected
         if total > max_bytes:
             raise ProtocolError(f"message exceeds size cap of {max_bytes} bytes")
-        arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        try:
+            arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+        except ValueError:  # e.g. an empty array with a dimension numpy cannot represent
+            raise ProtocolError(f"array {name!r}: bad shape {shape!r}") from None
         # Over inproc the frame may be the sender's own memory: never let a receiver write it.
         arr.flags.writeable = False
         arrays[name] = arr

@@ -1,0 +1,570 @@
+"""``ReplayServer``: trajectory assembly, ACKs, batches, priorities, rate limiting, sharding.
+
+Everything runs in this process: a ``Broker`` over ``inproc://`` on the test's zmq context,
+roles in threads with their own stop events, test sockets with linger 0 and finite timeouts.
+The ``InProc`` harness below is shared by the other role tests (``from tests.roles.test_replay
+import InProc``) and stops every thread and closes every socket at teardown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from tests.conftest import wait_for
+from zrl.broker import Broker
+from zrl.config import ExperimentConfig
+from zrl.roles.base import Role
+from zrl.roles.replay import ReplayServer, assemble_transitions
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+torch.set_num_threads(1)
+
+_names = itertools.count()
+
+
+# --- shared in-process harness ------------------------------------------------------------
+
+
+class InProc:
+    """One inproc broker, roles in threads, test sockets; ``close()`` stops and closes all."""
+
+    def __init__(self, ctx: zmq.Context, name: str) -> None:
+        self.ctx = ctx
+        self.addr = f"inproc://zrl-test-{name}-{os.getpid()}-{next(_names)}"
+        self.broker: Broker | None = None
+        self._broker_thread: threading.Thread | None = None
+        self.roles: list[tuple[Role, threading.Thread, dict[str, BaseException]]] = []
+        self.channels: list[Channel] = []
+
+    def start_broker(self, cfg: ExperimentConfig) -> Broker:
+        self.broker = Broker(self.addr, cfg, ctx=self.ctx)
+        self._broker_thread = threading.Thread(
+            target=self.broker.run, name="test-broker", daemon=True
+        )
+        self._broker_thread.start()
+        return self.broker
+
+    def start(self, cls: type[Role], index: int | None = None) -> Role:
+        """Run a role in a thread and wait until its ``setup()`` is done."""
+        role = cls(self.addr, index=index, ctx=self.ctx, connect_timeout=10)
+        errors: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                role.run()
+            except BaseException as exc:  # reported by error_of(), not lost in the thread
+                errors["error"] = exc
+
+        t = threading.Thread(target=run, name=f"test-{cls.role}-{index}", daemon=True)
+        t.start()
+        self.roles.append((role, t, errors))
+        wait_for(lambda: role.state == "running" or errors, timeout=30)
+        assert not errors, f"{cls.role} failed to start: {errors.get('error')!r}"
+        return role
+
+    def error_of(self, role: Role) -> BaseException | None:
+        for r, _, errors in self.roles:
+            if r is role:
+                return errors.get("error")
+        raise KeyError(role)
+
+    def alive(self, role: Role) -> bool:
+        return any(r is role and t.is_alive() for r, t, _ in self.roles)
+
+    def stop_role(self, role: Role) -> None:
+        for r, t, _ in self.roles:
+            if r is role:
+                r.request_stop()
+                t.join(10)
+                assert not t.is_alive(), f"{r.id} did not stop"
+
+    def _socket(self, kind: int, endpoint: str, **kw: Any) -> zmq.Socket:
+        assert self.broker is not None
+        sock = make_socket(self.ctx, kind, **kw)
+        sock.connect(self.broker.endpoints[endpoint])
+        return sock
+
+    def _track(self, ch: Channel) -> Channel:
+        self.channels.append(ch)
+        return ch
+
+    def push(self, stream: str, sender: str = "actor-0") -> Channel:
+        sock = self._socket(zmq.PUSH, f"{stream}_in", sndtimeo_ms=2000)
+        return self._track(Channel(sock, stream, sender, TransportStats()))
+
+    def pull(self, stream: str) -> Channel:
+        sock = self._socket(zmq.PULL, f"{stream}_out", rcvtimeo_ms=100)
+        return self._track(Channel(sock, stream, "test", TransportStats()))
+
+    def sub(self, *topics: str) -> Channel:
+        sock = self._socket(zmq.SUB, "topics_out", rcvtimeo_ms=100)
+        for t in topics:
+            sock.setsockopt(zmq.SUBSCRIBE, t.encode())
+        return self._track(Channel(sock, "sub", "test", TransportStats(), topics=True))
+
+    def pub(self, sender: str = "test") -> Channel:
+        sock = self._socket(zmq.PUB, "topics_in")
+        return self._track(Channel(sock, "pub", sender, TransportStats(), topics=True))
+
+    def close(self) -> None:
+        for r, _, _ in self.roles:
+            r.request_stop()
+        for r, t, _ in self.roles:
+            t.join(10)
+            assert not t.is_alive(), f"{r.id or r.role} did not stop"
+        for ch in self.channels:
+            ch.close()
+        if self.broker is not None and self._broker_thread is not None:
+            self.broker.stop()
+            self._broker_thread.join(10)
+            assert not self._broker_thread.is_alive(), "broker did not stop"
+
+
+def collect(
+    ch: Channel, *, quiet: float = 0.6, timeout: float = 15.0, until: int | None = None
+) -> list[P.Message]:
+    """Receive until ``until`` messages arrived, or nothing came for ``quiet`` seconds."""
+    out: list[P.Message] = []
+    deadline = time.monotonic() + timeout
+    last = time.monotonic()
+    while time.monotonic() < deadline:
+        got = ch.recv()  # waits up to the socket's 100 ms timeout
+        if got is not None:
+            out.append(got[1])
+            last = time.monotonic()
+            if until is not None and len(out) >= until:
+                break
+        elif until is None and time.monotonic() - last > quiet:
+            break
+    return out
+
+
+def settle(pred: Callable[[], bool], seconds: float = 1.0) -> None:
+    """Assert ``pred`` stays true for ``seconds`` (nothing happens that should not)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert pred()
+        time.sleep(0.05)
+
+
+def replay_config(**replay: Any) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "replay-test",
+            "seed": 3,
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            "replay": {
+                "capacity": 500,
+                "min_size": 50,
+                "batch_size": 16,
+                "samples_per_insert": 4,
+                "samples_per_insert_tolerance": 64,
+                "n_step": 3,
+                "gamma": 0.9,
+                **replay,
+            },
+        }
+    )
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "replay")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+# --- trajectories ---------------------------------------------------------------------------
+
+
+def trajectory(
+    E: int = 2,
+    T: int = 5,
+    obs_dim: int = 4,
+    *,
+    base: float = 0.0,
+    priority: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """All-valid steps, no episode end: ``E * T`` transitions; obs[e, t, 0] = base + e*T + t."""
+    idx = base + np.arange(E * T, dtype=np.float32).reshape(E, T)
+    obs = np.repeat(idx[:, :, None], obs_dim, axis=2).astype(np.float32)
+    obs[:, :, 1] = 0.25
+    next_obs = obs.copy()
+    next_obs[:, :, 1] = 0.75
+    return {
+        "obs": obs,
+        "action": (np.arange(E * T, dtype=np.int64).reshape(E, T) % 2),
+        "reward": np.ones((E, T), np.float32),
+        "terminated": np.zeros((E, T), bool),
+        "truncated": np.zeros((E, T), bool),
+        "valid": np.ones((E, T), bool),
+        "next_obs": next_obs,
+        "priority": np.full((E, T), priority, np.float32),
+    }
+
+
+def handmade() -> dict[str, np.ndarray]:
+    """E=2, T=5. Env 0 terminates at t=1 (t=2 is the invalid autoreset step); env 1 is
+    truncated at t=3 (t=4 invalid)."""
+    E, T = 2, 5
+    a = trajectory(E, T, obs_dim=3)
+    rng = np.random.default_rng(0)
+    a["reward"] = rng.uniform(-1, 2, (E, T)).astype(np.float32)
+    a["terminated"][0, 1] = True
+    a["truncated"][1, 3] = True
+    a["valid"][0, 2] = False
+    a["valid"][1, 4] = False
+    a["reward"][0, 2] = 0.0
+    a["reward"][1, 4] = 0.0
+    a["priority"] = rng.uniform(0, 3, (E, T)).astype(np.float32)
+    a["priority"][~a["valid"]] = 0.0
+    return a
+
+
+def reference_transitions(a: dict[str, np.ndarray], n: int, gamma: float) -> list[dict]:
+    """The n-step transitions of a trajectory, by a plain loop over (env, start)."""
+    E, T = a["reward"].shape
+    out = []
+    for e in range(E):
+        for t in range(T):
+            if not a["valid"][e, t]:
+                continue
+            ret, j, k = 0.0, t, 0
+            while True:
+                ret += gamma**k * float(a["reward"][e, j])
+                k += 1
+                if a["terminated"][e, j]:
+                    discount = 0.0
+                    break
+                cut = j == T - 1 or not a["valid"][e, j + 1]
+                if a["truncated"][e, j] or cut or k == n:
+                    discount = gamma**k
+                    break
+                j += 1
+            out.append(
+                {
+                    "obs": a["obs"][e, t],
+                    "action": a["action"][e, t],
+                    "reward": ret,
+                    "discount": discount,
+                    "next_obs": a["next_obs"][e, j],
+                    "priority": a["priority"][e, t],
+                }
+            )
+    return out
+
+
+def as_message(arrays: dict[str, np.ndarray], **meta: Any) -> P.Message:
+    """What a receiver sees: a TRAJECTORY message with read-only arrays (like decode's)."""
+    frozen = {}
+    for k, v in arrays.items():
+        v = np.array(v)
+        v.flags.writeable = False
+        frozen[k] = v
+    return P.Message(P.TRAJECTORY, meta=meta, arrays=frozen, sender="actor-0")
+
+
+# --- assemble_transitions ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_step", [1, 3, 5])
+def test_assemble_transitions_matches_reference_loop(n_step):
+    a = handmade()
+    gamma = 0.9
+    items, priorities = assemble_transitions(as_message(a), n_step, gamma)
+    ref = reference_transitions(a, n_step, gamma)
+    assert len(ref) == 8  # 10 steps, 2 invalid
+    assert set(items) == {"obs", "action", "reward", "discount", "next_obs"}
+    assert {k: v.dtype for k, v in items.items()} == {
+        "obs": np.float32,
+        "action": np.int64,
+        "reward": np.float32,
+        "discount": np.float32,
+        "next_obs": np.float32,
+    }
+    assert items["obs"].shape == (8, 3) and items["next_obs"].shape == (8, 3)
+    assert priorities.shape == (8,)
+    for i, r in enumerate(ref):
+        np.testing.assert_array_equal(items["obs"][i], r["obs"])
+        assert items["action"][i] == r["action"]
+        assert items["reward"][i] == pytest.approx(r["reward"], rel=1e-5)
+        assert items["discount"][i] == pytest.approx(r["discount"], rel=1e-6)
+        np.testing.assert_array_equal(items["next_obs"][i], r["next_obs"])
+        assert priorities[i] == r["priority"]
+
+
+def test_assemble_transitions_handmade_corner_cases():
+    """Spot checks written out by hand, independent of the reference loop."""
+    a = handmade()
+    g = 0.9
+    items, pri = assemble_transitions(as_message(a), 3, g)
+    r = a["reward"]
+    # Row-major order of the valid starts: (0,0) (0,1) (0,3) (0,4) (1,0) (1,1) (1,2) (1,3).
+    starts = [(0, 0), (0, 1), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3)]
+    np.testing.assert_array_equal(items["obs"][:, 0], [a["obs"][e, t, 0] for e, t in starts])
+    np.testing.assert_array_equal(pri, [a["priority"][e, t] for e, t in starts])
+    # (0,0): two steps up to the termination at t=1, nothing to bootstrap.
+    assert items["reward"][0] == pytest.approx(r[0, 0] + g * r[0, 1], rel=1e-5)
+    assert items["discount"][0] == 0.0
+    np.testing.assert_array_equal(items["next_obs"][0], a["next_obs"][0, 1])
+    # (0,1): the terminal step alone.
+    assert items["discount"][1] == 0.0
+    # (0,3): cut by the end of the row after 2 steps: bootstrap from next_obs[0, 4].
+    assert items["reward"][2] == pytest.approx(r[0, 3] + g * r[0, 4], rel=1e-5)
+    assert items["discount"][2] == pytest.approx(g**2)
+    np.testing.assert_array_equal(items["next_obs"][2], a["next_obs"][0, 4])
+    # (1,0): full 3 steps, ends at t=2.
+    assert items["reward"][4] == pytest.approx(r[1, 0] + g * r[1, 1] + g * g * r[1, 2], rel=1e-5)
+    assert items["discount"][4] == pytest.approx(g**3)
+    np.testing.assert_array_equal(items["next_obs"][4], a["next_obs"][1, 2])
+    # (1,2): stops at the truncation at t=3, still bootstraps (time limit, not terminal).
+    assert items["discount"][6] == pytest.approx(g**2)
+    np.testing.assert_array_equal(items["next_obs"][6], a["next_obs"][1, 3])
+    # No transition starts on or reaches past the invalid autoreset steps.
+    assert not np.any(items["obs"][:, 0] == a["obs"][0, 2, 0])
+    assert not np.any(items["next_obs"][:, 0] == a["next_obs"][1, 4, 0])
+
+
+def _without(a: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
+    return {k: v for k, v in a.items() if k != name}
+
+
+def _with(a: dict[str, np.ndarray], **changes: np.ndarray) -> dict[str, np.ndarray]:
+    return {**a, **changes}
+
+
+def _bad_priority(value: float) -> dict[str, np.ndarray]:
+    a = handmade()
+    p = a["priority"].copy()
+    p[1, 1] = value  # a valid step
+    return _with(a, priority=p)
+
+
+BAD_TRAJECTORIES: dict[str, tuple[Callable[[], dict[str, np.ndarray]], str]] = {
+    "missing obs": (lambda: _without(handmade(), "obs"), "lacks array 'obs'"),
+    "missing priority": (lambda: _without(handmade(), "priority"), "lacks array 'priority'"),
+    "missing valid": (lambda: _without(handmade(), "valid"), "lacks array 'valid'"),
+    "reward float64": (
+        lambda: _with(handmade(), reward=handmade()["reward"].astype(np.float64)),
+        "dtype float64",
+    ),
+    "action int32": (
+        lambda: _with(handmade(), action=handmade()["action"].astype(np.int32)),
+        "dtype int32",
+    ),
+    "valid uint8": (
+        lambda: _with(handmade(), valid=handmade()["valid"].astype(np.uint8)),
+        "dtype uint8",
+    ),
+    "obs rank 2": (lambda: _with(handmade(), obs=handmade()["obs"][:, :, 0]), "rank 2"),
+    "action [2, 4]": (lambda: _with(handmade(), action=handmade()["action"][:, :4]), "shape"),
+    "terminated [1, 5]": (
+        lambda: _with(handmade(), terminated=handmade()["terminated"][:1]),
+        "shape",
+    ),
+    "obs [2, 4, 3]": (lambda: _with(handmade(), obs=handmade()["obs"][:, :4]), "shape"),
+    "next_obs [3, 5, 3]": (
+        lambda: _with(handmade(), next_obs=np.zeros((3, 5, 3), np.float32)),
+        "shape",
+    ),
+    "obs/next_obs dims differ": (
+        lambda: _with(handmade(), next_obs=np.zeros((2, 5, 4), np.float32)),
+        "obs and next_obs",
+    ),
+    "negative priority": (lambda: _bad_priority(-0.5), "priorities"),
+    "NaN priority": (lambda: _bad_priority(np.nan), "priorities"),
+    "inf priority": (lambda: _bad_priority(np.inf), "priorities"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TRAJECTORIES))
+def test_assemble_transitions_rejects_malformed(case):
+    make, match = BAD_TRAJECTORIES[case]
+    with pytest.raises(P.ProtocolError, match=match):
+        assemble_transitions(as_message(make()), 3, 0.99)
+
+
+# --- a replay shard in-process ------------------------------------------------------------
+
+
+def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
+    cfg = replay_config()
+    inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    batches = inproc.pull("batches")
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer) and replay.id == "replay-0"
+    experience = inproc.push("experience", sender="actor-0")
+    pub = inproc.pub("learner-0")
+    time.sleep(0.5)  # subscriptions travel through the XPUB/XSUB device
+
+    # 5 trajectories of 10 transitions: 50 items, exactly min_size.
+    for i in range(5):
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
+    got = collect(acks, until=5, timeout=10)
+    assert [m.kind for m in got] == [P.ACK] * 5
+    assert [m.meta["seq"] for m in got] == [0, 1, 2, 3, 4]
+    assert all(m.meta["inserted"] == 10 for m in got)
+    assert all(m.sender == "replay-0" for m in got)
+    assert replay.table.size == 50 and replay.trajectories == 5
+
+    # Rate limit: batches = floor((spi * inserts - (spi * min_size - tolerance)) / batch).
+    def allowed(inserts: int) -> int:
+        return (4 * inserts - (4 * 50 - 64)) // 16
+
+    first = collect(batches, quiet=1.0)
+    assert len(first) == allowed(50) == 4
+    for b in first:
+        assert b.kind == P.BATCH and b.sender == "replay-0"
+        assert b.meta["shard"] == "replay-0"
+        assert b.meta["table_size"] == 50
+        assert set(b.arrays) == {
+            "obs", "action", "reward", "discount", "next_obs", "weight", "key",
+        }  # fmt: skip
+        keys, w = b.arrays["key"], b.arrays["weight"]
+        assert keys.dtype == np.int64 and keys.shape == (16,)
+        assert w.dtype == np.float32 and w.shape == (16,)
+        assert np.all((w > 0) & (w <= 1)) and w.max() == 1.0
+        assert np.all((keys >= 0) & (keys < 50))
+        assert b.arrays["obs"].shape == (16, 4) and b.arrays["next_obs"].shape == (16, 4)
+        # Items are the inserted ones: key k is transition k (obs[.., 0] counts them).
+        np.testing.assert_array_equal(b.arrays["obs"][:, 0], keys.astype(np.float32))
+    # Stopped: no inserts, no more batches.
+    settle(lambda: replay.batches_sent == 4, 1.0)
+    assert collect(batches, quiet=0.3) == []
+    assert replay.heartbeat_info()["sampling_blocked"].startswith("samples/insert ratio")
+
+    # A priority update for one key makes it dominate the next batches.
+    hot = int(first[0].arrays["key"][3])
+    pub.send(
+        P.Message(
+            P.PRIORITIES,
+            arrays={
+                "key": np.array([hot, 10_000], np.int64),  # 10_000 was never inserted
+                "priority": np.array([1e6, 1.0], np.float32),
+            },
+        ),
+        topic=P.priority_topic("replay-0"),
+    )
+    wait_for(lambda: replay.priority_updates == 1, timeout=5)
+    assert replay.stale_priority_keys == 1
+
+    # 5 more trajectories: sampling resumes up to the new allowance.
+    for i in range(5, 10):
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
+    got = collect(acks, until=5, timeout=10)
+    assert [m.meta["seq"] for m in got] == [5, 6, 7, 8, 9]
+    more = collect(batches, quiet=1.0)
+    assert len(first) + len(more) == allowed(100) == 16
+    settle(lambda: replay.batches_sent == 16, 0.5)
+    keys = np.concatenate([b.arrays["key"] for b in more])
+    assert np.all(keys < 100)
+    share = float(np.mean(keys == hot))
+    assert share > 0.8, f"key {hot} with priority 1e6 got only {share:.0%} of the samples"
+    # The hot key's importance weight is the smallest one in its batch.
+    for b in more:
+        if hot in b.arrays["key"]:
+            assert b.arrays["weight"][b.arrays["key"] == hot].max() == b.arrays["weight"].min()
+
+    # Malformed experience is counted as dropped and the shard goes on.
+    dropped0 = replay.stats.snapshot()["experience"]["dropped"]
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=_without(trajectory(), "priority")))
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(obs_dim=7)))  # schema
+    assert experience.send(P.Message(P.BATCH, arrays=trajectory()))  # wrong kind
+    experience.sock.send_multipart([b"\x93garbage", b"x"])  # not a message at all
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=_bad_priority(np.nan)))
+    wait_for(lambda: replay.stats.snapshot()["experience"]["dropped"] == dropped0 + 5, timeout=5)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=100)))
+    got = collect(acks, until=1, timeout=5)
+    # Seqs 10..13 were dropped without an ack; the good one after them is acked.
+    assert [m.meta["seq"] for m in got] == [14]
+    assert replay.trajectories == 11 and replay.table.size == 110
+    assert inproc.alive(replay) and inproc.error_of(replay) is None
+    # Malformed priority updates are dropped too.
+    prio_dropped0 = replay.stats.snapshot()["priorities"]["dropped"]
+    for bad in (
+        {"key": np.array([1], np.int64), "priority": np.array([-1.0], np.float32)},
+        {"key": np.array([1], np.int64), "priority": np.array([np.nan], np.float32)},
+        {"key": np.array([1, 2], np.int64), "priority": np.array([1.0], np.float32)},
+        {"key": np.array([1], np.int32), "priority": np.array([1.0], np.float32)},
+        {"priority": np.array([1.0], np.float32)},
+    ):
+        pub.send(P.Message(P.PRIORITIES, arrays=bad), topic=P.priority_topic("replay-0"))
+    wait_for(
+        lambda: replay.stats.snapshot()["priorities"]["dropped"] == prio_dropped0 + 5, timeout=5
+    )
+    assert replay.priority_updates == 1
+    assert inproc.alive(replay) and inproc.error_of(replay) is None
+
+
+def test_inserts_wait_for_samples_then_resume(inproc):
+    """Without a consumer for batches the shard stops reading experience (back-pressure on
+    the actors) once the ratio's insert side is exhausted; consuming batches resumes it."""
+    inproc.start_broker(replay_config(samples_per_insert_tolerance=16, min_size=20))
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    experience = inproc.push("experience", sender="actor-0")
+    time.sleep(0.3)
+    for i in range(12):  # 120 items, 10 per trajectory; queued in the stream's pipes
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
+    acked = collect(acks, quiet=1.0)
+    # Only the few batches the socket queues hold were sampled, so inserts stopped early:
+    # an insert is admitted while 4 * (inserts + 1) - samples <= max_diff = 4 * 20 + 16.
+    stuck = replay.trajectories
+    assert 2 <= stuck == len(acked) < 12
+    assert 4 * (replay.limiter.inserts - 10 + 1) - replay.limiter.samples <= 96
+    settle(lambda: replay.trajectories == stuck, 0.5)
+    # A learner shows up: batches flow, so inserts flow again, until every trajectory is in.
+    batches = inproc.pull("batches")
+    received: list[P.Message] = []
+    wait_for(lambda: received.extend(collect(batches, quiet=0.1)) or replay.trajectories == 12)
+    acked += collect(acks, until=12 - len(acked), timeout=5)
+    assert [m.meta["seq"] for m in acked] == list(range(12))
+    assert replay.table.size == 120
+
+
+def test_priorities_reach_only_their_shard(inproc):
+    inproc.start_broker(replay_config())
+    shards = {i: inproc.start(ReplayServer, index=i) for i in (0, 1, 10)}
+    assert {i: s.id for i, s in shards.items()} == {0: "replay-0", 1: "replay-1", 10: "replay-10"}
+    pub = inproc.pub("learner-0")
+    time.sleep(0.5)
+
+    def update(shard: str) -> None:
+        pub.send(
+            P.Message(
+                P.PRIORITIES,
+                arrays={"key": np.array([0], np.int64), "priority": np.array([2.0], np.float32)},
+            ),
+            topic=P.priority_topic(shard),
+        )
+
+    def counts() -> dict[int, int]:
+        return {i: s.priority_updates for i, s in shards.items()}  # type: ignore[attr-defined]
+
+    update("replay-0")
+    wait_for(lambda: counts()[0] == 1, timeout=5)
+    settle(lambda: counts() == {0: 1, 1: 0, 10: 0}, 0.5)
+    # "priorities/replay-1/" must not reach replay-10 (the trailing slash in the topic).
+    update("replay-1")
+    wait_for(lambda: counts()[1] == 1, timeout=5)
+    settle(lambda: counts() == {0: 1, 1: 1, 10: 0}, 0.5)
+    update("replay-10")
+    wait_for(lambda: counts()[10] == 1, timeout=5)
+    settle(lambda: counts() == {0: 1, 1: 1, 10: 1}, 0.3)
+    # The key was never inserted anywhere: stale, not applied.
+    assert all(s.stale_priority_keys == 1 for s in shards.values())  # type: ignore[attr-defined]
