@@ -139,7 +139,7 @@ class Role:
 
     def _recv_registry(self) -> P.Message | None:
         assert self._registry is not None
-        if not self._registry.sock.get(zmq.EVENTS) & zmq.POLLIN:
+        if not int(self._registry.sock.get(zmq.EVENTS)) & zmq.POLLIN:
             return None
         try:
             frames = self._registry.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)

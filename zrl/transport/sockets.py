@@ -181,7 +181,7 @@ class Channel:
         wait timed out or the message was malformed (then counted and dropped)."""
         # Asking EVENTS is far cheaper than a NOBLOCK recv that raises Again, and roles
         # poll their sockets this way in hot loops.
-        if not block and not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+        if not block and not int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:
             return None
         try:
             frames = self.sock.recv_multipart(flags=0 if block else zmq.NOBLOCK, copy=False)
