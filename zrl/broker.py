@@ -31,6 +31,7 @@ import zmq
 from zrl import __version__
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
 from zrl.transport import protocol as P
+from zrl.transport.security import Keys, stop_authenticator
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
 
 log = logging.getLogger("zrl.broker")
@@ -106,8 +107,10 @@ class Broker:
         config: ExperimentConfig | None = None,
         *,
         ctx: zmq.Context | None = None,
+        keys: Keys | None = None,
     ) -> None:
         self.config = config
+        self.keys = keys
         bcfg = config.broker if config is not None else ExperimentConfig().broker
         self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
         self.heartbeat_interval = bcfg.heartbeat_interval
@@ -131,7 +134,8 @@ class Broker:
         self.started = time.time()
         self.id = f"broker@{socket.gethostname()}"
 
-        registry = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=self.max_message_bytes)
+        registry = make_socket(self.ctx, zmq.ROUTER, max_message_bytes=self.max_message_bytes,
+                               keys=keys, server=True)  # fmt: skip
         self._bind(registry, "registry")
         self.registry = Channel(
             registry, "registry", self.id, self.stats, envelope=True,
@@ -156,7 +160,7 @@ class Broker:
         # flight and the whole device. A full PUSH side must block (back-pressure) instead.
         return make_socket(self.ctx, kind, sndhwm=hwm, rcvhwm=hwm, rcvtimeo_ms=-1, sndtimeo_ms=-1,
                            max_message_bytes=self.max_message_bytes,
-                           kernel_buffer_bytes=kernel_buffer)  # fmt: skip
+                           kernel_buffer_bytes=kernel_buffer, keys=self.keys, server=True)  # fmt: skip
 
     def _bind(self, sock: zmq.Socket, name: str) -> None:
         addr = self.endpoints[name]
@@ -169,9 +173,9 @@ class Broker:
 
     def _start_device(self, name: str, frontend: zmq.Socket, backend: zmq.Socket) -> None:
         ctrl_addr = f"inproc://zrl-broker-ctrl-{id(self)}-{name}"
-        ctrl_server = self.ctx.socket(zmq.PAIR)
+        ctrl_server = make_socket(self.ctx, zmq.PAIR, rcvtimeo_ms=-1)
         ctrl_server.bind(ctrl_addr)
-        ctrl_client = self.ctx.socket(zmq.PAIR)
+        ctrl_client = make_socket(self.ctx, zmq.PAIR)
         ctrl_client.connect(ctrl_addr)
         self._controls.append(ctrl_client)
 
@@ -263,6 +267,7 @@ class Broker:
             max_message_bytes=self.max_message_bytes,
             zrl_version=__version__,
             broker_started=self.started,
+            secure=self.keys is not None,
         )
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message) -> None:
@@ -402,5 +407,6 @@ class Broker:
         if not self.registry.sock.closed:
             self.registry.close()
         if self._owns_ctx:
+            stop_authenticator(self.ctx)
             self.ctx.term()
         log.info("broker stopped")

@@ -25,8 +25,12 @@ start_app = typer.Typer(
     help="Start one role of an experiment in this process.", no_args_is_help=True
 )
 config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="CurveZMQ keys: authenticate and encrypt every socket.", no_args_is_help=True
+)
 app.add_typer(start_app, name="start")
 app.add_typer(config_app, name="config")
+app.add_typer(keys_app, name="keys")
 
 BrokerOpt = Annotated[
     str, typer.Option("--broker", "-b", help="Broker address, e.g. tcp://10.0.0.1:5555.")
@@ -40,6 +44,10 @@ SetOpt = Annotated[
 LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")]
 TimeoutOpt = Annotated[
     float, typer.Option("--connect-timeout", help="Seconds to keep trying to reach the broker.")
+]
+KeysOpt = Annotated[
+    Path | None,
+    typer.Option("--keys", help="Key directory from `zrl keys init`: CURVE on every socket."),
 ]
 AdvertiseOpt = Annotated[
     str | None,
@@ -76,6 +84,7 @@ def start_broker(
         Path | None, typer.Option("--config", "-c", help="Experiment config every role receives.")
     ] = None,
     overrides: SetOpt = None,
+    keys: KeysOpt = None,
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow binding a non-loopback address without keys.")
     ] = False,
@@ -88,26 +97,43 @@ def start_broker(
     from zrl.transport.sockets import is_loopback
 
     setup_logging(log_level)
-    if not is_loopback(bind) and not insecure:
+    if not is_loopback(bind) and keys is None and not insecure:
         fail(
             f"{bind} is reachable from other hosts and no keys are configured: anyone on the "
-            "network could join this experiment. Pass --insecure to accept that."
+            "network could join this experiment. Pass --keys DIR (see `zrl keys init`), or "
+            "--insecure to accept that."
         )
     cfg = load_config(config, overrides) if config is not None else None
-    broker = Broker(bind, cfg)
+    broker = Broker(bind, cfg, keys=_load_keys(keys))
     install_stop_signals(broker.stop)
     broker.run()
 
 
+def _load_keys(directory: Path | None) -> Any:
+    if directory is None:
+        return None
+    from zrl.transport.security import load_keys
+
+    return load_keys(directory)
+
+
 def _start_role(
-    name: str, broker: str, index: int | None, log_level: str, timeout: float, advertise: str | None
+    name: str,
+    broker: str,
+    index: int | None,
+    log_level: str,
+    timeout: float,
+    advertise: str | None,
+    keys: Path | None = None,
 ) -> None:
     from zrl.roles import role_class
     from zrl.runtime import install_stop_signals, setup_logging
 
     setup_logging(log_level)
     cls = role_class(name)
-    role = cls(broker, index=index, connect_timeout=timeout, advertise=advertise)
+    role = cls(
+        broker, index=index, connect_timeout=timeout, advertise=advertise, keys=_load_keys(keys)
+    )
     install_stop_signals(role.request_stop)
     role.run()
 
@@ -118,9 +144,10 @@ def _add_role_command(name: str, help_text: str) -> None:
         index: IndexOpt = None,
         connect_timeout: TimeoutOpt = 60.0,
         advertise: AdvertiseOpt = None,
+        keys: KeysOpt = None,
         log_level: LogOpt = "INFO",
     ) -> None:
-        _start_role(name, broker, index, log_level, connect_timeout, advertise)
+        _start_role(name, broker, index, log_level, connect_timeout, advertise, keys)
 
     command.__doc__ = help_text
     start_app.command(name)(command)
@@ -148,6 +175,7 @@ def status(
     broker: BrokerOpt = "tcp://127.0.0.1:5555",
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw status as JSON.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
+    keys: KeysOpt = None,
 ) -> None:
     """Show the roles registered with a broker."""
     import zmq
@@ -157,7 +185,9 @@ def status(
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
 
-    reply = registry_request(zmq.Context.instance(), broker, P.Message(P.STATUS), timeout)
+    reply = registry_request(
+        zmq.Context.instance(), broker, P.Message(P.STATUS), timeout, _load_keys(keys)
+    )
     if as_json:
         typer.echo(json.dumps(reply.meta, indent=2, default=str))
         return
@@ -215,6 +245,33 @@ def config_show(
     typer.echo(config_to_yaml(load_config(config, overrides)), nl=False)
 
 
+# --- keys -------------------------------------------------------------------------------
+
+
+@keys_app.command("init")
+def keys_init(
+    directory: Annotated[Path, typer.Argument(help="Where to write the keys.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace existing keys.")] = False,
+) -> None:
+    """Make a server keypair, a client keypair and the allow-list (copy DIR to trusted hosts)."""
+    from zrl.transport.security import init_keys
+
+    d = init_keys(directory, force=force)
+    typer.echo(f"wrote CurveZMQ keys to {d}; start every role and the broker with --keys {d}")
+
+
+@keys_app.command("add")
+def keys_add(
+    directory: Annotated[Path, typer.Argument(help="An existing key directory.")],
+    name: Annotated[str, typer.Argument(help="Name of the new client (e.g. a host name).")],
+) -> None:
+    """Add (and authorize) another client keypair, e.g. one per host."""
+    from zrl.transport.security import add_client
+
+    secret = add_client(directory, name)
+    typer.echo(f"wrote {secret}; it is authorized in {directory}/authorized/")
+
+
 # --- run / eval / plot ------------------------------------------------------------------
 
 
@@ -231,6 +288,7 @@ def run(
     port: Annotated[
         int | None, typer.Option("--port", help="Broker base port (default: free).")
     ] = None,
+    keys: KeysOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
@@ -238,7 +296,9 @@ def run(
     from zrl.supervisor import Supervisor
 
     cfg = load_config(config, overrides)
-    sup = Supervisor(cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level)
+    sup = Supervisor(
+        cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys
+    )
     summary = sup.run()
     if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":
         raise typer.Exit(1)

@@ -37,6 +37,7 @@ from zrl.config import ExperimentConfig, config_to_yaml
 from zrl.metrics import MetricsWriter
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
+from zrl.transport.security import load_keys
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
 
 log = logging.getLogger("zrl.supervisor")
@@ -185,8 +186,11 @@ class Supervisor:
         port: int | None = None,
         log_level: str = "INFO",
         show_status: bool = True,
+        keys_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        self.keys_dir = Path(keys_dir).resolve() if keys_dir is not None else None
+        self.keys = load_keys(self.keys_dir) if self.keys_dir is not None and not inproc else None
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = (
             Path(run_dir) if run_dir else Path("runs") / f"{cfg.name}-{stamp}-{os.getpid()}"
@@ -256,6 +260,8 @@ class Supervisor:
         else:
             cmd = ["start", child.role, "--broker", self.broker_addr, "--index", str(child.index),
                    "--connect-timeout", "30"]  # fmt: skip
+        if self.keys_dir is not None:
+            cmd += ["--keys", str(self.keys_dir)]
         logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
         child.proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
@@ -302,7 +308,7 @@ class Supervisor:
                 tail = self.broker_child.log_path.read_text(errors="replace")[-2000:]
                 raise RoleError(f"the broker exited at start:\n{tail}")
             try:
-                registry_request(self.ctx, self.broker_addr, P.Message(P.STATUS), timeout=1.0)
+                registry_request(self.ctx, self.broker_addr, P.Message(P.STATUS), 1.0, self.keys)
                 return
             except RoleError:
                 continue
@@ -385,9 +391,9 @@ class Supervisor:
 
     def _open_monitor(self) -> Channel:
         endpoints = broker_endpoints(self.broker_addr, self.cfg.broker.streams)
-        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0,
+        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0, keys=self.keys,
                            max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
-        for topic in ("metrics", "eval"):
+        for topic in (P.METRICS_TOPIC, P.EVAL_TOPIC):
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         sock.connect(endpoints["topics_out"])
         return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
@@ -428,7 +434,9 @@ class Supervisor:
 
     def _refresh_status(self) -> None:
         try:
-            reply = registry_request(self.ctx, self.broker_addr, P.Message(P.STATUS), timeout=0.5)
+            reply = registry_request(
+                self.ctx, self.broker_addr, P.Message(P.STATUS), 0.5, self.keys
+            )
             self.status_rows = reply.meta.get("roles", [])
         except RoleError:
             pass
@@ -445,12 +453,13 @@ class Supervisor:
                 self.ctx,
                 self.broker_addr,
                 P.Message(P.LOOKUP, meta={"role": "params"}),
-                timeout=2.0,
+                2.0,
+                self.keys,
             ).meta.get("services", [])
         except RoleError:
             return None
         msg = request_latest_weights(
-            self.ctx, services, self.cfg.broker.max_message_bytes, timeout=5.0
+            self.ctx, services, self.cfg.broker.max_message_bytes, 5.0, self.keys
         )
         if msg is None:
             return None

@@ -28,6 +28,7 @@ import zmq
 from zrl import __version__
 from zrl.config import ExperimentConfig
 from zrl.transport import protocol as P
+from zrl.transport.security import Keys
 from zrl.transport.sockets import (
     Channel,
     TransportStats,
@@ -81,8 +82,10 @@ class Role:
         advertise: str | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         stop_event: threading.Event | None = None,
+        keys: Keys | None = None,
     ) -> None:
         self.broker = broker
+        self.keys = keys
         self.index = index
         self.ctx = ctx or zmq.Context.instance()
         self.host = socket.gethostname()
@@ -114,7 +117,7 @@ class Role:
     def _open_registry(self) -> Channel:
         if self._registry is not None:
             self._registry.close()
-        sock = make_socket(self.ctx, zmq.DEALER, rcvtimeo_ms=200, sndtimeo_ms=200)
+        sock = make_socket(self.ctx, zmq.DEALER, rcvtimeo_ms=200, sndtimeo_ms=200, keys=self.keys)
         sock.connect(self.broker)
         self._registry = Channel(sock, "registry", self.id or self.role, self.stats)
         return self._registry
@@ -159,6 +162,9 @@ class Role:
         m = msg.meta
         first = not self.endpoints
         self.id = str(m["id"])
+        if self.index is None and self.id.rsplit("-", 1)[-1].isdigit():
+            # Started without --index: the broker's numbering keeps seeds and exploration distinct.
+            self.index = int(self.id.rsplit("-", 1)[-1])
         if self._registry is not None:
             self._registry.sender = self.id
         spec = m.get("spec")
@@ -212,7 +218,9 @@ class Role:
         return ch
 
     def _sock(self, kind: int, **kw: Any) -> zmq.Socket:
-        return make_socket(self.ctx, kind, max_message_bytes=self.max_message_bytes, **kw)
+        return make_socket(
+            self.ctx, kind, max_message_bytes=self.max_message_bytes, keys=self.keys, **kw
+        )
 
     def open_push(self, stream: str, *, hwm: int = 4, sndtimeo_ms: int = 100) -> Channel:
         """PUSH into a stream device: blocks (up to the timeout) when every consumer is full."""
@@ -243,7 +251,7 @@ class Role:
 
     def bind_rpc(self) -> Channel:
         """A ROUTER peers reach directly after a LOOKUP (bound before HELLO announces it)."""
-        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100)
+        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100, server=True)
         if self.broker.startswith("tcp://"):
             port = sock.bind_to_random_port(f"tcp://{self._bind_host()}")
             self.rpc_endpoint = f"tcp://{self.advertise}:{port}"
@@ -266,7 +274,7 @@ class Role:
     def lookup(self, role: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Ask the registry for the rpc endpoints of live roles of a kind (own socket, blocking)."""
         return registry_request(
-            self.ctx, self.broker, P.Message(P.LOOKUP, meta={"role": role}), timeout
+            self.ctx, self.broker, P.Message(P.LOOKUP, meta={"role": role}), timeout, self.keys
         ).meta.get("services", [])
 
     # --- liveness ---------------------------------------------------------------------
@@ -385,10 +393,10 @@ class Role:
 
 
 def registry_request(
-    ctx: zmq.Context, broker: str, msg: P.Message, timeout: float = 5.0
+    ctx: zmq.Context, broker: str, msg: P.Message, timeout: float = 5.0, keys: Keys | None = None
 ) -> P.Message:
     """One request to the broker registry on a throwaway DEALER (status, lookup)."""
-    sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000))
+    sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000), keys=keys)
     try:
         sock.connect(broker)
         ch = Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())

@@ -11,6 +11,7 @@ import zmq
 
 from zrl.roles.base import Role
 from zrl.transport import protocol as P
+from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 
@@ -47,7 +48,9 @@ class WeightsFollower:
     def fetch_latest(self, timeout: float = 2.0) -> P.Message | None:
         """Ask the parameter server directly (late join). None if there is none yet."""
         services = self.role.lookup("params", timeout=timeout)
-        msg = request_latest_weights(self.role.ctx, services, self.role.max_message_bytes, timeout)
+        msg = request_latest_weights(
+            self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys
+        )
         if msg is not None and self._newer(msg):
             self.version = int(msg.meta["version"])
             return msg
@@ -55,12 +58,16 @@ class WeightsFollower:
 
 
 def request_latest_weights(
-    ctx: zmq.Context, services: list[dict], max_message_bytes: int, timeout: float = 2.0
+    ctx: zmq.Context,
+    services: list[dict],
+    max_message_bytes: int,
+    timeout: float = 2.0,
+    keys: Keys | None = None,
 ) -> P.Message | None:
     """GET_WEIGHTS from the first parameter server in ``services`` (a LOOKUP answer) that has them."""
     for svc in services:
         sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000),
-                           max_message_bytes=max_message_bytes)  # fmt: skip
+                           max_message_bytes=max_message_bytes, keys=keys)  # fmt: skip
         try:
             sock.connect(svc["rpc"])
             ch = Channel(sock, "params-rpc", "weights-client", TransportStats())

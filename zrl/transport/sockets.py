@@ -15,11 +15,11 @@ import logging
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 
 from zrl.transport.protocol import Message, ProtocolError, decode, encode, peek_sender
+from zrl.transport.security import Keys, ensure_authenticator, secure_client, secure_server
 
 log = logging.getLogger("zrl.transport")
 
@@ -37,12 +37,15 @@ def make_socket(
     rcvtimeo_ms: int = 1000,
     sndtimeo_ms: int = 1000,
     kernel_buffer_bytes: int | None = None,
+    keys: Keys | None = None,
+    server: bool = False,
 ) -> zmq.Socket:
     """A socket with every option that matters set explicitly.
 
     Timeouts are finite so no blocking call can hang a role forever; linger
-    defaults to 0 because LINGER is no delivery guarantee anyway (graceful
-    stops use an end-of-stream message instead)."""
+    defaults to 0 because LINGER is no delivery guarantee anyway. With ``keys`` the
+    socket speaks CURVE: as a ``server`` (it will bind; clients are checked against the
+    allow-list) or as a client (it will connect)."""
     sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
@@ -62,6 +65,12 @@ def make_socket(
     if socket_type == zmq.ROUTER:
         # Replies to a peer that vanished are dropped instead of raising.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    if keys is not None:
+        if server:
+            ensure_authenticator(ctx, keys)
+            secure_server(sock, keys)
+        else:
+            secure_client(sock, keys)
     return sock
 
 
@@ -266,7 +275,3 @@ def is_loopback(addr: str) -> bool:
     host, _ = split_tcp(addr)
     host = host.strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def socket_opts_from_config(cfg: Any) -> dict[str, int]:
-    return {"max_message_bytes": int(cfg.broker.max_message_bytes)}
