@@ -26,10 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zmq
 
 from zrl import __version__
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.experiment import Factories
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys, stop_authenticator
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
@@ -108,9 +110,22 @@ class Broker:
         *,
         ctx: zmq.Context | None = None,
         keys: Keys | None = None,
+        factories: Factories | None = None,
     ) -> None:
         self.config = config
         self.keys = keys
+        self.factories = factories or Factories()
+        if self.factories.needs_pickle() and keys is None and not bind.startswith("inproc://"):
+            raise ValueError(
+                "this experiment's env/model factories are Python callables, which the broker "
+                "ships as pickles: that needs --keys (authenticated sockets), or factories given "
+                "as 'package.module:name' references"
+            )
+        self._pickled = (
+            np.frombuffer(self.factories.pickled(), dtype=np.uint8)
+            if self.factories.needs_pickle()
+            else None
+        )
         bcfg = config.broker if config is not None else ExperimentConfig().broker
         self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
         self.heartbeat_interval = bcfg.heartbeat_interval
@@ -255,20 +270,24 @@ class Broker:
         self.roles[rid] = entry
         log.info("registered %s (host %s, pid %s)", rid, entry.host, entry.pid)
         spec = self.config.model_dump(mode="json") if self.config is not None else None
-        self._reply(
-            ident,
+        welcome = P.Message(
             P.WELCOME,
-            id=rid,
-            spec=spec,
-            endpoints=self.endpoints,
-            streams=self.streams,
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_timeout=self.heartbeat_timeout,
-            max_message_bytes=self.max_message_bytes,
-            zrl_version=__version__,
-            broker_started=self.started,
-            secure=self.keys is not None,
+            arrays={"factories": self._pickled} if self._pickled is not None else {},
+            meta=dict(
+                id=rid,
+                spec=spec,
+                endpoints=self.endpoints,
+                streams=self.streams,
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_timeout=self.heartbeat_timeout,
+                max_message_bytes=self.max_message_bytes,
+                zrl_version=__version__,
+                broker_started=self.started,
+                secure=self.keys is not None,
+                factories=self.factories.references,
+            ),
         )
+        self.registry.send(welcome, to=ident, block=False)
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message) -> None:
         rid = msg.meta.get("id")

@@ -81,9 +81,21 @@ def start_broker(
         "tcp://127.0.0.1:5555"
     ),
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Experiment config every role receives.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Experiment config (YAML or script) every role receives."
+        ),
     ] = None,
     overrides: SetOpt = None,
+    factories_file: Annotated[
+        Path | None, typer.Option("--factories", help="Pickled factories written by `zrl run`.")
+    ] = None,
+    env_factory: Annotated[
+        str | None, typer.Option("--env-factory", help="Env factory as package.module:name.")
+    ] = None,
+    model_factory: Annotated[
+        str | None, typer.Option("--model-factory", help="Model factory as package.module:name.")
+    ] = None,
     keys: KeysOpt = None,
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow binding a non-loopback address without keys.")
@@ -92,7 +104,7 @@ def start_broker(
 ) -> None:
     """Run the broker: registry, topic bus and stream devices."""
     from zrl.broker import Broker
-    from zrl.config import load_config
+    from zrl.experiment import Factories
     from zrl.runtime import install_stop_signals, setup_logging
     from zrl.transport.sockets import is_loopback
 
@@ -103,10 +115,29 @@ def start_broker(
             "network could join this experiment. Pass --keys DIR (see `zrl keys init`), or "
             "--insecure to accept that."
         )
-    cfg = load_config(config, overrides) if config is not None else None
-    broker = Broker(bind, cfg, keys=_load_keys(keys))
+    cfg, factories = _load_experiment(config, overrides)
+    if factories_file is not None:
+        factories = Factories.from_wire(factories.references, factories_file.read_bytes())
+    if env_factory:
+        factories.env = env_factory
+    if model_factory:
+        factories.model = model_factory
+    broker = Broker(bind, cfg, keys=_load_keys(keys), factories=factories)
     install_stop_signals(broker.stop)
     broker.run()
+
+
+def _load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[Any, Any]:
+    """A YAML config, or an experiment script with its factories."""
+    from zrl.config import load_config
+    from zrl.experiment import Factories, load_experiment
+
+    if config is None:
+        return None, Factories()
+    if config.suffix == ".py":
+        experiment = load_experiment(config)
+        return experiment.resolved_config(overrides), experiment.factories
+    return load_config(config, overrides), Factories()
 
 
 def _load_keys(directory: Path | None) -> Any:
@@ -277,7 +308,7 @@ def keys_add(
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="YAML config file.")],
+    config: Annotated[Path, typer.Argument(help="YAML config, or a Python experiment script.")],
     overrides: SetOpt = None,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="Where to write logs, metrics, the model.")
@@ -292,13 +323,13 @@ def run(
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
-    from zrl.config import load_config
     from zrl.supervisor import Supervisor
 
-    cfg = load_config(config, overrides)
+    cfg, factories = _load_experiment(config, overrides)
     sup = Supervisor(
-        cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys
-    )
+        cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys,
+        factories=factories,
+    )  # fmt: skip
     summary = sup.run()
     if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":
         raise typer.Exit(1)

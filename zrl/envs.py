@@ -8,6 +8,7 @@ invalid instead of learning from them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -21,9 +22,18 @@ class EnvError(ValueError):
     """An environment that cannot be made or is not supported; user-facing."""
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int | None = None) -> gym.vector.VectorEnv:
+def make_vector_env(
+    cfg: EnvConfig, num_envs: int | None = None, env_fn: Callable[[], gym.Env] | None = None
+) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of the configured env (or of ``env_fn()``, a user's factory)."""
     n = num_envs or cfg.num_envs
     mode = cfg.vectorization
+    if env_fn is not None:
+        vec_cls = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
+        try:
+            return vec_cls([env_fn] * n, autoreset_mode=AutoresetMode.NEXT_STEP)
+        except Exception as exc:
+            raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
     try:
         if mode in ("auto", "native"):
             try:

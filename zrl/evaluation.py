@@ -5,25 +5,30 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from zrl.config import EnvConfig, ExperimentConfig
+from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
-from zrl.models import build_q_network, load_arrays
+from zrl.experiment import Factories
+from zrl.models import build_model, load_arrays
+
+FACTORIES_FILE = "factories.pkl"
 
 
 @torch.no_grad()
 def greedy_returns(
     model: torch.nn.Module,
-    env_cfg: EnvConfig,
+    make_envs: Callable[[int], Any],
     episodes: int,
     seed: int,
     on_step: Callable[[], None] | None = None,
 ) -> np.ndarray:
-    """One greedy episode in each of ``episodes`` parallel envs; their undiscounted returns."""
-    envs = make_vector_env(env_cfg, num_envs=episodes)
+    """One greedy episode in each of ``episodes`` parallel envs (``make_envs(episodes)``);
+    their undiscounted returns."""
+    envs = make_envs(episodes)
     try:
         obs, _ = envs.reset(seed=seed)
         returns = np.zeros(episodes)
@@ -43,8 +48,8 @@ def greedy_returns(
         envs.close()
 
 
-def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig]:
-    """The model saved by ``zrl run`` in ``run_dir/model.pt`` and the run's config."""
+def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Factories]:
+    """The model saved by ``zrl run`` in ``run_dir/model.pt``, the run's config and factories."""
     path = Path(run_dir) / "model.pt"
     if not path.is_file():
         raise FileNotFoundError(
@@ -52,19 +57,24 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig]:
         )
     saved = torch.load(path, map_location="cpu", weights_only=False)
     cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
-    probe = make_vector_env(cfg.env, num_envs=1)
-    model = build_q_network(
-        probe.single_observation_space,
-        probe.single_action_space,
-        cfg.model.hidden,
-        cfg.model.dueling,
-    )
+    factories = Factories(**saved.get("factory_refs", {}))
+    pickled = Path(run_dir) / FACTORIES_FILE
+    if pickled.is_file():  # written by our own supervisor into the user's run directory
+        factories = Factories.from_wire(factories.references, pickled.read_bytes())
+    probe = make_vector_env(cfg.env, 1, factories.env_fn())
+    m = cfg.model
+    model = build_model(
+        probe.single_observation_space, probe.single_action_space, m.hidden, m.dueling,
+        factories.model_fn(),
+    )  # fmt: skip
     probe.close()
     load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})
     model.eval()
-    return model, cfg
+    return model, cfg, factories
 
 
 def evaluate_run_dir(run_dir: Path, episodes: int = 10, seed: int = 12345) -> list[float]:
-    model, cfg = load_policy(run_dir)
-    return [float(r) for r in greedy_returns(model, cfg.env, episodes, seed)]
+    model, cfg, factories = load_policy(run_dir)
+    env_fn = factories.env_fn()
+    returns = greedy_returns(model, lambda n: make_vector_env(cfg.env, n, env_fn), episodes, seed)
+    return [float(r) for r in returns]

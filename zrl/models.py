@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -114,3 +114,21 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
             array = array.copy()
         tensors[name] = torch.from_numpy(array)
     model.load_state_dict(tensors, strict=True)
+
+
+def build_model(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    hidden: Sequence[int],
+    dueling: bool,
+    model_fn: Callable[..., nn.Module] | None = None,
+) -> nn.Module:
+    """The user's model (``model_fn(observation_space, action_space)``) or zrl's QNetwork."""
+    if model_fn is None:
+        return build_q_network(observation_space, action_space, hidden, dueling)
+    model = model_fn(observation_space, action_space)
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"the model factory returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model

@@ -34,10 +34,12 @@ from typing import Any
 import zmq
 
 from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.evaluation import FACTORIES_FILE
+from zrl.experiment import Factories
 from zrl.metrics import MetricsWriter
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
-from zrl.transport.security import load_keys
+from zrl.transport.security import init_keys, load_keys
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
 
 log = logging.getLogger("zrl.supervisor")
@@ -187,8 +189,10 @@ class Supervisor:
         log_level: str = "INFO",
         show_status: bool = True,
         keys_dir: Path | None = None,
+        factories: Factories | None = None,
     ) -> None:
         self.cfg = cfg
+        self.factories = factories or Factories()
         self.keys_dir = Path(keys_dir).resolve() if keys_dir is not None else None
         self.keys = load_keys(self.keys_dir) if self.keys_dir is not None and not inproc else None
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -231,6 +235,13 @@ class Supervisor:
             },
         }
         (self.run_dir / "seeds.json").write_text(json.dumps(seeds, indent=2))
+        if self.factories.needs_pickle():
+            (self.run_dir / FACTORIES_FILE).write_bytes(self.factories.pickled())
+            if self.keys_dir is None and not self.inproc:
+                # Pickled factories travel only over authenticated sockets: give this run
+                # its own keys rather than asking the user for some.
+                self.keys_dir = init_keys(self.run_dir / "keys").resolve()
+                self.keys = load_keys(self.keys_dir)
 
     # --- children ---------------------------------------------------------------------
 
@@ -257,6 +268,11 @@ class Supervisor:
                 "--config",
                 str(self.run_dir / "config.yaml"),
             ]
+            if self.factories.needs_pickle():
+                cmd += ["--factories", str(self.run_dir / FACTORIES_FILE)]
+            refs = self.factories.references
+            cmd += [f"--env-factory={refs['env']}"] if "env" in refs else []
+            cmd += [f"--model-factory={refs['model']}"] if "model" in refs else []
         else:
             cmd = ["start", child.role, "--broker", self.broker_addr, "--index", str(child.index),
                    "--connect-timeout", "30"]  # fmt: skip
@@ -295,7 +311,9 @@ class Supervisor:
         if self.inproc:
             from zrl.broker import Broker
 
-            self.inproc_broker = Broker(self.broker_addr, self.cfg, ctx=self.ctx)
+            self.inproc_broker = Broker(
+                self.broker_addr, self.cfg, ctx=self.ctx, factories=self.factories
+            )
             t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
             t.start()
             self.broker_child = Child("broker", 0, self.run_dir / "logs" / "broker.log", thread=t)
@@ -468,6 +486,7 @@ class Supervisor:
                 "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
                 "version": msg.meta.get("version"),
                 "config": json.dumps(self.cfg.model_dump(mode="json")),
+                "factory_refs": self.factories.references,
             },
             self.run_dir / "model.pt.tmp",
         )

@@ -24,8 +24,8 @@ import torch
 
 from zrl.algos.dqn import apex_epsilons, initial_priorities
 from zrl.algos.returns import nstep_transitions
-from zrl.envs import EpisodeTracker, make_vector_env
-from zrl.models import build_q_network, load_arrays
+from zrl.envs import EpisodeTracker
+from zrl.models import load_arrays
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -54,13 +54,10 @@ class Actor(Role):
         self.seed = actor_seed(cfg.seed, self.actor_index)
         torch.manual_seed(cfg.seed)  # same initial weights as the learner until the first version
         self.rng = np.random.default_rng(self.seed)
-        self.envs = make_vector_env(cfg.env)
+        self.envs = self.make_envs()
         self.num_envs = self.envs.num_envs
-        self.model = build_q_network(
-            self.envs.single_observation_space,
-            self.envs.single_action_space,
-            cfg.model.hidden,
-            cfg.model.dueling,
+        self.model = self.make_model(
+            self.envs.single_observation_space, self.envs.single_action_space
         )
         self.model.eval()
         self.num_actions = int(self.envs.single_action_space.n)  # type: ignore[attr-defined]

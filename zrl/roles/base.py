@@ -27,6 +27,7 @@ import zmq
 
 from zrl import __version__
 from zrl.config import ExperimentConfig
+from zrl.experiment import Factories
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import (
@@ -96,6 +97,7 @@ class Role:
         self.log = logging.getLogger(f"zrl.{self.role}")
         self.id = f"{self.role}-{index}" if index is not None else ""
         self.config = ExperimentConfig()
+        self.factories = Factories()
         self.endpoints: dict[str, str] = {}
         self.heartbeat_interval = 0.5
         self.heartbeat_timeout = 3.0
@@ -170,6 +172,7 @@ class Role:
         spec = m.get("spec")
         if spec is not None:
             self.config = ExperimentConfig.model_validate(spec)
+        self.factories = self._factories_from(msg)
         self.endpoints = {k: connect_address(v, self.broker) for k, v in m["endpoints"].items()}
         self.heartbeat_interval = float(m["heartbeat_interval"])
         self.heartbeat_timeout = float(m["heartbeat_timeout"])
@@ -181,6 +184,37 @@ class Role:
             self.log.info("registered as %s with broker %s", self.id, self.broker)
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
+
+    def _factories_from(self, msg: P.Message) -> Factories:
+        refs = msg.meta.get("factories") or {}
+        if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
+            raise RoleError("the broker sent malformed factory references")
+        pickled = msg.arrays.get("factories")
+        if pickled is None:
+            return Factories.from_wire(refs, None)
+        # Unpickling runs code: only from a broker we authenticated (CURVE), or from our own
+        # process (inproc), never from whoever answers on an open port.
+        if self.keys is None and not self.broker.startswith("inproc://"):
+            raise RoleError(
+                "the broker offers pickled env/model factories over an unauthenticated "
+                "channel; refusing them. Start every role with --keys DIR, or give the "
+                "factories as importable 'package.module:name' references."
+            )
+        return Factories.from_wire(refs, pickled.tobytes())
+
+    def make_envs(self, num_envs: int | None = None) -> Any:
+        """A vector env of the experiment's env (the user's factory if the broker sent one)."""
+        from zrl.envs import make_vector_env
+
+        return make_vector_env(self.config.env, num_envs, self.factories.env_fn())
+
+    def make_model(self, observation_space: Any, action_space: Any) -> Any:
+        from zrl.models import build_model
+
+        m = self.config.model
+        return build_model(
+            observation_space, action_space, m.hidden, m.dueling, self.factories.model_fn()
+        )
 
     def connect(self) -> None:
         """Register with the broker, retrying with capped back-off until ``connect_timeout``."""

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.envs import make_vector_env
 from zrl.evaluation import greedy_returns
-from zrl.models import build_q_network, load_arrays
+from zrl.models import load_arrays
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -28,15 +27,9 @@ class Evaluator(Role):
     role = "evaluator"
 
     def setup(self) -> None:
-        cfg = self.config
         limit_torch_threads(1)
-        probe = make_vector_env(cfg.env, num_envs=1)
-        self.model = build_q_network(
-            probe.single_observation_space,
-            probe.single_action_space,
-            cfg.model.hidden,
-            cfg.model.dueling,
-        )
+        probe = self.make_envs(num_envs=1)
+        self.model = self.make_model(probe.single_observation_space, probe.single_action_space)
         probe.close()
         self.model.eval()
         self.weights = WeightsFollower(self)
@@ -62,7 +55,7 @@ class Evaluator(Role):
         started = time.monotonic()
         with torch.no_grad():
             returns = greedy_returns(
-                self.model, self.config.env, self.config.evaluator.episodes,
+                self.model, self.make_envs, self.config.evaluator.episodes,
                 seed=self.config.seed + 1_000_003 + self.evaluations, on_step=self.tick,
             )  # fmt: skip
         self.evaluated_version = version

@@ -22,8 +22,7 @@ import torch
 import zmq
 
 from zrl.algos.dqn import dqn_update, soft_update
-from zrl.envs import make_vector_env
-from zrl.models import build_q_network, model_to_arrays
+from zrl.models import model_to_arrays
 from zrl.roles.base import Role
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
@@ -49,13 +48,8 @@ class Learner(Role):
         cfg = self.config
         limit_torch_threads(cfg.learner.torch_threads)
         torch.manual_seed(cfg.seed)
-        probe = make_vector_env(cfg.env, num_envs=1)  # only for the spaces
-        self.online = build_q_network(
-            probe.single_observation_space,
-            probe.single_action_space,
-            cfg.model.hidden,
-            cfg.model.dueling,
-        )
+        probe = self.make_envs(num_envs=1)  # only for the spaces
+        self.online = self.make_model(probe.single_observation_space, probe.single_action_space)
         probe.close()
         self.target = copy.deepcopy(self.online)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.learner.lr)

@@ -1,0 +1,153 @@
+"""Experiment scripts: a config plus the user's own env and model factories.
+
+A script is plain Python::
+
+    import gymnasium as gym, torch.nn as nn, zrl
+
+    def make_env():
+        return gym.make("CartPole-v1")
+
+    class QNet(nn.Module):
+        def __init__(self, observation_space, action_space): ...
+        def forward(self, obs): ...          # [B, obs] -> Q-values [B, actions]
+
+    experiment = zrl.Experiment("configs/cartpole_apex_dqn.yaml", env=make_env, model=QNet)
+
+    if __name__ == "__main__":
+        experiment.run()                     # the same as `zrl run this_script.py`
+
+A factory is either a callable or an importable reference ``"package.module:name"``.
+References travel as strings and work over any channel. Callables are shipped to
+roles on other hosts as cloudpickle bytes by the broker, and because unpickling runs
+code, only over CURVE-authenticated sockets: ``zrl run`` makes a key directory for
+the run when a script holds callables and no ``--keys`` was given.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from zrl.config import ConfigError, ExperimentConfig, config_from_dict, load_config
+
+
+class FactoryError(ValueError):
+    """A factory that cannot be resolved or shipped; user-facing."""
+
+
+def resolve_reference(ref: str) -> Any:
+    """``"package.module:name"`` -> the object it names."""
+    if ":" not in ref:
+        raise FactoryError(f"factory reference {ref!r} is not of the form package.module:name")
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise FactoryError(f"cannot import factory {ref!r}: {exc}") from None
+    return obj
+
+
+@dataclass
+class Factories:
+    """The env and model factories of an experiment (None: zrl's built-in ones)."""
+
+    env: Callable[[], Any] | str | None = None
+    model: Callable[..., Any] | str | None = None
+
+    @property
+    def callables(self) -> dict[str, Any]:
+        return {k: v for k, v in (("env", self.env), ("model", self.model)) if callable(v)}
+
+    @property
+    def references(self) -> dict[str, str]:
+        return {k: v for k, v in (("env", self.env), ("model", self.model)) if isinstance(v, str)}
+
+    def needs_pickle(self) -> bool:
+        return bool(self.callables)
+
+    def pickled(self) -> bytes:
+        return cloudpickle.dumps(self.callables)
+
+    @classmethod
+    def from_wire(cls, references: dict[str, str], pickled: bytes | None) -> Factories:
+        """Rebuild what the broker sent. Only call with ``pickled`` from an authenticated peer."""
+        values: dict[str, Any] = dict(references)
+        if pickled:
+            values.update(cloudpickle.loads(pickled))
+        return cls(env=values.get("env"), model=values.get("model"))
+
+    def env_fn(self) -> Callable[[], Any] | None:
+        return resolve_reference(self.env) if isinstance(self.env, str) else self.env
+
+    def model_fn(self) -> Callable[..., Any] | None:
+        return resolve_reference(self.model) if isinstance(self.model, str) else self.model
+
+
+@dataclass
+class Experiment:
+    """A config (YAML path, dict or ExperimentConfig) with optional env and model factories."""
+
+    config: str | Path | dict[str, Any] | ExperimentConfig
+    env: Callable[[], Any] | str | None = None
+    model: Callable[..., Any] | str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def resolved_config(self, extra_overrides: list[str] | None = None) -> ExperimentConfig:
+        overrides = [*self.overrides, *(extra_overrides or [])]
+        if isinstance(self.config, ExperimentConfig):
+            return config_from_dict(self.config.model_dump(mode="json"), overrides)
+        if isinstance(self.config, dict):
+            return config_from_dict(self.config, overrides)
+        return load_config(self.config, overrides)
+
+    @property
+    def factories(self) -> Factories:
+        return Factories(env=self.env, model=self.model)
+
+    def run(self, **kwargs: Any) -> dict[str, Any]:
+        """Run locally under the supervisor (the same as ``zrl run SCRIPT``)."""
+        from zrl.supervisor import Supervisor
+
+        overrides = kwargs.pop("overrides", None)
+        return Supervisor(self.resolved_config(overrides), factories=self.factories, **kwargs).run()
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Import an experiment script and return the one ``Experiment`` it defines."""
+    p = Path(path).resolve()
+    if not p.is_file():
+        raise ConfigError(f"experiment script not found: {p}")
+    name = f"zrl_experiment_{abs(hash(str(p)))}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {p}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(p.parent))  # the script's own helper modules
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(
+            f"{p}: the script failed to import: {type(exc).__name__}: {exc}"
+        ) from None
+    # Ship the script's own functions and classes by value: other hosts don't have the file.
+    cloudpickle.register_pickle_by_value(module)
+    found = [v for v in vars(module).values() if isinstance(v, Experiment)]
+    if len(found) != 1:
+        raise ConfigError(f"{p} must define exactly one zrl.Experiment, found {len(found)}")
+    experiment = found[0]
+    if isinstance(experiment.config, str | Path) and not Path(experiment.config).is_absolute():
+        # A config path in a script is relative to the script, not to where zrl runs.
+        candidate = p.parent / experiment.config
+        if candidate.is_file():
+            experiment.config = candidate
+    return experiment
