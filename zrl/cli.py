@@ -320,6 +320,9 @@ def run(
         int | None, typer.Option("--port", help="Broker base port (default: free).")
     ] = None,
     keys: KeysOpt = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback broker.host without keys.")
+    ] = False,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
@@ -328,7 +331,7 @@ def run(
     cfg, factories = _load_experiment(config, overrides)
     sup = Supervisor(
         cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys,
-        factories=factories,
+        factories=factories, insecure=insecure,
     )  # fmt: skip
     summary = sup.run()
     if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":

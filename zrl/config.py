@@ -45,6 +45,10 @@ class ModelConfig(_Section):
 
 
 class BrokerConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address `zrl run` binds the broker on; 0.0.0.0 (or a LAN address) when hosts join."""
+    advertise: str | None = None
+    """The broker address other hosts connect to (default: host, or this machine's address)."""
     heartbeat_interval: float = Field(0.5, gt=0)
     """Seconds between a role's heartbeats."""
     heartbeat_timeout: float = Field(3.0, gt=0)
@@ -68,6 +72,29 @@ class RolesConfig(_Section):
     params: int = Field(1, ge=0, le=1)
     learners: int = Field(1, ge=0)
     evaluator: int = Field(1, ge=0, le=1)
+
+
+ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator")
+
+
+class HostConfig(_Section):
+    """Roles that run on another host, started there with `zrl start` (zrl run prints how)."""
+
+    name: str
+    """A label for the host (shown in zrl run's instructions)."""
+    address: str | None = None
+    """How this host reaches the broker's host, if not the broker's advertised address."""
+    roles: dict[str, int] = Field(default_factory=dict)
+    """Role counts placed on this host, e.g. {actors: 4, replay: 1}."""
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> HostConfig:
+        for key, count in self.roles.items():
+            if key not in ROLE_COUNT_KEYS:
+                raise ValueError(f"unknown role {key!r} (roles are {', '.join(ROLE_COUNT_KEYS)})")
+            if count < 0:
+                raise ValueError(f"{key}: count must be >= 0, got {count}")
+        return self
 
 
 class ActorConfig(_Section):
@@ -148,6 +175,17 @@ class ExperimentConfig(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    hosts: list[HostConfig] = Field(default_factory=list)
+    """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> ExperimentConfig:
+        for key in ROLE_COUNT_KEYS:
+            placed = sum(h.roles.get(key, 0) for h in self.hosts)
+            total = getattr(self.roles, key)
+            if placed > total:
+                raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
+        return self
 
 
 def _format_validation_error(err: ValidationError) -> str:

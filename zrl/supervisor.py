@@ -40,7 +40,13 @@ from zrl.metrics import MetricsWriter
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 from zrl.transport.security import init_keys, load_keys
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.sockets import (
+    Channel,
+    TransportStats,
+    broker_endpoints,
+    is_loopback,
+    make_socket,
+)
 
 log = logging.getLogger("zrl.supervisor")
 
@@ -190,6 +196,7 @@ class Supervisor:
         show_status: bool = True,
         keys_dir: Path | None = None,
         factories: Factories | None = None,
+        insecure: bool = False,
     ) -> None:
         self.cfg = cfg
         self.factories = factories or Factories()
@@ -207,8 +214,26 @@ class Supervisor:
         if inproc:
             self.broker_addr = f"inproc://zrl-{os.getpid()}-{id(self)}"
         else:
-            base = port or free_port_range(n_endpoints)
-            self.broker_addr = f"tcp://127.0.0.1:{base}"
+            host = cfg.broker.host
+            base = port or free_port_range(n_endpoints, "127.0.0.1" if host == "0.0.0.0" else host)
+            self.bind_addr = f"tcp://{host}:{base}"
+            # Local children and our own sockets reach a wildcard bind over loopback.
+            self.broker_addr = f"tcp://{'127.0.0.1' if host == '0.0.0.0' else host}:{base}"
+            self.public_addr = f"tcp://{cfg.broker.advertise or self._public_host(host)}:{base}"
+        if inproc:
+            self.bind_addr = self.public_addr = self.broker_addr
+        self.insecure = insecure
+        remote_roles = any(sum(h.roles.values()) for h in cfg.hosts)
+        if remote_roles and not inproc and is_loopback(self.bind_addr):
+            raise ValueError(
+                f"roles are placed on other hosts but the broker binds {self.bind_addr}, which "
+                "they cannot reach: set broker.host (e.g. --set broker.host=0.0.0.0)"
+            )
+        if not inproc and not is_loopback(self.bind_addr) and keys_dir is None and not insecure:
+            raise ValueError(
+                f"the broker would bind {self.bind_addr}, reachable from other hosts, without "
+                "keys: pass --keys DIR (see `zrl keys init`), or --insecure to accept that"
+            )
         self.children: list[Child] = []
         self.broker_child: Child | None = None
         self.inproc_broker: Any = None
@@ -245,14 +270,52 @@ class Supervisor:
 
     # --- children ---------------------------------------------------------------------
 
+    @staticmethod
+    def _public_host(host: str) -> str:
+        if host != "0.0.0.0":
+            return host
+        try:  # the address of the interface with the default route (sends nothing)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.1", 9))
+                return str(s.getsockname()[0])
+        except OSError:
+            return socket.gethostname()
+
+    def placement(self) -> tuple[list[tuple[str, int]], dict[str, list[tuple[str, int]]]]:
+        """(local roles, {host name: its roles}) as (role, index) pairs.
+
+        Indices are global per role kind: local roles take the first ones, then each host in
+        the order the config lists them, so seeds and exploration stay distinct."""
+        order = (("params", "params"), ("replay", "replay"), ("learners", "learner"),
+                 ("evaluator", "evaluator"), ("actors", "actor"))  # fmt: skip
+        local: list[tuple[str, int]] = []
+        remote: dict[str, list[tuple[str, int]]] = {h.name: [] for h in self.cfg.hosts}
+        for key, role in order:
+            total = getattr(self.cfg.roles, key)
+            placed = sum(h.roles.get(key, 0) for h in self.cfg.hosts)
+            index = 0
+            for _ in range(total - placed):
+                local.append((role, index))
+                index += 1
+            for h in self.cfg.hosts:
+                for _ in range(h.roles.get(key, 0)):
+                    remote[h.name].append((role, index))
+                    index += 1
+        return local, remote
+
     def _role_plan(self) -> list[tuple[str, int]]:
-        r = self.cfg.roles
-        plan: list[tuple[str, int]] = [("params", i) for i in range(r.params)]
-        plan += [("replay", i) for i in range(r.replay)]
-        plan += [("learner", i) for i in range(r.learners)]
-        plan += [("evaluator", i) for i in range(r.evaluator)]
-        plan += [("actor", i) for i in range(r.actors)]
-        return plan
+        return self.placement()[0]
+
+    def remote_commands(self) -> dict[str, list[str]]:
+        """The exact `zrl start` line for every role placed on another host."""
+        keys = f" --keys {self.keys_dir}" if self.keys_dir is not None else ""
+        return {
+            host: [
+                f"zrl start {role} --broker {self.public_addr} --index {i}{keys}"
+                for role, i in roles
+            ]
+            for host, roles in self.placement()[1].items()
+        }
 
     def _spawn(self, child: Child) -> None:
         child.started = time.monotonic()
@@ -264,12 +327,14 @@ class Supervisor:
                 "start",
                 "broker",
                 "--bind",
-                self.broker_addr,
+                self.bind_addr,
                 "--config",
                 str(self.run_dir / "config.yaml"),
             ]
             if self.factories.needs_pickle():
                 cmd += ["--factories", str(self.run_dir / FACTORIES_FILE)]
+            if self.insecure:
+                cmd += ["--insecure"]
             refs = self.factories.references
             cmd += [f"--env-factory={refs['env']}"] if "env" in refs else []
             cmd += [f"--model-factory={refs['model']}"] if "model" in refs else []
@@ -526,6 +591,7 @@ class Supervisor:
                 display.message(
                     f"broker: {self.broker_addr}  (zrl status --broker {self.broker_addr})"
                 )
+                self._announce_remote(display)
             self._start_roles()
             monitor = self._open_monitor()
             display.start()
@@ -567,6 +633,19 @@ class Supervisor:
                     log.warning("could not plot the learning curve: %s", exc)
             display.final(summary)
         return summary
+
+    def _announce_remote(self, display: Any) -> None:
+        commands = self.remote_commands()
+        if not commands:
+            return
+        lines = []
+        for host, cmds in commands.items():
+            lines.append(f"# on {host}:")
+            lines += cmds
+        (self.run_dir / "remote_commands.txt").write_text("\n".join(lines) + "\n")
+        display.message("start these on the other hosts (also in remote_commands.txt):")
+        for line in lines:
+            display.message(f"  {line}")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.stop_reason == "interrupted":
