@@ -24,7 +24,7 @@ from zrl.transport.protocol import PROTOCOL_VERSION
 from zrl.transport.sockets import broker_endpoints
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
-COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config"}
+COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys"}
 ROLES = {"broker", "actor", "replay", "params", "learner", "evaluator"}
 
 

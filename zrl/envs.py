@@ -54,7 +54,7 @@ def make_vector_env(
             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
             **cfg.kwargs,
         )
-    except gym.error.Error as exc:
+    except (gym.error.Error, TypeError, ValueError) as exc:
         raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from None
 
 

@@ -425,7 +425,7 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
     def allowed(inserts: int) -> int:
         return (4 * inserts - (4 * 50 - 64)) // 16
 
-    first = collect(batches, quiet=1.0)
+    first = collect(batches, until=allowed(50), timeout=10)
     assert len(first) == allowed(50) == 4
     for b in first:
         assert b.kind == P.BATCH and b.sender == "replay-0"
@@ -443,7 +443,8 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
         # Items are the inserted ones: key k is transition k (obs[.., 0] counts them).
         np.testing.assert_array_equal(b.arrays["obs"][:, 0], keys.astype(np.float32))
     # Stopped: no inserts, no more batches.
-    settle(lambda: replay.batches_sent == 4, 1.0)
+    wait_for(lambda: replay.batches_sent >= 4, timeout=5)  # counted just after the send
+    settle(lambda: replay.batches_sent == 4, 0.5)
     assert collect(batches, quiet=0.3) == []
     assert replay.heartbeat_info()["sampling_blocked"].startswith("samples/insert ratio")
 
@@ -467,9 +468,11 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
     got = collect(acks, until=5, timeout=10)
     assert [m.meta["seq"] for m in got] == [5, 6, 7, 8, 9]
-    more = collect(batches, quiet=1.0)
+    more = collect(batches, until=allowed(100) - len(first), timeout=10)
     assert len(first) + len(more) == allowed(100) == 16
-    settle(lambda: replay.batches_sent == 16, 0.5)
+    wait_for(lambda: replay.batches_sent >= 16, timeout=5)
+    settle(lambda: replay.batches_sent == 16, 0.4)
+    assert collect(batches, quiet=0.2) == []
     keys = np.concatenate([b.arrays["key"] for b in more])
     assert np.all(keys < 100)
     share = float(np.mean(keys == hot))
@@ -521,13 +524,15 @@ def test_inserts_wait_for_samples_then_resume(inproc):
     time.sleep(0.3)
     for i in range(12):  # 120 items, 10 per trajectory; queued in the stream's pipes
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
-    acked = collect(acks, quiet=1.0)
-    # Only the few batches the socket queues hold were sampled, so inserts stopped early:
+    # Only the few batches the socket queues hold get sampled, so inserts stop early:
     # an insert is admitted while 4 * (inserts + 1) - samples <= max_diff = 4 * 20 + 16.
+    wait_for(lambda: not replay.limiter.can_insert(1, replay.table.size), timeout=10)
     stuck = replay.trajectories
-    assert 2 <= stuck == len(acked) < 12
-    assert 4 * (replay.limiter.inserts - 10 + 1) - replay.limiter.samples <= 96
     settle(lambda: replay.trajectories == stuck, 0.5)
+    assert 2 <= stuck < 12
+    assert 4 * (replay.limiter.inserts - 10 + 1) - replay.limiter.samples <= 96
+    acked = collect(acks, until=stuck, timeout=5)
+    assert len(acked) == stuck
     # A learner shows up: batches flow, so inserts flow again, until every trajectory is in.
     batches = inproc.pull("batches")
     received: list[P.Message] = []
@@ -558,11 +563,11 @@ def test_priorities_reach_only_their_shard(inproc):
 
     update("replay-0")
     wait_for(lambda: counts()[0] == 1, timeout=5)
-    settle(lambda: counts() == {0: 1, 1: 0, 10: 0}, 0.5)
+    settle(lambda: counts() == {0: 1, 1: 0, 10: 0}, 0.3)
     # "priorities/replay-1/" must not reach replay-10 (the trailing slash in the topic).
     update("replay-1")
     wait_for(lambda: counts()[1] == 1, timeout=5)
-    settle(lambda: counts() == {0: 1, 1: 1, 10: 0}, 0.5)
+    settle(lambda: counts() == {0: 1, 1: 1, 10: 0}, 0.3)
     update("replay-10")
     wait_for(lambda: counts()[10] == 1, timeout=5)
     settle(lambda: counts() == {0: 1, 1: 1, 10: 1}, 0.3)

@@ -25,7 +25,6 @@ import torch
 from zrl.algos.dqn import apex_epsilons, initial_priorities
 from zrl.algos.returns import nstep_transitions
 from zrl.envs import EpisodeTracker
-from zrl.models import load_arrays
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -47,7 +46,6 @@ class Actor(Role):
         # Subscribe first: the subscription must reach the broker before our first insert
         # is acknowledged, or the window would wait for an ack that was never delivered.
         self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
-        self.weights = WeightsFollower(self)
         self.experience = self.open_push("experience", hwm=2)
         limit_torch_threads(cfg.actor.torch_threads)
         self.actor_index = self.index if self.index is not None else 0
@@ -60,14 +58,13 @@ class Actor(Role):
             self.envs.single_observation_space, self.envs.single_action_space
         )
         self.model.eval()
+        self.weights = WeightsFollower(self, self.model)
         self.num_actions = int(self.envs.single_action_space.n)  # type: ignore[attr-defined]
         slots = max(cfg.roles.actors, self.actor_index + 1) * self.num_envs
         all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
         first = self.actor_index * self.num_envs
         self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
-        latest = self.weights.fetch_latest()
-        if latest is not None:
-            load_arrays(self.model, latest.arrays)
+        self.weights.fetch_latest()
         obs, _ = self.envs.reset(seed=self.seed)
         self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
@@ -87,11 +84,6 @@ class Actor(Role):
             self.actor_index, self.num_envs, cfg.env.id,
             float(self.epsilons.max()), float(self.epsilons.min()), self.seed,
         )  # fmt: skip
-
-    def apply_newest_weights(self) -> None:
-        msg = self.weights.newest()
-        if msg is not None:
-            load_arrays(self.model, msg.arrays)
 
     @torch.no_grad()
     def q_values(self, obs: np.ndarray) -> np.ndarray:
@@ -204,7 +196,7 @@ class Actor(Role):
             )
             self.acked_seq = self.experience.next_seq - 1
         if self.pending is None:
-            self.apply_newest_weights()
+            self.weights.update()
             self.pending = self.collect()
         # Blocks at most the socket's send timeout; on a full stream we retry next step.
         if self.experience.send(self.pending):

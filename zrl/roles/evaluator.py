@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from zrl.evaluation import greedy_returns
-from zrl.models import load_arrays
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -32,20 +31,16 @@ class Evaluator(Role):
         self.model = self.make_model(probe.single_observation_space, probe.single_action_space)
         probe.close()
         self.model.eval()
-        self.weights = WeightsFollower(self)
+        self.weights = WeightsFollower(self, self.model)
         self.publisher = self.open_publisher(P.EVAL_TOPIC)
         self.evaluated_version = 0
         self.next_eval = time.monotonic()
         self.evaluations = 0
         self.last: dict[str, Any] = {}
-        latest = self.weights.fetch_latest()
-        if latest is not None:
-            load_arrays(self.model, latest.arrays)
+        self.weights.fetch_latest()
 
     def step(self) -> None:
-        msg = self.weights.newest()
-        if msg is not None:
-            load_arrays(self.model, msg.arrays)
+        self.weights.update()
         now = time.monotonic()
         if self.weights.version <= self.evaluated_version or now < self.next_eval:
             self.stop_event.wait(0.05)

@@ -50,6 +50,7 @@ class Learner(Role):
         torch.manual_seed(cfg.seed)
         probe = self.make_envs(num_envs=1)  # only for the spaces
         self.online = self.make_model(probe.single_observation_space, probe.single_action_space)
+        self.num_actions = int(probe.single_action_space.n)
         probe.close()
         self.target = copy.deepcopy(self.online)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.learner.lr)
@@ -130,6 +131,18 @@ class Learner(Role):
         n = len(msg.arrays["key"])
         if any(a.shape[0] != n for a in msg.arrays.values()):
             raise P.ProtocolError("batch arrays of different lengths")
+        # A batch that does not fit the model must be dropped, not crash the update.
+        obs_dim = getattr(self.online, "obs_dim", None)
+        if obs_dim is not None and (
+            msg.arrays["obs"].shape[1] != obs_dim or msg.arrays["next_obs"].shape[1] != obs_dim
+        ):
+            raise P.ProtocolError(f"batch observations are not {obs_dim} wide")
+        actions = msg.arrays["action"]
+        if n and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
+        for name in ("obs", "reward", "discount", "next_obs", "weight"):
+            if not np.all(np.isfinite(msg.arrays[name])):
+                raise P.ProtocolError(f"batch array {name!r} is not finite")
         batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
         lc = self.config.learner
         result = dqn_update(
@@ -166,7 +179,7 @@ class Learner(Role):
         self.waiting_since = None
         try:
             self.on_batch(got[1])
-        except P.ProtocolError as exc:
+        except (P.ProtocolError, RuntimeError) as exc:  # RuntimeError: torch rejected the batch
             self.batches._drop(got[1].sender or "?", str(exc))
 
     def heartbeat_info(self) -> dict[str, Any]:

@@ -21,6 +21,12 @@ from zrl.roles.base import Role
 from zrl.transport import protocol as P
 
 
+def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a
+    )
+
+
 class ParameterServer(Role):
     role = "params"
 
@@ -53,9 +59,9 @@ class ParameterServer(Role):
         if msg.kind == P.WEIGHTS:
             if not msg.arrays:
                 raise P.ProtocolError("weights message without arrays")
-            if self.arrays and set(msg.arrays) != set(self.arrays):
+            if self.arrays and not same_layout(msg.arrays, self.arrays):
                 raise P.ProtocolError(
-                    "weights with different parameter names than the current ones"
+                    "weights whose parameter names, shapes or dtypes differ from the current ones"
                 )
             # The arrays are views on the received frames; holding them keeps the frames alive,
             # so storing a version costs no copy.

@@ -8,7 +8,9 @@ for the one GET_WEIGHTS a late joiner needs.
 from __future__ import annotations
 
 import zmq
+from torch import nn
 
+from zrl.models import load_arrays
 from zrl.roles.base import Role
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
@@ -16,10 +18,11 @@ from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 
 class WeightsFollower:
-    """Tracks the newest weights version; ``newest()`` returns a message only when it is newer."""
+    """Keeps a model at the newest weights version published (or served to a late joiner)."""
 
-    def __init__(self, role: Role) -> None:
+    def __init__(self, role: Role, model: nn.Module | None = None) -> None:
         self.role = role
+        self.model = model
         self.sub = role.open_subscriber([P.WEIGHTS_TOPIC], "weights")
         self.version = 0
 
@@ -30,31 +33,41 @@ class WeightsFollower:
             return False
         return version > self.version
 
-    def newest(self) -> P.Message | None:
-        """Drain the subscription without blocking; the newest unseen version, if any."""
-        best: P.Message | None = None
+    def _apply(self, msg: P.Message) -> bool:
+        """Load ``msg`` into the model; weights that do not fit are dropped, never fatal."""
+        assert self.model is not None
+        try:
+            load_arrays(self.model, msg.arrays)
+        except ValueError as exc:
+            self.sub._drop(msg.sender or "?", f"weights do not fit the model: {exc}")
+            return False
+        self.version = int(msg.meta["version"])
+        return True
+
+    def update(self) -> bool:
+        """Drain the subscription without blocking and apply the newest unseen version.
+
+        True when the model changed."""
+        candidates: list[P.Message] = []
         while True:
             got = self.sub.recv(block=False)
             if got is None:
                 break
-            msg = got[1]
-            if msg.kind == P.WEIGHTS and self._newer(msg):
-                if best is None or msg.meta["version"] > best.meta["version"]:
-                    best = msg
-        if best is not None:
-            self.version = int(best.meta["version"])
-        return best
+            if got[1].kind == P.WEIGHTS and self._newer(got[1]):
+                candidates.append(got[1])
+        # Newest first; fall back to an older one if the newest does not fit.
+        for msg in sorted(candidates, key=lambda m: m.meta["version"], reverse=True):
+            if self._apply(msg):
+                return True
+        return False
 
-    def fetch_latest(self, timeout: float = 2.0) -> P.Message | None:
-        """Ask the parameter server directly (late join). None if there is none yet."""
+    def fetch_latest(self, timeout: float = 2.0) -> bool:
+        """Ask the parameter server directly (late join); True when weights were applied."""
         services = self.role.lookup("params", timeout=timeout)
         msg = request_latest_weights(
             self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys
         )
-        if msg is not None and self._newer(msg):
-            self.version = int(msg.meta["version"])
-            return msg
-        return None
+        return msg is not None and msg.kind == P.WEIGHTS and self._newer(msg) and self._apply(msg)
 
 
 def request_latest_weights(

@@ -1,0 +1,261 @@
+"""The Kubernetes manifests and the Slurm script: they parse, they start the right `zrl start`
+commands with the right broker address, and the broker Service covers the broker's ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from zrl.config import DEFAULT_STREAMS, config_from_dict
+from zrl.transport.sockets import broker_endpoints
+
+K8S = REPO / "launchers" / "k8s"
+SBATCH = REPO / "launchers" / "slurm.sbatch"
+BROKER = "tcp://zrl-broker:5555"
+ROLE_FILES = {"params": "params.yaml", "replay": "replay.yaml", "learner": "learner.yaml",
+              "evaluator": "evaluator.yaml", "actor": "actors.yaml"}  # fmt: skip
+
+
+def _docs() -> dict[str, list[dict[str, Any]]]:
+    return {
+        p.name: [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        for p in sorted(K8S.glob("*.yaml"))
+    }
+
+
+def _workloads() -> list[dict[str, Any]]:
+    return [d for docs in _docs().values() for d in docs if d["kind"] in ("Deployment", "Job")]
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    found = [d for docs in _docs().values() for d in docs
+             if d["kind"] == kind and d["metadata"]["name"] == name]  # fmt: skip
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]  # type: ignore[no-any-return]
+
+
+def _run_entrypoint(
+    container: dict[str, Any], tmp_path: Path, env: dict[str, str], keys: Path | None = None
+) -> list[str]:
+    """Run the container's shell entrypoint with a stub `zrl` that prints its arguments."""
+    assert container["command"] == ["sh", "-c"]
+    script = container["args"][0]
+    if keys is not None:
+        script = script.replace("/keys", str(keys))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "zrl"
+    stub.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    stub.chmod(0o755)
+    container_env = {e["name"]: e["value"] for e in container.get("env", [])}
+    done = subprocess.run(
+        ["sh", "-c", script],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **container_env, **env},
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_every_manifest_parses_and_kustomize_lists_them() -> None:
+    docs = _docs()
+    assert set(docs) >= {"broker.yaml", "configmap.yaml", "kustomization.yaml",
+                         *ROLE_FILES.values()}  # fmt: skip
+    for name, items in docs.items():
+        assert items, name
+        for d in items:
+            assert d["apiVersion"] and d["kind"], name
+            if d["kind"] != "Kustomization":
+                assert d["metadata"]["name"].startswith("zrl-"), name
+    resources = docs["kustomization.yaml"][0]["resources"]
+    assert sorted(resources) == sorted(n for n in docs if n != "kustomization.yaml")
+
+
+def test_every_workload_runs_zrl_start_against_the_service(tmp_path: Path) -> None:
+    roles = {}
+    for w in _workloads():
+        role = w["metadata"]["labels"]["app.kubernetes.io/component"]
+        roles[role] = w
+        spec = w["spec"]
+        if w["kind"] == "Deployment":
+            assert (
+                spec["selector"]["matchLabels"].items()
+                <= spec["template"]["metadata"]["labels"].items()
+            )
+            assert spec["strategy"]["type"] == "Recreate"  # never two processes with one id
+        c = _container(w)
+        assert f"zrl start {role}" in " ".join(c["command"] + c["args"])
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["keys"] == "/keys"
+        if role == "broker":
+            continue
+        argv = _run_entrypoint(c, tmp_path, {"JOB_COMPLETION_INDEX": "3"})
+        index = "3" if role == "actor" else "0"
+        assert argv == ["start", role, "--broker", BROKER, "--index", index,
+                        "--connect-timeout", "600"]  # fmt: skip
+        keys = tmp_path / "keys"
+        keys.mkdir(exist_ok=True)
+        (keys / "server.key").write_text("")
+        argv = _run_entrypoint(c, tmp_path, {"JOB_COMPLETION_INDEX": "3"}, keys=keys)
+        assert argv[-2:] == ["--keys", str(keys)]
+    assert set(roles) == {"broker", *ROLE_FILES}
+
+
+def test_broker_binds_the_base_port_and_the_service_covers_the_layout(tmp_path: Path) -> None:
+    deployment = _one("Deployment", "zrl-broker")
+    service = _one("Service", "zrl-broker")
+    container = _container(deployment)
+    argv = _run_entrypoint(container, tmp_path, {})
+    assert argv == ["start", "broker", "--bind", "tcp://0.0.0.0:5555",
+                    "--config", "/config/config.yaml", "--insecure"]  # fmt: skip
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "server.key").write_text("")
+    assert _run_entrypoint(container, tmp_path, {}, keys=keys)[-2:] == ["--keys", str(keys)]
+
+    config = yaml.safe_load(_one("ConfigMap", "zrl-config")["data"]["config.yaml"])
+    streams = config.get("broker", {}).get("streams", list(DEFAULT_STREAMS))
+    needed = {int(a.rsplit(":", 1)[1]) for a in broker_endpoints(BROKER, streams).values()}
+    assert needed == set(range(5555, 5555 + 3 + 2 * len(streams)))
+    ports = service["spec"]["ports"]
+    assert {p["port"] for p in ports} == needed
+    assert all(p["targetPort"] == p["port"] for p in ports)
+    assert {p["containerPort"] for p in container["ports"]} == needed
+    assert all(len(p["name"]) <= 15 for p in ports)  # the Kubernetes limit on port names
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["metadata"]["name"] == BROKER.split("//")[1].split(":")[0]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "zrl-config"
+
+
+def test_config_map_is_a_valid_config_matching_the_workloads() -> None:
+    config = config_from_dict(
+        yaml.safe_load(_one("ConfigMap", "zrl-config")["data"]["config.yaml"])
+    )
+    job = _one("Job", "zrl-actor")["spec"]
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == config.roles.actors
+    for role, key in (("replay", "replay"), ("learner", "learners"), ("params", "params"),
+                      ("evaluator", "evaluator")):  # fmt: skip
+        assert _one("Deployment", f"zrl-{role}")["spec"]["replicas"] == getattr(config.roles, key)
+
+
+def test_keys_secret_is_optional_and_rebuilds_the_key_directory() -> None:
+    for w in _workloads():
+        volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
+        secret = volumes["keys"]["secret"]
+        assert secret["secretName"] == "zrl-keys" and secret["optional"] is True
+        paths = {item["path"] for item in secret["items"]}
+        # what zrl.transport.security.load_keys and the authenticator read
+        assert paths == {"server.key", "server.key_secret", "client.key", "client.key_secret",
+                         "authorized/client.key"}  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_kustomize_builds() -> None:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(done.stdout))
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Deployment",
+                     "Deployment", "Job", "Service"]  # fmt: skip
+
+
+# --- Slurm -------------------------------------------------------------------------------
+
+
+def test_sbatch_script_is_valid_bash() -> None:
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True, timeout=30)
+
+
+FAKE_SCONTROL = """#!/bin/sh
+printf '%s\\n' nodeA nodeB nodeC
+"""
+FAKE_SRUN = """#!/bin/bash
+echo "srun $*" >>"$FAKE_LOG"
+while [ $# -gt 0 ] && [ "$1" != bash ]; do shift; done
+SLURM_PROCID=0 exec "$@"
+"""
+FAKE_PYTHON = """#!/bin/sh
+echo "python $*" >>"$FAKE_LOG"
+echo "pid $$" >>"$FAKE_LOG"
+case "$*" in
+  *"zrl status"*) exit 0 ;;
+  *"start learner"*)  # end the job once the actor step runs too
+    for _ in $(seq 100); do grep -q "start actor" "$FAKE_LOG" && exit 0; sleep 0.1; done
+    exit 1 ;;
+esac
+exec sleep 30
+"""
+
+
+@pytest.mark.parametrize("keys", [None, "/shared/zrl-keys"])
+def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
+    tmp_path: Path, keys: str | None
+) -> None:
+    """Slurm's commands are stubs that log; the learner stub exits once the actor runs,
+    which ends the job like a crash would: every other process must then be stopped."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN),
+                       ("python", FAKE_PYTHON)):  # fmt: skip
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "SLURM_JOB_NODELIST": "node[A-C]",
+        "SLURM_JOB_ID": "42",
+        "BROKER_HOST": "nodeA",
+        "PYTHON": str(bin_dir / "python"),
+        "ACTORS_PER_NODE": "2",
+        "EXTRA_SET": "env.num_envs=4 seed=7",
+        "HOME": str(tmp_path),
+        **({"KEYS": keys} if keys else {}),
+    }
+    done = subprocess.run(
+        ["bash", str(SBATCH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "zrl-42").is_dir()
+    lines = log.read_text().splitlines()
+    calls = [line.split(" ", 1)[1] for line in lines if line.startswith("python ")]
+    srun = [line for line in lines if line.startswith("srun ")]
+    k = f" --keys {keys}" if keys else ""
+    broker = [c for c in calls if c.startswith("-m zrl start broker")]
+    assert broker == [
+        "-m zrl start broker --bind tcp://0.0.0.0:5555 --config configs/cartpole_apex_dqn.yaml "
+        "--set roles.actors=4 --set roles.replay=1 --set roles.learners=1 --set roles.params=1 "
+        "--set roles.evaluator=1 --set env.num_envs=4 --set seed=7" + (k or " --insecure")
+    ]
+    # the broker runs in the background: its stub may log after the first status call
+    status = calls.index(f"-m zrl status --broker tcp://nodeA:5555 --timeout 1{k}")
+    for role in ("params", "replay", "learner", "evaluator", "actor"):
+        call = f"-m zrl start {role} --broker tcp://nodeA:5555 --index 0{k}"
+        assert call in calls, calls
+        assert calls.index(call) > status  # started once the broker answered
+    assert len(srun) == 1
+    for part in ("--nodes=2", "--ntasks-per-node=2", "--ntasks=4", "--exclude nodeA",
+                 "--output=zrl-42/actor-%t.log"):  # fmt: skip
+        assert part in srun[0], srun[0]
+    pids = [int(line.split()[1]) for line in lines if line.startswith("pid ")]
+    assert len(pids) == 7  # broker, status, 4 roles, 1 actor (the fake srun runs one task)
+    left = [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not left, "the job left processes running"

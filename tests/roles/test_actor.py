@@ -1,0 +1,227 @@
+"""``Actor`` in-process: trajectory contents, the credit window, weights updates, epsilons."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import wait_for
+from tests.roles.test_replay import InProc, collect, settle
+from zrl.algos.dqn import apex_epsilons
+from zrl.config import ExperimentConfig
+from zrl.envs import make_vector_env
+from zrl.models import build_q_network, model_to_arrays
+from zrl.roles.actor import Actor
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel
+
+torch.set_num_threads(1)
+
+E, T = 4, 8
+ARRAYS = {
+    "obs": (np.float32, (E, T, 4)),
+    "action": (np.int64, (E, T)),
+    "reward": (np.float32, (E, T)),
+    "terminated": (np.bool_, (E, T)),
+    "truncated": (np.bool_, (E, T)),
+    "valid": (np.bool_, (E, T)),
+    "next_obs": (np.float32, (E, T, 4)),
+    "priority": (np.float32, (E, T)),
+}
+
+
+def config(**roles: Any) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "actor-test",
+            "seed": 11,
+            "env": {"id": "CartPole-v1", "num_envs": E},
+            "model": {"hidden": [16]},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            "roles": {"actors": 1, **roles},
+            "actor": {"trajectory_length": T, "max_in_flight": 2},
+            "replay": {"n_step": 3, "gamma": 0.99},
+        }
+    )
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "actor")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def ack(pub: Channel, actor_id: str, seq: int) -> None:
+    pub.send(P.Message(P.ACK, meta={"seq": seq, "inserted": 1}), topic=P.ack_topic(actor_id))
+
+
+def other_weights(seed: int) -> dict[str, np.ndarray]:
+    """Weights of the actor's architecture, but not its initial ones."""
+    probe = make_vector_env(config().env, num_envs=1)
+    torch.manual_seed(seed)
+    net = build_q_network(probe.single_observation_space, probe.single_action_space, [16], True)
+    probe.close()
+    return model_to_arrays(net)
+
+
+def receive_acking(
+    experience: Channel, pub: Channel, actor_id: str, n: int, timeout: float = 20.0
+) -> list[P.Message]:
+    """Receive ``n`` trajectories, acknowledging each as a replay shard would."""
+    out: list[P.Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        got = experience.recv()
+        if got is not None:
+            out.append(got[1])
+            ack(pub, actor_id, got[1].seq)
+    assert len(out) == n, f"got {len(out)} of {n} trajectories"
+    return out
+
+
+def test_actor_trajectories_credit_window_and_weights(inproc):
+    inproc.start_broker(config())
+    experience = inproc.pull("experience")
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and actor.id == "actor-0"
+    pub = inproc.pub("replay-0")
+    time.sleep(0.4)  # the PUB learns the actor's ack subscription through the device
+
+    # Credit window: without acks the actor sends max_in_flight trajectories and waits.
+    first = collect(experience, until=2, timeout=15)
+    assert [m.seq for m in first] == [0, 1]
+    wait_for(lambda: actor.in_flight == 2, timeout=5)  # counted just after the send
+    settle(lambda: actor.trajectories == 2 and actor.in_flight == 2, 1.0)
+    assert collect(experience, quiet=0.2) == []
+    assert actor.heartbeat_info()["in_flight"] == 2
+    # Acks for both: it resumes, and stops again two trajectories later.
+    ack(pub, "actor-0", 1)
+    more = collect(experience, until=2, timeout=10)
+    assert [m.seq for m in more] == [2, 3]
+    settle(lambda: actor.trajectories == 4, 0.5)
+    # An ack for the older one only frees one slot.
+    ack(pub, "actor-0", 2)
+    fifth = collect(experience, until=1, timeout=10)
+    assert [m.seq for m in fifth] == [4]
+    settle(lambda: actor.trajectories == 5, 0.5)
+    ack(pub, "actor-0", 4)
+
+    trajs = first + more + fifth + receive_acking(experience, pub, "actor-0", 8)
+    assert [m.seq for m in trajs] == list(range(13))
+    assert check_valid_flags(trajs) >= 1
+    for m in trajs:
+        assert m.kind == P.TRAJECTORY and m.sender == "actor-0"
+        assert {k: (v.dtype, v.shape) for k, v in m.arrays.items()} == {
+            k: (np.dtype(d), s) for k, (d, s) in ARRAYS.items()
+        }
+        assert m.meta["weights_version"] == 0 and m.meta["actor"] == 0
+        a = m.arrays
+        assert set(np.unique(a["action"])) <= {0, 1}
+        p = a["priority"]
+        assert np.all(np.isfinite(p)) and np.all(p >= 0)
+        assert np.all(p[~a["valid"]] == 0)
+        assert np.any(p[a["valid"]] > 0)
+        # Consecutive steps: the next observation is the following step's observation.
+        np.testing.assert_array_equal(a["next_obs"][:, :-1], a["obs"][:, 1:])
+        assert np.all(a["reward"][a["valid"]] == 1.0)
+        assert not np.any(a["terminated"][~a["valid"]] | a["truncated"][~a["valid"]])
+
+
+def check_valid_flags(trajs: list[P.Message]) -> int:
+    """``valid`` is False exactly on the steps right after an episode end (across
+    consecutive trajectories); returns the number of episode ends seen."""
+    valid = np.concatenate([m.arrays["valid"] for m in trajs], axis=1)
+    done = np.concatenate([m.arrays["terminated"] | m.arrays["truncated"] for m in trajs], axis=1)
+    expected = np.ones_like(valid)
+    expected[:, 1:] = ~done[:, :-1]
+    np.testing.assert_array_equal(valid, expected)
+    return int(done.sum())
+
+
+def test_actor_valid_flags_env_steps_and_new_weights(inproc):
+    inproc.start_broker(config())
+    experience = inproc.pull("experience")
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor)
+    pub = inproc.pub("replay-0")
+    time.sleep(0.4)
+
+    trajs = receive_acking(experience, pub, "actor-0", 10)
+    assert [m.seq for m in trajs] == list(range(10))
+    ends = check_valid_flags(trajs)
+    assert ends >= 2, "CartPole episodes should have ended within 80 steps of 4 envs"
+    # env_steps counts valid steps only.
+    valid_steps = np.cumsum([int(m.arrays["valid"].sum()) for m in trajs])
+    assert [m.meta["env_steps"] for m in trajs] == valid_steps.tolist()
+    assert actor.episodes.episodes >= 1
+    for m in trajs:
+        assert m.meta["weights_version"] == 0
+        assert np.all(m.arrays["reward"][~m.arrays["valid"]] == 0.0)
+
+    # A newer weights version on the topic bus is applied before the next trajectory.
+    new = other_weights(seed=123)
+    pub.send(P.Message(P.WEIGHTS, meta={"version": 7}, arrays=new), topic=P.WEIGHTS_TOPIC)
+    later = receive_acking(experience, pub, "actor-0", 4)
+    versions = [m.meta["weights_version"] for m in later]
+    assert versions[-1] == 7 and versions == sorted(versions), versions
+    assert actor.weights.version == 7
+    state = actor.model.state_dict()
+    for k, v in new.items():
+        np.testing.assert_array_equal(state[k].numpy(), v)
+    # The rollout stays consistent across the switch.
+    check_valid_flags(trajs + later)
+    # An older version is ignored.
+    pub.send(P.Message(P.WEIGHTS, meta={"version": 3}, arrays=other_weights(5)), topic="weights")
+    later = receive_acking(experience, pub, "actor-0", 2)
+    assert [m.meta["weights_version"] for m in later] == [7, 7]
+    assert actor.weights.version == 7
+    assert inproc.error_of(actor) is None
+
+
+def test_actor_survives_weights_that_do_not_fit(inproc):
+    inproc.start_broker(config())
+    experience = inproc.pull("experience")
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor)
+    pub = inproc.pub("params-0")
+    time.sleep(0.4)
+    bad = {"not.a.parameter": np.zeros(3, np.float32)}
+    pub.send(P.Message(P.WEIGHTS, meta={"version": 5}, arrays=bad), topic=P.WEIGHTS_TOPIC)
+    time.sleep(0.2)
+    received: list[P.Message] = []
+
+    def progressed() -> bool:
+        got = experience.recv()
+        if got is not None:
+            received.append(got[1])
+            ack(pub, "actor-0", got[1].seq)
+        return len(received) >= 4 or not inproc.alive(actor)
+
+    wait_for(progressed, timeout=10, interval=0)
+    assert inproc.error_of(actor) is None and inproc.alive(actor)
+    assert len(received) >= 4
+    assert actor.weights.version == 0  # the bad version was not adopted
+
+
+def test_apex_epsilons_per_actor_slot(inproc):
+    inproc.start_broker(config(actors=2))
+    actors = [inproc.start(Actor, index=i) for i in (0, 1)]
+    all_eps = apex_epsilons(2 * E, 0.4, 7.0)
+    for i, actor in enumerate(actors):
+        assert isinstance(actor, Actor)
+        assert actor.epsilons.shape == (E,)
+        np.testing.assert_allclose(actor.epsilons, all_eps[i * E : (i + 1) * E], rtol=1e-6)
+    # Distinct seeds per actor, fixed by the run seed.
+    assert actors[0].seed != actors[1].seed
+    # Actor 1 is the least exploring half; its last slot is base ** (1 + alpha).
+    assert actors[1].epsilons[-1] == pytest.approx(0.4**8, rel=1e-5)
+    assert actors[0].epsilons[0] == pytest.approx(0.4)
+    wait_for(lambda: all(a.trajectories >= 1 for a in actors), timeout=10)

@@ -1,0 +1,180 @@
+"""``Learner`` in-process with a real parameter server and a fake replay shard.
+
+The fake replay PUSHes BATCH messages of random CartPole-shaped data into the broker's
+``batches`` stream; the test watches the parameter server's versions and the PRIORITIES
+the learner publishes on ``priorities/replay-0/``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import wait_for
+from tests.roles.test_replay import InProc, collect, settle
+from zrl.config import ExperimentConfig
+from zrl.models import model_to_arrays
+from zrl.roles.learner import Learner
+from zrl.roles.params import ParameterServer
+from zrl.transport import protocol as P
+
+torch.set_num_threads(1)
+
+B = 32
+PUBLISH_INTERVAL = 5
+
+
+def config() -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "learner-test",
+            "seed": 5,
+            "env": {"id": "CartPole-v1", "num_envs": 1},
+            "model": {"hidden": [16]},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            "learner": {"publish_interval": PUBLISH_INTERVAL, "target_update_interval": 4},
+        }
+    )
+
+
+def batch(rng: np.random.Generator, first_key: int, **changes: Any) -> dict[str, np.ndarray]:
+    arrays = {
+        "obs": rng.standard_normal((B, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, B).astype(np.int64),
+        "reward": rng.uniform(0, 3, B).astype(np.float32),
+        "discount": np.where(rng.random(B) < 0.1, 0.0, 0.99**3).astype(np.float32),
+        "next_obs": rng.standard_normal((B, 4)).astype(np.float32),
+        "weight": rng.uniform(0.1, 1.0, B).astype(np.float32),
+        "key": np.arange(first_key, first_key + B, dtype=np.int64),
+    }
+    arrays.update(changes)
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def batch_msg(arrays: dict[str, np.ndarray], shard: Any = "replay-0") -> P.Message:
+    meta = {"table_size": 1000} if shard is None else {"shard": shard, "table_size": 1000}
+    return P.Message(P.BATCH, meta=meta, arrays=arrays)
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "learner")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def cluster(inproc) -> tuple[InProc, ParameterServer, Learner]:
+    inproc.start_broker(config())
+    params = inproc.start(ParameterServer, index=0)
+    learner = inproc.start(Learner, index=0)
+    assert isinstance(params, ParameterServer) and isinstance(learner, Learner)
+    return inproc, params, learner
+
+
+def test_learner_publishes_weights_and_priorities(cluster):
+    inproc, params, learner = cluster
+    # The learner's initial weights are version 1, before any batch.
+    wait_for(lambda: params.version == 1 and learner.weights_version == 1, timeout=10)
+    initial = {k: np.array(v) for k, v in params.arrays.items()}
+    assert set(initial) == set(model_to_arrays(learner.online))
+    priorities = inproc.sub(P.priority_topic("replay-0"))
+    other_shard = inproc.sub(P.priority_topic("replay-1"))
+    replay = inproc.push("batches", sender="replay-0")
+    time.sleep(0.4)
+
+    rng = np.random.default_rng(0)
+    sent = [batch(rng, 1000 + 100 * i) for i in range(2 * PUBLISH_INTERVAL)]
+    for i, arrays in enumerate(sent):
+        assert replay.send(batch_msg(arrays))
+        if i == PUBLISH_INTERVAL - 2:
+            # One update short of the interval: still the initial version.
+            wait_for(lambda: learner.updates == PUBLISH_INTERVAL - 1, timeout=10)
+            settle(lambda: params.version == 1, 0.3)
+    wait_for(lambda: learner.updates == 2 * PUBLISH_INTERVAL, timeout=15)
+    # Every publish_interval updates: one more version, acknowledged to the learner.
+    wait_for(lambda: params.version == 3 and learner.weights_version == 3, timeout=10)
+    # The latest version holds the trained weights, not the initial ones.
+    trained = model_to_arrays(learner.online)
+    for k, v in trained.items():
+        np.testing.assert_array_equal(params.arrays[k], v)
+    assert any(not np.array_equal(initial[k], trained[k]) for k in trained)
+    assert params.weights_meta.get("updates") == 2 * PUBLISH_INTERVAL
+
+    # One PRIORITIES message per batch, on the shard's own topic, for that batch's keys.
+    got = collect(priorities, until=len(sent), timeout=10)
+    assert len(got) == len(sent)
+    for msg, arrays in zip(got, sent, strict=True):
+        assert msg.kind == P.PRIORITIES and msg.sender == "learner-0"
+        np.testing.assert_array_equal(msg.arrays["key"], arrays["key"])
+        p = msg.arrays["priority"]
+        assert p.dtype == np.float32 and p.shape == (B,)
+        assert np.all(np.isfinite(p)) and np.all(p >= 0)
+        assert np.any(p > 0)
+    assert collect(other_shard, quiet=0.2) == []
+    assert learner.heartbeat_info()["updates"] == 2 * PUBLISH_INTERVAL
+    assert np.isfinite(learner.heartbeat_info()["loss"])
+
+    # Batches from a second shard get their priorities back on that shard's topic.
+    assert replay.send(batch_msg(batch(rng, 5), shard="replay-1"))
+    back = collect(other_shard, until=1, timeout=5)
+    assert len(back) == 1
+    np.testing.assert_array_equal(back[0].arrays["key"], np.arange(5, 5 + B))
+
+
+def test_malformed_batches_are_dropped_and_learner_goes_on(cluster):
+    inproc, params, learner = cluster
+    wait_for(lambda: learner.weights_version == 1, timeout=10)
+    replay = inproc.push("batches", sender="replay-0")
+    rng = np.random.default_rng(1)
+    bad = [
+        batch_msg(batch(rng, 0, weight=None)),  # missing array
+        batch_msg(batch(rng, 0, key=None)),
+        batch_msg(batch(rng, 0, action=np.zeros(B, np.int32))),  # wrong dtype
+        batch_msg(batch(rng, 0, reward=np.zeros((B, 1), np.float32))),  # wrong rank
+        batch_msg(batch(rng, 0, discount=np.zeros(B - 1, np.float32))),  # other length
+        batch_msg(batch(rng, 0), shard=None),  # no shard id
+        batch_msg(batch(rng, 0), shard=7),
+        P.Message(P.TRAJECTORY, meta={"shard": "replay-0"}, arrays=batch(rng, 0)),
+    ]
+    for msg in bad:
+        assert replay.send(msg)
+    replay.sock.send_multipart([b"not msgpack \xc1"])
+    wait_for(lambda: learner.stats.snapshot()["batches"]["dropped"] == len(bad) + 1, timeout=10)
+    assert learner.updates == 0
+    assert inproc.alive(learner) and inproc.error_of(learner) is None
+    # Still learning.
+    assert replay.send(batch_msg(batch(rng, 0)))
+    wait_for(lambda: learner.updates == 1, timeout=10)
+    assert learner.stats.snapshot()["batches"]["received"] == len(bad) + 1
+    assert inproc.error_of(learner) is None
+
+
+@pytest.mark.parametrize("case", ["action out of range", "obs too wide"])
+def test_learner_survives_batches_that_do_not_fit_the_model(cluster, case):
+    inproc, params, learner = cluster
+    wait_for(lambda: learner.weights_version == 1, timeout=10)
+    replay = inproc.push("batches", sender="replay-0")
+    rng = np.random.default_rng(2)
+    if case == "action out of range":
+        arrays = batch(rng, 0, action=np.full(B, 5, np.int64))
+    else:
+        wide = rng.standard_normal((B, 7)).astype(np.float32)
+        arrays = batch(rng, 0, obs=wide, next_obs=wide)
+    assert replay.send(batch_msg(arrays))
+    wait_for(
+        lambda: learner.stats.snapshot()["batches"]["received"] == 1 or not inproc.alive(learner),
+        timeout=10,
+    )
+    time.sleep(0.3)
+    assert inproc.alive(learner) and inproc.error_of(learner) is None
+    assert replay.send(batch_msg(batch(rng, 0)))
+    wait_for(lambda: learner.updates == 1 or not inproc.alive(learner), timeout=10)
+    assert learner.updates == 1

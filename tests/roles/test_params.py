@@ -1,0 +1,253 @@
+"""``ParameterServer`` and ``WeightsFollower`` in-process: versions, publishing, late join."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from tests.conftest import wait_for
+from tests.roles.test_replay import InProc, collect, settle
+from zrl.config import ExperimentConfig
+from zrl.roles.base import Role, registry_request
+from zrl.roles.params import ParameterServer
+from zrl.roles.weights import WeightsFollower, request_latest_weights
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+torch.set_num_threads(1)
+
+
+def config() -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "params-test",
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+        }
+    )
+
+
+def weights(seed: int, **extra: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "torso.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
+        "torso.0.bias": rng.standard_normal(8).astype(np.float32),
+        "head.weight": rng.standard_normal((2, 8)).astype(np.float32),
+        **extra,
+    }
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "params")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def params(inproc) -> ParameterServer:
+    inproc.start_broker(config())
+    ps = inproc.start(ParameterServer, index=0)
+    assert isinstance(ps, ParameterServer)
+    return ps
+
+
+class Rpc:
+    """A DEALER to the parameter server's rpc ROUTER, as the learner opens it."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, sender: str = "learner-0") -> None:
+        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=3000, sndtimeo_ms=1000)
+        sock.connect(endpoint)
+        self.ch = Channel(sock, "params-rpc", sender, TransportStats())
+
+    def request(self, msg: P.Message) -> P.Message:
+        assert self.ch.send(msg)
+        got = self.ch.recv()
+        assert got is not None, f"no answer to {msg.kind}"
+        return got[1]
+
+    def send(self, msg: P.Message) -> None:
+        assert self.ch.send(msg)
+
+    def close(self) -> None:
+        self.ch.close()
+
+
+@pytest.fixture
+def rpc(zmq_ctx, params) -> Iterator[Rpc]:
+    r = Rpc(zmq_ctx, params.rpc_endpoint)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_versions_acks_publishing_and_late_join(inproc, params, rpc, zmq_ctx):
+    assert params.rpc_endpoint.startswith("inproc://")
+    services = registry_request(
+        zmq_ctx, inproc.addr, P.Message(P.LOOKUP, meta={"role": "params"}), 2.0
+    ).meta["services"]
+    assert [s["id"] for s in services] == ["params-0"]
+    assert services[0]["rpc"] == params.rpc_endpoint
+    sub = inproc.sub(P.WEIGHTS_TOPIC)
+    time.sleep(0.4)
+
+    # Before any weights: NO_WEIGHTS, for the rpc and the late-join helper.
+    assert rpc.request(P.Message(P.GET_WEIGHTS)).kind == P.NO_WEIGHTS
+    assert request_latest_weights(zmq_ctx, services, 2**20, timeout=2.0) is None
+    assert params.version == 0
+
+    sent = [weights(i) for i in range(3)]
+    for i, w in enumerate(sent, start=1):
+        ack = rpc.request(P.Message(P.WEIGHTS, meta={"updates": 20 * i}, arrays=w))
+        assert ack.kind == P.ACK and ack.meta["version"] == i
+    assert params.version == 3
+
+    published = collect(sub, until=3, timeout=5)
+    assert [m.kind for m in published] == [P.WEIGHTS] * 3
+    assert [m.meta["version"] for m in published] == [1, 2, 3]
+    assert [m.meta["updates"] for m in published] == [20, 40, 60]
+    assert all(m.sender == "params-0" for m in published)
+    for m, w in zip(published, sent, strict=True):
+        assert_same_arrays(m.arrays, w)
+
+    # Late join: a new subscriber sees nothing old; GET_WEIGHTS gives the latest version.
+    late = inproc.sub(P.WEIGHTS_TOPIC)
+    time.sleep(0.2)
+    assert collect(late, quiet=0.3) == []
+    latest = rpc.request(P.Message(P.GET_WEIGHTS))
+    assert latest.kind == P.WEIGHTS and latest.meta["version"] == 3
+    assert latest.meta["updates"] == 60
+    assert_same_arrays(latest.arrays, sent[2])
+    helped = request_latest_weights(zmq_ctx, services, 2**20, timeout=2.0)
+    assert helped is not None and helped.meta["version"] == 3
+    assert_same_arrays(helped.arrays, sent[2])
+    assert params.served == 4  # every GET_WEIGHTS, answered or not
+    assert params.heartbeat_info() == {"weights_version": 3, "late_join_requests": 4}
+
+
+def test_bad_weights_are_dropped_and_version_unchanged(params, rpc):
+    w1 = weights(1)
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=w1)).meta["version"] == 1
+    dropped0 = params.stats.snapshot()["rpc"]["dropped"]
+    bad = [
+        P.Message(P.WEIGHTS, arrays=weights(2, extra=np.zeros(3, np.float32))),  # extra name
+        P.Message(P.WEIGHTS, arrays={k: v for k, v in weights(3).items() if k != "head.weight"}),
+        P.Message(P.WEIGHTS, arrays={"other": np.zeros(3, np.float32)}),
+        P.Message(P.WEIGHTS),  # no arrays at all
+        P.Message(P.ACK, meta={"version": 99}),  # not a request params serves
+    ]
+    for msg in bad:
+        rpc.send(msg)
+    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] == dropped0 + len(bad), timeout=5)
+    # Nothing was acknowledged, the version and the stored arrays did not change.
+    assert rpc.ch.recv(block=False) is None
+    assert params.version == 1
+    latest = rpc.request(P.Message(P.GET_WEIGHTS))
+    assert latest.meta["version"] == 1
+    assert_same_arrays(latest.arrays, w1)
+    # Garbage frames are dropped by the channel, and the server still answers.
+    rpc.ch.sock.send_multipart([b"\xc1", b"junk"])
+    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] == dropped0 + len(bad) + 1)
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(4))).meta["version"] == 2
+
+
+def test_weights_with_other_shapes_are_dropped(params, rpc):
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+    wrong = {k: np.zeros((3, 3), np.float32) for k in weights(1)}
+    rpc.send(P.Message(P.WEIGHTS, arrays=wrong))
+    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] >= 1 or params.version > 1)
+    assert params.version == 1
+
+
+class TinyModel(torch.nn.Module):
+    """Parameters named and shaped like ``weights()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.torso = torch.nn.Sequential(torch.nn.Linear(4, 8))
+        self.head = torch.nn.Linear(8, 2, bias=False)
+
+
+def model_arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
+    # A bare role registered with the broker, as actors and the evaluator are.
+    follower_role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
+    try:
+        follower_role.connect()
+        model = TinyModel()
+        follower = WeightsFollower(follower_role, model)
+        time.sleep(0.4)
+        assert follower.update() is False and follower.version == 0
+
+        # Several versions queued: only the newest is applied, once.
+        for i in range(1, 4):
+            assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(i))).meta["version"] == i
+        wait_for(follower.update, timeout=5)
+        assert follower.version == 3
+        assert_same_arrays(model_arrays(model), weights(3))
+        settle(lambda: follower.update() is False, 0.3)
+
+        # Older or equal versions (e.g. from a restarted params) and version-less ones: ignored.
+        pub = inproc.pub("params-x")
+        time.sleep(0.3)
+        dropped0, received0 = follower.sub.stats.dropped, follower.sub.stats.received
+        for meta in ({"version": 2}, {"version": 3}, {}, {"version": "4"}, {"version": True}):
+            pub.send(P.Message(P.WEIGHTS, meta=meta, arrays=weights(9)), topic=P.WEIGHTS_TOPIC)
+        changed: list[bool] = []
+
+        def all_read() -> bool:
+            changed.append(follower.update())
+            return follower.sub.stats.received == received0 + 5
+
+        wait_for(all_read, timeout=5)
+        assert not any(changed)
+        assert follower.version == 3
+        assert follower.sub.stats.dropped == dropped0 + 3
+        assert_same_arrays(model_arrays(model), weights(3))
+
+        # Weights that do not fit the model are dropped (counted), never applied or fatal.
+        pub.send(
+            P.Message(
+                P.WEIGHTS, meta={"version": 50}, arrays={"not.a.param": np.ones(3, np.float32)}
+            ),
+            topic=P.WEIGHTS_TOPIC,
+        )
+
+        def bad_dropped() -> bool:
+            follower.update()
+            return follower.sub.stats.dropped == dropped0 + 4
+
+        wait_for(bad_dropped, timeout=5, interval=0.05)
+        assert follower.version == 3
+
+        # A newer one is applied.
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(4))).meta["version"] == 4
+        wait_for(follower.update, timeout=5)
+        assert follower.version == 4
+        assert_same_arrays(model_arrays(model), weights(4))
+
+        # Late join through the follower: the latest version, and only if newer.
+        assert follower.fetch_latest() is False  # 4 is not newer than 4
+        fresh_model = TinyModel()
+        fresh = WeightsFollower(follower_role, fresh_model)
+        assert fresh.fetch_latest() is True and fresh.version == 4
+        assert_same_arrays(model_arrays(fresh_model), weights(4))
+    finally:
+        follower_role.close()

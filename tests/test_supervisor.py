@@ -1,0 +1,310 @@
+"""The supervisor: metrics aggregation, free ports, and restarting a crashed role.
+
+The crash test runs real ``zrl start`` child processes (a tiny CartPole Ape-X set, no
+evaluator), kills actor-0 with SIGKILL and waits for the supervisor to restart it. Only
+processes of this run are ever signalled (found by PID, or by the run's broker address in
+their command line), and the test checks that none is left afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+import zmq
+
+from tests.conftest import REPO, wait_for
+from zrl.config import ExperimentConfig
+from zrl.roles.base import RoleError, registry_request
+from zrl.supervisor import Aggregator, Supervisor, free_port_range
+from zrl.transport import protocol as P
+
+torch.set_num_threads(1)
+
+
+# --- Aggregator -----------------------------------------------------------------------------
+
+
+def actor(i: int, env_steps: int, version: int = 0) -> dict[str, Any]:
+    return {"id": f"actor-{i}", "role": "actor", "env_steps": env_steps, "weights_version": version}
+
+
+def test_aggregator_sums_env_steps_across_actors_and_restarts():
+    agg = Aggregator()
+    assert agg.row(0.0)["env_steps"] == 0
+    agg.on_metrics(actor(0, 100))
+    agg.on_metrics(actor(1, 40))
+    assert agg.row(1.0)["env_steps"] == 140
+    agg.on_metrics(actor(0, 150))
+    assert agg.row(2.0)["env_steps"] == 190
+    # actor-0 restarted: its counter starts from 0 again; the total never goes down.
+    agg.on_metrics(actor(0, 20))
+    assert agg.row(3.0)["env_steps"] == 150 + 20 + 40
+    agg.on_metrics(actor(0, 70))
+    agg.on_metrics(actor(1, 60))
+    assert agg.row(4.0)["env_steps"] == 150 + 70 + 60
+    # The same report seen again changes nothing; a second restart carries again.
+    assert agg.row(4.5)["env_steps"] == 280
+    agg.on_metrics(actor(0, 5))
+    assert agg.row(5.0)["env_steps"] == 150 + 70 + 5 + 60
+    # Learner updates are carried the same way.
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 30})
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 30})
+    assert agg.row(6.0)["updates"] == 30
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 3})
+    assert agg.row(7.0)["updates"] == 33
+    # Metrics without an id or with a non-integer counter are ignored.
+    agg.on_metrics({"role": "actor", "env_steps": 10**6})
+    agg.on_metrics({"id": "actor-9", "role": "actor", "env_steps": "many"})
+    assert agg.row(8.0)["env_steps"] == 285
+
+
+def test_aggregator_monotonic_over_a_random_history():
+    import random
+
+    rnd = random.Random(0)
+    agg = Aggregator()
+    counts = {i: 0 for i in range(3)}
+    done = {i: 0 for i in range(3)}  # steps of earlier lives of each actor
+    last_total = 0
+    for step in range(300):
+        i = rnd.randrange(3)
+        if rnd.random() < 0.05:  # restart
+            done[i] += counts[i]
+            counts[i] = 0
+        else:
+            counts[i] += rnd.randrange(0, 50)
+        agg.on_metrics(actor(i, counts[i]))
+        total = agg.row(float(step))["env_steps"]
+        assert total >= last_total
+        assert total == sum(counts.values()) + sum(done.values())
+        last_total = total
+
+
+def test_aggregator_rates():
+    agg = Aggregator()
+    agg.on_metrics(actor(0, 0))
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 0})
+    first = agg.row(0.0)
+    assert first["env_steps_per_s"] == 0.0 and first["updates_per_s"] == 0.0
+    for t in range(1, 4):
+        agg.on_metrics(actor(0, 500 * t))
+        agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 20 * t})
+        row = agg.row(float(t))
+    assert row["env_steps_per_s"] == pytest.approx(500.0)
+    assert row["updates_per_s"] == pytest.approx(20.0)
+    # The rate looks back about 5 s only: a burst long ago does not count.
+    for t in range(4, 20):
+        agg.on_metrics(actor(0, 1500 + 100 * (t - 3)))
+        row = agg.row(float(t))
+    assert row["env_steps_per_s"] == pytest.approx(100.0)
+    # Idle: rate goes to zero.
+    for t in range(20, 30):
+        row = agg.row(float(t))
+    assert row["env_steps_per_s"] == 0.0
+
+
+def test_aggregator_versions_replay_and_eval():
+    agg = Aggregator()
+    row = agg.row(0.0)
+    assert row["weights_version"] == 0 and row["max_version_lag"] == 0
+    assert row["eval_return"] is None and row["samples_per_insert"] == 0.0
+    agg.on_metrics({"id": "params-0", "role": "params", "weights_version": 10})
+    agg.on_metrics(actor(0, 1, version=7))
+    agg.on_metrics(actor(1, 1, version=10))
+    row = agg.row(1.0)
+    assert row["weights_version"] == 10 and row["max_version_lag"] == 3
+    # An actor ahead of the params' last report (metrics arrive at different moments).
+    agg.on_metrics(actor(0, 2, version=12))
+    agg.on_metrics(actor(1, 2, version=11))
+    assert agg.row(2.0)["max_version_lag"] == 0
+    agg.on_metrics(
+        {"id": "replay-0", "role": "replay", "size": 300, "inserts": 400, "samples": 800}
+    )
+    agg.on_metrics(
+        {"id": "replay-1", "role": "replay", "size": 200, "inserts": 100, "samples": 400}
+    )
+    row = agg.row(3.0)
+    assert row["replay_size"] == 500 and row["samples_per_insert"] == 2.4
+    agg.evals.append({"mean": 50.0, "weights_version": 10})
+    agg.evals.append({"mean": 80.5, "weights_version": 12})
+    assert agg.row(4.0)["eval_return"] == 80.5
+
+
+# --- free_port_range ------------------------------------------------------------------------
+
+
+def bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("count", [1, 11])
+def test_free_port_range_ports_are_bindable(count):
+    base = free_port_range(count)
+    assert 20000 <= base and base + count <= 60000
+    assert all(bindable(p) for p in range(base, base + count))
+
+
+def test_free_port_range_skips_a_busy_port():
+    count = 5
+    base = free_port_range(count + 2)
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        busy.bind(("127.0.0.1", base))
+        busy.listen(1)
+        # Only base and base + 1 are possible starts here; base is taken.
+        assert free_port_range(count, start=base, end=base + count + 2) == base + 1
+        with pytest.raises(OSError, match=f"no range of {count + 2} free ports"):
+            free_port_range(count + 2, start=base, end=base + count + 3)
+    finally:
+        busy.close()
+
+
+# --- crash restart with real processes -------------------------------------------------------
+
+
+def crash_config() -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "supervisor-crash-test",
+            "seed": 1,
+            "env": {"id": "CartPole-v1", "num_envs": 2},
+            "model": {"hidden": [16]},
+            "broker": {"heartbeat_interval": 0.25, "heartbeat_timeout": 2.0},
+            "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 0},
+            "actor": {"trajectory_length": 8},
+            "replay": {
+                "capacity": 5000,
+                "min_size": 64,
+                "batch_size": 16,
+                "samples_per_insert": 2,
+                "samples_per_insert_tolerance": 512,
+            },
+            "learner": {"publish_interval": 10},
+            # A safety net only: the test ends the run itself once the restart is seen.
+            "stop": {"eval_return": None, "wall_time": 120},
+        }
+    )
+
+
+def zrl_status_json(addr: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
+    try:
+        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+    except RoleError:
+        return {}
+    return {r["id"]: r for r in reply.meta.get("roles", [])}
+
+
+def processes_of(addr: str) -> list[psutil.Process]:
+    """Processes whose command line names this run's broker address (ours only)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid != os.getpid() and addr in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_supervisor_restarts_a_killed_actor(tmp_path: Path):
+    cfg = crash_config()
+    run_dir = tmp_path / "run"
+    sup = Supervisor(cfg, run_dir=run_dir, show_status=False, log_level="INFO")
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["summary"] = sup.run()
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="supervisor", daemon=True)
+    ctx = zmq.Context()
+    addr = ""
+    thread.start()
+    try:
+        addr_file = run_dir / "broker_address"
+        wait_for(lambda: addr_file.exists() or "error" in result, timeout=30)
+        assert "error" not in result, result.get("error")
+        addr = addr_file.read_text().strip()
+        assert addr == sup.broker_addr
+
+        def all_alive() -> bool:
+            r = rows(ctx, addr)
+            ids = {"params-0", "replay-0", "learner-0", "actor-0"}
+            return ids <= set(r) and all(r[i]["state"] == "alive" for i in ids)
+
+        wait_for(lambda: all_alive() or not thread.is_alive(), timeout=60, interval=0.25)
+        assert thread.is_alive(), result
+        status = zrl_status_json(addr)
+        row = {r["id"]: r for r in status["roles"]}["actor-0"]
+        old_pid = row["pid"]
+        assert row["state"] == "alive" and row["restarts"] == 0
+        # Only ever signal our own child.
+        assert psutil.Process(old_pid).ppid() == os.getpid()
+        os.kill(old_pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            r = rows(ctx, addr).get("actor-0")
+            return r is not None and r["state"] == "alive" and r["pid"] != old_pid
+
+        wait_for(lambda: restarted() or not thread.is_alive(), timeout=40, interval=0.25)
+        assert thread.is_alive(), f"the run ended before actor-0 came back: {result}"
+        new = rows(ctx, addr)["actor-0"]
+        assert new["restarts"] >= 1
+        assert psutil.Process(new["pid"]).ppid() == os.getpid()
+        assert old_pid not in {p.pid for p in processes_of(addr)}
+        # The others were not disturbed.
+        assert all(r["restarts"] == 0 for i, r in rows(ctx, addr).items() if i != "actor-0")
+        # End the run now instead of waiting for the rest of the wall time.
+        cfg.stop.wall_time = 0.5
+        thread.join(40)
+        assert not thread.is_alive(), "the supervisor did not stop"
+        assert "error" not in result, result.get("error")
+        summary = result["summary"]
+        assert summary["restarts"].get("actor-0", 0) >= 1
+        assert set(summary["restarts"]) == {"actor-0"}
+        assert summary["stop_reason"] == "wall_time" and summary["error"] is None
+        saved = json.loads((run_dir / "summary.json").read_text())
+        assert saved["restarts"] == summary["restarts"]
+        assert (run_dir / "logs" / "actor-0.log").exists()
+    finally:
+        if thread.is_alive():
+            sup._stop.set()  # last resort: the test never leaves a run behind
+            thread.join(40)
+        leftovers = processes_of(addr) if addr else []
+        for p in leftovers:
+            p.kill()
+        psutil.wait_procs(leftovers, timeout=5)
+        ctx.destroy(linger=0)
+    assert not thread.is_alive()
+    assert leftovers == [], f"processes left running: {[p.pid for p in leftovers]}"
