@@ -12,7 +12,10 @@ reports in its heartbeats.
 from __future__ import annotations
 
 import logging
+import os
+import random
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -125,6 +128,53 @@ class TransportStats:
         )
 
 
+FAULTS_ENV = "ZRL_TESTING_FAULTS"
+
+
+@dataclass
+class Fault:
+    kind: str  # message kind it applies to, or "*"
+    action: str  # "drop" or "delay"
+    probability: float
+    seconds: float = 0.0
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """``kind:drop:P`` and ``kind:delay:P:SECONDS`` rules, comma-separated (``*`` = any kind).
+
+    Example: ``ZRL_TESTING_FAULTS="trajectory:drop:0.05,weights:delay:0.2:0.5"``."""
+    faults = []
+    for rule in filter(None, (r.strip() for r in spec.split(","))):
+        parts = rule.split(":")
+        try:
+            if parts[1] == "drop" and len(parts) == 3:
+                faults.append(Fault(parts[0], "drop", float(parts[2])))
+            elif parts[1] == "delay" and len(parts) == 4:
+                faults.append(Fault(parts[0], "delay", float(parts[2]), float(parts[3])))
+            else:
+                raise ValueError
+        except (IndexError, ValueError):
+            raise ValueError(
+                f"{FAULTS_ENV}: bad rule {rule!r}; use kind:drop:P or kind:delay:P:SECONDS"
+            ) from None
+        if not 0.0 <= faults[-1].probability <= 1.0:
+            raise ValueError(f"{FAULTS_ENV}: probability out of [0, 1] in {rule!r}")
+    return faults
+
+
+_FAULTS: list[Fault] | None = None
+
+
+def active_faults() -> list[Fault]:
+    """The fault rules of this process (read once from the environment)."""
+    global _FAULTS
+    if _FAULTS is None:
+        _FAULTS = parse_faults(os.environ.get(FAULTS_ENV, ""))
+        if _FAULTS:
+            log.warning("fault injection active: %s", os.environ[FAULTS_ENV])
+    return _FAULTS
+
+
 class Channel:
     """One socket speaking the zrl protocol.
 
@@ -175,15 +225,26 @@ class Channel:
             frames = [to, *frames]
         if topic_name is not None:
             frames = [topic_name.encode(), *frames]
+        for fault in active_faults():
+            if fault.kind in ("*", msg.kind) and random.random() < fault.probability:
+                if fault.action == "drop":
+                    # Lost in transit: the sequence number is used up, so the receiver sees a gap.
+                    self._advance(topic_name, msg.seq)
+                    self.stats.sent += 1
+                    return True
+                time.sleep(fault.seconds)
         try:
             self.sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
-        self._seq += 1
-        if topic_name is not None:
-            self._topic_seq[topic_name] = msg.seq + 1
+        self._advance(topic_name, msg.seq)
         self.stats.sent += 1
         return True
+
+    def _advance(self, topic_name: str | None, seq: int) -> None:
+        self._seq += 1
+        if topic_name is not None:
+            self._topic_seq[topic_name] = seq + 1
 
     def recv(self, *, block: bool = True) -> tuple[bytes | None, Message] | None:
         """Receive one message: (routing id or topic-less None, message), or None when the
