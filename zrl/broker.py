@@ -70,6 +70,7 @@ class RoleEntry:
     pid: int
     rpc: str
     routing_id: bytes
+    address: str = ""
     state: str = "starting"  # starting | alive | dead | stopped
     registered: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
@@ -87,6 +88,7 @@ class RoleEntry:
             "role": self.role,
             "host": self.host,
             "pid": self.pid,
+            "address": self.address,
             "rpc": self.rpc,
             "state": self.state,
             "age": round(now - self.last_seen, 2),
@@ -265,6 +267,7 @@ class Broker:
             pid=m["pid"],
             rpc=str(m.get("rpc", "")),
             routing_id=ident,
+            address=str(m.get("address", "")),
             restarts=restarts,
         )
         self.roles[rid] = entry

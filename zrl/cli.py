@@ -140,6 +140,19 @@ def _load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[
     return load_config(config, overrides), Factories()
 
 
+def _load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
+    from zrl.config import load_config
+    from zrl.evaluation import FACTORIES_FILE
+    from zrl.experiment import Factories
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    pickled = run_dir / FACTORIES_FILE
+    factories = Factories.from_wire({}, pickled.read_bytes()) if pickled.is_file() else Factories()
+    return cfg, factories
+
+
 def _load_keys(directory: Path | None) -> Any:
     if directory is None:
         return None
@@ -228,36 +241,27 @@ def status(
         title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
         f"(up {b.get('uptime', 0):.0f}s)"
     )
-    for col in (
-        "role",
-        "id",
-        "host",
-        "pid",
-        "state",
-        "heartbeat",
-        "restarts",
-        "msgs in",
-        "msgs out",
-        "dropped",
-    ):
-        table.add_column(
-            col,
-            justify="right" if col.startswith(("pid", "msgs", "rest", "drop", "heart")) else "left",
-        )
-    colors = {"alive": "green", "dead": "red", "stopped": "yellow"}
+    numeric = {"pid", "heartbeat", "restarts", "in", "out", "dropped", "gaps", "rss MB"}
+    for col in ("role", "id", "host", "address", "pid", "state", "heartbeat", "restarts",
+                "in", "out", "dropped", "gaps", "rss MB"):  # fmt: skip
+        table.add_column(col, justify="right" if col in numeric else "left")
+    colors = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
     for r in roles:
         state = r["state"]
+        rss = r.get("info", {}).get("rss_mb")
         table.add_row(
-            r["role"], r["id"], r["host"], str(r["pid"]),
+            r["role"], r["id"], r["host"], r.get("address", ""), str(r["pid"]),
             f"[{colors.get(state, 'white')}]{state}[/]", _age(r["age"]), str(r["restarts"]),
-            str(r["msgs_in"]), str(r["msgs_out"]), str(r["dropped"]),
+            str(r["msgs_in"]), str(r["msgs_out"]), str(r["dropped"]), str(r.get("gaps", 0)),
+            f"{rss:.0f}" if isinstance(rss, int | float) else "-",
         )  # fmt: skip
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     hosts: dict[str, int] = {}
     for r in roles:
         if r["state"] == "alive":
-            hosts[r["host"]] = hosts.get(r["host"], 0) + 1
+            where = f"{r['host']} ({r['address']})" if r.get("address") else r["host"]
+            hosts[where] = hosts.get(where, 0) + 1
     if hosts:
         console.print("alive per host: " + ", ".join(f"{h}: {n}" for h, n in sorted(hosts.items())))
 
@@ -308,8 +312,14 @@ def keys_add(
 
 @app.command()
 def run(
-    config: Annotated[Path, typer.Argument(help="YAML config, or a Python experiment script.")],
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config, or a Python experiment script.")
+    ] = None,
     overrides: SetOpt = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Continue a run directory from its last checkpoints."),
+    ] = None,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="Where to write logs, metrics, the model.")
     ] = None,
@@ -328,10 +338,20 @@ def run(
     """Run an experiment locally: broker and every role, live status, run directory."""
     from zrl.supervisor import Supervisor
 
-    cfg, factories = _load_experiment(config, overrides)
+    if resume is not None:
+        if config is not None or run_dir is not None:
+            raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
+        cfg, factories = _load_resumable(resume, overrides)
+        run_dir = resume
+        if keys is None and (resume / "keys").is_dir():
+            keys = resume / "keys"
+    elif config is None:
+        raise UserError("give a CONFIG (YAML or script), or --resume RUN_DIR")
+    else:
+        cfg, factories = _load_experiment(config, overrides)
     sup = Supervisor(
         cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys,
-        factories=factories, insecure=insecure,
+        factories=factories, insecure=insecure, resume=resume is not None,
     )  # fmt: skip
     summary = sup.run()
     if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":

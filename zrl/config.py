@@ -113,6 +113,8 @@ class ReplayConfig(_Section):
     table: Literal["uniform", "prioritized", "fifo"] = "prioritized"
     capacity: int = Field(100_000, ge=1)
     """Items per replay shard; the oldest is evicted first."""
+    capacity_bytes: int | None = Field(None, ge=1)
+    """Also cap a shard by memory: capacity = min(capacity, capacity_bytes / item size)."""
     alpha: float = Field(0.6, ge=0)
     """Priority exponent (prioritized table)."""
     beta: float = Field(0.4, ge=0, le=1)
@@ -148,6 +150,20 @@ class EvaluatorConfig(_Section):
     episodes: int = Field(20, ge=1)
 
 
+class CheckpointConfig(_Section):
+    dir: str | None = None
+    """Where the learner and replay shards save and resume from (`zrl run` sets RUN_DIR/checkpoints)."""
+    interval: float = Field(30.0, gt=0)
+    """Seconds between checkpoints (written atomically: write, then rename)."""
+    replay: bool = True
+    """Also snapshot the replay tables (items, priorities, order, rate limiter)."""
+
+
+class LimitsConfig(_Section):
+    memory_mb: float | None = Field(None, gt=0)
+    """A role whose resident memory passes this stops with a clear message (per process)."""
+
+
 class StopConfig(_Section):
     eval_return: float | None = 475.0
     """Stop when the mean evaluation return reaches this."""
@@ -175,6 +191,8 @@ class ExperimentConfig(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     hosts: list[HostConfig] = Field(default_factory=list)
     """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
 

@@ -13,7 +13,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from zrl.supervisor import Supervisor
 
-STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow"}
+STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -24,6 +24,19 @@ def _fmt(value: Any, digits: int = 1) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def role_note(info: dict[str, Any]) -> str:
+    """Why a role is waiting or what went wrong, from its heartbeat info."""
+    if info.get("sampling_blocked"):
+        return str(info["sampling_blocked"])
+    if "waiting_for_batches_s" in info:
+        return f"waiting for batches {info['waiting_for_batches_s']}s"
+    if info.get("env_errors"):
+        return f"{info['env_errors']} env errors (reset and went on)"
+    if info.get("blocked_s"):
+        return f"waiting {info['blocked_s']}s for replay to take trajectories"
+    return ""
 
 
 class StatusDisplay:
@@ -121,31 +134,19 @@ class StatusDisplay:
                 "eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir)
             )
         roles = Table(box=None, header_style="bold")
-        for col in (
-            "id",
-            "host",
-            "pid",
-            "state",
-            "heartbeat",
-            "restarts",
-            "in",
-            "out",
-            "dropped",
-            "note",
-        ):
+        for col in ("id", "host", "pid", "state", "heartbeat", "restarts", "in", "out",
+                    "dropped", "gaps", "rss MB", "note"):  # fmt: skip
             roles.add_column(col)
         for row in self.sup.status_rows:
             info = row.get("info", {})
-            note = info.get("sampling_blocked") or (
-                f"waiting for batches {info['waiting_for_batches_s']}s"
-                if "waiting_for_batches_s" in info
-                else ""
-            )
+            rss = info.get("rss_mb")
             state = row["state"]
             roles.add_row(
-                row["id"], row["host"], str(row["pid"]), f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
-                f"{row['age']:.1f}s", str(row["restarts"]), _fmt(row["msgs_in"]), _fmt(row["msgs_out"]),
-                _fmt(row["dropped"]), str(note)[:60],
+                row["id"], row.get("address") or row["host"], str(row["pid"]),
+                f"[{STATE_COLORS.get(state, 'white')}]{state}[/]", f"{row['age']:.1f}s",
+                str(row["restarts"]), _fmt(row["msgs_in"]), _fmt(row["msgs_out"]),
+                _fmt(row["dropped"]), _fmt(row.get("gaps", 0)),
+                f"{rss:.0f}" if isinstance(rss, int | float) else "-", role_note(info)[:60],
             )  # fmt: skip
         return Group(self.progress, figures, roles)
 

@@ -36,7 +36,7 @@ import zmq
 from zrl.config import ExperimentConfig, config_to_yaml
 from zrl.evaluation import FACTORIES_FILE
 from zrl.experiment import Factories
-from zrl.metrics import MetricsWriter
+from zrl.metrics import MetricsWriter, read_csv
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 from zrl.transport.security import init_keys, load_keys
@@ -131,6 +131,7 @@ class Aggregator:
         self._last_raw: dict[tuple[str, str], int] = {}
         self._history: list[tuple[float, int, int]] = []
         self.evals: list[dict[str, Any]] = []
+        self.env_steps_offset = 0
 
     def on_metrics(self, meta: dict[str, Any]) -> None:
         rid = meta.get("id")
@@ -155,7 +156,7 @@ class Aggregator:
         return [m for m in self.latest.values() if m.get("role") == role]
 
     def row(self, elapsed: float) -> dict[str, Any]:
-        env_steps = self._monotonic_sum("actor", "env_steps")
+        env_steps = self.env_steps_offset + self._monotonic_sum("actor", "env_steps")
         updates = self._monotonic_sum("learner", "updates")
         self._history.append((elapsed, env_steps, updates))
         # Rates over the last ~5 s, so the display reacts but does not flicker.
@@ -197,7 +198,9 @@ class Supervisor:
         keys_dir: Path | None = None,
         factories: Factories | None = None,
         insecure: bool = False,
+        resume: bool = False,
     ) -> None:
+        self.resume = resume
         self.cfg = cfg
         self.factories = factories or Factories()
         self.keys_dir = Path(keys_dir).resolve() if keys_dir is not None else None
@@ -252,6 +255,11 @@ class Supervisor:
         from zrl.roles.actor import actor_seed
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.cfg.checkpoint.dir is None:
+            # Checkpoints live with the run, so a crashed role and `--resume` find them.
+            self.cfg.checkpoint.dir = str((self.run_dir / "checkpoints").resolve())
+        if self.resume:
+            self._restore_counters()
         (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
         seeds = {
             "run_seed": self.cfg.seed,
@@ -302,6 +310,17 @@ class Supervisor:
                     remote[h.name].append((role, index))
                     index += 1
         return local, remote
+
+    def _restore_counters(self) -> None:
+        """Continue the env-step count of the run being resumed (actors count from 0)."""
+        rows = (
+            read_csv(self.run_dir / "progress.csv")
+            if (self.run_dir / "progress.csv").is_file()
+            else []
+        )
+        if rows:
+            self.agg.env_steps_offset = int(rows[-1].get("env_steps", 0))
+        log.info("resuming %s from %d env steps", self.run_dir, self.agg.env_steps_offset)
 
     def _role_plan(self) -> list[tuple[str, int]]:
         return self.placement()[0]

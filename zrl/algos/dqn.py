@@ -101,6 +101,16 @@ def initial_priorities(
     return np.abs(target - np.asarray(q_taken, dtype=np.float64)).astype(np.float32)
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The loss or its gradient is NaN/inf; raised before the optimizer step, so the weights
+    are untouched."""
+
+    def __init__(self, loss: float, grad_norm: float) -> None:
+        super().__init__(f"non-finite loss {loss} (gradient norm {grad_norm})")
+        self.loss = loss
+        self.grad_norm = grad_norm
+
+
 @dataclass
 class DQNUpdate:
     """Result of one :func:`dqn_update` step."""
@@ -149,6 +159,9 @@ def dqn_update(
     loss.backward()
     # clip_grad_norm_ returns the total norm measured before clipping.
     grad_norm = nn.utils.clip_grad_norm_(online.parameters(), grad_clip)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        # Stepping would write NaN into every weight; the caller decides what to do instead.
+        raise NonFiniteLossError(float(loss.item()), float(grad_norm.item()))
     optimizer.step()
 
     q_taken = q_values.detach().gather(1, batch["action"].long().unsqueeze(1)).mean()

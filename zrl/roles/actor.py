@@ -31,6 +31,7 @@ from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 
 ACK_TIMEOUT_S = 30.0
+EOS_TIMEOUT_S = 5.0
 
 
 def actor_seed(run_seed: int, index: int) -> int:
@@ -78,6 +79,7 @@ class Actor(Role):
         # the socket buffers between here and the shard could hold.
         self.acked_seq = -1
         self.ack_timeouts = 0
+        self.env_errors = 0
         self.started = time.monotonic()
         self.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
@@ -89,7 +91,17 @@ class Actor(Role):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         return self.model(torch.from_numpy(obs)).numpy()
 
-    def collect(self) -> P.Message:
+    def on_env_error(self, exc: Exception) -> None:
+        """An env raised: count it, reset the envs and drop the partial trajectory."""
+        self.env_errors += 1
+        if self.env_errors == 1 or self.env_errors % 100 == 0:
+            self.log.warning("env raised %s: %s (error %d; envs reset, trajectory dropped)",
+                             type(exc).__name__, exc, self.env_errors)  # fmt: skip
+        obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
+        self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
+        self.needs_reset = np.zeros(self.num_envs, dtype=bool)
+
+    def collect(self) -> P.Message | None:
         """T steps of every env, as one TRAJECTORY message.
 
         The per-step loop does only what must happen per step (forward, act, step, store);
@@ -113,7 +125,11 @@ class Actor(Role):
         for t in range(T):
             q = self.q_values(obs)
             a = np.where(explore[t], random_actions[t], q.argmax(axis=1))
-            next_obs, r, term, trunc, _ = self.envs.step(a)
+            try:
+                next_obs, r, term, trunc, _ = self.envs.step(a)
+            except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
+                self.on_env_error(exc)
+                return None
             obs_t[t] = obs
             next_t[t] = next_obs.reshape(E, -1)
             actions_t[t] = a
@@ -198,6 +214,8 @@ class Actor(Role):
         if self.pending is None:
             self.weights.update()
             self.pending = self.collect()
+            if self.pending is None:
+                return
         # Blocks at most the socket's send timeout; on a full stream we retry next step.
         if self.experience.send(self.pending):
             self.pending = None
@@ -212,6 +230,7 @@ class Actor(Role):
             "weights_version": self.weights.version,
             "in_flight": self.in_flight,
             "ack_timeouts": self.ack_timeouts,
+            "env_errors": self.env_errors,
         }
         recent = self.episodes.recent_mean()
         if recent is not None:
@@ -221,5 +240,17 @@ class Actor(Role):
         return info
 
     def teardown(self) -> None:
+        # End of stream: LINGER is no delivery guarantee (libzmq can drop queued messages of a
+        # closing PUSH), so wait until the replay acknowledged everything we sent.
+        if hasattr(self, "experience"):
+            deadline = time.monotonic() + EOS_TIMEOUT_S
+            while self.in_flight > 0 and time.monotonic() < deadline:
+                self.acks.sock.poll(50)
+                self.read_acks()
+            if self.in_flight > 0:
+                self.log.warning(
+                    "stopping with %d trajectories sent but not acknowledged by replay",
+                    self.in_flight,
+                )
         if hasattr(self, "envs"):
             self.envs.close()

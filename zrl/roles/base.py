@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
+import psutil
 import zmq
 
 from zrl import __version__
@@ -113,6 +114,7 @@ class Role:
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self._metrics_pub: Channel | None = None
         self.registrations = 0
+        self._process = psutil.Process()
 
     # --- registration -----------------------------------------------------------------
 
@@ -135,6 +137,7 @@ class Role:
                     "index": self.index,
                     "host": self.host,
                     "pid": os.getpid(),
+                    "address": self.advertise,
                     "rpc": self.rpc_endpoint,
                     "zrl_version": __version__,
                 },
@@ -347,6 +350,7 @@ class Role:
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.heartbeat_interval
             info = self.heartbeat_info()
+            info["rss_mb"] = self.check_memory()
             self._registry.send(
                 P.Message(
                     P.HEARTBEAT,
@@ -362,6 +366,19 @@ class Role:
             if now >= self._next_metrics:
                 self._next_metrics = now + METRICS_INTERVAL_S
                 self.publish_metrics(info)
+
+    def check_memory(self) -> float:
+        """Resident memory in MB; past ``limits.memory_mb`` the role stops, saying why.
+
+        Stopping ourselves with a clear message beats the kernel's OOM killer choosing a
+        random process of the run."""
+        rss_mb = self._process.memory_info().rss / 2**20
+        limit = self.config.limits.memory_mb
+        if limit is not None and rss_mb > limit:
+            raise RoleError(
+                f"{self.id} uses {rss_mb:.0f} MB of memory, above limits.memory_mb={limit:g}: stopping"
+            )
+        return round(rss_mb, 1)
 
     def publish_metrics(self, info: dict[str, Any]) -> None:
         if self._metrics_pub is None:

@@ -14,16 +14,18 @@ The update math is ``zrl.algos.dqn``; this class only moves data.
 from __future__ import annotations
 
 import copy
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import zmq
 
-from zrl.algos.dqn import dqn_update, soft_update
+from zrl.algos.dqn import NonFiniteLossError, dqn_update, soft_update
 from zrl.models import model_to_arrays
-from zrl.roles.base import Role
+from zrl.roles.base import Role, RoleError
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -63,9 +65,14 @@ class Learner(Role):
         self.updates = 0
         self.weights_version = 0
         self.last_loss = float("nan")
+        self.resumed_from: int | None = None
+        self.params_acked = False
         self.waiting_since: float | None = time.monotonic()
         self.started = time.monotonic()
-        self.send_weights()  # version 1: every actor starts from the learner's initial weights
+        self.checkpoint = self.checkpoint_path()
+        self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
+        self.load_checkpoint()
+        self.send_weights()  # every actor starts from the learner's (initial or resumed) weights
 
     # --- parameter server -------------------------------------------------------------
 
@@ -91,7 +98,10 @@ class Learner(Role):
             return
         assert self.params is not None
         msg = P.Message(
-            P.WEIGHTS, meta={"updates": self.updates}, arrays=model_to_arrays(self.online)
+            P.WEIGHTS,
+            # min_version: after a resume, versions continue instead of starting again at 1.
+            meta={"updates": self.updates, "min_version": self.weights_version + 1},
+            arrays=model_to_arrays(self.online),
         )
         if self.params.send(msg, block=False) and self._unacked_since is None:
             self._unacked_since = time.monotonic()
@@ -106,6 +116,7 @@ class Learner(Role):
             if got[1].kind == P.ACK and isinstance(got[1].meta.get("version"), int):
                 self.weights_version = got[1].meta["version"]
                 self._unacked_since = None
+                self.params_acked = True
         if (
             self._unacked_since is not None
             and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S
@@ -145,10 +156,18 @@ class Learner(Role):
                 raise P.ProtocolError(f"batch array {name!r} is not finite")
         batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
         lc = self.config.learner
-        result = dqn_update(
-            self.online, self.target, self.optimizer, batch,
-            double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
-        )  # fmt: skip
+        try:
+            result = dqn_update(
+                self.online, self.target, self.optimizer, batch,
+                double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
+            )  # fmt: skip
+        except NonFiniteLossError as exc:
+            # Diverged: stop before corrupting anything. The published weights and the last
+            # checkpoint are intact; a restart resumes from that checkpoint.
+            raise RoleError(
+                f"{self.id}: {exc} at update {self.updates + 1} on a batch from {shard}; "
+                f"stopping without applying it (published weights v{self.weights_version} intact)"
+            ) from None
         self.updates += 1
         self.last_loss = result.loss
         self.priority_pub.send(
@@ -167,10 +186,56 @@ class Learner(Role):
         if self.updates % lc.publish_interval == 0:
             self.send_weights()
 
+    # --- checkpoints ------------------------------------------------------------------
+
+    def checkpoint_path(self) -> Path | None:
+        d = self.config.checkpoint.dir
+        return Path(d) / f"{self.id}.pt" if d else None
+
+    def save_checkpoint(self) -> None:
+        if self.checkpoint is None:
+            return
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "weights_version": self.weights_version,
+            "torch_rng": torch.get_rng_state(),
+            "time": time.time(),
+        }
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
+        self.checkpoints += 1
+
+    def load_checkpoint(self) -> None:
+        self.checkpoints = 0
+        if self.checkpoint is None or not self.checkpoint.is_file():
+            return
+        state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        self.weights_version = int(state["weights_version"])
+        torch.set_rng_state(state["torch_rng"])
+        self.resumed_from = self.updates
+        self.log.info(
+            "resumed from %s: update %d, weights v%d",
+            self.checkpoint,
+            self.updates,
+            self.weights_version,
+        )
+
     def step(self) -> None:
+        if self.checkpoint is not None and time.monotonic() >= self.next_checkpoint:
+            self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
+            self.save_checkpoint()
         self.read_acks()
-        if self.weights_version == 0 and self._unacked_since is None:
-            self.send_weights()
+        if not self.params_acked and self._unacked_since is None:
+            self.send_weights()  # until the parameter server has our first version
         got = self.batches.recv()  # waits up to the socket's 100 ms receive timeout
         if got is None:
             if self.waiting_since is None:
@@ -179,8 +244,14 @@ class Learner(Role):
         self.waiting_since = None
         try:
             self.on_batch(got[1])
+        except RoleError:
+            raise
         except (P.ProtocolError, RuntimeError) as exc:  # RuntimeError: torch rejected the batch
             self.batches._drop(got[1].sender or "?", str(exc))
+
+    def teardown(self) -> None:
+        if getattr(self, "checkpoint", None) is not None:
+            self.save_checkpoint()  # a graceful stop resumes exactly where it stopped
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -188,6 +259,7 @@ class Learner(Role):
             "weights_version": self.weights_version,
             "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
         }
+        info["checkpoints"] = self.checkpoints
         if self.waiting_since is not None:
             info["waiting_for_batches_s"] = round(time.monotonic() - self.waiting_since, 1)
         return info

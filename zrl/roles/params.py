@@ -66,7 +66,9 @@ class ParameterServer(Role):
             # The arrays are views on the received frames; holding them keeps the frames alive,
             # so storing a version costs no copy.
             self.arrays = msg.arrays
-            self.version += 1
+            floor = msg.meta.get("min_version", 0)
+            # A resumed learner asks to continue its numbering; versions never go backwards.
+            self.version = max(self.version + 1, floor if isinstance(floor, int) else 0)
             self.updated_at = time.time()
             self.weights_meta = {
                 k: v for k, v in msg.meta.items() if isinstance(v, int | float | str)

@@ -19,7 +19,10 @@ stream load-balances trajectories across them.
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,10 @@ def assemble_transitions(
             )
     if a["obs"].shape != a["next_obs"].shape:
         raise P.ProtocolError("trajectory obs and next_obs shapes differ")
+    for name in ("obs", "next_obs", "reward"):
+        if not np.all(np.isfinite(a[name])):
+            # A NaN stored in replay would poison every batch it is sampled into.
+            raise P.ProtocolError(f"trajectory array {name!r} holds NaN or inf")
     ns = nstep_transitions(a["reward"], a["terminated"], a["truncated"], a["valid"], n_step, gamma)
     items = {
         "obs": a["obs"][ns.env, ns.start],
@@ -78,10 +85,8 @@ class ReplayServer(Role):
 
     def setup(self) -> None:
         rc = self.config.replay
-        kwargs: dict[str, Any] = {}
-        if rc.table == "prioritized":
-            kwargs = {"alpha": rc.alpha, "beta": rc.beta}
-        self.table: Table = make_table(rc.table, rc.capacity, **kwargs)
+        # With a byte budget the capacity depends on the item size, known at the first insert.
+        self.table: Table | None = None if rc.capacity_bytes else self._make_table(rc.capacity)
         self.limiter = RateLimiter(
             rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance
         )
@@ -96,10 +101,73 @@ class ReplayServer(Role):
         self.stale_priority_keys = 0
         self.weights_versions: list[int] = []
         self.started = time.monotonic()
+        d = self.config.checkpoint.dir
+        self.snapshot_path = (
+            Path(d) / f"{self.id}.snapshot" if d and self.config.checkpoint.replay else None
+        )
+        self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
+        self.snapshots = 0
+        self.load_snapshot()
         self.log.info(
             "%s table, capacity %d, n-step %d, min size %d, samples/insert %.1f",
             rc.table, rc.capacity, rc.n_step, rc.min_size, rc.samples_per_insert,
         )  # fmt: skip
+
+    def _make_table(self, capacity: int) -> Table:
+        rc = self.config.replay
+        kwargs: dict[str, Any] = {}
+        if rc.table == "prioritized":
+            kwargs = {"alpha": rc.alpha, "beta": rc.beta}
+        return make_table(rc.table, capacity, **kwargs)
+
+    def _table_for(self, items: dict[str, np.ndarray]) -> Table:
+        if self.table is None:
+            rc = self.config.replay
+            item_bytes = sum(v[0].nbytes for v in items.values()) + 16  # + key and priority
+            capacity = min(rc.capacity, max(1, (rc.capacity_bytes or 0) // item_bytes))
+            self.log.info(
+                "replay.capacity_bytes=%d at %d bytes per item: capacity %d items",
+                rc.capacity_bytes, item_bytes, capacity,
+            )  # fmt: skip
+            self.table = self._make_table(capacity)
+        return self.table
+
+    @property
+    def size(self) -> int:
+        return self.table.size if self.table is not None else 0
+
+    # --- snapshots ----------------------------------------------------------------------
+
+    def save_snapshot(self) -> None:
+        """Tables, priorities, insertion order and limiter state, written atomically."""
+        if self.snapshot_path is None or self.table is None:
+            return
+        state = {
+            "capacity": self.table.capacity,
+            "table": self.table.state_dict(),
+            "limiter": self.limiter.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "trajectories": self.trajectories,
+        }
+        self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.snapshot_path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            # Our own file in the run directory, never bytes from the network.
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self.snapshot_path)
+        self.snapshots += 1
+
+    def load_snapshot(self) -> None:
+        if self.snapshot_path is None or not self.snapshot_path.is_file():
+            return
+        with open(self.snapshot_path, "rb") as f:
+            state = pickle.load(f)  # noqa: S301 - written by save_snapshot on this host
+        self.table = self._make_table(int(state["capacity"]))
+        self.table.load_state_dict(state["table"])
+        self.limiter.load_state_dict(state["limiter"])
+        self.rng.bit_generator.state = state["rng"]
+        self.trajectories = int(state["trajectories"])
+        self.log.info("restored %s: %d items", self.snapshot_path, self.table.size)
 
     # --- handlers ---------------------------------------------------------------------
 
@@ -109,7 +177,8 @@ class ReplayServer(Role):
         rc = self.config.replay
         items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
         n = len(priorities)
-        self.table.insert(items, priorities if isinstance(self.table, PrioritizedTable) else None)
+        table = self._table_for(items)
+        table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
         self.limiter.on_insert(n)
         self.trajectories += 1
         self.acks.send(
@@ -129,12 +198,15 @@ class ReplayServer(Role):
             raise P.ProtocolError("priority update with mismatched key/priority lengths")
         if not np.all(np.isfinite(prios)) or np.any(prios < 0):
             raise P.ProtocolError("priority update with non-finite or negative values")
+        if self.table is None:
+            raise P.ProtocolError("priorities for an empty shard")
         applied = self.table.update_priorities(keys, prios)
         self.priority_updates += 1
         self.stale_priority_keys += len(keys) - applied
 
     def sample_batch(self) -> P.Message:
         rc = self.config.replay
+        assert self.table is not None  # the limiter allows no sample from an empty shard
         b = self.table.sample(rc.batch_size, self.rng)
         self.limiter.on_sample(rc.batch_size)
         return P.Message(
@@ -162,15 +234,22 @@ class ReplayServer(Role):
                 # A bad message from one actor must not stop the shard: count and drop it.
                 channel._drop(got[1].sender or "?", str(exc))
 
+    def teardown(self) -> None:
+        if getattr(self, "snapshot_path", None) is not None:
+            self.save_snapshot()
+
     def step(self) -> None:
         rc = self.config.replay
+        if self.snapshot_path is not None and time.monotonic() >= self.next_snapshot:
+            self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
+            self.save_snapshot()
         self._drain(self.priorities, self.on_priorities, 64)
         self._drain(
             self.experience, self.on_trajectory, INSERTS_PER_STEP,
-            gate=lambda: self.limiter.can_insert(1, self.table.size),
+            gate=lambda: self.limiter.can_insert(1, self.size),
         )  # fmt: skip
         sent = 0
-        while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.table.size):
+        while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.size):
             if not self.batches.sock.poll(0, zmq.POLLOUT):
                 break
             if not self.batches.send(self.sample_batch(), block=False):
@@ -182,9 +261,9 @@ class ReplayServer(Role):
         # Nothing to send: wait for whatever can make progress.
         poller = zmq.Poller()
         poller.register(self.priorities.sock, zmq.POLLIN)
-        if self.limiter.can_insert(1, self.table.size):
+        if self.limiter.can_insert(1, self.size):
             poller.register(self.experience.sock, zmq.POLLIN)
-        if self.limiter.can_sample(rc.batch_size, self.table.size):
+        if self.limiter.can_sample(rc.batch_size, self.size):
             poller.register(self.batches.sock, zmq.POLLOUT)
         poller.poll(50)
 
@@ -192,8 +271,9 @@ class ReplayServer(Role):
         rc = self.config.replay
         inserts, samples = self.limiter.inserts, self.limiter.samples
         info: dict[str, Any] = {
-            "size": self.table.size,
-            "capacity": self.table.capacity,
+            "size": self.size,
+            "capacity": self.table.capacity if self.table is not None else None,
+            "snapshots": self.snapshots,
             "inserts": inserts,
             "samples": samples,
             "samples_per_insert": round(samples / inserts, 3) if inserts else 0.0,
@@ -201,7 +281,7 @@ class ReplayServer(Role):
             "batches": self.batches_sent,
             "stale_priority_keys": self.stale_priority_keys,
         }
-        blocked = self.limiter.why_blocked(rc.batch_size, self.table.size)
+        blocked = self.limiter.why_blocked(rc.batch_size, self.size)
         if blocked:
             info["sampling_blocked"] = blocked
         if self.weights_versions:
