@@ -423,18 +423,19 @@ class Supervisor:
             self._spawn(child)
 
     def _check_children(self) -> None:
+        """Restart crashed children with back-off, the broker included (roles re-register
+        with a restarted broker by themselves). Past the restart budget the run stops."""
+        watched = [*self.children]
+        if self.broker_child is not None and self.broker_child.proc is not None:
+            watched.append(self.broker_child)
         now = time.monotonic()
-        for child in self.children:
+        for child in watched:
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.restart_at = None
                     child.restarts += 1
-                    log.warning(
-                        "restarting %s (restart %d of %d)",
-                        child.name,
-                        child.restarts,
-                        RESTART_BUDGET,
-                    )
+                    log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
+                                RESTART_BUDGET)  # fmt: skip
                     self._spawn(child)
                 continue
             if child.alive():
@@ -442,22 +443,23 @@ class Supervisor:
             code = child.exit_code()
             if child.restarts >= RESTART_BUDGET:
                 self.stop_reason = "error"
-                self._fatal = f"{child.name} crashed {child.restarts + 1} times (exit code {code}); see {child.log_path}"
+                self._fatal = (
+                    f"{child.name} crashed {child.restarts + 1} times (exit code {code}); "
+                    f"see {child.log_path}"
+                )
                 self._stop.set()
                 return
             delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
-            log.warning(
-                "%s exited with code %s; restarting in %.0fs (log: %s)",
-                child.name,
-                code,
-                delay,
-                child.log_path,
-            )
+            if child is self.broker_child:
+                delay = 0.2  # everyone waits on the broker: bring it back at once
+            log.warning("%s exited with code %s; restarting in %.1fs (log: %s)", child.name, code,
+                        delay, child.log_path)  # fmt: skip
             child.restart_at = now + delay
-        if self.broker_child is not None and not self.broker_child.alive():
-            self.stop_reason = "error"
-            self._fatal = f"the broker exited; see {self.broker_child.log_path}"
-            self._stop.set()
+        if self.broker_child is not None and self.broker_child.proc is None:
+            if not self.broker_child.alive():  # in-process broker thread died: a bug, stop
+                self.stop_reason = "error"
+                self._fatal = "the in-process broker stopped; see the log"
+                self._stop.set()
 
     def _stop_children(self) -> None:
         # Actors first (they produce), the broker last (everyone says BYE through it).
@@ -694,5 +696,9 @@ class Supervisor:
             "evaluations": len(evals),
             "weights_version": version,
             "model": str(self.run_dir / "model.pt") if version is not None else None,
-            "restarts": {c.name: c.restarts for c in self.children if c.restarts},
+            "restarts": {
+                c.name: c.restarts
+                for c in [*self.children, *([self.broker_child] if self.broker_child else [])]
+                if c.restarts
+            },
         }

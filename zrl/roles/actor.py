@@ -80,6 +80,7 @@ class Actor(Role):
         self.acked_seq = -1
         self.ack_timeouts = 0
         self.env_errors = 0
+        self.lost_in_flight = 0
         self.started = time.monotonic()
         self.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
@@ -90,6 +91,17 @@ class Actor(Role):
     @torch.no_grad()
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         return self.model(torch.from_numpy(obs)).numpy()
+
+    def on_reregistered(self) -> None:
+        # Trajectories in flight through a broker that died are gone: say how many, and
+        # reopen the window instead of waiting for acks that cannot come.
+        if hasattr(self, "experience") and self.in_flight > 0:
+            self.lost_in_flight += self.in_flight
+            self.log.warning(
+                "%d trajectories were unacknowledged when the broker went away: counted as lost (%d in total)",
+                self.in_flight, self.lost_in_flight,
+            )  # fmt: skip
+            self.acked_seq = self.experience.next_seq - 1
 
     def on_env_error(self, exc: Exception) -> None:
         """An env raised: count it, reset the envs and drop the partial trajectory."""
@@ -231,6 +243,7 @@ class Actor(Role):
             "in_flight": self.in_flight,
             "ack_timeouts": self.ack_timeouts,
             "env_errors": self.env_errors,
+            "lost_in_flight": self.lost_in_flight,
         }
         recent = self.episodes.recent_mean()
         if recent is not None:

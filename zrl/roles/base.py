@@ -187,6 +187,7 @@ class Role:
             self.log.info("registered as %s with broker %s", self.id, self.broker)
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
+            self.on_reregistered()
 
     def _factories_from(self, msg: P.Message) -> Factories:
         refs = msg.meta.get("factories") or {}
@@ -392,6 +393,9 @@ class Role:
         )
 
     # --- lifecycle --------------------------------------------------------------------
+
+    def on_reregistered(self) -> None:
+        """Called when the role registered again (the broker restarted or lost us)."""
 
     def bind(self) -> None:
         """Bind the role's own sockets (its rpc ROUTER); called before HELLO announces them."""
