@@ -7,6 +7,10 @@ Sockets:
   actor-side initial priorities. A full stream blocks the send (back-pressure):
   the actor then retries the same message and collects nothing new meanwhile, so
   nothing is dropped and memory stays bounded.
+- SUB ``acks/<id>/`` (topic bus): the shard's ACK of each inserted trajectory. At most
+  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window), which
+  bounds how stale replay's data can get; on stop the actor waits for the last acks
+  (end of stream) instead of trusting LINGER.
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest
   version is applied before each trajectory and reported with it.
 
