@@ -1,0 +1,172 @@
+"""IMPALA learner math: V-trace off-policy targets and the actor-critic loss (Espeholt et al. 2018).
+
+All ``[T, B]`` tensors are time-major: ``x[t, b]`` is step ``t`` of trajectory ``b``. Row ``t``
+of ``rewards`` / ``discounts`` belongs to the transition ``x_t -> x_{t+1}`` and
+``discounts[t] = gamma * (1 - done_t)``, so nothing is bootstrapped across an episode end.
+``bootstrap_value [B]`` is ``V(x_T)``, the value of the observation after the last step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class VTraceReturns:
+    """Output of :func:`vtrace`; both ``[T, B]`` and detached."""
+
+    vs: Tensor  # value targets v_s
+    pg_advantages: Tensor  # rho^pg_s * (r_s + gamma_s * v_{s+1} - V(x_s))
+
+
+def _check_threshold(name: str, value: float) -> None:
+    # `not value > 0` also rejects NaN; math.inf (no clipping) is allowed.
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0 (math.inf disables clipping), got {name}={value!r}")
+
+
+def _check_coef(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {name}={value!r}")
+
+
+def vtrace(
+    behaviour_logp: Tensor,
+    target_logp: Tensor,
+    rewards: Tensor,
+    discounts: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    pg_rho_bar: float | None = None,
+) -> VTraceReturns:
+    """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, Sec. 4).
+
+    With the importance ratio ``ratio_t = pi(a_t|x_t) / mu(a_t|x_t) = exp(target_logp -
+    behaviour_logp)`` of the learner policy ``pi`` over the actor policy ``mu``::
+
+        rho_t   = min(rho_bar, ratio_t)        c_t = min(c_bar, ratio_t)
+        delta_t = rho_t * (r_t + gamma_t * V(x_{t+1}) - V(x_t))        V(x_T) = bootstrap_value
+        v_s     = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) * delta_t
+
+    (with a constant ``gamma`` the product is the paper's ``gamma^{t-s} prod c_i``), computed
+    by the backward recursion ``v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1}))``.
+    The policy-gradient advantage is
+
+        A_s = min(pg_rho_bar, ratio_s) * (r_s + gamma_s * v_{s+1} - V(x_s))      v_T = V(x_T)
+
+    with ``pg_rho_bar = rho_bar`` when None. On-policy (``pi == mu``) with ``rho_bar, c_bar >=
+    1`` the targets are the n-step bootstrapped returns. Everything runs under
+    ``torch.no_grad()`` in the inputs' dtype; shapes ``[T, B]``, ``bootstrap_value [B]``.
+    """
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [T, B], got shape {tuple(rewards.shape)}")
+    for name, arr in (
+        ("behaviour_logp", behaviour_logp),
+        ("target_logp", target_logp),
+        ("discounts", discounts),
+        ("values", values),
+    ):
+        if arr.shape != rewards.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(arr.shape)}, expected {tuple(rewards.shape)} like rewards"
+            )
+    if bootstrap_value.shape != rewards.shape[1:]:
+        raise ValueError(
+            f"bootstrap_value has shape {tuple(bootstrap_value.shape)}, expected "
+            f"{tuple(rewards.shape[1:])} (rewards.shape without the time axis)"
+        )
+    _check_threshold("rho_bar", rho_bar)
+    _check_threshold("c_bar", c_bar)
+    if pg_rho_bar is None:
+        pg_rho_bar = rho_bar
+    _check_threshold("pg_rho_bar", pg_rho_bar)
+
+    with torch.no_grad():
+        ratios = torch.exp(target_logp - behaviour_logp)
+        # clamp(max=inf) is a no-op, so math.inf means "no clipping".
+        rhos = ratios.clamp(max=rho_bar)
+        cs = ratios.clamp(max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        deltas = rhos * (rewards + discounts * next_values - values)
+
+        vs_minus_v = torch.empty_like(deltas)
+        running = torch.zeros_like(bootstrap_value, dtype=deltas.dtype)  # v_T - V(x_T) = 0
+        for t in reversed(range(rewards.shape[0])):
+            running = deltas[t] + discounts[t] * cs[t] * running
+            vs_minus_v[t] = running
+        vs = values + vs_minus_v
+
+        next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0).to(vs.dtype)], dim=0)
+        pg_rhos = ratios.clamp(max=pg_rho_bar)
+        pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
+    return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """Entropy ``H = -sum_a p_a log p_a`` of softmax(logits) over the last axis.
+
+    ``-inf`` logits (masked actions) contribute 0 rather than NaN, as in
+    ``torch.distributions.Categorical``.
+    """
+    log_probs = F.log_softmax(logits, dim=-1)
+    log_probs = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def impala_loss(
+    logits: Tensor,
+    values: Tensor,
+    actions: Tensor,
+    vtrace_returns: VTraceReturns,
+    entropy_coef: float,
+    value_coef: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """IMPALA actor-critic loss on V-trace targets, averaged over the ``T * B`` steps.
+
+    ``policy_loss = -mean(log pi(a_s|x_s) * A_s)``, ``value_loss = mean(0.5 * (v_s - V(x_s))^2)``,
+    ``entropy = mean(H(pi(.|x_s)))`` and
+    ``loss = policy_loss + value_coef * value_loss - entropy_coef * entropy``.
+
+    ``logits [T, B, A]`` and ``values [T, B]`` come from the learner's forward pass (with
+    gradients); ``actions [T, B]`` are the actors' actions. The V-trace outputs are constants:
+    if they require grad (not computed by :func:`vtrace`) this raises ``ValueError``. Returns
+    ``(loss, parts)`` with the float parts ``loss, policy_loss, value_loss, entropy``.
+    """
+    vs, pg_adv = vtrace_returns.vs, vtrace_returns.pg_advantages
+    if vs.requires_grad or pg_adv.requires_grad:
+        raise ValueError("impala_loss: vtrace_returns require grad; compute them with vtrace()")
+    if logits.ndim != 3:
+        raise ValueError(f"logits must be [T, B, A], got shape {tuple(logits.shape)}")
+    expected = tuple(logits.shape[:2])
+    for name, arr in (
+        ("values", values),
+        ("actions", actions),
+        ("vtrace_returns.vs", vs),
+        ("vtrace_returns.pg_advantages", pg_adv),
+    ):
+        if tuple(arr.shape) != expected:
+            raise ValueError(
+                f"{name} has shape {tuple(arr.shape)}, expected {expected} (logits.shape[:2])"
+            )
+    _check_coef("entropy_coef", entropy_coef)
+    _check_coef("value_coef", value_coef)
+
+    log_probs = F.log_softmax(logits, dim=-1)
+    logp_taken = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    policy_loss = -(logp_taken * pg_adv).mean()
+    value_loss = 0.5 * (vs - values).square().mean()
+    entropy = categorical_entropy(logits).mean()
+    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
+    return loss, {
+        "loss": float(loss.item()),
+        "policy_loss": float(policy_loss.item()),
+        "value_loss": float(value_loss.item()),
+        "entropy": float(entropy.item()),
+    }
