@@ -143,16 +143,21 @@ def dqn_update(
     if not grad_clip > 0:
         raise ValueError(f"grad_clip must be > 0 (math.inf disables), got grad_clip={grad_clip!r}")
 
+    if double:
+        # One forward of the online net over obs and next_obs together: on small CPU models
+        # the per-call overhead dominates. next_obs only picks the argmax, so no gradient.
+        n = batch["obs"].shape[0]
+        q_both = online(torch.cat([batch["obs"], batch["next_obs"]]))
+        q_values, next_q_online = q_both[:n], q_both[n:].detach()
+    else:
+        q_values = online(batch["obs"])
     with torch.no_grad():
         next_q_target = target(batch["next_obs"])
         if double:
-            y = double_q_targets(
-                batch["reward"], batch["discount"], online(batch["next_obs"]), next_q_target
-            )
+            y = double_q_targets(batch["reward"], batch["discount"], next_q_online, next_q_target)
         else:
             y = q_targets(batch["reward"], batch["discount"], next_q_target)
 
-    q_values = online(batch["obs"])
     loss, td = dqn_loss(q_values, batch["action"], y, batch["weight"], huber_delta)
 
     optimizer.zero_grad(set_to_none=True)
