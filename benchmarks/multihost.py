@@ -4,29 +4,37 @@ Every "host" is a network namespace on one bridge (``tests/integration/netns.py`
 and iproute2). In one run:
 
 (A) env steps/s of actors, one per namespace, in 1, 2 and 4 namespaces, against the same
-    number of actors all in the broker's own namespace (over its eth0 address, so the only
-    difference is the veth + bridge hop). Broker and one replay shard run in h0 with
-    ``replay.samples_per_insert: 0`` (inserts are never held back) and no learner. The rate
-    is the sum over actors of their ``info.env_steps`` delta in ``zrl status``, each divided
-    by the time between the two heartbeats that carried it (status time minus row age).
+    number of actors all in the broker's own namespace (same broker address, which is local
+    there, so the kernel carries it like loopback: the difference is the veth + bridge hop). Broker and one replay shard run in h0 with
+    ``replay.samples_per_insert: 0`` (inserts are never held back) and no learner. Both sets
+    of a count start together; then only one set runs at a time (the other is SIGSTOPped),
+    alternating ``--windows`` times, so both see the same load from whatever else shares the
+    machine. A set's rate is the sum over its actors of their ``info.env_steps`` deltas in
+    ``zrl status``, each divided by the time between the two heartbeats that carried them
+    (status time minus row age).
 (B) the throughput cost of CurveZMQ on the experience stream: 64 KiB zrl messages from a PUSH
     in h1 through the broker's ``experience`` device in h0 to a PULL in h2 (decoded and
     validated like a replay shard does), broker and both ends with ``--keys`` vs
     ``--insecure``, alternating, best of the rounds. Target: secure/insecure >= 0.7.
+    The producer's first message on its connection is a tiny one-frame message: a large
+    multipart first message makes the secure broker's device thread die (a zrl bug, see
+    ``STREAM_END``); a run where a device died anyway is flagged in the table.
 
 Run from the repo root as root::
 
     python benchmarks/multihost.py                   # about 3 minutes
     python benchmarks/multihost.py --seconds 10 --counts 1,2 --rounds 1
 
-Every process is killed by PID and every namespace deleted on the way out, also on errors
-and Ctrl-C.
+Every process is killed by PID and every namespace deleted on the way out, also on errors,
+Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +51,7 @@ CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 TARGET_CURVE_RATIO = 0.7
 POLL_S = 0.5
 START_TIMEOUT_S = 120.0
-WARMUP_S = 3.0
+WARMUP_S = 1.5
 
 POLLER = r"""
 import json, sys, time
@@ -155,50 +163,86 @@ def heartbeat_steps(t: float, row: dict[str, Any]) -> tuple[float, int]:
     return t - float(row["age"]), int(row["info"].get("env_steps", 0))
 
 
-def measure_actors(
-    hosts: Hosts, status: Status, broker: str, where: list[int], first_index: int,
-    seconds: float, logs: Path,
-) -> dict[str, Any]:  # fmt: skip
-    """Start one actor per entry of ``where`` (a host index), measure, stop them."""
-    procs = []
-    for k, host in enumerate(where):
-        idx = first_index + k
-        procs.append(hosts.zrl(host, "start", "actor", "--broker", broker, "--index", str(idx),
-                               log=logs / f"actor-{idx}-h{host}.log"))  # fmt: skip
+def signal_all(procs: list[subprocess.Popen[bytes]], sig: int) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+
+
+def wait_stepping(status: Status, procs: list[subprocess.Popen[bytes]], logs: Path) -> str | None:
+    """Wait until every actor of ``procs`` is registered and stepping; an error, or None."""
     pids = {p.pid for p in procs}
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        got = status.actor_rows(pids)
+        if got and len(got[1]) == len(pids):
+            if all(r["info"].get("env_steps", 0) > 0 for r in got[1].values()):
+                return None
+        if any(p.poll() is not None for p in procs):
+            return f"an actor exited (logs in {logs})"
+        time.sleep(POLL_S)
+    return f"actors not stepping after {START_TIMEOUT_S:g}s (logs in {logs})"
+
+
+def measure_pair(
+    hosts: Hosts, status: Status, broker: str, n: int, first_index: int, seconds: float,
+    windows: int, logs: Path,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """n actors in h0 (local) and one in each of h1..hn (remote), started together; then only
+    one set runs at a time (the other is SIGSTOPped), alternating ``windows`` times, so both
+    see the same machine load. Each set's rate: sum over its actors of steps / heartbeat time."""
+    sets: dict[str, list[subprocess.Popen[bytes]]] = {"local": [], "remote": []}
+    idx = first_index
+    for mode, where in (("local", [0] * n), ("remote", list(range(1, n + 1)))):
+        for host in where:
+            sets[mode].append(hosts.zrl(host, "start", "actor", "--broker", broker, "--index",
+                                        str(idx), log=logs / f"actor-{idx}-h{host}.log"))  # fmt: skip
+            idx += 1
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            got = status.actor_rows(pids)
-            if got and len(got[1]) == len(pids) and all(
-                r["state"] == "alive" and r["info"].get("env_steps", 0) > 0 for r in got[1].values()
-            ):
-                break
-            if time.monotonic() > deadline:
-                return {"error": f"actors not stepping after {START_TIMEOUT_S:g}s (logs in {logs})"}
-            if any(p.poll() is not None for p in procs):
-                return {"error": f"an actor exited (logs in {logs})"}
-            time.sleep(POLL_S)
-        time.sleep(WARMUP_S)
-        t0, rows0 = status.actor_rows(pids) or (0.0, {})
-        time.sleep(seconds)
-        t1, rows1 = status.actor_rows(pids) or (0.0, {})
-        per_actor = []
-        for pid in sorted(pids):
-            (ta, sa), (tb, sb) = heartbeat_steps(t0, rows0[pid]), heartbeat_steps(t1, rows1[pid])
-            per_actor.append((sb - sa) / (tb - ta) if tb > ta else 0.0)
-            if rows1[pid]["state"] != "alive":
-                return {"error": f"actor pid {pid} is {rows1[pid]['state']}"}
-        blocked = [r["info"].get("blocked_s", 0) for r in rows1.values()]
-        return {"steps_per_s": sum(per_actor), "per_actor": per_actor, "blocked_s": max(blocked)}
+        error = wait_stepping(status, sets["local"] + sets["remote"], logs)
+        if error:
+            return {mode: {"error": error} for mode in sets}
+        steps = {p.pid: 0 for procs in sets.values() for p in procs}
+        windows_log: list[tuple[str, int, float]] = []
+        spent = dict.fromkeys(steps, 0.0)
+        for _ in range(windows):
+            for mode, other in (("local", "remote"), ("remote", "local")):
+                signal_all(sets[other], signal.SIGSTOP)
+                signal_all(sets[mode], signal.SIGCONT)
+                time.sleep(WARMUP_S)  # resume, refill the pipeline, heartbeat
+                pids = {p.pid for p in sets[mode]}
+                t0, rows0 = status.actor_rows(pids) or (0.0, {})
+                time.sleep(seconds / windows)
+                t1, rows1 = status.actor_rows(pids) or (0.0, {})
+                for pid in pids:
+                    if pid not in rows0 or pid not in rows1:
+                        return {m: {"error": f"actor pid {pid} missing from status"} for m in sets}
+                    (ta, sa), (tb, sb) = (
+                        heartbeat_steps(t0, rows0[pid]),
+                        heartbeat_steps(t1, rows1[pid]),
+                    )
+                    steps[pid] += sb - sa
+                    spent[pid] += tb - ta
+                    windows_log.append((mode, pid, (sb - sa) / (tb - ta) if tb > ta else 0.0))
+        out = {}
+        for mode, procs in sets.items():
+            per = [steps[p.pid] / spent[p.pid] if spent[p.pid] > 0 else 0.0 for p in procs]
+            out[mode] = {"steps_per_s": sum(per), "per_actor": per,
+                         "windows": [round(r) for m, _, r in windows_log if m == mode]}  # fmt: skip
+        return out
     finally:
-        kill_procs(procs)
+        signal_all(sets["local"] + sets["remote"], signal.SIGCONT)
+        kill_procs(sets["local"] + sets["remote"])
 
 
-def part_a(hosts: Hosts, counts: list[int], seconds: float, logs: Path) -> list[dict[str, Any]]:
+def part_a(
+    hosts: Hosts, counts: list[int], seconds: float, windows: int, logs: Path
+) -> list[dict[str, Any]]:
     broker = f"tcp://{hosts.addrs[0]}:5555"
+    # A paused actor misses heartbeats; a long timeout keeps it from being marked dead.
     hosts.zrl(0, "start", "broker", "--bind", broker, "--config", str(CONFIG), "--insecure",
-              "--set", "replay.samples_per_insert=0", log=logs / "broker-a.log")  # fmt: skip
+              "--set", "replay.samples_per_insert=0", "--set", "broker.heartbeat_timeout=120",
+              log=logs / "broker-a.log")  # fmt: skip
     hosts.zrl(0, "start", "replay", "--broker", broker, log=logs / "replay-a.log")
     status_file = logs / "status-a.jsonl"
     (logs / "poller.py").write_text(POLLER)
@@ -208,12 +252,10 @@ def part_a(hosts: Hosts, counts: list[int], seconds: float, logs: Path) -> list[
     results = []
     next_index = 0
     for n in counts:
-        for mode in ("local", "remote"):
-            where = [0] * n if mode == "local" else list(range(1, n + 1))
-            print(f"  {n} actor(s), {mode} ...", flush=True)
-            res = measure_actors(hosts, status, broker, where, next_index, seconds, logs)
-            next_index += n
-            results.append({"actors": n, "mode": mode, **res})
+        print(f"  {n} actor(s) local + {n} remote, alternating ...", flush=True)
+        res = measure_pair(hosts, status, broker, n, next_index, seconds, windows, logs)
+        next_index += 2 * n
+        results += [{"actors": n, "mode": mode, **r} for mode, r in res.items()]
     return results
 
 
@@ -221,46 +263,53 @@ def part_a(hosts: Hosts, counts: list[int], seconds: float, logs: Path) -> list[
 
 
 def stream_run(
-    hosts: Hosts, keys: Path | None, size: int, seconds: float, logs: Path, tag: str
+    hosts: Hosts, broker: str, keys: Path | None, size: int, seconds: float, logs: Path, tag: str
 ) -> dict[str, Any]:
-    broker = f"tcp://{hosts.addrs[0]}:6000"
-    sec = ["--keys", str(keys)] if keys is not None else ["--insecure"]
+    """One producer (h1) and one consumer (h2) through ``broker``; the consumer's figures."""
     script = logs / "stream_end.py"
-    script.write_text(STREAM_END)
     kd = str(keys) if keys is not None else "-"
-    blog = logs / f"broker-b-{tag}.log"
-    procs = [hosts.zrl(0, "start", "broker", "--bind", broker, *sec, log=blog)]
+    out = logs / f"consumer-{tag}.json"
+    consumer = hosts.exec(2, sys.executable, str(script), "pull", broker, kd, str(size),
+                          str(seconds), log=out)  # fmt: skip
+    producer = hosts.exec(1, sys.executable, str(script), "push", broker, kd, str(size),
+                          str(seconds), log=logs / f"producer-{tag}.log")  # fmt: skip
     try:
-        out = logs / f"consumer-{tag}.json"
-        consumer = hosts.exec(2, sys.executable, str(script), "pull", broker, kd, str(size),
-                              str(seconds), log=out)  # fmt: skip
-        procs.append(consumer)
-        procs.append(hosts.exec(1, sys.executable, str(script), "push", broker, kd, str(size),
-                                str(seconds), log=logs / f"producer-{tag}.log"))  # fmt: skip
-        try:
-            consumer.wait(timeout=seconds + 60)
-        except subprocess.TimeoutExpired:
-            return {"error": "consumer did not finish"}
-        text = out.read_text().strip().splitlines()
-        res: dict[str, Any] = json.loads(text[-1]) if text else {"error": "no output"}
-        if "Exception in thread zrl-device-" in blog.read_text(errors="replace"):
-            res["device_died"] = True
-        return res
+        consumer.wait(timeout=seconds + 60)
+    except subprocess.TimeoutExpired:
+        return {"error": "consumer did not finish"}
     finally:
-        kill_procs(procs)
+        kill_procs([producer, consumer])
+    text = out.read_text().strip().splitlines()
+    return json.loads(text[-1]) if text else {"error": f"no output (see {out})"}
 
 
-def part_b(hosts: Hosts, size: int, seconds: float, rounds: int, logs: Path) -> list[dict[str, Any]]:
+def part_b(
+    hosts: Hosts, size: int, seconds: float, rounds: int, logs: Path
+) -> list[dict[str, Any]]:
     keys = logs / "keys"
     subprocess.run([sys.executable, "-m", "zrl", "keys", "init", str(keys)], check=True,
                    capture_output=True, cwd=REPO)  # fmt: skip
+    (logs / "stream_end.py").write_text(STREAM_END)
+    brokers = {"insecure": f"tcp://{hosts.addrs[0]}:7000", "secure": f"tcp://{hosts.addrs[0]}:6000"}
+    blogs = {mode: logs / f"broker-b-{mode}.log" for mode in brokers}
+    procs = [
+        hosts.zrl(0, "start", "broker", "--bind", brokers["insecure"], "--insecure",
+                  log=blogs["insecure"]),
+        hosts.zrl(0, "start", "broker", "--bind", brokers["secure"], "--keys", str(keys),
+                  log=blogs["secure"]),
+    ]  # fmt: skip
     results = []
-    for r in range(rounds):
-        for mode in ("insecure", "secure"):
-            print(f"  round {r + 1}, {mode} ...", flush=True)
-            res = stream_run(hosts, keys if mode == "secure" else None, size, seconds, logs,
-                             f"{mode}-{r}")  # fmt: skip
-            results.append({"round": r + 1, "mode": mode, **res})
+    try:
+        for r in range(rounds):
+            for mode in ("insecure", "secure"):
+                print(f"  round {r + 1}, {mode} ...", flush=True)
+                res = stream_run(hosts, brokers[mode], keys if mode == "secure" else None,
+                                 size, seconds, logs, f"{mode}-{r}")  # fmt: skip
+                if "Exception in thread zrl-device-" in blogs[mode].read_text(errors="replace"):
+                    res["device_died"] = True
+                results.append({"round": r + 1, "mode": mode, **res})
+    finally:
+        kill_procs(procs)
     return results
 
 
@@ -271,7 +320,7 @@ def report_a(results: list[dict[str, Any]]) -> None:
     print()
     print("(A) actor env steps/s: one actor per namespace (remote) vs all in the broker's (local)")
     print(f"{'actors':>6} {'local steps/s':>14} {'remote steps/s':>15} {'remote/local':>13}"
-          f"  {'per actor, remote':<28}")  # fmt: skip
+          f"  {'local windows (k/s)':<22} {'remote windows (k/s)':<22}")  # fmt: skip
     by = {(r["actors"], r["mode"]): r for r in results}
     for n in sorted({r["actors"] for r in results}):
         loc, rem = by[(n, "local")], by[(n, "remote")]
@@ -279,11 +328,19 @@ def report_a(results: list[dict[str, Any]]) -> None:
             print(f"{n:>6} error: {loc.get('error') or rem.get('error')}")
             continue
         ratio = rem["steps_per_s"] / loc["steps_per_s"] if loc["steps_per_s"] else float("nan")
-        per = ", ".join(f"{x:,.0f}" for x in rem["per_actor"])
+
+        def spread(r: dict[str, Any]) -> str:
+            # Per-window sums over the set's actors: how much the machine's load moved them.
+            k = len(r["per_actor"])
+            w = r["windows"]
+            sums = [sum(w[i : i + k]) / 1000 for i in range(0, len(w), k)]
+            return " ".join(f"{x:.0f}" for x in sums)
+
         print(f"{n:>6} {loc['steps_per_s']:>14,.0f} {rem['steps_per_s']:>15,.0f} {ratio:>13.2f}"
-              f"  {per:<28}")  # fmt: skip
-    print("(all actors, replay and broker share this machine's cores: more actors split the same "
-          "CPUs; the ratio is the figure that isolates the network hop)")  # fmt: skip
+              f"  {spread(loc):<22} {spread(rem):<22}")  # fmt: skip
+    print("(actors, replay and broker share this machine's cores, so more actors split the same "
+          "CPUs; local and remote\n windows alternate, so both see the same load from anything "
+          "else running)")  # fmt: skip
 
 
 def report_b(results: list[dict[str, Any]], size: int) -> None:
@@ -294,8 +351,10 @@ def report_b(results: list[dict[str, Any]], size: int) -> None:
     best: dict[str, float] = {}
     for r in results:
         if "error" in r:
-            print(f"{r['round']:>5} {r['mode']:<9} {'error':>9}           {r['error']}"
-                  + ("; the broker's experience device died" if r.get("device_died") else ""))
+            print(
+                f"{r['round']:>5} {r['mode']:<9} {'error':>9}           {r['error']}"
+                + ("; the broker's experience device died" if r.get("device_died") else "")
+            )
             continue
         rate = r["msgs"] / r["seconds"]
         mib = r["bytes"] / r["seconds"] / 2**20
@@ -314,7 +373,9 @@ def report_b(results: list[dict[str, Any]], size: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=15.0, help="(A) window per config")
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="(A) measured seconds per configuration, over all its windows")  # fmt: skip
+    parser.add_argument("--windows", type=int, default=3, help="(A) alternations per count")
     parser.add_argument("--counts", default="1,2,4", help="(A) actor counts")
     parser.add_argument("--size", type=int, default=64 * 1024, help="(B) message bytes")
     parser.add_argument("--stream-seconds", type=float, default=4.0, help="(B) window per run")
@@ -327,18 +388,31 @@ def main() -> None:
         print(f"cannot run: {reason}", file=sys.stderr)
         sys.exit(2)
     counts = [int(c) for c in args.counts.split(",")]
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through Hosts.__exit__: nothing is left behind
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
     logs = log_dir()
     started = time.monotonic()
+    load0 = f"{os.getloadavg()[0]:.1f}"
     print(f"zrl multi-host benchmark (logs in {logs})")
     with Hosts(max(3, 1 + max(counts, default=0))) as hosts:
-        print(f"hosts: {', '.join(f'{n}={a}' for n, a in zip(hosts.names, hosts.addrs, strict=True))}")
-        res_b = [] if args.skip_b else part_b(hosts, args.size, args.stream_seconds, args.rounds, logs)
-        res_a = [] if args.skip_a else part_a(hosts, counts, args.seconds, logs)
+        print(
+            f"hosts: {', '.join(f'{n}={a}' for n, a in zip(hosts.names, hosts.addrs, strict=True))}"
+        )
+        res_b = (
+            [] if args.skip_b else part_b(hosts, args.size, args.stream_seconds, args.rounds, logs)
+        )
+        res_a = [] if args.skip_a else part_a(hosts, counts, args.seconds, args.windows, logs)
     if res_a:
         report_a(res_a)
     if res_b:
         report_b(res_b, args.size)
-    print(f"\n{time.monotonic() - started:.0f} s; every process and namespace cleaned up")
+    print(f"\n{time.monotonic() - started:.0f} s; load average {load0} at start, "
+          f"{os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs); every process and namespace "
+          "cleaned up")  # fmt: skip
 
 
 if __name__ == "__main__":

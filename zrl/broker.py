@@ -198,7 +198,15 @@ class Broker:
 
         def device() -> None:
             try:
-                zmq.proxy_steerable(frontend, backend, None, ctrl_server)
+                while True:
+                    try:
+                        zmq.proxy_steerable(frontend, backend, None, ctrl_server)
+                        return  # TERMINATE
+                    except zmq.Again:
+                        # With CURVE, a connection's first message can make a socket report
+                        # readable before a part is there; zmq_proxy gives up on that EAGAIN
+                        # before forwarding anything, so going back into the proxy loses nothing.
+                        continue
             except zmq.ContextTerminated:
                 pass
             finally:

@@ -49,6 +49,9 @@ KeysOpt = Annotated[
     Path | None,
     typer.Option("--keys", help="Key directory from `zrl keys init`: CURVE on every socket."),
 ]
+KeyNameOpt = Annotated[
+    str, typer.Option("--key-name", help="Which client keypair in --keys DIR to use.")
+]
 AdvertiseOpt = Annotated[
     str | None,
     typer.Option("--advertise", help="Address peers reach this host at (default: auto)."),
@@ -153,12 +156,12 @@ def _load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, An
     return cfg, factories
 
 
-def _load_keys(directory: Path | None) -> Any:
+def _load_keys(directory: Path | None, name: str = "client") -> Any:
     if directory is None:
         return None
     from zrl.transport.security import load_keys
 
-    return load_keys(directory)
+    return load_keys(directory, name)
 
 
 def _start_role(
@@ -169,6 +172,7 @@ def _start_role(
     timeout: float,
     advertise: str | None,
     keys: Path | None = None,
+    key_name: str = "client",
 ) -> None:
     from zrl.roles import role_class
     from zrl.runtime import install_stop_signals, setup_logging
@@ -176,7 +180,11 @@ def _start_role(
     setup_logging(log_level)
     cls = role_class(name)
     role = cls(
-        broker, index=index, connect_timeout=timeout, advertise=advertise, keys=_load_keys(keys)
+        broker,
+        index=index,
+        connect_timeout=timeout,
+        advertise=advertise,
+        keys=_load_keys(keys, key_name),
     )
     install_stop_signals(role.request_stop)
     role.run()
@@ -189,9 +197,10 @@ def _add_role_command(name: str, help_text: str) -> None:
         connect_timeout: TimeoutOpt = 60.0,
         advertise: AdvertiseOpt = None,
         keys: KeysOpt = None,
+        key_name: KeyNameOpt = "client",
         log_level: LogOpt = "INFO",
     ) -> None:
-        _start_role(name, broker, index, log_level, connect_timeout, advertise, keys)
+        _start_role(name, broker, index, log_level, connect_timeout, advertise, keys, key_name)
 
     command.__doc__ = help_text
     start_app.command(name)(command)
@@ -220,6 +229,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw status as JSON.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
     keys: KeysOpt = None,
+    key_name: KeyNameOpt = "client",
 ) -> None:
     """Show the roles registered with a broker."""
     import zmq
@@ -230,7 +240,7 @@ def status(
     from zrl.transport import protocol as P
 
     reply = registry_request(
-        zmq.Context.instance(), broker, P.Message(P.STATUS), timeout, _load_keys(keys)
+        zmq.Context.instance(), broker, P.Message(P.STATUS), timeout, _load_keys(keys, key_name)
     )
     if as_json:
         typer.echo(json.dumps(reply.meta, indent=2, default=str))

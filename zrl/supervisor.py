@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -122,6 +123,21 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def count(value: Any) -> int:
+    """A non-negative integer figure from a peer's metrics; anything else counts as 0.
+
+    Metrics arrive on the open topic bus: a malformed one must not end the run."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 0
+
+
+def number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class Aggregator:
     """Turns the roles' latest metrics into the figures the display and CSV show."""
 
@@ -144,7 +160,7 @@ class Aggregator:
         for rid, m in self.latest.items():
             if m.get("role") != role or not isinstance(m.get(key), int):
                 continue
-            raw = int(m[key])
+            raw = count(m[key])
             k = (rid, key)
             if raw < self._last_raw.get(k, 0):
                 self._carry[k] = self._carry.get(k, 0) + self._last_raw[k]
@@ -165,18 +181,18 @@ class Aggregator:
         t0, s0, u0 = self._history[0]
         dt = max(elapsed - t0, 1e-6)
         replays = self._of("replay")
-        inserts = sum(int(m.get("inserts", 0)) for m in replays)
-        samples = sum(int(m.get("samples", 0)) for m in replays)
+        inserts = sum(count(m.get("inserts")) for m in replays)
+        samples = sum(count(m.get("samples")) for m in replays)
         params = self._of("params")
-        version = max((int(m.get("weights_version", 0)) for m in params), default=0)
-        actor_versions = [int(m.get("weights_version", 0)) for m in self._of("actor")]
+        version = max((count(m.get("weights_version")) for m in params), default=0)
+        actor_versions = [count(m.get("weights_version")) for m in self._of("actor")]
         return {
             "time": round(elapsed, 2),
             "env_steps": env_steps,
             "env_steps_per_s": round((env_steps - s0) / dt, 1) if len(self._history) > 1 else 0.0,
             "updates": updates,
             "updates_per_s": round((updates - u0) / dt, 1) if len(self._history) > 1 else 0.0,
-            "replay_size": sum(int(m.get("size", 0)) for m in replays),
+            "replay_size": sum(count(m.get("size")) for m in replays),
             "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,
             "weights_version": version,
             # Metrics arrive at different moments: an actor may report a version params has not.
@@ -462,16 +478,21 @@ class Supervisor:
                 self._stop.set()
 
     def _stop_children(self) -> None:
-        # Actors first (they produce), the broker last (everyone says BYE through it).
-        order = sorted(self.children, key=lambda c: 0 if c.role == "actor" else 1)
-        for child in order:
-            if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-            if child.stop_event is not None:
-                child.stop_event.set()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in order:
-            self._wait_child(child, deadline)
+        """Stop in data-flow order: actors first (their end-of-stream wait needs the replay
+        shards alive to acknowledge), then everyone else, the broker last (BYEs go through it)."""
+        for group in (
+            [c for c in self.children if c.role == "actor"],
+            [c for c in self.children if c.role != "actor"],
+        ):
+            for child in group:
+                child.restart_at = None
+                if child.proc is not None and child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+                if child.stop_event is not None:
+                    child.stop_event.set()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for child in group:
+                self._wait_child(child, deadline)
         if self.broker_child is not None:
             if self.broker_child.proc is not None and self.broker_child.proc.poll() is None:
                 self.broker_child.proc.send_signal(signal.SIGTERM)
@@ -508,8 +529,14 @@ class Supervisor:
             if got is None:
                 return
             meta = got[1].meta
-            if meta.get("kind") == "eval" and isinstance(meta.get("mean"), int | float):
-                row = dict(meta)
+            if meta.get("kind") == "eval":
+                if number(meta.get("mean")) is None:
+                    monitor._drop(got[1].sender or "?", "eval result without a numeric mean")
+                    continue
+                row = {k: number(meta.get(k)) for k in ("mean", "std", "min", "max")}
+                row["std"] = row["std"] or 0.0
+                row["weights_version"] = count(meta.get("weights_version"))
+                row["episodes"] = count(meta.get("episodes"))
                 row["time"] = round(elapsed, 2)
                 row["env_steps"] = self.agg.row(elapsed)["env_steps"]
                 self.agg.evals.append(row)

@@ -259,9 +259,6 @@ class Cluster:
         status = status or self.latest()
         return {r["id"]: r for r in (status or {}).get("status", {}).get("roles", [])}
 
-    def info(self, rid: str) -> dict[str, Any]:
-        return self.rows().get(rid, {}).get("info", {})
-
     def wait(self, what: str, predicate: Callable[[dict[str, dict[str, Any]]], bool],
              timeout: float) -> dict[str, dict[str, Any]]:  # fmt: skip
         """Poll the latest status until ``predicate(rows)``; fail with the logs if it never is."""
@@ -394,8 +391,8 @@ def test_apex_across_three_hosts_learns(make_hosts: Callable[[int], Hosts], tmp_
     # The one role with an rpc socket advertises its host's address, not loopback.
     assert table["params-0"]["rpc"].startswith(f"tcp://{hosts.addrs[0]}:"), table["params-0"]
     assert status["broker"]["bind"] == c.broker
-    # The host column cannot tell namespaces apart (one UTS namespace, one hostname): expected.
-    assert len({r["host"] for r in status["roles"]}) == 1
+    # (The host column cannot tell these hosts apart: namespaces share one hostname. Only the
+    # pid and, for roles with an rpc socket, the advertised address can.)
 
     # The human-readable table, asked from another host (h1).
     done = c.cli_status(1, as_json=False)
@@ -519,6 +516,7 @@ def test_vanished_host_is_marked_dead(make_hosts: Callable[[int], Hosts], tmp_pa
     t0 = time.time()
     hosts.unplug(2)
     took = time_to_dead("actor-0", t0)
+    print(f"unplugged h2: actor-0 shown dead after {took:.2f}s")
     # heartbeat_timeout, plus at most one heartbeat interval, one liveness check and a poll.
     assert took <= timeout + 1.5, (took, c.report())
     assert hosts.run(2, "ip", "-br", "link").stdout.count("eth0") == 0
@@ -532,6 +530,7 @@ def test_vanished_host_is_marked_dead(make_hosts: Callable[[int], Hosts], tmp_pa
     t1 = time.time()
     assert hosts.kill9(1) == [c.pids["actor-1"]]
     took = time_to_dead("actor-1", t1)
+    print(f"kill -9 in h1: actor-1 shown dead after {took:.2f}s")
     assert took <= timeout + 1.5, (took, c.report())
     rows = c.rows()
     assert rows["replay-0"]["state"] == "alive", rows

@@ -114,6 +114,8 @@ class Actor(Role):
             self.log.warning("env raised %s: %s (error %d; envs reset, trajectory dropped)",
                              type(exc).__name__, exc, self.env_errors)  # fmt: skip
         obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
+        self.episodes.running_return[:] = 0.0  # the aborted episodes are not finished episodes
+        self.episodes.running_length[:] = 0
         self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
 
@@ -208,9 +210,21 @@ class Actor(Role):
             got = self.acks.recv(block=False)
             if got is None:
                 return
-            seq = got[1].meta.get("seq")
-            if isinstance(seq, int) and not isinstance(seq, bool):
-                self.acked_seq = max(self.acked_seq, seq)
+            msg = got[1]
+            seq = msg.meta.get("seq")
+            # Only a replay shard's ack of a trajectory we actually sent opens the window.
+            if (
+                msg.kind != P.ACK
+                or not msg.sender.startswith("replay-")
+                or not isinstance(seq, int)
+                or isinstance(seq, bool)
+                or not 0 <= seq < self.experience.next_seq
+            ):
+                self.acks._drop(
+                    msg.sender or "?", f"not an ack of a sent trajectory: {msg.kind} {seq!r}"
+                )
+                continue
+            self.acked_seq = max(self.acked_seq, seq)
 
     def step(self) -> None:
         self.read_acks()

@@ -76,6 +76,7 @@ class Learner(Role):
         self.last_loss = float("nan")
         self.resumed_from: int | None = None
         self.params_acked = False
+        self.diverged = False
         self.waiting_since: float | None = time.monotonic()
         self.started = time.monotonic()
         self.checkpoint = self.checkpoint_path()
@@ -171,6 +172,7 @@ class Learner(Role):
                 double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
             )  # fmt: skip
         except NonFiniteLossError as exc:
+            self.diverged = True
             # Diverged: stop before corrupting anything. The published weights and the last
             # checkpoint are intact; a restart resumes from that checkpoint.
             raise RoleError(
@@ -259,8 +261,10 @@ class Learner(Role):
             self.batches._drop(got[1].sender or "?", str(exc))
 
     def teardown(self) -> None:
-        if getattr(self, "checkpoint", None) is not None:
-            self.save_checkpoint()  # a graceful stop resumes exactly where it stopped
+        # A graceful stop resumes exactly where it stopped; a diverged learner keeps the last
+        # good checkpoint instead of overwriting it.
+        if getattr(self, "checkpoint", None) is not None and not self.diverged:
+            self.save_checkpoint()
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {

@@ -53,7 +53,9 @@ class WeightsFollower:
             got = self.sub.recv(block=False)
             if got is None:
                 break
-            if got[1].kind == P.WEIGHTS and self._newer(got[1]):
+            if got[1].kind != P.WEIGHTS:
+                self.sub._drop(got[1].sender or "?", f"{got[1].kind!r} on the weights topic")
+            elif self._newer(got[1]):
                 candidates.append(got[1])
         # Newest first; fall back to an older one if the newest does not fit.
         for msg in sorted(candidates, key=lambda m: m.meta["version"], reverse=True):

@@ -230,7 +230,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
         name, dtype, shape = spec
         if not isinstance(name, str) or name in arrays:
             raise ProtocolError(f"bad or duplicate array name {name!r}")
-        if dtype not in ALLOWED_DTYPES:
+        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
             raise ProtocolError(f"array {name!r}: dtype {dtype!r} not allowed")
         if (
             not isinstance(shape, list)

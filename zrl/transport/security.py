@@ -11,8 +11,10 @@ an authorized client key can neither connect nor decrypt anything.
 
 Layout of DIR::
 
-    server.key / server.key_secret      keypair of every binding socket (broker, rpc)
-    client.key / client.key_secret      keypair roles connect with
+    server.key / server.key_secret      keypair of every binding socket (broker, params rpc);
+                                        hosts that bind nothing need only server.key
+    client.key / client.key_secret      keypair roles connect with (`--key-name` picks
+                                        another one, e.g. made by `zrl keys add DIR host7`)
     authorized/<name>.key               public keys allowed to connect
 """
 
@@ -36,7 +38,7 @@ class KeysError(ValueError):
 class Keys:
     directory: Path
     server_public: bytes
-    server_secret: bytes
+    server_secret: bytes | None  # only hosts that bind (broker, params) need it
     client_public: bytes
     client_secret: bytes
 
@@ -72,17 +74,22 @@ def add_client(directory: str | Path, name: str) -> Path:
 
 
 def load_keys(directory: str | Path, client: str = "client") -> Keys:
+    """The keys of one host: the server's public key (its secret only where present: hosts
+    that run no broker or rpc server need not hold it) and the named client keypair."""
     d = Path(directory)
-    needed = [d / "server.key", d / "server.key_secret", d / f"{client}.key_secret"]
+    needed = [d / "server.key", d / f"{client}.key_secret"]
     missing = [str(p) for p in needed if not p.is_file()]
     if missing:
         raise KeysError(
             f"key directory {d} lacks {', '.join(missing)} (make one with `zrl keys init`)"
         )
-    server_public, server_secret = zmq.auth.load_certificate(d / "server.key_secret")
+    server_public, _ = zmq.auth.load_certificate(d / "server.key")
+    server_secret = None
+    if (d / "server.key_secret").is_file():
+        _, server_secret = zmq.auth.load_certificate(d / "server.key_secret")
     client_public, client_secret = zmq.auth.load_certificate(d / f"{client}.key_secret")
-    if server_secret is None or client_secret is None:
-        raise KeysError(f"{d}: secret keys are missing from the .key_secret files")
+    if client_secret is None:
+        raise KeysError(f"{d / (client + '.key_secret')} holds no secret key")
     if not (d / "authorized").is_dir():
         raise KeysError(f"{d} has no authorized/ directory")
     return Keys(d, server_public, server_secret, client_public, client_secret)
@@ -90,6 +97,11 @@ def load_keys(directory: str | Path, client: str = "client") -> Keys:
 
 def secure_server(sock: zmq.Socket, keys: Keys) -> None:
     """Make a binding socket a CURVE server (clients are checked by the authenticator)."""
+    if keys.server_secret is None:
+        raise KeysError(
+            f"{keys.directory} has no server.key_secret: this host cannot serve authenticated "
+            "sockets (copy server.key_secret to the hosts that run the broker or params)"
+        )
     sock.curve_secretkey = keys.server_secret
     sock.curve_publickey = keys.server_public
     sock.curve_server = True

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -27,6 +28,7 @@ from zrl.transport.security import Keys, ensure_authenticator, secure_client, se
 log = logging.getLogger("zrl.transport")
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+MAX_SKIPPED_PER_RECV = 1000  # malformed messages one recv() skips before yielding
 
 
 def make_socket(
@@ -159,6 +161,8 @@ def parse_faults(spec: str) -> list[Fault]:
             ) from None
         if not 0.0 <= faults[-1].probability <= 1.0:
             raise ValueError(f"{FAULTS_ENV}: probability out of [0, 1] in {rule!r}")
+        if not 0.0 <= faults[-1].seconds <= 3600.0:
+            raise ValueError(f"{FAULTS_ENV}: delay out of [0, 3600] seconds in {rule!r}")
     return faults
 
 
@@ -200,7 +204,7 @@ class Channel:
         self.topics = topics
         self.max_message_bytes = max_message_bytes
         self._seq = 0
-        self._topic_seq: dict[str, int] = {}
+        self._topic_seq: dict[str | bytes, int] = {}
         self._warned: set[str] = set()
 
     @property
@@ -217,7 +221,10 @@ class Channel:
         # A topic channel numbers each topic on its own: a subscriber sees one topic only,
         # and must see consecutive numbers there for gaps to mean loss.
         topic_name = (topic or msg.kind) if self.topics else None
-        msg.seq = self._topic_seq.get(topic_name, 0) if topic_name is not None else self._seq
+        # Number per topic (PUB) or per recipient (ROUTER): each receiver sees its own
+        # consecutive numbers, so a gap there means a lost message.
+        key: str | bytes | None = topic_name if self.topics else (to if self.envelope else None)
+        msg.seq = self._topic_seq.get(key, 0) if key is not None else self._seq
         frames = encode(msg)
         if self.envelope:
             if to is None:
@@ -229,7 +236,7 @@ class Channel:
             if fault.kind in ("*", msg.kind) and random.random() < fault.probability:
                 if fault.action == "drop":
                     # Lost in transit: the sequence number is used up, so the receiver sees a gap.
-                    self._advance(topic_name, msg.seq)
+                    self._advance(key, msg.seq)
                     self.stats.sent += 1
                     return True
                 time.sleep(fault.seconds)
@@ -237,26 +244,35 @@ class Channel:
             self.sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
-        self._advance(topic_name, msg.seq)
+        self._advance(key, msg.seq)
         self.stats.sent += 1
         return True
 
-    def _advance(self, topic_name: str | None, seq: int) -> None:
+    def _advance(self, key: str | bytes | None, seq: int) -> None:
         self._seq += 1
-        if topic_name is not None:
-            self._topic_seq[topic_name] = seq + 1
+        if key is not None:
+            self._topic_seq[key] = seq + 1
 
     def recv(self, *, block: bool = True) -> tuple[bytes | None, Message] | None:
-        """Receive one message: (routing id or topic-less None, message), or None when the
-        wait timed out or the message was malformed (then counted and dropped)."""
-        # Asking EVENTS is far cheaper than a NOBLOCK recv that raises Again, and roles
-        # poll their sockets this way in hot loops.
-        if not block and not int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:
-            return None
-        try:
-            frames = self.sock.recv_multipart(flags=0 if block else zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return None
+        """Receive one valid message: (routing id or None, message), or None when none came
+        (within the socket's timeout if ``block``). Malformed messages are counted, dropped
+        and skipped: a flood of garbage must not look like an empty queue to a drain loop."""
+        for attempt in range(MAX_SKIPPED_PER_RECV):
+            wait = block and attempt == 0
+            # Asking EVENTS is far cheaper than a NOBLOCK recv that raises Again, and roles
+            # poll their sockets this way in hot loops.
+            if not wait and not int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                return None
+            try:
+                frames = self.sock.recv_multipart(flags=0 if wait else zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            got = self._parse(frames)
+            if got is not None:
+                return got
+        return None
+
+    def _parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
         ident: bytes | None = None
         if self.envelope:
             if len(frames) < 2:
