@@ -34,7 +34,7 @@ from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 
-ACK_TIMEOUT_S = 30.0
+ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us back
 EOS_TIMEOUT_S = 5.0
 
 

@@ -40,7 +40,8 @@ BATCH_ARRAYS: dict[str, tuple[str | None, int | None]] = {
     "key": ("int64", 1),
 }
 PARAMS_LOOKUP_INTERVAL_S = 1.0
-PARAMS_ACK_TIMEOUT_S = 10.0
+PARAMS_ACK_TIMEOUT_S = 3.0
+MAX_NON_FINITE_IN_A_ROW = 10
 
 
 def make_adam(params: Any, lr: float) -> torch.optim.Optimizer:
@@ -77,6 +78,7 @@ class Learner(Role):
         self.resumed_from: int | None = None
         self.params_acked = False
         self.diverged = False
+        self.non_finite_in_a_row = 0
         self.waiting_since: float | None = time.monotonic()
         self.started = time.monotonic()
         self.checkpoint = self.checkpoint_path()
@@ -172,13 +174,17 @@ class Learner(Role):
                 double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
             )  # fmt: skip
         except NonFiniteLossError as exc:
+            # Raised before the optimizer step, so the weights are intact. One such batch
+            # (e.g. huge values from a peer) is dropped; a run of them means we diverged.
+            self.non_finite_in_a_row += 1
+            if self.non_finite_in_a_row < MAX_NON_FINITE_IN_A_ROW:
+                raise P.ProtocolError(f"batch gives a {exc}") from None
             self.diverged = True
-            # Diverged: stop before corrupting anything. The published weights and the last
-            # checkpoint are intact; a restart resumes from that checkpoint.
             raise RoleError(
                 f"{self.id}: {exc} at update {self.updates + 1} on a batch from {shard}; "
                 f"stopping without applying it (published weights v{self.weights_version} intact)"
             ) from None
+        self.non_finite_in_a_row = 0
         self.updates += 1
         self.last_loss = result.loss
         self.priority_pub.send(

@@ -59,6 +59,8 @@ class ParameterServer(Role):
         if msg.kind == P.WEIGHTS:
             if not msg.arrays:
                 raise P.ProtocolError("weights message without arrays")
+            if not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
+                raise P.ProtocolError("weights with NaN or inf values")
             if self.arrays and not same_layout(msg.arrays, self.arrays):
                 raise P.ProtocolError(
                     "weights whose parameter names, shapes or dtypes differ from the current ones"
