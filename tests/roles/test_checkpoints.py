@@ -379,8 +379,8 @@ def send_until_stopped(inproc: InProc, learner: Learner, replay: Any) -> None:
     """Feed poisoned-model batches: one non-finite loss is dropped, a run of them stops it."""
     rng = np.random.default_rng(2)
     for i in range(MAX_NON_FINITE_IN_A_ROW):
-        assert i < MAX_NON_FINITE_IN_A_ROW - 1 or inproc.alive(learner)
-        wait_for(lambda: replay.send(batch_msg(batch(rng, 9000 + i))), timeout=5)
+        msg = batch_msg(batch(rng, 9000 + i))
+        wait_for(lambda msg=msg: replay.send(msg), timeout=5)
     wait_for(lambda: not inproc.alive(learner), timeout=10)
 
 
