@@ -196,8 +196,8 @@ echo "python $*" >>"$FAKE_LOG"
 echo "pid $$" >>"$FAKE_LOG"
 case "$*" in
   *"zrl status"*) exit 0 ;;
-  *"start learner"*)  # end the job once the actor step runs too
-    for _ in $(seq 100); do grep -q "start actor" "$FAKE_LOG" && exit 0; sleep 0.1; done
+  *"start learner"*)  # end the job once an actor process runs (not just the srun line)
+    for _ in $(seq 100); do grep -q "^python .*start actor" "$FAKE_LOG" && exit 0; sleep 0.1; done
     exit 1 ;;
 esac
 exec sleep 30
