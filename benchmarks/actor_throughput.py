@@ -25,15 +25,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from zrl.transport.sockets import free_port_range
 
 TARGET = 0.8
 REPO = Path(__file__).resolve().parent.parent
@@ -146,25 +146,6 @@ def reference_loops(spec: dict[str, Any], cmds: Any, out: Any) -> None:
 # --- processes --------------------------------------------------------------------------
 
 
-def free_port_block(n: int) -> int:
-    """A base port P with P..P+n-1 all free on 127.0.0.1 (checked, then released)."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free block of ports")
-
-
 def stop_process(p: Any, timeout: float = 5.0) -> None:
     """Stop one process we started, by its PID: SIGTERM (a clean stop), then SIGKILL."""
     if isinstance(p, subprocess.Popen):
@@ -229,7 +210,7 @@ def measure_actor(
     from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
 
     cfg_streams = ["experience", "batches", "priorities", "gradients"]
-    base = free_port_block(3 + 2 * len(cfg_streams))
+    base = free_port_range(3 + 2 * len(cfg_streams))
     addr = f"tcp://127.0.0.1:{base}"
 
     def spawn(name: str, *args: str) -> subprocess.Popen:

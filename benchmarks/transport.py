@@ -21,9 +21,7 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
-import random
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -34,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import zmq
+
+from zrl.transport.sockets import free_port_range
 
 TARGET_RATIO = 0.9
 TARGET_MIN_SIZE = 65536
@@ -311,32 +311,13 @@ class Procs:
                 pass
 
 
-def free_port_block(n: int) -> int:
-    """A base port P with P..P+n-1 all free on 127.0.0.1 (checked, then released)."""
-    for _ in range(200):
-        base = random.randint(20_000, 60_000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free block of ports")
-
-
 def start_broker(procs: Procs, log_dir: str) -> tuple[subprocess.Popen, str, dict[str, str]]:
     from zrl.config import DEFAULT_STREAMS
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
     from zrl.transport.sockets import broker_endpoints
 
-    base = free_port_block(3 + 2 * len(DEFAULT_STREAMS))
+    base = free_port_range(3 + 2 * len(DEFAULT_STREAMS))
     addr = f"tcp://127.0.0.1:{base}"
     log = open(os.path.join(log_dir, "broker.log"), "wb")  # noqa: SIM115
     proc = procs.add(subprocess.Popen(
@@ -411,7 +392,7 @@ def throughput(
     # (b)'s device, and the deep-queue one, live for the whole run like the broker.
     proxies = {}
     for name, h, k in [("b", hwm, kbuf)] + ([("b_deep", None, None)] if args.deep else []):
-        base = free_port_block(2)
+        base = free_port_range(2)
         ins, outs = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"
         procs.add(mpc.Process(target=proxy_device, args=(ins, outs, h, k), daemon=True)).start()
         proxies[name] = (ins, outs)
@@ -425,7 +406,7 @@ def throughput(
             order += [("a_deep", None, None), ("b_deep", None, None)]
         for name, h, k in order:
             if name.startswith("a"):
-                port = f"tcp://127.0.0.1:{free_port_block(1)}"
+                port = f"tcp://127.0.0.1:{free_port_range(1)}"
                 res = run_cell(
                     producer,
                     consumer,

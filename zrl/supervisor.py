@@ -45,6 +45,7 @@ from zrl.transport.sockets import (
     Channel,
     TransportStats,
     broker_endpoints,
+    free_port_range,
     is_loopback,
     make_socket,
 )
@@ -86,30 +87,6 @@ class Child:
         if self.proc is not None:
             return self.proc.poll()
         return 1 if self.error is not None else 0
-
-
-def free_port_range(
-    count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000
-) -> int:
-    """A base port P with P..P+count-1 all free right now (random start, linear probe)."""
-    import random
-
-    rng = random.Random(os.getpid() ^ int(time.time() * 1000))
-    for _ in range(200):
-        base = rng.randrange(start, end - count)
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind((host, p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise OSError(f"no range of {count} free ports on {host}")
 
 
 def _set_parent_death_signal() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -352,3 +353,25 @@ def is_loopback(addr: str) -> bool:
     host, _ = split_tcp(addr)
     host = host.strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def free_port_range(
+    count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000
+) -> int:
+    """A base port P with P..P+count-1 all free right now (random start, linear probe)."""
+    rng = random.Random(os.getpid() ^ int(time.time() * 1000))
+    for _ in range(200):
+        base = rng.randrange(start, end - count)
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no range of {count} free ports on {host}")
