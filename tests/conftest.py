@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,13 +10,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 
 from zrl.config import DEFAULT_STREAMS
-from zrl.supervisor import free_port_range
-from zrl.transport.sockets import broker_endpoints
+from zrl.roles.base import RoleError, registry_request
+from zrl.transport import protocol as P
+from zrl.transport.sockets import broker_endpoints, free_port_range
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,3 +98,22 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+
+
+def zrl_status_json(addr: str) -> dict[str, Any]:
+    """`zrl status --json` as a user would run it (a real subprocess)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
+    """The broker's role table by id ({} when it does not answer within a second)."""
+    try:
+        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+    except RoleError:
+        return {}
+    return {r["id"]: r for r in reply.meta.get("roles", [])}

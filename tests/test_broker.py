@@ -7,7 +7,6 @@ timeouts."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import REPO, kill_pids, wait_for
+from tests.conftest import REPO, kill_pids, wait_for, zrl_status_json
 from zrl import __version__
 from zrl.broker import Broker
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
@@ -61,19 +60,6 @@ def start_broker(spawn, ctx: zmq.Context, addr: str, *settings: str) -> subproce
     wait_for(lambda: proc.poll() is not None or broker_up(ctx, addr), timeout=20)
     assert proc.poll() is None, f"broker exited with {proc.returncode}"
     return proc
-
-
-def zrl_status_json(addr: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def rows_by_id(st: dict[str, Any]) -> dict[str, dict[str, Any]]:

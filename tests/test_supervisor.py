@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for, zrl_status_json
 from zrl.config import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
 from zrl.supervisor import Aggregator, Supervisor, free_port_range
@@ -200,19 +198,6 @@ def crash_config() -> ExperimentConfig:
             "stop": {"eval_return": None, "wall_time": 120},
         }
     )
-
-
-def zrl_status_json(addr: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:

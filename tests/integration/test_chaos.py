@@ -27,7 +27,7 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import REPO, kill_pids, wait_for
+from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
 from tests.integration.test_apex_cartpole import zrl_processes
 from zrl.config import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
@@ -36,24 +36,6 @@ from zrl.transport import protocol as P
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 ROLE_IDS = {"actor-0", "actor-1", "replay-0", "params-0", "learner-0", "evaluator-0"}
-
-
-def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
-    """The broker's role table by id ({} when it does not answer within a second)."""
-    try:
-        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
-    except RoleError:
-        return {}
-    return {r["id"]: r for r in reply.meta.get("roles", [])}
-
-
-def zrl_status_json(addr: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
-        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def descendants(pid: int) -> set[int]:

@@ -45,14 +45,14 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, kill_pids, wait_for
+from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
 from tests.integration.test_apex_cartpole import zrl_processes
 from tests.roles.test_replay import InProc, collect, settle, trajectory
 from zrl.config import ExperimentConfig
 from zrl.metrics import MetricsWriter
 from zrl.models import QNetwork, model_to_arrays
 from zrl.roles.actor import Actor
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.base import registry_request
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.replay import ReplayServer
 from zrl.roles.weights import WeightsFollower
@@ -537,23 +537,6 @@ class AckMonitor(threading.Thread):
         self.stop.set()
         self.join(5)
         self.sock.close(linger=0)
-
-
-def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
-    try:
-        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
-    except RoleError:
-        return {}
-    return {r["id"]: r for r in reply.meta.get("roles", [])}
-
-
-def zrl_status_json(addr: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
-        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def stream(rows: dict[str, dict[str, Any]], rid: str, name: str) -> dict[str, int]:
