@@ -41,7 +41,9 @@ class ModelConfig(_Section):
     hidden: list[int] = Field(default_factory=lambda: [64, 64])
     """Hidden layer sizes of the MLP torso."""
     dueling: bool = True
-    """Dueling value/advantage heads."""
+    """Dueling value/advantage heads (Q-networks)."""
+    activation: Literal["relu", "tanh"] = "relu"
+    """Hidden-layer activation of the actor-critic networks (impala, a3c, ppo)."""
 
 
 class BrokerConfig(_Section):
@@ -144,6 +146,66 @@ class LearnerConfig(_Section):
     torch_threads: int = Field(1, ge=1)
 
 
+class ImpalaConfig(_Section):
+    """IMPALA (Espeholt et al. 2018): unrolls through a FIFO replay table, V-trace learner."""
+
+    gamma: float = Field(0.99, ge=0, le=1)
+    rho_bar: float = Field(1.0, gt=0)
+    """Clip of the importance weights in the V-trace targets."""
+    c_bar: float = Field(1.0, gt=0)
+    """Clip of the trace-cutting coefficients."""
+    entropy_coef: float = Field(0.01, ge=0)
+    value_coef: float = Field(0.5, ge=0)
+    max_lag: int = Field(20, ge=0)
+    """Unrolls collected with weights more than this many versions behind the learner's are
+    dropped and counted (status: stale_unrolls), never used."""
+
+
+class PPOConfig(_Section):
+    """PPO (Schulman et al. 2017) over rounds of rollouts, optionally DD-PPO across learners."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """sync: every rollout of a round was collected with the weights version the round trains;
+    actors wait for each new version. async: actors keep collecting, rollouts up to max_lag
+    versions old are used, older ones dropped and counted."""
+    max_lag: int = Field(1, ge=0)
+    """async only: the oldest usable rollout, in weights versions behind the learner."""
+    gamma: float = Field(0.98, ge=0, le=1)
+    gae_lambda: float = Field(0.8, ge=0, le=1)
+    clip: float = Field(0.2, gt=0)
+    value_clip: float | None = Field(None, gt=0)
+    """PPO2 value clipping range; null disables it."""
+    epochs: int = Field(20, ge=1)
+    minibatch_size: int = Field(256, ge=1)
+    """Samples per gradient step, split evenly across the learners (DD-PPO)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    value_coef: float = Field(0.5, ge=0)
+    normalize_advantages: bool = True
+    round_timeout: float = Field(30.0, gt=0)
+    """Seconds a learner waits for a full round (one rollout per actor) before training on
+    the rollouts it has (a dead actor must not stop training); counted as short rounds."""
+
+
+class A3CConfig(_Section):
+    """A3C (Mnih et al. 2016): workers push gradients, the parameter server applies them."""
+
+    gamma: float = Field(0.99, ge=0, le=1)
+    gae_lambda: float = Field(1.0, ge=0, le=1)
+    """1.0 gives A3C's n-step returns; lower values use GAE."""
+    entropy_coef: float = Field(0.01, ge=0)
+    value_coef: float = Field(0.5, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    """Learning rate of the parameter server's optimizer."""
+    grad_clip: float = Field(0.5, gt=0)
+    """Global L2 norm the combined gradient is clipped to before each step."""
+    reduce: Literal["sum", "mean"] = "mean"
+    """How the parameter server combines the gradients of one update."""
+    gradients_per_update: int = Field(1, ge=1)
+    """Gradients (from any workers) combined into one optimizer step."""
+    max_lag: int = Field(8, ge=0)
+    """Gradients computed on weights more than this many versions old are dropped and counted."""
+
+
 class EvaluatorConfig(_Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between evaluations (only when a new weights version exists)."""
@@ -180,7 +242,7 @@ class StopConfig(_Section):
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
-    algo: Literal["apex_dqn"] = "apex_dqn"
+    algo: Literal["apex_dqn", "impala", "a3c", "ppo"] = "apex_dqn"
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -189,6 +251,9 @@ class ExperimentConfig(_Section):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    impala: ImpalaConfig = Field(default_factory=ImpalaConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    a3c: A3CConfig = Field(default_factory=A3CConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -203,6 +268,29 @@ class ExperimentConfig(_Section):
             total = getattr(self.roles, key)
             if placed > total:
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
+        return self
+
+    @model_validator(mode="after")
+    def _roles_fit_algo(self) -> ExperimentConfig:
+        r = self.roles
+        if self.algo == "impala" and r.replay > 0 and self.replay.table != "fifo":
+            raise ValueError("impala reads unrolls from a queue: set replay.table: fifo")
+        if self.algo in ("ppo", "a3c") and r.replay > 0:
+            raise ValueError(
+                f"{self.algo} sends rollouts past the replay server: set roles.replay: 0"
+            )
+        if self.algo == "a3c" and r.learners > 0:
+            raise ValueError(
+                "a3c workers (actors) compute the gradients and the parameter server applies "
+                "them: set roles.learners: 0"
+            )
+        if self.algo == "a3c" and r.params == 0:
+            raise ValueError("a3c needs the parameter server (roles.params: 1) to apply gradients")
+        if self.algo == "ppo" and r.learners > 1 and self.ppo.minibatch_size % r.learners:
+            raise ValueError(
+                f"ppo.minibatch_size ({self.ppo.minibatch_size}) must split evenly across "
+                f"{r.learners} learners"
+            )
         return self
 
 

@@ -1,4 +1,4 @@
-"""Greedy evaluation of a Q-network, shared by the evaluator role and ``zrl eval``."""
+"""Greedy evaluation of a policy (Q-network argmax or actor-critic mode), shared by the evaluator role and ``zrl eval``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.experiment import Factories
-from zrl.models import build_model, load_arrays
+from zrl.models import build_model, greedy_actions, load_arrays
 
 FACTORIES_FILE = "factories.pkl"
 
@@ -36,7 +36,7 @@ def greedy_returns(
         steps = 0
         while not finished.all():
             obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32).reshape(episodes, -1))
-            actions = model(obs_t).argmax(dim=1).numpy()
+            actions = greedy_actions(model, obs_t).numpy()
             obs, r, term, trunc, _ = envs.step(actions)
             returns += np.where(finished, 0.0, r)
             finished |= np.asarray(term) | np.asarray(trunc)
@@ -62,9 +62,8 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     if pickled.is_file():  # written by our own supervisor into the user's run directory
         factories = Factories.from_wire(factories.references, pickled.read_bytes())
     probe = make_vector_env(cfg.env, 1, factories.env_fn())
-    m = cfg.model
     model = build_model(
-        probe.single_observation_space, probe.single_action_space, m.hidden, m.dueling,
+        probe.single_observation_space, probe.single_action_space, cfg.model, cfg.algo,
         factories.model_fn(),
     )  # fmt: skip
     probe.close()

@@ -10,12 +10,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zrl.config import ModelConfig
 
-def mlp(in_dim: int, hidden: Sequence[int]) -> nn.Sequential:
-    """``Linear -> ReLU`` for each width in ``hidden``; empty ``hidden`` is the identity."""
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+ACTOR_CRITIC_ALGOS = ("impala", "a3c", "ppo")
+
+
+def mlp(in_dim: int, hidden: Sequence[int], activation: str = "relu") -> nn.Sequential:
+    """``Linear -> activation`` for each width in ``hidden``; empty ``hidden`` is the identity."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        layers += [nn.Linear(in_dim, width), ACTIVATIONS[activation]()]
         in_dim = width
     return nn.Sequential(*layers)
 
@@ -61,6 +66,98 @@ class QNetwork(nn.Module):
         return self.value_head(x) + advantages - advantages.mean(dim=1, keepdim=True)
 
 
+class ActorCritic(nn.Module):
+    """Categorical policy and state-value function as two separate MLPs.
+
+    Separate torsos, as CleanRL and SB3 use for small control tasks: a shared torso lets the
+    value loss, whose scale grows with the returns, swamp the policy gradient. Orthogonal
+    initialisation with a 0.01-gain policy head starts from a near-uniform policy.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1 or num_actions < 1:
+            raise ValueError(
+                f"obs_dim and num_actions must be >= 1, got obs_dim={obs_dim}, "
+                f"num_actions={num_actions}"
+            )
+        if any(width < 1 for width in hidden):
+            raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        features = hidden[-1] if len(hidden) > 0 else obs_dim
+        self.policy_torso = mlp(obs_dim, hidden, activation)
+        self.policy_head = nn.Linear(features, num_actions)
+        self.value_torso = mlp(obs_dim, hidden, activation)
+        self.value_head = nn.Linear(features, 1)
+        for module in (*self.policy_torso, *self.value_torso):
+            if isinstance(module, nn.Linear):
+                nn.init.orthogonal_(module.weight, math.sqrt(2))
+                nn.init.zeros_(module.bias)
+        nn.init.orthogonal_(self.policy_head.weight, 0.01)
+        nn.init.zeros_(self.policy_head.bias)
+        nn.init.orthogonal_(self.value_head.weight, 1.0)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """``obs [B, obs_dim]`` -> ``(logits [B, num_actions], value [B])``."""
+        x = obs.float().flatten(start_dim=1)
+        return self.policy_head(self.policy_torso(x)), self.value_head(self.value_torso(x))[:, 0]
+
+    def value(self, obs: Tensor) -> Tensor:
+        """``V(obs)``, ``[B]``."""
+        return self.value_head(self.value_torso(obs.float().flatten(start_dim=1)))[:, 0]
+
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Actions ``[B]``: sampled from the policy, or its mode when ``deterministic``."""
+        logits = self.policy_head(self.policy_torso(obs.float().flatten(start_dim=1)))
+        if deterministic:
+            return logits.argmax(dim=1)
+        return torch.distributions.Categorical(logits=logits).sample()
+
+
+def greedy_actions(model: nn.Module, obs: Tensor) -> Tensor:
+    """The deterministic action of any zrl model: ``model.act(obs, deterministic=True)`` where
+    the model has ``act`` (actor-critics), else the argmax of its Q-values."""
+    act = getattr(model, "act", None)
+    if callable(act):
+        return act(obs, deterministic=True)  # type: ignore[no-any-return]
+    return model(obs).argmax(dim=1)  # type: ignore[no-any-return]
+
+
+def _check_spaces(observation_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"unsupported observation space {observation_space!r}: zrl models need a Box"
+        )
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"unsupported action space {action_space!r}: this model needs a Discrete")
+    if int(action_space.start) != 0:
+        # The network outputs indices 0..n-1; a shifted space would need every actor to offset.
+        raise ValueError(f"unsupported action space {action_space!r}: Discrete start must be 0")
+
+
+def build_actor_critic(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    hidden: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+) -> ActorCritic:
+    """ActorCritic for a ``Box`` observation space (flattened) and a ``Discrete`` action space."""
+    _check_spaces(observation_space, action_space)
+    assert isinstance(action_space, gym.spaces.Discrete)
+    obs_dim = math.prod(observation_space.shape or ())
+    return ActorCritic(obs_dim, int(action_space.n), hidden, activation)
+
+
 def build_q_network(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
@@ -68,16 +165,9 @@ def build_q_network(
     dueling: bool = True,
 ) -> QNetwork:
     """QNetwork for a ``Box`` observation space (flattened) and a ``Discrete`` action space."""
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ValueError(
-            f"unsupported observation space {observation_space!r}: QNetwork needs a Box"
-        )
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(f"unsupported action space {action_space!r}: QNetwork needs a Discrete")
-    if int(action_space.start) != 0:
-        # The network outputs indices 0..n-1; a shifted space would need every actor to offset.
-        raise ValueError(f"unsupported action space {action_space!r}: Discrete start must be 0")
-    obs_dim = math.prod(observation_space.shape)
+    _check_spaces(observation_space, action_space)
+    assert isinstance(action_space, gym.spaces.Discrete)
+    obs_dim = math.prod(observation_space.shape or ())
     return QNetwork(obs_dim, int(action_space.n), hidden=hidden, dueling=dueling)
 
 
@@ -119,13 +209,18 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
 def build_model(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
-    hidden: Sequence[int],
-    dueling: bool,
+    model_cfg: ModelConfig,
+    algo: str = "apex_dqn",
     model_fn: Callable[..., nn.Module] | None = None,
 ) -> nn.Module:
-    """The user's model (``model_fn(observation_space, action_space)``) or zrl's QNetwork."""
+    """The user's model (``model_fn(observation_space, action_space)``) or zrl's network for
+    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, a3c and ppo."""
     if model_fn is None:
-        return build_q_network(observation_space, action_space, hidden, dueling)
+        if algo in ACTOR_CRITIC_ALGOS:
+            return build_actor_critic(
+                observation_space, action_space, model_cfg.hidden, model_cfg.activation
+            )
+        return build_q_network(observation_space, action_space, model_cfg.hidden, model_cfg.dueling)
     model = model_fn(observation_space, action_space)
     if not isinstance(model, nn.Module):
         raise ValueError(

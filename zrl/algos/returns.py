@@ -177,3 +177,48 @@ def gae(
         advantages[..., t] = running
         next_value = val[..., t]
     return advantages.astype(np.float32), (advantages + val).astype(np.float32)
+
+
+def rollout_gae(
+    rewards: ArrayLike,
+    values: ArrayLike,
+    terminated: ArrayLike,
+    truncated: ArrayLike,
+    valid: ArrayLike,
+    bootstrap_value: ArrayLike,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """GAE over a rollout of NEXT_STEP-autoreset vector envs, ``[E, T]`` (time last).
+
+    Step ``t`` acts on ``obs[t]`` and ``values[t] = V(obs[t])``; the observation after it is
+    ``obs[t + 1]`` (``bootstrap_value`` after the last step). After an episode ends at ``t``,
+    step ``t + 1`` only resets that env: it is invalid (``valid[t + 1]`` False), but its
+    observation is the episode's final one, so ``values[t + 1]`` is exactly the bootstrap a
+    *truncated* episode needs. Hence::
+
+        delta_t = r_t + gamma * (1 - terminated_t) * V_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * (1 - terminated_t) * (1 - truncated_t) * A_{t+1}
+
+    with ``A = 0`` (and returns ``= V``) on invalid steps. Returns float32 ``(advantages,
+    returns)``, ``returns = A + V``.
+    """
+    rew = np.asarray(rewards, dtype=np.float64)
+    val = np.asarray(values, dtype=np.float64)
+    term = np.asarray(terminated, dtype=bool)
+    ended = term | np.asarray(truncated, dtype=bool)
+    ok = np.asarray(valid, dtype=bool)
+    boot = np.asarray(bootstrap_value, dtype=np.float64)
+    _check_time_major(rew, {"values": val, "terminated": term, "ended": ended, "valid": ok}, boot)
+    _check_gamma("gamma", gamma)
+    _check_gamma("lam", lam)
+
+    advantages = np.zeros_like(rew)
+    next_value = boot
+    running = np.zeros_like(boot)
+    for t in reversed(range(rew.shape[-1])):
+        delta = rew[..., t] + gamma * (1.0 - term[..., t]) * next_value - val[..., t]
+        running = np.where(ok[..., t], delta + gamma * lam * (1.0 - ended[..., t]) * running, 0.0)
+        advantages[..., t] = running
+        next_value = val[..., t]
+    return advantages.astype(np.float32), (advantages + val).astype(np.float32)

@@ -45,6 +45,7 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
+    valid: Tensor | None = None,
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, Sec. 4).
 
@@ -62,7 +63,12 @@ def vtrace(
         A_s = min(pg_rho_bar, ratio_s) * (r_s + gamma_s * v_{s+1} - V(x_s))      v_T = V(x_T)
 
     with ``pg_rho_bar = rho_bar`` when None. On-policy (``pi == mu``) with ``rho_bar, c_bar >=
-    1`` the targets are the n-step bootstrapped returns. Everything runs under
+    1`` the targets are the n-step bootstrapped returns.
+
+    ``valid [T, B]`` (optional) marks the steps that are real transitions. On an invalid step
+    (an autoreset step after an episode end) ``delta`` and the advantage are 0; with its
+    ``discounts`` 0 too, ``v_s = V(x_s)`` there, so a truncated episode bootstraps from the value
+    of its final observation and nothing flows across the reset. Everything runs under
     ``torch.no_grad()`` in the inputs' dtype; shapes ``[T, B]``, ``bootstrap_value [B]``.
     """
     if rewards.ndim != 2:
@@ -77,6 +83,10 @@ def vtrace(
             raise ValueError(
                 f"{name} has shape {tuple(arr.shape)}, expected {tuple(rewards.shape)} like rewards"
             )
+    if valid is not None and valid.shape != rewards.shape:
+        raise ValueError(
+            f"valid has shape {tuple(valid.shape)}, expected {tuple(rewards.shape)} like rewards"
+        )
     if bootstrap_value.shape != rewards.shape[1:]:
         raise ValueError(
             f"bootstrap_value has shape {tuple(bootstrap_value.shape)}, expected "
@@ -95,6 +105,8 @@ def vtrace(
         cs = ratios.clamp(max=c_bar)
         next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = rhos * (rewards + discounts * next_values - values)
+        if valid is not None:
+            deltas = deltas * valid
 
         vs_minus_v = torch.empty_like(deltas)
         running = torch.zeros_like(bootstrap_value, dtype=deltas.dtype)  # v_T - V(x_T) = 0
@@ -106,6 +118,8 @@ def vtrace(
         next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0).to(vs.dtype)], dim=0)
         pg_rhos = ratios.clamp(max=pg_rho_bar)
         pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
+        if valid is not None:
+            pg_advantages = pg_advantages * valid
     return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
 
 
@@ -127,8 +141,10 @@ def impala_loss(
     vtrace_returns: VTraceReturns,
     entropy_coef: float,
     value_coef: float,
+    valid: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """IMPALA actor-critic loss on V-trace targets, averaged over the ``T * B`` steps.
+    """IMPALA actor-critic loss on V-trace targets, averaged over the ``T * B`` steps (over the
+    ``valid`` ones when a ``[T, B]`` mask is given).
 
     ``policy_loss = -mean(log pi(a_s|x_s) * A_s)``, ``value_loss = mean(0.5 * (v_s - V(x_s))^2)``,
     ``entropy = mean(H(pi(.|x_s)))`` and
@@ -158,11 +174,19 @@ def impala_loss(
     _check_coef("entropy_coef", entropy_coef)
     _check_coef("value_coef", value_coef)
 
+    if valid is None:
+        weight = torch.full(
+            expected, 1.0 / max(1, logits.shape[0] * logits.shape[1]), dtype=logits.dtype
+        )
+    else:
+        if tuple(valid.shape) != expected:
+            raise ValueError(f"valid has shape {tuple(valid.shape)}, expected {expected}")
+        weight = valid.to(logits.dtype) / valid.sum().clamp(min=1)
     log_probs = F.log_softmax(logits, dim=-1)
     logp_taken = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    policy_loss = -(logp_taken * pg_adv).mean()
-    value_loss = 0.5 * (vs - values).square().mean()
-    entropy = categorical_entropy(logits).mean()
+    policy_loss = -(logp_taken * pg_adv * weight).sum()
+    value_loss = 0.5 * ((vs - values).square() * weight).sum()
+    entropy = (categorical_entropy(logits) * weight).sum()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
     return loss, {
         "loss": float(loss.item()),
@@ -170,3 +194,64 @@ def impala_loss(
         "value_loss": float(value_loss.item()),
         "entropy": float(entropy.item()),
     }
+
+
+@dataclass
+class ImpalaUpdate:
+    """Result of one :func:`impala_update` step."""
+
+    parts: dict[str, float]  # loss, policy_loss, value_loss, entropy
+    grad_norm: float  # global L2 norm of the gradients before clipping
+    mean_rho: float  # mean importance ratio pi/mu over the valid steps (1.0 on-policy)
+
+
+def impala_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, Tensor],
+    *,
+    gamma: float,
+    rho_bar: float,
+    c_bar: float,
+    entropy_coef: float,
+    value_coef: float,
+    grad_clip: float,
+) -> ImpalaUpdate:
+    """One IMPALA step on a batch of unrolls from the actors' queue.
+
+    ``batch`` is env-major as the replay server stores unrolls: ``obs [B, T, ...]``,
+    ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]`` and
+    ``bootstrap_obs [B, ...]``. ``model(obs) -> (logits, values)``. Discounts are
+    ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
+    Raises :class:`zrl.algos.dqn.NonFiniteLossError` before stepping on a NaN/inf loss.
+    """
+    from zrl.algos.dqn import NonFiniteLossError
+
+    B, T = batch["reward"].shape
+    obs = batch["obs"].reshape(B * T, *batch["obs"].shape[2:])
+    # One forward pass over the unrolls and their bootstrap observations.
+    logits_all, values_all = model(torch.cat([obs, batch["bootstrap_obs"]]))
+    logits = logits_all[: B * T].reshape(B, T, -1).transpose(0, 1)
+    values = values_all[: B * T].reshape(B, T).T
+    bootstrap = values_all[B * T :].detach()
+    valid = batch["valid"].T.to(values.dtype)
+    actions = batch["action"].T
+    target_logp = F.log_softmax(logits.detach(), dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
+    discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
+    returns = vtrace(
+        batch["logp"].T, target_logp, batch["reward"].T * valid, discounts, values.detach(),
+        bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid,
+    )  # fmt: skip
+    loss, parts = impala_loss(
+        logits, values, actions, returns, entropy_coef, value_coef, valid=valid
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        raise NonFiniteLossError(float(loss.item()), float(grad_norm.item()))
+    optimizer.step()
+    with torch.no_grad():
+        rho = torch.exp(target_logp - batch["logp"].T)
+        mean_rho = float((rho * valid).sum() / valid.sum().clamp(min=1))
+    return ImpalaUpdate(parts=parts, grad_norm=float(grad_norm.item()), mean_rho=mean_rho)

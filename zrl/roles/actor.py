@@ -46,12 +46,30 @@ def actor_seed(run_seed: int, index: int) -> int:
 class Actor(Role):
     role = "actor"
 
-    def setup(self) -> None:
-        cfg = self.config
+    def setup_outputs(self) -> None:
+        """The sockets trajectories leave by (subclasses for other algorithms replace them)."""
         # Subscribe first: the subscription must reach the broker before our first insert
         # is acknowledged, or the window would wait for an ack that was never delivered.
         self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
         self.experience = self.open_push("experience", hwm=2)
+
+    def setup_exploration(self) -> None:
+        """Ape-X epsilon-greedy: one epsilon per env slot across all actors."""
+        cfg = self.config
+        self.num_actions = int(self.envs.single_action_space.n)
+        slots = max(cfg.roles.actors, self.actor_index + 1) * self.num_envs
+        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
+        first = self.actor_index * self.num_envs
+        self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
+        self.log.info(
+            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
+            self.actor_index, self.num_envs, cfg.env.id,
+            float(self.epsilons.max()), float(self.epsilons.min()), self.seed,
+        )  # fmt: skip
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.setup_outputs()
         limit_torch_threads(cfg.actor.torch_threads)
         self.actor_index = self.index if self.index is not None else 0
         self.seed = actor_seed(cfg.seed, self.actor_index)
@@ -64,11 +82,7 @@ class Actor(Role):
         )
         self.model.eval()
         self.weights = WeightsFollower(self, self.model)
-        self.num_actions = int(self.envs.single_action_space.n)  # type: ignore[attr-defined]
-        slots = max(cfg.roles.actors, self.actor_index + 1) * self.num_envs
-        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
-        first = self.actor_index * self.num_envs
-        self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
+        self.setup_exploration()
         self.weights.fetch_latest()
         obs, _ = self.envs.reset(seed=self.seed)
         self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
@@ -86,11 +100,6 @@ class Actor(Role):
         self.env_errors = 0
         self.lost_in_flight = 0
         self.started = time.monotonic()
-        self.log.info(
-            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
-            self.actor_index, self.num_envs, cfg.env.id,
-            float(self.epsilons.max()), float(self.epsilons.min()), self.seed,
-        )  # fmt: skip
 
     @torch.no_grad()
     def q_values(self, obs: np.ndarray) -> np.ndarray:

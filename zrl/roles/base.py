@@ -215,10 +215,10 @@ class Role:
     def make_model(self, observation_space: Any, action_space: Any) -> Any:
         from zrl.models import build_model
 
-        m = self.config.model
         return build_model(
-            observation_space, action_space, m.hidden, m.dueling, self.factories.model_fn()
-        )
+            observation_space, action_space, self.config.model, self.config.algo,
+            self.factories.model_fn(),
+        )  # fmt: skip
 
     def connect(self) -> None:
         """Register with the broker, retrying with capped back-off until ``connect_timeout``."""
@@ -410,6 +410,22 @@ class Role:
     def teardown(self) -> None:
         """Finish streams; called once on the way out (also after an error)."""
 
+    def specialize(self) -> None:
+        """Become the class the experiment's algorithm uses for this role.
+
+        The generic class (what ``zrl start actor`` builds) only learns the algorithm from the
+        broker, so it switches here, before ``setup`` opens any algorithm-specific socket.
+        A class constructed explicitly (tests, embedding) is left alone."""
+        from zrl.roles import ROLE_MODULES, role_class
+
+        if self.role not in ROLE_MODULES:
+            return
+        generic = role_class(self.role)
+        wanted = role_class(self.role, self.config.algo)
+        if type(self) is generic and wanted is not generic:
+            self.__class__ = wanted
+            self.log.info("%s runs %s as %s", self.id, self.config.algo, wanted.__name__)
+
     def request_stop(self) -> None:
         self.stop_event.set()
 
@@ -418,6 +434,7 @@ class Role:
         self.bind()
         self.connect()
         try:
+            self.specialize()
             self.setup()
             self.state = "running"
             self._last_ack = time.monotonic()  # a long setup is not a silent broker

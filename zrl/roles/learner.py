@@ -17,7 +17,7 @@ import copy
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -64,10 +64,7 @@ class Learner(Role):
         self.online = self.make_model(probe.single_observation_space, probe.single_action_space)
         self.num_actions = int(probe.single_action_space.n)
         probe.close()
-        self.target = copy.deepcopy(self.online)
-        self.optimizer = make_adam(self.online.parameters(), cfg.learner.lr)
-        self.batches = self.open_pull("batches", hwm=2)
-        self.priority_pub = self.open_publisher("priorities")
+        self.setup_updates()
         self.params: Channel | None = None
         self.params_endpoint = ""
         self._next_lookup = 0.0
@@ -85,6 +82,13 @@ class Learner(Role):
         self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
         self.load_checkpoint()
         self.send_weights()  # every actor starts from the learner's (initial or resumed) weights
+
+    def setup_updates(self) -> None:
+        """What the algorithm updates with: DQN's target network, optimizer and sockets."""
+        self.target = copy.deepcopy(self.online)
+        self.optimizer = make_adam(self.online.parameters(), self.config.learner.lr)
+        self.batches = self.open_pull("batches", hwm=2)
+        self.priority_pub = self.open_publisher("priorities")
 
     # --- parameter server -------------------------------------------------------------
 
@@ -174,16 +178,7 @@ class Learner(Role):
                 double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
             )  # fmt: skip
         except NonFiniteLossError as exc:
-            # Raised before the optimizer step, so the weights are intact. One such batch
-            # (e.g. huge values from a peer) is dropped; a run of them means we diverged.
-            self.non_finite_in_a_row += 1
-            if self.non_finite_in_a_row < MAX_NON_FINITE_IN_A_ROW:
-                raise P.ProtocolError(f"batch gives a {exc}") from None
-            self.diverged = True
-            raise RoleError(
-                f"{self.id}: {exc} at update {self.updates + 1} on a batch from {shard}; "
-                f"stopping without applying it (published weights v{self.weights_version} intact)"
-            ) from None
+            self.on_non_finite(exc, f"a batch from {shard}")
         self.non_finite_in_a_row = 0
         self.updates += 1
         self.last_loss = result.loss
@@ -203,6 +198,19 @@ class Learner(Role):
         if self.updates % lc.publish_interval == 0:
             self.send_weights()
 
+    def on_non_finite(self, exc: NonFiniteLossError, source: str) -> NoReturn:
+        """A NaN/inf loss, raised before the optimizer step, so the weights are intact. One
+        such batch (e.g. huge values from a peer) is dropped; a run of them means we diverged:
+        stop cleanly, keeping the last good checkpoint and published weights."""
+        self.non_finite_in_a_row += 1
+        if self.non_finite_in_a_row < MAX_NON_FINITE_IN_A_ROW:
+            raise P.ProtocolError(f"{source} gives a {exc}") from None
+        self.diverged = True
+        raise RoleError(
+            f"{self.id}: {exc} at update {self.updates + 1} on {source}; "
+            f"stopping without applying it (published weights v{self.weights_version} intact)"
+        ) from None
+
     # --- checkpoints ------------------------------------------------------------------
 
     def checkpoint_path(self) -> Path | None:
@@ -214,9 +222,7 @@ class Learner(Role):
             return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         state = {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self.checkpoint_state(),
             "updates": self.updates,
             "weights_version": self.weights_version,
             "torch_rng": torch.get_rng_state(),
@@ -227,14 +233,25 @@ class Learner(Role):
         os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
         self.checkpoints += 1
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The algorithm's state in a checkpoint (networks and optimizer)."""
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def load_checkpoint(self) -> None:
         self.checkpoints = 0
         if self.checkpoint is None or not self.checkpoint.is_file():
             return
         state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.restore_checkpoint_state(state)
         self.updates = int(state["updates"])
         self.weights_version = int(state["weights_version"])
         torch.set_rng_state(state["torch_rng"])

@@ -8,6 +8,10 @@ Sockets:
 - PUB ``weights`` -> topic bus, topic ``weights``: every new version, so actors and
   the evaluator pick it up without asking. A late joiner asks GET_WEIGHTS once,
   because PUB/SUB delivers nothing sent before the subscription.
+- PULL ``gradients`` (``algo: a3c`` only) <- A3C workers: GRADIENTS computed on a weights
+  version. The server owns the model and an optimizer, combines ``a3c.gradients_per_update``
+  of them (sum or mean), steps, and publishes the result as the next version. Gradients more
+  than ``a3c.max_lag`` versions old are dropped and counted (``stale_gradients``).
 """
 
 from __future__ import annotations
@@ -37,12 +41,83 @@ class ParameterServer(Role):
         self.weights_meta: dict[str, Any] = {}
         self.updated_at = 0.0
         self.served = 0
+        if self.config.algo == "a3c":
+            self.setup_gradient_server()
+
+    def setup_gradient_server(self) -> None:
+        import torch
+
+        from zrl.roles.learner import make_adam
+        from zrl.runtime import limit_torch_threads
+
+        limit_torch_threads(self.config.learner.torch_threads)
+        torch.manual_seed(self.config.seed)  # the workers start from the same initialisation
+        probe = self.make_envs(num_envs=1)
+        self.model = self.make_model(probe.single_observation_space, probe.single_action_space)
+        probe.close()
+        self.optimizer = make_adam(self.model.parameters(), self.config.a3c.lr)
+        self.gradients = self.open_pull("gradients", hwm=4)
+        self.grad_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        self.accumulated: list[dict[str, np.ndarray]] = []
+        self.applied_gradients = 0
+        self.stale_gradients = 0
+        self.updates = 0
+        self.store_model_weights()
+
+    def store_model_weights(self) -> None:
+        from zrl.models import model_to_arrays
+
+        self.arrays = model_to_arrays(self.model)
+        self.version += 1
+        self.updated_at = time.time()
+        self.weights_meta = {"updates": self.updates}
+        self.publish_weights()
+
+    def on_gradients(self, msg: P.Message) -> None:
+        if msg.kind != P.GRADIENTS:
+            raise P.ProtocolError(f"gradients stream carries {msg.kind!r}")
+        version = msg.meta.get("weights_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise P.ProtocolError("gradients without an integer weights_version")
+        if set(msg.arrays) != set(self.grad_shapes) or any(
+            msg.arrays[k].shape != self.grad_shapes[k] or msg.arrays[k].dtype != np.float32
+            for k in self.grad_shapes
+        ):
+            raise P.ProtocolError("gradients whose names, shapes or dtypes do not fit the model")
+        if not all(np.all(np.isfinite(g)) for g in msg.arrays.values()):
+            raise P.ProtocolError("gradients with NaN or inf values")
+        if self.version - version > self.config.a3c.max_lag:
+            self.stale_gradients += 1
+            return
+        self.accumulated.append(msg.arrays)
+        if len(self.accumulated) >= self.config.a3c.gradients_per_update:
+            self.apply_gradients()
+
+    def apply_gradients(self) -> None:
+        import torch
+
+        from zrl.algos.policy_gradient import reduce_gradients
+
+        combined = reduce_gradients(
+            [{k: torch.from_numpy(np.array(v)) for k, v in g.items()} for g in self.accumulated],
+            self.config.a3c.reduce,
+        )
+        self.applied_gradients += len(self.accumulated)
+        self.accumulated = []
+        for name, p in self.model.named_parameters():
+            p.grad = combined[name]
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.a3c.grad_clip)
+        self.optimizer.step()
+        self.updates += 1
+        self.store_model_weights()
 
     def bind(self) -> None:
         self.rpc = self.bind_rpc()
 
     def step(self) -> None:
-        if not self.rpc.sock.poll(100):
+        if self.config.algo == "a3c":
+            self.drain_gradients()
+        if not self.rpc.sock.poll(100 if self.config.algo != "a3c" else 0):
             return
         for _ in range(100):
             got = self.rpc.recv(block=False)
@@ -55,7 +130,21 @@ class ParameterServer(Role):
             except P.ProtocolError as exc:
                 self.rpc._drop(msg.sender or "?", str(exc))
 
+    def drain_gradients(self) -> None:
+        if not self.gradients.sock.poll(20):
+            return
+        for _ in range(16):
+            got = self.gradients.recv(block=False)
+            if got is None:
+                return
+            try:
+                self.on_gradients(got[1])
+            except P.ProtocolError as exc:
+                self.gradients._drop(got[1].sender or "?", str(exc))
+
     def on_request(self, ident: bytes, msg: P.Message) -> None:
+        if msg.kind == P.WEIGHTS and self.config.algo == "a3c":
+            raise P.ProtocolError("a3c: the parameter server owns the weights; send gradients")
         if msg.kind == P.WEIGHTS:
             if not msg.arrays:
                 raise P.ProtocolError("weights message without arrays")
@@ -95,4 +184,11 @@ class ParameterServer(Role):
         self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
 
     def heartbeat_info(self) -> dict[str, Any]:
-        return {"weights_version": self.version, "late_join_requests": self.served}
+        info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
+        if self.config.algo == "a3c":
+            info.update(
+                updates=self.updates,
+                applied_gradients=self.applied_gradients,
+                stale_gradients=self.stale_gradients,
+            )
+        return info

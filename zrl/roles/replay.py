@@ -80,6 +80,41 @@ def assemble_transitions(
     return items, priorities
 
 
+UNROLL_ARRAYS: dict[str, tuple[str | None, int | None]] = {
+    "obs": ("float32", 3),
+    "action": ("int64", 2),
+    "logp": ("float32", 2),
+    "reward": ("float32", 2),
+    "terminated": ("bool", 2),
+    "truncated": ("bool", 2),
+    "valid": ("bool", 2),
+    "bootstrap_obs": ("float32", 2),
+}
+
+
+def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
+    """An IMPALA TRAJECTORY message -> one queue item per env: its whole ``[T, ...]`` unroll
+    with the behaviour log-probs and the weights version it was collected with."""
+    P.require_arrays(msg, UNROLL_ARRAYS)
+    a = msg.arrays
+    E, T = a["reward"].shape
+    for name in UNROLL_ARRAYS:
+        want = (E,) if name == "bootstrap_obs" else (E, T)
+        if a[name].shape[: len(want)] != want:
+            raise P.ProtocolError(f"unroll array {name!r} has shape {a[name].shape}, not {want}")
+    if a["obs"].shape[2:] != a["bootstrap_obs"].shape[1:]:
+        raise P.ProtocolError("unroll obs and bootstrap_obs widths differ")
+    for name in ("obs", "reward", "logp", "bootstrap_obs"):
+        if not np.all(np.isfinite(a[name])):
+            raise P.ProtocolError(f"unroll array {name!r} holds NaN or inf")
+    version = msg.meta.get("weights_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise P.ProtocolError("unroll without a weights version (needed to bound its lag)")
+    items = {name: a[name] for name in UNROLL_ARRAYS}
+    items["weights_version"] = np.full(E, version, np.int64)
+    return items
+
+
 class ReplayServer(Role):
     role = "replay"
 
@@ -96,6 +131,7 @@ class ReplayServer(Role):
         self.priorities = self.open_subscriber([P.priority_topic(self.id)], "priorities")
         self.acks = self.open_publisher("acks")
         self.trajectories = 0
+        self.last_insert = 0
         self.batches_sent = 0
         self.priority_updates = 0
         self.stale_priority_keys = 0
@@ -175,10 +211,14 @@ class ReplayServer(Role):
         if msg.kind != P.TRAJECTORY:
             raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
         rc = self.config.replay
-        items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
-        n = len(priorities)
+        if self.config.algo == "impala":
+            items, priorities = assemble_unrolls(msg), None
+        else:
+            items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
+        n = len(items["reward"])
         table = self._table_for(items)
         table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
+        self.last_insert = n
         self.limiter.on_insert(n)
         self.trajectories += 1
         self.acks.send(
@@ -234,6 +274,15 @@ class ReplayServer(Role):
                 # A bad message from one actor must not stop the shard: count and drop it.
                 channel._drop(got[1].sender or "?", str(exc))
 
+    def can_insert(self) -> bool:
+        """The rate limiter allows it and, for a FIFO table, the queue has room: a full queue
+        holds the actors back (Reverb's Queue) instead of evicting items never sampled."""
+        if not self.limiter.can_insert(1, self.size):
+            return False
+        if self.config.replay.table == "fifo" and self.table is not None:
+            return self.size + self.last_insert <= self.table.capacity
+        return True
+
     def teardown(self) -> None:
         if getattr(self, "snapshot_path", None) is not None:
             self.save_snapshot()
@@ -246,7 +295,7 @@ class ReplayServer(Role):
         self._drain(self.priorities, self.on_priorities, 64)
         self._drain(
             self.experience, self.on_trajectory, INSERTS_PER_STEP,
-            gate=lambda: self.limiter.can_insert(1, self.size),
+            gate=self.can_insert,
         )  # fmt: skip
         sent = 0
         while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.size):
@@ -261,7 +310,7 @@ class ReplayServer(Role):
         # Nothing to send: wait for whatever can make progress.
         poller = zmq.Poller()
         poller.register(self.priorities.sock, zmq.POLLIN)
-        if self.limiter.can_insert(1, self.size):
+        if self.can_insert():
             poller.register(self.experience.sock, zmq.POLLIN)
         if self.limiter.can_sample(rc.batch_size, self.size):
             poller.register(self.batches.sock, zmq.POLLOUT)

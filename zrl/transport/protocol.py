@@ -54,12 +54,15 @@ NO_WEIGHTS = "no_weights"
 ACK = "ack"
 METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
+GRADIENTS = "gradients"  # A3C worker -> params on `gradients`; DD-PPO learner -> learners (topic)
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
 # matching "replay-10").
 WEIGHTS_TOPIC = "weights"
 METRICS_TOPIC = "metrics"
 EVAL_TOPIC = "eval"
+ROLLOUTS_TOPIC = "rollouts/"  # PPO actors -> every PPO learner
+ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per minibatch step
 
 
 def priority_topic(shard_id: str) -> str:
