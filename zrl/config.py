@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
+CONTINUOUS_ALGOS = ("apex_ddpg", "sac")
+"""Algorithms for ``Box`` action spaces (``zrl.roles.continuous_actor`` / ``continuous_learner``)."""
 
 
 class ConfigError(ValueError):
@@ -206,6 +208,60 @@ class A3CConfig(_Section):
     """Gradients computed on weights more than this many versions old are dropped and counted."""
 
 
+class DDPGConfig(_Section):
+    """Ape-X DDPG (Horgan et al. 2018), with TD3's tricks (Fujimoto et al. 2018) as options.
+
+    n-step, gamma, batch size and the replay table come from ``replay:``; ``learner.grad_clip``
+    and ``learner.publish_interval`` apply as for DQN."""
+
+    noise_sigma: float = Field(0.3, ge=0)
+    """Largest std of the actors' Gaussian exploration noise, as a fraction of the action
+    half-range ``(high - low) / 2``. Env slot k of all N = actors x envs slots uses the Ape-X
+    spread ``noise_sigma ** (1 + noise_alpha * k / (N - 1))`` (as ``actor.epsilon``), so some
+    slots explore widely and others stay close to the deterministic policy."""
+    noise_alpha: float = Field(2.0, ge=0)
+    """Spread exponent of the per-slot noise (0: every slot uses noise_sigma)."""
+    twin: bool = False
+    """TD3 clipped double-Q: a second critic, targets use min(Q'1, Q'2)."""
+    target_noise: float = Field(0.0, ge=0)
+    """TD3 target policy smoothing: std of the noise added to mu'(s'), as a fraction of the
+    half-range (TD3 uses 0.2); 0 disables it."""
+    target_noise_clip: float = Field(0.5, ge=0)
+    """The smoothing noise is clipped to +- this fraction of the half-range."""
+    policy_delay: int = Field(1, ge=1)
+    """Update the actor and the targets every this many critic updates (TD3 uses 2)."""
+    tau: float = Field(0.005, gt=0, le=1)
+    """Polyak rate of the target networks (1 = hard copy every update)."""
+    actor_lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    huber_delta: float | None = Field(None, gt=0)
+    """Huber loss of the critics with this delta; null: squared error."""
+    warmup_steps: int = Field(1000, ge=0)
+    """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
+
+
+class SACConfig(_Section):
+    """Soft actor-critic (Haarnoja et al. 2018) with the automatic entropy temperature.
+
+    Uniform or prioritized replay (``replay.table``); n-step, gamma and the batch size come
+    from ``replay:``."""
+
+    actor_lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    alpha_lr: float = Field(1e-3, gt=0)
+    """Learning rate of log(alpha)."""
+    tau: float = Field(0.005, gt=0, le=1)
+    """Polyak rate of the target critics."""
+    init_alpha: float = Field(1.0, gt=0)
+    """Initial temperature (SB3's ent_coef 'auto' starts at 1)."""
+    target_entropy: float | None = None
+    """Entropy the temperature steers the policy towards; null: -act_dim."""
+    fixed_alpha: float | None = Field(None, ge=0)
+    """A constant temperature instead of the automatic one."""
+    warmup_steps: int = Field(1000, ge=0)
+    """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
+
+
 class EvaluatorConfig(_Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between evaluations (only when a new weights version exists)."""
@@ -242,7 +298,7 @@ class StopConfig(_Section):
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
-    algo: Literal["apex_dqn", "impala", "a3c", "ppo"] = "apex_dqn"
+    algo: Literal["apex_dqn", "impala", "a3c", "ppo", "apex_ddpg", "sac"] = "apex_dqn"
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -254,6 +310,8 @@ class ExperimentConfig(_Section):
     impala: ImpalaConfig = Field(default_factory=ImpalaConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     a3c: A3CConfig = Field(default_factory=A3CConfig)
+    ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
+    sac: SACConfig = Field(default_factory=SACConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -286,6 +344,14 @@ class ExperimentConfig(_Section):
             )
         if self.algo == "a3c" and r.params == 0:
             raise ValueError("a3c needs the parameter server (roles.params: 1) to apply gradients")
+        if self.algo in CONTINUOUS_ALGOS and r.replay == 0 and (r.actors > 0 or r.learners > 0):
+            raise ValueError(
+                f"{self.algo} learns from transitions in replay: set roles.replay >= 1"
+            )
+        if self.algo in CONTINUOUS_ALGOS and self.replay.table == "fifo":
+            raise ValueError(
+                f"{self.algo} samples transitions: set replay.table: uniform or prioritized"
+            )
         if self.algo == "ppo" and r.learners > 1 and self.ppo.minibatch_size % r.learners:
             raise ValueError(
                 f"ppo.minibatch_size ({self.ppo.minibatch_size}) must split evenly across "

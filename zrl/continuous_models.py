@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
+from zrl.config import CONTINUOUS_ALGOS
 from zrl.models import mlp
 
-CONTINUOUS_ALGOS = ("apex_ddpg", "sac")
 _LOG_2PI = math.log(2.0 * math.pi)
 
 

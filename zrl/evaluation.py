@@ -1,4 +1,5 @@
-"""Greedy evaluation of a policy (Q-network argmax or actor-critic mode), shared by the evaluator role and ``zrl eval``."""
+"""Greedy evaluation of a policy (Q-network argmax, actor-critic mode or the deterministic
+continuous action, clipped to the bounds), shared by the evaluator role and ``zrl eval``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from zrl.config import ExperimentConfig
+from zrl.continuous_models import clip_to_bounds
 from zrl.envs import make_vector_env
 from zrl.experiment import Factories
 from zrl.models import build_model, greedy_actions, load_arrays
@@ -37,6 +40,10 @@ def greedy_returns(
         while not finished.all():
             obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32).reshape(episodes, -1))
             actions = greedy_actions(model, obs_t).numpy()
+            if isinstance(envs.single_action_space, gym.spaces.Box):
+                # [B, act_dim] as the vector env expects; a user's model may ignore the bounds.
+                space = envs.single_action_space
+                actions = clip_to_bounds(actions.reshape(episodes, -1), space.low, space.high)
             obs, r, term, trunc, _ = envs.step(actions)
             returns += np.where(finished, 0.0, r)
             finished |= np.asarray(term) | np.asarray(trunc)
@@ -64,7 +71,7 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     probe = make_vector_env(cfg.env, 1, factories.env_fn())
     model = build_model(
         probe.single_observation_space, probe.single_action_space, cfg.model, cfg.algo,
-        factories.model_fn(),
+        factories.model_fn(), twin=cfg.ddpg.twin,
     )  # fmt: skip
     probe.close()
     load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})

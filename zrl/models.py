@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zrl.config import ModelConfig
+from zrl.config import CONTINUOUS_ALGOS, ModelConfig
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 ACTOR_CRITIC_ALGOS = ("impala", "a3c", "ppo")
@@ -212,10 +212,19 @@ def build_model(
     model_cfg: ModelConfig,
     algo: str = "apex_dqn",
     model_fn: Callable[..., nn.Module] | None = None,
+    twin: bool = False,
 ) -> nn.Module:
     """The user's model (``model_fn(observation_space, action_space)``) or zrl's network for
-    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, a3c and ppo."""
+    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, a3c and ppo, a DDPGModel
+    (with a second critic if ``twin``, i.e. ``ddpg.twin``) for apex_ddpg, a SACModel for sac."""
     if model_fn is None:
+        if algo in CONTINUOUS_ALGOS:
+            # Imported here: continuous_models imports this module (for ``mlp``).
+            from zrl.continuous_models import build_continuous_model
+
+            return build_continuous_model(
+                observation_space, action_space, algo, model_cfg.hidden, twin
+            )
         if algo in ACTOR_CRITIC_ALGOS:
             return build_actor_critic(
                 observation_space, action_space, model_cfg.hidden, model_cfg.activation

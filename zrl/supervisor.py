@@ -49,6 +49,7 @@ from zrl.transport.sockets import (
     is_loopback,
     make_socket,
 )
+from zrl.zygote import ForkedRole, become_subreaper
 
 log = logging.getLogger("zrl.supervisor")
 
@@ -66,7 +67,7 @@ class Child:
     role: str
     index: int
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedRole | None = None
     thread: threading.Thread | None = None
     stop_event: threading.Event | None = None
     error: BaseException | None = None
@@ -241,6 +242,8 @@ class Supervisor:
         self.target_time: float | None = None
         self.target_steps: int | None = None
         self.target_reached_at: float | None = None
+        self.zygote: subprocess.Popen[str] | None = None
+        self.zygote_ready = False
 
     # --- run directory ----------------------------------------------------------------
 
@@ -355,6 +358,12 @@ class Supervisor:
                    "--connect-timeout", "30"]  # fmt: skip
         if self.keys_dir is not None:
             cmd += ["--keys", str(self.keys_dir)]
+        argv = [*cmd, "--log-level", self.log_level]
+        if child.role != "broker":
+            forked = self._fork_from_zygote(argv, child.log_path)
+            if forked is not None:
+                child.proc = forked
+                return
         logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
         child.proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
@@ -364,6 +373,61 @@ class Supervisor:
             preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
         )
         logf.close()
+
+    # --- the zygote: roles forked from one pre-imported process ------------------------
+
+    def _start_zygote(self) -> None:
+        """Start importing torch & co. in the zygote while the broker starts (see zrl.zygote).
+        Without a subreaper (not Linux) roles are plain subprocesses."""
+        if self.inproc or os.environ.get("ZRL_NO_ZYGOTE") or not become_subreaper():
+            return
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-m", "zrl.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self.run_dir / "logs" / "zygote.log", "ab"),  # noqa: SIM115
+            text=True,
+            bufsize=1,
+            preexec_fn=_set_parent_death_signal,
+        )
+
+    def _zygote_call(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
+        assert self.zygote is not None and self.zygote.stdin and self.zygote.stdout
+        try:
+            if request is not None:
+                self.zygote.stdin.write(json.dumps(request) + "\n")
+                self.zygote.stdin.flush()
+            line = self.zygote.stdout.readline()
+            return json.loads(line) if line else None
+        except (OSError, ValueError):
+            return None
+
+    def _fork_from_zygote(self, argv: list[str], log_path: Path) -> ForkedRole | None:
+        if self.zygote is None:
+            return None
+        if not self.zygote_ready:
+            self.zygote_ready = (self._zygote_call(None) or {}).get("ready") is True
+        reply = (
+            self._zygote_call({"argv": argv, "log": str(log_path)}) if self.zygote_ready else None
+        )
+        if reply is None or "pid" not in reply:
+            log.warning("the zygote failed (%s): starting roles as plain processes", reply)
+            self._stop_zygote()
+            return None
+        return ForkedRole(int(reply["pid"]))
+
+    def _stop_zygote(self) -> None:
+        if self.zygote is not None:
+            if self.zygote.stdin:
+                self.zygote.stdin.close()
+            try:
+                self.zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.zygote.kill()
+                self.zygote.wait(timeout=5)
+            if self.zygote.stdout:
+                self.zygote.stdout.close()
+            self.zygote = None
 
     def _spawn_thread(self, child: Child) -> None:
         from zrl.roles import role_class
@@ -610,6 +674,7 @@ class Supervisor:
         row: dict[str, Any] = {}
         try:
             display.message(f"run directory: {self.run_dir}")
+            self._start_zygote()
             self._start_broker()
             (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
             if not self.inproc:
@@ -644,6 +709,7 @@ class Supervisor:
                 version = self._save_model() if self.broker_child is not None else None
             finally:
                 self._stop_children()
+                self._stop_zygote()
                 writer.close()
                 for sig, h in previous_handlers.items():
                     signal.signal(sig, h)

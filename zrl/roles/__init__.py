@@ -21,7 +21,11 @@ ALGO_ROLE_MODULES = {
     ("actor", "impala"): "zrl.roles.onpolicy_actor:OnPolicyActor",
     ("actor", "ppo"): "zrl.roles.onpolicy_actor:OnPolicyActor",
     ("actor", "a3c"): "zrl.roles.onpolicy_actor:OnPolicyActor",
+    ("actor", "apex_ddpg"): "zrl.roles.continuous_actor:ContinuousActor",
+    ("actor", "sac"): "zrl.roles.continuous_actor:ContinuousActor",
     ("learner", "impala"): "zrl.roles.impala_learner:ImpalaLearner",
+    ("learner", "apex_ddpg"): "zrl.roles.continuous_learner:ContinuousLearner",
+    ("learner", "sac"): "zrl.roles.continuous_learner:ContinuousLearner",
     ("learner", "ppo"): "zrl.roles.ppo_learner:PPOLearner",
 }
 

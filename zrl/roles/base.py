@@ -217,7 +217,7 @@ class Role:
 
         return build_model(
             observation_space, action_space, self.config.model, self.config.algo,
-            self.factories.model_fn(),
+            self.factories.model_fn(), twin=self.config.ddpg.twin,
         )  # fmt: skip
 
     def connect(self) -> None:

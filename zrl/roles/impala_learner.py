@@ -103,6 +103,15 @@ class ImpalaLearner(Learner):
         if self.updates % self.config.learner.publish_interval == 0:
             self.send_weights()
 
+    def teardown(self) -> None:
+        super().teardown()
+        if hasattr(self, "stale_unrolls"):
+            self.log.info(
+                "%s: %d updates on %d unrolls, %d stale unrolls dropped (max_lag %d)",
+                self.id, self.updates, self.trained_unrolls, self.stale_unrolls,
+                self.config.impala.max_lag,
+            )  # fmt: skip
+
     def heartbeat_info(self) -> dict[str, Any]:
         info = super().heartbeat_info()
         info["stale_unrolls"] = self.stale_unrolls

@@ -62,7 +62,8 @@ class Learner(Role):
         torch.manual_seed(cfg.seed)
         probe = self.make_envs(num_envs=1)  # only for the spaces
         self.online = self.make_model(probe.single_observation_space, probe.single_action_space)
-        self.num_actions = int(probe.single_action_space.n)
+        # Discrete actions only; continuous learners check actions against the model's bounds.
+        self.num_actions = int(getattr(probe.single_action_space, "n", 0))
         probe.close()
         self.setup_updates()
         self.params: Channel | None = None
@@ -116,11 +117,19 @@ class Learner(Role):
         msg = P.Message(
             P.WEIGHTS,
             # min_version: after a resume, versions continue instead of starting again at 1.
-            meta={"updates": self.updates, "min_version": self.weights_version + 1},
+            meta={
+                "updates": self.updates,
+                "min_version": self.weights_version + 1,
+                **self.weights_meta(),
+            },
             arrays=model_to_arrays(self.online),
         )
         if self.params.send(msg, block=False) and self._unacked_since is None:
             self._unacked_since = time.monotonic()
+
+    def weights_meta(self) -> dict[str, int]:
+        """Extra integers published with the weights (the algorithm's progress)."""
+        return {}
 
     def read_acks(self) -> None:
         if self.params is None:

@@ -183,6 +183,14 @@ class ParameterServer(Role):
     def publish_weights(self) -> None:
         self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
 
+    def teardown(self) -> None:
+        if self.config.algo == "a3c" and hasattr(self, "updates"):
+            self.log.info(
+                "%s: %d updates from %d gradients, %d stale gradients dropped (max_lag %d)",
+                self.id, self.updates, self.applied_gradients, self.stale_gradients,
+                self.config.a3c.max_lag,
+            )  # fmt: skip
+
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
         if self.config.algo == "a3c":

@@ -30,7 +30,7 @@ from zrl.algos.dqn import NonFiniteLossError
 from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
 from zrl.algos.returns import rollout_gae
 from zrl.algos.vtrace import categorical_entropy
-from zrl.models import ActorCritic, model_to_arrays
+from zrl.models import ActorCritic, load_arrays, model_to_arrays
 from zrl.roles.learner import Learner, make_adam
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import protocol as P
@@ -253,13 +253,35 @@ class PPOLearner(Learner):
         if self.leader:
             self.send_weights()
 
+    def weights_meta(self) -> dict[str, int]:
+        return {"rounds": self.rounds}
+
     def follow_leader(self) -> None:
-        """DD-PPO followers take the leader's weights; with identical averaged updates these
-        equal their own, and any drift (lost allreduce messages) is measured and corrected."""
-        before = model_to_arrays(self.online)
-        if self.follow.update():
-            after = model_to_arrays(self.online)
-            self.weight_drift = max(float(np.max(np.abs(before[k] - after[k]))) for k in before)
+        """DD-PPO followers take the leader's weights after the same round; with identical
+        averaged updates these equal their own, and any drift (an allreduce that timed out)
+        is measured and corrected. Weights from another round are only used for the version
+        number: loading them would move this learner out of step."""
+        while True:
+            got = self.follow.sub.recv(block=False)
+            if got is None:
+                return
+            msg = got[1]
+            version, rounds = msg.meta.get("version"), msg.meta.get("rounds")
+            if msg.kind != P.WEIGHTS or not isinstance(version, int):
+                self.follow.sub._drop(msg.sender or "?", "not versioned weights")
+                continue
+            self.follow.version = max(self.follow.version, version)
+            if rounds != self.rounds:
+                continue
+            before = model_to_arrays(self.online)
+            try:
+                load_arrays(self.online, msg.arrays)
+            except ValueError as exc:
+                self.follow.sub._drop(msg.sender or "?", f"weights do not fit the model: {exc}")
+                continue
+            self.weight_drift = max(
+                float(np.max(np.abs(before[k] - msg.arrays[k]))) for k in before
+            )
 
     def train_round(self, chosen: list[Rollout]) -> None:
         c = self.config.ppo
@@ -269,12 +291,18 @@ class PPOLearner(Learner):
         self.round_versions = versions
         data = round_tensors(self.online, chosen, c.gamma, c.gae_lambda)
         n = len(data["obs"])
-        mb = min(c.minibatch_size, n)
+        if n == 0:
+            return
+        mb = c.minibatch_size
+        # Steps per epoch from the configured round size, not from this round's count of valid
+        # samples (autoreset steps vary): DD-PPO learners must take the same number of steps.
+        nominal = self.buffer.round_size * self.config.env.num_envs
+        per_epoch = max(1, nominal * self.config.actor.trajectory_length // mb)
         steps = 0
         for _ in range(c.epochs):
             order = torch.randperm(n, generator=self.rng)
-            for start in range(0, n - mb + 1, mb):
-                idx = order[start : start + mb]
+            for j in range(per_epoch):
+                idx = order[torch.arange(j * mb, (j + 1) * mb) % n]  # wraps on a short round
                 self.minibatch_step({k: v[idx] for k, v in data.items()}, steps)
                 steps += 1
                 if steps % TICK_EVERY_STEPS == 0:
@@ -325,6 +353,8 @@ class PPOLearner(Learner):
         )  # fmt: skip
         deadline = time.monotonic() + ALLREDUCE_TIMEOUT_S
         while len(self.peer_grads.get(key, {})) < self.learners - 1:
+            if self.stop_event.is_set():
+                break  # stopping: the other learners may be gone already
             if time.monotonic() > deadline:
                 self.allreduce_timeouts += 1
                 self.log.warning(
@@ -368,7 +398,24 @@ class PPOLearner(Learner):
             ):
                 self.allreduce_sub._drop(msg.sender or "?", "malformed allreduce gradients")
                 continue
-            self.peer_grads.setdefault((r, s), {})[who] = dict(msg.arrays)
+            # Copies: the received frames are read-only, and torch wants writable arrays.
+            self.peer_grads.setdefault((r, s), {})[who] = {
+                k: np.array(v) for k, v in msg.arrays.items()
+            }
+
+    def teardown(self) -> None:
+        super().teardown()
+        if hasattr(self, "buffer"):
+            drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
+            timeouts = (
+                f", allreduce timeouts {self.allreduce_timeouts}" if self.learners > 1 else ""
+            )
+            self.log.info(
+                "%s: %d rounds (%s), %d updates, mixed-version rounds %d, stale rollouts %d, "
+                "short rounds %d%s%s",
+                self.id, self.rounds, self.config.ppo.mode, self.updates, self.mixed_rounds,
+                self.buffer.stale, self.buffer.short_rounds, drift, timeouts,
+            )  # fmt: skip
 
     def heartbeat_info(self) -> dict[str, Any]:
         info = super().heartbeat_info()

@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 
 from zrl.algos.returns import nstep_transitions
+from zrl.config import CONTINUOUS_ALGOS
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.tables import PrioritizedTable, Table, make_table
 from zrl.roles.base import Role
@@ -44,25 +45,34 @@ TRAJECTORY_ARRAYS: dict[str, tuple[str | None, int | None]] = {
     "next_obs": ("float32", 3),
     "priority": ("float32", 2),
 }
+# Continuous control (apex_ddpg, sac): the same, with float32 actions [E, T, act_dim].
+CONTINUOUS_TRAJECTORY_ARRAYS = {**TRAJECTORY_ARRAYS, "action": ("float32", 3)}
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 
 
 def assemble_transitions(
-    msg: P.Message, n_step: int, gamma: float
+    msg: P.Message, n_step: int, gamma: float, continuous: bool = False
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A TRAJECTORY message -> (n-step transition items, their initial priorities)."""
-    P.require_arrays(msg, TRAJECTORY_ARRAYS)
+    """A TRAJECTORY message -> (n-step transition items, their initial priorities).
+
+    ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
+    int64 ``[E, T]`` indices."""
+    spec = CONTINUOUS_TRAJECTORY_ARRAYS if continuous else TRAJECTORY_ARRAYS
+    P.require_arrays(msg, spec)
     a = msg.arrays
     E, T = a["reward"].shape
-    for name in TRAJECTORY_ARRAYS:
+    for name in spec:
         if a[name].shape[:2] != (E, T):
             raise P.ProtocolError(
                 f"trajectory array {name!r} has shape {a[name].shape}, not [{E}, {T}, ...]"
             )
     if a["obs"].shape != a["next_obs"].shape:
         raise P.ProtocolError("trajectory obs and next_obs shapes differ")
-    for name in ("obs", "next_obs", "reward"):
+    if continuous and a["action"].shape[2] < 1:
+        raise P.ProtocolError("trajectory actions have no dimensions")
+    must_be_finite = ("obs", "next_obs", "reward", *(("action",) if continuous else ()))
+    for name in must_be_finite:
         if not np.all(np.isfinite(a[name])):
             # A NaN stored in replay would poison every batch it is sampled into.
             raise P.ProtocolError(f"trajectory array {name!r} holds NaN or inf")
@@ -214,7 +224,9 @@ class ReplayServer(Role):
         if self.config.algo == "impala":
             items, priorities = assemble_unrolls(msg), None
         else:
-            items, priorities = assemble_transitions(msg, rc.n_step, rc.gamma)
+            items, priorities = assemble_transitions(
+                msg, rc.n_step, rc.gamma, continuous=self.config.algo in CONTINUOUS_ALGOS
+            )
         n = len(items["reward"])
         table = self._table_for(items)
         table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)

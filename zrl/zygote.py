@@ -1,0 +1,194 @@
+"""Fast role start-up for ``zrl run``: one pre-imported process that forks the roles.
+
+Importing torch, gymnasium and the roles costs about 2 s of CPU per process; five roles
+starting together on two cores wait about 5 s before the first env step. The zygote pays
+that once, then forks a child per role. Fork shares the imported modules copy-on-write, so
+a role (or a restart of one) starts in milliseconds. This is Android's zygote and
+multiprocessing's forkserver, specialised to ``zrl start``.
+
+Protocol, one JSON object per line: the supervisor writes ``{"argv": [...], "log": PATH}``
+on the zygote's stdin; the zygote answers ``{"pid": N}`` (or ``{"error": "..."}``) on stdout.
+
+The role runs in a *grandchild*: the zygote forks an intermediate that forks the role and
+exits at once. The orphaned role is re-parented to the supervisor, which made itself a
+child subreaper (``PR_SET_CHILD_SUBREAPER``), so the supervisor waits for it, reads its exit
+status and signals it by PID exactly like a child it spawned itself. The zygote never
+creates a thread or a ZeroMQ context, so forking it is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux >= 3.4), so forked roles become waitable children."""
+    return sys.platform.startswith("linux") and _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def preload() -> None:
+    """Everything a role imports before its first step."""
+    import gymnasium  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    import zrl.cli  # noqa: F401
+    from zrl.roles import ALGO_ROLE_MODULES, ROLE_MODULES
+
+    for path in [*ROLE_MODULES.values(), *ALGO_ROLE_MODULES.values()]:
+        __import__(path.split(":")[0])
+    import zrl.broker  # noqa: F401
+    import zrl.continuous_models  # noqa: F401
+    import zrl.envs  # noqa: F401
+    import zrl.evaluation  # noqa: F401
+
+
+def _run_role(argv: list[str], log_path: str, subreaper: int) -> None:
+    """In the grandchild: wait to be adopted by the supervisor, then run ``zrl <argv>``."""
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != subreaper and time.monotonic() < deadline:
+        time.sleep(0.001)
+    # Set only once adopted: the death signal fires when the *current* parent exits.
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != subreaper:
+        os._exit(1)  # the supervisor is gone already
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.close(null)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        # `ps` (and anything that finds a run's processes by command line) sees the role,
+        # not the zygote it was forked from.
+        from setproctitle import setproctitle
+
+        setproctitle(" ".join([sys.executable, "-m", "zrl", *argv]))
+    except ImportError:
+        pass
+    code = 0
+    try:
+        from zrl.cli import main
+
+        sys.argv = ["zrl", *argv]
+        main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report it in the role's log like an uncaught error
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def spawn(argv: list[str], log_path: str, subreaper: int) -> int:
+    """Double-fork a role; returns its PID once it is re-parented to ``subreaper``."""
+    read_fd, write_fd = os.pipe()
+    intermediate = os.fork()
+    if intermediate == 0:
+        os.close(read_fd)
+        role = os.fork()
+        if role == 0:
+            os.close(write_fd)
+            _run_role(argv, log_path, subreaper)
+        os.write(write_fd, f"{role}\n".encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        line = pipe.readline()
+    os.waitpid(intermediate, 0)  # the role is an orphan from here: adopted by the subreaper
+    return int(line)
+
+
+def serve() -> None:
+    """The zygote's loop: preload, then one spawn per request line until stdin closes."""
+    subreaper = os.getppid()
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    preload()
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        reply: dict[str, Any]
+        try:
+            req = json.loads(line)
+            reply = {"pid": spawn([str(a) for a in req["argv"]], str(req["log"]), subreaper)}
+        except Exception as exc:  # noqa: BLE001 - answered, the supervisor falls back
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+class ForkedRole:
+    """A role the zygote forked, driven like ``subprocess.Popen`` (poll, wait, signals)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: we cannot know how it ended
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                import subprocess
+
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve()
