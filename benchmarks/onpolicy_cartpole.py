@@ -1,9 +1,11 @@
 """Time to solve CartPole-v1: zrl PPO, IMPALA and A3C against Stable-Baselines3 PPO, in one run.
 
 For each seed: wall-clock seconds and env steps until the mean greedy return over 20
-episodes reaches 475, measured from the moment the command is launched (zrl: the whole
-`zrl run` including process start-up; SB3: from model construction, with its evaluation
-time excluded — a conservative choice in SB3's favour). Runs are interleaved per seed
+episodes reaches 475, measured from the moment the command is launched, for both: zrl is the
+whole `zrl run` including process start-up; SB3 runs in a fresh Python process too (so both
+pay for importing torch), with its blocking evaluations' time excluded (in SB3's favour; zrl's
+evaluator runs alongside training and is not excluded). SB3's time from model construction
+is printed as well. Runs are interleaved per seed
 (sb3, ppo, impala, a3c) so load drifts hit every system alike. Prints the median of the seeds.
 
     python benchmarks/onpolicy_cartpole.py            # 3 seeds each
@@ -55,7 +57,24 @@ def run_zrl(seed: int, limit: float, config: Path) -> Result:
         return summary["target_reached_at"] - t0, summary["env_steps_to_target"]
 
 
-def run_sb3(seed: int, limit: float) -> Result:
+def run_sb3(seed: int, limit: float) -> tuple[Result, float | None]:
+    """SB3 in a fresh process, like `zrl run`: (seconds from launch, steps), and seconds from
+    model construction."""
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, __file__, "--sb3-worker", str(seed), "--limit", str(limit),
+         "--launched", repr(t0)],
+        capture_output=True, text=True, timeout=limit + 120,
+    )  # fmt: skip
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+        return (None, None), None
+    return (out["from_launch"], out["steps"]), out["from_model"]
+
+
+def sb3_worker(seed: int, limit: float, launched: float) -> None:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -73,12 +92,12 @@ def run_sb3(seed: int, limit: float) -> Result:
             self.eval_env = gym.make("CartPole-v1")
             self.excluded = 0.0
             self.last_eval = 0
-            self.solved_at: Result | None = None
-            self.t0 = time.perf_counter()
+            self.solved_at: tuple[float, float, int] | None = None
+            self.t0 = time.time()
 
         def _on_step(self) -> bool:
             if self.num_timesteps - self.last_eval < EVAL_EVERY:
-                return time.perf_counter() - self.t0 - self.excluded < limit
+                return time.time() - self.t0 - self.excluded < limit
             self.last_eval = self.num_timesteps
             start = time.perf_counter()
             returns = []
@@ -93,9 +112,10 @@ def run_sb3(seed: int, limit: float) -> Result:
                 returns.append(total)
             self.excluded += time.perf_counter() - start
             if np.mean(returns) >= TARGET:
-                self.solved_at = (time.perf_counter() - self.t0 - self.excluded, self.num_timesteps)
+                now = time.time() - self.excluded
+                self.solved_at = (now - launched, now - self.t0, self.num_timesteps)
                 return False
-            return time.perf_counter() - self.t0 - self.excluded < limit
+            return time.time() - self.t0 - self.excluded < limit
 
     def linear(v: float):
         return lambda progress_remaining: progress_remaining * v
@@ -108,7 +128,8 @@ def run_sb3(seed: int, limit: float) -> Result:
         learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, verbose=0,
     )  # fmt: skip
     model.learn(total_timesteps=SB3_BUDGET, callback=callback)
-    return callback.solved_at or (None, None)
+    solved = callback.solved_at or (None, None, None)
+    print(json.dumps({"from_launch": solved[0], "from_model": solved[1], "steps": solved[2]}))
 
 
 def median(values: list[float | None]) -> float:
@@ -136,7 +157,12 @@ def main() -> None:
     parser.add_argument("--algos", default="ppo,impala,a3c", help="comma-separated zrl algorithms")
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--skip-zrl", action="store_true")
+    parser.add_argument("--sb3-worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--launched", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sb3_worker is not None:
+        sb3_worker(args.sb3_worker, args.limit, args.launched or time.time())
+        return
     algos = [] if args.skip_zrl else [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
         if a not in ALGOS:
@@ -144,11 +170,14 @@ def main() -> None:
 
     results: dict[str, list[Result]] = {} if args.skip_sb3 else {SB3: []}
     results.update({ALGOS[a]: [] for a in algos})
+    sb3_from_model: list[float | None] = []
     for seed in range(args.seeds):
         if not args.skip_sb3:
-            r = run_sb3(seed, args.limit)
+            r, from_model = run_sb3(seed, args.limit)
             results[SB3].append(r)
-            print(f"seed {seed}: sb3     {r[0] and round(r[0], 1)} s, {r[1]} steps", flush=True)
+            sb3_from_model.append(from_model)
+            print(f"seed {seed}: sb3     {r[0] and round(r[0], 1)} s, {r[1]} steps "
+                  f"({from_model and round(from_model, 1)} s from model construction)", flush=True)  # fmt: skip
         for a in algos:
             limit = args.a3c_limit if a == "a3c" else args.limit
             r = run_zrl(seed, limit, REPO / "configs" / f"cartpole_{a}.yaml")
@@ -172,6 +201,9 @@ def main() -> None:
         }
         for name, rs in results.items()
     }
+    if sb3_from_model:
+        print(f"{'(SB3 from model)':<16} {fmt(sb3_from_model):>10}")
+        report["sb3_seconds_from_model_construction"] = sb3_from_model
     print()
     for a in ("ppo", "impala"):
         if a in algos and not args.skip_sb3:

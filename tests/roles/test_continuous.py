@@ -132,6 +132,10 @@ def bare_actor(
     actor.needs_reset = np.zeros(actor.num_envs, bool)
     actor.episodes = EpisodeTracker(actor.num_envs)
     actor.env_steps = actor.trajectories = actor.env_errors = 0
+    # The credit window's state, for heartbeat_info (nothing is ever sent).
+    actor.experience = SimpleNamespace(next_seq=0)  # type: ignore[assignment]
+    actor.acked_seq, actor.ack_timeouts, actor.lost_in_flight = -1, 0, 0
+    actor.blocked_since = None
     return actor
 
 
@@ -187,7 +191,7 @@ def test_ddpg_noise_scale_differs_per_env_slot_ape_x_style():
     for _ in range(40):
         actor.collect()
     envs2.close()
-    spread = np.concatenate(envs2.actions).std(axis=0)[:, 0]  # per env slot
+    spread = np.stack(envs2.actions).std(axis=0)[:, 0]  # per env slot
     np.testing.assert_allclose(spread, actor.sigmas * (HIGH - LOW) / 2, rtol=0.15)
 
 
@@ -315,6 +319,7 @@ def bare_learner(cfg: ExperimentConfig, monkeypatch) -> ContinuousLearner:
     learner.updates, learner.weights_version, learner.non_finite_in_a_row = 0, 3, 0
     learner.diverged = False
     learner.last_loss = float("nan")
+    learner.checkpoints, learner.waiting_since = 0, None
     learner.published = 0  # type: ignore[attr-defined]
 
     def send_weights() -> None:

@@ -164,6 +164,7 @@ class PPOLearner(Learner):
         c = cfg.ppo
         self.buffer = RoundBuffer(c.mode, max(1, cfg.roles.actors), c.max_lag, c.round_timeout)
         self.rounds = 0
+        self.training_s = 0.0  # time in rounds, against the learner's uptime: is it the bottleneck?
         self.mixed_rounds = 0  # sync rounds whose rollouts came from several versions: must stay 0
         self.round_versions: list[int] = []
         self.last_parts: dict[str, float] = {}
@@ -245,6 +246,7 @@ class PPOLearner(Learner):
             self.rollouts.sock.poll(20)
             return
         self.waiting_since = None
+        started = time.monotonic()
         try:
             self.train_round(chosen)
         except NonFiniteLossError as exc:
@@ -252,6 +254,7 @@ class PPOLearner(Learner):
         self.non_finite_in_a_row = 0
         if self.leader:
             self.send_weights()
+        self.training_s += time.monotonic() - started
 
     def weights_meta(self) -> dict[str, int]:
         return {"rounds": self.rounds}
@@ -412,9 +415,10 @@ class PPOLearner(Learner):
             )
             self.log.info(
                 "%s: %d rounds (%s), %d updates, mixed-version rounds %d, stale rollouts %d, "
-                "short rounds %d%s%s",
+                "short rounds %d%s%s, %.1f s training of %.1f s",
                 self.id, self.rounds, self.config.ppo.mode, self.updates, self.mixed_rounds,
-                self.buffer.stale, self.buffer.short_rounds, drift, timeouts,
+                self.buffer.stale, self.buffer.short_rounds, drift, timeouts, self.training_s,
+                time.monotonic() - self.started,
             )  # fmt: skip
 
     def heartbeat_info(self) -> dict[str, Any]:
@@ -425,6 +429,7 @@ class PPOLearner(Learner):
             short_rounds=self.buffer.short_rounds,
             mixed_rounds=self.mixed_rounds,
             round_versions=self.round_versions,
+            busy=round(self.training_s / max(1e-9, time.monotonic() - self.started), 3),
         )
         if self.learners > 1:
             info["allreduce_timeouts"] = self.allreduce_timeouts
