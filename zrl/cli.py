@@ -145,8 +145,7 @@ def _load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[
 
 def _load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
     from zrl.config import load_config
-    from zrl.evaluation import FACTORIES_FILE
-    from zrl.experiment import Factories
+    from zrl.experiment import FACTORIES_FILE, Factories
 
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")

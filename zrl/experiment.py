@@ -37,6 +37,8 @@ import cloudpickle
 
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict, load_config
 
+FACTORIES_FILE = "factories.pkl"  # pickled script factories in a run directory
+
 
 class FactoryError(ValueError):
     """A factory that cannot be resolved or shipped; user-facing."""

@@ -41,3 +41,8 @@ def limit_torch_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass  # already set in this process (in-process mode)
+
+
+def actor_seed(run_seed: int, index: int) -> int:
+    """Env and exploration seed of actor ``index``: distinct per actor, fixed per run."""
+    return int(run_seed) * 10_007 + 1_000 * (index + 1)

@@ -35,8 +35,7 @@ from typing import Any
 import zmq
 
 from zrl.config import ExperimentConfig, config_to_yaml
-from zrl.evaluation import FACTORIES_FILE
-from zrl.experiment import Factories
+from zrl.experiment import FACTORIES_FILE, Factories
 from zrl.metrics import MetricsWriter, read_csv
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
@@ -248,7 +247,7 @@ class Supervisor:
     # --- run directory ----------------------------------------------------------------
 
     def _prepare_run_dir(self) -> None:
-        from zrl.roles.actor import actor_seed
+        from zrl.runtime import actor_seed
 
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.cfg.checkpoint.dir is None:
@@ -615,6 +614,17 @@ class Supervisor:
 
     # --- finish -----------------------------------------------------------------------
 
+    def _final_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The figures at the stop, from the roles' last heartbeats: metrics come once a
+        second, so a run stopped between two of them would under-report what its roles did."""
+        self._refresh_status()
+        for r in self.status_rows:
+            info = r.get("info")
+            if isinstance(info, dict) and isinstance(r.get("id"), str) and r.get("state") != "dead":
+                previous = self.agg.latest.get(r["id"], {})
+                self.agg.on_metrics({**previous, **info, "id": r["id"], "role": r.get("role")})
+        return self.agg.row(time.monotonic() - self.started) if self.status_rows else row
+
     def _save_model(self) -> int | None:
         import torch
 
@@ -663,6 +673,9 @@ class Supervisor:
                 logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s")
             )
             logging.getLogger().addHandler(handler)
+        # Roles fork from the zygote once it has imported torch: start it before anything
+        # here imports torch too (the TensorBoard writer does), so the two overlap.
+        self._start_zygote()
         writer = MetricsWriter(self.run_dir)
         display = StatusDisplay(self, enabled=self.show_status)
         interrupted = False
@@ -674,7 +687,6 @@ class Supervisor:
         row: dict[str, Any] = {}
         try:
             display.message(f"run directory: {self.run_dir}")
-            self._start_zygote()
             self._start_broker()
             (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
             if not self.inproc:
@@ -706,6 +718,8 @@ class Supervisor:
             if self.stop_reason == "interrupted":
                 interrupted = True
             try:
+                if self.broker_child is not None:
+                    row = self._final_row(row)
                 version = self._save_model() if self.broker_child is not None else None
             finally:
                 self._stop_children()

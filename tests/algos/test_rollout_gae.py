@@ -88,6 +88,7 @@ def rollouts(draw: st.DrawFn, endings: bool = True, gaps: bool = True) -> dict[s
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     p_term = draw(st.sampled_from([0.0, 0.2, 0.5])) if endings else 0.0
     p_trunc = draw(st.sampled_from([0.0, 0.2, 0.5])) if endings and gaps else 0.0
+    gaps = gaps and endings
     terminated = np.zeros((num_envs, horizon), bool)
     truncated = np.zeros((num_envs, horizon), bool)
     valid = np.ones((num_envs, horizon), bool)
@@ -273,7 +274,7 @@ def _args(**changes: Any) -> dict[str, Any]:
     [
         ({"values": np.zeros((2, 4), np.float32)}, "values"),
         ({"values": np.zeros(3, np.float32)}, "values"),
-        ({"terminated": np.zeros((3, 3), bool)}, "terminated"),
+        ({"terminated": np.zeros(3, bool)}, "terminated"),
         ({"valid": np.ones((2, 2), bool)}, "valid"),
         ({"bootstrap_value": np.zeros(3, np.float32)}, "bootstrap_value"),
         ({"bootstrap_value": np.zeros((2, 1), np.float32)}, "bootstrap_value"),
@@ -287,17 +288,14 @@ def test_rollout_gae_validation(changes, match):
         rollout_gae(**_args(**changes))
 
 
-def test_rollout_gae_truncated_of_another_shape_raises():
-    # Not broadcastable: numpy's own ValueError (the message does not name the argument).
+@pytest.mark.parametrize("name", ["terminated", "truncated"])
+def test_rollout_gae_episode_ends_of_another_shape_raise(name):
+    # Not broadcastable together: numpy's own ValueError from `terminated | truncated`, raised
+    # before the shape check (so the message does not name the argument).
     with pytest.raises(ValueError):
-        rollout_gae(**_args(truncated=np.zeros((2, 4), bool)))
+        rollout_gae(**_args(**{name: np.zeros((2, 4), bool)}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: rollout_gae checks `terminated | truncated` instead of `truncated`, so a "
-    "broadcastable truncated (shape [T] or [1, T]) is silently accepted; remove when fixed",
-)
 @pytest.mark.parametrize("shape", [(3,), (1, 3)])
 def test_rollout_gae_rejects_broadcastable_truncated(shape):
     with pytest.raises(ValueError, match="truncated"):

@@ -206,10 +206,13 @@ def rollout_gae(
     rew = np.asarray(rewards, dtype=np.float64)
     val = np.asarray(values, dtype=np.float64)
     term = np.asarray(terminated, dtype=bool)
-    ended = term | np.asarray(truncated, dtype=bool)
+    trunc = np.asarray(truncated, dtype=bool)
     ok = np.asarray(valid, dtype=bool)
     boot = np.asarray(bootstrap_value, dtype=np.float64)
-    _check_time_major(rew, {"values": val, "terminated": term, "ended": ended, "valid": ok}, boot)
+    _check_time_major(
+        rew, {"values": val, "terminated": term, "truncated": trunc, "valid": ok}, boot
+    )
+    ended = term | trunc
     _check_gamma("gamma", gamma)
     _check_gamma("lam", lam)
 

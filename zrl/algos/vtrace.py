@@ -106,7 +106,8 @@ def vtrace(
         next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = rhos * (rewards + discounts * next_values - values)
         if valid is not None:
-            deltas = deltas * valid
+            # where, not a product: an invalid step's ratio may overflow, and inf * 0 is NaN.
+            deltas = torch.where(valid.bool(), deltas, torch.zeros_like(deltas))
 
         vs_minus_v = torch.empty_like(deltas)
         running = torch.zeros_like(bootstrap_value, dtype=deltas.dtype)  # v_T - V(x_T) = 0
@@ -119,7 +120,9 @@ def vtrace(
         pg_rhos = ratios.clamp(max=pg_rho_bar)
         pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
         if valid is not None:
-            pg_advantages = pg_advantages * valid
+            pg_advantages = torch.where(
+                valid.bool(), pg_advantages, torch.zeros_like(pg_advantages)
+            )
     return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
 
 
@@ -253,5 +256,6 @@ def impala_update(
     optimizer.step()
     with torch.no_grad():
         rho = torch.exp(target_logp - batch["logp"].T)
-        mean_rho = float((rho * valid).sum() / valid.sum().clamp(min=1))
+        rho = torch.where(valid.bool(), rho, torch.zeros_like(rho))
+        mean_rho = float(rho.sum() / valid.sum().clamp(min=1))
     return ImpalaUpdate(parts=parts, grad_norm=float(grad_norm.item()), mean_rho=mean_rho)

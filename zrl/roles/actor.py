@@ -31,16 +31,11 @@ from zrl.algos.returns import nstep_transitions
 from zrl.envs import EpisodeTracker
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
-from zrl.runtime import limit_torch_threads
+from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import protocol as P
 
 ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us back
 EOS_TIMEOUT_S = 5.0
-
-
-def actor_seed(run_seed: int, index: int) -> int:
-    """Env and exploration seed of actor ``index``: distinct per actor, fixed per run."""
-    return int(run_seed) * 10_007 + 1_000 * (index + 1)
 
 
 class Actor(Role):

@@ -113,7 +113,10 @@ class RoundBuffer:
         if len(chosen) < self.round_size:
             self.short_rounds += 1
         self.trained_version = newest
-        self.pending = [r for r in self.pending if r.version > newest]
+        kept = [r for r in self.pending if r.version > newest]
+        # Older versions and extras of this one are superseded: counted, never trained on.
+        self.stale += len(self.pending) - len(chosen) - len(kept)
+        self.pending = kept
         return sorted(chosen, key=lambda r: r.actor)
 
 
