@@ -206,10 +206,16 @@ def _add_role_command(name: str, help_text: str) -> None:
 
 
 for _name, _help in (
-    ("actor", "Run an actor: vector envs, batched inference, trajectories to `experience`."),
+    (
+        "actor",
+        "Run an actor (an A3C worker for algo a3c): vector envs, batched inference, experience out.",
+    ),
     ("replay", "Run a replay shard: tables, rate limiter, batches to `batches`."),
-    ("params", "Run the parameter server: versioned weights, published on each update."),
-    ("learner", "Run a learner: batches in, updates, priorities and weights out."),
+    (
+        "params",
+        "Run the parameter server: versioned weights (A3C: applies the workers' gradients).",
+    ),
+    ("learner", "Run a learner (DQN, DDPG, SAC, IMPALA or PPO, as the config's algo says)."),
     ("evaluator", "Run the evaluator: greedy episodes with the latest weights."),
 ):
     _add_role_command(_name, _help)
