@@ -322,6 +322,38 @@ def test_a3c_params_combines_gradients_per_update(inproc, reduce):
     assert_close_arrays(got[0].arrays, local.step(g1, g2))
 
 
+def test_a3c_params_resumes_its_model_and_refuses_gradients_from_the_future(inproc, tmp_path):
+    cfg = a3c_config(max_lag=4)
+    cfg.checkpoint.dir = str(tmp_path)
+    ps, sub = start_a3c_params(inproc, cfg)
+    local = LocalServer(cfg)
+    push = inproc.push("gradients", sender="actor-0")
+    for seed in (20, 21):
+        g = some_gradient(local.model, seed)
+        assert push.send(gradients_message(g, weights_version=ps.version))
+        want = local.step(g)
+        got = collect(sub, until=1, timeout=10)
+    assert ps.version == 3 and ps.updates == 2
+    assert_close_arrays(got[-1].arrays, want)
+    inproc.stop_role(ps)  # teardown writes the checkpoint
+    assert (tmp_path / "params-0.pt").is_file()
+
+    # A restarted server continues: same weights, same version, same Adam state.
+    again = inproc.start(ParameterServer, index=0)
+    assert isinstance(again, ParameterServer)
+    assert again.version == 3 and again.updates == 2
+    assert_close_arrays(again.arrays, want)
+    g = some_gradient(local.model, 22)
+    assert push.send(gradients_message(g, weights_version=3))
+    wait_for(lambda: again.version == 4, timeout=10)
+    assert_close_arrays(again.arrays, local.step(g))
+
+    # A gradient computed on a version this server never published is dropped and counted.
+    assert push.send(gradients_message(g, weights_version=99))
+    wait_for(lambda: again.future_gradients == 1, timeout=5)
+    settle(lambda: again.version == 4, 0.3)
+
+
 # ----------------------------------------------------------------------------- OnPolicyActor
 
 E, T = 2, 16

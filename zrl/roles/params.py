@@ -16,7 +16,9 @@ Sockets:
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,8 +63,41 @@ class ParameterServer(Role):
         self.accumulated: list[dict[str, np.ndarray]] = []
         self.applied_gradients = 0
         self.stale_gradients = 0
+        self.future_gradients = 0
         self.updates = 0
+        d = self.config.checkpoint.dir
+        # The server owns the A3C model: a restart must continue it, or the workers (whose
+        # weights version is ahead of a fresh server's) would never take its weights again.
+        self.checkpoint = Path(d) / f"{self.id}.pt" if d else None
+        self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
+        if self.checkpoint is not None and self.checkpoint.is_file():
+            state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.updates, self.version = int(state["updates"]), int(state["version"]) - 1
+            self.applied_gradients = int(state["applied_gradients"])
+            self.log.info("resumed from %s: update %d, weights v%d",
+                          self.checkpoint, self.updates, self.version + 1)  # fmt: skip
         self.store_model_weights()
+
+    def save_checkpoint(self) -> None:
+        import torch
+
+        if self.checkpoint is None:
+            return
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "updates": self.updates,
+                "version": self.version,
+                "applied_gradients": self.applied_gradients,
+            },
+            tmp,
+        )
+        os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
 
     def store_model_weights(self) -> None:
         from zrl.models import model_to_arrays
@@ -88,6 +123,16 @@ class ParameterServer(Role):
             raise P.ProtocolError("gradients with NaN or inf values")
         if self.version - version > self.config.a3c.max_lag:
             self.stale_gradients += 1
+            return
+        if version > self.version:
+            # Computed on weights this server never published (it restarted without a
+            # checkpoint): applying it to other weights would be silently wrong.
+            self.future_gradients += 1
+            if self.future_gradients == 1 or self.future_gradients % 100 == 0:
+                self.log.warning(
+                    "gradient on weights v%d, but this server is at v%d (restarted without a "
+                    "checkpoint?): dropped (%d so far)", version, self.version, self.future_gradients,
+                )  # fmt: skip
             return
         self.accumulated.append(msg.arrays)
         if len(self.accumulated) >= self.config.a3c.gradients_per_update:
@@ -116,6 +161,9 @@ class ParameterServer(Role):
 
     def step(self) -> None:
         if self.config.algo == "a3c":
+            if self.checkpoint is not None and time.monotonic() >= self.next_checkpoint:
+                self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
+                self.save_checkpoint()
             self.drain_gradients()
         if not self.rpc.sock.poll(100 if self.config.algo != "a3c" else 0):
             return
@@ -185,6 +233,7 @@ class ParameterServer(Role):
 
     def teardown(self) -> None:
         if self.config.algo == "a3c" and hasattr(self, "updates"):
+            self.save_checkpoint()
             self.log.info(
                 "%s: %d updates from %d gradients, %d stale gradients dropped (max_lag %d)",
                 self.id, self.updates, self.applied_gradients, self.stale_gradients,
@@ -198,5 +247,6 @@ class ParameterServer(Role):
                 updates=self.updates,
                 applied_gradients=self.applied_gradients,
                 stale_gradients=self.stale_gradients,
+                future_gradients=self.future_gradients,
             )
         return info
