@@ -38,6 +38,11 @@ ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us 
 EOS_TIMEOUT_S = 5.0
 
 
+def env_major(x: np.ndarray) -> np.ndarray:
+    """Time-major ``[T, E, ...]`` collection buffers -> the ``[E, T, ...]`` message layout."""
+    return np.ascontiguousarray(x.swapaxes(0, 1))
+
+
 class Actor(Role):
     role = "actor"
 
@@ -161,22 +166,11 @@ class Actor(Role):
             q_t[t] = q
             obs = next_t[t]
         self.obs = obs
-        done_t = terminated_t | truncated_t
-        self.needs_reset = done_t[-1].copy()
-
-        def env_major(x: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(x.swapaxes(0, 1))
-
-        obs_buf, next_buf = env_major(obs_t), env_major(next_t)
-        actions, rewards = env_major(actions_t), env_major(rewards_t)
-        terminated, truncated = env_major(terminated_t), env_major(truncated_t)
+        rewards, terminated, truncated, valid = self.end_trajectory(
+            first_needs_reset, rewards_t, terminated_t, truncated_t
+        )
+        obs_buf, next_buf, actions = env_major(obs_t), env_major(next_t), env_major(actions_t)
         q_taken = np.take_along_axis(q_t, actions_t[..., None], axis=2)[..., 0].T
-        # NEXT_STEP autoreset: the step after an episode end only resets that env.
-        valid = np.empty((E, T), bool)
-        valid[:, 0] = ~first_needs_reset
-        valid[:, 1:] = ~env_major(done_t)[:, :-1]
-        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
-        self.env_steps += int(valid.sum())
         nstep = nstep_transitions(
             rewards, terminated, truncated, valid, cfg.replay.n_step, cfg.replay.gamma
         )
@@ -204,6 +198,29 @@ class Actor(Role):
                 "priority": priority,
             },
         )
+
+    def end_trajectory(
+        self,
+        first_needs_reset: np.ndarray,
+        rewards_t: np.ndarray,
+        terminated_t: np.ndarray,
+        truncated_t: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Bookkeeping every actor does after T steps: which steps were real transitions, the
+        episode returns, the env-step count and which envs reset first next time. Takes the
+        time-major buffers; returns env-major ``(rewards, terminated, truncated, valid)``."""
+        done_t = terminated_t | truncated_t
+        self.needs_reset = done_t[-1].copy()
+        rewards, terminated, truncated = (
+            env_major(rewards_t), env_major(terminated_t), env_major(truncated_t)
+        )  # fmt: skip
+        # NEXT_STEP autoreset: the step after an episode end only resets that env.
+        valid = np.empty(rewards.shape, bool)
+        valid[:, 0] = ~first_needs_reset
+        valid[:, 1:] = ~env_major(done_t)[:, :-1]
+        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
+        self.env_steps += int(valid.sum())
+        return rewards, terminated, truncated, valid
 
     @property
     def in_flight(self) -> int:

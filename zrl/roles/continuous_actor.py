@@ -44,7 +44,7 @@ from zrl.algos.ddpg import initial_priorities
 from zrl.algos.dqn import apex_epsilons
 from zrl.algos.returns import nstep_transitions
 from zrl.continuous_models import clip_to_bounds
-from zrl.roles.actor import Actor
+from zrl.roles.actor import Actor, env_major
 from zrl.transport import protocol as P
 
 
@@ -153,21 +153,10 @@ class ContinuousActor(Actor):
             truncated_t[t] = trunc
             obs = next_obs
         self.obs = obs
-        done_t = terminated_t | truncated_t
-        self.needs_reset = done_t[-1].copy()
-
-        def env_major(x: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(x.swapaxes(0, 1))
-
+        rewards, terminated, truncated, valid = self.end_trajectory(
+            first_needs_reset, rewards_t, terminated_t, truncated_t
+        )
         obs_buf, next_buf, actions = env_major(obs_t), env_major(next_t), env_major(actions_t)
-        rewards = env_major(rewards_t)
-        terminated, truncated = env_major(terminated_t), env_major(truncated_t)
-        # NEXT_STEP autoreset: the step after an episode end only resets that env.
-        valid = np.empty((E, T), bool)
-        valid[:, 0] = ~first_needs_reset
-        valid[:, 1:] = ~env_major(done_t)[:, :-1]
-        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
-        self.env_steps += int(valid.sum())
         priority = np.zeros((E, T), np.float32)
         if self.prioritized:
             ns = nstep_transitions(

@@ -36,7 +36,7 @@ from zrl.algos.ddpg import ddpg_update
 from zrl.algos.dqn import NonFiniteLossError
 from zrl.algos.sac import default_target_entropy, sac_update
 from zrl.continuous_models import DDPGModel, SACModel
-from zrl.roles.learner import Learner, make_adam
+from zrl.roles.learner import Learner, check_transition_batch, make_adam
 from zrl.transport import protocol as P
 
 CONTINUOUS_BATCH_ARRAYS: dict[str, tuple[str | None, int | None]] = {
@@ -121,16 +121,8 @@ class ContinuousLearner(Learner):
 
     def check_batch(self, msg: P.Message) -> str:
         """Validate a BATCH against the model; its shard id. Raises ProtocolError."""
-        if msg.kind != P.BATCH:
-            raise P.ProtocolError(f"batches stream carries {msg.kind!r}, expected batch")
-        P.require_arrays(msg, CONTINUOUS_BATCH_ARRAYS)
-        shard = msg.meta.get("shard")
-        if not isinstance(shard, str):
-            raise P.ProtocolError("batch without a shard id")
+        shard = check_transition_batch(msg, CONTINUOUS_BATCH_ARRAYS)
         a = msg.arrays
-        n = len(a["key"])
-        if any(v.shape[0] != n for v in a.values()):
-            raise P.ProtocolError("batch arrays of different lengths")
         model = self.online
         if a["obs"].shape[1] != model.obs_dim or a["next_obs"].shape[1] != model.obs_dim:
             raise P.ProtocolError(f"batch observations are not {model.obs_dim} wide")
@@ -144,7 +136,7 @@ class ContinuousLearner(Learner):
                 )
         low = model.policy.action_low.numpy()
         high = model.policy.action_high.numpy()
-        if n and (np.any(a["action"] < low) or np.any(a["action"] > high)):
+        if len(a["key"]) and (np.any(a["action"] < low) or np.any(a["action"] > high)):
             raise P.ProtocolError(f"batch actions outside the bounds {low}..{high}")
         return shard
 

@@ -53,6 +53,22 @@ def make_adam(params: Any, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr)
 
 
+def check_transition_batch(msg: P.Message, spec: dict[str, tuple[str | None, int | None]]) -> str:
+    """What every BATCH of replay transitions must be: the kind, the arrays of ``spec``, a
+    shard id (priorities go back to it) and one length for all arrays. Returns the shard id;
+    raises ProtocolError."""
+    if msg.kind != P.BATCH:
+        raise P.ProtocolError(f"batches stream carries {msg.kind!r}, expected batch")
+    P.require_arrays(msg, spec)
+    shard = msg.meta.get("shard")
+    if not isinstance(shard, str):
+        raise P.ProtocolError("batch without a shard id")
+    n = len(msg.arrays["key"])
+    if any(a.shape[0] != n for a in msg.arrays.values()):
+        raise P.ProtocolError("batch arrays of different lengths")
+    return shard
+
+
 class Learner(Role):
     role = "learner"
 
@@ -158,15 +174,8 @@ class Learner(Role):
     # --- updates ----------------------------------------------------------------------
 
     def on_batch(self, msg: P.Message) -> None:
-        if msg.kind != P.BATCH:
-            raise P.ProtocolError(f"batches stream carries {msg.kind!r}, expected batch")
-        P.require_arrays(msg, BATCH_ARRAYS)
-        shard = msg.meta.get("shard")
-        if not isinstance(shard, str):
-            raise P.ProtocolError("batch without a shard id")
+        shard = check_transition_batch(msg, BATCH_ARRAYS)
         n = len(msg.arrays["key"])
-        if any(a.shape[0] != n for a in msg.arrays.values()):
-            raise P.ProtocolError("batch arrays of different lengths")
         # A batch that does not fit the model must be dropped, not crash the update.
         obs_dim = getattr(self.online, "obs_dim", None)
         if obs_dim is not None and (

@@ -30,7 +30,7 @@ import torch
 from zrl.algos.policy_gradient import a2c_loss
 from zrl.algos.returns import rollout_gae
 from zrl.algos.vtrace import categorical_entropy
-from zrl.roles.actor import Actor
+from zrl.roles.actor import Actor, env_major
 from zrl.transport import protocol as P
 
 WEIGHTS_WAIT_FETCH_S = 1.0  # waiting this long for a new version: ask the parameter server
@@ -101,23 +101,9 @@ class OnPolicyActor(Actor):
             truncated_t[t] = trunc
             obs = np.asarray(next_obs, dtype=np.float32).reshape(E, -1)
         self.obs = obs
-        done_t = terminated_t | truncated_t
-        self.needs_reset = done_t[-1].copy()
-
-        def env_major(x: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(x.swapaxes(0, 1))
-
-        rewards, terminated, truncated = (
-            env_major(rewards_t),
-            env_major(terminated_t),
-            env_major(truncated_t),
+        rewards, terminated, truncated, valid = self.end_trajectory(
+            first_needs_reset, rewards_t, terminated_t, truncated_t
         )
-        # NEXT_STEP autoreset: the step after an episode end only resets that env.
-        valid = np.empty((E, T), bool)
-        valid[:, 0] = ~first_needs_reset
-        valid[:, 1:] = ~env_major(done_t)[:, :-1]
-        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
-        self.env_steps += int(valid.sum())
         self.trajectories += 1
         arrays = {
             "obs": env_major(obs_t),
