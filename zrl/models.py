@@ -112,16 +112,41 @@ class ActorCritic(nn.Module):
         x = obs.float().flatten(start_dim=1)
         return self.policy_head(self.policy_torso(x)), self.value_head(self.value_torso(x))[:, 0]
 
+    def policy_logits(self, obs: Tensor) -> Tensor:
+        """The policy's logits ``[B, num_actions]`` alone: actors need no value."""
+        return self.policy_head(self.policy_torso(obs.float().flatten(start_dim=1)))  # type: ignore[no-any-return]
+
     def value(self, obs: Tensor) -> Tensor:
         """``V(obs)``, ``[B]``."""
         return self.value_head(self.value_torso(obs.float().flatten(start_dim=1)))[:, 0]
 
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
         """Actions ``[B]``: sampled from the policy, or its mode when ``deterministic``."""
-        logits = self.policy_head(self.policy_torso(obs.float().flatten(start_dim=1)))
+        logits = self.policy_logits(obs)
         if deterministic:
             return logits.argmax(dim=1)
         return torch.distributions.Categorical(logits=logits).sample()
+
+
+def policy_logits(model: nn.Module, obs: Tensor) -> Tensor:
+    """Categorical logits ``[B, A]`` of an actor-critic: ``model.policy_logits(obs)`` where the
+    model has it (half the forward pass of zrl's ActorCritic), else ``model(obs)[0]``."""
+    only_policy = getattr(model, "policy_logits", None)
+    if callable(only_policy):
+        return only_policy(obs)  # type: ignore[no-any-return]
+    return model(obs)[0]  # type: ignore[no-any-return]
+
+
+def sample_categorical(logp: np.ndarray, gumbel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Actions drawn from the categoricals with log-probabilities ``logp [B, A]`` by the
+    Gumbel-max trick, ``argmax(logp + g)`` with ``g ~ Gumbel(0, 1)`` of the same shape, and
+    their log-probabilities ``[B]``.
+
+    Exact sampling in numpy: an actor draws all its Gumbel noise for a trajectory at once
+    instead of building a ``torch.distributions.Categorical`` per step (which took 3/4 of an
+    on-policy actor's CPU on CartPole)."""
+    actions = np.argmax(logp + gumbel, axis=1)
+    return actions, np.take_along_axis(logp, actions[:, None], axis=1)[:, 0]
 
 
 def greedy_actions(model: nn.Module, obs: Tensor) -> Tensor:

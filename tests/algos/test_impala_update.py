@@ -86,7 +86,7 @@ def run_vtrace(tr: dict[str, np.ndarray], **kw) -> VTraceReturns:
     return VTraceReturns(vs=out.vs.T, pg_advantages=out.pg_advantages.T)  # back to [B, T]
 
 
-def segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar=None):
+def segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar=None, lam=1.0):
     """Eq. (1) of the paper summed explicitly over each episode segment separately.
 
     A segment starts at a valid step s and ends at the first step j >= s that terminated or
@@ -128,7 +128,7 @@ def segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar=None):
             for t in range(s, j + 1):
                 trace = 1.0
                 for i in range(s, t):
-                    trace *= gamma * min(c_bar, ratio(i))
+                    trace *= gamma * lam * min(c_bar, ratio(i))
                 g_t = 0.0 if term[b, t] else gamma
                 td = rewards[b, t] + g_t * next_value(t) - values[b, t]
                 total += trace * min(rho_bar, ratio(t)) * td
@@ -157,10 +157,11 @@ def segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar=None):
     rho_bar=thresholds,
     c_bar=thresholds,
     pg_rho_bar=st.one_of(st.none(), thresholds),
+    lam=st.sampled_from([1.0, 0.8, 0.0]),
 )
-def test_vtrace_valid_mask_matches_segment_reference(tr, rho_bar, c_bar, pg_rho_bar):
-    out = run_vtrace(tr, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
-    ref_vs, ref_adv = segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar)
+def test_vtrace_valid_mask_matches_segment_reference(tr, rho_bar, c_bar, pg_rho_bar, lam):
+    out = run_vtrace(tr, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, lambda_=lam)
+    ref_vs, ref_adv = segment_vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar, lam)
     np.testing.assert_allclose(out.vs.numpy(), ref_vs, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(out.pg_advantages.numpy(), ref_adv, rtol=1e-9, atol=1e-9)
     invalid = ~tr["valid"]
@@ -181,6 +182,20 @@ def test_vtrace_on_policy_with_valid_is_nstep_return(tr, rho_bar):
     valid = tr["valid"]
     np.testing.assert_allclose(out.vs.numpy()[valid], ret[valid], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.pg_advantages.numpy(), adv, rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(tr=masked_trajectories(on_policy=True), lam=st.sampled_from([0.0, 0.5, 0.95]))
+def test_vtrace_on_policy_with_lambda_is_gae(tr, lam):
+    """On-policy with lambda_ the V-trace targets are GAE(lambda)'s returns (its advantages
+    plus V)."""
+    out = run_vtrace(tr, rho_bar=1.0, c_bar=1.0, lambda_=lam)
+    _, ret = rollout_gae(
+        tr["rewards"], tr["values"], tr["terminated"], tr["truncated"], tr["valid"],
+        tr["bootstrap_value"], float(tr["gamma"]), lam,
+    )  # fmt: skip
+    valid = tr["valid"]
+    np.testing.assert_allclose(out.vs.numpy()[valid], ret[valid], rtol=1e-5, atol=1e-5)
 
 
 def test_vtrace_nothing_flows_across_an_invalid_step():

@@ -45,11 +45,12 @@ def trajectories(draw: st.DrawFn, on_policy: bool = False) -> dict[str, torch.Te
     }
 
 
-def vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar):
+def vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar, lam=1.0):
     """Eq. (1) summed explicitly (no recursion), per trajectory and start step s:
 
     v_s = V_s + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) rho_t (r_t + gamma_t V_{t+1} - V_t)
-    A_s = min(pg_rho_bar, ratio_s) (r_s + gamma_s v_{s+1} - V_s), with V_T = v_T = bootstrap.
+    A_s = min(pg_rho_bar, ratio_s) (r_s + gamma_s v_{s+1} - V_s), with V_T = v_T = bootstrap,
+    and c_i = lam * min(c_bar, ratio_i).
     """
     b_logp, t_logp = tr["behaviour_logp"].tolist(), tr["target_logp"].tolist()
     rewards, discounts = tr["rewards"].tolist(), tr["discounts"].tolist()
@@ -70,7 +71,7 @@ def vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar):
             for t in range(s, horizon):
                 trace = 1.0
                 for i in range(s, t):
-                    trace *= discounts[i][b] * min(c_bar, ratio(i))
+                    trace *= discounts[i][b] * lam * min(c_bar, ratio(i))
                 rho = min(rho_bar, ratio(t))
                 total += trace * rho * (rewards[t][b] + discounts[t][b] * value(t + 1) - value(t))
             vs[s][b] = value(s) + total
@@ -90,10 +91,11 @@ def vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar):
     rho_bar=thresholds,
     c_bar=thresholds,
     pg_rho_bar=st.one_of(st.none(), thresholds),
+    lam=st.sampled_from([1.0, 0.9, 0.5, 0.0]),
 )
-def test_vtrace_matches_reference(tr, rho_bar, c_bar, pg_rho_bar):
-    out = vtrace(**tr, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar)
-    ref_vs, ref_adv = vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar)
+def test_vtrace_matches_reference(tr, rho_bar, c_bar, pg_rho_bar, lam):
+    out = vtrace(**tr, rho_bar=rho_bar, c_bar=c_bar, pg_rho_bar=pg_rho_bar, lambda_=lam)
+    ref_vs, ref_adv = vtrace_reference(tr, rho_bar, c_bar, pg_rho_bar, lam)
     assert isinstance(out, VTraceReturns)
     assert out.vs.shape == out.pg_advantages.shape == tr["rewards"].shape
     assert out.vs.dtype == out.pg_advantages.dtype == torch.float64
@@ -221,6 +223,9 @@ def test_vtrace_is_detached_and_keeps_float32():
         ({"c_bar": -1.0}, "c_bar=-1.0"),
         ({"c_bar": math.nan}, "c_bar=nan"),
         ({"pg_rho_bar": 0.0}, "pg_rho_bar=0.0"),
+        ({"lambda_": 1.5}, "lambda_=1.5"),
+        ({"lambda_": -0.1}, "lambda_=-0.1"),
+        ({"lambda_": math.nan}, "lambda_=nan"),
     ],
 )
 def test_vtrace_validation(kwargs, match):

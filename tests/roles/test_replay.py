@@ -150,6 +150,20 @@ def collect(
     return out
 
 
+def collect_acking(
+    batches: Channel, acks: Channel, *, quiet: float = 0.6, until: int | None = None
+) -> list[P.Message]:
+    """``collect`` as a learner does it: each batch acknowledged to its shard on receipt."""
+    out: list[P.Message] = []
+    while until is None or len(out) < until:
+        got = collect(batches, quiet=quiet, until=1)
+        if not got:
+            break
+        out += got
+        acks.send(P.Message(P.ACK, meta={"seq": got[0].seq}), topic=P.batch_ack_topic(got[0].meta["shard"]))
+    return out
+
+
 def settle(pred: Callable[[], bool], seconds: float = 1.0) -> None:
     """Assert ``pred`` stays true for ``seconds`` (nothing happens that should not)."""
     deadline = time.monotonic() + seconds
@@ -468,7 +482,8 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
     got = collect(acks, until=5, timeout=10)
     assert [m.meta["seq"] for m in got] == [5, 6, 7, 8, 9]
-    more = collect(batches, until=allowed(100) - len(first), timeout=10)
+    # From here on the test is a learner: every batch is acked (prefetch 4 is the window).
+    more = collect_acking(batches, pub, until=allowed(100) - len(first))
     assert len(first) + len(more) == allowed(100) == 16
     wait_for(lambda: replay.batches_sent >= 16, timeout=5)
     settle(lambda: replay.batches_sent == 16, 0.4)
@@ -535,8 +550,12 @@ def test_inserts_wait_for_samples_then_resume(inproc):
     assert len(acked) == stuck
     # A learner shows up: batches flow, so inserts flow again, until every trajectory is in.
     batches = inproc.pull("batches")
+    learner = inproc.pub("learner-0")
     received: list[P.Message] = []
-    wait_for(lambda: received.extend(collect(batches, quiet=0.1)) or replay.trajectories == 12)
+    wait_for(
+        lambda: received.extend(collect_acking(batches, learner, quiet=0.1))
+        or replay.trajectories == 12
+    )
     acked += collect(acks, until=12 - len(acked), timeout=5)
     assert [m.meta["seq"] for m in acked] == list(range(12))
     assert replay.table.size == 120
@@ -573,3 +592,51 @@ def test_priorities_reach_only_their_shard(inproc):
     settle(lambda: counts() == {0: 1, 1: 1, 10: 1}, 0.3)
     # The key was never inserted anywhere: stale, not applied.
     assert all(s.stale_priority_keys == 1 for s in shards.values())  # type: ignore[attr-defined]
+
+
+def test_batches_wait_for_learner_acks(inproc, monkeypatch):
+    """At most ``replay.prefetch`` batches are sampled ahead of the learners' acks (the
+    credit window); an ack of a newer batch covers older ones; forged or impossible acks are
+    dropped; and a window nobody acks is reopened after a timeout, counted."""
+    import zrl.roles.replay as replay_module
+
+    monkeypatch.setattr(replay_module, "BATCH_ACK_TIMEOUT_S", 1.0)
+    inproc.start_broker(replay_config(prefetch=2, samples_per_insert=0, min_size=10))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    batches = inproc.pull("batches")
+    learner = inproc.pub("learner-0")
+    intruder = inproc.pub("actor-3")
+    experience = inproc.push("experience", sender="actor-0")
+    time.sleep(0.5)  # subscriptions travel through the XPUB/XSUB device
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
+
+    def ack(seq: int, via: Channel = learner, shard: str = "replay-0") -> None:
+        via.send(P.Message(P.ACK, meta={"seq": seq}), topic=P.batch_ack_topic(shard))
+
+    got = collect(batches, until=2, timeout=5)
+    assert [b.seq for b in got] == [0, 1]
+    settle(lambda: replay.batches_sent == 2, 0.5)  # window full, well within the timeout
+    assert replay.heartbeat_info()["batches_in_flight"] == 2
+
+    dropped0 = replay.stats.snapshot()["priorities"]["dropped"]
+    ack(0, via=intruder)  # not a learner
+    ack(7)  # a batch never sent
+    ack(-1)
+    learner.send(P.Message(P.ACK, meta={"seq": True}), topic=P.batch_ack_topic("replay-0"))
+    ack(0, shard="replay-1")  # another shard's: never reaches this one
+    wait_for(lambda: replay.stats.snapshot()["priorities"]["dropped"] == dropped0 + 4, timeout=5)
+    assert replay.batches_sent == 2
+
+    ack(0)  # one credit: one more batch
+    assert [b.seq for b in collect(batches, until=1, timeout=5)] == [2]
+    settle(lambda: replay.batches_sent == 3, 0.3)
+    ack(2)  # covers 1 as well (a lost ack does not shrink the window)
+    assert [b.seq for b in collect(batches, until=2, timeout=5)] == [3, 4]
+    settle(lambda: replay.batches_sent == 5, 0.3)
+
+    # Nobody acks: the window reopens after the timeout (a learner died holding batches).
+    assert replay.batch_ack_timeouts == 0
+    assert [b.seq for b in collect(batches, until=2, timeout=5)] == [5, 6]
+    assert replay.batch_ack_timeouts == 1
+    assert inproc.alive(replay) and inproc.error_of(replay) is None

@@ -46,6 +46,7 @@ def vtrace(
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
     valid: Tensor | None = None,
+    lambda_: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, Sec. 4).
 
@@ -58,6 +59,8 @@ def vtrace(
 
     (with a constant ``gamma`` the product is the paper's ``gamma^{t-s} prod c_i``), computed
     by the backward recursion ``v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1}))``.
+    ``lambda_ < 1`` scales the traces, ``c_t = lambda_ * min(c_bar, ratio_t)`` (as rlax's
+    ``vtrace(lambda_=...)``): on-policy ``v_s`` is then the lambda-return, as in GAE.
     The policy-gradient advantage is
 
         A_s = min(pg_rho_bar, ratio_s) * (r_s + gamma_s * v_{s+1} - V(x_s))      v_T = V(x_T)
@@ -94,6 +97,8 @@ def vtrace(
         )
     _check_threshold("rho_bar", rho_bar)
     _check_threshold("c_bar", c_bar)
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be in [0, 1], got lambda_={lambda_!r}")
     if pg_rho_bar is None:
         pg_rho_bar = rho_bar
     _check_threshold("pg_rho_bar", pg_rho_bar)
@@ -102,7 +107,7 @@ def vtrace(
         ratios = torch.exp(target_logp - behaviour_logp)
         # clamp(max=inf) is a no-op, so math.inf means "no clipping".
         rhos = ratios.clamp(max=rho_bar)
-        cs = ratios.clamp(max=c_bar)
+        cs = lambda_ * ratios.clamp(max=c_bar)
         next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = rhos * (rewards + discounts * next_values - values)
         if valid is not None:
@@ -219,6 +224,7 @@ def impala_update(
     entropy_coef: float,
     value_coef: float,
     grad_clip: float,
+    lambda_: float = 1.0,
 ) -> ImpalaUpdate:
     """One IMPALA step on a batch of unrolls from the actors' queue.
 
@@ -243,7 +249,7 @@ def impala_update(
     discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
     returns = vtrace(
         batch["logp"].T, target_logp, batch["reward"].T * valid, discounts, values.detach(),
-        bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid,
+        bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
     )  # fmt: skip
     loss, parts = impala_loss(
         logits, values, actions, returns, entropy_coef, value_coef, valid=valid

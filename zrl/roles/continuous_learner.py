@@ -91,7 +91,7 @@ class ContinuousLearner(Learner):
         self.alpha_optimizer = make_adam([self.log_alpha], cfg.sac.alpha_lr)
         te = cfg.sac.target_entropy
         self.target_entropy = default_target_entropy(model.act_dim) if te is None else te
-        self.batches = self.open_pull("batches", hwm=2)
+        self.open_batches()
         self.priority_pub = self.open_publisher("priorities")
         self.send_priorities = cfg.replay.table == "prioritized"
         self.last_parts: dict[str, float] = {}

@@ -3,7 +3,8 @@
 Sockets (those of ``Learner``, without priorities):
 
 - PULL ``batches`` <- replay shards' FIFO queues: BATCH messages of whole unrolls, each
-  carrying the weights version it was collected with.
+  carrying the weights version it was collected with; PUB ``batch-acks/<shard>/``: the
+  credit for each (see ``Learner``).
 - DEALER -> the parameter server's rpc: WEIGHTS every ``learner.publish_interval`` updates.
 
 Unrolls more than ``impala.max_lag`` versions behind the learner are dropped and counted
@@ -40,7 +41,7 @@ class ImpalaLearner(Learner):
 
     def setup_updates(self) -> None:
         self.optimizer = make_adam(self.online.parameters(), self.config.learner.lr)
-        self.batches = self.open_pull("batches", hwm=2)
+        self.open_batches()
         self.stale_unrolls = 0
         self.trained_unrolls = 0
         self.mean_rho = float("nan")
@@ -87,21 +88,22 @@ class ImpalaLearner(Learner):
             if name != "weights_version"
         }
         c = self.config.impala
-        try:
-            result = impala_update(
-                self.online, self.optimizer, batch, gamma=c.gamma, rho_bar=c.rho_bar,
-                c_bar=c.c_bar, entropy_coef=c.entropy_coef, value_coef=c.value_coef,
-                grad_clip=self.config.learner.grad_clip,
-            )  # fmt: skip
-        except NonFiniteLossError as exc:
-            self.on_non_finite(exc, f"a batch from {msg.meta.get('shard', '?')}")
-        self.non_finite_in_a_row = 0
-        self.updates += 1
+        for _ in range(c.epochs):
+            try:
+                result = impala_update(
+                    self.online, self.optimizer, batch, gamma=c.gamma, rho_bar=c.rho_bar,
+                    c_bar=c.c_bar, entropy_coef=c.entropy_coef, value_coef=c.value_coef,
+                    grad_clip=self.config.learner.grad_clip, lambda_=c.vtrace_lambda,
+                )  # fmt: skip
+            except NonFiniteLossError as exc:
+                self.on_non_finite(exc, f"a batch from {msg.meta.get('shard', '?')}")
+            self.non_finite_in_a_row = 0
+            self.updates += 1
+            self.last_loss = result.parts["loss"]
+            self.mean_rho = result.mean_rho
+            if self.updates % self.config.learner.publish_interval == 0:
+                self.send_weights()
         self.trained_unrolls += len(rows)
-        self.last_loss = result.parts["loss"]
-        self.mean_rho = result.mean_rho
-        if self.updates % self.config.learner.publish_interval == 0:
-            self.send_weights()
 
     def teardown(self) -> None:
         super().teardown()

@@ -5,6 +5,8 @@ Sockets:
 - PULL ``batches`` <- replay shards (via the broker): BATCH messages.
 - PUB ``priorities/<shard>/`` (topic bus): PRIORITIES for the sampled keys, back
   to the shard that sampled them.
+- PUB ``batch-acks/<shard>/`` (topic bus): an ACK of every batch as it is received, the
+  credit that lets the shard sample another (at most ``replay.prefetch`` in flight).
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"):
   WEIGHTS every ``publish_interval`` updates, answered with ACK {version}.
 
@@ -104,8 +106,13 @@ class Learner(Role):
         """What the algorithm updates with: DQN's target network, optimizer and sockets."""
         self.target = copy.deepcopy(self.online)
         self.optimizer = make_adam(self.online.parameters(), self.config.learner.lr)
-        self.batches = self.open_pull("batches", hwm=2)
+        self.open_batches()
         self.priority_pub = self.open_publisher("priorities")
+
+    def open_batches(self) -> None:
+        """The ``batches`` PULL from the replay shards and the PUB of our acks back to them."""
+        self.batches = self.open_pull("batches", hwm=2)
+        self.batch_acks = self.open_publisher("batch-acks")
 
     # --- parameter server -------------------------------------------------------------
 
@@ -294,12 +301,25 @@ class Learner(Role):
                 self.waiting_since = time.monotonic()
             return
         self.waiting_since = None
+        self.ack_batch(got[1])
         try:
             self.on_batch(got[1])
         except RoleError:
             raise
         except (P.ProtocolError, RuntimeError) as exc:  # RuntimeError: torch rejected the batch
             self.batches._drop(got[1].sender or "?", str(exc))
+
+    def ack_batch(self, msg: P.Message) -> None:
+        """Credit back to the shard: acked on receipt, before training, so the shard samples
+        the next batch while this one trains. A malformed batch is acked too: it left the
+        pipe all the same."""
+        shard = msg.meta.get("shard")
+        if isinstance(shard, str) and shard.startswith("replay-"):
+            self.batch_acks.send(
+                P.Message(P.ACK, meta={"seq": msg.seq}),
+                topic=P.batch_ack_topic(shard),
+                block=False,
+            )
 
     def teardown(self) -> None:
         # A graceful stop resumes exactly where it stopped; a diverged learner keeps the last

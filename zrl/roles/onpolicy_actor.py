@@ -30,6 +30,7 @@ import torch
 from zrl.algos.policy_gradient import a2c_loss
 from zrl.algos.returns import rollout_gae
 from zrl.algos.vtrace import categorical_entropy
+from zrl.models import policy_logits, sample_categorical
 from zrl.roles.actor import Actor, env_major
 from zrl.transport import protocol as P
 
@@ -55,9 +56,9 @@ class OnPolicyActor(Actor):
         self.last_loss = float("nan")
 
     def setup_exploration(self) -> None:
-        # Exploration is the policy's own sampling; the actors differ only by their seeds.
+        # Exploration is the policy's own sampling (Gumbel noise from self.rng, seeded by the
+        # actor index); the actors differ only by their seeds.
         self.num_actions = int(self.envs.single_action_space.n)
-        torch.manual_seed(self.seed)  # the sampling stream (weights come from params)
         self.log.info(
             "actor %d (%s): %d x %s, seed %d",
             self.actor_index, self.config.algo, self.num_envs, self.config.env.id, self.seed,
@@ -66,12 +67,11 @@ class OnPolicyActor(Actor):
     # --- collection -------------------------------------------------------------------
 
     @torch.no_grad()
-    def policy(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Sampled actions and their log-probabilities under the current weights."""
-        logits, _ = self.model(torch.from_numpy(obs))
-        dist = torch.distributions.Categorical(logits=logits)
-        actions = dist.sample()
-        return actions.numpy(), dist.log_prob(actions).numpy()
+    def policy(self, obs: np.ndarray, gumbel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Actions sampled under the current weights (with this step's Gumbel noise) and
+        their log-probabilities."""
+        logp = torch.log_softmax(policy_logits(self.model, torch.from_numpy(obs)), dim=1)
+        return sample_categorical(logp.numpy(), gumbel)
 
     def collect(self) -> P.Message | None:
         """T steps of every env as env-major [E, T] arrays, with behaviour log-probs."""
@@ -83,11 +83,12 @@ class OnPolicyActor(Actor):
         rewards_t = np.empty((T, E), np.float32)
         terminated_t = np.empty((T, E), bool)
         truncated_t = np.empty((T, E), bool)
+        gumbel = self.rng.gumbel(size=(T, E, self.num_actions))
         first_needs_reset = self.needs_reset
         version = self.weights.version
         obs = self.obs
         for t in range(T):
-            a, logp = self.policy(obs)
+            a, logp = self.policy(obs, gumbel[t])
             try:
                 next_obs, r, term, trunc, _ = self.envs.step(a)
             except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor

@@ -7,11 +7,15 @@ Sockets:
   inserts, so a shard that is ahead of its learners applies back-pressure to the
   actors instead of growing.
 - PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
-  rate limiter allows and the socket has room (its high-water mark is the
-  prefetch depth).
-- SUB ``priorities/<shard id>/`` (topic bus): PRIORITIES for the keys this shard
-  sampled. Priorities travel by topic, not on a load-balanced stream, because
-  they must reach the shard that owns the keys.
+  rate limiter allows and fewer than ``replay.prefetch`` batches are unacknowledged.
+  That credit window, not the sockets' high-water marks, bounds how much sampled data
+  waits between the shard and the learners: HWMs count messages on each side of each
+  hop, and the kernel buffers hold more, so without it dozens of batches queued up and
+  IMPALA's learner saw unrolls 20+ versions old (and dropped half of them as stale).
+- SUB ``priorities/<shard id>/`` and ``batch-acks/<shard id>/`` (topic bus): PRIORITIES
+  for the keys this shard sampled, and a learner's ACK of each batch it received.
+  They travel by topic, not on a load-balanced stream, because they must reach the
+  shard that owns the keys.
 
 Several shards share the load by simply starting more of them: the experience
 stream load-balances trajectories across them.
@@ -49,6 +53,7 @@ TRAJECTORY_ARRAYS: dict[str, tuple[str | None, int | None]] = {
 CONTINUOUS_TRAJECTORY_ARRAYS = {**TRAJECTORY_ARRAYS, "action": ("float32", 3)}
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
+BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
 
 
 def assemble_transitions(
@@ -138,7 +143,12 @@ class ReplayServer(Role):
         self.rng = np.random.default_rng(self.config.seed + 7919 * (1 + (self.index or 0)))
         self.experience = self.open_pull("experience", hwm=2)
         self.batches = self.open_push("batches", hwm=rc.prefetch, sndtimeo_ms=0)
-        self.priorities = self.open_subscriber([P.priority_topic(self.id)], "priorities")
+        self.priorities = self.open_subscriber(
+            [P.priority_topic(self.id), P.batch_ack_topic(self.id)], "priorities"
+        )
+        self.acked_batch_seq = -1
+        self.window_full_since: float | None = None
+        self.batch_ack_timeouts = 0
         self.acks = self.open_publisher("acks")
         self.trajectories = 0
         self.last_insert = 0
@@ -243,6 +253,50 @@ class ReplayServer(Role):
             self.weights_versions.append(version)
             del self.weights_versions[:-64]
 
+    def on_learner_message(self, msg: P.Message) -> None:
+        """From a learner: new priorities of sampled keys, or the ACK of a received batch."""
+        if msg.kind == P.ACK:
+            self.on_batch_ack(msg)
+        else:
+            self.on_priorities(msg)
+
+    def on_batch_ack(self, msg: P.Message) -> None:
+        seq = msg.meta.get("seq")
+        # Only a learner's ack of a batch this incarnation sent opens the window.
+        if (
+            not msg.sender.startswith("learner-")
+            or not isinstance(seq, int)
+            or isinstance(seq, bool)
+            or not 0 <= seq < self.batches.next_seq
+        ):
+            raise P.ProtocolError(f"not an ack of a sent batch: {msg.sender} {seq!r}")
+        # The newest ack covers older ones, so a lost ack does not shrink the window.
+        self.acked_batch_seq = max(self.acked_batch_seq, seq)
+
+    @property
+    def batches_in_flight(self) -> int:
+        return self.batches.next_seq - 1 - self.acked_batch_seq
+
+    def window_open(self) -> bool:
+        """Fewer than ``replay.prefetch`` batches are sampled but not yet taken by a learner."""
+        if self.batches_in_flight < self.config.replay.prefetch:
+            self.window_full_since = None
+            return True
+        now = time.monotonic()
+        if self.window_full_since is None:
+            self.window_full_since = now
+        if now - self.window_full_since <= BATCH_ACK_TIMEOUT_S:
+            return False
+        # A learner died holding batches, or its acks were lost: never deadlock on the window.
+        self.batch_ack_timeouts += 1
+        self.log.warning(
+            "no batch ack for %.0fs: resetting the window of %d batches",
+            BATCH_ACK_TIMEOUT_S, self.batches_in_flight,
+        )  # fmt: skip
+        self.acked_batch_seq = self.batches.next_seq - 1
+        self.window_full_since = None
+        return True
+
     def on_priorities(self, msg: P.Message) -> None:
         P.require_arrays(msg, {"key": ("int64", 1), "priority": ("float32", 1)})
         keys, prios = msg.arrays["key"], msg.arrays["priority"]
@@ -304,13 +358,17 @@ class ReplayServer(Role):
         if self.snapshot_path is not None and time.monotonic() >= self.next_snapshot:
             self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
             self.save_snapshot()
-        self._drain(self.priorities, self.on_priorities, 64)
+        self._drain(self.priorities, self.on_learner_message, 64)
         self._drain(
             self.experience, self.on_trajectory, INSERTS_PER_STEP,
             gate=self.can_insert,
         )  # fmt: skip
         sent = 0
-        while sent < SAMPLES_PER_STEP and self.limiter.can_sample(rc.batch_size, self.size):
+        while (
+            sent < SAMPLES_PER_STEP
+            and self.limiter.can_sample(rc.batch_size, self.size)
+            and self.window_open()
+        ):
             if not self.batches.sock.poll(0, zmq.POLLOUT):
                 break
             if not self.batches.send(self.sample_batch(), block=False):
@@ -324,7 +382,7 @@ class ReplayServer(Role):
         poller.register(self.priorities.sock, zmq.POLLIN)
         if self.can_insert():
             poller.register(self.experience.sock, zmq.POLLIN)
-        if self.limiter.can_sample(rc.batch_size, self.size):
+        if self.limiter.can_sample(rc.batch_size, self.size) and self.window_open():
             poller.register(self.batches.sock, zmq.POLLOUT)
         poller.poll(50)
 
@@ -340,6 +398,8 @@ class ReplayServer(Role):
             "samples_per_insert": round(samples / inserts, 3) if inserts else 0.0,
             "trajectories": self.trajectories,
             "batches": self.batches_sent,
+            "batches_in_flight": self.batches_in_flight,
+            "batch_ack_timeouts": self.batch_ack_timeouts,
             "stale_priority_keys": self.stale_priority_keys,
         }
         blocked = self.limiter.why_blocked(rc.batch_size, self.size)

@@ -70,6 +70,12 @@ def priority_topic(shard_id: str) -> str:
     return f"priorities/{shard_id}/"
 
 
+def batch_ack_topic(shard_id: str) -> str:
+    """Learners' acknowledgements of the batches they took from one replay shard (its credit
+    window, ``replay.prefetch``)."""
+    return f"batch-acks/{shard_id}/"
+
+
 def ack_topic(actor_id: str) -> str:
     """A replay shard's acknowledgements of one actor's inserted trajectories."""
     return f"acks/{actor_id}/"
