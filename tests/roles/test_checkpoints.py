@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.conftest import wait_for
-from tests.roles.test_replay import InProc, collect, settle, trajectory
+from tests.roles.test_replay import InProc, collect, collect_acking, settle, trajectory
 from zrl.algos.dqn import NonFiniteLossError, dqn_update
 from zrl.broker import Broker
 from zrl.config import ExperimentConfig
@@ -125,7 +125,7 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
         assert experience.send(P.Message(P.TRAJECTORY, arrays=arrays))
     assert len(collect(acks, until=8, timeout=10)) == 8
     # Let the shard sample everything the rate limiter allows, then it stops by itself.
-    sampled = collect(batches, quiet=1.0, timeout=15)
+    sampled = collect_acking(batches, pub, quiet=1.0)
     assert sampled, "the shard sampled nothing"
     wait_for(lambda: replay.heartbeat_info().get("sampling_blocked"), timeout=5)
     settle(lambda: replay.batches_sent == len(sampled), 0.3)

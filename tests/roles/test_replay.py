@@ -160,7 +160,10 @@ def collect_acking(
         if not got:
             break
         out += got
-        acks.send(P.Message(P.ACK, meta={"seq": got[0].seq}), topic=P.batch_ack_topic(got[0].meta["shard"]))
+        acks.send(
+            P.Message(P.ACK, meta={"seq": got[0].seq}),
+            topic=P.batch_ack_topic(got[0].meta["shard"]),
+        )
     return out
 
 
@@ -553,8 +556,10 @@ def test_inserts_wait_for_samples_then_resume(inproc):
     learner = inproc.pub("learner-0")
     received: list[P.Message] = []
     wait_for(
-        lambda: received.extend(collect_acking(batches, learner, quiet=0.1))
-        or replay.trajectories == 12
+        lambda: (
+            received.extend(collect_acking(batches, learner, quiet=0.1))
+            or replay.trajectories == 12
+        )
     )
     acked += collect(acks, until=12 - len(acked), timeout=5)
     assert [m.meta["seq"] for m in acked] == list(range(12))

@@ -296,6 +296,35 @@ def test_pub_sub_topics(zmq_ctx):
         rx.close()
 
 
+def test_gaps_are_counted_per_topic_of_a_sender(zmq_ctx):
+    """A publisher numbers each topic on its own (as a learner's priorities and batch acks to
+    one shard): interleaved topics are no gap, a number missing within one topic is."""
+    addr = inproc_name("pubsub-gaps")
+    pub = make_socket(zmq_ctx, zmq.PUB)
+    pub.bind(addr)
+    sub = make_socket(zmq_ctx, zmq.SUB, rcvtimeo_ms=50)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(addr)
+    rx = Channel(sub, "shard", "replay-0", TransportStats(), topics=True)
+    try:
+        deadline = time.monotonic() + 5
+        while rx.recv() is None:  # the subscription reaches the publisher asynchronously
+            assert time.monotonic() < deadline, "subscription never arrived"
+            pub.send_multipart([b"probe", raw_header("probe", q=0)])
+        while rx.recv() is not None:
+            pass
+        # learner-0: topic a 0 1 2, topic b 0 1 3 (2 missing), interleaved.
+        sent = [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 3)]
+        for topic, seq in sent:
+            pub.send_multipart([topic.encode(), raw_header("learner-0", q=seq)])
+        for _ in sent:
+            assert rx.recv() is not None
+        assert rx.stats.gaps == 1
+    finally:
+        rx.close()
+        pub.close(linger=0)
+
+
 def test_maxmsgsize_drops_oversized_message(zmq_ctx):
     """libzmq cuts a connection that carries a message above MAXMSGSIZE; the sender
     reconnects and the next normal message arrives."""

@@ -281,10 +281,12 @@ class Channel:
                 return None
             ident = frames[0].bytes
             frames = frames[1:]
+        topic = ""
         if self.topics:
             if len(frames) < 2:
                 self._drop("?", "no topic frame")
                 return None
+            topic = frames[0].bytes.decode("utf-8", "replace")
             frames = frames[1:]
         try:
             msg = decode(frames, max_bytes=self.max_message_bytes)
@@ -292,7 +294,9 @@ class Channel:
             self._drop(peek_sender(frames), str(exc))
             return None
         self.stats.received += 1
-        self.stats.note_seq(msg.sender, msg.seq)
+        # A publisher numbers each topic on its own: one subscriber receiving two topics from
+        # the same sender (a shard's priorities and batch acks) tracks each sequence apart.
+        self.stats.note_seq(f"{msg.sender} {topic}" if topic else msg.sender, msg.seq)
         return ident, msg
 
     def _drop(self, sender: str, reason: str) -> None:
