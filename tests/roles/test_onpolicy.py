@@ -23,7 +23,7 @@ from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_ar
 from zrl.roles.learner import make_adam
 from zrl.roles.onpolicy_actor import OnPolicyActor
 from zrl.roles.params import ParameterServer
-from zrl.roles.ppo_learner import ROLLOUT_ARRAYS
+from zrl.roles.ppo_learner import ROLLOUT_ARRAYS, PPOLearner
 from zrl.roles.replay import UNROLL_ARRAYS, assemble_unrolls
 from zrl.roles.weights import request_latest_weights
 from zrl.transport import protocol as P
@@ -567,3 +567,32 @@ def test_a3c_actor_and_params_train_together(inproc):
     wait_for(lambda: ps.updates >= 3 and actor.weights.version >= 3, timeout=15)
     assert ps.stats.snapshot()["gradients"]["dropped"] == 0
     assert inproc.error_of(ps) is None and inproc.error_of(actor) is None
+
+
+def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
+    """DD-PPO start-up: learner 0 publishes no weights (which would start the actors) until
+    the learners have exchanged READY both ways; a follower that starts late is waited for,
+    and forged READYs from outside the learner range are dropped."""
+    cfg = ExperimentConfig.model_validate(
+        {
+            **ppo_config("sync").model_dump(),
+            "roles": {"actors": 1, "replay": 0, "learners": 2, "params": 1, "evaluator": 0},
+        }
+    )
+    inproc.start_broker(cfg)
+    params = inproc.start(ParameterServer, index=0)
+    assert isinstance(params, ParameterServer)
+    leader = inproc.start(PPOLearner, index=0)
+    assert isinstance(leader, PPOLearner) and leader.leader
+    intruder = inproc.pub("learner-7")
+    time.sleep(0.3)
+    intruder.send(P.Message(P.READY, meta={"learner": 7, "heard": [0]}), topic=P.ALLREDUCE_TOPIC)
+    settle(lambda: not leader.peers_ready and params.version == 0, 0.8)
+    assert leader.heard == set() and leader.allreduce_sub.stats.dropped >= 1
+
+    follower = inproc.start(PPOLearner, index=1)
+    assert isinstance(follower, PPOLearner)
+    wait_for(lambda: leader.peers_ready and follower.peers_ready, timeout=10)
+    assert leader.heard == leader.confirmed == {1}
+    assert follower.heard == follower.confirmed == {0}
+    wait_for(lambda: params.version >= 1, timeout=10)  # now the first weights go out

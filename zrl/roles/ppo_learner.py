@@ -8,7 +8,11 @@ Sockets (besides the parameter-server DEALER of ``Learner``):
   the same round, cuts every minibatch into ``learners`` equal slices, computes the gradient
   of its slice, publishes it and averages it with the others' before the optimizer step, so
   all learners apply the same update. Learner 0 publishes the weights; the others follow
-  them at the start of each round (and count any drift, which should stay 0).
+  them at the start of each round (and count any drift, which should stay 0). Before the
+  first round the learners exchange READY messages there until each has heard every other
+  one hear it: only then does learner 0 publish the first weights, which start the actors.
+  Otherwise a learner still starting up misses the first rollouts and the others wait for
+  it in every allreduce.
 - SUB ``weights`` (DD-PPO followers only).
 
 Sync mode: every rollout in a round was collected with the same weights version (the one
@@ -46,6 +50,8 @@ ROLLOUT_ARRAYS: dict[str, tuple[str | None, int | None]] = {
     "bootstrap_obs": ("float32", 2),
 }
 ALLREDUCE_TIMEOUT_S = 10.0
+READY_INTERVAL_S = 0.05  # DD-PPO start-up: READY repeated until every peer confirms
+HANDSHAKE_TIMEOUT_S = 30.0  # then start anyway; allreduce timeouts count what is missing
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
 
 
@@ -161,6 +167,11 @@ class PPOLearner(Learner):
             self.allreduce_sub = self.open_subscriber([P.ALLREDUCE_TOPIC], "allreduce")
             self.peer_grads: dict[tuple[int, int], dict[int, dict[str, np.ndarray]]] = {}
             self.allreduce_timeouts = 0
+        self.heard: set[int] = set()  # DD-PPO peers whose READY reached us
+        self.confirmed: set[int] = set()  # ... and who said they heard ours
+        self.peers_ready = self.learners == 1
+        self.handshake_started = time.monotonic()
+        self.next_ready = 0.0
         if not self.leader:
             self.follow = WeightsFollower(self, self.online)
             self.weight_drift = 0.0
@@ -188,8 +199,56 @@ class PPOLearner(Learner):
         self.buffer.trained_version = int(state["trained_version"])
 
     def send_weights(self) -> None:
-        if self.leader:  # DD-PPO: one learner speaks for all
+        # DD-PPO: one learner speaks for all, once all hear each other (the first weights
+        # start the actors).
+        if self.leader and self.peers_ready:
             super().send_weights()
+
+    # --- DD-PPO start-up handshake ------------------------------------------------------
+
+    def send_ready(self) -> None:
+        self.allreduce_pub.send(
+            P.Message(P.READY, meta={"learner": self.learner_index, "heard": sorted(self.heard)}),
+            topic=P.ALLREDUCE_TOPIC, block=False,
+        )  # fmt: skip
+
+    def on_ready(self, msg: P.Message) -> None:
+        who, heard = msg.meta.get("learner"), msg.meta.get("heard")
+        if not isinstance(heard, list):
+            self.allreduce_sub._drop(msg.sender or "?", "READY without the peers it heard")
+            return
+        assert isinstance(who, int)  # checked by read_peer_grads
+        newly_heard = who not in self.heard
+        self.heard.add(who)
+        if self.learner_index in heard:
+            self.confirmed.add(who)
+        if newly_heard or self.learner_index not in heard:
+            # Tell it at once that we hear it (it may be new, or waiting only for that).
+            self.send_ready()
+
+    def handshake(self) -> None:
+        """Until every other learner is heard and has heard us: READY at 20 Hz."""
+        now = time.monotonic()
+        if now >= self.next_ready:
+            self.next_ready = now + READY_INTERVAL_S
+            self.send_ready()
+        self.read_peer_grads()
+        others = set(range(self.learners)) - {self.learner_index}
+        if self.heard >= others and self.confirmed >= others:
+            self.peers_ready = True
+            self.log.info(
+                "DD-PPO: all %d learners hear each other (%.2f s)",
+                self.learners, now - self.handshake_started,
+            )  # fmt: skip
+        elif now - self.handshake_started > HANDSHAKE_TIMEOUT_S:
+            self.peers_ready = True
+            self.log.warning(
+                "DD-PPO: learners %s not heard within %.0f s; starting without them "
+                "(their allreduce steps will time out)",
+                sorted(others - (self.heard & self.confirmed)), HANDSHAKE_TIMEOUT_S,
+            )  # fmt: skip
+        else:
+            self.allreduce_sub.sock.poll(20)
 
     # --- receiving --------------------------------------------------------------------
 
@@ -237,6 +296,9 @@ class PPOLearner(Learner):
             self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
             self.save_checkpoint()
         self.read_acks()
+        if not self.peers_ready:
+            self.handshake()
+            return
         if self.leader and not self.params_acked and self._unacked_since is None:
             self.send_weights()  # until the parameter server has our first version
         if not self.leader:
@@ -393,6 +455,9 @@ class PPOLearner(Learner):
                 continue  # our own publication comes back through the bus
             if not isinstance(who, int) or not 0 <= who < self.learners:
                 self.allreduce_sub._drop(msg.sender or "?", f"allreduce from learner {who!r}")
+                continue
+            if msg.kind == P.READY:
+                self.on_ready(msg)
                 continue
             if (
                 msg.kind != P.GRADIENTS

@@ -55,6 +55,7 @@ ACK = "ack"
 METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
 GRADIENTS = "gradients"  # A3C worker -> params on `gradients`; DD-PPO learner -> learners (topic)
+READY = "ready"  # DD-PPO learner -> learners (topic allreduce/): start-up handshake
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
 # matching "replay-10").
