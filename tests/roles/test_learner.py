@@ -19,6 +19,7 @@ from tests.conftest import wait_for
 from tests.roles.test_replay import InProc, collect, settle
 from zrl.config import ExperimentConfig
 from zrl.models import model_to_arrays
+from zrl.roles.impala_learner import ImpalaLearner
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.transport import protocol as P
@@ -87,6 +88,7 @@ def test_learner_publishes_weights_and_priorities(cluster):
     assert set(initial) == set(model_to_arrays(learner.online))
     priorities = inproc.sub(P.priority_topic("replay-0"))
     other_shard = inproc.sub(P.priority_topic("replay-1"))
+    batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
     replay = inproc.push("batches", sender="replay-0")
     time.sleep(0.4)
 
@@ -119,6 +121,11 @@ def test_learner_publishes_weights_and_priorities(cluster):
         assert np.all(np.isfinite(p)) and np.all(p >= 0)
         assert np.any(p > 0)
     assert collect(other_shard, quiet=0.2) == []
+    # Every batch is acknowledged to its shard by its sequence number (the credit window).
+    acks = collect(batch_acks, until=len(sent), timeout=10)
+    assert [(m.kind, m.sender, m.meta["seq"]) for m in acks] == [
+        (P.ACK, "learner-0", i) for i in range(len(sent))
+    ]
     assert learner.heartbeat_info()["updates"] == 2 * PUBLISH_INTERVAL
     assert np.isfinite(learner.heartbeat_info()["loss"])
 
@@ -178,3 +185,36 @@ def test_learner_survives_batches_that_do_not_fit_the_model(cluster, case):
     assert replay.send(batch_msg(batch(rng, 0)))
     wait_for(lambda: learner.updates == 1 or not inproc.alive(learner), timeout=10)
     assert learner.updates == 1
+
+
+def test_impala_learner_trains_each_batch_epochs_times(inproc):
+    """``impala.epochs``: V-trace updates per batch of unrolls; each batch is acknowledged once."""
+    cfg = config().model_dump()
+    cfg.update(algo="impala", impala={"epochs": 3}, learner={"publish_interval": 1})
+    cfg["replay"]["table"] = "fifo"
+    inproc.start_broker(ExperimentConfig.model_validate(cfg))
+    params = inproc.start(ParameterServer, index=0)
+    learner = inproc.start(ImpalaLearner, index=0)
+    assert isinstance(learner, ImpalaLearner) and isinstance(params, ParameterServer)
+    wait_for(lambda: learner.weights_version == 1, timeout=10)
+    batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
+    replay = inproc.push("batches", sender="replay-0")
+    time.sleep(0.4)
+    rng = np.random.default_rng(1)
+    U, T = 4, 6
+    unrolls = {
+        "obs": rng.standard_normal((U, T, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, (U, T)).astype(np.int64),
+        "logp": np.full((U, T), np.log(0.5), np.float32),
+        "reward": np.ones((U, T), np.float32),
+        "terminated": np.zeros((U, T), bool),
+        "valid": np.ones((U, T), bool),
+        "bootstrap_obs": rng.standard_normal((U, 4)).astype(np.float32),
+        "weights_version": np.ones(U, np.int64),
+    }
+    for _ in range(2):
+        assert replay.send(P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=unrolls))
+    wait_for(lambda: learner.updates == 6 and learner.trained_unrolls == 2 * U, timeout=10)
+    assert len(collect(batch_acks, until=2, timeout=5)) == 2
+    wait_for(lambda: params.version == 7, timeout=10)  # published after every update
+    assert learner.stale_unrolls == 0
