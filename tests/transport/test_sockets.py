@@ -265,13 +265,21 @@ def test_router_envelope(zmq_ctx):
         client.close()
 
 
-def test_pub_sub_topics(zmq_ctx):
-    addr = inproc_name("pubsub")
+def pub_sub_pair(
+    zmq_ctx: zmq.Context, name: str, subscribe: bytes
+) -> tuple[zmq.Socket, zmq.Socket]:
+    """A bound PUB and a SUB (50 ms receive timeout) subscribed to ``subscribe`` on it."""
+    addr = inproc_name(name)
     pub = make_socket(zmq_ctx, zmq.PUB)
     pub.bind(addr)
     sub = make_socket(zmq_ctx, zmq.SUB, rcvtimeo_ms=50)
-    sub.setsockopt(zmq.SUBSCRIBE, b"weights")
+    sub.setsockopt(zmq.SUBSCRIBE, subscribe)
     sub.connect(addr)
+    return pub, sub
+
+
+def test_pub_sub_topics(zmq_ctx):
+    pub, sub = pub_sub_pair(zmq_ctx, "pubsub", b"weights")
     tx = Channel(pub, "topics", "params-0", TransportStats(), topics=True)
     rx = Channel(sub, "weights", "actor-0", TransportStats(), topics=True)
     try:
@@ -299,12 +307,7 @@ def test_pub_sub_topics(zmq_ctx):
 def test_gaps_are_counted_per_topic_of_a_sender(zmq_ctx):
     """A publisher numbers each topic on its own (as a learner's priorities and batch acks to
     one shard): interleaved topics are no gap, a number missing within one topic is."""
-    addr = inproc_name("pubsub-gaps")
-    pub = make_socket(zmq_ctx, zmq.PUB)
-    pub.bind(addr)
-    sub = make_socket(zmq_ctx, zmq.SUB, rcvtimeo_ms=50)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(addr)
+    pub, sub = pub_sub_pair(zmq_ctx, "pubsub-gaps", b"")
     rx = Channel(sub, "shard", "replay-0", TransportStats(), topics=True)
     try:
         deadline = time.monotonic() + 5

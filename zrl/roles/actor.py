@@ -232,18 +232,11 @@ class Actor(Role):
             if got is None:
                 return
             msg = got[1]
-            seq = msg.meta.get("seq")
             # Only a replay shard's ack of a trajectory we actually sent opens the window.
-            if (
-                msg.kind != P.ACK
-                or not msg.sender.startswith("replay-")
-                or not isinstance(seq, int)
-                or isinstance(seq, bool)
-                or not 0 <= seq < self.experience.next_seq
-            ):
-                self.acks._drop(
-                    msg.sender or "?", f"not an ack of a sent trajectory: {msg.kind} {seq!r}"
-                )
+            try:
+                seq = P.acked_seq(msg, "replay-", self.experience.next_seq, "trajectory")
+            except P.ProtocolError as exc:
+                self.acks._drop(msg.sender or "?", str(exc))
                 continue
             self.acked_seq = max(self.acked_seq, seq)
 

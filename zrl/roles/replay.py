@@ -261,16 +261,9 @@ class ReplayServer(Role):
             self.on_priorities(msg)
 
     def on_batch_ack(self, msg: P.Message) -> None:
-        seq = msg.meta.get("seq")
-        # Only a learner's ack of a batch this incarnation sent opens the window.
-        if (
-            not msg.sender.startswith("learner-")
-            or not isinstance(seq, int)
-            or isinstance(seq, bool)
-            or not 0 <= seq < self.batches.next_seq
-        ):
-            raise P.ProtocolError(f"not an ack of a sent batch: {msg.sender} {seq!r}")
-        # The newest ack covers older ones, so a lost ack does not shrink the window.
+        # Only a learner's ack of a batch this incarnation sent opens the window; the newest
+        # ack covers older ones, so a lost ack does not shrink the window.
+        seq = P.acked_seq(msg, "learner-", self.batches.next_seq, "batch")
         self.acked_batch_seq = max(self.acked_batch_seq, seq)
 
     @property

@@ -77,6 +77,22 @@ def batch_ack_topic(shard_id: str) -> str:
     return f"batch-acks/{shard_id}/"
 
 
+def acked_seq(msg: Message, sender_prefix: str, sent: int, what: str) -> int:
+    """The sequence number a credit-window ACK releases: ``msg`` must be an ACK from a
+    ``sender_prefix*`` role for one of the ``sent`` messages we sent (an actor's trajectories
+    to a replay shard, a shard's batches to a learner). Raises ProtocolError otherwise."""
+    seq = msg.meta.get("seq")
+    if (
+        msg.kind != ACK
+        or not msg.sender.startswith(sender_prefix)
+        or not isinstance(seq, int)
+        or isinstance(seq, bool)
+        or not 0 <= seq < sent
+    ):
+        raise ProtocolError(f"not an ack of a sent {what}: {msg.kind} from {msg.sender} {seq!r}")
+    return seq
+
+
 def ack_topic(actor_id: str) -> str:
     """A replay shard's acknowledgements of one actor's inserted trajectories."""
     return f"acks/{actor_id}/"
