@@ -253,14 +253,14 @@ def worker(cmds: Any, results: Any, stop: Any) -> None:
         results.put(res)
 
 
-def weights_subscriber(addr: str, index: int, out: Any) -> None:
-    from zrl.transport.sockets import Channel, TransportStats, make_socket
+def weights_subscriber(endpoints: dict[str, str], index: int, out: Any) -> None:
+    from zrl.transport.sockets import Channel, TransportStats, connect_topics, make_socket
 
     ctx = zmq.Context()
-    # As Role.open_subscriber: SUB, receive HWM 10 000, topic "weights".
-    sock = make_socket(ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=100)
+    # As Role.open_subscriber: SUB, receive HWM 1000, topic "weights", both lanes of the bus.
+    sock = make_socket(ctx, zmq.SUB, rcvhwm=1000, rcvtimeo_ms=100)
     sock.setsockopt(zmq.SUBSCRIBE, b"weights")
-    sock.connect(addr)
+    connect_topics(sock, endpoints)
     ch = Channel(sock, "weights", f"bench-sub-{index}", TransportStats(), topics=True)
     out.put(("up", index, 0, 0.0))
     while True:  # until the parent terminates us
@@ -442,7 +442,7 @@ def weights_broadcast(procs: Procs, mpc: Any, endpoints: dict[str, str]) -> dict
     out = mpc.Queue()
     subs = [
         procs.add(mpc.Process(target=weights_subscriber,
-                              args=(endpoints["topics_out"], i, out), daemon=True))
+                              args=(endpoints, i, out), daemon=True))
         for i in range(WEIGHTS_SUBSCRIBERS)
     ]  # fmt: skip
     ctx = zmq.Context.instance()

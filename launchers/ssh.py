@@ -328,6 +328,9 @@ class Plan:
                 "to accept that."
             )
         self.config_text = config_text
+        # The roles take checkpoint.dir from the broker only under a root given locally (a
+        # forged WELCOME must not point them at files elsewhere): the user's own config names it.
+        self.checkpoint_root = checkpoint_dir(config_text)
 
     # commands ------------------------------------------------------------------------
 
@@ -355,6 +358,7 @@ class Plan:
         cmd = zrl_command(
             o.python, "start", launch.role, "--broker", self.broker_address,
             "--index", str(launch.index), "--connect-timeout", f"{o.connect_timeout:g}",
+            *(["--checkpoint-root", self.checkpoint_root] if self.checkpoint_root else []),
             *self._common(),
         )  # fmt: skip
         return shlex.join(cmd)
@@ -411,6 +415,18 @@ class Plan:
             shlex.join(self.kill_argv("TARGET", "PID")),
         ]
         return "\n".join(out)
+
+
+def checkpoint_dir(config_text: str | None) -> str | None:
+    """``checkpoint.dir`` of a resolved config, or None (unset, or a --remote-config run:
+    then set ZRL_CHECKPOINT_ROOT on the hosts)."""
+    if config_text is None:
+        return None
+    import yaml
+
+    cfg = yaml.safe_load(config_text) or {}
+    value = (cfg.get("checkpoint") or {}).get("dir")
+    return str(value) if value else None
 
 
 def resolve_config(opts: Options) -> str | None:

@@ -29,7 +29,13 @@ from zrl.broker import Broker
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
 from zrl.roles.base import Role, RoleError, registry_request
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.sockets import (
+    Channel,
+    TransportStats,
+    broker_endpoints,
+    connect_topics,
+    make_socket,
+)
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 MAX_MSG = 65_536  # the brokers' max_message_bytes here, so "oversized" is cheap to send
@@ -524,3 +530,312 @@ def test_overflowing_shape_does_not_kill_registry(zmq_ctx, inproc_broker, client
         status(zmq_ctx, b.bind_address, timeout=1.0)
     finally:
         assert t.is_alive(), errors
+
+
+# --- hostile input, round two: bounded registry, identity, topic bus bytes (issue 12) -------
+
+
+@pytest.fixture
+def make_broker(zmq_ctx) -> Iterator[Any]:
+    """In-process brokers with broker.* settings; stopped and joined at teardown."""
+    made: list[tuple[Broker, threading.Thread]] = []
+
+    def make(**settings: Any) -> Broker:
+        cfg = ExperimentConfig()
+        for key, value in settings.items():
+            setattr(cfg.broker, key, value)
+        b = Broker(f"inproc://zrl-test-broker-{os.getpid()}-{len(made)}", cfg, ctx=zmq_ctx)
+        t = threading.Thread(target=b.run, daemon=True)
+        t.start()
+        made.append((b, t))
+        return b
+
+    yield make
+    for b, t in made:
+        b.stop()
+        t.join(5)
+
+
+def silent(c: RegistryClient, kind: str, **meta: Any) -> bool:
+    """Send, and True when no reply comes within 0.3 s (a dropped message)."""
+    assert c.ch.send(P.Message(kind, meta=meta))
+    return not c.sock.poll(300)
+
+
+def test_hello_flood_is_capped_and_the_broker_stays_small(spawn, zmq_ctx, broker_addr, clients):
+    proc = start_broker(spawn, zmq_ctx, broker_addr)
+    import psutil
+
+    cap = ExperimentConfig().broker.max_roles
+    flood = make_socket(zmq_ctx, zmq.DEALER, sndtimeo_ms=5000)
+    flood.connect(broker_addr)
+    try:
+        ch = Channel(flood, "registry", "flood", TransportStats())
+        for i in range(10_000):
+            meta = {"role": "fake", "index": i, "host": "h", "pid": 1, "zrl_version": __version__}
+            assert ch.send(P.Message(P.HELLO, meta=meta))  # replies are never read
+
+        def all_handled() -> bool:
+            rejected = status(zmq_ctx, broker_addr)["broker"]["rejected"]
+            return rejected.get("registry full", 0) == 10_000 - cap
+
+        wait_for(all_handled, timeout=60, interval=0.5)
+    finally:
+        flood.close(linger=0)
+    st = status(zmq_ctx, broker_addr)
+    assert len(st["roles"]) == cap
+    c = RegistryClient(zmq_ctx, broker_addr)
+    clients.append(c)
+    reply = c.hello(role="actor")
+    assert reply.kind == P.REFUSED and "broker.max_roles" in reply.meta["reason"]
+    assert psutil.Process(proc.pid).memory_info().rss < 300 * 2**20
+
+
+def test_oversized_heartbeat_info_is_dropped_and_the_heartbeat_counts(make_broker, clients):
+    b = make_broker()
+    c = RegistryClient(b.ctx, b.bind_address)
+    clients.append(c)
+    rid = c.hello().meta["id"]
+    assert c.request(P.HEARTBEAT, id=rid, info={"updates": 7}).kind == P.HEARTBEAT_ACK
+    for info in ({"blob": "x" * 100_000}, {"many": list(range(1000))}, {"deep": [[[[1]]]] * 100}):
+        assert c.request(P.HEARTBEAT, id=rid, info=info).kind == P.HEARTBEAT_ACK
+    streams = {f"s{i}": {"sent": 2**64 - 1 if i < 2 else 1} for i in range(100)}
+    assert c.request(P.HEARTBEAT, id=rid, stats=streams).kind == P.HEARTBEAT_ACK
+    st = status(b.ctx, b.bind_address)
+    row = rows_by_id(st)[rid]
+    assert row["info"] == {"updates": 7} and row["state"] == "alive"
+    assert len(row["streams"]) <= 32
+    assert row["msgs_out"] == 2**63 - 1  # saturated: the STATUS reply stays encodable
+    assert st["broker"]["rejected"]["heartbeat info too large"] == 3
+
+
+def test_long_or_unprintable_ids_and_fields_are_refused(make_broker, clients):
+    b = make_broker()
+    c = RegistryClient(b.ctx, b.bind_address)
+    clients.append(c)
+    bad = [
+        {"role": "r" * 200},
+        {"role": "two\nlines"},
+        {"id": "fake-" + "x" * 200},
+        {"id": "fake-\x1b[2J"},  # terminal escapes in logs and zrl status
+        {"host": "h" * 1000},
+        {"rpc": "tcp://" + "x" * 10_000},
+        {"address": ["not", "a", "string"]},
+        {"pid": -1},
+    ]
+    for fields in bad:
+        reply = c.hello(**fields)
+        assert reply.kind == P.REFUSED and reply.meta["reason"].startswith("bad HELLO"), fields
+    st = status(b.ctx, b.bind_address)
+    assert st["roles"] == []
+    assert st["broker"]["rejected"]["bad hello"] == len(bad)
+
+
+def test_forged_heartbeat_and_bye_from_another_connection_are_dropped(make_broker, clients):
+    b = make_broker()
+    owner, forger = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([owner, forger])
+    rid = owner.hello(role="actor", index=0).meta["id"]
+    stats = {"experience": {"sent": 10, "received": 0, "dropped": 0, "gaps": 0}}
+    assert owner.request(P.HEARTBEAT, id=rid, stats=stats).kind == P.HEARTBEAT_ACK
+    reset = {"experience": {"sent": 0, "received": 0, "dropped": 0, "gaps": 0}}
+    assert silent(forger, P.HEARTBEAT, id=rid, stats=reset, info={"env_steps": 10**9})
+    assert silent(forger, P.BYE, id=rid, stats=reset)
+    st = status(b.ctx, b.bind_address)
+    row = rows_by_id(st)[rid]
+    assert row["state"] == "alive" and row["msgs_out"] == 10 and row["info"] == {}
+    assert st["broker"]["rejected"]["heartbeat from another connection"] == 1
+    assert st["broker"]["rejected"]["bye from another connection"] == 1
+    # The owner's own BYE still counts.
+    assert owner.ch.send(P.Message(P.BYE, meta={"id": rid, "stats": stats}))
+    wait_for(lambda: rows_by_id(status(b.ctx, b.bind_address))[rid]["state"] == "stopped")
+
+
+def test_a_second_hello_does_not_replace_a_live_role(make_broker, clients):
+    b = make_broker(heartbeat_timeout=0.5, heartbeat_interval=0.1)
+    owner, thief = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([owner, thief])
+    assert owner.hello(role="params", index=0, rpc="tcp://127.0.0.1:1111").kind == P.WELCOME
+    assert owner.request(P.HEARTBEAT, id="params-0").kind == P.HEARTBEAT_ACK
+    hello = {"role": "params", "id": "params-0", "host": "elsewhere", "pid": 4242,
+             "rpc": "tcp://127.0.0.1:6666", "zrl_version": __version__}  # fmt: skip
+    assert silent(thief, P.HELLO, **hello)  # no answer: a restarted role would retry
+    services = thief.request(P.LOOKUP, role="params").meta["services"]
+    assert [s["rpc"] for s in services] == ["tcp://127.0.0.1:1111"]
+    assert status(b.ctx, b.bind_address)["broker"]["rejected"]["hello for a live id"] == 1
+    # Once the owner stops heartbeating it is marked dead, and the id may be taken over
+    # (the supervisor's restart of a crashed role).
+    wait_for(lambda: rows_by_id(status(b.ctx, b.bind_address))["params-0"]["state"] == "dead")
+    assert thief.request(P.HELLO, **hello).kind == P.WELCOME
+    row = rows_by_id(status(b.ctx, b.bind_address))["params-0"]
+    assert (row["pid"], row["restarts"]) == (4242, 1)
+    # A role retrying HELLO on a new socket before its first heartbeat (same pid and host).
+    first, retry = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([first, retry])
+    assert first.hello(role="learner", index=0).kind == P.WELCOME
+    assert retry.hello(role="learner", index=0).kind == P.WELCOME
+
+
+def test_dead_and_stopped_entries_are_forgotten(make_broker, clients):
+    b = make_broker(setup_grace=0.3, forget_after=0.5)
+    quits, vanishes = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([quits, vanishes])
+    gone = quits.hello(role="actor").meta["id"]
+    assert quits.ch.send(P.Message(P.BYE, meta={"id": gone}))
+    never = vanishes.hello(role="actor").meta["id"]  # never heartbeats
+    wait_for(
+        lambda: rows_by_id(status(b.ctx, b.bind_address)).get(never, {}).get("state") == "dead"
+    )
+    wait_for(lambda: status(b.ctx, b.bind_address)["roles"] == [], timeout=5)
+
+
+def test_a_killed_role_restarted_at_once_registers_once_the_old_entry_is_dead(
+    spawn, zmq_ctx, broker_addr
+):
+    start_broker(spawn, zmq_ctx, broker_addr, "broker.heartbeat_timeout=1.0")
+    children: list[subprocess.Popen] = []
+
+    def child() -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", CHILD_ROLE, broker_addr], cwd=REPO,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+        children.append(p)
+        return p
+
+    def row() -> dict[str, Any]:
+        return rows_by_id(status(zmq_ctx, broker_addr)).get("procrole-0", {})
+
+    try:
+        first = child()
+        wait_for(lambda: row().get("state") == "alive", timeout=30)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        second = child()  # says HELLO while the old entry is still alive: it retries
+        wait_for(lambda: row().get("pid") == second.pid and row()["state"] == "alive", timeout=30)
+        assert row()["restarts"] == 1
+        assert second.poll() is None
+    finally:
+        kill_pids([p.pid for p in children])
+
+
+def topic_pair(ctx: zmq.Context, b: Broker, **sub_kw: Any) -> tuple[Channel, zmq.Socket]:
+    pub = make_socket(ctx, zmq.PUB, sndhwm=10_000)
+    pub.connect(b.endpoints["topics_in"])
+    sub = make_socket(ctx, zmq.SUB, rcvtimeo_ms=200, **sub_kw)
+    sub.setsockopt(zmq.SUBSCRIBE, b"weights")
+    sub.connect(b.endpoints["topics_out"])
+    return Channel(pub, "weights", "params-0", TransportStats(), topics=True), sub
+
+
+def test_topic_messages_beyond_the_frame_or_byte_limit_are_dropped(make_broker, zmq_ctx):
+    b = make_broker(max_topic_message_bytes=100_000)
+    pub, sub = topic_pair(zmq_ctx, b)
+    try:
+        ok = P.Message(P.WEIGHTS, arrays={"w": np.zeros(10, np.float32)})
+        wait_for(lambda: pub.send(ok, topic="weights") and sub.poll(100))  # subscription is up
+        while sub.poll(50):
+            sub.recv_multipart()
+        pub.sock.send_multipart([b"weights", *[b"x"] * (P.MAX_ARRAYS + 10)])
+        pub.send(P.Message(P.WEIGHTS, arrays={"w": np.zeros(50_000, np.float32)}), topic="weights")
+        assert pub.send(ok, topic="weights")
+        frames = sub.recv_multipart()
+        assert P.decode(frames[1:]).arrays["w"].shape == (10,)
+        assert not sub.poll(200)
+        wait_for(lambda: b.topic_dropped == 2)
+    finally:
+        pub.close()
+        sub.close(linger=0)
+
+
+def test_a_stuck_subscriber_does_not_grow_broker_memory(spawn, zmq_ctx, broker_addr):
+    import psutil
+
+    proc = start_broker(spawn, zmq_ctx, broker_addr)
+    eps = broker_endpoints(broker_addr, list(DEFAULT_STREAMS))
+    # Read once (its subscription is up), then never again, with as little as possible
+    # queued on its own side: the broker holds the rest.
+    stuck = make_socket(zmq_ctx, zmq.SUB, rcvhwm=1, kernel_buffer_bytes=4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"weights")
+    connect_topics(stuck, eps)
+    reader = make_socket(zmq_ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=200)
+    reader.setsockopt(zmq.SUBSCRIBE, b"weights")
+    connect_topics(reader, eps)
+    pub = make_socket(zmq_ctx, zmq.PUB, sndhwm=10_000)
+    pub.connect(eps["topics_in"])
+    ch = Channel(pub, "weights", "params-0", TransportStats(), topics=True)
+    broker = psutil.Process(proc.pid)
+    try:
+        probe = P.Message(P.WEIGHTS, meta={"probe": True})
+        wait_for(lambda: ch.send(probe, topic="weights") and stuck.poll(100) and reader.poll(0))
+        before = broker.memory_info().rss
+        blob = np.zeros(4 * 2**20, np.uint8)
+        n = 200
+        got, peak = 0, before
+        deadline = time.monotonic() + 60
+        # One message at a time, as a params server publishes: the reading subscriber keeps
+        # up, the stuck one's queue is all that could grow.
+        for _ in range(n):
+            assert ch.send(P.Message(P.WEIGHTS, arrays={"w": blob}), topic="weights")
+            while time.monotonic() < deadline:
+                if reader.poll(100) and len(reader.recv_multipart(copy=False)) == 3:
+                    got += 1  # (probes have no array frame)
+                    break
+            peak = max(peak, broker.memory_info().rss)
+        assert got == n  # the reading subscriber lost nothing
+        # Then a flood of small messages (the small lane, HWM 1000): the stuck subscriber's
+        # queue there is bounded by count x the small lane's message size.
+        small = np.zeros(60 * 1024, np.uint8)
+        got = 0
+        for i in range(3000):
+            ch.send(P.Message(P.WEIGHTS, arrays={"w": small}), topic="weights")
+            while reader.poll(0):
+                reader.recv_multipart(copy=False)
+                got += 1
+            if i % 100 == 0:
+                peak = max(peak, broker.memory_info().rss)
+        peak = max(peak, broker.memory_info().rss)
+    finally:
+        for s in (stuck, reader, pub):
+            s.close(linger=0)
+    # bulk_topic_hwm (8) x 4 MiB + topic_hwm (1000) x 60 KiB + buffers, not 980 MiB.
+    assert peak - before < 150 * 2**20, (before >> 20, peak >> 20)
+    assert peak < 300 * 2**20
+
+
+def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
+    from zrl.metrics import MetricsWriter
+    from zrl.supervisor import Supervisor
+
+    cfg = ExperimentConfig()
+    cfg.stop.eval_return = 500.0
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
+    (tmp_path / "run").mkdir()
+    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}]
+    writer = MetricsWriter(tmp_path / "run")
+    dropped: list[str] = []
+
+    class Monitor:
+        def __init__(self, sender: str, mean: float) -> None:
+            self.msgs = [P.Message(P.METRICS, meta={"kind": "eval", "mean": mean}, sender=sender)]
+
+        def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
+            return (None, self.msgs.pop(0)) if self.msgs else None
+
+        def _drop(self, sender: str, reason: str) -> None:
+            dropped.append(sender)
+
+    try:
+        for sender in ("evaluator-7", "actor-0", ""):  # not an evaluator of this run
+            sup._drain_monitor(Monitor(sender, 999.0), writer, 1.0)
+        assert sup.agg.evals == [] and sup.evals_dropped == 3 and len(dropped) == 3
+        # Under the live evaluator's name it is recorded, but stops the run only once the
+        # evaluator's own heartbeat (tied to its registry connection) reports the return too.
+        sup._drain_monitor(Monitor("evaluator-0", 999.0), writer, 1.0)
+        sup._confirm_target()
+        assert not sup._stop.is_set() and sup.target_time is None
+        sup._drain_monitor(Monitor("evaluator-0", 500.5), writer, 2.0)
+        sup.status_rows[0]["info"] = {"eval_return": 500.5}
+        sup._confirm_target()
+        assert sup._stop.is_set() and sup.target_time == 2.0  # the real one's time
+    finally:
+        writer.close()

@@ -180,3 +180,15 @@ def test_policy_logits_of_zrl_and_user_models_agree_with_forward():
         want = ac(obs)[0]
         torch.testing.assert_close(policy_logits(ac, obs), want)
         torch.testing.assert_close(policy_logits(UserModel(), obs), want)
+
+
+def test_load_arrays_refuses_non_finite_values_and_leaves_model_untouched():
+    net = QNetwork(4, 2, hidden=(8,))
+    before = model_to_arrays(net)
+    for bad in (np.nan, np.inf, -np.inf):
+        poisoned = model_to_arrays(QNetwork(4, 2, hidden=(8,)))
+        poisoned["value_head.bias"][0] = bad  # the last entry: a partial load would show
+        with pytest.raises(ValueError, match=r"'value_head.bias' holds NaN or inf"):
+            load_arrays(net, poisoned)
+    for name, tensor in net.state_dict().items():
+        np.testing.assert_array_equal(tensor.numpy(), before[name])

@@ -56,6 +56,31 @@ AdvertiseOpt = Annotated[
     str | None,
     typer.Option("--advertise", help="Address peers reach this host at (default: auto)."),
 ]
+CheckpointRootOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoint-root",
+        envvar="ZRL_CHECKPOINT_ROOT",
+        help="The broker's checkpoint.dir must lie under this directory (default: the "
+        "working directory).",
+    ),
+]
+EnvFactoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--env-factory",
+        help="Env factory package.module:name this role may import when the broker names it "
+        "without keys.",
+    ),
+]
+ModelFactoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-factory",
+        help="Model factory package.module:name this role may import when the broker names "
+        "it without keys.",
+    ),
+]
 
 
 class UserError(Exception):
@@ -172,6 +197,9 @@ def _start_role(
     advertise: str | None,
     keys: Path | None = None,
     key_name: str = "client",
+    checkpoint_root: Path | None = None,
+    env_factory: str | None = None,
+    model_factory: str | None = None,
 ) -> None:
     from zrl.roles import role_class
     from zrl.runtime import install_stop_signals, setup_logging
@@ -184,6 +212,10 @@ def _start_role(
         connect_timeout=timeout,
         advertise=advertise,
         keys=_load_keys(keys, key_name),
+        checkpoint_root=checkpoint_root,
+        local_factories={
+            kind: ref for kind, ref in (("env", env_factory), ("model", model_factory)) if ref
+        },
     )
     install_stop_signals(role.request_stop)
     role.run()
@@ -197,9 +229,15 @@ def _add_role_command(name: str, help_text: str) -> None:
         advertise: AdvertiseOpt = None,
         keys: KeysOpt = None,
         key_name: KeyNameOpt = "client",
+        checkpoint_root: CheckpointRootOpt = None,
+        env_factory: EnvFactoryOpt = None,
+        model_factory: ModelFactoryOpt = None,
         log_level: LogOpt = "INFO",
     ) -> None:
-        _start_role(name, broker, index, log_level, connect_timeout, advertise, keys, key_name)
+        _start_role(
+            name, broker, index, log_level, connect_timeout, advertise, keys, key_name,
+            checkpoint_root, env_factory, model_factory,
+        )  # fmt: skip
 
     command.__doc__ = help_text
     start_app.command(name)(command)

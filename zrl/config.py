@@ -68,6 +68,30 @@ class BrokerConfig(_Section):
     """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of stream sockets, bounding hidden queues."""
     max_message_bytes: int = Field(256 * 2**20, ge=1024)
     """Largest message any socket accepts (ZMQ_MAXMSGSIZE); libzmq disconnects a peer that sends more."""
+    small_topic_message_bytes: int = Field(64 * 1024, ge=1024)
+    """Topic messages up to this size (acks, priorities, metrics, eval) go out on the topic
+    bus's small lane, which queues `topic_hwm` of them per subscriber: bursts of thousands
+    pass. Bigger ones (weights, rollouts) take the bulk lane."""
+    topic_hwm: int = Field(1000, ge=1)
+    """Small-lane messages the topic bus queues per subscriber before it drops for that one."""
+    max_topic_message_bytes: int = Field(16 * 2**20, ge=1024)
+    """Largest message on the topic bus (capped at max_message_bytes); the broker drops bigger
+    ones. 16 MiB holds an Atari CNN's weights (about 7 MB)."""
+    bulk_topic_hwm: int = Field(8, ge=1)
+    """Bulk-lane messages the topic bus queues per subscriber. A subscriber that never reads
+    costs the broker at most topic_hwm x small_topic_message_bytes + bulk_topic_hwm x
+    max_topic_message_bytes + 2 x topic_buffer_bytes (64 MiB + 128 MiB + 2 MiB by default),
+    whatever is published. Only the newest weights matter to a follower, so dropping old ones
+    at a slow subscriber loses nothing it needs."""
+    topic_buffer_bytes: int = Field(2**20, ge=4096)
+    """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of the topic bus sockets."""
+    max_roles: int = Field(2048, ge=1)
+    """Registry entries at most (live, dead and stopped); a HELLO beyond them is refused."""
+    max_info_bytes: int = Field(8192, ge=256)
+    """Largest heartbeat `info` (msgpack bytes) the registry stores; a bigger one is dropped
+    and counted, and the role keeps its previous info."""
+    forget_after: float = Field(300.0, gt=0)
+    """Seconds a dead or stopped role stays in the registry before it is forgotten."""
 
 
 class RolesConfig(_Section):

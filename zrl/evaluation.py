@@ -60,7 +60,8 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
         raise FileNotFoundError(
             f"{path} does not exist: was the run stopped before saving a model?"
         )
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    # Tensors, strings and dicts only (the config is JSON): nothing in model.pt runs code.
+    saved = torch.load(path, map_location="cpu", weights_only=True)
     cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
     factories = Factories(**saved.get("factory_refs", {}))
     pickled = Path(run_dir) / FACTORIES_FILE

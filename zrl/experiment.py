@@ -17,10 +17,17 @@ A script is plain Python::
         experiment.run()                     # the same as `zrl run this_script.py`
 
 A factory is either a callable or an importable reference ``"package.module:name"``.
-References travel as strings and work over any channel. Callables are shipped to
-roles on other hosts as cloudpickle bytes by the broker, and because unpickling runs
-code, only over CURVE-authenticated sockets: ``zrl run`` makes a key directory for
-the run when a script holds callables and no ``--keys`` was given.
+References travel as strings. Callables are shipped to roles on other hosts as
+cloudpickle bytes by the broker, and because unpickling runs code, only over
+CURVE-authenticated sockets: ``zrl run`` makes a key directory for the run when a
+script holds callables and no ``--keys`` was given.
+
+A reference runs code too (it imports a module and calls what it names: ``os:abort``
+would do), so a role imports the references of a WELCOME only when the broker is
+authenticated (``--keys``) or in its own process, or when the role was given the same
+reference locally: ``zrl start ROLE --env-factory REF --model-factory REF``. ``zrl run``
+passes its script's references to the roles it starts (and prints them in the commands
+for other hosts); otherwise the role refuses to start with a ``RoleError`` saying this.
 """
 
 from __future__ import annotations

@@ -207,9 +207,9 @@ def model_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
 def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Inverse of :func:`model_to_arrays`: load every entry of ``model.state_dict()``.
 
-    All keys and shapes are checked before anything is written, so a bad ``arrays`` raises
-    ``ValueError`` (naming missing/unexpected keys or the mismatched shape) and leaves
-    ``model`` untouched.
+    All keys, shapes and values are checked before anything is written, so a bad ``arrays``
+    raises ``ValueError`` (naming missing/unexpected keys, the mismatched shape or the entry
+    holding NaN/inf) and leaves ``model`` untouched.
     """
     expected = model.state_dict()
     missing = sorted(set(expected) - set(arrays))
@@ -224,6 +224,9 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
                 f"load_arrays: shape mismatch for {name!r}: got {array.shape}, "
                 f"model has {tuple(current.shape)}"
             )
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            # One NaN in published weights poisons every action until the next good version.
+            raise ValueError(f"load_arrays: {name!r} holds NaN or inf values")
         if not array.flags.writeable:
             # Arrays decoded straight from a message buffer are read-only; torch warns on those.
             array = array.copy()

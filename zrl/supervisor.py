@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -44,6 +45,7 @@ from zrl.transport.sockets import (
     Channel,
     TransportStats,
     broker_endpoints,
+    connect_topics,
     free_port_range,
     is_loopback,
     make_socket,
@@ -145,6 +147,26 @@ class Aggregator:
             total += raw + self._carry.get(k, 0)
         return total
 
+    def experience(self) -> dict[str, int]:
+        """The actors' delivery ledgers beside what the replay shards received. An actor
+        counts a trajectory delivered only on the shard's ack of exactly that trajectory, so
+        ``sent = delivered + lost + in_flight`` per actor, and ``received_by_replay`` matches
+        ``delivered`` up to what was acked between two heartbeats. Anything taking experience
+        off the stream but a shard shows up as ``lost``."""
+        got = {}
+        for unit in ("trajectories", "steps"):
+
+            def actors(key: str, unit: str = unit) -> int:
+                return self._monotonic_sum("actor", f"{unit}_{key}")
+
+            got[f"{unit}_sent"] = actors("sent")
+            got[f"{unit}_delivered"] = actors("delivered")
+            # Acked after being counted lost: delivered after all.
+            got[f"{unit}_lost"] = max(actors("lost") - actors("late"), 0)
+            got[f"{unit}_received_by_replay"] = self._monotonic_sum("replay", f"{unit}_received")
+        got["trajectories_in_flight"] = sum(count(m.get("in_flight")) for m in self._of("actor"))
+        return got
+
     def _of(self, role: str) -> list[dict[str, Any]]:
         return [m for m in self.latest.values() if m.get("role") == role]
 
@@ -241,6 +263,9 @@ class Supervisor:
         self.target_time: float | None = None
         self.target_steps: int | None = None
         self.target_reached_at: float | None = None
+        # Evals at or above the target, awaiting the evaluator's heartbeat: (sender, row, time).
+        self._target_candidates: list[tuple[str, dict[str, Any], float]] = []
+        self.evals_dropped = 0
         self.zygote: subprocess.Popen[str] | None = None
         self.zygote_ready = False
 
@@ -320,12 +345,25 @@ class Supervisor:
     def _role_plan(self) -> list[tuple[str, int]]:
         return self.placement()[0]
 
+    def _role_trust_args(self) -> list[str]:
+        """What a role takes from its own command line rather than from the broker (see
+        Role._checked_checkpoint_dir and Role._factories_from): the checkpoint root and the
+        factory references of this run."""
+        args: list[str] = []
+        if self.cfg.checkpoint.dir is not None:
+            args += ["--checkpoint-root", str(self.cfg.checkpoint.dir)]
+        refs = self.factories.references
+        args += [f"--env-factory={refs['env']}"] if "env" in refs else []
+        args += [f"--model-factory={refs['model']}"] if "model" in refs else []
+        return args
+
     def remote_commands(self) -> dict[str, list[str]]:
         """The exact `zrl start` line for every role placed on another host."""
         keys = f" --keys {self.keys_dir}" if self.keys_dir is not None else ""
+        trust = "".join(f" {shlex.quote(a)}" for a in self._role_trust_args())
         return {
             host: [
-                f"zrl start {role} --broker {self.public_addr} --index {i}{keys}"
+                f"zrl start {role} --broker {self.public_addr} --index {i}{keys}{trust}"
                 for role, i in roles
             ]
             for host, roles in self.placement()[1].items()
@@ -354,7 +392,7 @@ class Supervisor:
             cmd += [f"--model-factory={refs['model']}"] if "model" in refs else []
         else:
             cmd = ["start", child.role, "--broker", self.broker_addr, "--index", str(child.index),
-                   "--connect-timeout", "30"]  # fmt: skip
+                   "--connect-timeout", "30", *self._role_trust_args()]  # fmt: skip
         if self.keys_dir is not None:
             cmd += ["--keys", str(self.keys_dir)]
         argv = [*cmd, "--log-level", self.log_level]
@@ -560,7 +598,7 @@ class Supervisor:
                            max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
         for topic in (P.METRICS_TOPIC, P.EVAL_TOPIC):
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        sock.connect(endpoints["topics_out"])
+        connect_topics(sock, endpoints)
         return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
 
     def _drain_monitor(self, monitor: Channel, writer: MetricsWriter, elapsed: float) -> None:
@@ -570,6 +608,13 @@ class Supervisor:
                 return
             meta = got[1].meta
             if meta.get("kind") == "eval":
+                sender = got[1].sender
+                if self._registered(sender, "evaluator") is None:
+                    # Anyone who reaches the topic bus can publish an eval; only our own
+                    # evaluators, registered with the broker, report results.
+                    self.evals_dropped += 1
+                    monitor._drop(sender or "?", "eval from no registered evaluator of this run")
+                    continue
                 if number(meta.get("mean")) is None:
                     monitor._drop(got[1].sender or "?", "eval result without a numeric mean")
                     continue
@@ -581,18 +626,55 @@ class Supervisor:
                 row["env_steps"] = self.agg.row(elapsed)["env_steps"]
                 self.agg.evals.append(row)
                 writer.write_eval(row)
-                self._check_eval_target(row)
+                self._check_eval_target(row, sender)
             else:
                 self.agg.on_metrics(meta)
 
-    def _check_eval_target(self, row: dict[str, Any]) -> None:
+    def _check_eval_target(self, row: dict[str, Any], sender: str) -> None:
         target = self.cfg.stop.eval_return
         if target is not None and row["mean"] >= target and self.target_time is None:
-            self.target_time = row["time"]
-            self.target_reached_at = time.time()
-            self.target_steps = row["env_steps"]
+            self._target_candidates = [*self._target_candidates[-7:], (sender, row, time.time())]
+
+    def _confirm_target(self) -> None:
+        """Stop at the target once the evaluator's own heartbeat reports a return at it too.
+
+        The sender name of a topic-bus message can be forged; a heartbeat comes only from
+        the connection the evaluator registered on (the broker drops others). The heartbeat
+        carries the mean of the evaluator's latest evaluation, rounded to 2 places: the
+        candidate with that mean is the real one, and gives the time to target."""
+        target = self.cfg.stop.eval_return
+        if target is None or self.target_time is not None:
+            return
+        for sender in {c[0] for c in self._target_candidates}:
+            row = self._registered(sender, "evaluator")
+            info = row.get("info") if row is not None else None
+            reported = number(info.get("eval_return")) if isinstance(info, dict) else None
+            if reported is None or reported < target:
+                continue
+            mine = [c for c in self._target_candidates if c[0] == sender]
+            exact = [c for c in mine if round(c[1]["mean"], 2) == reported]
+            _, hit, wall = exact[0] if exact else mine[-1]
+            self.target_time = hit["time"]
+            self.target_reached_at = wall
+            self.target_steps = hit["env_steps"]
             self.stop_reason = "eval_return"
             self._stop.set()
+            return
+
+    def _registered(self, rid: Any, role: str) -> dict[str, Any] | None:
+        """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
+        (when we started it here) run by the process we started; else None."""
+        local, remote = self.placement()
+        planned = [*local, *(x for roles in remote.values() for x in roles)]
+        if not isinstance(rid, str) or rid not in {f"{r}-{i}" for r, i in planned if r == role}:
+            return None
+        row = next((r for r in self.status_rows if r.get("id") == rid), None)
+        if row is None or row.get("role") != role or row.get("state") not in ("starting", "alive"):
+            return None
+        child = next((c for c in self.children if c.name == rid), None)
+        if child is not None and child.proc is not None and row.get("pid") != child.proc.pid:
+            return None
+        return row
 
     def _check_limits(self, row: dict[str, Any]) -> None:
         s = self.cfg.stop
@@ -640,6 +722,10 @@ class Supervisor:
             ).meta.get("services", [])
         except RoleError:
             return None
+        # Only our own params server: another registered 'params' role could serve anything.
+        services = [
+            s for s in services if isinstance(s, dict) and self._registered(s.get("id"), "params")
+        ]
         msg = request_latest_weights(
             self.ctx, services, self.cfg.broker.max_message_bytes, 5.0, self.keys
         )
@@ -698,9 +784,15 @@ class Supervisor:
             monitor = self._open_monitor()
             display.start()
             next_row = time.monotonic()
+            next_confirm = 0.0
             while not self._stop.is_set():
                 elapsed = time.monotonic() - self.started
                 self._drain_monitor(monitor, writer, elapsed)
+                if self._target_candidates and time.monotonic() >= next_confirm:
+                    # The evaluator's next heartbeat is at most heartbeat_interval away.
+                    next_confirm = time.monotonic() + 0.25
+                    self._refresh_status()
+                    self._confirm_target()
                 if time.monotonic() >= next_row:
                     next_row += 1.0
                     self._refresh_status()
@@ -775,9 +867,11 @@ class Supervisor:
             "wall_time": round(time.monotonic() - self.started, 2),
             "env_steps": row.get("env_steps", 0),
             "updates": row.get("updates", 0),
+            "experience": self.agg.experience(),
             "final_eval_return": evals[-1]["mean"] if evals else None,
             "best_eval_return": max(e["mean"] for e in evals) if evals else None,
             "evaluations": len(evals),
+            "evals_dropped": self.evals_dropped,
             "weights_version": version,
             "model": str(self.run_dir / "model.pt") if version is not None else None,
             "restarts": {

@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
 from tests.integration.test_apex_cartpole import zrl_processes
 from tests.roles.test_replay import InProc, collect, settle, trajectory
+from zrl.broker import MAX_TOPIC_FRAMES
 from zrl.config import ExperimentConfig
 from zrl.metrics import MetricsWriter
 from zrl.models import QNetwork, model_to_arrays
@@ -267,12 +268,17 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
     (tmp_path / "run").mkdir()
     writer = MetricsWriter(tmp_path / "run")
 
+    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive"}]
+
     class Monitor:
         def __init__(self, metas: list[dict[str, Any]]) -> None:
-            self.msgs = [P.Message(P.METRICS, meta=m) for m in metas]
+            self.msgs = [P.Message(P.METRICS, meta=m, sender="evaluator-0") for m in metas]
 
         def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
             return (None, self.msgs.pop(0)) if self.msgs else None
+
+        def _drop(self, sender: str, reason: str) -> None:
+            pass
 
     try:
         sup._drain_monitor(Monitor([{"kind": "eval", "mean": 30.0}]), writer, 1.0)
@@ -301,10 +307,16 @@ def test_one_malformed_message_does_not_hide_newer_weights(zmq_ctx):
             def open_subscriber(self, topics: list[str], name: str) -> Channel:
                 return channel
 
+            def lookup(self, role: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+                return [{"id": "params-0", "rpc": "inproc://unused", "host": "here"}]
+
         follower = WeightsFollower(FakeRole(), model)  # type: ignore[arg-type]
         time.sleep(0.2)
         newest = P.Message(
-            P.WEIGHTS, meta={"version": 5}, arrays=model_to_arrays(QNetwork(4, 2, [8]))
+            P.WEIGHTS,
+            meta={"version": 5},
+            arrays=model_to_arrays(QNetwork(4, 2, [8])),
+            sender="params-0",
         )
         pub.send_multipart([b"weights", b"\xc1 not a message"])
         pub.send_multipart([b"weights", *P.encode(newest)])
@@ -676,15 +688,22 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         assert P.STATUS_REPLY in drain_kinds(reg, P.STATUS_REPLY, timeout=30)
         fuzz_s = round(time.monotonic() - (deadline - 60), 1)
 
+        # The broker itself drops topic messages of more frames or bytes than a zrl message
+        # may have (counted as its topic_dropped), and libzmq disconnects a registry peer
+        # whose frame exceeds the registry's size limit (counted nowhere).
+        def topic_passes(msgs: list[list[Any]]) -> int:
+            return sum(1 for m in msgs if len(m) + 1 <= MAX_TOPIC_FRAMES)
+
+        reaching = {name: topic_passes(traffic[name]) for name in ("weights", "priorities")}
         expected = {
-            ("broker", "registry"): len(traffic["registry"]),
+            ("broker", "registry"): len(traffic["registry"]) - 1,
             ("replay-0", "experience"): len(traffic["experience"]),
-            ("replay-0", "priorities"): len(traffic["priorities"]),
+            ("replay-0", "priorities"): reaching["priorities"],
             ("learner-0", "batches"): len(traffic["batches"]),
             ("params-0", "rpc"): len(traffic["rpc"]),
-            ("actor-0", "weights"): len(traffic["weights"]),
-            ("actor-1", "weights"): len(traffic["weights"]),
-            ("evaluator-0", "weights"): len(traffic["weights"]),
+            ("actor-0", "weights"): reaching["weights"],
+            ("actor-1", "weights"): reaching["weights"],
+            ("evaluator-0", "weights"): reaching["weights"],
         }
 
         def dropped_now() -> dict[tuple[str, str], int]:
@@ -784,7 +803,7 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
             assert seqs == list(range(len(seqs))), f"actor {actor}: acks out of order or missing"
         for rid in ("actor-0", "actor-1"):
             info = {r["id"]: r for r in final["roles"]}[rid]["info"]
-            assert info.get("ack_timeouts", 0) == 0 and info.get("lost_in_flight", 0) == 0, info
+            assert info.get("ack_timeouts", 0) == 0 and info.get("trajectories_lost", 0) == 0, info
         # ...and the replay received exactly those plus the fuzzer's decodable trajectories
         # (which it dropped, except the sentinel it inserted).
         assert acks.get(FUZZ_SENDER) == [fuzz.q["experience"] - 1]

@@ -13,7 +13,6 @@ roles' start-up alone varies from 5 to 20 s. The wall time is only a safety net.
 from __future__ import annotations
 
 import json
-import pickle
 import re
 import signal
 import subprocess
@@ -30,6 +29,7 @@ import zmq
 
 from tests.conftest import REPO, kill_pids
 from tests.integration.test_apex_cartpole import zrl_processes
+from zrl.replay.snapshot import load_state
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 
@@ -112,13 +112,12 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
     assert_no_processes_left(run_dir)
 
     # What the first run left behind: its last checkpoint and replay snapshot.
-    learner_ckpt = torch.load(ckpt / "learner-0.pt", map_location="cpu", weights_only=False)
+    learner_ckpt = torch.load(ckpt / "learner-0.pt", map_location="cpu", weights_only=True)
     saved_updates = int(learner_ckpt["updates"])
     saved_version = int(learner_ckpt["weights_version"])
     # The learner checkpoints on its way out, after the summary's last figures were taken.
     assert saved_updates >= first["updates"] > 0
-    with open(ckpt / "replay-0.snapshot", "rb") as f:
-        snapshot = pickle.load(f)
+    snapshot = load_state(ckpt / "replay-0.snapshot")  # numpy .npz, never a pickle
     table = snapshot["table"]
     snapshot_items = int(table["inserts"]) - int(table["first_key"])
     assert snapshot_items > 0 and snapshot_items == min(table["inserts"], snapshot["capacity"])
@@ -164,6 +163,6 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
     progress = (run_dir / "progress.csv").read_text().splitlines()
     steps = [int(line.split(",")[1]) for line in progress[1:] if line and line[0].isdigit()]
     assert steps == sorted(steps), "env steps went backwards across the resume"
-    learner_ckpt = torch.load(ckpt / "learner-0.pt", map_location="cpu", weights_only=False)
+    learner_ckpt = torch.load(ckpt / "learner-0.pt", map_location="cpu", weights_only=True)
     assert int(learner_ckpt["updates"]) >= second["updates"]
     assert_no_processes_left(run_dir)

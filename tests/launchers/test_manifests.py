@@ -129,7 +129,7 @@ def test_broker_binds_the_base_port_and_the_service_covers_the_layout(tmp_path: 
     config = yaml.safe_load(_one("ConfigMap", "zrl-config")["data"]["config.yaml"])
     streams = config.get("broker", {}).get("streams", list(DEFAULT_STREAMS))
     needed = {int(a.rsplit(":", 1)[1]) for a in broker_endpoints(BROKER, streams).values()}
-    assert needed == set(range(5555, 5555 + 3 + 2 * len(streams)))
+    assert needed == set(range(5555, 5555 + 4 + 2 * len(streams)))  # + the bulk topic lane
     ports = service["spec"]["ports"]
     assert {p["port"] for p in ports} == needed
     assert all(p["targetPort"] == p["port"] for p in ports)

@@ -17,6 +17,7 @@ from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.models import build_q_network, model_to_arrays
 from zrl.roles.actor import Actor
+from zrl.roles.params import ParameterServer
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
@@ -102,16 +103,22 @@ def test_actor_trajectories_credit_window_and_weights(inproc):
     settle(lambda: actor.trajectories == 2 and actor.in_flight == 2, 1.0)
     assert collect(experience, quiet=0.2) == []
     assert actor.heartbeat_info()["in_flight"] == 2
-    # Acks for both: it resumes, and stops again two trajectories later.
+    # An ack releases exactly the trajectory it names: acking 1 frees one slot, not two.
     ack(pub, "actor-0", 1)
-    more = collect(experience, until=2, timeout=10)
+    second = collect(experience, until=1, timeout=10)
+    assert [m.seq for m in second] == [2]
+    settle(lambda: actor.trajectories == 3 and actor.in_flight == 2, 0.5)
+    # A duplicate ack is dropped and frees nothing; acking 0 frees the other slot.
+    ack(pub, "actor-0", 1)
+    ack(pub, "actor-0", 0)
+    more = second + collect(experience, until=1, timeout=10)
     assert [m.seq for m in more] == [2, 3]
     settle(lambda: actor.trajectories == 4, 0.5)
-    # An ack for the older one only frees one slot.
     ack(pub, "actor-0", 2)
     fifth = collect(experience, until=1, timeout=10)
     assert [m.seq for m in fifth] == [4]
     settle(lambda: actor.trajectories == 5, 0.5)
+    ack(pub, "actor-0", 3)
     ack(pub, "actor-0", 4)
 
     trajs = first + more + fifth + receive_acking(experience, pub, "actor-0", 8)
@@ -135,6 +142,39 @@ def test_actor_trajectories_credit_window_and_weights(inproc):
         assert not np.any(a["terminated"][~a["valid"]] | a["truncated"][~a["valid"]])
 
 
+def test_experience_taken_off_the_stream_is_counted_lost(inproc):
+    """A stray PULL on the experience stream: what it takes is never acked, so the actor
+    counts it lost; what the shard acked is delivered; and the ledger adds up."""
+    inproc.start_broker(config())
+    shard = inproc.pull("experience")
+    thief = inproc.pull("experience")
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor)
+    actor.window.timeout_s = 0.5
+    pub = inproc.pub("replay-0")
+    time.sleep(0.4)
+    acked: list[P.Message] = []
+    stolen: list[P.Message] = []
+
+    def progressed() -> bool:
+        if (got := shard.recv(block=False)) is not None:
+            acked.append(got[1])
+            ack(pub, "actor-0", got[1].seq)
+        if (got := thief.recv(block=False)) is not None:
+            stolen.append(got[1])
+        time.sleep(0.005)
+        return len(stolen) >= 3 and len(acked) >= 3
+
+    wait_for(progressed, timeout=30, interval=0)
+    led = actor.window.ledger
+    wait_for(lambda: led.lost >= len(stolen), timeout=5)
+    assert led.delivered >= len(acked) - 1  # the last ack may still be on its way
+    assert led.sent == led.delivered + led.lost - led.late + actor.in_flight
+    info = actor.heartbeat_info()
+    assert info["trajectories_lost"] >= len(stolen) and info["steps_lost"] > 0
+    assert inproc.error_of(actor) is None
+
+
 def check_valid_flags(trajs: list[P.Message]) -> int:
     """``valid`` is False exactly on the steps right after an episode end (across
     consecutive trajectories); returns the number of episode ends seen."""
@@ -149,9 +189,12 @@ def check_valid_flags(trajs: list[P.Message]) -> int:
 def test_actor_valid_flags_env_steps_and_new_weights(inproc):
     inproc.start_broker(config())
     experience = inproc.pull("experience")
+    # Actors take weights only from a params role the broker lists; this one has none yet.
+    inproc.start(ParameterServer, index=0)
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor)
     pub = inproc.pub("replay-0")
+    params = inproc.pub("params-0")
     time.sleep(0.4)
 
     trajs = receive_acking(experience, pub, "actor-0", 10)
@@ -168,7 +211,7 @@ def test_actor_valid_flags_env_steps_and_new_weights(inproc):
 
     # A newer weights version on the topic bus is applied before the next trajectory.
     new = other_weights(seed=123)
-    pub.send(P.Message(P.WEIGHTS, meta={"version": 7}, arrays=new), topic=P.WEIGHTS_TOPIC)
+    params.send(P.Message(P.WEIGHTS, meta={"version": 7}, arrays=new), topic=P.WEIGHTS_TOPIC)
     later = receive_acking(experience, pub, "actor-0", 4)
     versions = [m.meta["weights_version"] for m in later]
     assert versions[-1] == 7 and versions == sorted(versions), versions
@@ -179,7 +222,7 @@ def test_actor_valid_flags_env_steps_and_new_weights(inproc):
     # The rollout stays consistent across the switch.
     check_valid_flags(trajs + later)
     # An older version is ignored.
-    pub.send(P.Message(P.WEIGHTS, meta={"version": 3}, arrays=other_weights(5)), topic="weights")
+    params.send(P.Message(P.WEIGHTS, meta={"version": 3}, arrays=other_weights(5)), topic="weights")
     later = receive_acking(experience, pub, "actor-0", 2)
     assert [m.meta["weights_version"] for m in later] == [7, 7]
     assert actor.weights.version == 7

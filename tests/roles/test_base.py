@@ -230,3 +230,103 @@ def test_lookup_and_status_through_registry_request(running, inproc_addr):
     reply = registry_request(running.ctx, inproc_addr, P.Message(P.STATUS), 2.0)
     assert [row["id"] for row in reply.meta["roles"]] == [svc.id]
     assert reply.meta["broker"]["experiment"] == "role-base-test"
+
+
+# --- what a WELCOME may name (issue 12): checkpoint paths and factory references ---------------
+
+
+def welcome(checkpoint_dir: str | None = None, **factories: str) -> P.Message:
+    """A WELCOME as the broker sends it (or as a forger would)."""
+    spec = make_config().model_dump(mode="json")
+    spec["checkpoint"]["dir"] = checkpoint_dir
+    return P.Message(
+        P.WELCOME,
+        meta={
+            "id": "fake-0",
+            "spec": spec,
+            "factories": factories,
+            "endpoints": {},
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 3.0,
+            "max_message_bytes": 2**20,
+        },
+    )
+
+
+TCP = "tcp://127.0.0.1:1"  # never connected: _on_welcome is fed directly
+
+
+def test_welcome_checkpoint_dir_must_lie_under_the_checkpoint_root(zmq_ctx, tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    r = FakeRole(TCP, ctx=zmq_ctx, checkpoint_root=root)
+    r._on_welcome(welcome(str(root)))
+    assert r.config.checkpoint.dir == str(root.resolve())
+    r._on_welcome(welcome(str(root / "sub")))
+    assert r.config.checkpoint.dir == str((root / "sub").resolve())
+    for outside in ("/etc", str(root / ".." / "elsewhere"), str(tmp_path)):
+        with pytest.raises(RoleError, match="outside this role's checkpoint root") as info:
+            r._on_welcome(welcome(outside))
+        assert outside in str(info.value) and str(root.resolve()) in str(info.value)
+        assert "--checkpoint-root" in str(info.value)
+    # A symlink inside the root that leads out of it is outside too.
+    root.mkdir(parents=True)
+    (root / "link").symlink_to(tmp_path)
+    with pytest.raises(RoleError, match="outside"):
+        r._on_welcome(welcome(str(root / "link")))
+    assert r.config.checkpoint.dir == str((root / "sub").resolve())  # the refused one not kept
+
+
+def test_welcome_checkpoint_root_defaults_to_the_working_directory(zmq_ctx, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = FakeRole(TCP, ctx=zmq_ctx)
+    r._on_welcome(welcome("ckpt"))
+    assert r.config.checkpoint.dir == str((tmp_path / "ckpt").resolve())
+    with pytest.raises(RoleError, match="outside"):
+        r._on_welcome(welcome(str(tmp_path.parent / "snapshots")))
+    r._on_welcome(welcome(None))  # no checkpoints at all: nothing to check
+    assert r.config.checkpoint.dir is None
+    # An inproc broker lives in this process: its config is the user's own.
+    inproc = FakeRole("inproc://zrl-test-welcome", ctx=zmq_ctx)
+    inproc._on_welcome(welcome("/anywhere/ckpt"))
+    assert inproc.config.checkpoint.dir == "/anywhere/ckpt"
+
+
+def test_welcome_factory_references_need_keys_or_the_same_local_reference(zmq_ctx):
+    r = FakeRole(TCP, ctx=zmq_ctx)
+    with pytest.raises(RoleError, match="unauthenticated") as info:
+        r._on_welcome(welcome(env="os:abort"))
+    message = str(info.value)
+    assert "'os:abort'" in message and "--keys" in message and "--env-factory" in message
+    # Given the same reference locally (zrl run and `zrl start --env-factory` do): accepted.
+    mine = FakeRole(TCP, ctx=zmq_ctx, local_factories={"env": "tests.roles.test_base:make_env"})
+    mine._on_welcome(welcome(env="tests.roles.test_base:make_env"))
+    assert mine.factories.env == "tests.roles.test_base:make_env"
+    # ... but not a different one, nor one for the other factory.
+    with pytest.raises(RoleError, match="'os:abort'"):
+        mine._on_welcome(welcome(env="os:abort"))
+    with pytest.raises(RoleError, match="model factory 'os:abort'"):
+        mine._on_welcome(welcome(env="tests.roles.test_base:make_env", model="os:abort"))
+    # Over an authenticated broker (keys) or inproc, the broker's references are the user's.
+    keyed = FakeRole(TCP, ctx=zmq_ctx, keys=object())  # type: ignore[arg-type]
+    keyed._on_welcome(welcome(model="tests.roles.test_base:make_env"))
+    assert keyed.factories.model == "tests.roles.test_base:make_env"
+
+
+def make_env() -> None:
+    """A factory reference target for the tests above (never called)."""
+
+
+def test_unauthenticated_broker_naming_os_abort_is_refused_end_to_end(running, broker_addr):
+    from zrl.experiment import Factories
+
+    b = Broker(broker_addr, make_config(), ctx=running.ctx, factories=Factories(env="os:abort"))
+    t = threading.Thread(target=b.run, name="test-broker", daemon=True)
+    t.start()
+    running.brokers.append((b, t))
+    r = FakeRole(broker_addr, ctx=running.ctx, connect_timeout=10)
+    try:
+        with pytest.raises(RoleError, match="env factory 'os:abort' over an unauthenticated"):
+            r.connect()
+    finally:
+        r.close()
+    assert r.factories.env is None  # never taken, never imported

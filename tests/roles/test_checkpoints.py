@@ -14,6 +14,7 @@ Every role runs in a thread of this process over ``inproc://`` (the ``InProc`` h
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import threading
 import time
@@ -34,8 +35,9 @@ from zrl.config import ExperimentConfig
 from zrl.envs import EpisodeTracker
 from zrl.experiment import Factories
 from zrl.models import QNetwork, model_to_arrays
+from zrl.replay.snapshot import SnapshotError, load_state
 from zrl.roles.actor import Actor
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role, RoleError, load_checkpoint_file
 from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
@@ -155,8 +157,7 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
     old_table = table.state_dict()
     old_limiter = replay.limiter.state_dict()
     old_rng = copy.deepcopy(replay.rng.bit_generator.state)
-    with open(path, "rb") as f:
-        saved = pickle.load(f)
+    saved = load_state(path)  # numpy .npz: nothing in it is unpickled
     assert_same(saved["table"], old_table, "snapshot.table")
     assert saved["limiter"] == old_limiter and saved["trajectories"] == 8
 
@@ -638,3 +639,85 @@ def test_one_batch_with_a_non_finite_loss_is_dropped_not_fatal(learning):
     assert inproc.alive(learner) and learner.updates == 6
     assert replay.send(batch_msg(batch(np.random.default_rng(4), 8000)))
     wait_for(lambda: learner.updates == 7, timeout=10)
+
+
+# --- files a forged WELCOME could point at (issue 12): never unpickled ---------------------------
+
+
+class Exploit:
+    """Unpickling this creates ``marker``: proof that a loader ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_replay_snapshot_that_is_a_pickle_is_not_executed(inproc, tmp_path, caplog):
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "pwned"
+    ckpt.mkdir()
+    path = ckpt / "replay-0.snapshot"
+    path.write_bytes(pickle.dumps({"capacity": Exploit(marker)}))
+    with pytest.raises(SnapshotError, match="replay-0.snapshot"):
+        load_state(path)
+    # An .npz whose array is a pickled object array: refused as well.
+    odd = tmp_path / "odd.npz"
+    np.savez(odd, __state__=np.array('{"x": {"__array__": "a0"}}'),
+             a0=np.array([Exploit(marker)], dtype=object))  # fmt: skip
+    with pytest.raises(SnapshotError, match="odd.npz"):
+        load_state(odd)
+    assert not marker.exists()
+
+    # The shard itself: the file is moved aside, the shard starts empty and keeps serving.
+    inproc.start_broker(make_config(ckpt))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    assert not marker.exists()
+    assert replay.size == 0 and replay.trajectories == 0
+    assert not path.exists() and (ckpt / "replay-0.snapshot.refused").is_file()
+    assert "cannot restore" in caplog.text and "replay-0.snapshot" in caplog.text
+    experience = inproc.push("experience", sender="actor-0")
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
+    wait_for(lambda: replay.trajectories == 1, timeout=5)
+    assert inproc.error_of(replay) is None
+
+
+def test_learner_checkpoint_that_would_run_code_is_refused(inproc, tmp_path):
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "pwned"
+    ckpt.mkdir()
+    torch.save({"online": Exploit(marker), "updates": 1}, ckpt / "learner-0.pt")
+    with pytest.raises(RoleError, match="without running code"):
+        load_checkpoint_file(ckpt / "learner-0.pt")  # what params (A3C) loads with, too
+    inproc.start_broker(learner_config(ckpt))
+    learner = Learner(inproc.addr, index=0, ctx=inproc.ctx, connect_timeout=10)
+    with pytest.raises(RoleError, match="learner-0.pt is not a checkpoint zrl can load"):
+        learner.run()
+    assert not marker.exists()
+    assert (ckpt / "learner-0.pt").is_file()  # left for the user to look at
+
+
+def test_saved_model_loads_without_pickle_and_a_pickle_is_not_executed(tmp_path):
+    from zrl.evaluation import load_policy
+
+    cfg = make_config(None)
+    model = QNetwork(4, 2, hidden=tuple(cfg.model.hidden))
+    # The format the supervisor writes (Supervisor._save_model): tensors and strings only.
+    torch.save(
+        {
+            "weights": {k: v.clone() for k, v in model.state_dict().items()},
+            "version": 3,
+            "config": json.dumps(cfg.model_dump(mode="json")),
+            "factory_refs": {},
+        },
+        tmp_path / "model.pt",
+    )
+    loaded, loaded_cfg, _ = load_policy(tmp_path)
+    assert loaded_cfg.name == cfg.name
+    assert_same(loaded.state_dict(), model.state_dict(), "model")
+
+    marker = tmp_path / "pwned"
+    torch.save({"weights": Exploit(marker), "config": "{}"}, tmp_path / "model.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_policy(tmp_path)
+    assert not marker.exists()

@@ -32,6 +32,7 @@ from zrl.roles.continuous_actor import ContinuousActor
 from zrl.roles.continuous_learner import ContinuousLearner
 from zrl.roles.replay import assemble_transitions
 from zrl.transport import protocol as P
+from zrl.transport.credit import CreditWindow
 
 torch.set_num_threads(1)
 
@@ -133,8 +134,7 @@ def bare_actor(
     actor.episodes = EpisodeTracker(actor.num_envs)
     actor.env_steps = actor.trajectories = actor.env_errors = 0
     # The credit window's state, for heartbeat_info (nothing is ever sent).
-    actor.experience = SimpleNamespace(next_seq=0)  # type: ignore[assignment]
-    actor.acked_seq, actor.ack_timeouts, actor.lost_in_flight = -1, 0, 0
+    actor.window = CreditWindow(cfg.actor.max_in_flight, 10.0)
     actor.blocked_since = None
     return actor
 

@@ -431,6 +431,8 @@ def check_rollout(msg: P.Message, version: int, weights: dict[str, np.ndarray]) 
 def start_ppo_actor(inproc: InProc, mode: str) -> tuple[OnPolicyActor, Channel, Channel]:
     inproc.start_broker(ppo_config(mode))
     rollouts = inproc.sub(P.ROLLOUTS_TOPIC)
+    # Actors take weights only from a params role the broker lists: "params-0" below is it.
+    inproc.start(ParameterServer, index=0)
     actor = inproc.start(OnPolicyActor, index=0)
     assert isinstance(actor, OnPolicyActor)
     pub = inproc.pub("params-0")

@@ -15,7 +15,12 @@ from tests.roles.test_replay import InProc, collect, settle
 from zrl.config import ExperimentConfig
 from zrl.roles.base import Role, registry_request
 from zrl.roles.params import ParameterServer
-from zrl.roles.weights import WeightsFollower, request_latest_weights
+from zrl.roles.weights import (
+    PARAMS_LOOKUP_INTERVAL_S,
+    RESYNC_INTERVAL_S,
+    WeightsFollower,
+    request_latest_weights,
+)
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -204,8 +209,9 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
         assert_same_arrays(model_arrays(model), weights(3))
         settle(lambda: follower.update() is False, 0.3)
 
-        # Older or equal versions (e.g. from a restarted params) and version-less ones: ignored.
-        pub = inproc.pub("params-x")
+        # Older or equal versions (e.g. from a restarted params) are ignored, version-less ones
+        # dropped: the params rpc, asked once, confirms v3.
+        pub = inproc.pub("params-0")
         time.sleep(0.3)
         dropped0, received0 = follower.sub.stats.dropped, follower.sub.stats.received
         for meta in ({"version": 2}, {"version": 3}, {}, {"version": "4"}, {"version": True}):
@@ -249,5 +255,166 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
         fresh = WeightsFollower(follower_role, fresh_model)
         assert fresh.fetch_latest() is True and fresh.version == 4
         assert_same_arrays(model_arrays(fresh_model), weights(4))
+    finally:
+        follower_role.close()
+
+
+# --- hostile weights (issue 12): poisoned values, forged senders, version jumps -----------------
+
+
+def nan_weights(seed: int) -> dict[str, np.ndarray]:
+    w = weights(seed)
+    w["head.weight"][0, 0] = np.nan
+    return w
+
+
+def connected(inproc: InProc, follower: WeightsFollower, sender: str) -> Channel:
+    """A publisher whose messages reach ``follower`` (a probe of a kind it drops got through)."""
+    pub = inproc.pub(f"probe-{sender}")  # probes late to arrive are not counted as ``sender``
+
+    def through() -> bool:
+        pub.send(P.Message(P.METRICS), topic=P.WEIGHTS_TOPIC)
+        follower.update()
+        return follower.sub.stats.dropped_by_sender.get(pub.sender, 0) > 0
+
+    wait_for(through, timeout=5, interval=0.05)
+    pub.sender = sender
+    return pub
+
+
+def assert_finite_model(model: torch.nn.Module) -> None:
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values()), "NaN adopted"
+
+
+def test_params_drops_non_finite_weights_and_forged_version_floors(params, rpc):
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+    dropped0 = params.stats.snapshot()["rpc"]["dropped"]
+    inf = weights(3)
+    inf["torso.0.bias"][2] = -np.inf
+    bad = [
+        P.Message(P.WEIGHTS, arrays=nan_weights(2)),
+        P.Message(P.WEIGHTS, arrays=inf),
+        # A floor far past the current version would lock every follower out.
+        P.Message(P.WEIGHTS, meta={"min_version": 10**15}, arrays=weights(4)),
+        P.Message(P.WEIGHTS, meta={"min_version": 2**60}, arrays=weights(4)),
+        P.Message(P.WEIGHTS, meta={"min_version": True}, arrays=weights(4)),
+        P.Message(P.WEIGHTS, meta={"min_version": "9"}, arrays=weights(4)),
+    ]
+    for msg in bad:
+        rpc.send(msg)
+    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] == dropped0 + len(bad), timeout=5)
+    assert rpc.ch.recv(block=False) is None  # nothing acknowledged
+    assert params.version == 1
+    assert_same_arrays(rpc.request(P.Message(P.GET_WEIGHTS)).arrays, weights(1))
+    # Learning goes on: the next real version, and a resumed learner's floor within the step.
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(5))).meta["version"] == 2
+    ack = rpc.request(P.Message(P.WEIGHTS, meta={"min_version": 500}, arrays=weights(6)))
+    assert ack.meta["version"] == 500
+
+
+def test_params_takes_a_resumed_learners_floor_when_fresh(params, rpc):
+    # A fresh server (no weights yet) continues a resumed learner's numbering, however far.
+    ack = rpc.request(P.Message(P.WEIGHTS, meta={"min_version": 50_001}, arrays=weights(1)))
+    assert ack.meta["version"] == 50_001 == params.version
+
+
+def test_follower_keeps_learning_through_poisoned_and_forged_weights(inproc, params, rpc):
+    follower_role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
+    lookups: list[str] = []
+    real_lookup = follower_role.lookup
+
+    def counted_lookup(role: str, timeout: float = 5.0) -> list[dict]:
+        lookups.append(role)
+        return real_lookup(role, timeout)
+
+    follower_role.lookup = counted_lookup  # type: ignore[method-assign]
+    try:
+        follower_role.connect()
+        model = TinyModel()
+        follower = WeightsFollower(follower_role, model)
+        time.sleep(0.4)
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+        wait_for(follower.update, timeout=5)
+        assert follower.version == 1 and follower.params_ids == {"params-0"}
+
+        mallory, impostor, forged = (
+            connected(inproc, follower, "mallory"),
+            connected(inproc, follower, "params-9"),
+            connected(inproc, follower, "params-0"),
+        )
+        by_sender0 = dict(follower.sub.stats.dropped_by_sender)
+        lookups0, started = len(lookups), time.monotonic()
+        attack = [
+            (mallory, {"version": 2}, weights(7)),  # not a params id at all
+            (impostor, {"version": 2}, weights(7)),  # a params id the broker does not list
+            (forged, {"version": 2}, nan_weights(7)),  # the real id, poisoned values
+            (forged, {"version": 10**15}, weights(8)),  # the real id, a lock-out version
+            (forged, {"version": 2**63}, weights(8)),  # past 2**53
+        ]
+        # A flood of forged params ids: dropped, and at most a LOOKUP a second for all of them.
+        attack += [(impostor, {"version": 2}, weights(7))] * 50
+        for ch, meta, arrays in attack:
+            assert ch.send(P.Message(P.WEIGHTS, meta=meta, arrays=arrays), topic=P.WEIGHTS_TOPIC)
+        expected = {"mallory": 1, "params-9": 51, "params-0": 3}
+        changed: list[bool] = []
+
+        def all_dropped() -> bool:
+            changed.append(follower.update())
+            stats = follower.sub.stats.dropped_by_sender
+            return {k: stats.get(k, 0) - by_sender0.get(k, 0) for k in expected} == expected
+
+        wait_for(all_dropped, timeout=10, interval=0.05)
+        elapsed = time.monotonic() - started
+        assert not any(changed)
+        assert follower.version == 1
+        # One LOOKUP for the resync, and at most one a second for the flood of unknown ids.
+        assert len(lookups) - lookups0 <= 2 + elapsed / PARAMS_LOOKUP_INTERVAL_S, lookups
+        # The v10**15 jump was checked with params (not confirmed): at most once per interval.
+        assert 1 <= follower.resyncs <= 1 + elapsed / RESYNC_INTERVAL_S
+        assert_same_arrays(model_arrays(model), weights(1))
+
+        # The real updates are adopted as if nothing happened, and the model stays finite.
+        for i in (2, 3):
+            assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(10 + i))).meta["version"] == i
+        wait_for(lambda: follower.update() or follower.version == 3, timeout=5)
+        assert follower.version == 3
+        assert_same_arrays(model_arrays(model), weights(13))
+        assert_finite_model(model)
+    finally:
+        follower_role.close()
+
+
+def test_follower_follows_a_resumed_params_and_recovers_from_a_forged_step(
+    inproc, params, rpc, monkeypatch
+):
+    import zrl.roles.weights as weights_module
+
+    monkeypatch.setattr(weights_module, "RESYNC_INTERVAL_S", 0.0)
+    follower_role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
+    try:
+        follower_role.connect()
+        model = TinyModel()
+        follower = WeightsFollower(follower_role, model)
+        time.sleep(0.4)
+        # A params server resumed at v50,001: far past our v0, confirmed by its rpc, adopted.
+        ack = rpc.request(P.Message(P.WEIGHTS, meta={"min_version": 50_001}, arrays=weights(1)))
+        assert ack.meta["version"] == 50_001
+        wait_for(follower.update, timeout=5)
+        assert follower.version == 50_001 and follower.sub.stats.dropped == 0
+        assert_same_arrays(model_arrays(model), weights(1))
+
+        # Without keys, the real id and a version within the step are forgeable: adopted ...
+        forged = connected(inproc, follower, "params-0")
+        forged.send(
+            P.Message(P.WEIGHTS, meta={"version": 59_000}, arrays=weights(66)),
+            topic=P.WEIGHTS_TOPIC,
+        )
+        wait_for(follower.update, timeout=5)
+        assert follower.version == 59_000
+        # ... until the next real version, which is "behind": the params rpc is asked and wins.
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(2))).meta["version"] == 50_002
+        wait_for(lambda: follower.update() or follower.version == 50_002, timeout=5)
+        assert follower.version == 50_002
+        assert_same_arrays(model_arrays(model), weights(2))
     finally:
         follower_role.close()

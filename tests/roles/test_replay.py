@@ -109,6 +109,8 @@ class InProc:
 
     def sub(self, *topics: str) -> Channel:
         sock = self._socket(zmq.SUB, "topics_out", rcvtimeo_ms=100)
+        assert self.broker is not None
+        sock.connect(self.broker.endpoints["topics_bulk_out"])
         for t in topics:
             sock.setsockopt(zmq.SUBSCRIBE, t.encode())
         return self._track(Channel(sock, "sub", "test", TransportStats(), topics=True))
@@ -544,7 +546,14 @@ def test_inserts_wait_for_samples_then_resume(inproc):
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
     # Only the few batches the socket queues hold get sampled, so inserts stop early:
     # an insert is admitted while 4 * (inserts + 1) - samples <= max_diff = 4 * 20 + 16.
-    wait_for(lambda: not replay.limiter.can_insert(1, replay.table.size), timeout=10)
+    # (The limiter counts an insert just before the shard counts its trajectory.)
+    wait_for(
+        lambda: (
+            not replay.limiter.can_insert(1, replay.table.size)
+            and replay.limiter.inserts == 10 * replay.trajectories
+        ),
+        timeout=10,
+    )
     stuck = replay.trajectories
     settle(lambda: replay.trajectories == stuck, 0.5)
     assert 2 <= stuck < 12

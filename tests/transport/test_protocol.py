@@ -74,7 +74,7 @@ def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
     meta=metas,
     kind=st.text(min_size=1, max_size=12),
     sender=st.text(max_size=12),
-    seq=st.integers(0, 2**63 - 1),
+    seq=st.integers(0, P.MAX_SEQ),
     stream=st.text(max_size=12),
 )
 def test_round_trip(arrays, meta, kind, sender, seq, stream):
@@ -314,6 +314,10 @@ def test_header_limits_and_type():
         ({"q": -1}, "bad sequence"),
         ({"q": True}, "bad sequence"),
         ({"q": 1.0}, "bad sequence"),
+        ({"q": P.MAX_SEQ + 1}, "bad sequence"),
+        ({"q": 2**64 - 1}, "bad sequence"),
+        ({"s": "a" * (P.MAX_NAME_CHARS + 1)}, "longer than"),
+        ({"st": "a" * (P.MAX_NAME_CHARS + 1)}, "longer than"),
         ({"m": [1]}, "metadata is not a map"),
         ({"a": {}}, "array list"),
         ({"a": [[]] * (P.MAX_ARRAYS + 1)}, "array list"),
@@ -386,3 +390,26 @@ def test_require_meta():
         P.require_meta(msg, {"flag": int})  # a bool is not an int here
     with pytest.raises(P.ProtocolError, match="field 'flag'"):
         P.require_meta(msg, {"flag": float})
+
+
+def test_plain_meta_is_always_encodable():
+    class Odd:
+        pass
+
+    meta = {
+        "huge": 2**70,
+        "neg": -(2**70),
+        "np": np.int64(3),
+        "f": np.float32(0.5),
+        "t": (1, 2),
+        1: "int key",
+        "odd": Odd(),
+        "deep": [[[[[[[[[[1]]]]]]]]]],
+    }
+    with pytest.raises((OverflowError, TypeError)):
+        P.encode(P.Message("x", meta={"huge": 2**70}))
+    got = P.decode(P.encode(P.Message("x", meta=P.plain_meta(meta)))).meta
+    assert got["huge"] == 2**64 - 1 and got["neg"] == -(2**63)
+    assert (got["np"], got["f"], got["t"], got["1"]) == (3, 0.5, [1, 2], "int key")
+    assert got["odd"].startswith("<")
+    assert P.saturate(2**80) == P.COUNTER_MAX and P.saturate(-5) == 0

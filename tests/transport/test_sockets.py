@@ -13,6 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from zrl.transport import protocol as P
 from zrl.transport.sockets import (
+    MAX_TRACKED_SENDERS,
     Channel,
     StreamStats,
     TransportStats,
@@ -154,7 +155,7 @@ def raw_header(sender: str, **fields) -> bytes:
     return msgpack.packb(head)
 
 
-def test_malformed_counted_per_sender_and_logged_once(push_pull, zmq_ctx, caplog):
+def test_malformed_counted_per_sender_and_logged_at_a_bounded_rate(push_pull, zmq_ctx, caplog):
     tx, rx, addr = push_pull
     raw = make_socket(zmq_ctx, zmq.PUSH)
     raw.connect(addr)
@@ -172,20 +173,63 @@ def test_malformed_counted_per_sender_and_logged_once(push_pull, zmq_ctx, caplog
             raw.send_multipart(frames)
         assert tx.send(traj(0))
         results = [rx.recv() for _ in range(len(bad) + 1)]
+        # The interval passes: the next drop is logged with the count of the silent ones.
+        rx._next_drop_log = 0.0
+        raw.send_multipart([raw_header("late", v=2)])
+        assert rx.recv(block=True) is None
     finally:
         raw.close(linger=0)
     good = [r for r in results if r is not None]
     assert len(good) == 1 and good[0][1].sender == "actor-0"
     assert rx.stats.received == 1
-    assert rx.stats.dropped == len(bad)
-    assert rx.stats.dropped_by_sender == {"evil": 9, "other": 3, "?": 6}
-    warnings = [r for r in caplog.records if "dropped malformed message" in r.getMessage()]
-    assert sorted(r.getMessage().split(" from ")[1].split(":")[0] for r in warnings) == [
-        "?",
-        "evil",
-        "other",
-    ]
-    assert all("on experience" in r.getMessage() for r in warnings)
+    assert rx.stats.dropped == len(bad) + 1
+    assert rx.stats.dropped_by_sender == {"evil": 9, "other": 3, "?": 6, "late": 1}
+    warnings = [r.getMessage() for r in caplog.records if "dropped malformed" in r.getMessage()]
+    assert len(warnings) == 2
+    assert " from evil: " in warnings[0] and "on experience" in warnings[0]
+    assert " from late: " in warnings[1] and f"({len(bad) - 1} more dropped" in warnings[1]
+
+
+def test_sender_tables_are_bounded_and_long_ids_refused(push_pull, zmq_ctx):
+    _, rx, addr = push_pull
+    raw = make_socket(zmq_ctx, zmq.PUSH)
+    raw.connect(addr)
+    n = MAX_TRACKED_SENDERS + 50
+    try:
+        got = []
+        for i in range(n):
+            raw.send_multipart([raw_header(f"d{i}", v=9)])
+            raw.send_multipart([raw_header(f"s{i}", q=i)])
+            got.append(rx.recv())  # skips the malformed one, returns the good one
+        raw.send_multipart([raw_header("x" * (P.MAX_NAME_CHARS + 1))])
+        assert rx.recv() is None  # the long id is dropped
+    finally:
+        raw.close(linger=0)
+    assert all(g is not None for g in got)
+    assert len(rx.stats.last_seq) == MAX_TRACKED_SENDERS
+    assert f"s{n - 1}" in rx.stats.last_seq and "s0" not in rx.stats.last_seq
+    assert len(rx.stats.dropped_by_sender) == MAX_TRACKED_SENDERS
+    assert rx.stats.dropped == n + 1
+
+
+def test_sequence_jumps_are_dropped_and_counters_saturate(push_pull, zmq_ctx):
+    _, rx, addr = push_pull
+    raw = make_socket(zmq_ctx, zmq.PUSH)
+    raw.connect(addr)
+    try:
+        # The attack: jumps to the top of the range would push the gap counter past 64 bits.
+        for seq in (0, P.MAX_SEQ, P.MAX_SEQ, 1, 2**64 - 1, 2):
+            raw.send_multipart([raw_header("evil", q=seq)])
+        got = [rx.recv() for _ in range(3)]
+        assert rx.recv() is None
+    finally:
+        raw.close(linger=0)
+    assert [g[1].seq for g in got if g is not None] == [0, 1, 2]
+    assert rx.stats.dropped == 3 and rx.stats.gaps == 0
+    s = StreamStats(gaps=P.COUNTER_MAX - 1)
+    s.note_seq("x", 0)
+    s.note_seq("x", 2**31)
+    assert s.gaps == P.COUNTER_MAX
 
 
 def test_gaps_counted_through_channel(push_pull, zmq_ctx):
@@ -376,6 +420,7 @@ def test_broker_endpoints_tcp():
         "experience_out": "tcp://10.0.0.1:5559",
         "batches_in": "tcp://10.0.0.1:5560",
         "batches_out": "tcp://10.0.0.1:5561",
+        "topics_bulk_out": "tcp://10.0.0.1:5562",
     }
     assert broker_endpoints("tcp://[::1]:100", [])["topics_out"] == "tcp://[::1]:102"
     assert broker_endpoints("tcp://*:100", ["s"])["s_out"] == "tcp://*:104"
@@ -390,6 +435,7 @@ def test_broker_endpoints_named(base):
         "topics_out": f"{base}-topics_out",
         "experience_in": f"{base}-experience_in",
         "experience_out": f"{base}-experience_out",
+        "topics_bulk_out": f"{base}-topics_bulk_out",
     }
 
 

@@ -10,7 +10,10 @@ Sockets:
 - SUB ``acks/<id>/`` (topic bus): the shard's ACK of each inserted trajectory. At most
   ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window), which
   bounds how stale replay's data can get; on stop the actor waits for the last acks
-  (end of stream) instead of trusting LINGER.
+  (end of stream) instead of trusting LINGER. An ack releases exactly the trajectory it
+  names; one no ack names within ``ACK_TIMEOUT_S`` is counted lost
+  (``trajectories_lost``/``steps_lost`` in heartbeats), so experience taken off the stream by
+  anyone but a shard is reported, never hidden by the acks of later trajectories.
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest
   version is applied before each trajectory and reported with it.
 
@@ -33,6 +36,7 @@ from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import protocol as P
+from zrl.transport.credit import CreditWindow
 
 ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us back
 EOS_TIMEOUT_S = 5.0
@@ -91,14 +95,13 @@ class Actor(Role):
         self.env_steps = 0
         self.trajectories = 0
         self.pending: P.Message | None = None
+        self.pending_steps = 0
         self.blocked_since: float | None = None
         # Credit window: a trajectory counts as in flight until a replay shard acknowledges
         # its insertion. Bounding it bounds how stale the data in replay can be, whatever
         # the socket buffers between here and the shard could hold.
-        self.acked_seq = -1
-        self.ack_timeouts = 0
+        self.window = CreditWindow(cfg.actor.max_in_flight, ACK_TIMEOUT_S)
         self.env_errors = 0
-        self.lost_in_flight = 0
         self.started = time.monotonic()
 
     @torch.no_grad()
@@ -108,13 +111,12 @@ class Actor(Role):
     def on_reregistered(self) -> None:
         # Trajectories in flight through a broker that died are gone: say how many, and
         # reopen the window instead of waiting for acks that cannot come.
-        if hasattr(self, "experience") and self.in_flight > 0:
-            self.lost_in_flight += self.in_flight
+        if hasattr(self, "window") and self.in_flight > 0:
+            lost = self.window.lose_all()
             self.log.warning(
                 "%d trajectories were unacknowledged when the broker went away: counted as lost (%d in total)",
-                self.in_flight, self.lost_in_flight,
+                lost, self.window.ledger.lost,
             )  # fmt: skip
-            self.acked_seq = self.experience.next_seq - 1
 
     def on_env_error(self, exc: Exception) -> None:
         """An env raised: count it, reset the envs and drop the partial trajectory."""
@@ -219,12 +221,13 @@ class Actor(Role):
         valid[:, 0] = ~first_needs_reset
         valid[:, 1:] = ~env_major(done_t)[:, :-1]
         self.episodes.update_trajectory(rewards, terminated | truncated, valid)
-        self.env_steps += int(valid.sum())
+        self.pending_steps = int(valid.sum())
+        self.env_steps += self.pending_steps
         return rewards, terminated, truncated, valid
 
     @property
     def in_flight(self) -> int:
-        return self.experience.next_seq - 1 - self.acked_seq
+        return self.window.in_flight
 
     def read_acks(self) -> None:
         while True:
@@ -232,29 +235,33 @@ class Actor(Role):
             if got is None:
                 return
             msg = got[1]
-            # Only a replay shard's ack of a trajectory we actually sent opens the window.
+            # Only a replay shard's ack of a trajectory we actually sent, and still count as
+            # in flight (or lost), releases it; a duplicate is dropped like a forgery.
             try:
                 seq = P.acked_seq(msg, "replay-", self.experience.next_seq, "trajectory")
+                if not self.window.ack(seq):
+                    raise P.ProtocolError(f"ack of trajectory {seq} that is not in flight")
             except P.ProtocolError as exc:
                 self.acks._drop(msg.sender or "?", str(exc))
-                continue
-            self.acked_seq = max(self.acked_seq, seq)
+
+    def expire_window(self) -> None:
+        """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a
+        restarted shard or a lost ack must not deadlock the window."""
+        lost = self.window.expire()
+        if lost:
+            self.log.warning(
+                "%d trajectories unacknowledged by replay for %.0fs: counted as lost (%d in total)",
+                lost, ACK_TIMEOUT_S, self.window.ledger.lost,
+            )  # fmt: skip
 
     def step(self) -> None:
         self.read_acks()
-        if self.pending is None and self.in_flight >= self.config.actor.max_in_flight:
-            now = time.monotonic()
+        self.expire_window()
+        if self.pending is None and self.window.full:
             if self.blocked_since is None:
-                self.blocked_since = now
-            if now - self.blocked_since <= ACK_TIMEOUT_S:
-                self.acks.sock.poll(100)
-                return
-            # A shard restarted or an ack was lost: never deadlock on the window.
-            self.ack_timeouts += 1
-            self.log.warning(
-                "no insert ack for %.0fs: resetting the in-flight window", ACK_TIMEOUT_S
-            )
-            self.acked_seq = self.experience.next_seq - 1
+                self.blocked_since = time.monotonic()
+            self.acks.sock.poll(100)
+            return
         if self.pending is None:
             self.weights.update()
             self.pending = self.collect()
@@ -262,6 +269,7 @@ class Actor(Role):
                 return
         # Blocks at most the socket's send timeout; on a full stream we retry next step.
         if self.experience.send(self.pending):
+            self.window.sent(self.pending.seq, self.pending_steps)
             self.pending = None
             self.blocked_since = None
         elif self.blocked_since is None:
@@ -273,9 +281,9 @@ class Actor(Role):
             "episodes": self.episodes.episodes,
             "weights_version": self.weights.version,
             "in_flight": self.in_flight,
-            "ack_timeouts": self.ack_timeouts,
+            "ack_timeouts": self.window.timeouts,
             "env_errors": self.env_errors,
-            "lost_in_flight": self.lost_in_flight,
+            **self.window.report(),
         }
         recent = self.episodes.recent_mean()
         if recent is not None:
@@ -294,8 +302,8 @@ class Actor(Role):
                 self.read_acks()
             if self.in_flight > 0:
                 self.log.warning(
-                    "stopping with %d trajectories sent but not acknowledged by replay",
-                    self.in_flight,
+                    "stopping with %d trajectories sent but not acknowledged by replay: counted as lost",
+                    self.window.lose_all(),
                 )
         if hasattr(self, "envs"):
             self.envs.close()

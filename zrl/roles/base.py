@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
@@ -35,6 +36,7 @@ from zrl.transport.sockets import (
     Channel,
     TransportStats,
     connect_address,
+    connect_topics,
     make_socket,
     split_tcp,
 )
@@ -85,9 +87,17 @@ class Role:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         stop_event: threading.Event | None = None,
         keys: Keys | None = None,
+        checkpoint_root: str | Path | None = None,
+        local_factories: dict[str, str] | None = None,
     ) -> None:
         self.broker = broker
         self.keys = keys
+        # What this process was told locally (its command line), not by the broker: the
+        # directory the broker's checkpoint.dir must lie under, and the factory references
+        # it may import over an unauthenticated channel. See _checked_checkpoint_dir and
+        # _factories_from.
+        self.checkpoint_root = Path(checkpoint_root).resolve() if checkpoint_root else None
+        self.local_factories = dict(local_factories or {})
         self.index = index
         self.ctx = ctx or zmq.Context.instance()
         self.host = socket.gethostname()
@@ -103,6 +113,7 @@ class Role:
         self.heartbeat_interval = 0.5
         self.heartbeat_timeout = 3.0
         self.max_message_bytes = 256 * 2**20
+        self.max_topic_message_bytes = 32 * 2**20
         self.rpc_endpoint = ""
         self.state = "starting"
         self._channels: list[Channel] = []
@@ -174,12 +185,15 @@ class Role:
             self._registry.sender = self.id
         spec = m.get("spec")
         if spec is not None:
-            self.config = ExperimentConfig.model_validate(spec)
+            config = ExperimentConfig.model_validate(spec)
+            config.checkpoint.dir = self._checked_checkpoint_dir(config.checkpoint.dir)
+            self.config = config
         self.factories = self._factories_from(msg)
         self.endpoints = {k: connect_address(v, self.broker) for k, v in m["endpoints"].items()}
         self.heartbeat_interval = float(m["heartbeat_interval"])
         self.heartbeat_timeout = float(m["heartbeat_timeout"])
         self.max_message_bytes = int(m["max_message_bytes"])
+        self.max_topic_message_bytes = int(m.get("max_topic_message_bytes", self.max_message_bytes))
         self._last_ack = time.monotonic()
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self.registrations += 1
@@ -189,16 +203,57 @@ class Role:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
             self.on_reregistered()
 
+    @property
+    def broker_authenticated(self) -> bool:
+        """Whether what the broker says comes from the user's own broker: CURVE proves its
+        server key, and an inproc broker lives in this process."""
+        return self.keys is not None or self.broker.startswith("inproc://")
+
+    def _checked_checkpoint_dir(self, d: str | None) -> str | None:
+        """The broker's ``checkpoint.dir``, resolved, if it lies under this role's checkpoint
+        root; otherwise RoleError. Snapshots and checkpoints are read from and written there,
+        so a forged WELCOME must not point them at any file of this host.
+
+        The root is ``checkpoint_root`` (``zrl start --checkpoint-root``; ``zrl run`` passes
+        its run's checkpoint directory), else the working directory. An inproc broker's
+        config comes from this process and is taken as is."""
+        if d is None:
+            return None
+        root = self.checkpoint_root
+        if root is None:
+            if self.broker.startswith("inproc://"):
+                return d
+            root = Path.cwd().resolve()
+        resolved = Path(d).expanduser().resolve()
+        if not resolved.is_relative_to(root):
+            raise RoleError(
+                f"the broker's checkpoint.dir {d!r} (resolved: {resolved}) is outside this "
+                f"role's checkpoint root {root}: refusing to read or write checkpoints there. "
+                "Start the role with --checkpoint-root DIR naming a directory that holds it."
+            )
+        return str(resolved)
+
     def _factories_from(self, msg: P.Message) -> Factories:
         refs = msg.meta.get("factories") or {}
         if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
             raise RoleError("the broker sent malformed factory references")
+        # A reference imports a module and calls what it names ("os:abort" would do): without
+        # an authenticated broker, only the references this role was given locally.
+        if not self.broker_authenticated:
+            for kind, ref in refs.items():
+                if self.local_factories.get(kind) != ref:
+                    raise RoleError(
+                        f"the broker names the {kind} factory {ref!r} over an unauthenticated "
+                        f"channel, and this role was not started with --{kind}-factory={ref}; "
+                        "refusing to import it. Start every role with --keys DIR, or pass the "
+                        f"same --{kind}-factory to `zrl start` (zrl run does so for its roles)."
+                    )
         pickled = msg.arrays.get("factories")
         if pickled is None:
             return Factories.from_wire(refs, None)
         # Unpickling runs code: only from a broker we authenticated (CURVE), or from our own
         # process (inproc), never from whoever answers on an open port.
-        if self.keys is None and not self.broker.startswith("inproc://"):
+        if not self.broker_authenticated:
             raise RoleError(
                 "the broker offers pickled env/model factories over an unauthenticated "
                 "channel; refusing them. Start every role with --keys DIR, or give the "
@@ -249,16 +304,14 @@ class Role:
     # --- sockets ----------------------------------------------------------------------
 
     def _channel(self, sock: zmq.Socket, name: str, **kw: Any) -> Channel:
-        ch = Channel(
-            sock, name, self.id, self.stats, max_message_bytes=self.max_message_bytes, **kw
-        )
+        kw.setdefault("max_message_bytes", self.max_message_bytes)
+        ch = Channel(sock, name, self.id, self.stats, **kw)
         self._channels.append(ch)
         return ch
 
     def _sock(self, kind: int, **kw: Any) -> zmq.Socket:
-        return make_socket(
-            self.ctx, kind, max_message_bytes=self.max_message_bytes, keys=self.keys, **kw
-        )
+        kw.setdefault("max_message_bytes", self.max_message_bytes)
+        return make_socket(self.ctx, kind, keys=self.keys, **kw)
 
     def open_push(self, stream: str, *, hwm: int = 4, sndtimeo_ms: int = 100) -> Channel:
         """PUSH into a stream device: blocks (up to the timeout) when every consumer is full."""
@@ -273,19 +326,24 @@ class Role:
         sock.connect(self._endpoint(f"{stream}_out"))
         return self._channel(sock, stream)
 
-    def open_publisher(self, name: str = "topics", *, hwm: int = 10_000) -> Channel:
-        sock = self._sock(zmq.PUB, sndhwm=hwm)
+    # The topic bus carries smaller messages than the streams (``broker.max_topic_message_bytes``)
+    # and queues few of them: a queue of ``hwm`` messages of that size is what a role that
+    # stops reading a topic can be made to hold.
+    def open_publisher(self, name: str = "topics", *, hwm: int = 1000) -> Channel:
+        size = self.max_topic_message_bytes
+        sock = self._sock(zmq.PUB, sndhwm=hwm, max_message_bytes=size)
         sock.connect(self.endpoints["topics_in"])
-        return self._channel(sock, name, topics=True)
+        return self._channel(sock, name, topics=True, max_message_bytes=size)
 
     def open_subscriber(
-        self, topics: list[str], name: str | None = None, *, hwm: int = 10_000
+        self, topics: list[str], name: str | None = None, *, hwm: int = 1000
     ) -> Channel:
-        sock = self._sock(zmq.SUB, rcvhwm=hwm, rcvtimeo_ms=100)
+        size = self.max_topic_message_bytes
+        sock = self._sock(zmq.SUB, rcvhwm=hwm, rcvtimeo_ms=100, max_message_bytes=size)
         for t in topics:
             sock.setsockopt(zmq.SUBSCRIBE, t.encode())
-        sock.connect(self.endpoints["topics_out"])
-        return self._channel(sock, name or ",".join(topics), topics=True)
+        connect_topics(sock, self.endpoints)
+        return self._channel(sock, name or ",".join(topics), topics=True, max_message_bytes=size)
 
     def bind_rpc(self) -> Channel:
         """A ROUTER peers reach directly after a LOOKUP (bound before HELLO announces it)."""
@@ -352,15 +410,18 @@ class Role:
             self._next_heartbeat = now + self.heartbeat_interval
             info = self.heartbeat_info()
             info["rss_mb"] = self.check_memory()
+            # plain_meta: whatever a counter came to hold, a role never dies on its own status.
             self._registry.send(
                 P.Message(
                     P.HEARTBEAT,
-                    meta={
-                        "id": self.id,
-                        "state": self.state,
-                        "stats": self.stats.snapshot(),
-                        "info": info,
-                    },
+                    meta=P.plain_meta(
+                        {
+                            "id": self.id,
+                            "state": self.state,
+                            "stats": self.stats.snapshot(),
+                            "info": info,
+                        }
+                    ),
                 ),
                 block=False,
             )
@@ -386,7 +447,8 @@ class Role:
             self._metrics_pub = self.open_publisher(P.METRICS_TOPIC)
         self._metrics_pub.send(
             P.Message(
-                P.METRICS, meta={"id": self.id, "role": self.role, "time": time.time(), **info}
+                P.METRICS,
+                meta=P.plain_meta({"id": self.id, "role": self.role, "time": time.time(), **info}),
             ),
             topic=P.METRICS_TOPIC,
             block=False,
@@ -452,7 +514,9 @@ class Role:
         if self._registry is not None and not self._registry.sock.closed:
             try:
                 self._registry.send(
-                    P.Message(P.BYE, meta={"id": self.id, "stats": self.stats.snapshot()}),
+                    P.Message(
+                        P.BYE, meta=P.plain_meta({"id": self.id, "stats": self.stats.snapshot()})
+                    ),
                     block=False,
                 )
                 self._registry.close(linger_ms=500)
@@ -462,6 +526,27 @@ class Role:
             if not ch.sock.closed:
                 ch.close()
         self._channels.clear()
+
+
+def load_checkpoint_file(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a learner or params checkpoint: tensors, numbers,
+    strings and containers only, never code (``checkpoint.dir`` comes from the broker).
+    A file that is anything else stops the role naming it, and is left for the user."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RoleError(
+            f"{path} is not a checkpoint zrl can load without running code ({first}); "
+            "move it away to start afresh"
+        ) from None
+    if not isinstance(state, dict):
+        raise RoleError(f"{path} is not a zrl checkpoint (it holds a {type(state).__name__})")
+    return state
 
 
 def registry_request(

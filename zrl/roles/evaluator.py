@@ -42,7 +42,8 @@ class Evaluator(Role):
     def step(self) -> None:
         self.weights.update()
         now = time.monotonic()
-        if self.weights.version <= self.evaluated_version or now < self.next_eval:
+        # ``==``, not ``<=``: after a params restart from scratch the follower goes back to v1.
+        if self.weights.version == self.evaluated_version or now < self.next_eval:
             self.stop_event.wait(0.05)
             return
         self.next_eval = now + self.config.evaluator.interval

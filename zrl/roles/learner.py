@@ -27,7 +27,7 @@ import zmq
 
 from zrl.algos.dqn import NonFiniteLossError, dqn_update, soft_update
 from zrl.models import model_to_arrays
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role, RoleError, load_checkpoint_file
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -275,7 +275,7 @@ class Learner(Role):
         self.checkpoints = 0
         if self.checkpoint is None or not self.checkpoint.is_file():
             return
-        state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+        state = load_checkpoint_file(self.checkpoint)
         self.restore_checkpoint_state(state)
         self.updates = int(state["updates"])
         self.weights_version = int(state["weights_version"])

@@ -23,8 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from zrl.roles.base import Role
+from zrl.roles.base import Role, load_checkpoint_file
 from zrl.transport import protocol as P
+
+# Weights versions: a follower adopts from the bus a version at most MAX_VERSION_STEP past its
+# own (further jumps are checked with the server first, see zrl.roles.weights), and this server
+# takes a learner's min_version at most that far past its own once it holds weights. Versions
+# travel as msgpack integers and land in JSON summaries: past 2**53 they are hostile.
+MAX_VERSION_STEP = 10_000
+MAX_VERSION = 2**53
 
 
 def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
@@ -71,7 +78,7 @@ class ParameterServer(Role):
         self.checkpoint = Path(d) / f"{self.id}.pt" if d else None
         self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
         if self.checkpoint is not None and self.checkpoint.is_file():
-            state = torch.load(self.checkpoint, map_location="cpu", weights_only=False)
+            state = load_checkpoint_file(self.checkpoint)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.updates, self.version = int(state["updates"]), int(state["version"]) - 1
@@ -202,12 +209,21 @@ class ParameterServer(Role):
                 raise P.ProtocolError(
                     "weights whose parameter names, shapes or dtypes differ from the current ones"
                 )
+            floor = msg.meta.get("min_version", 0)
+            if not isinstance(floor, int) or isinstance(floor, bool) or floor > MAX_VERSION:
+                raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")
+            if self.arrays and floor > self.version + MAX_VERSION_STEP:
+                # A resumed learner's floor is a jump only into a fresh server (no arrays yet);
+                # later, a far jump would only lock every follower onto a forged version.
+                raise P.ProtocolError(
+                    f"weights with min_version {floor}, more than {MAX_VERSION_STEP} past "
+                    f"the current v{self.version}"
+                )
             # The arrays are views on the received frames; holding them keeps the frames alive,
             # so storing a version costs no copy.
             self.arrays = msg.arrays
-            floor = msg.meta.get("min_version", 0)
             # A resumed learner asks to continue its numbering; versions never go backwards.
-            self.version = max(self.version + 1, floor if isinstance(floor, int) else 0)
+            self.version = max(self.version + 1, floor)
             self.updated_at = time.time()
             self.weights_meta = {
                 k: v for k, v in msg.meta.items() if isinstance(v, int | float | str)

@@ -36,7 +36,7 @@ from zrl.algos.returns import rollout_gae
 from zrl.algos.vtrace import categorical_entropy
 from zrl.models import ActorCritic, load_arrays, model_to_arrays
 from zrl.roles.learner import Learner, make_adam
-from zrl.roles.weights import WeightsFollower
+from zrl.roles.weights import WeightsFollower, weights_version
 from zrl.transport import protocol as P
 
 ROLLOUT_ARRAYS: dict[str, tuple[str | None, int | None]] = {
@@ -334,9 +334,12 @@ class PPOLearner(Learner):
             if got is None:
                 return
             msg = got[1]
-            version, rounds = msg.meta.get("version"), msg.meta.get("rounds")
-            if msg.kind != P.WEIGHTS or not isinstance(version, int):
+            version, rounds = weights_version(msg.meta), msg.meta.get("rounds")
+            if msg.kind != P.WEIGHTS or version is None:
                 self.follow.sub._drop(msg.sender or "?", "not versioned weights")
+                continue
+            if not self.follow.from_params(msg.sender or "?"):
+                self.follow.sub._drop(msg.sender or "?", "weights not from a params role")
                 continue
             self.follow.version = max(self.follow.version, version)
             if rounds != self.rounds:

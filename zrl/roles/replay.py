@@ -23,8 +23,8 @@ stream load-balances trajectories across them.
 
 from __future__ import annotations
 
+import copy
 import os
-import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import zmq
 from zrl.algos.returns import nstep_transitions
 from zrl.config import CONTINUOUS_ALGOS
 from zrl.replay.rate_limiter import RateLimiter
+from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
 from zrl.roles.base import Role
 from zrl.transport import protocol as P
@@ -151,6 +152,10 @@ class ReplayServer(Role):
         self.batch_ack_timeouts = 0
         self.acks = self.open_publisher("acks")
         self.trajectories = 0
+        # Since this process started (``trajectories`` survives a snapshot restore): what the
+        # actors' delivery ledgers are checked against.
+        self.trajectories_received = 0
+        self.steps_received = 0
         self.last_insert = 0
         self.batches_sent = 0
         self.priority_updates = 0
@@ -208,21 +213,36 @@ class ReplayServer(Role):
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.snapshot_path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            # Our own file in the run directory, never bytes from the network.
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
+            save_state(f, state)
         os.replace(tmp, self.snapshot_path)
         self.snapshots += 1
 
     def load_snapshot(self) -> None:
+        """Restore a snapshot written by :meth:`save_snapshot` (numpy ``.npz``, never a pickle).
+
+        One that cannot be read (damaged, or a pickle from zrl < 0.2) is moved aside to
+        ``*.refused`` and the shard starts empty: refusing to start would only use up the
+        supervisor's restarts."""
         if self.snapshot_path is None or not self.snapshot_path.is_file():
             return
-        with open(self.snapshot_path, "rb") as f:
-            state = pickle.load(f)  # noqa: S301 - written by save_snapshot on this host
-        self.table = self._make_table(int(state["capacity"]))
-        self.table.load_state_dict(state["table"])
-        self.limiter.load_state_dict(state["limiter"])
-        self.rng.bit_generator.state = state["rng"]
-        self.trajectories = int(state["trajectories"])
+        try:  # into copies first: a snapshot refused half-way must leave nothing behind
+            state = load_state(self.snapshot_path)
+            table = self._make_table(int(state["capacity"]))
+            table.load_state_dict(state["table"])
+            limiter, rng = copy.copy(self.limiter), copy.deepcopy(self.rng)
+            limiter.load_state_dict(state["limiter"])
+            rng.bit_generator.state = state["rng"]
+            trajectories = int(state["trajectories"])
+        except (SnapshotError, KeyError, TypeError, ValueError) as exc:
+            refused = self.snapshot_path.with_name(self.snapshot_path.name + ".refused")
+            os.replace(self.snapshot_path, refused)
+            self.log.error(
+                "cannot restore %s (%s): moved it to %s, starting empty", self.snapshot_path,
+                exc if isinstance(exc, SnapshotError) else f"{type(exc).__name__}: {exc}", refused,
+            )  # fmt: skip
+            return
+        self.table, self.limiter, self.rng, self.trajectories = table, limiter, rng, trajectories
         self.log.info("restored %s: %d items", self.snapshot_path, self.table.size)
 
     # --- handlers ---------------------------------------------------------------------
@@ -243,6 +263,9 @@ class ReplayServer(Role):
         self.last_insert = n
         self.limiter.on_insert(n)
         self.trajectories += 1
+        self.trajectories_received += 1
+        if "valid" in msg.arrays:
+            self.steps_received += int(msg.arrays["valid"].sum())
         self.acks.send(
             P.Message(P.ACK, meta={"seq": msg.seq, "inserted": n}),
             topic=P.ack_topic(msg.sender),
@@ -390,6 +413,8 @@ class ReplayServer(Role):
             "samples": samples,
             "samples_per_insert": round(samples / inserts, 3) if inserts else 0.0,
             "trajectories": self.trajectories,
+            "trajectories_received": self.trajectories_received,
+            "steps_received": self.steps_received,
             "batches": self.batches_sent,
             "batches_in_flight": self.batches_in_flight,
             "batch_ack_timeouts": self.batch_ack_timeouts,

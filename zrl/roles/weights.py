@@ -2,74 +2,194 @@
 
 Used by every role that acts with the current policy (actors, the evaluator).
 Sockets: SUB on topic ``weights``; a throwaway DEALER to the params rpc endpoint
-for the one GET_WEIGHTS a late joiner needs.
+(found with LOOKUP "params") for GET_WEIGHTS: once when a late joiner starts, and again
+to resynchronise (below). The registry's LOOKUP answer also names the sender ids that
+may publish weights.
+
+Which weights are adopted (anything else is dropped and counted on the ``weights``
+channel, never fatal):
+
+- WEIGHTS on the bus only from a sender id the broker lists as a live params role
+  (LOOKUP "params", asked again on an unknown ``params-*`` id at most once per
+  ``PARAMS_LOOKUP_INTERVAL_S``, so a flood of forged ids cannot turn into a LOOKUP
+  per message; other ids are dropped without asking).
+- Only finite values that fit the model (:func:`zrl.models.load_arrays`).
+- From the bus, a version at most ``MAX_VERSION_STEP`` ahead of the current one. A
+  larger jump is not adopted from the bus: it triggers a resync, a GET_WEIGHTS to the
+  params rpc endpoint the broker names, whose answer is adopted at whatever version it
+  has. That one rule sets the baseline of a follower that starts (or meets a params
+  server resumed at v50,000), and follows a params server that restarted (higher or,
+  from scratch, lower): a bus version below the current one also asks for a resync.
+  Resyncs happen at most once per ``RESYNC_INTERVAL_S``.
+
+Without keys, a process that can reach the broker can still publish well-formed, finite
+weights under the real params id and within the step: they are adopted until the next
+resync or real version. See the README's security section.
 """
 
 from __future__ import annotations
+
+import logging
+import time
+from typing import Any
 
 import zmq
 from torch import nn
 
 from zrl.models import load_arrays
-from zrl.roles.base import Role
+from zrl.roles.base import Role, RoleError
+from zrl.roles.params import MAX_VERSION, MAX_VERSION_STEP
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
+PARAMS_ID_PREFIX = "params-"
+PARAMS_LOOKUP_INTERVAL_S = 1.0
+RESYNC_INTERVAL_S = 5.0
+RESYNC_TIMEOUT_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+def weights_version(meta: dict[str, Any]) -> int | None:
+    """The ``version`` of a WEIGHTS message if it is an integer in [1, MAX_VERSION], else None."""
+    version = meta.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        return None
+    return version if 1 <= version <= MAX_VERSION else None
+
 
 class WeightsFollower:
-    """Keeps a model at the newest weights version published (or served to a late joiner)."""
+    """Keeps a model at the newest weights version the parameter server published or served."""
 
     def __init__(self, role: Role, model: nn.Module | None = None) -> None:
         self.role = role
         self.model = model
         self.sub = role.open_subscriber([P.WEIGHTS_TOPIC], "weights")
         self.version = 0
+        self.params_ids: set[str] = set()
+        self._next_lookup = 0.0
+        self._next_resync = 0.0
+        self.resyncs = 0
 
-    def _newer(self, msg: P.Message) -> bool:
-        version = msg.meta.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            self.sub._drop(msg.sender or "?", "weights without an integer version")
-            return False
-        return version > self.version
+    def _refresh_params(self, timeout: float = RESYNC_TIMEOUT_S) -> list[dict[str, Any]]:
+        """LOOKUP "params" (rate-limited); the services found, remembering their ids."""
+        now = time.monotonic()
+        if now < self._next_lookup:
+            return []
+        self._next_lookup = now + PARAMS_LOOKUP_INTERVAL_S
+        try:
+            answer = self.role.lookup("params", timeout=timeout)
+        except RoleError as exc:  # broker away for now: keep the ids we knew
+            log.debug("params lookup failed: %s", exc)
+            return []
+        services = [
+            s for s in (answer if isinstance(answer, list) else [])
+            if isinstance(s, dict) and isinstance(s.get("id"), str)
+            and isinstance(s.get("rpc"), str) and s["rpc"]
+        ]  # fmt: skip
+        if services:
+            self.params_ids = {s["id"] for s in services}
+        return services
 
-    def _apply(self, msg: P.Message) -> bool:
+    def from_params(self, sender: str) -> bool:
+        """Whether ``sender`` is a params role the broker lists (asking again on a miss)."""
+        if not sender.startswith(PARAMS_ID_PREFIX):
+            return False  # no params role has such an id: not worth a LOOKUP
+        if sender not in self.params_ids:
+            self._refresh_params()
+        return sender in self.params_ids
+
+    def _apply(self, msg: P.Message, version: int) -> bool:
         """Load ``msg`` into the model; weights that do not fit are dropped, never fatal."""
         assert self.model is not None
         try:
             load_arrays(self.model, msg.arrays)
         except ValueError as exc:
-            self.sub._drop(msg.sender or "?", f"weights do not fit the model: {exc}")
+            self.sub._drop(msg.sender or "?", f"weights v{version} refused: {exc}")
             return False
-        self.version = int(msg.meta["version"])
+        self.version = version
         return True
 
     def update(self) -> bool:
-        """Drain the subscription without blocking and apply the newest unseen version.
-
-        True when the model changed."""
-        candidates: list[P.Message] = []
+        """Drain the subscription without blocking and apply the newest acceptable version
+        (see the module docstring). True when the model changed."""
+        candidates: list[tuple[int, P.Message]] = []
+        jumps: list[tuple[int, str]] = []
+        behind = False
         while True:
             got = self.sub.recv(block=False)
             if got is None:
                 break
-            if got[1].kind != P.WEIGHTS:
-                self.sub._drop(got[1].sender or "?", f"{got[1].kind!r} on the weights topic")
-            elif self._newer(got[1]):
-                candidates.append(got[1])
+            msg = got[1]
+            sender = msg.sender or "?"
+            if msg.kind != P.WEIGHTS:
+                self.sub._drop(sender, f"{msg.kind!r} on the weights topic")
+                continue
+            if not self.from_params(sender):
+                self.sub._drop(sender, f"weights from {sender!r}, not a registered params role")
+                continue
+            version = weights_version(msg.meta)
+            if version is None:
+                self.sub._drop(
+                    sender, f"weights version {msg.meta.get('version')!r} is not in [1, 2**53]"
+                )
+            elif version - self.version > MAX_VERSION_STEP:
+                jumps.append((version, sender))
+            elif version > self.version:
+                candidates.append((version, msg))
+            else:
+                # Older than ours: a late joiner's backlog, or a params server that restarted
+                # from scratch (or we adopted a forgery). The params rpc tells which.
+                behind = behind or version < self.version
         # Newest first; fall back to an older one if the newest does not fit.
-        for msg in sorted(candidates, key=lambda m: m.meta["version"], reverse=True):
-            if self._apply(msg):
+        for version, msg in sorted(candidates, key=lambda c: c[0], reverse=True):
+            if self._apply(msg, version):
                 return True
-        return False
+        changed = bool(jumps or behind) and self.resync()
+        for version, sender in jumps:
+            if version > self.version:  # the params server itself did not confirm it
+                self.sub._drop(
+                    sender,
+                    f"weights v{version} jump more than {MAX_VERSION_STEP} versions past "
+                    f"v{self.version}, and the params rpc does not confirm it",
+                )
+        return changed
+
+    def resync(self) -> bool:
+        """GET_WEIGHTS from the params rpc the broker names, at most once per
+        ``RESYNC_INTERVAL_S``; its answer is adopted at any version. True when applied."""
+        now = time.monotonic()
+        if now < self._next_resync:
+            return False
+        self._next_resync = now + RESYNC_INTERVAL_S
+        self.resyncs += 1
+        return self.fetch_latest(timeout=RESYNC_TIMEOUT_S)
 
     def fetch_latest(self, timeout: float = 2.0) -> bool:
-        """Ask the parameter server directly (late join); True when weights were applied."""
-        services = self.role.lookup("params", timeout=timeout)
+        """Ask the parameter server directly (late join, resync); True when weights were applied.
+
+        The direct answer is authoritative: it is adopted whenever its version differs from
+        ours, lower included (the server restarted from scratch)."""
+        self._next_lookup = 0.0  # this one LOOKUP is not the flood the rate limit is for
+        services = self._refresh_params(timeout)
         msg = request_latest_weights(
             self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys
         )
-        return msg is not None and msg.kind == P.WEIGHTS and self._newer(msg) and self._apply(msg)
+        if msg is None or msg.kind != P.WEIGHTS:
+            return False
+        version = weights_version(msg.meta)
+        if version is None:
+            self.sub._drop(msg.sender or "?", "served weights without a version in [1, 2**53]")
+            return False
+        if version == self.version:
+            return False
+        if version < self.version:
+            log.warning(
+                "the parameter server is at weights v%d, behind our v%d (it restarted?): "
+                "following it", version, self.version,
+            )  # fmt: skip
+        return self._apply(msg, version)
 
 
 def request_latest_weights(

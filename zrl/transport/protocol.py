@@ -101,6 +101,14 @@ def ack_topic(actor_id: str) -> str:
 MAX_HEADER_BYTES = 4 * 2**20
 MAX_ARRAYS = 256
 MAX_NDIM = 16
+# A sender id or stream name is a short label (``actor-12``, ``experience``). Receivers key
+# per-sender state by it, so an unbounded one lets a peer grow their memory and logs at will.
+MAX_NAME_CHARS = 128
+# Sequence numbers count messages: 2**53 is centuries of them at any rate, and keeps every
+# counter derived from them well inside msgpack's 64-bit integers.
+MAX_SEQ = 2**53
+# Counters saturate here instead of growing past what msgpack (and the status table) carry.
+COUNTER_MAX = 2**63 - 1
 # Plain numeric dtypes only: object, string and void dtypes could smuggle arbitrary
 # Python objects or mislead size checks.
 ALLOWED_DTYPES = frozenset(
@@ -162,6 +170,30 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, tuple | set):
         return list(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} in message metadata")
+
+
+def saturate(n: int) -> int:
+    """``n`` clamped to ``[0, COUNTER_MAX]``: what a counter reports, whatever it counted."""
+    return min(max(n, 0), COUNTER_MAX)
+
+
+def plain_meta(obj: Any, depth: int = 0) -> Any:
+    """``obj`` as metadata msgpack can always encode: integers clamped to 64 bits, numpy
+    values unwrapped, tuples as lists, keys as strings, anything else as its short repr.
+
+    For what a role reports about itself (heartbeats, metrics), so that no value it came to
+    hold, whoever made it grow, can stop it from reporting."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, float | str | bytes):
+        return obj
+    if isinstance(obj, int):
+        return min(max(obj, -(2**63)), 2**64 - 1)
+    if isinstance(obj, np.generic):
+        return plain_meta(obj.item(), depth)
+    if depth < 8 and isinstance(obj, dict):
+        return {str(k): plain_meta(v, depth + 1) for k, v in obj.items()}
+    if depth < 8 and isinstance(obj, list | tuple | np.ndarray):
+        return [plain_meta(v, depth + 1) for v in obj]
+    return repr(obj)[:200]
 
 
 def encode(msg: Message) -> list[Any]:
@@ -238,8 +270,13 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
         raise ProtocolError("header has no kind")
     if not isinstance(sender, str) or not isinstance(stream, str):
         raise ProtocolError("sender and stream must be strings")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise ProtocolError(f"bad sequence number {seq!r}")
+    if len(sender) > MAX_NAME_CHARS or len(stream) > MAX_NAME_CHARS:
+        raise ProtocolError(
+            f"sender id or stream name longer than {MAX_NAME_CHARS} characters "
+            f"({len(sender)}, {len(stream)})"
+        )
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQ:
+        raise ProtocolError(f"bad sequence number {seq!r} (0..2**53)")
     if not isinstance(meta, dict):
         raise ProtocolError("metadata is not a map")
     if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:

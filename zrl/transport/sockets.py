@@ -23,13 +23,28 @@ from typing import Any
 
 import zmq
 
-from zrl.transport.protocol import Message, ProtocolError, decode, encode, peek_sender
+from zrl.transport.protocol import (
+    MAX_NAME_CHARS,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    peek_sender,
+    saturate,
+)
 from zrl.transport.security import Keys, ensure_authenticator, secure_client, secure_server
 
 log = logging.getLogger("zrl.transport")
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 MAX_SKIPPED_PER_RECV = 1000  # malformed messages one recv() skips before yielding
+# A sequence number this far past the sender's last one is no loss but a forgery (or
+# corruption): counting it as a gap would let one message inflate the counters.
+MAX_SEQ_JUMP = 2**32
+# Senders whose sequence and drop counts one stream remembers; past it the oldest is
+# forgotten, so a stream of invented sender ids cannot grow a role's memory.
+MAX_TRACKED_SENDERS = 1024
+DROP_LOG_INTERVAL_S = 10.0  # one drop warning per channel per interval, then a count
 
 
 def make_socket(
@@ -100,11 +115,29 @@ class StreamStats:
         }
 
     def note_seq(self, sender: str, seq: int) -> None:
-        """Count missing sequence numbers; a reset (restarted sender) starts afresh."""
-        last = self.last_seq.get(sender)
-        if last is not None and seq > last + 1:
-            self.gaps += seq - last - 1
-        self.last_seq[sender] = seq
+        """Count missing sequence numbers; a reset (restarted sender) starts afresh.
+
+        Raises ProtocolError for a jump past ``MAX_SEQ_JUMP`` (the caller drops the message)."""
+        last = self.last_seq.pop(sender, None)
+        if last is not None:
+            if seq > last + MAX_SEQ_JUMP:
+                self.last_seq[sender] = last
+                raise ProtocolError(f"sequence number jumps from {last} to {seq}")
+            if seq > last + 1:
+                self.gaps = saturate(self.gaps + seq - last - 1)
+        remember(self.last_seq, sender, seq)
+
+    def note_drop(self, sender: str) -> None:
+        self.dropped = saturate(self.dropped + 1)
+        remember(self.dropped_by_sender, sender, self.dropped_by_sender.pop(sender, 0) + 1)
+
+
+def remember(table: dict[str, int], key: str, value: int) -> None:
+    """``table[key] = value`` as the newest entry, forgetting the oldest past
+    ``MAX_TRACKED_SENDERS`` (dicts keep insertion order)."""
+    table[key] = value
+    while len(table) > MAX_TRACKED_SENDERS:
+        del table[next(iter(table))]
 
 
 class TransportStats:
@@ -206,7 +239,8 @@ class Channel:
         self.max_message_bytes = max_message_bytes
         self._seq = 0
         self._topic_seq: dict[str | bytes, int] = {}
-        self._warned: set[str] = set()
+        self._next_drop_log = 0.0
+        self._unlogged_drops = 0
 
     @property
     def next_seq(self) -> int:
@@ -246,7 +280,7 @@ class Channel:
         except zmq.Again:
             return False
         self._advance(key, msg.seq)
-        self.stats.sent += 1
+        self.stats.sent = saturate(self.stats.sent + 1)
         return True
 
     def _advance(self, key: str | bytes | None, seq: int) -> None:
@@ -293,18 +327,37 @@ class Channel:
         except ProtocolError as exc:
             self._drop(peek_sender(frames), str(exc))
             return None
-        self.stats.received += 1
         # A publisher numbers each topic on its own: one subscriber receiving two topics from
         # the same sender (a shard's priorities and batch acks) tracks each sequence apart.
-        self.stats.note_seq(f"{msg.sender} {topic}" if topic else msg.sender, msg.seq)
+        try:
+            self.stats.note_seq(
+                f"{msg.sender} {topic[:MAX_NAME_CHARS]}" if topic else msg.sender, msg.seq
+            )
+        except ProtocolError as exc:
+            self._drop(msg.sender, str(exc))
+            return None
+        self.stats.received = saturate(self.stats.received + 1)
         return ident, msg
 
     def _drop(self, sender: str, reason: str) -> None:
-        self.stats.dropped += 1
-        self.stats.dropped_by_sender[sender] = self.stats.dropped_by_sender.get(sender, 0) + 1
-        if sender not in self._warned:  # once per sender: a flood must not flood the log
-            self._warned.add(sender)
-            log.warning("dropped malformed message on %s from %s: %s", self.name, sender, reason)
+        """Count a dropped message; warn at most once per ``DROP_LOG_INTERVAL_S`` per channel,
+        with how many went unlogged, so a flood cannot flood the log."""
+        sender = sender[:MAX_NAME_CHARS]
+        self.stats.note_drop(sender)
+        now = time.monotonic()
+        if now < self._next_drop_log:
+            self._unlogged_drops += 1
+            return
+        self._next_drop_log = now + DROP_LOG_INTERVAL_S
+        more = (
+            f" ({self._unlogged_drops} more dropped since the last warning)"
+            if self._unlogged_drops
+            else ""
+        )
+        self._unlogged_drops = 0
+        log.warning(
+            "dropped malformed message on %s from %s: %s%s", self.name, sender, reason[:300], more
+        )
 
     def close(self, linger_ms: int = 0) -> None:
         self.sock.close(linger=linger_ms)
@@ -316,11 +369,13 @@ class Channel:
 def broker_endpoints(base: str, streams: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Every address the broker binds, derived from its base address.
 
-    tcp://H:P -> registry P, topics in P+1 / out P+2, stream i in P+3+2i / out P+4+2i.
+    tcp://H:P -> registry P, topics in P+1 / out P+2, stream i in P+3+2i / out P+4+2i, and
+    after the streams the topic bus's bulk lane (``topics_bulk_out``).
     inproc:// and ipc:// -> the base name with a suffix per socket."""
     names = ["registry", "topics_in", "topics_out"]
     for s in streams:
         names += [f"{s}_in", f"{s}_out"]
+    names.append("topics_bulk_out")
     if base.startswith("tcp://"):
         host, port = split_tcp(base)
         return {name: f"tcp://{host}:{port + i}" for i, name in enumerate(names)}
@@ -329,6 +384,13 @@ def broker_endpoints(base: str, streams: list[str] | tuple[str, ...]) -> dict[st
     raise ValueError(
         f"unsupported broker address {base!r}: use tcp://HOST:PORT, ipc:// or inproc://"
     )
+
+
+def connect_topics(sock: zmq.Socket, endpoints: dict[str, str]) -> None:
+    """Connect a SUB to both lanes of the broker's topic bus (small and bulk messages)."""
+    sock.connect(endpoints["topics_out"])
+    if "topics_bulk_out" in endpoints:
+        sock.connect(endpoints["topics_bulk_out"])
 
 
 def split_tcp(addr: str) -> tuple[str, int]:

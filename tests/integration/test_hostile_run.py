@@ -1,0 +1,192 @@
+"""Hostile but well-formed messages against a running `zrl run` (issue "Hostile input, round
+two"): every attack that once crashed a role, poisoned its weights, grew a process's memory or
+hid lost experience, rerun against a live Ape-X CartPole run without keys.
+
+Afterwards every role is alive with its first pid (no restarts), the learner kept learning,
+the broker stayed under 300 MB, and `summary.json` accounts for the experience taken off the
+stream.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
+from tests.integration.test_apex_cartpole import zrl_processes
+from zrl import __version__
+from zrl.config import ExperimentConfig
+from zrl.roles.base import registry_request
+from zrl.roles.weights import request_latest_weights
+from zrl.transport import protocol as P
+from zrl.transport.sockets import broker_endpoints, make_socket
+
+CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
+ROLE_IDS = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}
+
+
+def frames(kind: str, sender: str, seq: int = 0, meta: dict[str, Any] | None = None,
+           arrays: dict[str, np.ndarray] | None = None) -> list[bytes]:  # fmt: skip
+    msg = P.Message(kind, meta=meta or {}, arrays=arrays or {}, sender=sender)
+    msg.seq = seq
+    return [bytes(memoryview(f)) for f in P.encode(msg)]
+
+
+def raw_frames(kind: str, sender: str, seq: int, meta: dict[str, Any]) -> list[bytes]:
+    """A header ``encode`` would refuse (a sequence number out of range, a huge sender id)."""
+    head = {"v": P.PROTOCOL_VERSION, "k": kind, "s": sender, "q": seq, "st": "", "m": meta, "a": []}
+    return [msgpack.packb(head, use_bin_type=True)]
+
+
+@pytest.mark.slow
+def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zrl", "run", str(CONFIG), "--run-dir", str(run_dir),
+             "--set", "stop.wall_time=75", "--set", "stop.eval_return=1000000"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
+        )  # fmt: skip
+    ctx = zmq.Context()
+    socks: list[zmq.Socket] = []
+
+    def sock(kind: int, endpoint: str, **kw: Any) -> zmq.Socket:
+        s = make_socket(ctx, kind, **{"sndtimeo_ms": 500, "rcvtimeo_ms": 2000, **kw})
+        s.connect(endpoint)
+        socks.append(s)
+        return s
+
+    try:
+        addr_file = run_dir / "broker_address"
+        wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        addr = addr_file.read_text().strip()
+        eps = broker_endpoints(addr, ExperimentConfig().broker.streams)
+
+        def rows() -> dict[str, dict[str, Any]]:
+            return status_rows(ctx, addr)
+
+        def all_alive() -> bool:
+            r = rows()
+            return ROLE_IDS <= set(r) and all(r[i]["state"] == "alive" for i in ROLE_IDS)
+
+        def updates() -> int:
+            return int(rows().get("learner-0", {}).get("info", {}).get("updates", 0))
+
+        wait_for(lambda: all_alive() or proc.poll() is not None, timeout=60, interval=0.25)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        wait_for(lambda: updates() > 20, timeout=40)
+        before = zrl_status_json(addr)
+        pids = {r["id"]: r["pid"] for r in before["roles"]}
+        broker_proc = next(
+            p for p in zrl_processes(addr) if "broker" in " ".join(p.cmdline()) and
+            "start" in p.cmdline()
+        )  # fmt: skip
+
+        pub = sock(zmq.PUB, eps["topics_in"], sndhwm=100_000)
+        time.sleep(0.5)  # the PUB's connection settles
+
+        # 1. Sequence numbers that once pushed a gap counter past 64 bits, on every topic a
+        #    role listens to, then a heartbeat flood of them at the registry.
+        for topic in (P.WEIGHTS_TOPIC, P.ack_topic("actor-0"), P.priority_topic("replay-0")):
+            for seq in (0, P.MAX_SEQ, P.MAX_SEQ, 2**64 - 1, 1):
+                pub.send_multipart([topic.encode(), *raw_frames(P.ACK, "evil", seq, {"seq": 0})])
+        reg = sock(zmq.DEALER, eps["registry"])
+        for seq in (0, P.MAX_SEQ, 2**64 - 1, 5):
+            reg.send_multipart(raw_frames(P.HEARTBEAT, "actor-0", seq, {"id": "actor-0"}))
+
+        # 2. Poisoned weights: NaN in the real architecture's arrays, and a version far ahead,
+        #    both under the params server's own id (no keys: ids can be claimed).
+        services = registry_request(ctx, addr, P.Message(P.LOOKUP, meta={"role": "params"}),
+                                    2.0).meta["services"]  # fmt: skip
+        real = request_latest_weights(ctx, services, 256 * 2**20, 5.0)
+        assert real is not None
+        version = int(real.meta["version"])
+        nan = {k: np.full_like(v, np.nan) for k, v in real.arrays.items()}
+        rng = np.random.default_rng(0)
+        noise = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in real.arrays.items()}
+        for i, (arrays, v) in enumerate(((nan, version + 1), (noise, 10**15), (nan, 10**15))):
+            pub.send_multipart([P.WEIGHTS_TOPIC.encode(),
+                                *frames(P.WEIGHTS, "params-0", 10**6 + i, {"version": v}, arrays)])  # fmt: skip
+
+        # 3. Sender ids of a megabyte, each new: memory and log growth per sender id.
+        exp_in = sock(zmq.PUSH, eps["experience_in"])
+        for i in range(300):
+            exp_in.send_multipart(raw_frames(P.TRAJECTORY, f"{i}" + "x" * 2**20, 0, {}))
+
+        # 4. A forged evaluation claiming the target, and a forged BYE for a live role.
+        pub.send_multipart([P.EVAL_TOPIC.encode(), *frames(
+            P.METRICS, "evaluator-7", 0,
+            {"kind": "eval", "mean": 10**7, "std": 0.0, "min": 10**7, "max": 10**7,
+             "episodes": 10, "weights_version": version, "id": "evaluator-7"},
+        )])  # fmt: skip
+        reg.send_multipart(frames(P.BYE, "learner-0", 0, {"id": "learner-0", "stats": {}}))
+        reg.send_multipart(frames(P.HEARTBEAT, "learner-0", 1, {
+            "id": "learner-0", "state": "running", "stats": {}, "info": {"pad": "x" * 2**20},
+        }))  # fmt: skip
+
+        # 5. A stray PULL on the experience stream steals trajectories for two seconds.
+        thief = sock(zmq.PULL, eps["experience_out"], rcvtimeo_ms=100)
+        stolen = 0
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            try:
+                # (Step 3's forgeries are on the stream too: count the actors' trajectories.)
+                stolen += P.peek_sender(thief.recv_multipart()).startswith("actor-")
+            except zmq.Again:
+                pass
+        thief.close(linger=0)
+        assert stolen > 0
+
+        # 6. 10,000 fake HELLOs and a subscriber that never reads.
+        stuck = sock(zmq.SUB, eps["topics_out"], rcvhwm=1_000_000)
+        stuck.setsockopt(zmq.SUBSCRIBE, b"")
+        for i in range(10_000):
+            hello = {"role": "actor", "id": f"actor-{1000 + i}", "host": "evil", "pid": i,
+                     "zrl_version": __version__}  # fmt: skip
+            reg.send_multipart(frames(P.HELLO, "", i, hello))
+        for i in range(200):
+            pub.send_multipart([b"metrics", *frames(P.METRICS, "noise", i, {"id": "noise"},
+                                                    {"pad": np.zeros(2**20, np.uint8)})])  # fmt: skip
+
+        # Afterwards: everyone alive with the same pid, learning goes on, memory bounded.
+        updates_after_attack = updates()
+        wait_for(lambda: updates() > updates_after_attack + 200, timeout=30)
+        now = {r["id"]: r for r in zrl_status_json(addr)["roles"]}
+        for rid in ROLE_IDS:
+            assert now[rid]["state"] == "alive" and now[rid]["pid"] == pids[rid], now[rid]
+        for rid in ("actor-0", "actor-1", "evaluator-0"):
+            assert now[rid]["info"].get("weights_version", 0) < 10**6, now[rid]["info"]
+        assert broker_proc.memory_info().rss < 300 * 2**20
+        assert len(log.read_text(errors="replace")) < 5 * 2**20
+
+        proc.wait(timeout=120)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stop_reason"] == "wall_time", summary
+        assert summary["restarts"] == {}, summary
+        assert summary["best_eval_return"] < 10**6, summary
+        assert summary["best_eval_return"] > 100, summary  # learning continued
+        exp = summary["experience"]
+        assert exp["trajectories_lost"] >= stolen - 2, (exp, stolen)
+        assert exp["trajectories_sent"] >= exp["trajectories_delivered"] + exp["trajectories_lost"]
+        for log_file in (run_dir / "logs").iterdir():
+            assert log_file.stat().st_size < 5 * 2**20, log_file
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        if proc.poll() is None:
+            kill_pids([proc.pid])
+        kill_pids([p.pid for p in zrl_processes(str(run_dir))])
+        kill_pids([p.pid for p in psutil.Process().children(recursive=True)])

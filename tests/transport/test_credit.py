@@ -1,0 +1,55 @@
+"""``CreditWindow``: exact acks, expiry as loss, late acks, and a ledger that adds up."""
+
+from __future__ import annotations
+
+from zrl.transport.credit import MAX_EXPIRED_REMEMBERED, CreditWindow
+
+
+def balanced(w: CreditWindow) -> bool:
+    led = w.ledger
+    return led.sent == led.delivered + led.lost - led.late + w.in_flight
+
+
+def test_an_ack_releases_exactly_the_message_it_names():
+    w = CreditWindow(limit=3, timeout_s=10.0)
+    for seq, steps in enumerate((5, 6, 7)):
+        w.sent(seq, steps, now=0.0)
+    assert w.full and w.in_flight == 3
+    assert w.ack(2)  # a later ack does not release the earlier ones
+    assert w.in_flight == 2 and not w.full
+    assert not w.ack(2)  # duplicate
+    assert not w.ack(9)  # never sent
+    assert w.ledger.delivered == 1 and w.ledger.delivered_weight == 7
+    assert balanced(w)
+
+
+def test_expiry_counts_loss_and_a_late_ack_is_a_delivery():
+    w = CreditWindow(limit=4, timeout_s=1.0)
+    w.sent(0, 10, now=0.0)
+    w.sent(1, 20, now=0.5)
+    w.sent(2, 30, now=2.0)
+    assert w.expire(now=1.0) == 1 and w.timeouts == 1
+    assert w.expire(now=1.6) == 1 and w.timeouts == 2
+    assert w.expire(now=2.5) == 0 and w.in_flight == 1
+    assert (w.ledger.lost, w.ledger.lost_weight) == (2, 30)
+    assert balanced(w)
+    assert w.ack(1)  # the slow shard did insert it
+    assert (w.ledger.late, w.ledger.late_weight, w.ledger.delivered) == (1, 20, 1)
+    assert not w.ack(1)
+    assert w.lose_all() == 1
+    assert w.ledger.lost == 3 and w.in_flight == 0
+    assert balanced(w)
+    r = w.report()
+    assert r["trajectories_sent"] == 3 and r["steps_sent"] == 60
+    assert r["trajectories_lost"] - r["trajectories_late"] == 2
+
+
+def test_remembered_expired_messages_are_bounded():
+    w = CreditWindow(limit=10**6, timeout_s=0.0)
+    n = MAX_EXPIRED_REMEMBERED + 10
+    for seq in range(n):
+        w.sent(seq, 1, now=0.0)
+    assert w.expire(now=1.0) == n
+    assert not w.ack(0)  # forgotten: too old to be told apart from a forgery
+    assert w.ack(n - 1)
+    assert balanced(w)
