@@ -100,6 +100,15 @@ def wait_for(
     raise AssertionError(f"condition not met within {timeout}s: {predicate}")
 
 
+def run_broker_address(proc: subprocess.Popen, run_dir: Path, log: Path) -> str:
+    """The broker address a `zrl run` child writes into its run directory (fails with the
+    run's log if it exits first)."""
+    addr_file = run_dir / "broker_address"
+    wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return addr_file.read_text().strip()
+
+
 def zrl_status_json(addr: str) -> dict[str, Any]:
     """`zrl status --json` as a user would run it (a real subprocess)."""
     out = subprocess.run(

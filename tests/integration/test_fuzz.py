@@ -45,7 +45,14 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
+from tests.conftest import (
+    REPO,
+    kill_pids,
+    run_broker_address,
+    status_rows,
+    wait_for,
+    zrl_status_json,
+)
 from tests.integration.test_apex_cartpole import zrl_processes
 from tests.roles.test_replay import InProc, collect, settle, trajectory
 from zrl.broker import MAX_TOPIC_FRAMES
@@ -592,10 +599,7 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         return s
 
     try:
-        addr_file = run_dir / "broker_address"
-        wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        addr = addr_file.read_text().strip()
+        addr = run_broker_address(proc, run_dir, log)
         monitor = AckMonitor(ctx, addr)  # before any actor sends its first trajectory
         monitor.start()
         eps = broker_endpoints(addr, ExperimentConfig().broker.streams)

@@ -22,7 +22,14 @@ import psutil
 import pytest
 import zmq
 
-from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
+from tests.conftest import (
+    REPO,
+    kill_pids,
+    run_broker_address,
+    status_rows,
+    wait_for,
+    zrl_status_json,
+)
 from tests.integration.test_apex_cartpole import zrl_processes
 from zrl import __version__
 from zrl.config import ExperimentConfig
@@ -68,10 +75,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         return s
 
     try:
-        addr_file = run_dir / "broker_address"
-        wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        addr = addr_file.read_text().strip()
+        addr = run_broker_address(proc, run_dir, log)
         eps = broker_endpoints(addr, ExperimentConfig().broker.streams)
 
         def rows() -> dict[str, dict[str, Any]]:
@@ -168,7 +172,9 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
             assert now[rid]["state"] == "alive" and now[rid]["pid"] == pids[rid], now[rid]
         for rid in ("actor-0", "actor-1", "evaluator-0"):
             assert now[rid]["info"].get("weights_version", 0) < 10**6, now[rid]["info"]
-        assert broker_proc.memory_info().rss < 300 * 2**20
+        broker_mb = broker_proc.memory_info().rss / 2**20
+        print(f"broker RSS after the attacks: {broker_mb:.0f} MB; stolen: {stolen}")
+        assert broker_mb < 300
         assert len(log.read_text(errors="replace")) < 5 * 2**20
 
         proc.wait(timeout=120)
@@ -178,6 +184,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         assert summary["best_eval_return"] < 10**6, summary
         assert summary["best_eval_return"] > 100, summary  # learning continued
         exp = summary["experience"]
+        print("summary:", {k: summary[k] for k in ("best_eval_return", "restarts", "experience")})
         assert exp["trajectories_lost"] >= stolen - 2, (exp, stolen)
         assert exp["trajectories_sent"] >= exp["trajectories_delivered"] + exp["trajectories_lost"]
         for log_file in (run_dir / "logs").iterdir():
