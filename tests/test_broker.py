@@ -808,6 +808,7 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
 
     cfg = ExperimentConfig()
     cfg.stop.eval_return = 500.0
+    cfg.stop.eval_window = 1  # any single eval may stop: the forging is what is tested here
     sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
     (tmp_path / "run").mkdir()
     sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}]

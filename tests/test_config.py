@@ -212,3 +212,111 @@ def test_sections_validate_assignment():
         cfg.replay.capacity = "abc"  # type: ignore[assignment]
     with pytest.raises(ValueError):
         cfg.replay.capacityy = 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("algo", "override", "expected"),
+    [
+        (
+            "apex_dqn",
+            "replay.capacityy=5",
+            "replay.capacityy: unknown key (did you mean replay.capacity?)",
+        ),
+        ("apex_dqn", "replay.n_steps=3", "(did you mean replay.n_step?)"),  # a typo beats an alias
+        ("apex_dqn", "envv.id=x", "envv: unknown key (did you mean env?)"),
+        (
+            "ppo",
+            "ppo.learning_rate=0.1",
+            "ppo.learning_rate: unknown key (did you mean learner.lr?)",
+        ),
+        ("a3c", "a3c.learning_rate=0.1", "(did you mean a3c.lr?)"),
+        ("sac", "learning_rate=0.1", "(did you mean sac.actor_lr or sac.critic_lr?)"),
+        ("ppo", "ppo.batch_size=64", "(did you mean ppo.minibatch_size?)"),
+        ("apex_dqn", "replay.buffer_size=10", "(did you mean replay.capacity?)"),
+        ("ppo", "ppo.n_steps=128", "(did you mean actor.trajectory_length?)"),
+        ("ppo", "ppo.ent_coef=0.01", "(did you mean ppo.entropy_coef?)"),
+        ("ppo", "ppo.clip_range=0.1", "(did you mean ppo.clip?)"),
+        ("impala", "learner.gamma=0.9", "(did you mean impala.gamma?)"),
+        (
+            "apex_dqn",
+            "stop.lr=0.1",
+            "stop.lr: unknown key (did you mean learner.lr?)",
+        ),  # other section
+        ("apex_dqn", "total_timesteps=1000", "(did you mean stop.env_steps?)"),
+        ("apex_dqn", "evaluator.eval_episodes=5", "(did you mean evaluator.episodes?)"),
+    ],
+)
+def test_unknown_key_suggests_the_key_meant(algo, override, expected):
+    roles = {"ppo": {"replay": 0}, "a3c": {"replay": 0, "learners": 0}}.get(algo, {})
+    table = {"impala": {"table": "fifo"}, "sac": {"table": "uniform"}}.get(algo, {})
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"algo": algo, "roles": roles, "replay": table}, [override])
+    assert expected in str(info.value)
+
+
+def test_unknown_key_in_a_list_item_suggests_its_path():
+    with pytest.raises(
+        ConfigError, match=r"hosts\.0\.rolez: unknown key \(did you mean hosts\.0\.roles\?\)"
+    ):
+        config_from_dict({"hosts": [{"name": "a", "rolez": {"actors": 1}}]})
+
+
+def test_unknown_key_without_a_near_name_gets_no_guess():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({}, ["newsection.key=1"])
+    assert str(info.value).endswith("newsection: unknown key")
+
+
+def test_every_alias_names_a_real_key():
+    from zrl.config import ALGO_SECTIONS, KEY_ALIASES
+
+    cfg = ExperimentConfig().model_dump()
+    for name, targets in KEY_ALIASES.items():
+        assert set(targets) <= {"*", *ALGO_SECTIONS}, name
+        for target in targets.values():
+            for path in target.split(" or "):
+                node = cfg
+                for part in path.split("."):
+                    if node == {}:  # env.kwargs: free-form
+                        break
+                    assert isinstance(node, dict) and part in node, f"{name} -> {path}"
+                    node = node[part]
+
+
+def test_algo_sections_cover_every_algo():
+    import typing
+
+    from zrl.config import ALGO_SECTIONS
+
+    algos = typing.get_args(ExperimentConfig.model_fields["algo"].annotation)
+    assert set(ALGO_SECTIONS) == set(algos)
+    for sections in ALGO_SECTIONS.values():
+        assert set(sections) <= set(ExperimentConfig.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("algo", "present", "absent"),
+    [
+        ("apex_dqn", {"replay", "learner"}, {"impala", "ppo", "a3c", "ddpg", "sac"}),
+        ("ppo", {"learner", "ppo"}, {"replay", "impala", "a3c", "ddpg", "sac"}),
+        ("impala", {"replay", "learner", "impala"}, {"ppo", "a3c", "ddpg", "sac"}),
+        ("a3c", {"a3c"}, {"replay", "impala", "ppo", "ddpg", "sac"}),
+        ("apex_ddpg", {"replay", "ddpg"}, {"impala", "ppo", "a3c", "sac"}),
+        ("sac", {"replay", "sac"}, {"impala", "ppo", "a3c", "ddpg"}),
+    ],
+)
+def test_sections_used_per_algo(algo, present, absent):
+    from zrl.config import sections_used
+
+    used = set(sections_used(algo))
+    common = {"name", "algo", "seed", "env", "model", "broker", "roles", "actor", "evaluator",
+              "stop", "checkpoint", "limits", "hosts"}  # fmt: skip
+    assert common | present <= used
+    assert not used & absent
+    cfg = ExperimentConfig.model_validate(
+        {"algo": algo, "roles": {"replay": 0, "learners": 0, "actors": 0}}
+    )
+    shown = yaml.safe_load(config_to_yaml(cfg, all_sections=False))
+    assert list(shown) == sections_used(algo)  # schema order kept
+    assert f"# not used by {algo}: " in config_to_yaml(cfg, all_sections=False)
+    assert list(yaml.safe_load(config_to_yaml(cfg))) == list(ExperimentConfig.model_fields)

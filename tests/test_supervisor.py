@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,9 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import wait_for, zrl_status_json
+import zrl
+import zrl.supervisor
+from tests.conftest import REPO, kill_pids, wait_for, zrl_status_json
 from zrl.config import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
 from zrl.supervisor import Aggregator, Supervisor, free_port_range
@@ -137,6 +141,118 @@ def test_aggregator_versions_replay_and_eval():
     agg.evals.append({"mean": 50.0, "weights_version": 10})
     agg.evals.append({"mean": 80.5, "weights_version": 12})
     assert agg.row(4.0)["eval_return"] == 80.5
+
+
+# --- the stop rule on evaluations -----------------------------------------------------------
+
+
+class EvalFeed:
+    """Stands in for the monitor socket: the evals an evaluator publishes on the topic bus."""
+
+    def __init__(self, sender: str, metas: list[dict[str, Any]]) -> None:
+        self.msgs = [P.Message(P.METRICS, meta={"kind": "eval", **m}, sender=sender)
+                     for m in metas]  # fmt: skip
+
+    def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
+        return (None, self.msgs.pop(0)) if self.msgs else None
+
+    def _drop(self, sender: str, reason: str) -> None:
+        raise AssertionError(f"dropped an eval from {sender}: {reason}")
+
+
+def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
+    cfg = ExperimentConfig.model_validate({"stop": {"eval_return": 475, **stop}})
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
+    (tmp_path / "run").mkdir()
+    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}]
+    return sup
+
+
+def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool = False) -> None:
+    """Evals as the evaluator sends them: on the topic bus, then in its own heartbeat."""
+    info = sup.status_rows[0]["info"]
+    for mean in means:
+        t = len(sup.agg.evals) + 1.0
+        sup._drain_monitor(EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]),
+                           writer, t)  # fmt: skip
+        info["recent_returns"] = [*info.get("recent_returns", []), round(mean, 2)][-32:]
+        info["eval_return"] = round(mean, 2)
+        if confirming:
+            info["confirming_return"] = round(mean, 2)
+        sup._confirm_target()
+
+
+def test_the_stop_rule_ignores_a_single_lucky_evaluation(tmp_path: Path):
+    from zrl.metrics import MetricsWriter
+
+    sup = eval_supervisor(tmp_path)  # default: the mean of the last 3 evals
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+    try:
+        feed(sup, writer, [200.0, 500.0, 190.0])  # one lucky eval: mean 296.7
+        assert not sup._stop.is_set() and sup.target_time is None
+        feed(sup, writer, [480.0, 490.0])  # the window still holds 190
+        assert not sup._stop.is_set()
+        feed(sup, writer, [500.0])
+        assert sup._stop.is_set() and sup.stop_reason == "eval_return"
+        assert sup.target_time == 6.0 and sup.confirming_return == 490.0
+        summary = sup._summary({}, None, interrupted=False)
+    finally:
+        writer.close()
+    assert summary["reached_target"] and summary["confirming_eval_return"] == 490.0
+    assert summary["best_eval_return"] == 500.0 and summary["last_eval_return"] == 500.0
+    assert summary["final_eval_return"] == summary["last_eval_return"]
+    assert summary["stop_rule"] == "the mean of the last 3 evaluations reaches 475"
+
+
+def test_the_stop_rule_needs_the_evaluators_heartbeat_for_every_eval_in_the_window(
+    tmp_path: Path,
+):
+    from zrl.metrics import MetricsWriter
+
+    sup = eval_supervisor(tmp_path)
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+    try:
+        feed(sup, writer, [480.0, 490.0])
+        # A forged third eval under the evaluator's name completes the window on the topic
+        # bus, but the evaluator's heartbeat never reported it: no stop.
+        sup._drain_monitor(EvalFeed("evaluator-0", [{"mean": 600.0}]), writer, 3.0)
+        sup._confirm_target()
+        assert not sup._stop.is_set()
+        # The real evals go on; the forged one leaves the window and the rule is met.
+        feed(sup, writer, [470.0, 480.0, 490.0])
+        assert sup._stop.is_set() and sup.confirming_return == 480.0
+    finally:
+        writer.close()
+
+
+def test_the_fresh_stop_rule_waits_for_the_confirming_evaluation(tmp_path: Path):
+    from zrl.metrics import MetricsWriter
+
+    sup = eval_supervisor(tmp_path, confirm="fresh", eval_episodes=50)
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+    try:
+        feed(sup, writer, [500.0, 500.0])  # hits, but no confirming evaluation yet
+        feed(sup, writer, [210.0], confirming=True)  # its fresh episodes say otherwise
+        assert not sup._stop.is_set()
+        feed(sup, writer, [490.0])
+        feed(sup, writer, [481.5], confirming=True)
+        assert sup._stop.is_set() and sup.confirming_return == 481.5
+        assert sup.target_time == 5.0
+    finally:
+        writer.close()
+    assert "50 fresh episodes" in sup._summary({}, None, interrupted=False)["stop_rule"]
+
+
+def test_an_eval_window_of_one_stops_on_any_evaluation(tmp_path: Path):
+    from zrl.metrics import MetricsWriter
+
+    sup = eval_supervisor(tmp_path, eval_window=1)
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+    try:
+        feed(sup, writer, [200.0, 476.0])
+        assert sup._stop.is_set() and sup.target_time == 2.0
+    finally:
+        writer.close()
 
 
 # --- free_port_range ------------------------------------------------------------------------
@@ -293,3 +409,70 @@ def test_supervisor_restarts_a_killed_actor(tmp_path: Path):
         ctx.destroy(linger=0)
     assert not thread.is_alive()
     assert leftovers == [], f"processes left running: {[p.pid for p in leftovers]}"
+
+
+# --- roles that keep crashing -----------------------------------------------------------------
+
+
+def make_env_crashing_in_actors() -> Any:
+    """An env factory (referenced as tests.test_supervisor:make_env_crashing_in_actors) that
+    fails in actor processes only, at their setup: any check run before the roles, and the
+    other roles, get a working CartPole."""
+    import gymnasium as gym
+
+    if sys.argv[1:3] == ["start", "actor"]:
+        raise RuntimeError("no such simulator: crash-test-sim")
+    return gym.make("CartPole-v1")
+
+
+CRASHING_ENV = "tests.test_supervisor:make_env_crashing_in_actors"
+
+
+def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Path):
+    """A time limit comes before the restart budget is spent: the run still fails, and the
+    first crash put the role's last log lines in the terminal."""
+    cfg = crash_config().model_dump(mode="json")
+    cfg["stop"] = {"eval_return": None, "wall_time": 8}
+    script = tmp_path / "crash.py"
+    script.write_text(
+        f"import json\nimport zrl\n\nexperiment = zrl.Experiment(\n"
+        f"    json.loads({json.dumps(cfg)!r}), env={CRASHING_ENV!r}\n)\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zrl", "run", str(script), "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=REPO, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_pids([proc.pid] if proc.poll() is None else [])
+    assert proc.returncode == 1, out
+    # Exit code 2: the role turned the factory's error into one line, now in the terminal.
+    assert "actor-0 exited with code 2; the last lines of" in out, out
+    assert "  | error: the env factory failed: RuntimeError: no such simulator: crash-test" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"] and summary["stop_reason"] == "wall_time"
+    assert summary["error"].startswith("actor-0 crashed "), summary["error"]
+    assert "while starting" in summary["error"]
+    assert any("crash-test-sim" in line for line in summary["error_log_tail"])
+
+
+def test_experiment_run_raises_when_the_restart_budget_is_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(REPO)  # the roles import the factory from the tests package
+    monkeypatch.setattr(zrl.supervisor, "RESTART_BACKOFF_S", (0.1,))  # no 30 s of back-off
+    cfg = crash_config()
+    cfg.stop.wall_time = 90  # a safety net: the sixth crash ends the run long before
+    experiment = zrl.Experiment(cfg, env=CRASHING_ENV)
+    with pytest.raises(zrl.RunFailed) as failed:
+        experiment.run(run_dir=tmp_path / "run", show_status=False)
+    summary = failed.value.summary
+    assert summary["stop_reason"] == "error" and summary["failed"]
+    assert summary["error"].startswith(f"actor-0 crashed {zrl.supervisor.RESTART_BUDGET + 1} times")
+    assert "crash-test-sim" in "\n".join(summary["error_log_tail"])
+    assert "actor-0 crashed" in str(failed.value) and "summary.json" in str(failed.value)
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["failed"] and saved["restarts"] == {"actor-0": zrl.supervisor.RESTART_BUDGET}

@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from zrl.experiment import Experiment, Factories  # noqa: E402
+from zrl.experiment import Experiment, Factories, RunFailed  # noqa: E402
 
-__all__ = ["Experiment", "Factories", "__version__"]
+__all__ = ["Experiment", "Factories", "RunFailed", "__version__"]

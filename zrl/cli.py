@@ -65,6 +65,15 @@ CheckpointRootOpt = Annotated[
         "working directory).",
     ),
 ]
+FactoriesFileOpt = Annotated[
+    Path | None, typer.Option("--factories", help="Pickled factories written by `zrl run`.")
+]
+ExperimentEnvFactoryOpt = Annotated[
+    str | None, typer.Option("--env-factory", help="Env factory as package.module:name.")
+]
+ExperimentModelFactoryOpt = Annotated[
+    str | None, typer.Option("--model-factory", help="Model factory as package.module:name.")
+]
 EnvFactoryOpt = Annotated[
     str | None,
     typer.Option(
@@ -115,18 +124,20 @@ def start_broker(
         ),
     ] = None,
     overrides: SetOpt = None,
-    factories_file: Annotated[
-        Path | None, typer.Option("--factories", help="Pickled factories written by `zrl run`.")
-    ] = None,
-    env_factory: Annotated[
-        str | None, typer.Option("--env-factory", help="Env factory as package.module:name.")
-    ] = None,
-    model_factory: Annotated[
-        str | None, typer.Option("--model-factory", help="Model factory as package.module:name.")
-    ] = None,
+    factories_file: FactoriesFileOpt = None,
+    env_factory: ExperimentEnvFactoryOpt = None,
+    model_factory: ExperimentModelFactoryOpt = None,
     keys: KeysOpt = None,
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow binding a non-loopback address without keys.")
+    ] = False,
+    no_preflight: Annotated[
+        bool,
+        typer.Option(
+            "--no-preflight",
+            help="Skip making one env and the model before starting (for a broker host "
+            "without the env's packages).",
+        ),
     ] = False,
     log_level: LogOpt = "INFO",
 ) -> None:
@@ -150,6 +161,10 @@ def start_broker(
         factories.env = env_factory
     if model_factory:
         factories.model = model_factory
+    if cfg is not None and not no_preflight:
+        from zrl.preflight import preflight
+
+        preflight(cfg, factories)  # a bad env id or model fails here, not in every role
     broker = Broker(bind, cfg, keys=_load_keys(keys), factories=factories)
     install_stop_signals(broker.stop)
     broker.run()
@@ -276,15 +291,25 @@ def status(
 ) -> None:
     """Show the roles registered with a broker."""
     import zmq
-    from rich.console import Console
     from rich.table import Table
 
-    from zrl.roles.base import registry_request
+    from zrl.display import make_console
+    from zrl.roles.base import RoleError, registry_request
     from zrl.transport import protocol as P
 
-    reply = registry_request(
-        zmq.Context.instance(), broker, P.Message(P.STATUS), timeout, _load_keys(keys, key_name)
-    )
+    try:
+        reply = registry_request(
+            zmq.Context.instance(), broker, P.Message(P.STATUS), timeout,
+            _load_keys(keys, key_name),
+        )  # fmt: skip
+    except RoleError as exc:
+        if keys is not None:
+            raise
+        # CURVE gives a client without keys no answer at all, not a refusal: say so.
+        raise RoleError(
+            f"{exc}; a broker started with --keys does not answer clients without keys: "
+            "pass --keys DIR (the directory from `zrl keys init`)"
+        ) from None
     if as_json:
         typer.echo(json.dumps(reply.meta, indent=2, default=str))
         return
@@ -308,7 +333,7 @@ def status(
             str(r["msgs_in"]), str(r["msgs_out"]), str(r["dropped"]), str(r.get("gaps", 0)),
             f"{rss:.0f}" if isinstance(rss, int | float) else "-",
         )  # fmt: skip
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = make_console()
     console.print(table)
     hosts: dict[str, int] = {}
     for r in roles:
@@ -326,11 +351,41 @@ def status(
 def config_show(
     config: Annotated[Path, typer.Argument(help="YAML config file.")],
     overrides: SetOpt = None,
+    all_sections: Annotated[
+        bool, typer.Option("--all", help="Also the sections the config's algo does not use.")
+    ] = False,
 ) -> None:
-    """Print the fully resolved config (defaults filled in, overrides applied)."""
+    """Print the resolved config (defaults filled in, overrides applied): the sections its
+    algo uses."""
     from zrl.config import config_to_yaml, load_config
 
-    typer.echo(config_to_yaml(load_config(config, overrides)), nl=False)
+    cfg = load_config(config, overrides)
+    typer.echo(config_to_yaml(cfg, all_sections=all_sections), nl=False)
+
+
+@config_app.command("check")
+def config_check(
+    config: Annotated[Path, typer.Argument(help="YAML config or experiment script.")],
+    overrides: SetOpt = None,
+    factories_file: FactoriesFileOpt = None,
+    env_factory: ExperimentEnvFactoryOpt = None,
+    model_factory: ExperimentModelFactoryOpt = None,
+) -> None:
+    """Make one env of the config and its model, as `zrl run` does before anything starts."""
+    from zrl.experiment import Factories
+    from zrl.preflight import check_env, check_model, describe_space
+
+    cfg, factories = _load_experiment(config, overrides)
+    if factories_file is not None:
+        factories = Factories.from_wire(factories.references, factories_file.read_bytes())
+    factories.env = env_factory or factories.env
+    factories.model = model_factory or factories.model
+    observation_space, action_space = check_env(cfg, factories)
+    check_model(cfg, observation_space, action_space, factories)
+    spaces = (
+        f"observations {describe_space(observation_space)}, actions {describe_space(action_space)}"
+    )
+    typer.echo(f"ok: the {cfg.algo} model builds for {cfg.env.id} ({spaces})")
 
 
 # --- keys -------------------------------------------------------------------------------
@@ -407,7 +462,7 @@ def run(
         factories=factories, insecure=insecure, resume=resume is not None,
     )  # fmt: skip
     summary = sup.run()
-    if not summary.get("reached_target", False) and summary.get("stop_reason") == "error":
+    if summary.get("failed"):  # roles kept crashing: summary.json says which and why
         raise typer.Exit(1)
 
 
@@ -440,6 +495,19 @@ def plot(
     typer.echo(f"wrote {path}")
 
 
+def honour_stop_signals() -> None:
+    """SIGINT and SIGTERM stop every command, whatever this process inherited: a job started
+    with ``&`` by a non-interactive shell inherits SIGINT as ignored. Ctrl-C and SIGTERM
+    raise KeyboardInterrupt (exit code 130) until a command installs its own handlers."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main() -> None:
     """Entry point: user errors become one line and exit code 2."""
     try:  # typer >= 0.20 vendors click
@@ -450,6 +518,7 @@ def main() -> None:
     from zrl.config import ConfigError
     from zrl.roles.base import RoleError
 
+    honour_stop_signals()
     try:
         code = app(standalone_mode=False)
     except UsageError as exc:

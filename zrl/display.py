@@ -26,6 +26,15 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def make_console(**kwargs: Any) -> Console:
+    """A rich console; off a terminal (a log file, a pipe) one that never wraps: a record
+    split over two lines cannot be grepped, and a wrapped command cannot be pasted."""
+    console = Console(**kwargs)
+    if console.is_terminal:
+        return console
+    return Console(width=100_000, **kwargs)  # tables keep their natural width
+
+
 def role_note(info: dict[str, Any]) -> str:
     """Why a role is waiting or what went wrong, from its heartbeat info."""
     if info.get("sampling_blocked"):
@@ -43,7 +52,7 @@ class StatusDisplay:
     def __init__(self, sup: Supervisor, enabled: bool = True) -> None:
         self.sup = sup
         self.enabled = enabled
-        self.console = Console(stderr=False)
+        self.console = make_console(stderr=False)
         self.live: Live | None = None
         self.row: dict[str, Any] = {}
         self._next_plain = 0.0
@@ -69,7 +78,8 @@ class StatusDisplay:
 
     def message(self, text: str) -> None:
         if self.enabled:
-            self.console.print(text)
+            # Verbatim: commands, paths and log lines may hold [brackets] rich would eat.
+            self.console.print(text, markup=False, highlight=False)
 
     def start(self) -> None:
         if self.enabled and self.console.is_terminal:
@@ -84,9 +94,13 @@ class StatusDisplay:
         best = max((e["mean"] for e in self.sup.agg.evals), default=0.0)
         if "eval" in self.tasks:
             last = row.get("eval_return")
+            # The bar shows what the stop rule compares with the target, not the best eval.
+            recent = [e["mean"] for e in self.sup.agg.evals][-stop.eval_window :]
+            mean = sum(recent) / len(recent) if recent else 0.0
             self.progress.update(
-                self.tasks["eval"], completed=max(best, 0.0),
-                label=f"best {best:.1f} / {stop.eval_return:.0f} (last {_fmt(last)})",
+                self.tasks["eval"], completed=max(mean, 0.0),
+                label=f"mean of last {len(recent)} {mean:.1f} / {stop.eval_return:.0f} "
+                f"(best {best:.1f}, last {_fmt(last)})",
             )  # fmt: skip
         if "steps" in self.tasks:
             self.progress.update(self.tasks["steps"], completed=row["env_steps"],
@@ -166,9 +180,19 @@ class StatusDisplay:
         else:
             self.console.print(f"[yellow]stopped: {summary['stop_reason']}[/]")
         if summary.get("error"):
-            self.console.print(f"[red]{summary['error']}[/]")
+            self.console.print(summary["error"], style="red", markup=False, highlight=False)
+            for line in summary.get("error_log_tail") or []:
+                self.message(f"  | {line}")
+        if summary.get("confirming_eval_return") is not None:
+            self.message(
+                f"stop rule met with {summary['confirming_eval_return']}: {summary['stop_rule']}"
+            )
+        first = summary.get("seconds_to_first_env_step")
         self.console.print(
-            f"best eval return {_fmt(summary['best_eval_return'])}, env steps {summary['env_steps']:,}, "
-            f"wall time {summary['wall_time']:.1f} s"
+            f"best eval return {_fmt(summary['best_eval_return'])}, last "
+            f"{_fmt(summary.get('last_eval_return'))}, env steps {summary['env_steps']:,}, "
+            f"wall time {summary['wall_time']:.1f} s, first env step after "
+            f"{_fmt(first) + ' s' if first is not None else '-'}",
+            highlight=False,
         )
         self.console.print(f"run directory: {summary['run_dir']}")

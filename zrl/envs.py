@@ -8,6 +8,7 @@ invalid instead of learning from them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,27 @@ class EnvError(ValueError):
     """An environment that cannot be made or is not supported; user-facing."""
 
 
+ENV_NAMESPACE_PACKAGES = {"ALE": ("ale_py", "ale-py")}
+"""Namespaces of env ids whose package registers them only when imported (gymnasium >= 1.0
+no longer imports it), as (module, pip name)."""
+
+
+def register_env_namespace(env_id: str) -> None:
+    """Import the package that registers ``env_id``'s namespace (``ALE/...``: ale_py) if it
+    is installed and has not registered yet; otherwise gymnasium says the namespace is missing."""
+    namespace = env_id.split(":")[-1].split("/")[0] if "/" in env_id else None
+    if namespace not in ENV_NAMESPACE_PACKAGES:
+        return
+    if any(spec.namespace == namespace for spec in gym.registry.values()):
+        return
+    module_name = ENV_NAMESPACE_PACKAGES[namespace][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return
+    gym.register_envs(module)
+
+
 def make_vector_env(
     cfg: EnvConfig, num_envs: int | None = None, env_fn: Callable[[], gym.Env] | None = None
 ) -> gym.vector.VectorEnv:
@@ -34,6 +56,7 @@ def make_vector_env(
             return vec_cls([env_fn] * n, autoreset_mode=AutoresetMode.NEXT_STEP)
         except Exception as exc:
             raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
+    register_env_namespace(cfg.id)
     try:
         if mode in ("auto", "native"):
             try:

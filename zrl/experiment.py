@@ -51,6 +51,16 @@ class FactoryError(ValueError):
     """A factory that cannot be resolved or shipped; user-facing."""
 
 
+class RunFailed(RuntimeError):
+    """``Experiment.run`` ended because roles kept crashing; ``summary`` is summary.json."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__(
+            f"the run failed: {summary.get('error')} (summary: {summary.get('run_dir')}/summary.json)"
+        )
+        self.summary = summary
+
+
 def resolve_reference(ref: str) -> Any:
     """``"package.module:name"`` -> the object it names."""
     if ":" not in ref:
@@ -123,11 +133,18 @@ class Experiment:
         return Factories(env=self.env, model=self.model)
 
     def run(self, **kwargs: Any) -> dict[str, Any]:
-        """Run locally under the supervisor (the same as ``zrl run SCRIPT``)."""
+        """Run locally under the supervisor (the same as ``zrl run SCRIPT``) and return the
+        summary. Raises ``RunFailed`` when roles kept crashing, so a script exits non-zero
+        as ``zrl run`` does."""
         from zrl.supervisor import Supervisor
 
         overrides = kwargs.pop("overrides", None)
-        return Supervisor(self.resolved_config(overrides), factories=self.factories, **kwargs).run()
+        summary = Supervisor(
+            self.resolved_config(overrides), factories=self.factories, **kwargs
+        ).run()
+        if summary.get("failed"):
+            raise RunFailed(summary)
+        return summary
 
 
 def load_experiment(path: str | Path) -> Experiment:

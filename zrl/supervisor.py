@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -35,9 +36,9 @@ from typing import Any
 
 import zmq
 
-from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.config import ConfigError, ExperimentConfig, config_to_yaml
 from zrl.experiment import FACTORIES_FILE, Factories
-from zrl.metrics import MetricsWriter, read_csv
+from zrl.metrics import MetricsWriter, read_csv, require_backends
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 from zrl.transport.security import init_keys, load_keys
@@ -59,6 +60,18 @@ RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 STOP_GRACE_S = 10.0
 MONITOR_INTERVAL_S = 0.5
 PLAIN_STATUS_INTERVAL_S = 5.0
+LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log file (empty if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 64 * 1024, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.rstrip("\n").splitlines()[-lines:]
 
 
 @dataclass
@@ -75,6 +88,12 @@ class Child:
     restarts: int = 0
     restart_at: float | None = None
     started: float = field(default_factory=time.monotonic)
+    came_up: bool = False
+    """This life registered and reported alive (its setup finished)."""
+    setup_crashes: int = 0
+    """Lives in a row that crashed before coming up: a role that keeps crashing, not one
+    that was killed while running."""
+    last_exit_code: int | None = None
 
     @property
     def name(self) -> str:
@@ -117,10 +136,17 @@ def number(value: Any) -> float | None:
     return None
 
 
+TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator")
+TRAIN_KEY = re.compile(r"[a-z][a-z0-9_]{0,47}")
+MAX_TRAIN_KEYS = 64
+
+
 class Aggregator:
     """Turns the roles' latest metrics into the figures the display and CSV show."""
 
     def __init__(self) -> None:
+        # Training figures (``train`` in METRICS) reported since the last train_row, per role.
+        self._train: dict[str, tuple[str, dict[str, float]]] = {}
         self.latest: dict[str, dict[str, Any]] = {}
         self._carry: dict[tuple[str, str], int] = {}
         self._last_raw: dict[tuple[str, str], int] = {}
@@ -132,6 +158,35 @@ class Aggregator:
         rid = meta.get("id")
         if isinstance(rid, str):
             self.latest[rid] = meta
+            train, role = meta.get("train"), meta.get("role")
+            if isinstance(train, dict) and role in TRAIN_ROLES:
+                # From the open topic bus: short snake_case names and finite numbers only.
+                figures = {
+                    k: v
+                    for k, v in list(train.items())[:MAX_TRAIN_KEYS]
+                    if isinstance(k, str) and TRAIN_KEY.fullmatch(k) and number(v) is not None
+                }
+                if figures:
+                    self._train[rid] = (role, {k: float(v) for k, v in figures.items()})
+
+    def train_row(self) -> dict[str, float]:
+        """The training figures reported since the last call, as ``<role>/<name>`` tags,
+        aggregated over the roles of a kind: ``*_min`` by min, ``*_max`` by max, the rest by
+        the mean (of each role's running mean since its last report)."""
+        gathered: dict[str, list[float]] = {}
+        for role, figures in self._train.values():
+            for k, v in figures.items():
+                gathered.setdefault(f"{role}/{k}", []).append(v)
+        self._train = {}
+        out = {}
+        for tag, values in sorted(gathered.items()):
+            if tag.endswith("_min"):
+                out[tag] = min(values)
+            elif tag.endswith("_max"):
+                out[tag] = max(values)
+            else:
+                out[tag] = sum(values) / len(values)
+        return out
 
     def _monotonic_sum(self, role: str, key: str) -> int:
         """Sum of a counter over roles, carried across restarts (a restarted role counts from 0)."""
@@ -263,8 +318,15 @@ class Supervisor:
         self.target_time: float | None = None
         self.target_steps: int | None = None
         self.target_reached_at: float | None = None
-        # Evals at or above the target, awaiting the evaluator's heartbeat: (sender, row, time).
-        self._target_candidates: list[tuple[str, dict[str, Any], float]] = []
+        # Evals that meet the stop rule, awaiting the evaluator's heartbeat:
+        # (sender, row, time, the means that met it).
+        self._target_candidates: list[tuple[str, dict[str, Any], float, list[float]]] = []
+        self._eval_means: dict[str, list[float]] = {}  # per evaluator, for the window rule
+        self.confirming_return: float | None = None
+        self._fatal = ""  # why the run failed, for the summary
+        self.first_env_step: float | None = None  # seconds from our start
+        self._fatal_tail: list[str] = []  # the last lines of the failed role's log
+        self._display: Any = None
         self.evals_dropped = 0
         self.zygote: subprocess.Popen[str] | None = None
         self.zygote_ready = False
@@ -382,6 +444,7 @@ class Supervisor:
                 self.bind_addr,
                 "--config",
                 str(self.run_dir / "config.yaml"),
+                "--no-preflight",  # run() made the same checks before it started the broker
             ]
             if self.factories.needs_pickle():
                 cmd += ["--factories", str(self.run_dir / FACTORIES_FILE)]
@@ -530,17 +593,28 @@ class Supervisor:
                     child.restarts += 1
                     log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
                                 RESTART_BUDGET)  # fmt: skip
+                    child.came_up = False
                     self._spawn(child)
                 continue
             if child.alive():
+                if not child.came_up:
+                    registered = self._registered(child.name, child.role)
+                    if registered is not None and registered.get("state") == "alive":
+                        child.came_up, child.setup_crashes = True, 0
                 continue
             code = child.exit_code()
+            child.last_exit_code = code
+            child.setup_crashes += 0 if child.came_up else 1
+            if child.restarts == 0:
+                # The reason is in the role's log: show it, not only the log's name.
+                self._show_tail(child, f"{child.name} exited with code {code}")
             if child.restarts >= RESTART_BUDGET:
                 self.stop_reason = "error"
                 self._fatal = (
                     f"{child.name} crashed {child.restarts + 1} times (exit code {code}); "
                     f"see {child.log_path}"
                 )
+                self._fatal_tail = log_tail(child.log_path)
                 self._stop.set()
                 return
             delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
@@ -554,6 +628,29 @@ class Supervisor:
                 self.stop_reason = "error"
                 self._fatal = "the in-process broker stopped; see the log"
                 self._stop.set()
+
+    def _show_tail(self, child: Child, headline: str) -> None:
+        tail = log_tail(child.log_path)
+        if self._display is None or not tail:  # (--inproc roles log to logs/inproc.log)
+            return
+        self._display.message(f"{headline}; the last lines of {child.log_path}:")
+        for line in tail:
+            self._display.message(f"  | {line}")
+
+    def _keeps_crashing(self) -> None:
+        """At the stop: a role whose latest lives all crashed before they came up fails the
+        run, also when a time limit stopped it before the restart budget ran out."""
+        if self._fatal or self.target_time is not None:
+            return
+        for child in self.children:
+            if child.setup_crashes and not child.came_up:
+                self._fatal = (
+                    f"{child.name} crashed {child.setup_crashes} time(s) while starting (last "
+                    f"exit code {child.last_exit_code}) and was not running at the stop; see "
+                    f"{child.log_path}"
+                )
+                self._fatal_tail = log_tail(child.log_path)
+                return
 
     def _stop_children(self) -> None:
         """Stop in data-flow order: actors first (their end-of-stream wait needs the replay
@@ -624,39 +721,78 @@ class Supervisor:
                 row["episodes"] = count(meta.get("episodes"))
                 row["time"] = round(elapsed, 2)
                 row["env_steps"] = self.agg.row(elapsed)["env_steps"]
+                row["confirming"] = meta.get("confirming") is True
                 self.agg.evals.append(row)
                 writer.write_eval(row)
                 self._check_eval_target(row, sender)
             else:
                 self.agg.on_metrics(meta)
+                if (
+                    self.first_env_step is None
+                    and meta.get("role") == "actor"
+                    and count(meta.get("env_steps")) > 0
+                ):
+                    # Actors report once a second: this is when we heard of the first step.
+                    self.first_env_step = round(elapsed, 2)
+
+    def stop_rule(self) -> str:
+        """The stop rule on evaluations, in words (for the summary and the README)."""
+        s = self.cfg.stop
+        if s.eval_return is None:
+            return "no eval_return target"
+        if s.confirm == "fresh":
+            return (f"an evaluation reaches {s.eval_return:g}, then a confirming evaluation of "
+                    f"{s.eval_episodes} fresh episodes with the same weights reaches it too")  # fmt: skip
+        return f"the mean of the last {s.eval_window} evaluations reaches {s.eval_return:g}"
 
     def _check_eval_target(self, row: dict[str, Any], sender: str) -> None:
-        target = self.cfg.stop.eval_return
-        if target is not None and row["mean"] >= target and self.target_time is None:
-            self._target_candidates = [*self._target_candidates[-7:], (sender, row, time.time())]
+        """Note an eval that meets the stop rule; `_confirm_target` stops the run on it."""
+        s = self.cfg.stop
+        means = [*self._eval_means.get(sender, []), row["mean"]][-s.eval_window :]
+        self._eval_means[sender] = means
+        if s.eval_return is None or self.target_time is not None:
+            return
+        if s.confirm == "fresh":
+            met = [row["mean"]] if row["confirming"] else []
+        else:
+            met = means if len(means) >= s.eval_window else []
+        if met and sum(met) / len(met) >= s.eval_return:
+            self._target_candidates = [*self._target_candidates[-7:],
+                                       (sender, row, time.time(), met)]  # fmt: skip
 
     def _confirm_target(self) -> None:
-        """Stop at the target once the evaluator's own heartbeat reports a return at it too.
+        """Stop at the target once the evaluator's own heartbeat reports the evaluations that
+        met the rule too.
 
         The sender name of a topic-bus message can be forged; a heartbeat comes only from
-        the connection the evaluator registered on (the broker drops others). The heartbeat
-        carries the mean of the evaluator's latest evaluation, rounded to 2 places: the
-        candidate with that mean is the real one, and gives the time to target."""
+        the connection the evaluator registered on (the broker drops others). It carries the
+        means of the evaluator's latest evaluations (rounded to 2 places), and the latest
+        confirming one: a candidate counts only if every mean it was met with is among them
+        in that order, so no forged eval can complete a window."""
         target = self.cfg.stop.eval_return
         if target is None or self.target_time is not None:
             return
-        for sender in {c[0] for c in self._target_candidates}:
+        fresh = self.cfg.stop.confirm == "fresh"
+        for sender, hit, wall, met in self._target_candidates:
             row = self._registered(sender, "evaluator")
             info = row.get("info") if row is not None else None
-            reported = number(info.get("eval_return")) if isinstance(info, dict) else None
-            if reported is None or reported < target:
+            if not isinstance(info, dict):
                 continue
-            mine = [c for c in self._target_candidates if c[0] == sender]
-            exact = [c for c in mine if round(c[1]["mean"], 2) == reported]
-            _, hit, wall = exact[0] if exact else mine[-1]
+            mine: list[float | None] = [round(m, 2) for m in met]
+            if fresh:
+                reported = [number(info.get("confirming_return"))]
+            else:
+                recent = info.get("recent_returns")
+                # An evaluator without the list (an older one) reports its latest mean only.
+                reported = recent if isinstance(recent, list) else [info.get("eval_return")]
+                reported = [number(v) for v in reported]
+            runs = [reported[i : i + len(mine)] for i in range(len(reported) - len(mine) + 1)]
+            if mine not in runs:
+                continue
             self.target_time = hit["time"]
             self.target_reached_at = wall
             self.target_steps = hit["env_steps"]
+            self.confirming_return = round(sum(met) / len(met), 2)
             self.stop_reason = "eval_return"
             self._stop.set()
             return
@@ -747,7 +883,11 @@ class Supervisor:
 
     def run(self) -> dict[str, Any]:
         from zrl.display import StatusDisplay
+        from zrl.preflight import check_env
 
+        # Before the run directory exists, so a mistyped env id leaves nothing behind; the
+        # model is checked once the zygote has imported torch (_check_model).
+        spaces = check_env(self.cfg, self.factories)
         self._prepare_run_dir()
         self._fatal = ""
         if self.inproc:
@@ -759,11 +899,20 @@ class Supervisor:
                 logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s")
             )
             logging.getLogger().addHandler(handler)
+        require_backends(self.cfg.logging)  # a missing W&B/MLflow extra stops us here
         # Roles fork from the zygote once it has imported torch: start it before anything
         # here imports torch too (the TensorBoard writer does), so the two overlap.
         self._start_zygote()
-        writer = MetricsWriter(self.run_dir)
+        try:
+            self._check_model(spaces)
+        except BaseException:
+            self._stop_zygote()
+            raise
+        writer = MetricsWriter(
+            self.run_dir, logging=self.cfg.logging, config=self.cfg.model_dump(mode="json")
+        )
         display = StatusDisplay(self, enabled=self.show_status)
+        self._display = display
         interrupted = False
         previous_handlers: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -799,6 +948,7 @@ class Supervisor:
                     self._check_children()
                     row = self.agg.row(elapsed)
                     writer.write_progress(row)
+                    writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
                     self._check_limits(row)
                     display.update(row)
                 self._stop.wait(MONITOR_INTERVAL_S / 5)
@@ -819,6 +969,7 @@ class Supervisor:
                 writer.close()
                 for sig, h in previous_handlers.items():
                     signal.signal(sig, h)
+            self._keeps_crashing()
             summary = self._summary(row, version, interrupted)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if self.agg.evals:
@@ -830,6 +981,30 @@ class Supervisor:
                     log.warning("could not plot the learning curve: %s", exc)
             display.final(summary)
         return summary
+
+    def _check_model(self, spaces: tuple[Any, Any]) -> None:
+        """Build the model as the roles will, before any starts: in a child forked from the
+        zygote, which imports torch anyway. Importing torch here too would take seconds of
+        CPU from the roles' start-up."""
+        from zrl.preflight import check_model
+
+        log_path = self.run_dir / "logs" / "preflight.log"
+        argv = ["config", "check", str(self.run_dir / "config.yaml")]
+        if self.factories.needs_pickle():
+            argv += ["--factories", str(self.run_dir / FACTORIES_FILE)]
+        refs = self.factories.references
+        argv += [f"--env-factory={refs['env']}"] if "env" in refs else []
+        argv += [f"--model-factory={refs['model']}"] if "model" in refs else []
+        forked = self._fork_from_zygote(argv, log_path)
+        if forked is None:  # no zygote: --inproc, not Linux, or it failed
+            check_model(self.cfg, *spaces, self.factories)
+            return
+        if forked.wait() != 0:
+            lines = log_path.read_text(errors="replace").splitlines()
+            errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+            raise ConfigError(
+                errors[-1] if errors else f"the preflight check failed: see {log_path}"
+            )
 
     def _announce_remote(self, display: Any) -> None:
         commands = self.remote_commands()
@@ -859,17 +1034,26 @@ class Supervisor:
             "run_dir": str(self.run_dir),
             "stop_reason": "interrupted" if interrupted else (self.stop_reason or "unknown"),
             "error": self._fatal or None,
+            # A run that met its target is a success even if some role crashed on the way.
+            "failed": bool(self._fatal) and self.target_time is None,
+            "error_log_tail": self._fatal_tail or None,
             "reached_target": self.target_time is not None,
             "target_return": self.cfg.stop.eval_return,
             "seconds_to_target": self.target_time,
             "target_reached_at": self.target_reached_at,
             "env_steps_to_target": self.target_steps,
             "wall_time": round(time.monotonic() - self.started, 2),
+            "seconds_to_first_env_step": self.first_env_step,
             "env_steps": row.get("env_steps", 0),
             "updates": row.get("updates", 0),
             "experience": self.agg.experience(),
-            "final_eval_return": evals[-1]["mean"] if evals else None,
+            "stop_rule": self.stop_rule(),
+            # The mean that met the stop rule; best and last are single evaluations, and a
+            # best at the target alone is not a solved task.
+            "confirming_eval_return": self.confirming_return,
             "best_eval_return": max(e["mean"] for e in evals) if evals else None,
+            "last_eval_return": evals[-1]["mean"] if evals else None,
+            "final_eval_return": evals[-1]["mean"] if evals else None,  # = last, for old readers
             "evaluations": len(evals),
             "evals_dropped": self.evals_dropped,
             "weights_version": version,

@@ -62,7 +62,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", "run", str(CONFIG), "--run-dir", str(run_dir),
-             "--set", "stop.wall_time=75", "--set", "stop.eval_return=1000000"],
+             "--set", "stop.wall_time=55", "--set", "stop.eval_return=1000000"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
         )  # fmt: skip
     ctx = zmq.Context()
@@ -166,7 +166,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
 
         # Afterwards: everyone alive with the same pid, learning goes on, memory bounded.
         updates_after_attack = updates()
-        wait_for(lambda: updates() > updates_after_attack + 200, timeout=30)
+        wait_for(lambda: updates() > updates_after_attack + 100, timeout=30)
         now = {r["id"]: r for r in zrl_status_json(addr)["roles"]}
         for rid in ROLE_IDS:
             assert now[rid]["state"] == "alive" and now[rid]["pid"] == pids[rid], now[rid]

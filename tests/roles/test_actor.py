@@ -107,6 +107,7 @@ def test_actor_trajectories_credit_window_and_weights(inproc):
     ack(pub, "actor-0", 1)
     second = collect(experience, until=1, timeout=10)
     assert [m.seq for m in second] == [2]
+    wait_for(lambda: actor.in_flight == 2, timeout=5)  # counted just after the send
     settle(lambda: actor.trajectories == 3 and actor.in_flight == 2, 0.5)
     # A duplicate ack is dropped and frees nothing; acking 0 frees the other slot.
     ack(pub, "actor-0", 1)

@@ -49,6 +49,8 @@ def env_major(x: np.ndarray) -> np.ndarray:
 
 class Actor(Role):
     role = "actor"
+    # How long teardown waits for the acks of what is still in flight.
+    eos_timeout_s = EOS_TIMEOUT_S
 
     def setup_outputs(self) -> None:
         """The sockets trajectories leave by (subclasses for other algorithms replace them)."""
@@ -92,6 +94,7 @@ class Actor(Role):
         self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
+        self._episodes_reported = 0
         self.env_steps = 0
         self.trajectories = 0
         self.pending: P.Message | None = None
@@ -275,6 +278,32 @@ class Actor(Role):
         elif self.blocked_since is None:
             self.blocked_since = time.monotonic()
 
+    def train_info(self) -> dict[str, float]:
+        """The training episodes finished since the last report, and the exploration."""
+        out: dict[str, float] = {}
+        if not hasattr(self, "episodes"):
+            return out
+        tracker = self.episodes
+        reported = getattr(self, "_episodes_reported", 0)
+        new = min(tracker.episodes - reported, len(tracker.finished_returns))
+        self._episodes_reported = tracker.episodes
+        if new > 0:
+            returns = tracker.finished_returns[-new:]
+            lengths = tracker.finished_lengths[-new:]
+            out["episode_return"] = float(np.mean(returns))
+            out["episode_return_min"] = float(np.min(returns))
+            out["episode_return_max"] = float(np.max(returns))
+            out["episode_length"] = float(np.mean(lengths))
+        out.update(self.exploration_info())
+        return out
+
+    def exploration_info(self) -> dict[str, float]:
+        """Ape-X: the smallest and largest epsilon of this actor's env slots."""
+        eps = getattr(self, "epsilons", None)
+        if eps is None or not len(eps):
+            return {}
+        return {"epsilon_min": float(eps.min()), "epsilon_max": float(eps.max())}
+
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "env_steps": self.env_steps,
@@ -296,7 +325,7 @@ class Actor(Role):
         # End of stream: LINGER is no delivery guarantee (libzmq can drop queued messages of a
         # closing PUSH), so wait until the replay acknowledged everything we sent.
         if hasattr(self, "experience"):
-            deadline = time.monotonic() + EOS_TIMEOUT_S
+            deadline = time.monotonic() + self.eos_timeout_s
             while self.in_flight > 0 and time.monotonic() < deadline:
                 self.acks.sock.poll(50)
                 self.read_acks()

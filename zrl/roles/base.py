@@ -30,6 +30,7 @@ import zmq
 from zrl import __version__
 from zrl.config import ExperimentConfig
 from zrl.experiment import Factories
+from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import (
@@ -124,6 +125,7 @@ class Role:
         self._reconnect_at = 0.0
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self._metrics_pub: Channel | None = None
+        self.train_stats = TrainStats()  # running means of training figures, flushed per report
         self.registrations = 0
         self._process = psutil.Process()
 
@@ -379,6 +381,16 @@ class Role:
         """Role-specific figures shown in ``zrl status`` and published as metrics."""
         return {}
 
+    def train_info(self) -> dict[str, float]:
+        """Training figures that are read, not averaged (learning rate, epsilon, ...)."""
+        return {}
+
+    def train_metrics(self) -> dict[str, float]:
+        """The training figures of the metrics report (``train`` in METRICS, once a second):
+        the means of what ``train_stats`` gathered since the last report, plus ``train_info``.
+        The head writes them as ``<role>/<name>`` (TensorBoard, CSV, W&B, MLflow)."""
+        return {**self.train_stats.flush(), **self.train_info()}
+
     def tick(self) -> None:
         """Heartbeat, read registry replies, re-register if the broker went quiet."""
         now = time.monotonic()
@@ -427,7 +439,8 @@ class Role:
             )
             if now >= self._next_metrics:
                 self._next_metrics = now + METRICS_INTERVAL_S
-                self.publish_metrics(info)
+                train = self.train_metrics()
+                self.publish_metrics({**info, "train": train} if train else info)
 
     def check_memory(self) -> float:
         """Resident memory in MB; past ``limits.memory_mb`` the role stops, saying why.
@@ -503,12 +516,20 @@ class Role:
             while not self.stop_event.is_set():
                 self.step()
                 self.tick()
-        finally:
+        except BaseException:
             self.state = "stopping"
             try:
                 self.teardown()
+            except Exception:  # noqa: BLE001 - the first error is the one the log must end on
+                self.log.debug("teardown after the error failed too", exc_info=True)
             finally:
                 self.close()
+            raise
+        self.state = "stopping"
+        try:
+            self.teardown()
+        finally:
+            self.close()
 
     def close(self) -> None:
         if self._registry is not None and not self._registry.sock.closed:

@@ -187,6 +187,16 @@ class ContinuousActor(Actor):
             },
         )
 
+    def exploration_info(self) -> dict[str, float]:
+        """DDPG: the Gaussian noise scale (fraction of the half-range) of this actor's env
+        slots; SAC explores by its own policy's entropy (``learner/entropy``, ``alpha``)."""
+        out: dict[str, float] = {}
+        if self.config.algo == "apex_ddpg" and len(self.sigmas):
+            out = {"noise_sigma_min": float(self.sigmas.min()),
+                   "noise_sigma_max": float(self.sigmas.max())}  # fmt: skip
+        out["warming_up"] = float(self.env_steps < self.warmup_steps)
+        return out
+
     def heartbeat_info(self) -> dict[str, Any]:
         info = super().heartbeat_info()
         info["non_finite_env"] = self.non_finite_env

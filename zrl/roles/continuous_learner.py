@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -144,6 +145,7 @@ class ContinuousLearner(Learner):
         shard = self.check_batch(msg)
         batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
         grad_clip = self.config.learner.grad_clip
+        started = time.perf_counter()
         try:
             if self.sac:
                 c = self.config.sac
@@ -155,6 +157,10 @@ class ContinuousLearner(Learner):
                 )  # fmt: skip
                 update_targets, td, loss = True, r.td, r.critic_loss
                 parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
+                figures = {
+                    **parts, "alpha_loss": r.alpha_loss, "q_mean": r.q_mean,
+                    "grad_norm": r.grad_norm, "actor_grad_norm": r.actor_grad_norm,
+                }  # fmt: skip
             else:
                 d = self.config.ddpg
                 update_targets = (self.updates + 1) % d.policy_delay == 0
@@ -166,12 +172,21 @@ class ContinuousLearner(Learner):
                 )  # fmt: skip
                 td, loss = r2.td, r2.critic_loss
                 parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
+                figures = {
+                    **parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm
+                }  # fmt: skip
         except NonFiniteLossError as exc:
             self.on_non_finite(exc, f"a batch from {shard}")
         self.non_finite_in_a_row = 0
         self.updates += 1
         self.last_loss = loss
         self.last_parts = {k: v for k, v in parts.items() if math.isfinite(v)} or self.last_parts
+        # loss = critic_loss, so every learner has a learner/loss curve.
+        self.train_stats.add(
+            loss=loss, critic_loss=loss, update_ms=(time.perf_counter() - started) * 1e3,
+            **figures,
+        )  # fmt: skip
+        self.train_stats.add_array("td_error", td)
         if update_targets:
             tau = self.config.sac.tau if self.sac else self.config.ddpg.tau
             polyak(self.target_params, self.online_params, tau)
@@ -186,6 +201,12 @@ class ContinuousLearner(Learner):
             )
         if self.updates % self.config.learner.publish_interval == 0:
             self.send_weights()
+
+    def train_info(self) -> dict[str, float]:
+        return {
+            "lr": float(self.critic_optimizer.param_groups[0]["lr"]),
+            "actor_lr": float(self.actor_optimizer.param_groups[0]["lr"]),
+        }
 
     def heartbeat_info(self) -> dict[str, Any]:
         info = super().heartbeat_info()

@@ -4,7 +4,13 @@ Sockets:
 
 - SUB ``weights`` (topic bus) plus one GET_WEIGHTS at start (late join).
 - PUB ``eval`` (topic bus): one EVAL result per evaluation {weights_version, mean,
-  std, min, max, episodes}; the supervisor records it and checks the stop target.
+  std, min, max, episodes, confirming}; the supervisor records it and checks the stop rule.
+
+The heartbeat carries the means of the latest evaluations (``recent_returns``): the
+supervisor stops on evaluations only once the evaluator's own heartbeat, which no other
+peer can forge, reports them too. With ``stop.confirm: fresh`` an evaluation at
+``stop.eval_return`` is followed at once by a confirming one of ``stop.eval_episodes``
+episodes on new seeds with the same weights.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
 
+# Means of the latest evaluations in the heartbeat: enough for any sensible stop.eval_window
+# even when a few evaluations come between two of the supervisor's status reads.
+RECENT_RETURNS = 32
+
 
 class Evaluator(Role):
     role = "evaluator"
@@ -36,7 +46,10 @@ class Evaluator(Role):
         self.evaluated_version = 0
         self.next_eval = time.monotonic()
         self.evaluations = 0
+        self.confirmations = 0
         self.last: dict[str, Any] = {}
+        self.recent_returns: list[float] = []
+        self.confirming_return: float | None = None
         self.weights.fetch_latest()
 
     def step(self) -> None:
@@ -48,14 +61,28 @@ class Evaluator(Role):
             return
         self.next_eval = now + self.config.evaluator.interval
         version = self.weights.version
+        self._evaluate(version, self.config.evaluator.episodes,
+                       self.config.seed + 1_000_003 + self.evaluations)  # fmt: skip
+        self.evaluated_version = version
+        self.evaluations += 1
+        stop = self.config.stop
+        if (
+            stop.confirm == "fresh"
+            and stop.eval_return is not None
+            and self.last["mean"] >= stop.eval_return
+        ):
+            # Far from the seeds of the regular evaluations, which count up by one.
+            seed = self.config.seed + 7_000_003 + 100_003 * self.confirmations
+            self.confirmations += 1
+            self._evaluate(version, stop.eval_episodes, seed, confirming=True)
+            self.confirming_return = round(self.last["mean"], 2)
+
+    def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
         started = time.monotonic()
         with torch.no_grad():
             returns = greedy_returns(
-                self.model, self.make_envs, self.config.evaluator.episodes,
-                seed=self.config.seed + 1_000_003 + self.evaluations, on_step=self.tick,
-            )  # fmt: skip
-        self.evaluated_version = version
-        self.evaluations += 1
+                self.model, self.make_envs, episodes, seed=seed, on_step=self.tick
+            )
         self.last = {
             "weights_version": version,
             "mean": float(np.mean(returns)),
@@ -64,10 +91,14 @@ class Evaluator(Role):
             "max": float(np.max(returns)),
             "episodes": len(returns),
             "seconds": round(time.monotonic() - started, 3),
+            "confirming": confirming,
         }
+        self.recent_returns = [*self.recent_returns[-(RECENT_RETURNS - 1) :],
+                               round(self.last["mean"], 2)]  # fmt: skip
         self.log.info(
-            "eval of weights v%d: %.1f +- %.1f over %d episodes",
-            version, self.last["mean"], self.last["std"], len(returns),
+            "%s of weights v%d: %.1f +- %.1f over %d episodes",
+            "confirming eval" if confirming else "eval", version, self.last["mean"],
+            self.last["std"], len(returns),
         )  # fmt: skip
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),
@@ -82,4 +113,7 @@ class Evaluator(Role):
         }
         if self.last:
             info["eval_return"] = round(self.last["mean"], 2)
+            info["recent_returns"] = list(self.recent_returns)
+        if self.confirming_return is not None:
+            info["confirming_return"] = self.confirming_return
         return info

@@ -14,6 +14,7 @@ The update math is ``zrl.algos.vtrace.impala_update``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,9 @@ class ImpalaLearner(Learner):
             if name != "weights_version"
         }
         c = self.config.impala
+        lag = float(np.mean(self.weights_version - a["weights_version"][rows]))
         for _ in range(c.epochs):
+            started = time.perf_counter()
             try:
                 result = impala_update(
                     self.online, self.optimizer, batch, gamma=c.gamma, rho_bar=c.rho_bar,
@@ -101,6 +104,10 @@ class ImpalaLearner(Learner):
             self.updates += 1
             self.last_loss = result.parts["loss"]
             self.mean_rho = result.mean_rho
+            self.train_stats.add(
+                **result.parts, grad_norm=result.grad_norm, mean_rho=result.mean_rho,
+                policy_lag=lag, update_ms=(time.perf_counter() - started) * 1e3,
+            )  # fmt: skip
             if self.updates % self.config.learner.publish_interval == 0:
                 self.send_weights()
         self.trained_unrolls += len(rows)

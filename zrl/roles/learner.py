@@ -197,6 +197,7 @@ class Learner(Role):
                 raise P.ProtocolError(f"batch array {name!r} is not finite")
         batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
         lc = self.config.learner
+        started = time.perf_counter()
         try:
             result = dqn_update(
                 self.online, self.target, self.optimizer, batch,
@@ -207,6 +208,11 @@ class Learner(Role):
         self.non_finite_in_a_row = 0
         self.updates += 1
         self.last_loss = result.loss
+        self.train_stats.add(
+            loss=result.loss, q_mean=result.q_mean, grad_norm=result.grad_norm,
+            update_ms=(time.perf_counter() - started) * 1e3,
+        )  # fmt: skip
+        self.train_stats.add_array("td_error", result.td)
         self.priority_pub.send(
             P.Message(
                 P.PRIORITIES,
@@ -326,6 +332,13 @@ class Learner(Role):
         # good checkpoint instead of overwriting it.
         if getattr(self, "checkpoint", None) is not None and not self.diverged:
             self.save_checkpoint()
+
+    def train_info(self) -> dict[str, float]:
+        """The learning rate of the (first) optimizer: constant unless a scheduler moves it."""
+        optimizer = getattr(self, "optimizer", None) or getattr(self, "critic_optimizer", None)
+        if optimizer is None:
+            return {}
+        return {"lr": float(optimizer.param_groups[0]["lr"])}
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {

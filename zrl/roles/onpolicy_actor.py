@@ -153,6 +153,7 @@ class OnPolicyActor(Actor):
             for name, p in self.model.named_parameters()
         }
         self.last_loss = parts["loss"]
+        self.train_stats.add(**parts)
         return P.Message(
             P.GRADIENTS, meta={**meta, "samples": int(valid.sum()), **parts}, arrays=grads
         )

@@ -142,6 +142,7 @@ class ParameterServer(Role):
                 )  # fmt: skip
             return
         self.accumulated.append(msg.arrays)
+        self.train_stats.add_with_max(policy_lag=self.version - version)
         if len(self.accumulated) >= self.config.a3c.gradients_per_update:
             self.apply_gradients()
 
@@ -150,6 +151,7 @@ class ParameterServer(Role):
 
         from zrl.algos.policy_gradient import reduce_gradients
 
+        started = time.perf_counter()
         combined = reduce_gradients(
             [{k: torch.from_numpy(np.array(v)) for k, v in g.items()} for g in self.accumulated],
             self.config.a3c.reduce,
@@ -158,9 +160,12 @@ class ParameterServer(Role):
         self.accumulated = []
         for name, p in self.model.named_parameters():
             p.grad = combined[name]
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.a3c.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.a3c.grad_clip
+        )
         self.optimizer.step()
         self.updates += 1
+        self.train_stats.add(grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3)
         self.store_model_weights()
 
     def bind(self) -> None:
@@ -255,6 +260,11 @@ class ParameterServer(Role):
                 self.id, self.updates, self.applied_gradients, self.stale_gradients,
                 self.config.a3c.max_lag,
             )  # fmt: skip
+
+    def train_info(self) -> dict[str, float]:
+        if self.config.algo != "a3c" or not hasattr(self, "optimizer"):
+            return {}
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}

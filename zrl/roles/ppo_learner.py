@@ -360,6 +360,12 @@ class PPOLearner(Learner):
         if c.mode == "sync" and len(versions) > 1:
             self.mixed_rounds += 1
         self.round_versions = versions
+        # Policy lag: how many versions behind the weights being trained the data is.
+        current = self.current_version()
+        self.train_stats.add_with_max(
+            policy_lag=float(np.mean([current - r.version for r in chosen]))
+        )
+        round_started = time.perf_counter()
         data = round_tensors(self.online, chosen, c.gamma, c.gae_lambda)
         n = len(data["obs"])
         if n == 0:
@@ -379,9 +385,11 @@ class PPOLearner(Learner):
                 if steps % TICK_EVERY_STEPS == 0:
                     self.tick()
         self.rounds += 1
+        self.train_stats.add(round_s=time.perf_counter() - round_started)
 
     def minibatch_step(self, mb: dict[str, torch.Tensor], step: int) -> None:
         c = self.config.ppo
+        started = time.perf_counter()
         adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
         if self.learners > 1:
             # Each learner takes its slice of the (identically ordered) minibatch.
@@ -410,6 +418,9 @@ class PPOLearner(Learner):
         self.updates += 1
         self.last_loss = parts["loss"]
         self.last_parts = parts
+        self.train_stats.add(
+            **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
+        )
 
     def allreduce(self, step: int) -> None:
         """Average this step's gradients with the other learners' (DD-PPO)."""

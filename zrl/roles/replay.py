@@ -24,6 +24,7 @@ stream load-balances trajectories across them.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import time
 from pathlib import Path
@@ -148,6 +149,7 @@ class ReplayServer(Role):
             [P.priority_topic(self.id), P.batch_ack_topic(self.id)], "priorities"
         )
         self.acked_batch_seq = -1
+        self.learner_acked = False  # no learner took a batch yet: they may still be starting
         self.window_full_since: float | None = None
         self.batch_ack_timeouts = 0
         self.acks = self.open_publisher("acks")
@@ -288,6 +290,7 @@ class ReplayServer(Role):
         # ack covers older ones, so a lost ack does not shrink the window.
         seq = P.acked_seq(msg, "learner-", self.batches.next_seq, "batch")
         self.acked_batch_seq = max(self.acked_batch_seq, seq)
+        self.learner_acked = True
 
     @property
     def batches_in_flight(self) -> int:
@@ -305,7 +308,10 @@ class ReplayServer(Role):
             return False
         # A learner died holding batches, or its acks were lost: never deadlock on the window.
         self.batch_ack_timeouts += 1
-        self.log.warning(
+        # Before any learner took a batch this is start-up (replay fills before the learners
+        # are up), not a fault: a debug line, and the count in batch_ack_timeouts.
+        self.log.log(
+            logging.WARNING if self.learner_acked else logging.DEBUG,
             "no batch ack for %.0fs: resetting the window of %d batches",
             BATCH_ACK_TIMEOUT_S, self.batches_in_flight,
         )  # fmt: skip
