@@ -476,3 +476,24 @@ def test_experiment_run_raises_when_the_restart_budget_is_spent(
     assert "actor-0 crashed" in str(failed.value) and "summary.json" in str(failed.value)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["failed"] and saved["restarts"] == {"actor-0": zrl.supervisor.RESTART_BUDGET}
+
+
+def test_a_scripts_relative_config_path_is_relative_to_the_script(tmp_path, monkeypatch):
+    """`python path/to/script.py` from anywhere finds the config the script names, as
+    `zrl run path/to/script.py` does."""
+    scripts = tmp_path / "examples"
+    (tmp_path / "configs").mkdir()
+    scripts.mkdir()
+    (tmp_path / "configs" / "mine.yaml").write_text("name: mine\nseed: 7\n")
+    script = scripts / "exp.py"
+    script.write_text('import zrl\nexperiment = zrl.Experiment("../configs/mine.yaml")\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    namespace: dict[str, Any] = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    cfg = namespace["experiment"].resolved_config()
+    assert (cfg.name, cfg.seed) == ("mine", 7)
+    # A path that exists from where the script is run keeps its meaning.
+    (elsewhere / "local.yaml").write_text("name: local\n")
+    assert zrl.Experiment("local.yaml").resolved_config().name == "local"

@@ -120,6 +120,15 @@ class Experiment:
     model: Callable[..., Any] | str | None = None
     overrides: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # A config path in a script is relative to the script, not to where it is run from
+        # (`python examples/x.py` from anywhere, as `zrl run examples/x.py` does).
+        if isinstance(self.config, str | Path) and not Path(self.config).is_absolute():
+            script = Path(sys._getframe(2).f_code.co_filename)  # whoever called __init__
+            candidate = script.parent / self.config
+            if script.is_file() and candidate.is_file() and not Path(self.config).is_file():
+                self.config = candidate
+
     def resolved_config(self, extra_overrides: list[str] | None = None) -> ExperimentConfig:
         overrides = [*self.overrides, *(extra_overrides or [])]
         if isinstance(self.config, ExperimentConfig):
@@ -170,10 +179,4 @@ def load_experiment(path: str | Path) -> Experiment:
     found = [v for v in vars(module).values() if isinstance(v, Experiment)]
     if len(found) != 1:
         raise ConfigError(f"{p} must define exactly one zrl.Experiment, found {len(found)}")
-    experiment = found[0]
-    if isinstance(experiment.config, str | Path) and not Path(experiment.config).is_absolute():
-        # A config path in a script is relative to the script, not to where zrl runs.
-        candidate = p.parent / experiment.config
-        if candidate.is_file():
-            experiment.config = candidate
-    return experiment
+    return found[0]  # (its relative config path was resolved against the script on creation)
