@@ -2,11 +2,11 @@
 
 (1) A bare loop in its own process, 1 torch thread, no messaging: the actor's vector env
     (``zrl.envs.make_vector_env``) and, every vector step, the same batched Q forward
-    (``zrl.models.build_q_network``, same seed) and Ape-X epsilon-greedy as ``Actor.act``.
-    Not included: the actor's trajectory buffers, episode bookkeeping, n-step returns and
+    (``zrl.models.build_q_network``, same seed) and Ape-X epsilon-greedy as the Ape-X DQN
+    policy's ``act`` (``zrl.algos.apex_dqn.policy.ApexDQNPolicy``). Not included: the actor's trajectory buffers, episode bookkeeping, n-step returns and
     initial priorities (a second forward per trajectory), encoding and sending. As a second
-    reference, the real ``Actor.setup`` + ``Actor.collect`` in a loop with sockets stubbed
-    out separates the actor's own compute from its messaging.
+    reference, the real generic ``Actor.setup`` + ``Actor.collect`` (with the algorithm's
+    policy, as a running actor builds it) in a loop with sockets stubbed out separates the actor's own compute from its messaging.
 (2) ``python -m zrl start actor`` pushing to a real broker and replay shard
     (``python -m zrl start replay``), no learner, params or evaluator, with the config
     ``configs/cartpole_apex_dqn.yaml`` plus ``replay.samples_per_insert: 0`` (inserts are
@@ -52,12 +52,12 @@ def reference_loops(spec: dict[str, Any], cmds: Any, out: Any) -> None:
     import numpy as np
     import torch
 
-    from zrl.algos.dqn import apex_epsilons
+    from zrl.algos.apex_dqn.losses import apex_epsilons
     from zrl.config import ExperimentConfig
     from zrl.envs import make_vector_env
     from zrl.models import build_q_network
-    from zrl.roles.actor import Actor, actor_seed
-    from zrl.runtime import limit_torch_threads
+    from zrl.roles.actor import Actor
+    from zrl.runtime import actor_seed, limit_torch_threads
 
     cfg = ExperimentConfig.model_validate(spec)
     limit_torch_threads(1)

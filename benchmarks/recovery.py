@@ -253,13 +253,13 @@ def actor_log_notes(run_dir: Path) -> list[str]:
 
 
 def recovery_part(work: Path, roles: list[str]) -> None:
-    from zrl import supervisor
+    from zrl.run import children
 
     print("== recovery after kill -9 under `zrl run` ==")
     print(
-        f"supervisor restart back-off: roles {supervisor.RESTART_BACKOFF_S[0]:g} s for the first "
-        f"restart (then {', '.join(f'{s:g}' for s in supervisor.RESTART_BACKOFF_S[1:])} s), "
-        f"budget {supervisor.RESTART_BUDGET}"
+        f"supervisor restart back-off: roles {children.RESTART_BACKOFF_S[0]:g} s for the first "
+        f"restart (then {', '.join(f'{s:g}' for s in children.RESTART_BACKOFF_S[1:])} s), "
+        f"budget {children.RESTART_BUDGET}"
     )
     run = Run(work / "recovery", ["stop.wall_time=900", "stop.eval_return=null",
                                   "checkpoint.interval=3"])  # fmt: skip

@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import REPO, kill_pids, wait_for, zrl_status_json
 from zrl import __version__
 from zrl.broker import Broker
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
 from zrl.roles.base import Role, RoleError, registry_request
+from zrl.testing.probes import wait_for
+from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
 from zrl.transport.sockets import (
     Channel,
@@ -804,7 +805,7 @@ def test_a_stuck_subscriber_does_not_grow_broker_memory(spawn, zmq_ctx, broker_a
 
 def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
     from zrl.metrics import MetricsWriter
-    from zrl.supervisor import Supervisor
+    from zrl.run import Supervisor
 
     cfg = ExperimentConfig()
     cfg.stop.eval_return = 500.0

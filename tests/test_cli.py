@@ -16,13 +16,12 @@ import pytest
 import typer.main
 import yaml
 
-from tests.conftest import REPO, kill_pids
 from zrl import __version__
 from zrl.cli import app
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
-from zrl.supervisor import free_port_range
+from zrl.testing.processes import REPO, kill_pids
 from zrl.transport.protocol import PROTOCOL_VERSION
-from zrl.transport.sockets import broker_endpoints
+from zrl.transport.sockets import broker_endpoints, free_port_range
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys"}
@@ -278,7 +277,7 @@ def test_status_without_keys_hints_at_keys(cli):
 
 
 def test_status_without_keys_against_a_keyed_broker(tmp_path, spawn):
-    from tests.conftest import wait_for
+    from zrl.testing.probes import wait_for
     from zrl.transport.security import init_keys
 
     keys = init_keys(tmp_path / "keys")
@@ -307,7 +306,7 @@ def catches(pid: int, sig: int) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_every_command_honours_a_signal_it_inherited_as_ignored(sig):
     """A job started with `&` by a non-interactive shell inherits SIGINT as ignored."""
-    from tests.conftest import wait_for
+    from zrl.testing.probes import wait_for
 
     def ignore() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
 from zrl.config import (
     DEFAULT_STREAMS,
     ConfigError,
@@ -17,6 +16,7 @@ from zrl.config import (
     load_config,
     parse_override,
 )
+from zrl.testing.processes import REPO
 
 CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"
 
@@ -268,11 +268,11 @@ def test_unknown_key_without_a_near_name_gets_no_guess():
 
 
 def test_every_alias_names_a_real_key():
-    from zrl.config import ALGO_SECTIONS, KEY_ALIASES
+    from zrl.config import KEY_ALIASES, algo_sections
 
     cfg = ExperimentConfig().model_dump()
     for name, targets in KEY_ALIASES.items():
-        assert set(targets) <= {"*", *ALGO_SECTIONS}, name
+        assert set(targets) <= {"*", *algo_sections()}, name
         for target in targets.values():
             for path in target.split(" or "):
                 node = cfg
@@ -284,13 +284,12 @@ def test_every_alias_names_a_real_key():
 
 
 def test_algo_sections_cover_every_algo():
-    import typing
+    from zrl.algos import ALGORITHMS
+    from zrl.config import algo_sections
 
-    from zrl.config import ALGO_SECTIONS
-
-    algos = typing.get_args(ExperimentConfig.model_fields["algo"].annotation)
-    assert set(ALGO_SECTIONS) == set(algos)
-    for sections in ALGO_SECTIONS.values():
+    sections_by_algo = algo_sections()
+    assert set(sections_by_algo) == set(ALGORITHMS)
+    for sections in sections_by_algo.values():
         assert set(sections) <= set(ExperimentConfig.model_fields)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from zrl.config import ExperimentConfig
 from zrl.display import StatusDisplay, make_console
-from zrl.supervisor import Supervisor
+from zrl.run import Supervisor
 
 
 def display_into(tmp_path: Path) -> tuple[StatusDisplay, io.StringIO]:

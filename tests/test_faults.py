@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import zmq
 
+from zrl.testing.probes import wait_subscribed
 from zrl.transport import protocol as P
 from zrl.transport import sockets as S
 from zrl.transport.sockets import FAULTS_ENV, Channel, Fault, TransportStats, make_socket
@@ -239,7 +240,8 @@ def test_drop_rule_on_a_topic_channel_counts_gaps_per_topic(faults, zmq_ctx):
             s.setsockopt(zmq.SUBSCRIBE, topic.encode())
             s.connect(addr)
             subs[topic] = Channel(s, topic, "sub", TransportStats(), topics=True)
-        time.sleep(0.3)  # subscriptions reach the PUB
+        for topic, ch in subs.items():  # subscriptions reach the PUB (raw probes: not counted)
+            wait_subscribed(pub_sock, ch, topic)
         n = 1000
         # A weights message first and last with the rule switched off, so every drop lies
         # between two received ones.

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from zrl.config import ExperimentConfig, LoggingConfig
 from zrl.metrics import MetricsWriter, MissingExtraError, read_csv
-from zrl.supervisor import Aggregator
+from zrl.run import Aggregator
 
 Scalars = dict[str, list[tuple[int, float]]]
 
@@ -200,7 +200,7 @@ def test_mlflow_file_store_run_holds_the_same_scalars(tmp_path: Path, monkeypatc
 
 
 def test_zrl_run_stops_before_starting_anything_when_an_extra_is_missing(tmp_path, monkeypatch):
-    from zrl.supervisor import Supervisor
+    from zrl.run import Supervisor
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)

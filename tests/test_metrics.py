@@ -30,7 +30,7 @@ def test_the_supervisor_does_not_import_torch() -> None:
     # zrl run starts its roles from a zygote that imports torch; the supervisor importing it
     # too would take about 2 s of CPU from them at start-up.
     code = (
-        "import sys, tempfile, pathlib; import zrl.supervisor; from zrl.metrics import "
+        "import sys, tempfile, pathlib; import zrl.run; from zrl.metrics import "
         "MetricsWriter; MetricsWriter(pathlib.Path(tempfile.mkdtemp())).close(); "
         "print('torch' in sys.modules)"
     )

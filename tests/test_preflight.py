@@ -6,10 +6,10 @@ import gymnasium as gym
 import pytest
 from torch import nn
 
-from tests.conftest import REPO
 from zrl.config import ConfigError, load_config
-from zrl.experiment import Factories
+from zrl.factories import Factories
 from zrl.preflight import check_env, check_model, preflight
+from zrl.testing.processes import REPO
 
 CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"
 
@@ -139,7 +139,7 @@ def test_model_factory_is_used():
 
 
 def test_supervisor_fails_before_the_run_directory_or_any_role(tmp_path):
-    from zrl.supervisor import Supervisor
+    from zrl.run import Supervisor
 
     run_dir = tmp_path / "run"
     sup = Supervisor(cartpole("env.id=CartPol-v1"), run_dir=run_dir, inproc=True, show_status=False)

@@ -24,12 +24,14 @@ import torch
 import zmq
 
 import zrl
-import zrl.supervisor
-from tests.conftest import REPO, kill_pids, wait_for, zrl_status_json
+import zrl.run.children
 from zrl.config import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
-from zrl.supervisor import Aggregator, Supervisor, free_port_range
+from zrl.run import Aggregator, Supervisor
+from zrl.testing.probes import wait_for
+from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
+from zrl.transport.sockets import free_port_range
 
 torch.set_num_threads(1)
 
@@ -336,6 +338,7 @@ def processes_of(addr: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_supervisor_restarts_a_killed_actor(tmp_path: Path):
     cfg = crash_config()
     run_dir = tmp_path / "run"
@@ -428,6 +431,7 @@ def make_env_crashing_in_actors() -> Any:
 CRASHING_ENV = "tests.test_supervisor:make_env_crashing_in_actors"
 
 
+@pytest.mark.slow
 def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Path):
     """A time limit comes before the restart budget is spent: the run still fails, and the
     first crash put the role's last log lines in the terminal."""
@@ -459,11 +463,12 @@ def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Pa
     assert any("crash-test-sim" in line for line in summary["error_log_tail"])
 
 
+@pytest.mark.slow
 def test_experiment_run_raises_when_the_restart_budget_is_spent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.chdir(REPO)  # the roles import the factory from the tests package
-    monkeypatch.setattr(zrl.supervisor, "RESTART_BACKOFF_S", (0.1,))  # no 30 s of back-off
+    monkeypatch.setattr(zrl.run.children, "RESTART_BACKOFF_S", (0.1,))  # no 30 s of back-off
     cfg = crash_config()
     cfg.stop.wall_time = 90  # a safety net: the sixth crash ends the run long before
     experiment = zrl.Experiment(cfg, env=CRASHING_ENV)
@@ -471,11 +476,13 @@ def test_experiment_run_raises_when_the_restart_budget_is_spent(
         experiment.run(run_dir=tmp_path / "run", show_status=False)
     summary = failed.value.summary
     assert summary["stop_reason"] == "error" and summary["failed"]
-    assert summary["error"].startswith(f"actor-0 crashed {zrl.supervisor.RESTART_BUDGET + 1} times")
+    assert summary["error"].startswith(
+        f"actor-0 crashed {zrl.run.children.RESTART_BUDGET + 1} times"
+    )
     assert "crash-test-sim" in "\n".join(summary["error_log_tail"])
     assert "actor-0 crashed" in str(failed.value) and "summary.json" in str(failed.value)
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert saved["failed"] and saved["restarts"] == {"actor-0": zrl.supervisor.RESTART_BUDGET}
+    assert saved["failed"] and saved["restarts"] == {"actor-0": zrl.run.children.RESTART_BUDGET}
 
 
 def test_a_scripts_relative_config_path_is_relative_to_the_script(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ import zmq
 
 from zrl import __version__
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig
-from zrl.experiment import Factories
+from zrl.factories import Factories
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys, stop_authenticator
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket

@@ -143,7 +143,7 @@ def start_broker(
 ) -> None:
     """Run the broker: registry, topic bus and stream devices."""
     from zrl.broker import Broker
-    from zrl.experiment import Factories
+    from zrl.factories import Factories
     from zrl.runtime import install_stop_signals, setup_logging
     from zrl.transport.sockets import is_loopback
 
@@ -173,11 +173,13 @@ def start_broker(
 def _load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[Any, Any]:
     """A YAML config, or an experiment script with its factories."""
     from zrl.config import load_config
-    from zrl.experiment import Factories, load_experiment
+    from zrl.factories import Factories
 
     if config is None:
         return None, Factories()
     if config.suffix == ".py":
+        from zrl.experiment import load_experiment
+
         experiment = load_experiment(config)
         return experiment.resolved_config(overrides), experiment.factories
     return load_config(config, overrides), Factories()
@@ -185,7 +187,7 @@ def _load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[
 
 def _load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
     from zrl.config import load_config
-    from zrl.experiment import FACTORIES_FILE, Factories
+    from zrl.factories import FACTORIES_FILE, Factories
 
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")
@@ -372,7 +374,7 @@ def config_check(
     model_factory: ExperimentModelFactoryOpt = None,
 ) -> None:
     """Make one env of the config and its model, as `zrl run` does before anything starts."""
-    from zrl.experiment import Factories
+    from zrl.factories import Factories
     from zrl.preflight import check_env, check_model, describe_space
 
     cfg, factories = _load_experiment(config, overrides)
@@ -444,7 +446,7 @@ def run(
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
-    from zrl.supervisor import Supervisor
+    from zrl.run import Supervisor
 
     if resume is not None:
         if config is not None or run_dir is not None:

@@ -14,21 +14,24 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from zrl.algos import algorithm_names, get_algorithm
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
-CONTINUOUS_ALGOS = ("apex_ddpg", "sac")
-"""Algorithms for ``Box`` action spaces (``zrl.roles.continuous_actor`` / ``continuous_learner``)."""
-ALGO_SECTIONS: dict[str, tuple[str, ...]] = {
-    "apex_dqn": ("replay", "learner"),
-    "impala": ("replay", "learner", "impala"),
-    "ppo": ("learner", "ppo"),
-    "a3c": ("learner", "a3c"),  # learner: the parameter server takes learner.torch_threads
-    "apex_ddpg": ("replay", "learner", "ddpg"),
-    "sac": ("replay", "learner", "sac"),
-}
-"""The algorithm-specific sections each ``algo`` reads (the keys are the algorithms); every
-other section applies to all of them. ``zrl config show`` prints only what ``algo`` uses."""
+
+
+def algo_sections() -> dict[str, tuple[str, ...]]:
+    """The algorithm-specific sections each ``algo`` reads (the keys are the algorithms); every
+    other section applies to all of them. ``zrl config show`` prints only what ``algo`` uses."""
+    return {name: get_algorithm(name).sections for name in algorithm_names()}
 
 
 class ConfigError(ValueError):
@@ -363,7 +366,8 @@ class StopConfig(_Section):
 
 class ExperimentConfig(_Section):
     name: str = "experiment"
-    algo: Literal["apex_dqn", "impala", "a3c", "ppo", "apex_ddpg", "sac"] = "apex_dqn"
+    algo: str = "apex_dqn"
+    """One of ``zrl.algos.ALGORITHMS`` (or an algorithm a script registered)."""
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -394,44 +398,27 @@ class ExperimentConfig(_Section):
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
         return self
 
+    @field_validator("algo")
+    @classmethod
+    def _known_algo(cls, algo: str) -> str:
+        get_algorithm(algo)  # ValueError naming the known algorithms
+        return algo
+
     @model_validator(mode="after")
     def _roles_fit_algo(self) -> ExperimentConfig:
-        r = self.roles
-        if self.algo == "impala" and r.replay > 0 and self.replay.table != "fifo":
-            raise ValueError("impala reads unrolls from a queue: set replay.table: fifo")
-        if self.algo in ("ppo", "a3c") and r.replay > 0:
-            raise ValueError(
-                f"{self.algo} sends rollouts past the replay server: set roles.replay: 0"
-            )
-        if self.algo == "a3c" and r.learners > 0:
-            raise ValueError(
-                "a3c workers (actors) compute the gradients and the parameter server applies "
-                "them: set roles.learners: 0"
-            )
-        if self.algo == "a3c" and r.params == 0:
-            raise ValueError("a3c needs the parameter server (roles.params: 1) to apply gradients")
-        if self.algo in CONTINUOUS_ALGOS and r.replay == 0 and (r.actors > 0 or r.learners > 0):
-            raise ValueError(
-                f"{self.algo} learns from transitions in replay: set roles.replay >= 1"
-            )
-        if self.algo in CONTINUOUS_ALGOS and self.replay.table == "fifo":
-            raise ValueError(
-                f"{self.algo} samples transitions: set replay.table: uniform or prioritized"
-            )
-        if self.algo == "ppo" and r.learners > 1 and self.ppo.minibatch_size % r.learners:
-            raise ValueError(
-                f"ppo.minibatch_size ({self.ppo.minibatch_size}) must split evenly across "
-                f"{r.learners} learners"
-            )
+        check = get_algorithm(self.algo).check_config
+        if check is not None:
+            check(self)
         return self
 
 
 def sections_used(algo: str) -> list[str]:
     """The top-level keys of a config that ``algo`` reads, in schema order."""
-    specific = {s for sections in ALGO_SECTIONS.values() for s in sections}
+    sections = algo_sections()
+    specific = {s for used in sections.values() for s in used}
     return [
         k for k in ExperimentConfig.model_fields
-        if k not in specific or k in ALGO_SECTIONS.get(algo, ())
+        if k not in specific or k in sections.get(algo, ())
     ]  # fmt: skip
 
 
@@ -628,7 +615,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
         algo = data.get("algo")
-        algo = algo if algo in ALGO_SECTIONS else "apex_dqn"
+        algo = algo if algo in algorithm_names() else "apex_dqn"
         raise ConfigError(f"invalid config: {_format_validation_error(err, algo)}") from None
 
 

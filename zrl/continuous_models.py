@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.config import CONTINUOUS_ALGOS
+from zrl.config import ModelConfig
 from zrl.models import mlp
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -352,7 +352,30 @@ def build_continuous_model(
         return DDPGModel(obs_dim, act_dim, low, high, hidden=hidden, twin=twin)
     if algo == "sac":
         return SACModel(obs_dim, act_dim, low, high, hidden=hidden)
-    raise ValueError(f"unknown continuous algo {algo!r}, expected one of {CONTINUOUS_ALGOS}")
+    raise ValueError(f"unknown continuous algo {algo!r}, expected apex_ddpg or sac")
+
+
+def continuous_model_for(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    model_cfg: ModelConfig,
+    twin: bool = False,
+    algo: str = "",
+) -> nn.Module:
+    """zrl's network for Ape-X DDPG (``twin``: TD3's second critic) or SAC (``Algorithm.model``;
+    the algorithm is told by which of the two registry entries calls: see ``sac_model_for``)."""
+    return build_continuous_model(
+        observation_space, action_space, algo or "apex_ddpg", model_cfg.hidden, twin
+    )
+
+
+def sac_model_for(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    model_cfg: ModelConfig,
+    twin: bool = False,
+) -> nn.Module:
+    return continuous_model_for(observation_space, action_space, model_cfg, True, "sac")
 
 
 def clip_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:

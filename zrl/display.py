@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from zrl.supervisor import Supervisor
+    from zrl.run import Supervisor
 
 STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
 

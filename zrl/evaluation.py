@@ -15,7 +15,7 @@ import torch
 from zrl.config import ExperimentConfig
 from zrl.continuous_models import clip_to_bounds
 from zrl.envs import make_vector_env
-from zrl.experiment import FACTORIES_FILE, Factories
+from zrl.factories import FACTORIES_FILE, Factories
 from zrl.models import build_model, greedy_actions, load_arrays
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zrl.config import CONTINUOUS_ALGOS, ModelConfig
+from zrl.algos import get_algorithm
+from zrl.config import ModelConfig
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
-ACTOR_CRITIC_ALGOS = ("impala", "a3c", "ppo")
 
 
 def mlp(in_dim: int, hidden: Sequence[int], activation: str = "relu") -> nn.Sequential:
@@ -234,6 +234,28 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     model.load_state_dict(tensors, strict=True)
 
 
+def q_network_for(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    model_cfg: ModelConfig,
+    twin: bool = False,
+) -> QNetwork:
+    """zrl's network for Q-learning algorithms (``Algorithm.model``)."""
+    return build_q_network(observation_space, action_space, model_cfg.hidden, model_cfg.dueling)
+
+
+def actor_critic_for(
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    model_cfg: ModelConfig,
+    twin: bool = False,
+) -> ActorCritic:
+    """zrl's network for the actor-critics (``Algorithm.model``)."""
+    return build_actor_critic(
+        observation_space, action_space, model_cfg.hidden, model_cfg.activation
+    )
+
+
 def build_model(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
@@ -246,18 +268,10 @@ def build_model(
     ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, a3c and ppo, a DDPGModel
     (with a second critic if ``twin``, i.e. ``ddpg.twin``) for apex_ddpg, a SACModel for sac."""
     if model_fn is None:
-        if algo in CONTINUOUS_ALGOS:
-            # Imported here: continuous_models imports this module (for ``mlp``).
-            from zrl.continuous_models import build_continuous_model
-
-            return build_continuous_model(
-                observation_space, action_space, algo, model_cfg.hidden, twin
-            )
-        if algo in ACTOR_CRITIC_ALGOS:
-            return build_actor_critic(
-                observation_space, action_space, model_cfg.hidden, model_cfg.activation
-            )
-        return build_q_network(observation_space, action_space, model_cfg.hidden, model_cfg.dueling)
+        algorithm = get_algorithm(algo)
+        return algorithm.load(algorithm.model)(  # type: ignore[no-any-return]
+            observation_space, action_space, model_cfg, twin
+        )
     model = model_fn(observation_space, action_space)
     if not isinstance(model, nn.Module):
         raise ValueError(

@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from zrl.config import CONTINUOUS_ALGOS, ConfigError, ExperimentConfig
-from zrl.experiment import Factories, FactoryError
+from zrl.algos import get_algorithm
+from zrl.config import ConfigError, ExperimentConfig
+from zrl.factories import Factories, FactoryError
 
 
 def _one_line(exc: BaseException) -> str:
@@ -135,7 +136,7 @@ def check_model(
             raise ConfigError(
                 f"the model factory {_name(model_fn)} does not build for {spaces}: {why}"
             ) from None
-        continuous = cfg.algo in CONTINUOUS_ALGOS
+        continuous = get_algorithm(cfg.algo).wiring.actions == "box"
         if continuous and isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(
                 f"algo {cfg.algo!r} is for Box actions and env.id {cfg.env.id!r} has "

@@ -51,14 +51,20 @@ def preload() -> None:
     import torch  # noqa: F401
 
     import zrl.cli  # noqa: F401
-    from zrl.roles import ALGO_ROLE_MODULES, ROLE_MODULES
+    from zrl.algos import ALGORITHMS, get_algorithm
+    from zrl.roles import ROLE_MODULES
 
-    for path in [*ROLE_MODULES.values(), *ALGO_ROLE_MODULES.values()]:
+    parts = [p for name in ALGORITHMS for p in _algorithm_parts(get_algorithm(name))]
+    for path in [*ROLE_MODULES.values(), *parts]:
         __import__(path.split(":")[0])
     import zrl.broker  # noqa: F401
     import zrl.continuous_models  # noqa: F401
     import zrl.envs  # noqa: F401
     import zrl.evaluation  # noqa: F401
+
+
+def _algorithm_parts(algorithm: Any) -> list[str]:
+    return [ref for ref in (algorithm.policy, algorithm.update, algorithm.model) if ref]
 
 
 def _run_role(argv: list[str], log_path: str, subreaper: int) -> None:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.ddpg import (
+from zrl.algos.apex_ddpg.losses import (
     DDPGUpdate,
     critic_targets,
     ddpg_update,
@@ -20,8 +20,9 @@ from zrl.algos.ddpg import (
     soft_update,
     target_policy_smoothing,
 )
-from zrl.algos.dqn import NonFiniteLossError, huber
-from zrl.algos.dqn import soft_update as dqn_soft_update
+from zrl.algos.apex_dqn.losses import huber
+from zrl.algos.apex_dqn.losses import soft_update as dqn_soft_update
+from zrl.algos.api import NonFiniteLossError
 from zrl.continuous_models import DDPGModel
 
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from zrl.algos.dqn import (
+from zrl.algos.apex_dqn.losses import (
     DQNUpdate,
     apex_epsilons,
     double_q_targets,

@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.dqn import NonFiniteLossError
-from zrl.algos.returns import rollout_gae
-from zrl.algos.vtrace import (
+from zrl.algos.api import NonFiniteLossError
+from zrl.algos.impala.vtrace import (
     ImpalaUpdate,
     VTraceReturns,
     categorical_entropy,
@@ -23,8 +22,9 @@ from zrl.algos.vtrace import (
     impala_update,
     vtrace,
 )
+from zrl.algos.optim import make_adam
+from zrl.algos.returns import rollout_gae
 from zrl.models import ActorCritic
-from zrl.roles.learner import make_adam
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=50, deadline=None)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from zrl.algos.dqn import NonFiniteLossError
-from zrl.algos.sac import (
+from zrl.algos.api import NonFiniteLossError
+from zrl.algos.sac.losses import (
     SACUpdate,
     default_target_entropy,
     sac_actor_loss,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zrl.algos.impala.vtrace import VTraceReturns, categorical_entropy, impala_loss, vtrace
 from zrl.algos.returns import discounted_returns
-from zrl.algos.vtrace import VTraceReturns, categorical_entropy, impala_loss, vtrace
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

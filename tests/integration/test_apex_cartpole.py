@@ -8,24 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import REPO, kill_pids
-
-RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
-
-
-def zrl_processes(marker: str) -> list[psutil.Process]:
-    """Processes whose command line mentions ``marker`` (a run's broker address or run dir)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+from zrl.testing.processes import RANDOM_POLICY_RETURN, REPO, kill_pids, zrl_processes
 
 
 @pytest.mark.slow

@@ -27,11 +27,11 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import REPO, kill_pids, status_rows, wait_for, zrl_status_json
-from tests.integration.test_apex_cartpole import zrl_processes
 from zrl.config import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
-from zrl.supervisor import Child, Supervisor
+from zrl.run import Child, Supervisor
+from zrl.testing.probes import wait_for
+from zrl.testing.processes import REPO, kill_pids, status_rows, zrl_processes, zrl_status_json
 from zrl.transport import protocol as P
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
@@ -214,7 +214,7 @@ def test_supervisor_restarts_a_dead_broker(tmp_path: Path, monkeypatch) -> None:
     cfg = ExperimentConfig.model_validate({"stop": {"eval_return": None, "wall_time": 60}})
     sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
     spawned: list[Child] = []
-    monkeypatch.setattr(sup, "_spawn", spawned.append)
+    monkeypatch.setattr(sup.pool, "spawn", spawned.append)
 
     class Dead:
         def poll(self) -> int:

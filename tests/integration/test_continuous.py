@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, kill_pids
-from tests.integration.test_apex_cartpole import zrl_processes
+from zrl.testing.processes import REPO, kill_pids, zrl_processes
 
 # A uniformly random policy scores about -1200 to -1500 on Pendulum-v1; an untrained
 # deterministic one (torque ~0) about -1200. Both configs reach -200 in ~20 s unloaded.

@@ -45,16 +45,6 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import (
-    REPO,
-    kill_pids,
-    run_broker_address,
-    status_rows,
-    wait_for,
-    zrl_status_json,
-)
-from tests.integration.test_apex_cartpole import zrl_processes
-from tests.roles.test_replay import InProc, collect, settle, trajectory
 from zrl.broker import MAX_TOPIC_FRAMES
 from zrl.config import ExperimentConfig
 from zrl.metrics import MetricsWriter
@@ -64,7 +54,18 @@ from zrl.roles.base import registry_request
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.replay import ReplayServer
 from zrl.roles.weights import WeightsFollower
-from zrl.supervisor import Aggregator, Supervisor
+from zrl.run import Aggregator, Supervisor
+from zrl.testing.fakes import trajectory
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import settle, wait_for, wait_for_subscriber, wait_subscribed
+from zrl.testing.processes import (
+    REPO,
+    kill_pids,
+    run_broker_address,
+    status_rows,
+    zrl_processes,
+    zrl_status_json,
+)
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
 
@@ -208,7 +209,7 @@ def test_replay_survives_an_unhashable_dtype(inproc):
     acks = inproc.sub(P.ack_topic("actor-0"))
     replay = inproc.start(ReplayServer, index=0)
     experience = inproc.push("experience", sender="actor-0")
-    time.sleep(0.3)
+    inproc.wait_subscribed(acks)
     experience.sock.send_multipart(UNHASHABLE_DTYPE)
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
     got = collect(acks, until=1, timeout=3)
@@ -228,7 +229,7 @@ def test_actor_ignores_forged_acks(inproc):
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor)
     pub = inproc.pub("mallory")
-    time.sleep(0.4)
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
     assert len(collect(experience, until=2, timeout=15)) == 2  # the window is full
     settle(lambda: actor.in_flight == 2, 0.3)
     for kind in (P.BATCH, P.ACK):  # not an ack at all; an ack for a trajectory never sent
@@ -246,7 +247,7 @@ def test_weights_follower_counts_wrong_kinds_as_dropped(inproc):
     evaluator = inproc.start(Evaluator, index=0)  # follows the weights topic on every step
     assert isinstance(evaluator, Evaluator)
     pub = inproc.pub("mallory")
-    time.sleep(0.4)
+    inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=pub)
     for kind in (P.BATCH, P.METRICS, "frobnicate"):
         pub.send(P.Message(kind, meta={"version": 99}), topic=P.WEIGHTS_TOPIC)
     wait_for(lambda: evaluator.stats.snapshot()["weights"]["received"] == 3, timeout=5)
@@ -318,7 +319,7 @@ def test_one_malformed_message_does_not_hide_newer_weights(zmq_ctx):
                 return [{"id": "params-0", "rpc": "inproc://unused", "host": "here"}]
 
         follower = WeightsFollower(FakeRole(), model)  # type: ignore[arg-type]
-        time.sleep(0.2)
+        wait_subscribed(pub, sub, P.WEIGHTS_TOPIC)  # raw probes: the channel counts none
         newest = P.Message(
             P.WEIGHTS,
             meta={"version": 5},
@@ -623,7 +624,8 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         assert params_rpc
 
         reg = sock(zmq.DEALER, eps["registry"])
-        pub = sock(zmq.PUB, eps["topics_in"], sndhwm=1_000_000)
+        # An XPUB publishes as a PUB does, and shows which subscriptions reached it.
+        pub = sock(zmq.XPUB, eps["topics_in"], sndhwm=1_000_000)
         pushes = {s: sock(zmq.PUSH, eps[f"{s}_in"]) for s in ("experience", "batches")}
         idle = {s: sock(zmq.PUSH, eps[f"{s}_in"], sndhwm=8) for s in ("priorities", "gradients")}
         rpc = sock(zmq.DEALER, params_rpc)
@@ -631,7 +633,12 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         sentinel_acks.setsockopt(zmq.SUBSCRIBE, P.ack_topic(FUZZ_SENDER).encode())
         sentinel_prio = sock(zmq.SUB, eps["topics_out"])
         sentinel_prio.setsockopt(zmq.SUBSCRIBE, P.priority_topic("fuzz-shard").encode())
-        time.sleep(0.5)  # connections and subscriptions settle
+        # Connections and subscriptions settle: the roles' (we publish to them) reached our PUB,
+        # and the sentinels' (nobody else listens there) the broker and the roles' PUBs.
+        for topic in (P.WEIGHTS_TOPIC, P.priority_topic("replay-0")):
+            wait_for_subscriber(pub, topic, timeout=30)
+        wait_subscribed(pub, sentinel_acks, P.ack_topic(FUZZ_SENDER), timeout=30)
+        wait_subscribed(pub, sentinel_prio, P.priority_topic("fuzz-shard"), timeout=30)
 
         # Build the traffic: per target, undecodable garbage mixed with decodable but invalid
         # messages (in order, so that the decodable ones' sequence numbers stay consecutive).

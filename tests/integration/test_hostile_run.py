@@ -22,19 +22,19 @@ import psutil
 import pytest
 import zmq
 
-from tests.conftest import (
-    REPO,
-    kill_pids,
-    run_broker_address,
-    status_rows,
-    wait_for,
-    zrl_status_json,
-)
-from tests.integration.test_apex_cartpole import zrl_processes
 from zrl import __version__
 from zrl.config import ExperimentConfig
 from zrl.roles.base import registry_request
 from zrl.roles.weights import request_latest_weights
+from zrl.testing.probes import wait_for, wait_for_subscriber
+from zrl.testing.processes import (
+    REPO,
+    kill_pids,
+    run_broker_address,
+    status_rows,
+    zrl_processes,
+    zrl_status_json,
+)
 from zrl.transport import protocol as P
 from zrl.transport.sockets import broker_endpoints, make_socket
 
@@ -98,8 +98,12 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
             "start" in p.cmdline()
         )  # fmt: skip
 
-        pub = sock(zmq.PUB, eps["topics_in"], sndhwm=100_000)
-        time.sleep(0.5)  # the PUB's connection settles
+        # An XPUB publishes as a PUB does, and shows which subscriptions reached it: its
+        # connection settles and it knows every topic below has a listener.
+        pub = sock(zmq.XPUB, eps["topics_in"], sndhwm=100_000)
+        for topic in (P.WEIGHTS_TOPIC, P.ack_topic("actor-0"), P.priority_topic("replay-0"),
+                      P.EVAL_TOPIC, P.METRICS_TOPIC):  # fmt: skip
+            wait_for_subscriber(pub, topic, timeout=30)
 
         # 1. Sequence numbers that once pushed a gap counter past 64 bits, on every topic a
         #    role listens to, then a heartbeat flood of them at the registry.

@@ -2,43 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, kill_pids
-from tests.integration.test_apex_cartpole import RANDOM_POLICY_RETURN, zrl_processes
-
-
-def run_zrl(tmp_path: Path, config: str, *overrides: str, wall_time: int = 60) -> dict:
-    """`zrl run` to 475 or ``wall_time``; returns the summary, with the run dir under "dir"."""
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / config),
-           "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}"]  # fmt: skip
-    for item in overrides:
-        cmd += ["--set", item]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        out, _ = proc.communicate(timeout=wall_time + 90)
-    finally:
-        if proc.poll() is None:
-            kill_pids([proc.pid])
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    # Clearly beats a random policy (about 22): learning happened.
-    assert summary["best_eval_return"] > 5 * RANDOM_POLICY_RETURN, (summary, text[-3000:])
-    broker = (run_dir / "broker_address").read_text().strip()
-    time.sleep(0.5)
-    left = zrl_processes(broker)
-    assert not left, [p.cmdline() for p in left]
-    summary["dir"] = run_dir
-    return summary
+from zrl.testing.processes import run_zrl
 
 
 @pytest.mark.slow

@@ -27,10 +27,9 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import REPO, kill_pids
-from tests.integration.test_apex_cartpole import zrl_processes
 from zrl.replay.snapshot import load_state
 from zrl.roles.base import RoleError, registry_request
+from zrl.testing.processes import REPO, kill_pids, zrl_processes
 from zrl.transport import protocol as P
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO, kill_pids
+from zrl.testing.processes import REPO, kill_pids
 
 SSHD = Path("/usr/sbin/sshd")
 

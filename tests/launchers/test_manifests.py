@@ -13,8 +13,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import REPO
 from zrl.config import DEFAULT_STREAMS, config_from_dict
+from zrl.testing.processes import REPO
 from zrl.transport.sockets import broker_endpoints
 
 K8S = REPO / "launchers" / "k8s"

@@ -20,8 +20,9 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import REPO, kill_pids, wait_for
 from tests.launchers.conftest import Sshd
+from zrl.testing.probes import wait_for
+from zrl.testing.processes import REPO, kill_pids
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 LAUNCHER = REPO / "launchers" / "ssh.py"
@@ -305,6 +306,7 @@ def _status(broker_addr: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_launch_over_ssh_registers_streams_and_stops_everything(
     sshd: Sshd, tmp_path: Path, broker_addr: str
 ) -> None:

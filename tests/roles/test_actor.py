@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import wait_for
-from tests.roles.test_replay import InProc, collect, settle
-from zrl.algos.dqn import apex_epsilons
+from zrl.algos.apex_dqn.losses import apex_epsilons
+from zrl.algos.apex_dqn.policy import ApexDQNPolicy
 from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.models import build_q_network, model_to_arrays
 from zrl.roles.actor import Actor
 from zrl.roles.params import ParameterServer
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
@@ -94,7 +95,8 @@ def test_actor_trajectories_credit_window_and_weights(inproc):
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor) and actor.id == "actor-0"
     pub = inproc.pub("replay-0")
-    time.sleep(0.4)  # the PUB learns the actor's ack subscription through the device
+    # The PUB learns the actor's ack subscription through the device.
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
 
     # Credit window: without acks the actor sends max_in_flight trajectories and waits.
     first = collect(experience, until=2, timeout=15)
@@ -153,7 +155,7 @@ def test_experience_taken_off_the_stream_is_counted_lost(inproc):
     assert isinstance(actor, Actor)
     actor.window.timeout_s = 0.5
     pub = inproc.pub("replay-0")
-    time.sleep(0.4)
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
     acked: list[P.Message] = []
     stolen: list[P.Message] = []
 
@@ -196,7 +198,8 @@ def test_actor_valid_flags_env_steps_and_new_weights(inproc):
     assert isinstance(actor, Actor)
     pub = inproc.pub("replay-0")
     params = inproc.pub("params-0")
-    time.sleep(0.4)
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
+    inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=params)
 
     trajs = receive_acking(experience, pub, "actor-0", 10)
     assert [m.seq for m in trajs] == list(range(10))
@@ -237,7 +240,8 @@ def test_actor_survives_weights_that_do_not_fit(inproc):
     assert isinstance(actor, Actor)
     pub = inproc.pub("params-0")
     acker = inproc.pub("replay-0")  # actors accept acks from replay shards only
-    time.sleep(0.4)
+    inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=pub)
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=acker)
     bad = {"not.a.parameter": np.zeros(3, np.float32)}
     pub.send(P.Message(P.WEIGHTS, meta={"version": 5}, arrays=bad), topic=P.WEIGHTS_TOPIC)
     time.sleep(0.2)
@@ -262,11 +266,12 @@ def test_apex_epsilons_per_actor_slot(inproc):
     all_eps = apex_epsilons(2 * E, 0.4, 7.0)
     for i, actor in enumerate(actors):
         assert isinstance(actor, Actor)
-        assert actor.epsilons.shape == (E,)
-        np.testing.assert_allclose(actor.epsilons, all_eps[i * E : (i + 1) * E], rtol=1e-6)
+        assert isinstance(actor.policy, ApexDQNPolicy)
+        assert actor.policy.epsilons.shape == (E,)
+        np.testing.assert_allclose(actor.policy.epsilons, all_eps[i * E : (i + 1) * E], rtol=1e-6)
     # Distinct seeds per actor, fixed by the run seed.
     assert actors[0].seed != actors[1].seed
     # Actor 1 is the least exploring half; its last slot is base ** (1 + alpha).
-    assert actors[1].epsilons[-1] == pytest.approx(0.4**8, rel=1e-5)
-    assert actors[0].epsilons[0] == pytest.approx(0.4)
+    assert actors[1].policy.epsilons[-1] == pytest.approx(0.4**8, rel=1e-5)
+    assert actors[0].policy.epsilons[0] == pytest.approx(0.4)
     wait_for(lambda: all(a.trajectories >= 1 for a in actors), timeout=10)

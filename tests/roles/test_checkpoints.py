@@ -7,8 +7,8 @@
 - Non-finite losses: ``dqn_update`` never steps on one; a learner stops with a RoleError.
 - Actor env errors, the memory limit, NaN trajectories at the replay.
 
-Every role runs in a thread of this process over ``inproc://`` (the ``InProc`` harness of
-``test_replay``), which stops every thread and closes every socket at teardown.
+Every role runs in a thread of this process over ``inproc://`` (``zrl.testing.inproc.InProc``),
+which stops every thread and closes every socket at teardown.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import copy
 import json
 import pickle
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import wait_for
-from tests.roles.test_replay import InProc, collect, collect_acking, settle, trajectory
-from zrl.algos.dqn import NonFiniteLossError, dqn_update
+from zrl.algos.apex_dqn.losses import dqn_update
+from zrl.algos.api import NonFiniteLossError
 from zrl.broker import Broker
 from zrl.config import ExperimentConfig
 from zrl.envs import EpisodeTracker
-from zrl.experiment import Factories
+from zrl.factories import Factories
 from zrl.models import QNetwork, model_to_arrays
 from zrl.replay.snapshot import SnapshotError, load_state
 from zrl.roles.actor import Actor
@@ -41,6 +39,9 @@ from zrl.roles.base import Role, RoleError, load_checkpoint_file
 from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
+from zrl.testing.fakes import trajectory
+from zrl.testing.inproc import InProc, collect, collect_acking
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -109,6 +110,7 @@ def assert_same(a: Any, b: Any, path: str = "state") -> None:
 # --- replay snapshots ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replay_snapshot_round_trip(inproc, tmp_path):
     ckpt = tmp_path / "ckpt"
     inproc.start_broker(make_config(ckpt))
@@ -118,7 +120,10 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
     assert isinstance(replay, ReplayServer) and replay.table is not None
     experience = inproc.push("experience", sender="actor-0")
     pub = inproc.pub("learner-0")
-    time.sleep(0.5)  # subscriptions travel through the XPUB/XSUB device
+    # Subscriptions travel through the XPUB/XSUB device: the shard's acks must reach us, and
+    # our priorities and batch acks the shard.
+    inproc.wait_subscribed(acks)
+    inproc.wait_for_subscriber(P.priority_topic("replay-0"), P.batch_ack_topic("replay-0"), pub=pub)
 
     # 8 trajectories of 10 items into a capacity of 60: the ring wrapped, 20 items evicted.
     for i in range(8):
@@ -219,7 +224,7 @@ def test_replay_capacity_bytes(inproc, capacity, capacity_bytes, expected):
     acks = inproc.sub(P.ack_topic("actor-0"))
     inproc.pull("batches")
     experience = inproc.push("experience", sender="actor-0")
-    time.sleep(0.3)
+    inproc.wait_subscribed(acks)
     for i in range(5):  # 50 items
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
     assert len(collect(acks, until=5, timeout=10)) == 5
@@ -282,8 +287,8 @@ def test_learner_checkpoint_round_trip_and_versions_continue(inproc, tmp_path):
     saved = torch.load(path, map_location="cpu", weights_only=False)
     assert saved["updates"] == 12 and saved["weights_version"] == 3
     online = copy.deepcopy(learner.online.state_dict())
-    target = copy.deepcopy(learner.target.state_dict())
-    optimizer = copy.deepcopy(learner.optimizer.state_dict())
+    target = copy.deepcopy(learner.update.target.state_dict())
+    optimizer = copy.deepcopy(learner.update.optimizer.state_dict())
     # The target was copied at update 10, two updates ago: it is not the online network.
     assert any(not torch.equal(online[k], target[k]) for k in online)
     assert optimizer["state"], "Adam has no state after 12 updates"
@@ -295,8 +300,8 @@ def test_learner_checkpoint_round_trip_and_versions_continue(inproc, tmp_path):
     assert isinstance(params2, ParameterServer) and isinstance(learner2, Learner)
     assert learner2.resumed_from == 12 and learner2.updates == 12
     assert_same(learner2.online.state_dict(), online, "online")
-    assert_same(learner2.target.state_dict(), target, "target")
-    assert_same(learner2.optimizer.state_dict(), optimizer, "optimizer")
+    assert_same(learner2.update.target.state_dict(), target, "target")
+    assert_same(learner2.update.optimizer.state_dict(), optimizer, "optimizer")
     # Its first WEIGHTS continues the numbering: saved version + 1, not 1.
     wait_for(lambda: params2.version > 0 and settled(learner2, params2), timeout=10)
     assert params2.version == saved["weights_version"] + 1 == 4
@@ -482,7 +487,7 @@ def test_actor_survives_env_errors(inproc):
     assert isinstance(actor, Actor)
     assert all(isinstance(env, FlakyEnv) for env in actor.envs.envs)  # our factory is used
     pub = inproc.pub("replay-0")
-    time.sleep(0.4)  # the actor's ack subscription reaches the device
+    inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)  # the actor's, via the device
 
     trajs: list[P.Message] = []
 
@@ -598,7 +603,7 @@ def test_replay_drops_nan_trajectories_and_keeps_serving(inproc):
     replay = inproc.start(ReplayServer, index=0)
     assert isinstance(replay, ReplayServer)
     experience = inproc.push("experience", sender="actor-0")
-    time.sleep(0.4)
+    inproc.wait_subscribed(acks)
 
     def with_value(name: str, value: float) -> dict[str, np.ndarray]:
         a = trajectory(base=1000)

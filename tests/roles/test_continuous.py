@@ -1,14 +1,18 @@
-"""Ape-X DDPG and SAC roles: bounds clipping, NaN detection, continuous replay, the learner.
+"""Ape-X DDPG and SAC in the generic roles: bounds clipping, NaN detection, continuous replay,
+the learner.
 
-Most tests drive ``ContinuousActor.collect`` and ``ContinuousLearner.on_batch`` directly on
-role objects that never connect (no broker: the learner's two sockets are replaced by
-recorders), so a stub model or env can be injected; one test runs a real actor in-process.
+Most tests drive the generic ``Actor.collect`` (with the algorithm's ``ContinuousPolicy``) and
+the generic ``Learner``'s ``receive`` and ``train`` (with its ``ContinuousUpdate``) directly on
+role objects that never connect (no broker: the learner's input and publishers are replaced by
+stand-ins), so a stub model or env can be injected; one test runs a real actor in-process.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections import deque
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +24,9 @@ import torch
 from gymnasium.vector import AutoresetMode
 from torch import nn
 
-from tests.roles.test_replay import InProc, as_message
+from zrl.algos import get_algorithm
+from zrl.algos.api import ActorSetup, LearnerSetup
+from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
 from zrl.continuous_models import DDPGModel, SACModel
 from zrl.envs import EpisodeTracker, make_vector_env
@@ -28,9 +34,11 @@ from zrl.evaluation import greedy_returns
 from zrl.models import build_model
 from zrl.roles import RoleError, role_class
 from zrl.roles.actor import Actor
-from zrl.roles.continuous_actor import ContinuousActor
-from zrl.roles.continuous_learner import ContinuousLearner
+from zrl.roles.learner import Learner
 from zrl.roles.replay import assemble_transitions
+from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import as_message
+from zrl.testing.inproc import InProc
 from zrl.transport import protocol as P
 from zrl.transport.credit import CreditWindow
 
@@ -60,7 +68,7 @@ def config(algo: str, **sections: Any) -> ExperimentConfig:
     return ExperimentConfig.model_validate(data)
 
 
-# --- a bare actor: collect() with injected envs and models ------------------------------------
+# --- a bare actor: the generic collect() with injected envs and models -----------------------
 
 
 class Recording:
@@ -114,20 +122,46 @@ class NonFiniteOnce(gym.Wrapper):
         return obs, r, term, trunc, info
 
 
-def bare_actor(
-    cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 0
-) -> ContinuousActor:
-    """``Actor.setup`` without sockets: what ``collect`` needs."""
-    actor = ContinuousActor("inproc://unused", index=index)
+def actor_setup(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 0) -> ActorSetup:
+    """What ``Actor.setup`` gives the policy, for actor ``index`` stepping ``envs``."""
+    seed = 1000 + index
+    return ActorSetup(
+        config=cfg,
+        observation_space=envs.single_observation_space,
+        action_space=envs.single_action_space,
+        num_envs=envs.num_envs,
+        model=model,
+        actor_index=index,
+        seed=seed,
+        rng=np.random.default_rng(seed),
+        log=logging.getLogger("zrl.actor"),
+        train_stats=TrainStats(),
+    )
+
+
+def make_policy(setup: ActorSetup) -> ContinuousPolicy:
+    """The algorithm's policy, as the registry names it."""
+    algorithm = get_algorithm(setup.config.algo)
+    policy = algorithm.load(algorithm.policy)(setup)
+    assert isinstance(policy, ContinuousPolicy)
+    return policy
+
+
+def bare_actor(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 0) -> Actor:
+    """``Actor.setup`` without sockets: the generic actor and its policy, what ``collect``
+    needs."""
+    actor = Actor("inproc://unused", index=index)
     actor.config = cfg
+    setup = actor_setup(cfg, envs, model, index)
+    setup.log, setup.train_stats = actor.log, actor.train_stats
     actor.actor_index = index
-    actor.seed = 1000 + index
-    actor.rng = np.random.default_rng(actor.seed)
+    actor.seed = setup.seed
+    actor.rng = setup.rng
     actor.envs = envs
     actor.num_envs = envs.num_envs
     actor.model = model
     actor.weights = SimpleNamespace(version=0)  # type: ignore[assignment]
-    actor.setup_exploration()
+    actor.policy = make_policy(setup)
     obs, _ = envs.reset(seed=actor.seed)
     actor.obs = np.asarray(obs, np.float32).reshape(actor.num_envs, -1)
     actor.needs_reset = np.zeros(actor.num_envs, bool)
@@ -141,6 +175,11 @@ def bare_actor(
 
 def pendulums(cfg: ExperimentConfig) -> Recording:
     return Recording(make_vector_env(cfg.env))
+
+
+def policy_of(actor: Actor) -> ContinuousPolicy:
+    assert isinstance(actor.policy, ContinuousPolicy)
+    return actor.policy
 
 
 @pytest.mark.parametrize("algo", ["apex_ddpg", "sac"])
@@ -179,8 +218,8 @@ def test_warmup_actions_are_uniform_inside_the_bounds():
 def test_ddpg_noise_scale_differs_per_env_slot_ape_x_style():
     cfg = config("apex_ddpg", ddpg={"noise_sigma": 0.4, "noise_alpha": 2.0})
     envs = [make_vector_env(cfg.env) for _ in range(2)]
-    actors = [bare_actor(cfg, e, StubModel(0.0), index=i) for i, e in enumerate(envs)]
-    sigmas = np.concatenate([a.sigmas for a in actors])
+    policies = [make_policy(actor_setup(cfg, e, StubModel(0.0), i)) for i, e in enumerate(envs)]
+    sigmas = np.concatenate([p.sigmas for p in policies])
     for e in envs:
         e.close()
     # Slot k of N = 6: 0.4 ** (1 + 2 k / 5), from the widest to the narrowest.
@@ -192,7 +231,7 @@ def test_ddpg_noise_scale_differs_per_env_slot_ape_x_style():
         actor.collect()
     envs2.close()
     spread = np.stack(envs2.actions).std(axis=0)[:, 0]  # per env slot
-    np.testing.assert_allclose(spread, actor.sigmas * (HIGH - LOW) / 2, rtol=0.15)
+    np.testing.assert_allclose(spread, policy_of(actor).sigmas * (HIGH - LOW) / 2, rtol=0.15)
 
 
 def test_nan_action_is_never_clipped_into_a_bound():
@@ -305,21 +344,48 @@ class Recorder:
         return True
 
 
-def bare_learner(cfg: ExperimentConfig, monkeypatch) -> ContinuousLearner:
-    """``Learner.setup`` without the broker or a parameter server."""
-    learner = ContinuousLearner("inproc://unused", index=0)
+class Input:
+    """Stands in for the learner's PULL ``batches``: hands out what ``feed`` queued and records
+    what the learner drops (sender, reason)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[P.Message] = deque()
+        self.dropped: list[tuple[str, str]] = []
+
+    def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
+        return (None, self.queue.popleft()) if self.queue else None
+
+    def _drop(self, sender: str, reason: str) -> None:
+        self.dropped.append((sender, reason))
+
+
+def bare_learner(cfg: ExperimentConfig, monkeypatch) -> Learner:
+    """``Learner.setup`` without the broker or a parameter server: the generic learner with
+    the algorithm's update; its input and publishers are stand-ins."""
+    learner = Learner("inproc://unused", index=0)
     learner.config = cfg
-    monkeypatch.setattr(learner, "open_pull", lambda *a, **k: Recorder())
+    monkeypatch.setattr(learner, "open_pull", lambda *a, **k: Input())
     monkeypatch.setattr(learner, "open_publisher", lambda *a, **k: Recorder())
+    algorithm = get_algorithm(cfg.algo)
+    learner.open_input(algorithm.wiring.learner_input)
     torch.manual_seed(cfg.seed)
     probe = make_vector_env(cfg.env, 1)
-    learner.online = learner.make_model(probe.single_observation_space, probe.single_action_space)
+    spaces = (probe.single_observation_space, probe.single_action_space)
     probe.close()
-    learner.setup_updates()
-    learner.updates, learner.weights_version, learner.non_finite_in_a_row = 0, 3, 0
-    learner.diverged = False
-    learner.last_loss = float("nan")
-    learner.checkpoints, learner.waiting_since = 0, None
+    learner.update = algorithm.load(algorithm.update)(
+        LearnerSetup(
+            config=cfg,
+            model=learner.make_model(*spaces),
+            observation_space=spaces[0],
+            action_space=spaces[1],
+            index=0,
+            log=learner.log,
+            train_stats=learner.train_stats,
+            services=learner,
+        )
+    )
+    assert isinstance(learner.update, ContinuousUpdate)
+    learner.weights_version = 3
     learner.published = 0  # type: ignore[attr-defined]
 
     def send_weights() -> None:
@@ -343,10 +409,27 @@ def batch(rng: np.random.Generator, first_key: int = 0, **changes: Any) -> P.Mes
     return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays, sender="replay-0")
 
 
-def snapshot(learner: ContinuousLearner) -> dict[str, torch.Tensor]:
+def update_of(learner: Learner) -> ContinuousUpdate:
+    assert isinstance(learner.update, ContinuousUpdate)
+    return learner.update
+
+
+def feed(learner: Learner, msg: P.Message) -> None:
+    """What one learner step does with one batch: receive it (ack, validate, keep), train."""
+    learner.input.queue.append(msg)  # type: ignore[attr-defined]
+    assert learner.receive() == 1
+    learner.train()
+
+
+def dropped(learner: Learner) -> list[tuple[str, str]]:
+    return learner.input.dropped  # type: ignore[attr-defined,no-any-return]
+
+
+def snapshot(learner: Learner) -> dict[str, torch.Tensor]:
+    update = update_of(learner)
     state = {f"online.{k}": v.clone() for k, v in learner.online.state_dict().items()}
-    state.update({f"target.{k}": v.clone() for k, v in learner.target.state_dict().items()})
-    state["log_alpha"] = learner.log_alpha.detach().clone()
+    state.update({f"target.{k}": v.clone() for k, v in update.target.state_dict().items()})
+    state["log_alpha"] = update.log_alpha.detach().clone()
     return state
 
 
@@ -362,7 +445,7 @@ LEARNER_CASES = {
 
 
 @pytest.mark.parametrize("case", list(LEARNER_CASES))
-def test_learner_updates_sends_priorities_and_publishes(case, monkeypatch):
+def test_learner_updates_sends_priorities_and_publishes(case, monkeypatch, tmp_path):
     algo, ddpg = LEARNER_CASES[case]
     learner = bare_learner(config(algo, ddpg=ddpg), monkeypatch)
     model = learner.online
@@ -370,7 +453,8 @@ def test_learner_updates_sends_priorities_and_publishes(case, monkeypatch):
     before = snapshot(learner)
     rng = np.random.default_rng(0)
     for i in range(6):
-        learner.on_batch(batch(rng, 100 * i))
+        feed(learner, batch(rng, 100 * i))
+    assert dropped(learner) == []
     assert learner.updates == 6 and np.isfinite(learner.last_loss)
     assert learner.published == 2  # every publish_interval = 3 updates
     sent = learner.priority_pub.sent  # type: ignore[attr-defined]
@@ -393,9 +477,12 @@ def test_learner_updates_sends_priorities_and_publishes(case, monkeypatch):
     assert info["updates"] == 6 and "actor_loss" in info
 
     # A checkpoint restores exactly.
-    state = learner.checkpoint_state()
+    learner.checkpoint = tmp_path / "learner-0.pt"
+    learner.save_checkpoint()
     other = bare_learner(config(algo, ddpg=ddpg), monkeypatch)
-    other.restore_checkpoint_state(state)
+    other.checkpoint = learner.checkpoint
+    other.load_checkpoint()
+    assert other.updates == 6 and other.weights_version == 3
     assert not changed(snapshot(learner), snapshot(other))
 
 
@@ -414,9 +501,13 @@ def test_learner_updates_sends_priorities_and_publishes(case, monkeypatch):
 def test_learner_drops_batches_that_are_not_finite_or_out_of_bounds(change, monkeypatch):
     learner = bare_learner(config("apex_ddpg"), monkeypatch)
     before = snapshot(learner)
+    bad = batch(np.random.default_rng(1), **change)
     with pytest.raises(P.ProtocolError):
-        learner.on_batch(batch(np.random.default_rng(1), **change))
+        learner.update.receive(bad, learner.weights_version)
+    feed(learner, bad)  # the learner drops it (counted), trains on nothing
+    assert [sender for sender, _ in dropped(learner)] == ["replay-0"]
     assert learner.updates == 0 and not changed(before, snapshot(learner))
+    assert learner.priority_pub.sent == []  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("algo", ["apex_ddpg", "sac"])
@@ -425,17 +516,18 @@ def test_learner_stops_on_repeated_non_finite_losses_without_changing_weights(al
     rng = np.random.default_rng(2)
     # Finite inputs whose squared TD error overflows float32: the loss is inf.
     huge = {"reward": np.full(B, 1e38, np.float32)}
-    for _ in range(5):
-        with pytest.raises(P.ProtocolError, match="non-finite|NonFinite|nan|inf"):
-            learner.on_batch(batch(rng, **huge))
-    learner.on_batch(batch(rng))  # a good batch in between resets the count
+    for n in range(1, 6):
+        feed(learner, batch(rng, **huge))  # dropped, counted
+        assert len(dropped(learner)) == n and learner.updates == 0
+        assert re.search("non-finite|NonFinite|nan|inf", dropped(learner)[-1][1])
+    feed(learner, batch(rng))  # a good batch in between resets the count
     assert learner.updates == 1 and learner.non_finite_in_a_row == 0
     before = snapshot(learner)
     for _ in range(9):
-        with pytest.raises(P.ProtocolError):
-            learner.on_batch(batch(rng, **huge))
+        feed(learner, batch(rng, **huge))
+    assert len(dropped(learner)) == 14
     with pytest.raises(RoleError, match=r"learner-0: .* at update 2 .*replay-0.*stopping"):
-        learner.on_batch(batch(rng, **huge))
+        feed(learner, batch(rng, **huge))
     assert learner.diverged and learner.updates == 1
     assert not changed(before, snapshot(learner))
     assert learner.priority_pub.sent and len(learner.priority_pub.sent) == 1  # type: ignore[attr-defined]
@@ -457,8 +549,13 @@ def test_config_sections_and_validation():
     with pytest.raises(ConfigError, match="unknown key"):
         config_from_dict(base, ["sac.temperature=1"])
     assert config_from_dict(base, ["algo=sac", "replay.table=uniform"]).algo == "sac"
-    assert role_class("actor", "sac") is ContinuousActor
-    assert role_class("learner", "apex_ddpg") is ContinuousLearner
+    # One actor and one learner for every algorithm; the algorithm supplies their parts.
+    assert role_class("actor") is Actor
+    assert role_class("learner") is Learner
+    for algo in ("sac", "apex_ddpg"):
+        algorithm = get_algorithm(algo)
+        assert algorithm.load(algorithm.policy) is ContinuousPolicy
+        assert algorithm.load(algorithm.update) is ContinuousUpdate
 
 
 def test_greedy_evaluation_plays_box_actions():
@@ -488,7 +585,7 @@ def test_generic_actor_becomes_continuous_and_sends_trajectories(inproc):
     inproc.start_broker(config("sac", roles={"actors": 1}))
     experience = inproc.pull("experience")
     actor = inproc.start(Actor, index=0)  # what `zrl start actor` builds
-    assert isinstance(actor, ContinuousActor)
+    assert isinstance(actor, Actor) and isinstance(actor.policy, ContinuousPolicy)
     deadline = time.monotonic() + 15
     got = None
     while got is None and time.monotonic() < deadline:

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import wait_for
-from tests.roles.test_replay import InProc, collect, settle
+from zrl.algos.apex_dqn.update import ApexDQNUpdate
+from zrl.algos.impala.update import ImpalaUpdate
 from zrl.config import ExperimentConfig
 from zrl.models import model_to_arrays
-from zrl.roles.impala_learner import ImpalaLearner
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -77,6 +78,7 @@ def cluster(inproc) -> tuple[InProc, ParameterServer, Learner]:
     params = inproc.start(ParameterServer, index=0)
     learner = inproc.start(Learner, index=0)
     assert isinstance(params, ParameterServer) and isinstance(learner, Learner)
+    assert isinstance(learner.update, ApexDQNUpdate)  # the config's default algo
     return inproc, params, learner
 
 
@@ -90,7 +92,8 @@ def test_learner_publishes_weights_and_priorities(cluster):
     other_shard = inproc.sub(P.priority_topic("replay-1"))
     batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
     replay = inproc.push("batches", sender="replay-0")
-    time.sleep(0.4)
+    for sub in (priorities, other_shard, batch_acks):  # what the learner publishes reaches us
+        inproc.wait_subscribed(sub)
 
     rng = np.random.default_rng(0)
     sent = [batch(rng, 1000 + 100 * i) for i in range(2 * PUBLISH_INTERVAL)]
@@ -194,27 +197,37 @@ def test_impala_learner_trains_each_batch_epochs_times(inproc):
     cfg["replay"]["table"] = "fifo"
     inproc.start_broker(ExperimentConfig.model_validate(cfg))
     params = inproc.start(ParameterServer, index=0)
-    learner = inproc.start(ImpalaLearner, index=0)
-    assert isinstance(learner, ImpalaLearner) and isinstance(params, ParameterServer)
+    learner = inproc.start(Learner, index=0)
+    assert isinstance(learner, Learner) and isinstance(params, ParameterServer)
+    update = learner.update
+    assert isinstance(update, ImpalaUpdate)
     wait_for(lambda: learner.weights_version == 1, timeout=10)
     batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
     replay = inproc.push("batches", sender="replay-0")
-    time.sleep(0.4)
+    inproc.wait_subscribed(batch_acks)
     rng = np.random.default_rng(1)
     U, T = 4, 6
+    # What a replay shard's FIFO sends (``zrl.transport.messages.UNROLL_BATCH``).
     unrolls = {
         "obs": rng.standard_normal((U, T, 4)).astype(np.float32),
         "action": rng.integers(0, 2, (U, T)).astype(np.int64),
         "logp": np.full((U, T), np.log(0.5), np.float32),
         "reward": np.ones((U, T), np.float32),
         "terminated": np.zeros((U, T), bool),
+        "truncated": np.zeros((U, T), bool),
         "valid": np.ones((U, T), bool),
         "bootstrap_obs": rng.standard_normal((U, 4)).astype(np.float32),
         "weights_version": np.ones(U, np.int64),
+        "weight": np.ones(U, np.float32),
+        "key": np.arange(U, dtype=np.int64),
     }
     for _ in range(2):
         assert replay.send(P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=unrolls))
-    wait_for(lambda: learner.updates == 6 and learner.trained_unrolls == 2 * U, timeout=10)
+    wait_for(lambda: learner.updates == 6 and update.trained_unrolls == 2 * U, timeout=10)
     assert len(collect(batch_acks, until=2, timeout=5)) == 2
-    wait_for(lambda: params.version == 7, timeout=10)  # published after every update
-    assert learner.stale_unrolls == 0
+    # publish_interval 1: published after every batch's updates (its 3 epochs are one train
+    # step of the update, so the weights between them never leave it): versions 2 and 3.
+    wait_for(lambda: params.version == 3, timeout=10)
+    assert params.weights_meta.get("updates") == 6
+    settle(lambda: params.version == 3, 0.3)
+    assert update.stale_unrolls == 0

@@ -1,9 +1,8 @@
 """The on-policy roles: IMPALA unroll assembly, the A3C parameter server (in-process) and the
-``OnPolicyActor`` (in-process, PPO sync/async and A3C)."""
+``Actor`` with the on-policy algorithms' policies (in-process, PPO sync/async and A3C)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,22 +10,27 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import wait_for
-from tests.roles.test_params import Rpc
-from tests.roles.test_replay import InProc, as_message, collect, settle
+from zrl.algos.a3c.policy import A3CPolicy
+from zrl.algos.api import Trajectory
+from zrl.algos.impala.vtrace import categorical_entropy
+from zrl.algos.optim import make_adam
 from zrl.algos.policy_gradient import a2c_loss, reduce_gradients
+from zrl.algos.ppo.policy import PPOPolicy
+from zrl.algos.ppo.update import PPOUpdate
 from zrl.algos.returns import rollout_gae
-from zrl.algos.vtrace import categorical_entropy
 from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_arrays
-from zrl.roles.learner import make_adam
-from zrl.roles.onpolicy_actor import OnPolicyActor
+from zrl.roles.actor import Actor
+from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.ppo_learner import ROLLOUT_ARRAYS, PPOLearner
 from zrl.roles.replay import UNROLL_ARRAYS, assemble_unrolls
 from zrl.roles.weights import request_latest_weights
+from zrl.testing.fakes import Rpc, as_message
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
+from zrl.transport.messages import UNROLL
 from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
@@ -231,9 +235,9 @@ def start_a3c_params(inproc: InProc, cfg: ExperimentConfig) -> tuple[ParameterSe
     sub = inproc.sub(P.WEIGHTS_TOPIC)
     ps = inproc.start(ParameterServer, index=0)
     assert isinstance(ps, ParameterServer)
-    time.sleep(0.3)  # the subscription travels through the XPUB/XSUB device
+    early = inproc.wait_subscribed(sub)  # the subscription travels through the XPUB/XSUB device
     # The initial version 1 was published during setup; we may or may not have seen it.
-    assert [m.meta["version"] for m in collect(sub, quiet=0.2)] in ([], [1])
+    assert [m.meta["version"] for m in early + collect(sub, quiet=0.2)] in ([], [1])
     return ps, sub
 
 
@@ -354,7 +358,7 @@ def test_a3c_params_resumes_its_model_and_refuses_gradients_from_the_future(inpr
     settle(lambda: again.version == 4, 0.3)
 
 
-# ----------------------------------------------------------------------------- OnPolicyActor
+# ----------------------------------------------------------------------------- Actor (on-policy)
 
 E, T = 2, 16
 
@@ -389,7 +393,7 @@ def other_weights(cfg: ExperimentConfig, seed: int) -> dict[str, np.ndarray]:
     return model_to_arrays(model)
 
 
-def publish_until(pub: Channel, actor: OnPolicyActor, version: int, arrays) -> None:
+def publish_until(pub: Channel, actor: Actor, version: int, arrays) -> None:
     """Publish weights ``version`` until the actor has it (the first publish may precede the
     subscription reaching the device)."""
 
@@ -406,11 +410,11 @@ def publish_until(pub: Channel, actor: OnPolicyActor, version: int, arrays) -> N
 def check_rollout(msg: P.Message, version: int, weights: dict[str, np.ndarray]) -> None:
     assert msg.kind == P.TRAJECTORY and msg.sender == "actor-0"
     assert msg.meta["weights_version"] == version and msg.meta["actor"] == 0
-    shapes = {name: (E,) if name == "bootstrap_obs" else (E, T) for name in ROLLOUT_ARRAYS}
+    shapes = {name: (E,) if name == "bootstrap_obs" else (E, T) for name in UNROLL.arrays}
     a = {k: np.array(v) for k, v in msg.arrays.items()}  # writable copies for torch
-    assert set(a) == set(ROLLOUT_ARRAYS)
-    for name, (dtype, ndim) in ROLLOUT_ARRAYS.items():
-        assert a[name].dtype == np.dtype(dtype) and a[name].ndim == ndim, name
+    assert set(a) == set(UNROLL.arrays)
+    for name, spec in UNROLL.arrays.items():
+        assert a[name].dtype == np.dtype(spec.dtype) and a[name].ndim == len(spec.dims), name
         assert a[name].shape[: len(shapes[name])] == shapes[name], name
     assert a["obs"].shape[2] == a["bootstrap_obs"].shape[1] == 4
     assert set(np.unique(a["action"])) <= {0, 1}
@@ -428,15 +432,20 @@ def check_rollout(msg: P.Message, version: int, weights: dict[str, np.ndarray]) 
     assert np.all(a["reward"][a["valid"]] == 1.0) and np.all(a["reward"][~a["valid"]] == 0.0)
 
 
-def start_ppo_actor(inproc: InProc, mode: str) -> tuple[OnPolicyActor, Channel, Channel]:
+def may_collect(actor: Actor) -> bool:
+    return actor.policy.may_collect(actor.weights.version)
+
+
+def start_ppo_actor(inproc: InProc, mode: str) -> tuple[Actor, Channel, Channel]:
     inproc.start_broker(ppo_config(mode))
     rollouts = inproc.sub(P.ROLLOUTS_TOPIC)
     # Actors take weights only from a params role the broker lists: "params-0" below is it.
     inproc.start(ParameterServer, index=0)
-    actor = inproc.start(OnPolicyActor, index=0)
-    assert isinstance(actor, OnPolicyActor)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(actor.policy, PPOPolicy)
     pub = inproc.pub("params-0")
-    time.sleep(0.3)
+    inproc.wait_subscribed(rollouts)
+    inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=pub)
     return actor, rollouts, pub
 
 
@@ -444,7 +453,7 @@ def test_ppo_sync_actor_sends_one_rollout_per_version(inproc):
     cfg = ppo_config("sync")
     actor, rollouts, pub = start_ppo_actor(inproc, "sync")
     # Version 0 is its own initialisation: it waits for the learner's weights.
-    settle(lambda: actor.trajectories == 0 and not actor.may_collect(), 0.4)
+    settle(lambda: actor.trajectories == 0 and not may_collect(actor), 0.4)
     assert collect(rollouts, quiet=0.1) == []
     assert "waiting_for_weights_s" in actor.heartbeat_info()
 
@@ -455,7 +464,8 @@ def test_ppo_sync_actor_sends_one_rollout_per_version(inproc):
     # One rollout per version: nothing more until version 2.
     settle(lambda: actor.trajectories == 1, 0.4)
     assert collect(rollouts, quiet=0.1) == []
-    assert not actor.may_collect() and actor.sent_per_version == {1: 1}
+    assert isinstance(actor.policy, PPOPolicy)
+    assert not may_collect(actor) and actor.policy.sent_per_version == {1: 1}
     check_rollout(first[0], 1, w1)
     assert first[0].arrays["valid"][:, 0].all()  # nothing to reset before the first step
 
@@ -499,8 +509,8 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     model = initial_model(cfg)
     inproc.start_broker(cfg)
     gradients = inproc.pull("gradients")
-    actor = inproc.start(OnPolicyActor, index=0)
-    assert isinstance(actor, OnPolicyActor)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(actor.policy, A3CPolicy)
     got = collect(gradients, until=1, timeout=10)
     assert len(got) == 1
     msg = got[0]
@@ -518,7 +528,7 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     want -= c.entropy_coef * msg.meta["entropy"]
     assert msg.meta["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)
     # And the same computation on a rollout we build gives the same gradient as the actor's
-    # code path (gradient_message), so the server applies what the loss says.
+    # code path (its policy's finish), so the server applies what the loss says.
     rng = np.random.default_rng(0)
     rollout: dict[str, np.ndarray] = {
         "obs": rng.normal(size=(E, 8, 4)).astype(np.float32),
@@ -533,7 +543,19 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     inproc.stop_role(actor)  # its model is ours to use now
     # The worker starts from the same initialisation as the parameter server's.
     assert_close_arrays(model_to_arrays(actor.model), model_to_arrays(model))
-    produced = actor.gradient_message(rollout, {"weights_version": 0})
+    produced = actor.policy.finish(
+        Trajectory(
+            obs=rollout["obs"],
+            next_obs=None,
+            action=rollout["action"],
+            reward=rollout["reward"],
+            terminated=rollout["terminated"],
+            truncated=rollout["truncated"],
+            valid=rollout["valid"],
+            final_obs=rollout["bootstrap_obs"],
+        )
+    )
+    assert produced.kind == P.GRADIENTS
     with torch.no_grad():
         values = model.value(torch.from_numpy(rollout["obs"].reshape(-1, 4))).numpy()
         boot = model.value(torch.from_numpy(rollout["bootstrap_obs"])).numpy()
@@ -564,8 +586,8 @@ def test_a3c_actor_and_params_train_together(inproc):
     inproc.start_broker(cfg)
     ps = inproc.start(ParameterServer, index=0)
     assert isinstance(ps, ParameterServer)
-    actor = inproc.start(OnPolicyActor, index=0)
-    assert isinstance(actor, OnPolicyActor)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor)
     wait_for(lambda: ps.updates >= 3 and actor.weights.version >= 3, timeout=15)
     assert ps.stats.snapshot()["gradients"]["dropped"] == 0
     assert inproc.error_of(ps) is None and inproc.error_of(actor) is None
@@ -584,16 +606,21 @@ def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
     inproc.start_broker(cfg)
     params = inproc.start(ParameterServer, index=0)
     assert isinstance(params, ParameterServer)
-    leader = inproc.start(PPOLearner, index=0)
-    assert isinstance(leader, PPOLearner) and leader.leader
+    leader_role = inproc.start(Learner, index=0)
+    assert isinstance(leader_role, Learner)
+    leader = leader_role.update
+    assert isinstance(leader, PPOUpdate) and leader.leader
     intruder = inproc.pub("learner-7")
-    time.sleep(0.3)
+    inproc.wait_for_subscriber(P.ALLREDUCE_TOPIC, pub=intruder)
     intruder.send(P.Message(P.READY, meta={"learner": 7, "heard": [0]}), topic=P.ALLREDUCE_TOPIC)
     settle(lambda: not leader.peers_ready and params.version == 0, 0.8)
-    assert leader.heard == set() and leader.allreduce_sub.stats.dropped >= 1
+    assert leader.heard == set()
+    assert leader.allreduce_sub is not None and leader.allreduce_sub.stats.dropped >= 1
 
-    follower = inproc.start(PPOLearner, index=1)
-    assert isinstance(follower, PPOLearner)
+    follower_role = inproc.start(Learner, index=1)
+    assert isinstance(follower_role, Learner)
+    follower = follower_role.update
+    assert isinstance(follower, PPOUpdate)
     wait_for(lambda: leader.peers_ready and follower.peers_ready, timeout=10)
     assert leader.heard == leader.confirmed == {1}
     assert follower.heard == follower.confirmed == {0}

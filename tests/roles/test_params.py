@@ -8,10 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-import zmq
 
-from tests.conftest import wait_for
-from tests.roles.test_replay import InProc, collect, settle
 from zrl.config import ExperimentConfig
 from zrl.roles.base import Role, registry_request
 from zrl.roles.params import ParameterServer
@@ -21,8 +18,11 @@ from zrl.roles.weights import (
     WeightsFollower,
     request_latest_weights,
 )
+from zrl.testing.fakes import Rpc
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, TransportStats, make_socket
+from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
 
@@ -63,27 +63,6 @@ def params(inproc) -> ParameterServer:
     return ps
 
 
-class Rpc:
-    """A DEALER to the parameter server's rpc ROUTER, as the learner opens it."""
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, sender: str = "learner-0") -> None:
-        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=3000, sndtimeo_ms=1000)
-        sock.connect(endpoint)
-        self.ch = Channel(sock, "params-rpc", sender, TransportStats())
-
-    def request(self, msg: P.Message) -> P.Message:
-        assert self.ch.send(msg)
-        got = self.ch.recv()
-        assert got is not None, f"no answer to {msg.kind}"
-        return got[1]
-
-    def send(self, msg: P.Message) -> None:
-        assert self.ch.send(msg)
-
-    def close(self) -> None:
-        self.ch.close()
-
-
 @pytest.fixture
 def rpc(zmq_ctx, params) -> Iterator[Rpc]:
     r = Rpc(zmq_ctx, params.rpc_endpoint)
@@ -108,7 +87,7 @@ def test_versions_acks_publishing_and_late_join(inproc, params, rpc, zmq_ctx):
     assert [s["id"] for s in services] == ["params-0"]
     assert services[0]["rpc"] == params.rpc_endpoint
     sub = inproc.sub(P.WEIGHTS_TOPIC)
-    time.sleep(0.4)
+    inproc.wait_subscribed(sub)  # what params publishes from now on reaches us
 
     # Before any weights: NO_WEIGHTS, for the rpc and the late-join helper.
     assert rpc.request(P.Message(P.GET_WEIGHTS)).kind == P.NO_WEIGHTS
@@ -131,8 +110,8 @@ def test_versions_acks_publishing_and_late_join(inproc, params, rpc, zmq_ctx):
 
     # Late join: a new subscriber sees nothing old; GET_WEIGHTS gives the latest version.
     late = inproc.sub(P.WEIGHTS_TOPIC)
-    time.sleep(0.2)
-    assert collect(late, quiet=0.3) == []
+    early = inproc.wait_subscribed(late)  # subscribed: anything old would reach it now
+    assert early + collect(late, quiet=0.3) == []
     latest = rpc.request(P.Message(P.GET_WEIGHTS))
     assert latest.kind == P.WEIGHTS and latest.meta["version"] == 3
     assert latest.meta["updates"] == 60
@@ -198,7 +177,7 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
         follower_role.connect()
         model = TinyModel()
         follower = WeightsFollower(follower_role, model)
-        time.sleep(0.4)
+        inproc.wait_for_subscriber(P.WEIGHTS_TOPIC)  # its subscription reached params' PUB
         assert follower.update() is False and follower.version == 0
 
         # Several versions queued: only the newest is applied, once.
@@ -212,7 +191,7 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
         # Older or equal versions (e.g. from a restarted params) are ignored, version-less ones
         # dropped: the params rpc, asked once, confirms v3.
         pub = inproc.pub("params-0")
-        time.sleep(0.3)
+        inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=pub)
         dropped0, received0 = follower.sub.stats.dropped, follower.sub.stats.received
         for meta in ({"version": 2}, {"version": 3}, {}, {"version": "4"}, {"version": True}):
             pub.send(P.Message(P.WEIGHTS, meta=meta, arrays=weights(9)), topic=P.WEIGHTS_TOPIC)
@@ -332,7 +311,7 @@ def test_follower_keeps_learning_through_poisoned_and_forged_weights(inproc, par
         follower_role.connect()
         model = TinyModel()
         follower = WeightsFollower(follower_role, model)
-        time.sleep(0.4)
+        inproc.wait_for_subscriber(P.WEIGHTS_TOPIC)  # its subscription reached params' PUB
         assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
         wait_for(follower.update, timeout=5)
         assert follower.version == 1 and follower.params_ids == {"params-0"}
@@ -376,7 +355,7 @@ def test_follower_keeps_learning_through_poisoned_and_forged_weights(inproc, par
         # The real updates are adopted as if nothing happened, and the model stays finite.
         for i in (2, 3):
             assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(10 + i))).meta["version"] == i
-        wait_for(lambda: follower.update() or follower.version == 3, timeout=5)
+        wait_for(lambda: follower.update() is not None and follower.version == 3, timeout=5)
         assert follower.version == 3
         assert_same_arrays(model_arrays(model), weights(13))
         assert_finite_model(model)
@@ -395,7 +374,7 @@ def test_follower_follows_a_resumed_params_and_recovers_from_a_forged_step(
         follower_role.connect()
         model = TinyModel()
         follower = WeightsFollower(follower_role, model)
-        time.sleep(0.4)
+        inproc.wait_for_subscriber(P.WEIGHTS_TOPIC)  # its subscription reached params' PUB
         # A params server resumed at v50,001: far past our v0, confirmed by its rpc, adopted.
         ack = rpc.request(P.Message(P.WEIGHTS, meta={"min_version": 50_001}, arrays=weights(1)))
         assert ack.meta["version"] == 50_001
@@ -413,7 +392,7 @@ def test_follower_follows_a_resumed_params_and_recovers_from_a_forged_step(
         assert follower.version == 59_000
         # ... until the next real version, which is "behind": the params rpc is asked and wins.
         assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(2))).meta["version"] == 50_002
-        wait_for(lambda: follower.update() or follower.version == 50_002, timeout=5)
+        wait_for(lambda: follower.update() is not None and follower.version == 50_002, timeout=5)
         assert follower.version == 50_002
         assert_same_arrays(model_arrays(model), weights(2))
     finally:

@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zrl.algos.ppo.rounds import ROLLOUT_ARRAYS, Rollout, RoundBuffer, round_tensors
 from zrl.algos.returns import rollout_gae
 from zrl.models import ActorCritic
-from zrl.roles.ppo_learner import ROLLOUT_ARRAYS, Rollout, RoundBuffer, round_tensors
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=150, deadline=None)

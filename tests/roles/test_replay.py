@@ -1,183 +1,28 @@
 """``ReplayServer``: trajectory assembly, ACKs, batches, priorities, rate limiting, sharding.
 
-Everything runs in this process: a ``Broker`` over ``inproc://`` on the test's zmq context,
-roles in threads with their own stop events, test sockets with linger 0 and finite timeouts.
-The ``InProc`` harness below is shared by the other role tests (``from tests.roles.test_replay
-import InProc``) and stops every thread and closes every socket at teardown.
+Everything runs in this process (``zrl.testing.inproc.InProc``): a ``Broker`` over
+``inproc://`` on the test's zmq context, roles in threads with their own stop events, test
+sockets with linger 0 and finite timeouts; every thread stopped, every socket closed at teardown.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import zmq
 
-from tests.conftest import wait_for
-from zrl.broker import Broker
 from zrl.config import ExperimentConfig
-from zrl.roles.base import Role
 from zrl.roles.replay import ReplayServer, assemble_transitions
+from zrl.testing.fakes import as_message, trajectory
+from zrl.testing.inproc import InProc, collect, collect_acking
+from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, TransportStats, make_socket
+from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
-
-_names = itertools.count()
-
-
-# --- shared in-process harness ------------------------------------------------------------
-
-
-class InProc:
-    """One inproc broker, roles in threads, test sockets; ``close()`` stops and closes all."""
-
-    def __init__(self, ctx: zmq.Context, name: str) -> None:
-        self.ctx = ctx
-        self.addr = f"inproc://zrl-test-{name}-{os.getpid()}-{next(_names)}"
-        self.broker: Broker | None = None
-        self._broker_thread: threading.Thread | None = None
-        self.roles: list[tuple[Role, threading.Thread, dict[str, BaseException]]] = []
-        self.channels: list[Channel] = []
-
-    def start_broker(self, cfg: ExperimentConfig) -> Broker:
-        self.broker = Broker(self.addr, cfg, ctx=self.ctx)
-        self._broker_thread = threading.Thread(
-            target=self.broker.run, name="test-broker", daemon=True
-        )
-        self._broker_thread.start()
-        return self.broker
-
-    def start(self, cls: type[Role], index: int | None = None) -> Role:
-        """Run a role in a thread and wait until its ``setup()`` is done."""
-        role = cls(self.addr, index=index, ctx=self.ctx, connect_timeout=10)
-        errors: dict[str, BaseException] = {}
-
-        def run() -> None:
-            try:
-                role.run()
-            except BaseException as exc:  # reported by error_of(), not lost in the thread
-                errors["error"] = exc
-
-        t = threading.Thread(target=run, name=f"test-{cls.role}-{index}", daemon=True)
-        t.start()
-        self.roles.append((role, t, errors))
-        wait_for(lambda: role.state == "running" or errors, timeout=30)
-        assert not errors, f"{cls.role} failed to start: {errors.get('error')!r}"
-        return role
-
-    def error_of(self, role: Role) -> BaseException | None:
-        for r, _, errors in self.roles:
-            if r is role:
-                return errors.get("error")
-        raise KeyError(role)
-
-    def alive(self, role: Role) -> bool:
-        return any(r is role and t.is_alive() for r, t, _ in self.roles)
-
-    def stop_role(self, role: Role) -> None:
-        for r, t, _ in self.roles:
-            if r is role:
-                r.request_stop()
-                t.join(10)
-                assert not t.is_alive(), f"{r.id} did not stop"
-
-    def _socket(self, kind: int, endpoint: str, **kw: Any) -> zmq.Socket:
-        assert self.broker is not None
-        sock = make_socket(self.ctx, kind, **kw)
-        sock.connect(self.broker.endpoints[endpoint])
-        return sock
-
-    def _track(self, ch: Channel) -> Channel:
-        self.channels.append(ch)
-        return ch
-
-    def push(self, stream: str, sender: str = "actor-0") -> Channel:
-        sock = self._socket(zmq.PUSH, f"{stream}_in", sndtimeo_ms=2000)
-        return self._track(Channel(sock, stream, sender, TransportStats()))
-
-    def pull(self, stream: str) -> Channel:
-        sock = self._socket(zmq.PULL, f"{stream}_out", rcvtimeo_ms=100)
-        return self._track(Channel(sock, stream, "test", TransportStats()))
-
-    def sub(self, *topics: str) -> Channel:
-        sock = self._socket(zmq.SUB, "topics_out", rcvtimeo_ms=100)
-        assert self.broker is not None
-        sock.connect(self.broker.endpoints["topics_bulk_out"])
-        for t in topics:
-            sock.setsockopt(zmq.SUBSCRIBE, t.encode())
-        return self._track(Channel(sock, "sub", "test", TransportStats(), topics=True))
-
-    def pub(self, sender: str = "test") -> Channel:
-        sock = self._socket(zmq.PUB, "topics_in")
-        return self._track(Channel(sock, "pub", sender, TransportStats(), topics=True))
-
-    def close(self) -> None:
-        for r, _, _ in self.roles:
-            # Tests end with trajectories in flight that no shard will ever ack.
-            if hasattr(r, "eos_timeout_s"):
-                r.eos_timeout_s = 0.0  # type: ignore[attr-defined]
-            r.request_stop()
-        for r, t, _ in self.roles:
-            t.join(10)
-            assert not t.is_alive(), f"{r.id or r.role} did not stop"
-        for ch in self.channels:
-            ch.close()
-        if self.broker is not None and self._broker_thread is not None:
-            self.broker.stop()
-            self._broker_thread.join(10)
-            assert not self._broker_thread.is_alive(), "broker did not stop"
-
-
-def collect(
-    ch: Channel, *, quiet: float = 0.6, timeout: float = 15.0, until: int | None = None
-) -> list[P.Message]:
-    """Receive until ``until`` messages arrived, or nothing came for ``quiet`` seconds."""
-    out: list[P.Message] = []
-    deadline = time.monotonic() + timeout
-    last = time.monotonic()
-    while time.monotonic() < deadline:
-        got = ch.recv()  # waits up to the socket's 100 ms timeout
-        if got is not None:
-            out.append(got[1])
-            last = time.monotonic()
-            if until is not None and len(out) >= until:
-                break
-        elif until is None and time.monotonic() - last > quiet:
-            break
-    return out
-
-
-def collect_acking(
-    batches: Channel, acks: Channel, *, quiet: float = 0.6, until: int | None = None
-) -> list[P.Message]:
-    """``collect`` as a learner does it: each batch acknowledged to its shard on receipt."""
-    out: list[P.Message] = []
-    while until is None or len(out) < until:
-        got = collect(batches, quiet=quiet, until=1)
-        if not got:
-            break
-        out += got
-        acks.send(
-            P.Message(P.ACK, meta={"seq": got[0].seq}),
-            topic=P.batch_ack_topic(got[0].meta["shard"]),
-        )
-    return out
-
-
-def settle(pred: Callable[[], bool], seconds: float = 1.0) -> None:
-    """Assert ``pred`` stays true for ``seconds`` (nothing happens that should not)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert pred()
-        time.sleep(0.05)
 
 
 def replay_config(**replay: Any) -> ExperimentConfig:
@@ -210,32 +55,6 @@ def inproc(zmq_ctx) -> Iterator[InProc]:
 
 
 # --- trajectories ---------------------------------------------------------------------------
-
-
-def trajectory(
-    E: int = 2,
-    T: int = 5,
-    obs_dim: int = 4,
-    *,
-    base: float = 0.0,
-    priority: float = 1.0,
-) -> dict[str, np.ndarray]:
-    """All-valid steps, no episode end: ``E * T`` transitions; obs[e, t, 0] = base + e*T + t."""
-    idx = base + np.arange(E * T, dtype=np.float32).reshape(E, T)
-    obs = np.repeat(idx[:, :, None], obs_dim, axis=2).astype(np.float32)
-    obs[:, :, 1] = 0.25
-    next_obs = obs.copy()
-    next_obs[:, :, 1] = 0.75
-    return {
-        "obs": obs,
-        "action": (np.arange(E * T, dtype=np.int64).reshape(E, T) % 2),
-        "reward": np.ones((E, T), np.float32),
-        "terminated": np.zeros((E, T), bool),
-        "truncated": np.zeros((E, T), bool),
-        "valid": np.ones((E, T), bool),
-        "next_obs": next_obs,
-        "priority": np.full((E, T), priority, np.float32),
-    }
 
 
 def handmade() -> dict[str, np.ndarray]:
@@ -287,16 +106,6 @@ def reference_transitions(a: dict[str, np.ndarray], n: int, gamma: float) -> lis
                 }
             )
     return out
-
-
-def as_message(arrays: dict[str, np.ndarray], **meta: Any) -> P.Message:
-    """What a receiver sees: a TRAJECTORY message with read-only arrays (like decode's)."""
-    frozen = {}
-    for k, v in arrays.items():
-        v = np.array(v)
-        v.flags.writeable = False
-        frozen[k] = v
-    return P.Message(P.TRAJECTORY, meta=meta, arrays=frozen, sender="actor-0")
 
 
 # --- assemble_transitions ---------------------------------------------------------------
@@ -407,8 +216,8 @@ BAD_TRAJECTORIES: dict[str, tuple[Callable[[], dict[str, np.ndarray]], str]] = {
         "obs and next_obs",
     ),
     "negative priority": (lambda: _bad_priority(-0.5), "priorities"),
-    "NaN priority": (lambda: _bad_priority(np.nan), "priorities"),
-    "inf priority": (lambda: _bad_priority(np.inf), "priorities"),
+    "NaN priority": (lambda: _bad_priority(np.nan), "'priority'"),
+    "inf priority": (lambda: _bad_priority(np.inf), "'priority'"),
 }
 
 
@@ -431,7 +240,10 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
     assert isinstance(replay, ReplayServer) and replay.id == "replay-0"
     experience = inproc.push("experience", sender="actor-0")
     pub = inproc.pub("learner-0")
-    time.sleep(0.5)  # subscriptions travel through the XPUB/XSUB device
+    # Subscriptions travel through the XPUB/XSUB device: the shard's acks must reach us, and
+    # our priorities and batch acks the shard.
+    inproc.wait_subscribed(acks)
+    inproc.wait_for_subscriber(P.priority_topic("replay-0"), P.batch_ack_topic("replay-0"), pub=pub)
 
     # 5 trajectories of 10 transitions: 50 items, exactly min_size.
     for i in range(5):
@@ -536,6 +348,7 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
     assert inproc.alive(replay) and inproc.error_of(replay) is None
 
 
+@pytest.mark.slow
 def test_inserts_wait_for_samples_then_resume(inproc):
     """Without a consumer for batches the shard stops reading experience (back-pressure on
     the actors) once the ratio's insert side is exhausted; consuming batches resumes it."""
@@ -544,7 +357,7 @@ def test_inserts_wait_for_samples_then_resume(inproc):
     replay = inproc.start(ReplayServer, index=0)
     assert isinstance(replay, ReplayServer)
     experience = inproc.push("experience", sender="actor-0")
-    time.sleep(0.3)
+    inproc.wait_subscribed(acks)
     for i in range(12):  # 120 items, 10 per trajectory; queued in the stream's pipes
         assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10 * i)))
     # Only the few batches the socket queues hold get sampled, so inserts stop early:
@@ -583,7 +396,7 @@ def test_priorities_reach_only_their_shard(inproc):
     shards = {i: inproc.start(ReplayServer, index=i) for i in (0, 1, 10)}
     assert {i: s.id for i, s in shards.items()} == {0: "replay-0", 1: "replay-1", 10: "replay-10"}
     pub = inproc.pub("learner-0")
-    time.sleep(0.5)
+    inproc.wait_for_subscriber(*(P.priority_topic(s.id) for s in shards.values()), pub=pub)
 
     def update(shard: str) -> None:
         pub.send(
@@ -625,7 +438,9 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
     learner = inproc.pub("learner-0")
     intruder = inproc.pub("actor-3")
     experience = inproc.push("experience", sender="actor-0")
-    time.sleep(0.5)  # subscriptions travel through the XPUB/XSUB device
+    # The shard's batch-ack subscription travels through the XPUB/XSUB device to both of us.
+    for publisher in (learner, intruder):
+        inproc.wait_for_subscriber(P.batch_ack_topic("replay-0"), pub=publisher)
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
 
     def ack(seq: int, via: Channel = learner, shard: str = "replay-0") -> None:
@@ -633,6 +448,7 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
 
     got = collect(batches, until=2, timeout=5)
     assert [b.seq for b in got] == [0, 1]
+    wait_for(lambda: replay.batches_sent == 2, timeout=2)  # counted after the send returns
     settle(lambda: replay.batches_sent == 2, 0.5)  # window full, well within the timeout
     assert replay.heartbeat_info()["batches_in_flight"] == 2
 
@@ -647,9 +463,11 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
 
     ack(0)  # one credit: one more batch
     assert [b.seq for b in collect(batches, until=1, timeout=5)] == [2]
+    wait_for(lambda: replay.batches_sent == 3, timeout=2)  # counted after the send returns
     settle(lambda: replay.batches_sent == 3, 0.3)
     ack(2)  # covers 1 as well (a lost ack does not shrink the window)
     assert [b.seq for b in collect(batches, until=2, timeout=5)] == [3, 4]
+    wait_for(lambda: replay.batches_sent == 5, timeout=2)  # counted after the send returns
     settle(lambda: replay.batches_sent == 5, 0.3)
 
     # Nobody acks: the window reopens after the timeout (a learner died holding batches).

@@ -1,10 +1,12 @@
 """Every learner and actor reports its training figures (``train`` in its metrics, once a
-second): each role is driven in process without sockets for a few updates, then asked for
-the report it would publish."""
+second): each role's algorithm part (the learner's update, the actor's policy, built from a
+``LearnerSetup`` / ``ActorSetup`` without sockets) is driven for a few updates, then the role
+is asked for the report it would publish."""
 
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,15 +14,18 @@ import numpy as np
 import pytest
 import torch
 
+from zrl.algos import get_algorithm
+from zrl.algos.a3c.policy import A3CPolicy
+from zrl.algos.apex_dqn.policy import ApexDQNPolicy
+from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
+from zrl.algos.continuous import ContinuousPolicy
+from zrl.algos.ppo.rounds import Rollout
+from zrl.algos.ppo.update import PPOUpdate
 from zrl.config import ExperimentConfig
 from zrl.envs import EpisodeTracker, make_vector_env
 from zrl.roles.actor import Actor
-from zrl.roles.continuous_learner import ContinuousLearner
-from zrl.roles.impala_learner import ImpalaLearner
 from zrl.roles.learner import Learner
-from zrl.roles.onpolicy_actor import OnPolicyActor
 from zrl.roles.params import ParameterServer
-from zrl.roles.ppo_learner import PPOLearner, Rollout
 from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 
@@ -63,23 +68,77 @@ def config(algo: str, env: str = "CartPole-v1", **sections: Any) -> ExperimentCo
     return ExperimentConfig.model_validate(data)
 
 
-def bare_learner(cls: type[Learner], cfg: ExperimentConfig, monkeypatch) -> Any:
-    """``Learner.setup`` without the broker or a parameter server."""
-    learner = cls("inproc://unused", index=0)
+class Services:
+    """What a learner lends its update, without sockets (a single learner: no peers)."""
+
+    id = "learner-0"
+
+    def __init__(self) -> None:
+        self.stop_event = threading.Event()
+
+    def open_publisher(self, *args: Any, **kwargs: Any) -> Recorder:
+        return Recorder()
+
+    def open_subscriber(self, *args: Any, **kwargs: Any) -> Recorder:
+        return Recorder()
+
+    def tick(self) -> None:
+        pass
+
+    def follow_weights(self, model: Any) -> Any:
+        raise AssertionError("learner 0 follows no one")
+
+
+def bare_learner(cfg: ExperimentConfig) -> Learner:
+    """A learner without the broker or a parameter server: its algorithm's update built as
+    ``Learner.setup`` builds it, gathering into the learner's ``train_stats``."""
+    learner = Learner("inproc://unused", index=0)
     learner.config = cfg
-    for opener in ("open_pull", "open_publisher", "open_subscriber"):
-        monkeypatch.setattr(learner, opener, lambda *a, **k: Recorder())
-    monkeypatch.setattr(learner, "send_weights", lambda: None)
-    monkeypatch.setattr(learner, "tick", lambda: None)
     torch.manual_seed(cfg.seed)
-    probe = make_vector_env(cfg.env, 1)
-    learner.online = learner.make_model(probe.single_observation_space, probe.single_action_space)
-    learner.num_actions = int(getattr(probe.single_action_space, "n", 0))
-    probe.close()
-    learner.setup_updates()
-    learner.updates, learner.weights_version, learner.non_finite_in_a_row = 0, 3, 0
-    learner.last_loss = float("nan")
+    spaces = _spaces(cfg)
+    algorithm = get_algorithm(cfg.algo)
+    learner.update = algorithm.load(algorithm.update)(
+        LearnerSetup(
+            config=cfg,
+            model=learner.make_model(*spaces),
+            observation_space=spaces[0],
+            action_space=spaces[1],
+            index=0,
+            log=learner.log,
+            train_stats=learner.train_stats,
+            services=Services(),
+        )
+    )
     return learner
+
+
+def bare_actor(cfg: ExperimentConfig, index: int, seed: int = 1) -> Actor:
+    """An actor without the broker or envs: its algorithm's policy built as ``Actor.setup``
+    builds it (for ``env.num_envs`` envs), gathering into the actor's ``train_stats``."""
+    actor = Actor("inproc://unused", index=index)
+    actor.config = cfg
+    actor.seed = seed
+    spaces = _spaces(cfg)
+    actor.num_envs = cfg.env.num_envs
+    actor.model = actor.make_model(*spaces)
+    algorithm = get_algorithm(cfg.algo)
+    actor.policy = algorithm.load(algorithm.policy)(
+        ActorSetup(
+            config=cfg,
+            observation_space=spaces[0],
+            action_space=spaces[1],
+            num_envs=actor.num_envs,
+            model=actor.model,
+            actor_index=index,
+            seed=seed,
+            rng=np.random.default_rng(seed),
+            log=actor.log,
+            train_stats=actor.train_stats,
+        )
+    )
+    actor.envs = SimpleNamespace(close=lambda: None)  # set up: it reports its exploration
+    actor.episodes = EpisodeTracker(actor.num_envs)
+    return actor
 
 
 def transitions(rng: np.random.Generator, obs_dim: int, act: np.ndarray) -> P.Message:
@@ -107,7 +166,17 @@ def unrolls(rng: np.random.Generator, versions: list[int], obs_dim: int = 4) -> 
         "valid": np.ones((n, T), bool),
         "bootstrap_obs": rng.standard_normal((n, obs_dim)).astype(np.float32),
         "weights_version": np.array(versions, np.int64),
+        "weight": np.ones(n, np.float32),
+        "key": np.arange(n, dtype=np.int64),
     }
+
+
+def rollout_arrays(rng: np.random.Generator, envs: int) -> dict[str, Any]:
+    """An actor's rollout of ``envs`` envs (the ``unroll`` TRAJECTORY's arrays)."""
+    a = unrolls(rng, [0] * envs)
+    for name in ("weights_version", "weight", "key"):
+        del a[name]
+    return a
 
 
 def check(report: dict[str, float], *keys: str) -> None:
@@ -130,11 +199,17 @@ def test_train_stats_means_maxima_tensors_and_reset():
     assert stats.flush() == {}  # afresh after each report
 
 
-def test_apex_dqn_learner_reports(monkeypatch):
-    learner = bare_learner(Learner, config("apex_dqn"), monkeypatch)
+def train_on(learner: Learner, msg: P.Message, version: int = 3) -> None:
+    """What the learner does with a received message: hand it to the update, then train."""
+    learner.update.receive(msg, version)
+    assert learner.update.train(version) is not None
+
+
+def test_apex_dqn_learner_reports():
+    learner = bare_learner(config("apex_dqn"))
     rng = np.random.default_rng(0)
     for _ in range(3):
-        learner.on_batch(transitions(rng, 4, rng.integers(0, 2, B).astype(np.int64)))
+        train_on(learner, transitions(rng, 4, rng.integers(0, 2, B).astype(np.int64)))
     report = learner.train_metrics()
     check(report, "loss", "td_error", "td_error_max", "q_mean", "grad_norm", "update_ms", "lr")
     assert report["lr"] == learner.config.learner.lr
@@ -142,11 +217,11 @@ def test_apex_dqn_learner_reports(monkeypatch):
 
 
 @pytest.mark.parametrize("algo", ["apex_ddpg", "sac"])
-def test_continuous_learner_reports(algo, monkeypatch):
-    learner = bare_learner(ContinuousLearner, config(algo, env="Pendulum-v1"), monkeypatch)
+def test_continuous_learner_reports(algo):
+    learner = bare_learner(config(algo, env="Pendulum-v1"))
     rng = np.random.default_rng(0)
     for _ in range(3):
-        learner.on_batch(transitions(rng, 3, rng.uniform(-2, 2, (B, 1)).astype(np.float32)))
+        train_on(learner, transitions(rng, 3, rng.uniform(-2, 2, (B, 1)).astype(np.float32)))
     report = learner.train_metrics()
     check(report, "loss", "critic_loss", "actor_loss", "td_error", "td_error_max", "q_mean",
           "grad_norm", "actor_grad_norm", "update_ms", "lr", "actor_lr")  # fmt: skip
@@ -154,27 +229,27 @@ def test_continuous_learner_reports(algo, monkeypatch):
         check(report, "alpha", "alpha_loss", "entropy")
 
 
-def test_impala_learner_reports_policy_lag(monkeypatch):
-    learner = bare_learner(ImpalaLearner, config("impala"), monkeypatch)
+def test_impala_learner_reports_policy_lag():
+    learner = bare_learner(config("impala"))
     rng = np.random.default_rng(0)
     a = unrolls(rng, [1, 3, 3])  # the learner is at version 3
-    del a["truncated"]
-    learner.on_batch(P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=a))
+    train_on(learner, P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=a), version=3)
     report = learner.train_metrics()
     check(report, "loss", "policy_loss", "value_loss", "entropy", "grad_norm", "mean_rho",
           "policy_lag", "update_ms", "lr")  # fmt: skip
     assert report["policy_lag"] == pytest.approx(2 / 3)
 
 
-def test_ppo_learner_reports_kl_clip_fraction_and_policy_lag(monkeypatch):
-    learner = bare_learner(PPOLearner, config("ppo"), monkeypatch)
+def test_ppo_learner_reports_kl_clip_fraction_and_policy_lag():
+    learner = bare_learner(config("ppo"))
+    update = learner.update
+    assert isinstance(update, PPOUpdate)
     rng = np.random.default_rng(0)
     chosen = []
     for actor in range(2):
-        a = unrolls(rng, [3, 3])
-        del a["weights_version"]
-        chosen.append(Rollout(2, actor, a))  # collected one version before the learner's
-    learner.train_round(chosen)
+        # Collected one version before the learner's (3).
+        chosen.append(Rollout(2, actor, rollout_arrays(rng, envs=2)))
+    assert update.train_round(chosen, current=3) > 0
     report = learner.train_metrics()
     check(report, "loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
           "grad_norm", "update_ms", "round_s", "policy_lag", "policy_lag_max", "lr")  # fmt: skip
@@ -192,16 +267,27 @@ def test_a3c_worker_and_parameter_server_report(monkeypatch):
     params.setup_gradient_server()
     assert params.version == 1
 
-    worker = OnPolicyActor("inproc://unused", index=0)
-    worker.config = cfg
-    worker.model = params.make_model(*_spaces(cfg))
+    worker = bare_actor(cfg, index=0)
+    assert isinstance(worker.policy, A3CPolicy)
     worker.model.load_state_dict(params.model.state_dict())
-    rollout = unrolls(np.random.default_rng(0), [1, 1])
-    del rollout["weights_version"]
-    msg = worker.gradient_message(rollout, {"weights_version": 1, "actor": 0})
+    r = rollout_arrays(np.random.default_rng(0), envs=2)
+    out = worker.policy.finish(
+        Trajectory(
+            obs=r["obs"],
+            next_obs=None,
+            action=r["action"],
+            reward=r["reward"],
+            terminated=r["terminated"],
+            truncated=r["truncated"],
+            valid=r["valid"],
+            final_obs=r["bootstrap_obs"],
+        )
+    )
+    assert out.kind == P.GRADIENTS
     check(worker.train_metrics(), "loss", "policy_loss", "value_loss", "entropy")
 
-    params.on_gradients(P.Message(P.GRADIENTS, meta=msg.meta, arrays=msg.arrays))
+    meta = {"weights_version": 1, "actor": 0, **out.meta}  # as the actor sends it
+    params.on_gradients(P.Message(P.GRADIENTS, meta=meta, arrays=out.arrays))
     check(params.train_metrics(), "grad_norm", "update_ms", "policy_lag", "policy_lag_max", "lr")
 
 
@@ -214,12 +300,9 @@ def _spaces(cfg: ExperimentConfig) -> tuple[Any, Any]:
 
 def test_apex_actor_reports_episodes_and_epsilons():
     cfg = config("apex_dqn")
-    actor = Actor("inproc://unused", index=1)
-    actor.config = cfg
-    actor.actor_index, actor.num_envs, actor.seed = 1, 2, 1
-    actor.envs = SimpleNamespace(single_action_space=SimpleNamespace(n=2))
-    actor.setup_exploration()
-    actor.episodes = EpisodeTracker(2)
+    actor = bare_actor(cfg, index=1)
+    policy = actor.policy
+    assert isinstance(policy, ApexDQNPolicy) and actor.num_envs == 2
     # Two episodes end in env 0 (returns 3 and 2), none in env 1.
     done = np.array([[False, False, True, False, True], [False] * 5])
     actor.episodes.update_trajectory(np.ones((2, T)), done, np.ones((2, T), bool))
@@ -228,25 +311,16 @@ def test_apex_actor_reports_episodes_and_epsilons():
           "episode_length", "epsilon_min", "epsilon_max")  # fmt: skip
     assert (report["episode_return"], report["episode_length"]) == (2.5, 2.5)
     assert (
-        report["epsilon_min"] < report["epsilon_max"] == pytest.approx(float(actor.epsilons.max()))
+        report["epsilon_min"] < report["epsilon_max"] == pytest.approx(float(policy.epsilons.max()))
     )
     # Episodes are reported once; the exploration every time.
     assert set(actor.train_metrics()) == {"epsilon_min", "epsilon_max"}
 
 
 def test_ddpg_actor_reports_its_noise_scale():
-    from zrl.roles.continuous_actor import ContinuousActor
-
     cfg = config("apex_ddpg", env="Pendulum-v1")
-    envs = make_vector_env(cfg.env)
-    try:
-        actor = ContinuousActor("inproc://unused", index=0)
-        actor.config, actor.actor_index, actor.seed = cfg, 0, 1
-        actor.envs, actor.num_envs, actor.env_steps = envs, envs.num_envs, 0
-        actor.setup_exploration()
-        actor.episodes = EpisodeTracker(actor.num_envs)
-        report = actor.train_metrics()
-    finally:
-        envs.close()
+    actor = bare_actor(cfg, index=0)
+    assert isinstance(actor.policy, ContinuousPolicy)
+    report = actor.train_metrics()
     check(report, "noise_sigma_min", "noise_sigma_max", "warming_up")
     assert report["noise_sigma_max"] == pytest.approx(cfg.ddpg.noise_sigma)

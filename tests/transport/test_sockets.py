@@ -11,7 +11,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tests.conftest import wait_for
+from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 from zrl.transport.sockets import (
     MAX_TRACKED_SENDERS,

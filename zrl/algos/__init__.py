@@ -1,0 +1,47 @@
+"""The algorithms zrl runs, by the name a config's ``algo`` gives.
+
+Each is a package (``zrl/algos/<name>/``, see ``zrl.algos.api``); adding one is its package
+and one line here. ``register`` adds one at run time (tests, plug-ins in a user's script).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from zrl.algos.api import Algorithm
+
+ALGORITHMS: dict[str, str] = {
+    "apex_dqn": "zrl.algos.apex_dqn",
+    "impala": "zrl.algos.impala",
+    "ppo": "zrl.algos.ppo",
+    "a3c": "zrl.algos.a3c",
+    "apex_ddpg": "zrl.algos.apex_ddpg",
+    "sac": "zrl.algos.sac",
+}
+"""``algo`` name -> the package whose ``ALGORITHM`` describes it."""
+
+_registered: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> None:
+    """Make ``algorithm`` runnable as ``algo: <its name>`` in this process (and in the roles
+    it forks: an in-process experiment, or ``zrl run`` of a script that registers it)."""
+    _registered[algorithm.name] = algorithm
+
+
+def algorithm_names() -> list[str]:
+    return [*ALGORITHMS, *(n for n in _registered if n not in ALGORITHMS)]
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The :class:`Algorithm` called ``name``; ValueError naming the known ones otherwise."""
+    if name in _registered:
+        return _registered[name]
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algo {name!r}; algorithms are {', '.join(algorithm_names())}")
+    algorithm = importlib.import_module(ALGORITHMS[name]).ALGORITHM
+    assert isinstance(algorithm, Algorithm) and algorithm.name == name, ALGORITHMS[name]
+    return algorithm
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "algorithm_names", "get_algorithm", "register"]

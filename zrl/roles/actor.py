@@ -1,24 +1,33 @@
-"""``Actor``: steps a vector env with the latest policy and pushes trajectories.
+"""``Actor``: steps a vector env with the algorithm's policy and sends what it collects.
 
-Sockets:
+The actor is the same for every algorithm. It owns the envs, the per-step buffers, the episode
+statistics, the credit window and sending; the algorithm's ``ActorPolicy``
+(``zrl.algos.api``, built once after WELCOME) chooses the actions and turns each trajectory of
+``actor.trajectory_length`` steps of all envs into the message to send.
 
-- PUSH ``experience`` -> broker -> a replay shard: one TRAJECTORY message per
-  ``trajectory_length`` steps of all envs (arrays [E, T, ...]), with Ape-X
-  actor-side initial priorities. A full stream blocks the send (back-pressure):
-  the actor then retries the same message and collects nothing new meanwhile, so
-  nothing is dropped and memory stays bounded.
-- SUB ``acks/<id>/`` (topic bus): the shard's ACK of each inserted trajectory. At most
-  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window), which
-  bounds how stale replay's data can get; on stop the actor waits for the last acks
-  (end of stream) instead of trusting LINGER. An ack releases exactly the trajectory it
-  names; one no ack names within ``ACK_TIMEOUT_S`` is counted lost
-  (``trajectories_lost``/``steps_lost`` in heartbeats), so experience taken off the stream by
-  anyone but a shard is reported, never hidden by the acks of later trajectories.
-- SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest
-  version is applied before each trajectory and reported with it.
+Sockets (where the algorithm's ``wiring.experience`` says):
 
-Exploration: env slot k of all N = actors x envs slots uses the Ape-X epsilon
-base ** (1 + alpha * k / (N - 1)); seeds derive from the run seed and the index.
+- **replay**: PUSH ``experience`` -> broker -> a replay shard: one TRAJECTORY per trajectory
+  (arrays [E, T, ...]). A full stream blocks the send (back-pressure): the actor retries the
+  same message and collects nothing new meanwhile, so nothing is dropped and memory stays
+  bounded. SUB ``acks/<id>/`` (topic bus): the shard's ACK of each insert. At most
+  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window), which bounds
+  how stale replay's data can get; on stop the actor waits for the last acks (end of stream)
+  instead of trusting LINGER. An ack releases exactly the trajectory it names; one no ack names
+  within ``ACK_TIMEOUT_S`` is counted lost (``trajectories_lost``/``steps_lost`` in
+  heartbeats), so experience taken off the stream by anyone but a shard is reported, never
+  hidden by the acks of later trajectories.
+- **rollouts**: PUB topic ``rollouts/`` -> every learner (PPO). The policy may hold the actor
+  back until newer weights arrive (``may_collect``); meanwhile the actor asks the parameter
+  server for them once a second.
+- **gradients**: PUSH ``gradients`` -> the parameter server (A3C: the policy computed the
+  gradient of the rollout).
+- SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest version is
+  applied before each trajectory and reported with it.
+
+A NaN/inf observation or reward from the env, or an env that raises, is counted
+(``non_finite_env``, ``env_errors``), logged with the actor's id and env step, and handled the
+same way: envs reset, trajectory dropped. Seeds derive from the run seed and the index.
 """
 
 from __future__ import annotations
@@ -29,17 +38,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.dqn import apex_epsilons, initial_priorities
-from zrl.algos.returns import nstep_transitions
+from zrl.algos import get_algorithm
+from zrl.algos.api import ActorPolicy, ActorSetup, Trajectory
 from zrl.envs import EpisodeTracker
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import protocol as P
 from zrl.transport.credit import CreditWindow
+from zrl.transport.sockets import Channel
 
 ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us back
 EOS_TIMEOUT_S = 5.0
+WEIGHTS_WAIT_FETCH_S = 1.0  # waiting this long for a new version: ask the parameter server
+
+
+class NonFiniteEnvError(FloatingPointError):
+    """The env returned a NaN/inf observation or reward."""
 
 
 def env_major(x: np.ndarray) -> np.ndarray:
@@ -47,82 +62,104 @@ def env_major(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.swapaxes(0, 1))
 
 
+def flat_obs(obs: Any, num_envs: int) -> np.ndarray:
+    return np.asarray(obs, dtype=np.float32).reshape(num_envs, -1)
+
+
 class Actor(Role):
     role = "actor"
     # How long teardown waits for the acks of what is still in flight.
     eos_timeout_s = EOS_TIMEOUT_S
 
-    def setup_outputs(self) -> None:
-        """The sockets trajectories leave by (subclasses for other algorithms replace them)."""
-        # Subscribe first: the subscription must reach the broker before our first insert
-        # is acknowledged, or the window would wait for an ack that was never delivered.
-        self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
-        self.experience = self.open_push("experience", hwm=2)
-
-    def setup_exploration(self) -> None:
-        """Ape-X epsilon-greedy: one epsilon per env slot across all actors."""
-        cfg = self.config
-        self.num_actions = int(self.envs.single_action_space.n)
-        slots = max(cfg.roles.actors, self.actor_index + 1) * self.num_envs
-        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
-        first = self.actor_index * self.num_envs
-        self.epsilons = all_eps[first : first + self.num_envs].astype(np.float32)
-        self.log.info(
-            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
-            self.actor_index, self.num_envs, cfg.env.id,
-            float(self.epsilons.max()), float(self.epsilons.min()), self.seed,
-        )  # fmt: skip
+    def __init__(self, broker: str, **kwargs: Any) -> None:
+        super().__init__(broker, **kwargs)
+        self.actor_index = self.index if self.index is not None else 0
+        self.envs: Any = None
+        self.num_envs = 0
+        self.obs = np.zeros((0, 0), np.float32)
+        self.needs_reset = np.zeros(0, dtype=bool)
+        self.episodes = EpisodeTracker(0)
+        self._episodes_reported = 0
+        self.env_steps = 0
+        self.trajectories = 0
+        self.env_errors = 0
+        self.non_finite_env = 0
+        self.pending: P.Message | None = None
+        self.pending_steps = 0
+        self.blocked_since: float | None = None
+        self.waiting_since: float | None = None
+        self.next_fetch = 0.0
+        self.window = CreditWindow(1, ACK_TIMEOUT_S)
+        self.acks: Channel | None = None
+        self.started = time.monotonic()
 
     def setup(self) -> None:
         cfg = self.config
-        self.setup_outputs()
+        algorithm = get_algorithm(cfg.algo)
+        self.open_outputs(algorithm.wiring.experience)
         limit_torch_threads(cfg.actor.torch_threads)
-        self.actor_index = self.index if self.index is not None else 0
         self.seed = actor_seed(cfg.seed, self.actor_index)
         torch.manual_seed(cfg.seed)  # same initial weights as the learner until the first version
         self.rng = np.random.default_rng(self.seed)
         self.envs = self.make_envs()
         self.num_envs = self.envs.num_envs
-        self.model = self.make_model(
-            self.envs.single_observation_space, self.envs.single_action_space
-        )
+        spaces = (self.envs.single_observation_space, self.envs.single_action_space)
+        self.model = self.make_model(*spaces)
         self.model.eval()
         self.weights = WeightsFollower(self, self.model)
-        self.setup_exploration()
+        self.policy: ActorPolicy = algorithm.load(algorithm.policy)(
+            ActorSetup(
+                config=cfg,
+                observation_space=spaces[0],
+                action_space=spaces[1],
+                num_envs=self.num_envs,
+                model=self.model,
+                actor_index=self.actor_index,
+                seed=self.seed,
+                rng=self.rng,
+                log=self.log,
+                train_stats=self.train_stats,
+            )  # fmt: skip
+        )
         self.weights.fetch_latest()
         obs, _ = self.envs.reset(seed=self.seed)
-        self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
+        self.obs = flat_obs(obs, self.num_envs)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
-        self._episodes_reported = 0
-        self.env_steps = 0
-        self.trajectories = 0
-        self.pending: P.Message | None = None
-        self.pending_steps = 0
-        self.blocked_since: float | None = None
         # Credit window: a trajectory counts as in flight until a replay shard acknowledges
         # its insertion. Bounding it bounds how stale the data in replay can be, whatever
         # the socket buffers between here and the shard could hold.
         self.window = CreditWindow(cfg.actor.max_in_flight, ACK_TIMEOUT_S)
-        self.env_errors = 0
-        self.started = time.monotonic()
 
-    @torch.no_grad()
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        return self.model(torch.from_numpy(obs)).numpy()
+    def open_outputs(self, experience: str) -> None:
+        """The sockets trajectories leave by, for the algorithm's ``wiring.experience``."""
+        self.output_topic: str | None = None
+        if experience == "replay":
+            # Subscribe first: the subscription must reach the broker before our first insert
+            # is acknowledged, or the window would wait for an ack that was never delivered.
+            self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
+            self.output = self.open_push("experience", hwm=2)
+        elif experience == "rollouts":
+            self.output = self.open_publisher("rollouts", hwm=1000)
+            self.output_topic = P.ROLLOUTS_TOPIC
+        else:
+            self.output = self.open_push("gradients", hwm=2)
 
     def on_reregistered(self) -> None:
         # Trajectories in flight through a broker that died are gone: say how many, and
         # reopen the window instead of waiting for acks that cannot come.
-        if hasattr(self, "window") and self.in_flight > 0:
+        if self.in_flight > 0:
             lost = self.window.lose_all()
             self.log.warning(
                 "%d trajectories were unacknowledged when the broker went away: counted as lost (%d in total)",
                 lost, self.window.ledger.lost,
             )  # fmt: skip
 
+    # --- collection -------------------------------------------------------------------
+
     def on_env_error(self, exc: Exception) -> None:
-        """An env raised: count it, reset the envs and drop the partial trajectory."""
+        """An env raised or returned NaN/inf: count it, reset the envs and drop the partial
+        trajectory."""
         self.env_errors += 1
         if self.env_errors == 1 or self.env_errors % 100 == 0:
             self.log.warning("env raised %s: %s (error %d; envs reset, trajectory dropped)",
@@ -130,90 +167,85 @@ class Actor(Role):
         obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
         self.episodes.running_return[:] = 0.0  # the aborted episodes are not finished episodes
         self.episodes.running_length[:] = 0
-        self.obs = np.asarray(obs, dtype=np.float32).reshape(self.num_envs, -1)
+        self.obs = flat_obs(obs, self.num_envs)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
 
-    def collect(self) -> P.Message | None:
-        """T steps of every env, as one TRAJECTORY message.
+    def check_finite(self, obs: np.ndarray, rewards: np.ndarray | None, t: int) -> None:
+        """Raise NonFiniteEnvError (naming this role and the env step) on NaN/inf from the env."""
+        bad = [] if np.isfinite(obs).all() else ["observation"]
+        if rewards is not None and not np.isfinite(rewards).all():
+            bad.append("reward")
+        if bad:
+            self.non_finite_env += 1
+            raise NonFiniteEnvError(
+                f"{self.id} at env step {self.env_steps + t * self.num_envs}: the env returned "
+                f"a non-finite {' and '.join(bad)} ({self.non_finite_env} so far)"
+            )
 
-        The per-step loop does only what must happen per step (forward, act, step, store);
-        exploration draws, episode bookkeeping and priorities are done once per trajectory."""
-        cfg = self.config
-        T, E = cfg.actor.trajectory_length, self.num_envs
-        obs_dim = self.obs.shape[1]
+    def collect(self) -> P.Message | None:
+        """T steps of every env, as the message the policy makes of them.
+
+        The per-step loop does only what must happen per step (act, step, store); exploration
+        draws, episode bookkeeping and priorities are done once per trajectory."""
+        T, E = self.config.actor.trajectory_length, self.num_envs
+        policy = self.policy
+        obs = self.obs
         # Time-major buffers: each step writes one contiguous row.
-        obs_t = np.empty((T, E, obs_dim), np.float32)
-        next_t = np.empty((T, E, obs_dim), np.float32)
-        actions_t = np.empty((T, E), np.int64)
+        obs_t = np.empty((T, *obs.shape), np.float32)
+        next_t = np.empty((T, *obs.shape), np.float32) if policy.records_next_obs else None
+        actions_t: np.ndarray = np.empty((T, E, *policy.action_shape), policy.action_dtype)
         rewards_t = np.empty((T, E), np.float32)
         terminated_t = np.empty((T, E), bool)
         truncated_t = np.empty((T, E), bool)
-        q_t = np.empty((T, E, self.num_actions), np.float32)
-        explore = self.rng.random((T, E)) < self.epsilons
-        random_actions = self.rng.integers(0, self.num_actions, size=(T, E))
+        extras_t: dict[str, np.ndarray] = {}
         first_needs_reset = self.needs_reset
         version = self.weights.version
-        obs = self.obs
+        policy.begin(T, self.env_steps)
         for t in range(T):
-            q = self.q_values(obs)
-            a = np.where(explore[t], random_actions[t], q.argmax(axis=1))
             try:
+                if t == 0:
+                    self.check_finite(obs, None, t)  # after a reset, nothing checked it yet
+                a, extras = policy.act(obs, t)
                 next_obs, r, term, trunc, _ = self.envs.step(a)
+                next_obs = flat_obs(next_obs, E)
+                self.check_finite(next_obs, r, t)
             except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
                 self.on_env_error(exc)
                 return None
             obs_t[t] = obs
-            next_t[t] = next_obs.reshape(E, -1)
+            if next_t is not None:
+                next_t[t] = next_obs
             actions_t[t] = a
             rewards_t[t] = r
             terminated_t[t] = term
             truncated_t[t] = trunc
-            q_t[t] = q
-            obs = next_t[t]
+            for name, value in extras.items():
+                if name not in extras_t:
+                    extras_t[name] = np.empty((T, *value.shape), value.dtype)
+                extras_t[name][t] = value
+            obs = next_obs
         self.obs = obs
-        rewards, terminated, truncated, valid = self.end_trajectory(
-            first_needs_reset, rewards_t, terminated_t, truncated_t
+        trajectory = self.end_trajectory(
+            first_needs_reset, obs_t, next_t, actions_t, rewards_t, terminated_t, truncated_t
         )
-        obs_buf, next_buf, actions = env_major(obs_t), env_major(next_t), env_major(actions_t)
-        q_taken = np.take_along_axis(q_t, actions_t[..., None], axis=2)[..., 0].T
-        nstep = nstep_transitions(
-            rewards, terminated, truncated, valid, cfg.replay.n_step, cfg.replay.gamma
-        )
-        next_q = self.q_values(next_buf[nstep.env, nstep.end])
-        priority = np.zeros((E, T), np.float32)
-        priority[nstep.env, nstep.start] = initial_priorities(
-            q_taken[nstep.env, nstep.start], nstep.returns, nstep.discounts, next_q
-        )
+        trajectory.extras = {name: env_major(x) for name, x in extras_t.items()}
+        out = policy.finish(trajectory)
         self.trajectories += 1
-        return P.Message(
-            P.TRAJECTORY,
-            meta={
-                "weights_version": version,
-                "actor": self.actor_index,
-                "env_steps": self.env_steps,
-            },
-            arrays={
-                "obs": obs_buf,
-                "action": actions,
-                "reward": rewards,
-                "terminated": terminated,
-                "truncated": truncated,
-                "valid": valid,
-                "next_obs": next_buf,
-                "priority": priority,
-            },
-        )
+        meta = {"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps}
+        return P.Message(out.kind, meta={**meta, **out.meta}, arrays=out.arrays)
 
     def end_trajectory(
         self,
         first_needs_reset: np.ndarray,
+        obs_t: np.ndarray,
+        next_t: np.ndarray | None,
+        actions_t: np.ndarray,
         rewards_t: np.ndarray,
         terminated_t: np.ndarray,
         truncated_t: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Bookkeeping every actor does after T steps: which steps were real transitions, the
-        episode returns, the env-step count and which envs reset first next time. Takes the
-        time-major buffers; returns env-major ``(rewards, terminated, truncated, valid)``."""
+    ) -> Trajectory:
+        """Bookkeeping after T steps: which steps were real transitions, the episode returns,
+        the env-step count and which envs reset first next time; the env-major trajectory."""
         done_t = terminated_t | truncated_t
         self.needs_reset = done_t[-1].copy()
         rewards, terminated, truncated = (
@@ -226,26 +258,37 @@ class Actor(Role):
         self.episodes.update_trajectory(rewards, terminated | truncated, valid)
         self.pending_steps = int(valid.sum())
         self.env_steps += self.pending_steps
-        return rewards, terminated, truncated, valid
+        return Trajectory(
+            obs=env_major(obs_t),
+            next_obs=None if next_t is None else env_major(next_t),
+            action=env_major(actions_t),
+            reward=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            valid=valid,
+            final_obs=self.obs,
+        )
+
+    # --- acks -------------------------------------------------------------------------
 
     @property
     def in_flight(self) -> int:
         return self.window.in_flight
 
-    def read_acks(self) -> None:
+    def read_acks(self, acks: Channel) -> None:
         while True:
-            got = self.acks.recv(block=False)
+            got = acks.recv(block=False)
             if got is None:
                 return
             msg = got[1]
             # Only a replay shard's ack of a trajectory we actually sent, and still count as
             # in flight (or lost), releases it; a duplicate is dropped like a forgery.
             try:
-                seq = P.acked_seq(msg, "replay-", self.experience.next_seq, "trajectory")
+                seq = P.acked_seq(msg, "replay-", self.output.next_seq, "trajectory")
                 if not self.window.ack(seq):
                     raise P.ProtocolError(f"ack of trajectory {seq} that is not in flight")
             except P.ProtocolError as exc:
-                self.acks._drop(msg.sender or "?", str(exc))
+                acks._drop(msg.sender or "?", str(exc))
 
     def expire_window(self) -> None:
         """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a
@@ -257,35 +300,55 @@ class Actor(Role):
                 lost, ACK_TIMEOUT_S, self.window.ledger.lost,
             )  # fmt: skip
 
+    # --- loop -------------------------------------------------------------------------
+
     def step(self) -> None:
-        self.read_acks()
-        self.expire_window()
-        if self.pending is None and self.window.full:
-            if self.blocked_since is None:
-                self.blocked_since = time.monotonic()
-            self.acks.sock.poll(100)
-            return
+        if self.acks is not None:
+            self.read_acks(self.acks)
+            self.expire_window()
+            if self.pending is None and self.window.full:
+                if self.blocked_since is None:
+                    self.blocked_since = time.monotonic()
+                self.acks.sock.poll(100)
+                return
         if self.pending is None:
             self.weights.update()
+            if not self.policy.may_collect(self.weights.version):
+                self.wait_for_weights()
+                return
+            self.waiting_since = None
             self.pending = self.collect()
             if self.pending is None:
                 return
         # Blocks at most the socket's send timeout; on a full stream we retry next step.
-        if self.experience.send(self.pending):
-            self.window.sent(self.pending.seq, self.pending_steps)
+        if self.output.send(self.pending, topic=self.output_topic):
+            if self.acks is not None:
+                self.window.sent(self.pending.seq, self.pending_steps)
+            self.policy.sent(int(self.pending.meta["weights_version"]))
             self.pending = None
             self.blocked_since = None
         elif self.blocked_since is None:
             self.blocked_since = time.monotonic()
 
+    def wait_for_weights(self) -> None:
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+            self.next_fetch = now + WEIGHTS_WAIT_FETCH_S
+        if now >= self.next_fetch:
+            # A publish can precede our subscription (or be lost): ask params directly.
+            self.next_fetch = now + WEIGHTS_WAIT_FETCH_S
+            self.weights.fetch_latest(timeout=0.5)
+        else:
+            self.weights.sub.sock.poll(50)
+
+    # --- reports ----------------------------------------------------------------------
+
     def train_info(self) -> dict[str, float]:
         """The training episodes finished since the last report, and the exploration."""
         out: dict[str, float] = {}
-        if not hasattr(self, "episodes"):
-            return out
         tracker = self.episodes
-        reported = getattr(self, "_episodes_reported", 0)
-        new = min(tracker.episodes - reported, len(tracker.finished_returns))
+        new = min(tracker.episodes - self._episodes_reported, len(tracker.finished_returns))
         self._episodes_reported = tracker.episodes
         if new > 0:
             returns = tracker.finished_returns[-new:]
@@ -294,15 +357,9 @@ class Actor(Role):
             out["episode_return_min"] = float(np.min(returns))
             out["episode_return_max"] = float(np.max(returns))
             out["episode_length"] = float(np.mean(lengths))
-        out.update(self.exploration_info())
+        if self.envs is not None:
+            out.update(self.policy.train_info())
         return out
-
-    def exploration_info(self) -> dict[str, float]:
-        """Ape-X: the smallest and largest epsilon of this actor's env slots."""
-        eps = getattr(self, "epsilons", None)
-        if eps is None or not len(eps):
-            return {}
-        return {"epsilon_min": float(eps.min()), "epsilon_max": float(eps.max())}
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -312,27 +369,31 @@ class Actor(Role):
             "in_flight": self.in_flight,
             "ack_timeouts": self.window.timeouts,
             "env_errors": self.env_errors,
+            "non_finite_env": self.non_finite_env,
             **self.window.report(),
+            **self.policy.heartbeat_info(),
         }
         recent = self.episodes.recent_mean()
         if recent is not None:
             info["episode_return"] = round(recent, 2)
         if self.blocked_since is not None:
             info["blocked_s"] = round(time.monotonic() - self.blocked_since, 1)
+        if self.waiting_since is not None:
+            info["waiting_for_weights_s"] = round(time.monotonic() - self.waiting_since, 1)
         return info
 
     def teardown(self) -> None:
         # End of stream: LINGER is no delivery guarantee (libzmq can drop queued messages of a
         # closing PUSH), so wait until the replay acknowledged everything we sent.
-        if hasattr(self, "experience"):
+        if self.acks is not None:
             deadline = time.monotonic() + self.eos_timeout_s
             while self.in_flight > 0 and time.monotonic() < deadline:
                 self.acks.sock.poll(50)
-                self.read_acks()
+                self.read_acks(self.acks)
             if self.in_flight > 0:
                 self.log.warning(
                     "stopping with %d trajectories sent but not acknowledged by replay: counted as lost",
                     self.window.lose_all(),
                 )
-        if hasattr(self, "envs"):
+        if self.envs is not None:
             self.envs.close()

@@ -29,7 +29,7 @@ import zmq
 
 from zrl import __version__
 from zrl.config import ExperimentConfig
-from zrl.experiment import Factories
+from zrl.factories import Factories
 from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
@@ -485,22 +485,6 @@ class Role:
     def teardown(self) -> None:
         """Finish streams; called once on the way out (also after an error)."""
 
-    def specialize(self) -> None:
-        """Become the class the experiment's algorithm uses for this role.
-
-        The generic class (what ``zrl start actor`` builds) only learns the algorithm from the
-        broker, so it switches here, before ``setup`` opens any algorithm-specific socket.
-        A class constructed explicitly (tests, embedding) is left alone."""
-        from zrl.roles import ROLE_MODULES, role_class
-
-        if self.role not in ROLE_MODULES:
-            return
-        generic = role_class(self.role)
-        wanted = role_class(self.role, self.config.algo)
-        if type(self) is generic and wanted is not generic:
-            self.__class__ = wanted
-            self.log.info("%s runs %s as %s", self.id, self.config.algo, wanted.__name__)
-
     def request_stop(self) -> None:
         self.stop_event.set()
 
@@ -509,7 +493,6 @@ class Role:
         self.bind()
         self.connect()
         try:
-            self.specialize()
             self.setup()
             self.state = "running"
             self._last_ack = time.monotonic()  # a long setup is not a silent broker

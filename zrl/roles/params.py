@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from zrl.algos import get_algorithm
 from zrl.roles.base import Role, load_checkpoint_file
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 # Weights versions: a follower adopts from the bus a version at most MAX_VERSION_STEP past its
@@ -31,7 +33,6 @@ from zrl.transport import protocol as P
 # takes a learner's min_version at most that far past its own once it holds weights. Versions
 # travel as msgpack integers and land in JSON summaries: past 2**53 they are hostile.
 MAX_VERSION_STEP = 10_000
-MAX_VERSION = 2**53
 
 
 def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
@@ -43,6 +44,11 @@ def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 class ParameterServer(Role):
     role = "params"
 
+    @property
+    def applies_gradients(self) -> bool:
+        """Whether the algorithm's actors send gradients here to apply (A3C)."""
+        return get_algorithm(self.config.algo).wiring.experience == "gradients"
+
     def setup(self) -> None:
         self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
         self.version = 0
@@ -50,13 +56,13 @@ class ParameterServer(Role):
         self.weights_meta: dict[str, Any] = {}
         self.updated_at = 0.0
         self.served = 0
-        if self.config.algo == "a3c":
+        if self.applies_gradients:
             self.setup_gradient_server()
 
     def setup_gradient_server(self) -> None:
         import torch
 
-        from zrl.roles.learner import make_adam
+        from zrl.algos.optim import make_adam
         from zrl.runtime import limit_torch_threads
 
         limit_torch_threads(self.config.learner.torch_threads)
@@ -172,12 +178,12 @@ class ParameterServer(Role):
         self.rpc = self.bind_rpc()
 
     def step(self) -> None:
-        if self.config.algo == "a3c":
+        if self.applies_gradients:
             if self.checkpoint is not None and time.monotonic() >= self.next_checkpoint:
                 self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
                 self.save_checkpoint()
             self.drain_gradients()
-        if not self.rpc.sock.poll(100 if self.config.algo != "a3c" else 0):
+        if not self.rpc.sock.poll(0 if self.applies_gradients else 100):
             return
         for _ in range(100):
             got = self.rpc.recv(block=False)
@@ -203,7 +209,7 @@ class ParameterServer(Role):
                 self.gradients._drop(got[1].sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
-        if msg.kind == P.WEIGHTS and self.config.algo == "a3c":
+        if msg.kind == P.WEIGHTS and self.applies_gradients:
             raise P.ProtocolError("a3c: the parameter server owns the weights; send gradients")
         if msg.kind == P.WEIGHTS:
             if not msg.arrays:
@@ -215,7 +221,7 @@ class ParameterServer(Role):
                     "weights whose parameter names, shapes or dtypes differ from the current ones"
                 )
             floor = msg.meta.get("min_version", 0)
-            if not isinstance(floor, int) or isinstance(floor, bool) or floor > MAX_VERSION:
+            if not isinstance(floor, int) or isinstance(floor, bool) or floor > M.MAX_VERSION:
                 raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")
             if self.arrays and floor > self.version + MAX_VERSION_STEP:
                 # A resumed learner's floor is a jump only into a fresh server (no arrays yet);
@@ -253,7 +259,7 @@ class ParameterServer(Role):
         self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
 
     def teardown(self) -> None:
-        if self.config.algo == "a3c" and hasattr(self, "updates"):
+        if self.applies_gradients and hasattr(self, "updates"):
             self.save_checkpoint()
             self.log.info(
                 "%s: %d updates from %d gradients, %d stale gradients dropped (max_lag %d)",
@@ -262,13 +268,13 @@ class ParameterServer(Role):
             )  # fmt: skip
 
     def train_info(self) -> dict[str, float]:
-        if self.config.algo != "a3c" or not hasattr(self, "optimizer"):
+        if not self.applies_gradients or not hasattr(self, "optimizer"):
             return {}
         return {"lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
-        if self.config.algo == "a3c":
+        if self.applies_gradients:
             info.update(
                 updates=self.updates,
                 applied_gradients=self.applied_gradients,

@@ -33,26 +33,17 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zrl.algos import get_algorithm
 from zrl.algos.returns import nstep_transitions
-from zrl.config import CONTINUOUS_ALGOS
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
 from zrl.roles.base import Role
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
-TRAJECTORY_ARRAYS: dict[str, tuple[str | None, int | None]] = {
-    "obs": ("float32", 3),
-    "action": ("int64", 2),
-    "reward": ("float32", 2),
-    "terminated": ("bool", 2),
-    "truncated": ("bool", 2),
-    "valid": ("bool", 2),
-    "next_obs": ("float32", 3),
-    "priority": ("float32", 2),
-}
-# Continuous control (apex_ddpg, sac): the same, with float32 actions [E, T, act_dim].
-CONTINUOUS_TRAJECTORY_ARRAYS = {**TRAJECTORY_ARRAYS, "action": ("float32", 3)}
+# The arrays of an unroll queue item besides its weights version (the schema: messages.UNROLL).
+UNROLL_ARRAYS = tuple(M.UNROLL.arrays)
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
@@ -65,24 +56,10 @@ def assemble_transitions(
 
     ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
     int64 ``[E, T]`` indices."""
-    spec = CONTINUOUS_TRAJECTORY_ARRAYS if continuous else TRAJECTORY_ARRAYS
-    P.require_arrays(msg, spec)
-    a = msg.arrays
-    E, T = a["reward"].shape
-    for name in spec:
-        if a[name].shape[:2] != (E, T):
-            raise P.ProtocolError(
-                f"trajectory array {name!r} has shape {a[name].shape}, not [{E}, {T}, ...]"
-            )
-    if a["obs"].shape != a["next_obs"].shape:
-        raise P.ProtocolError("trajectory obs and next_obs shapes differ")
-    if continuous and a["action"].shape[2] < 1:
+    sizes = M.validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
+    if continuous and sizes["A"] < 1:
         raise P.ProtocolError("trajectory actions have no dimensions")
-    must_be_finite = ("obs", "next_obs", "reward", *(("action",) if continuous else ()))
-    for name in must_be_finite:
-        if not np.all(np.isfinite(a[name])):
-            # A NaN stored in replay would poison every batch it is sampled into.
-            raise P.ProtocolError(f"trajectory array {name!r} holds NaN or inf")
+    a = msg.arrays
     ns = nstep_transitions(a["reward"], a["terminated"], a["truncated"], a["valid"], n_step, gamma)
     items = {
         "obs": a["obs"][ns.env, ns.start],
@@ -97,33 +74,11 @@ def assemble_transitions(
     return items, priorities
 
 
-UNROLL_ARRAYS: dict[str, tuple[str | None, int | None]] = {
-    "obs": ("float32", 3),
-    "action": ("int64", 2),
-    "logp": ("float32", 2),
-    "reward": ("float32", 2),
-    "terminated": ("bool", 2),
-    "truncated": ("bool", 2),
-    "valid": ("bool", 2),
-    "bootstrap_obs": ("float32", 2),
-}
-
-
 def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
     """An IMPALA TRAJECTORY message -> one queue item per env: its whole ``[T, ...]`` unroll
     with the behaviour log-probs and the weights version it was collected with."""
-    P.require_arrays(msg, UNROLL_ARRAYS)
+    E = M.validate(msg, M.UNROLL)["E"]
     a = msg.arrays
-    E, T = a["reward"].shape
-    for name in UNROLL_ARRAYS:
-        want = (E,) if name == "bootstrap_obs" else (E, T)
-        if a[name].shape[: len(want)] != want:
-            raise P.ProtocolError(f"unroll array {name!r} has shape {a[name].shape}, not {want}")
-    if a["obs"].shape[2:] != a["bootstrap_obs"].shape[1:]:
-        raise P.ProtocolError("unroll obs and bootstrap_obs widths differ")
-    for name in ("obs", "reward", "logp", "bootstrap_obs"):
-        if not np.all(np.isfinite(a[name])):
-            raise P.ProtocolError(f"unroll array {name!r} holds NaN or inf")
     version = msg.meta.get("weights_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise P.ProtocolError("unroll without a weights version (needed to bound its lag)")
@@ -253,11 +208,12 @@ class ReplayServer(Role):
         if msg.kind != P.TRAJECTORY:
             raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
         rc = self.config.replay
-        if self.config.algo == "impala":
+        wiring = get_algorithm(self.config.algo).wiring
+        if wiring.replay_item == "unroll":
             items, priorities = assemble_unrolls(msg), None
         else:
             items, priorities = assemble_transitions(
-                msg, rc.n_step, rc.gamma, continuous=self.config.algo in CONTINUOUS_ALGOS
+                msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box"
             )
         n = len(items["reward"])
         table = self._table_for(items)
@@ -320,12 +276,10 @@ class ReplayServer(Role):
         return True
 
     def on_priorities(self, msg: P.Message) -> None:
-        P.require_arrays(msg, {"key": ("int64", 1), "priority": ("float32", 1)})
+        M.validate(msg, M.PRIORITIES)
         keys, prios = msg.arrays["key"], msg.arrays["priority"]
-        if keys.shape != prios.shape:
-            raise P.ProtocolError("priority update with mismatched key/priority lengths")
-        if not np.all(np.isfinite(prios)) or np.any(prios < 0):
-            raise P.ProtocolError("priority update with non-finite or negative values")
+        if np.any(prios < 0):
+            raise P.ProtocolError("priority update with negative values")
         if self.table is None:
             raise P.ProtocolError("priorities for an empty shard")
         applied = self.table.update_priorities(keys, prios)

@@ -38,8 +38,9 @@ from torch import nn
 
 from zrl.models import load_arrays
 from zrl.roles.base import Role, RoleError
-from zrl.roles.params import MAX_VERSION, MAX_VERSION_STEP
+from zrl.roles.params import MAX_VERSION_STEP
 from zrl.transport import protocol as P
+from zrl.transport.messages import weights_version
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -49,14 +50,6 @@ RESYNC_INTERVAL_S = 5.0
 RESYNC_TIMEOUT_S = 1.0
 
 log = logging.getLogger(__name__)
-
-
-def weights_version(meta: dict[str, Any]) -> int | None:
-    """The ``version`` of a WEIGHTS message if it is an integer in [1, MAX_VERSION], else None."""
-    version = meta.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        return None
-    return version if 1 <= version <= MAX_VERSION else None
 
 
 class WeightsFollower:

@@ -56,6 +56,32 @@ METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
 GRADIENTS = "gradients"  # A3C worker -> params on `gradients`; DD-PPO learner -> learners (topic)
 READY = "ready"  # DD-PPO learner -> learners (topic allreduce/): start-up handshake
+# Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
+KINDS: tuple[str, ...] = (
+    HELLO,
+    WELCOME,
+    REFUSED,
+    HEARTBEAT,
+    HEARTBEAT_ACK,
+    UNKNOWN_ROLE,
+    BYE,
+    LOOKUP,
+    LOOKUP_REPLY,
+    STATUS,
+    STATUS_REPLY,
+    ERROR,
+    TRAJECTORY,
+    BATCH,
+    PRIORITIES,
+    WEIGHTS,
+    GET_WEIGHTS,
+    NO_WEIGHTS,
+    ACK,
+    METRICS,
+    END_OF_STREAM,
+    GRADIENTS,
+    READY,
+)
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
 # matching "replay-10").

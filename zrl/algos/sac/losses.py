@@ -2,7 +2,7 @@
 automatic temperature and n-step, prioritized transitions.
 
 With ``R`` the n-step return and ``discount = gamma^k`` (0 at termination) as in
-:mod:`zrl.algos.dqn`, ``a' ~ pi(.|s')`` sampled from the *current* policy, and target critics
+:mod:`zrl.algos.apex_dqn.losses`, ``a' ~ pi(.|s')`` sampled from the *current* policy, and target critics
 ``Q'_1, Q'_2``::
 
     y       = R + discount * (min(Q'_1, Q'_2)(s', a') - alpha * log pi(a'|s'))
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zrl.algos.ddpg import check_batch, checked_step, frozen
-from zrl.algos.dqn import NonFiniteLossError
+from zrl.algos.apex_ddpg.losses import check_batch, frozen
+from zrl.algos.api import NonFiniteLossError
+from zrl.algos.optim import checked_step
 from zrl.continuous_models import SACModel
 
 
@@ -100,7 +101,7 @@ def sac_update(
 ) -> SACUpdate:
     """One SAC step: critic step, then actor step, then temperature step.
 
-    ``batch`` is as for :func:`zrl.algos.ddpg.ddpg_update` (``action [B, A]`` float); the
+    ``batch`` is as for :func:`zrl.algos.apex_ddpg.losses.ddpg_update` (``action [B, A]`` float); the
     importance weights scale the critic loss. ``target`` supplies only the target critics (SAC
     has no target policy: ``a'`` is sampled from ``model.policy``). ``critic_optimizer`` holds
     ``q1`` and ``q2``, ``actor_optimizer`` the policy and ``alpha_optimizer`` the scalar

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from zrl.algos.optim import checked_step
+
 
 @dataclass
 class VTraceReturns:
@@ -232,10 +234,8 @@ def impala_update(
     ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]`` and
     ``bootstrap_obs [B, ...]``. ``model(obs) -> (logits, values)``. Discounts are
     ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
-    Raises :class:`zrl.algos.dqn.NonFiniteLossError` before stepping on a NaN/inf loss.
+    Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss.
     """
-    from zrl.algos.dqn import NonFiniteLossError
-
     B, T = batch["reward"].shape
     obs = batch["obs"].reshape(B * T, *batch["obs"].shape[2:])
     # One forward pass over the unrolls and their bootstrap observations.
@@ -254,14 +254,9 @@ def impala_update(
     loss, parts = impala_loss(
         logits, values, actions, returns, entropy_coef, value_coef, valid=valid
     )
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        raise NonFiniteLossError(float(loss.item()), float(grad_norm.item()))
-    optimizer.step()
+    grad_norm = checked_step(optimizer, loss, list(model.parameters()), grad_clip)
     with torch.no_grad():
         rho = torch.exp(target_logp - batch["logp"].T)
         rho = torch.where(valid.bool(), rho, torch.zeros_like(rho))
         mean_rho = float(rho.sum() / valid.sum().clamp(min=1))
-    return ImpalaUpdate(parts=parts, grad_norm=float(grad_norm.item()), mean_rho=mean_rho)
+    return ImpalaUpdate(parts=parts, grad_norm=grad_norm, mean_rho=mean_rho)

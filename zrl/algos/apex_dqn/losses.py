@@ -15,6 +15,8 @@ import torch
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
+from zrl.algos.optim import checked_step
+
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 
 
@@ -101,16 +103,6 @@ def initial_priorities(
     return np.abs(target - np.asarray(q_taken, dtype=np.float64)).astype(np.float32)
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss or its gradient is NaN/inf; raised before the optimizer step, so the weights
-    are untouched."""
-
-    def __init__(self, loss: float, grad_norm: float) -> None:
-        super().__init__(f"non-finite loss {loss} (gradient norm {grad_norm})")
-        self.loss = loss
-        self.grad_norm = grad_norm
-
-
 @dataclass
 class DQNUpdate:
     """Result of one :func:`dqn_update` step."""
@@ -160,20 +152,13 @@ def dqn_update(
 
     loss, td = dqn_loss(q_values, batch["action"], y, batch["weight"], huber_delta)
 
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    # clip_grad_norm_ returns the total norm measured before clipping.
-    grad_norm = nn.utils.clip_grad_norm_(online.parameters(), grad_clip)
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        # Stepping would write NaN into every weight; the caller decides what to do instead.
-        raise NonFiniteLossError(float(loss.item()), float(grad_norm.item()))
-    optimizer.step()
+    grad_norm = checked_step(optimizer, loss, list(online.parameters()), grad_clip)
 
     q_taken = q_values.detach().gather(1, batch["action"].long().unsqueeze(1)).mean()
     return DQNUpdate(
         loss=float(loss.item()),
         td=td.abs().cpu().numpy().astype(np.float32),
-        grad_norm=float(grad_norm.item()),
+        grad_norm=grad_norm,
         q_mean=float(q_taken.item()),
     )
 

@@ -1,6 +1,6 @@
 """Ape-X DDPG / TD3 learner math: n-step critic targets, target policy smoothing, one update.
 
-Transitions are n-step as in :mod:`zrl.algos.dqn`: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}``
+Transitions are n-step as in :mod:`zrl.algos.apex_dqn.losses`: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}``
 and ``discount`` is ``gamma^k`` (0 when the episode terminated). With the target actor ``mu'``
 and target critics ``Q'_1, Q'_2``:
 
@@ -16,13 +16,13 @@ and target critics ``Q'_1, Q'_2``:
 The critics minimise the importance-weighted ``mean_b w_b * L(y_b - Q_i(s_b, a_b))`` (``L`` Huber
 or ``x^2 / 2``); the actor maximises ``Q_1(s, mu(s))``, i.e. minimises ``-mean_b Q_1(s_b, mu(s_b))``
 (deterministic policy gradient, Silver et al. 2014), with the critic weights held fixed.
-Polyak averaging of the targets is the caller's job (:func:`zrl.algos.dqn.soft_update`).
+Polyak averaging of the targets is the caller's job (:func:`zrl.algos.apex_dqn.losses.soft_update`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -31,7 +31,8 @@ import torch
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.algos.dqn import BATCH_KEYS, NonFiniteLossError, huber, soft_update
+from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
+from zrl.algos.optim import checked_step
 from zrl.continuous_models import DDPGModel
 
 __all__ = [
@@ -114,26 +115,6 @@ def frozen(modules: Iterable[nn.Module | None]) -> Iterator[None]:
     finally:
         for p, flag in zip(params, flags, strict=True):
             p.requires_grad_(flag)
-
-
-def checked_step(
-    optimizer: torch.optim.Optimizer,
-    loss: Tensor,
-    parameters: Sequence[Tensor],
-    grad_clip: float,
-) -> float:
-    """``zero_grad``, backward, clip to global L2 norm ``grad_clip``, then step.
-
-    Raises :class:`NonFiniteLossError` before the step when the loss or the (pre-clip) gradient
-    norm is NaN/inf, so the weights are untouched. Returns the pre-clip gradient norm.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = nn.utils.clip_grad_norm_(parameters, grad_clip)
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        raise NonFiniteLossError(float(loss.item()), float(grad_norm.item()))
-    optimizer.step()
-    return float(grad_norm.item())
 
 
 def _critic_loss(td: Tensor, weights: Tensor, huber_delta: float | None) -> Tensor:

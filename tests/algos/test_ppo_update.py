@@ -1,0 +1,280 @@
+"""``PPOUpdate``: the learner side of PPO, built as the generic learner role builds it, fed
+rollout messages and trained without sockets (a single learner opens none; the DD-PPO
+handshake runs on in-memory channels)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from zrl.algos.api import LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.ppo.update import PPOUpdate
+from zrl.config import ExperimentConfig
+from zrl.models import build_model
+from zrl.roles.train_stats import TrainStats
+from zrl.transport import protocol as P
+
+torch.set_num_threads(1)
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)  # CartPole's
+ACT_SPACE = gym.spaces.Discrete(2)
+E, T = 2, 8  # env.num_envs, actor.trajectory_length
+
+
+class FakeChannel:
+    """Enough of a ``Channel`` for the DD-PPO handshake: sent messages are kept, received
+    ones are queued by the test."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[P.Message, str]] = []
+        self.inbox: list[P.Message] = []
+        self.dropped: list[str] = []
+        self.sock = self
+
+    def poll(self, timeout_ms: int = 0) -> bool:
+        return bool(self.inbox)
+
+    def send(self, msg: P.Message, topic: str = "", block: bool = True) -> bool:
+        self.sent.append((msg, topic))
+        return True
+
+    def recv(self, *, block: bool = True) -> tuple[bytes | None, P.Message] | None:
+        return (None, self.inbox.pop(0)) if self.inbox else None
+
+    def _drop(self, sender: str, reason: str) -> None:
+        self.dropped.append(reason)
+
+
+class FakeServices:
+    """The role's services; a single learner must not use the sockets or the follower."""
+
+    def __init__(self, channels: dict[str, FakeChannel] | None = None) -> None:
+        self.id = "learner-test"
+        self.stop_event = threading.Event()
+        self.ticks = 0
+        self.channels = channels
+
+    def open_publisher(self, name: str = "topics", *, hwm: int = 1000) -> Any:
+        if self.channels is None:
+            raise AssertionError(f"a single learner opened a publisher {name!r}")
+        return self.channels["pub"]
+
+    def open_subscriber(self, topics: list[str], name: str, *, hwm: int = 1000) -> Any:
+        if self.channels is None:
+            raise AssertionError(f"a single learner opened a subscriber {name!r}")
+        assert topics == [P.ALLREDUCE_TOPIC]
+        return self.channels["sub"]
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def follow_weights(self, model: Any) -> Any:
+        raise AssertionError("the leader follows no weights")
+
+
+def make_config(learners: int = 1) -> ExperimentConfig:
+    return ExperimentConfig(
+        algo="ppo",
+        seed=3,
+        roles={"actors": 2, "learners": learners, "replay": 0, "params": 1, "evaluator": 0},
+        env={"num_envs": E},
+        actor={"trajectory_length": T},
+        ppo={"epochs": 3, "minibatch_size": 8},
+    )
+
+
+def make_update(
+    cfg: ExperimentConfig | None = None, services: FakeServices | None = None, index: int = 0
+) -> PPOUpdate:
+    cfg = cfg or make_config()
+    torch.manual_seed(0)
+    model = build_model(OBS_SPACE, ACT_SPACE, cfg.model, "ppo")
+    setup = LearnerSetup(
+        config=cfg, model=model, observation_space=OBS_SPACE, action_space=ACT_SPACE,
+        index=index, log=logging.getLogger("test.ppo_update"), train_stats=TrainStats(),
+        services=services or FakeServices(),
+    )  # fmt: skip
+    return PPOUpdate(setup)
+
+
+def rollout_msg(actor: int, version: int = 1, seed: int = 0) -> P.Message:
+    """A well-formed ``unroll`` TRAJECTORY: env 0's episode ends at t=3 (t=4 is the reset
+    step, invalid), env 1 is truncated at the last step."""
+    rng = np.random.default_rng(seed + actor)
+    term, trunc, valid = np.zeros((E, T), bool), np.zeros((E, T), bool), np.ones((E, T), bool)
+    term[0, 3], valid[0, 4], trunc[1, T - 1] = True, False, True
+    arrays: dict[str, np.ndarray] = {
+        "obs": rng.normal(size=(E, T, 4)).astype(np.float32),
+        "action": rng.integers(2, size=(E, T)).astype(np.int64),
+        "logp": np.full((E, T), math.log(0.5), np.float32),
+        "reward": np.ones((E, T), np.float32),
+        "terminated": term,
+        "truncated": trunc,
+        "valid": valid,
+        "bootstrap_obs": rng.normal(size=(E, 4)).astype(np.float32),
+    }
+    return P.Message(
+        P.TRAJECTORY,
+        meta={"weights_version": version, "actor": actor, "env_steps": E * T},
+        arrays=arrays,
+        sender=f"actor-{actor}",
+    )
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_trains_a_round_of_one_rollout_per_actor():
+    up = make_update()
+    before = params(up.model)
+    assert up.may_publish()  # a single learner needs no handshake
+    assert up.train(1) is None  # nothing received
+    up.receive(rollout_msg(0), 1)
+    assert up.train(1) is None  # one actor of two: the round is incomplete
+    up.receive(rollout_msg(1), 1)
+    result = up.train(1)
+    assert isinstance(result, UpdateResult)
+    assert result.publish
+    per_epoch = 2 * E * T // 8  # round_size * num_envs * trajectory_length // minibatch
+    assert result.updates == 3 * per_epoch
+    assert math.isfinite(result.loss)
+    assert result.priorities is None
+    assert any(not torch.equal(before[k], v) for k, v in params(up.model).items())
+    assert up.rounds == 1 and up.buffer.trained_version == 1
+    assert up.weights_meta() == {"rounds": 1}
+    assert up.train(1) is None  # the round was consumed
+    info = up.heartbeat_info()
+    assert info["rounds"] == 1 and info["round_versions"] == [1] and info["mixed_rounds"] == 0
+    assert 0 < info["busy"] <= 1
+    assert {"approx_kl", "clip_fraction", "entropy"} <= set(info)
+    assert "allreduce_timeouts" not in info and "weight_drift" not in info
+    assert up.train_info() == {"lr": make_config().learner.lr}
+    assert up.summary().startswith("1 rounds (sync), 12 updates, mixed-version rounds 0")
+    # A rollout of the version just trained is stale in sync mode: counted, not kept.
+    up.receive(rollout_msg(0), 1)
+    assert up.buffer.stale == 1 and not up.buffer.pending
+
+
+def test_ticks_during_a_long_round():
+    services = FakeServices()
+    up = make_update(services=services)
+    up.receive(rollout_msg(0), 1)
+    up.receive(rollout_msg(1), 1)
+    result = up.train(1)
+    assert result is not None
+    assert services.ticks == result.updates // 16
+
+
+def with_array(name: str, value: np.ndarray) -> P.Message:
+    msg = rollout_msg(0)
+    msg.arrays[name] = value
+    return msg
+
+
+def nan_obs() -> P.Message:
+    obs = rollout_msg(0).arrays["obs"].copy()
+    obs[1, 2, 3] = np.nan
+    return with_array("obs", obs)
+
+
+def without(array: str = "", meta: str = "") -> P.Message:
+    msg = rollout_msg(0)
+    msg.arrays.pop(array, None)
+    msg.meta.pop(meta, None)
+    return msg
+
+
+def with_meta(**meta: Any) -> P.Message:
+    msg = rollout_msg(0)
+    msg.meta.update(meta)
+    return msg
+
+
+def empty() -> P.Message:
+    msg = rollout_msg(0)
+    msg.arrays = {k: v if k == "bootstrap_obs" else v[:, :0] for k, v in msg.arrays.items()}
+    return msg
+
+
+MALFORMED = {
+    "wrong dtype": lambda: with_array("obs", np.zeros((E, T, 4), np.float64)),
+    "non-finite obs": nan_obs,
+    "action out of range": lambda: with_array("action", np.full((E, T), 2, np.int64)),
+    "negative action": lambda: with_array("action", np.full((E, T), -1, np.int64)),
+    "wrong obs width": lambda: with_array("obs", np.zeros((E, T, 5), np.float32)),
+    "missing array": lambda: without(array="logp"),
+    "missing actor meta": lambda: without(meta="actor"),
+    "non-integer version": lambda: with_meta(weights_version="1"),
+    "boolean actor": lambda: with_meta(actor=True),
+    "wrong kind": lambda: P.Message(P.BATCH, rollout_msg(0).meta, rollout_msg(0).arrays),
+    "empty": empty,
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_rollouts_raise_protocol_error(case: str):
+    up = make_update()
+    with pytest.raises(P.ProtocolError):
+        up.receive(MALFORMED[case](), 1)
+    assert not up.buffer.pending
+
+
+def test_non_finite_loss_names_the_round_and_keeps_the_weights():
+    up = make_update()
+    up.receive(rollout_msg(0), 1)
+    up.receive(rollout_msg(1), 1)
+    with torch.no_grad():
+        next(up.model.parameters()).fill_(float("nan"))
+    before = params(up.model)
+    with pytest.raises(NonFiniteLossError) as info:
+        up.train(1)
+    assert info.value.source == "round 1"
+    after = params(up.model)
+    assert all(torch.equal(before[k].nan_to_num(7.0), after[k].nan_to_num(7.0)) for k in before)
+    assert up.rounds == 0
+
+
+def test_state_dict_round_trip():
+    up = make_update()
+    up.receive(rollout_msg(0), 1)
+    up.receive(rollout_msg(1), 1)
+    assert up.train(1) is not None
+    state = up.state_dict()
+    assert set(state) == {"online", "optimizer", "rounds", "trained_version"}
+    other = make_update()
+    assert any(not torch.equal(params(up.model)[k], v) for k, v in params(other.model).items())
+    other.load_state_dict(state)
+    assert all(torch.equal(params(up.model)[k], v) for k, v in params(other.model).items())
+    assert other.rounds == 1 and other.buffer.trained_version == 1
+    assert other.optimizer.state_dict()["state"].keys() == up.optimizer.state_dict()["state"].keys()
+    # Resumed: rollouts of the version already trained are stale, newer ones train.
+    other.receive(rollout_msg(0, version=1), 1)
+    assert other.buffer.stale == 1
+    other.receive(rollout_msg(0, version=2), 2)
+    other.receive(rollout_msg(1, version=2), 2)
+    result = other.train(2)
+    assert result is not None and other.rounds == 2
+
+
+def test_dd_ppo_leader_publishes_only_after_the_handshake():
+    channels = {"pub": FakeChannel(), "sub": FakeChannel()}
+    up = make_update(make_config(learners=2), FakeServices(channels), index=0)
+    assert up.allreduce_pub is channels["pub"] and up.allreduce_sub is channels["sub"]
+    assert not up.may_publish()
+    assert up.train(0) is None
+    ready = [m for m, topic in channels["pub"].sent if m.kind == P.READY]
+    assert ready and ready[0].meta == {"learner": 0, "heard": []}
+    assert channels["pub"].sent[0][1] == P.ALLREDUCE_TOPIC
+    # Learner 1 heard us: after this step both sides know.
+    channels["sub"].inbox.append(P.Message(P.READY, meta={"learner": 1, "heard": [0]}))
+    assert up.train(0) is None
+    assert up.peers_ready and up.may_publish()
+    assert up.heard == {1} and up.confirmed == {1}
+    assert up.heartbeat_info()["allreduce_timeouts"] == 0

@@ -1,0 +1,345 @@
+"""The learner-side updates of Ape-X DQN, IMPALA and Ape-X DDPG / SAC, driven directly with a
+real ``LearnerSetup`` and hand-built BATCH messages (no role, no sockets): what ``receive``
+refuses, what ``train`` returns, and the checkpoint state round trip."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from zrl.algos.apex_dqn.update import ApexDQNUpdate
+from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError, UpdateResult
+from zrl.algos.continuous import ContinuousUpdate
+from zrl.algos.impala.update import ImpalaUpdate
+from zrl.config import ExperimentConfig
+from zrl.models import build_model
+from zrl.roles.train_stats import TrainStats
+from zrl.transport import protocol as P
+
+torch.set_num_threads(1)
+
+B, T = 8, 5
+SHARD = "replay-0"
+ENV = {"apex_dqn": "CartPole-v1", "impala": "CartPole-v1", "apex_ddpg": "Pendulum-v1"}
+
+
+def config(algo: str, **sections: dict[str, Any]) -> ExperimentConfig:
+    data: dict[str, Any] = {
+        "algo": algo,
+        "seed": 3,
+        "env": {"id": ENV.get(algo, "Pendulum-v1")},
+        "model": {"hidden": [16]},
+        "roles": {"actors": 1, "replay": 1, "learners": 1},
+        "replay": {"table": "fifo" if algo == "impala" else "prioritized"},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return ExperimentConfig.model_validate(data)
+
+
+def setup(cfg: ExperimentConfig, seed: int = 0) -> LearnerSetup:
+    torch.manual_seed(seed)
+    env = gym.make(cfg.env.id)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    model = build_model(obs_space, act_space, cfg.model, algo=cfg.algo, twin=cfg.ddpg.twin)
+    return LearnerSetup(
+        config=cfg,
+        model=model,
+        observation_space=obs_space,
+        action_space=act_space,
+        index=0,
+        log=logging.getLogger("test-updates"),
+        train_stats=TrainStats(),
+        services=SimpleNamespace(id="learner-0"),  # type: ignore[arg-type]
+    )
+
+
+def batch(arrays: dict[str, np.ndarray], shard: Any = SHARD) -> P.Message:
+    return P.Message(P.BATCH, meta={"shard": shard, "table_size": 100}, arrays=arrays)
+
+
+def transitions(rng: np.random.Generator, obs_dim: int, action: np.ndarray) -> dict[str, Any]:
+    return {
+        "obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
+        "action": action,
+        "reward": rng.normal(size=B).astype(np.float32),
+        "discount": np.full(B, 0.9, np.float32),
+        "next_obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
+        "weight": rng.uniform(0.5, 1.0, size=B).astype(np.float32),
+        "key": np.arange(100, 100 + B, dtype=np.int64),
+    }
+
+
+def dqn_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return transitions(rng, 4, rng.integers(0, 2, size=B).astype(np.int64))
+
+
+def continuous_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return transitions(rng, 3, rng.uniform(-2.0, 2.0, size=(B, 1)).astype(np.float32))
+
+
+def unroll_batch(rng: np.random.Generator, versions: list[int]) -> dict[str, np.ndarray]:
+    n = len(versions)
+    return {
+        "obs": rng.normal(size=(n, T, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, size=(n, T)).astype(np.int64),
+        "logp": np.full((n, T), np.log(0.5), np.float32),
+        "reward": np.ones((n, T), np.float32),
+        "terminated": np.zeros((n, T), bool),
+        "truncated": np.zeros((n, T), bool),
+        "valid": np.ones((n, T), bool),
+        "bootstrap_obs": rng.normal(size=(n, 4)).astype(np.float32),
+        "weights_version": np.array(versions, np.int64),
+        "weight": np.ones(n, np.float32),
+        "key": np.arange(n, dtype=np.int64),
+    }
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def trained(update: LearnerUpdate, msg: P.Message, version: int = 0) -> UpdateResult:
+    update.receive(msg, version)
+    result = update.train(version)
+    assert result is not None
+    return result
+
+
+# --- Ape-X DQN ----------------------------------------------------------------------------
+
+
+def test_dqn_trains_and_sends_priorities_to_the_shard() -> None:
+    s = setup(config("apex_dqn", learner={"target_update_interval": 2}))
+    update = ApexDQNUpdate(s)
+    assert update.train(0) is None  # nothing received
+    rng = np.random.default_rng(0)
+    arrays = dqn_batch(rng)
+    before = {k: v.clone() for k, v in update.model.state_dict().items()}
+    result = trained(update, batch(arrays))
+    assert result.updates == 1 and np.isfinite(result.loss)
+    assert result.priorities is not None
+    assert result.priorities.shard == SHARD
+    np.testing.assert_array_equal(result.priorities.keys, arrays["key"])
+    assert result.priorities.priorities.dtype == np.float32
+    assert result.priorities.priorities.shape == (B,)
+    assert any(not torch.equal(before[k], v) for k, v in update.model.state_dict().items())
+    assert not same_weights(update.model, update.target)
+    trained(update, batch(dqn_batch(rng)))  # update 2: the hard target update
+    assert same_weights(update.model, update.target)
+    assert update.train(0) is None  # one update per batch
+    stats = s.train_stats.flush()
+    assert {"loss", "q_mean", "grad_norm", "update_ms", "td_error", "td_error_max"} <= set(stats)
+    assert set(update.train_info()) == {"lr"}
+    assert update.heartbeat_info() == {} and update.summary() == ""
+    assert update.may_publish() and update.weights_meta() == {}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"action": np.zeros(B, np.int32)},  # wrong dtype
+        {"action": np.full(B, 2, np.int64)},  # CartPole has actions 0 and 1
+        {"action": np.full(B, -1, np.int64)},
+        {"reward": np.full(B, np.nan, np.float32)},
+        {"obs": np.zeros((B, 5), np.float32), "next_obs": np.zeros((B, 5), np.float32)},
+        {"weight": np.ones(B - 1, np.float32)},
+    ],
+    ids=["dtype", "action-high", "action-low", "nan", "obs-width", "lengths"],
+)
+def test_dqn_refuses_malformed_batches(change: dict[str, np.ndarray]) -> None:
+    update = ApexDQNUpdate(setup(config("apex_dqn")))
+    arrays = {**dqn_batch(np.random.default_rng(1)), **change}
+    with pytest.raises(P.ProtocolError):
+        update.receive(batch(arrays), 0)
+    assert update.train(0) is None  # nothing kept
+
+
+def test_dqn_refuses_a_batch_without_a_shard() -> None:
+    update = ApexDQNUpdate(setup(config("apex_dqn")))
+    with pytest.raises(P.ProtocolError, match="shard"):
+        update.receive(batch(dqn_batch(np.random.default_rng(1)), shard=None), 0)
+    with pytest.raises(P.ProtocolError):
+        update.receive(P.Message(P.TRAJECTORY, arrays=dqn_batch(np.random.default_rng(1))), 0)
+
+
+def test_dqn_non_finite_loss_names_the_shard_and_drops_the_batch() -> None:
+    update = ApexDQNUpdate(setup(config("apex_dqn")))
+    arrays = dqn_batch(np.random.default_rng(2))
+    arrays["weight"] = np.full(B, 3e38, np.float32)  # finite, but the weighted loss is inf
+    arrays["reward"] = np.full(B, 3e38, np.float32)
+    before = {k: v.clone() for k, v in update.model.state_dict().items()}
+    update.receive(batch(arrays, shard="replay-3"), 0)
+    with pytest.raises(NonFiniteLossError) as info:
+        update.train(0)
+    assert info.value.source == "a batch from replay-3"
+    assert all(torch.equal(before[k], v) for k, v in update.model.state_dict().items())
+    assert update.train(0) is None  # dropped, not retried
+    assert update.updates == 0
+
+
+def test_dqn_state_dict_round_trip() -> None:
+    cfg = config("apex_dqn")
+    update = ApexDQNUpdate(setup(cfg, seed=0))
+    trained(update, batch(dqn_batch(np.random.default_rng(3))))
+    state = update.state_dict()
+    assert set(state) == {"online", "target", "optimizer"}
+    other = ApexDQNUpdate(setup(cfg, seed=1))
+    assert not same_weights(update.model, other.model)
+    other.load_state_dict({**state, "updates": 7})  # the learner's counters ride along
+    assert same_weights(update.model, other.model)
+    assert same_weights(update.target, other.target)
+    assert other.optimizer.state_dict()["state"].keys() == state["optimizer"]["state"].keys()
+    assert other.updates == 7
+
+
+# --- IMPALA -------------------------------------------------------------------------------
+
+
+def test_impala_trains_on_fresh_unrolls_and_counts_stale_ones() -> None:
+    s = setup(config("impala", impala={"max_lag": 2, "epochs": 2}))
+    update = ImpalaUpdate(s)
+    rng = np.random.default_rng(4)
+    # At version 10: lags 0, 2 (fresh) and 3, 8 (stale).
+    result = trained(update, batch(unroll_batch(rng, [10, 8, 7, 2])), version=10)
+    assert result.updates == 2 and np.isfinite(result.loss)
+    assert result.priorities is None
+    assert update.stale_unrolls == 2 and update.trained_unrolls == 2 and update.updates == 2
+    info = update.heartbeat_info()
+    assert info["stale_unrolls"] == 2 and info["trained_unrolls"] == 2
+    assert np.isfinite(info["mean_rho"])
+    stats = s.train_stats.flush()
+    assert {"loss", "policy_loss", "value_loss", "entropy", "grad_norm"} <= set(stats)
+    assert stats["policy_lag"] == pytest.approx(1.0)
+    # All stale: nothing to train on.
+    update.receive(batch(unroll_batch(rng, [0, 1])), 10)
+    assert update.train(10) is None
+    assert update.stale_unrolls == 4 and update.trained_unrolls == 2
+    assert update.summary() == "2 updates on 2 unrolls, 4 stale unrolls dropped (max_lag 2)"
+    assert set(update.train_info()) == {"lr"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"action": np.full((2, T), 2, np.int64)},
+        {"logp": np.full((2, T), np.inf, np.float32)},
+        {"reward": np.ones((2, T), np.float64)},
+        {"bootstrap_obs": np.zeros((2, 3), np.float32)},
+        {"weights_version": np.zeros(3, np.int64)},
+    ],
+    ids=["action", "inf", "dtype", "obs-width", "rows"],
+)
+def test_impala_refuses_malformed_batches(change: dict[str, np.ndarray]) -> None:
+    update = ImpalaUpdate(setup(config("impala")))
+    arrays = {**unroll_batch(np.random.default_rng(5), [0, 0]), **change}
+    with pytest.raises(P.ProtocolError):
+        update.receive(batch(arrays), 0)
+    assert update.train(0) is None
+
+
+def test_impala_state_dict_round_trip() -> None:
+    cfg = config("impala")
+    update = ImpalaUpdate(setup(cfg, seed=0))
+    trained(update, batch(unroll_batch(np.random.default_rng(6), [0, 0])))
+    state = update.state_dict()
+    assert set(state) == {"online", "optimizer"}
+    other = ImpalaUpdate(setup(cfg, seed=1))
+    other.load_state_dict(state)
+    assert same_weights(update.model, other.model)
+
+
+# --- Ape-X DDPG / TD3 and SAC -------------------------------------------------------------
+
+CONTINUOUS = [
+    pytest.param("apex_ddpg", {"ddpg": {"twin": True, "policy_delay": 2}}, id="td3"),
+    pytest.param("apex_ddpg", {}, id="ddpg"),
+    pytest.param("sac", {}, id="sac"),
+]
+
+
+@pytest.mark.parametrize(("algo", "sections"), CONTINUOUS)
+def test_continuous_trains_and_sends_priorities(algo: str, sections: dict[str, Any]) -> None:
+    s = setup(config(algo, **sections))
+    update = ContinuousUpdate(s)
+    rng = np.random.default_rng(7)
+    arrays = continuous_batch(rng)
+    target_before = [p.clone() for p in update.target_params]
+    result = trained(update, batch(arrays))
+    assert result.updates == 1 and np.isfinite(result.loss)
+    assert result.priorities is not None and result.priorities.shard == SHARD
+    np.testing.assert_array_equal(result.priorities.keys, arrays["key"])
+    assert result.priorities.priorities.dtype == np.float32
+    pairs = list(zip(target_before, update.target_params, strict=True))
+    moved = any(not torch.equal(a, b) for a, b in pairs)
+    assert moved == (algo == "sac" or not sections)  # TD3's first update is not a delayed step
+    trained(update, batch(continuous_batch(rng)))
+    pairs = list(zip(target_before, update.target_params, strict=True))
+    assert any(not torch.equal(a, b) for a, b in pairs)
+    stats = s.train_stats.flush()
+    assert {"loss", "critic_loss", "q_mean", "grad_norm", "td_error"} <= set(stats)
+    assert set(update.train_info()) == {"lr", "actor_lr"}
+    assert "actor_loss" in update.heartbeat_info()
+    assert update.summary() == "" and update.may_publish()
+
+
+def test_continuous_uniform_table_sends_no_priorities() -> None:
+    update = ContinuousUpdate(setup(config("sac", replay={"table": "uniform"})))
+    result = trained(update, batch(continuous_batch(np.random.default_rng(8))))
+    assert result.priorities is None and np.isfinite(result.loss)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"action": np.full((B, 1), 2.5, np.float32)},  # Pendulum's torque is in [-2, 2]
+        {"action": np.full((B, 1), np.nan, np.float32)},
+        {"action": np.zeros((B, 2), np.float32)},
+        {"action": np.zeros(B, np.int64)},
+        {"obs": np.zeros((B, 3), np.float64)},
+        {"next_obs": np.full((B, 3), np.inf, np.float32)},
+    ],
+    ids=["bounds", "nan-action", "action-width", "discrete-action", "dtype", "inf-obs"],
+)
+def test_continuous_refuses_malformed_batches(change: dict[str, np.ndarray]) -> None:
+    update = ContinuousUpdate(setup(config("apex_ddpg")))
+    arrays = {**continuous_batch(np.random.default_rng(9)), **change}
+    with pytest.raises(P.ProtocolError):
+        update.receive(batch(arrays), 0)
+    with pytest.raises(P.ProtocolError, match="shard"):
+        update.receive(batch(continuous_batch(np.random.default_rng(9)), shard=3), 0)
+    assert update.train(0) is None
+
+
+def test_continuous_needs_a_continuous_model() -> None:
+    cfg = config("apex_ddpg")
+    s = setup(cfg)
+    s.model = torch.nn.Linear(3, 1)
+    with pytest.raises(ValueError, match="DDPGModel/SACModel"):
+        ContinuousUpdate(s)
+
+
+@pytest.mark.parametrize(("algo", "sections"), CONTINUOUS)
+def test_continuous_state_dict_round_trip(algo: str, sections: dict[str, Any]) -> None:
+    cfg = config(algo, **sections)
+    update = ContinuousUpdate(setup(cfg, seed=0))
+    trained(update, batch(continuous_batch(np.random.default_rng(10))))
+    state = update.state_dict()
+    assert set(state) == {
+        "online", "target", "actor_optimizer", "critic_optimizer", "log_alpha",
+        "alpha_optimizer",
+    }  # fmt: skip
+    other = ContinuousUpdate(setup(cfg, seed=1))
+    assert not same_weights(update.online, other.online)
+    other.load_state_dict(state)
+    assert same_weights(update.online, other.online)
+    assert same_weights(update.target, other.target)
+    assert torch.equal(update.log_alpha, other.log_alpha)

@@ -1,0 +1,148 @@
+"""The plug-in surface: an algorithm defined here, registered, trains CartPole through the
+real generic roles (broker, actor, replay, params, learner, evaluator as threads).
+
+``tiny_q`` is one-step Q-learning without a target network: an epsilon-greedy actor policy
+and a learner update of a dozen lines each. Nothing in ``zrl/roles`` knows it exists.
+docs/adding_an_algorithm.md walks through the same code.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import zrl
+from zrl.algos import register
+from zrl.algos.api import (
+    ActorSetup,
+    Algorithm,
+    BasePolicy,
+    LearnerSetup,
+    Outgoing,
+    Trajectory,
+    UpdateResult,
+    Wiring,
+)
+from zrl.algos.optim import checked_step, make_adam
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+EPSILON = 0.1
+TARGET_EVERY = 200
+
+
+class TinyQPolicy(BasePolicy):
+    """Epsilon-greedy over the Q-network; transitions go to replay with zero priorities."""
+
+    records_next_obs = True
+    action_dtype = np.int64
+    action_shape: tuple[int, ...] = ()
+
+    def __init__(self, setup: ActorSetup) -> None:
+        self.model: Any = setup.model
+        self.rng = setup.rng
+        self.num_actions = int(setup.action_space.n)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        greedy = self.model(torch.from_numpy(obs)).argmax(dim=1).numpy()
+        explore = self.rng.random(len(obs)) < EPSILON
+        return np.where(explore, self.rng.integers(0, self.num_actions, len(obs)), greedy), {}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        priority = np.zeros(trajectory.reward.shape, np.float32)
+        return Outgoing(P.TRAJECTORY, trajectory.transitions(priority))
+
+
+class TinyQUpdate:
+    """``Q(s, a) <- r + discount * max_a' Q_target(s', a')`` by one Adam step per batch; the
+    target network is a copy of the model every ``TARGET_EVERY`` updates."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        self.model = setup.model
+        self.target = copy.deepcopy(self.model)
+        self.optimizer = make_adam(self.model.parameters(), setup.config.learner.lr)
+        self.pending: list[P.Message] = []
+        self.updates = 0
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        M.validate(msg, M.TRANSITION_BATCH)
+        self.pending.append(msg)
+
+    def train(self, version: int) -> UpdateResult | None:
+        if not self.pending:
+            return None
+        b = {k: torch.from_numpy(np.array(v)) for k, v in self.pending.pop(0).arrays.items()}
+        q = self.model(b["obs"]).gather(1, b["action"].unsqueeze(1))[:, 0]
+        with torch.no_grad():
+            target = b["reward"] + b["discount"] * self.target(b["next_obs"]).max(dim=1).values
+        loss = torch.nn.functional.smooth_l1_loss(q, target)
+        checked_step(self.optimizer, loss, list(self.model.parameters()), grad_clip=10.0)
+        self.updates += 1
+        if self.updates % TARGET_EVERY == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        return UpdateResult(updates=1, loss=float(loss.detach()))
+
+    def may_publish(self) -> bool:
+        return True
+
+    def weights_meta(self) -> dict[str, int]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.target.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def train_info(self) -> dict[str, float]:
+        return {}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> str:
+        return ""
+
+
+TINY_Q = Algorithm(
+    name="tiny_q",
+    summary="one-step Q-learning, for the plug-in test",
+    wiring=Wiring(
+        actions="discrete",
+        experience="replay",
+        replay_item="transitions",
+        replay_tables=("uniform",),
+        learner_input="batches",
+    ),
+    policy=f"{__name__}:TinyQPolicy",
+    update=f"{__name__}:TinyQUpdate",
+    model="zrl.models:q_network_for",
+    sections=("replay", "learner"),
+)
+
+
+@pytest.mark.slow
+def test_a_registered_algorithm_trains_cartpole_through_the_generic_roles(tmp_path):
+    register(TINY_Q)
+    experiment = zrl.Experiment(
+        {
+            "algo": "tiny_q",
+            "env": {"id": "CartPole-v1", "num_envs": 4},
+            "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 1},
+            "replay": {"table": "uniform", "n_step": 1, "gamma": 0.95, "min_size": 1000},
+            "learner": {"lr": 1e-3, "publish_interval": 20},
+            "evaluator": {"interval": 2.0, "episodes": 5},
+            "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
+        }
+    )
+    summary = experiment.run(inproc=True, run_dir=tmp_path / "run")
+    random_policy_return = 25
+    assert summary["best_eval_return"] > 3 * random_policy_return, summary
+    assert summary["updates"] > 100, summary

@@ -1,0 +1,315 @@
+"""The message schemas: ``validate`` accepts what the roles send and names what is wrong, and
+every kind of the protocol is documented (module docstring and ``docs/protocol.md``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6}
+
+
+def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
+    """Arrays that fit ``schema`` with the dims of ``SIZES`` (overridden by ``sizes``)."""
+    dims = {**SIZES, **sizes}
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, spec in schema.arrays.items():
+        shape = tuple(dims.get(d, 1) for d in spec.dims)
+        out[name] = rng.uniform(0, 1, shape).astype(spec.dtype or "float32")
+    return out
+
+
+def message(schema: M.Schema, arrays: dict[str, np.ndarray], kind: str | None = None) -> P.Message:
+    return P.Message(kind or schema.kind, arrays=arrays, sender="peer-0")
+
+
+def roundtrip(msg: P.Message) -> P.Message:
+    """What a receiver sees: decoded frames, read-only views."""
+    return P.decode([bytes(memoryview(f)) for f in P.encode(msg)])
+
+
+SCHEMAS = list(M.SCHEMAS)
+
+
+def test_schemas_are_the_module_constants():
+    constants = {v.name: v for k, v in vars(M).items() if k.isupper() and isinstance(v, M.Schema)}
+    assert constants == M.SCHEMAS
+    assert set(M.SCHEMAS) == {
+        "transitions", "continuous_transitions", "unroll", "transition_batch",
+        "continuous_transition_batch", "unroll_batch", "priorities",
+    }  # fmt: skip
+    for schema in M.SCHEMAS.values():
+        assert schema.kind in P.KINDS
+        assert schema.doc and "\n" not in schema.doc
+        for spec in schema.arrays.values():
+            assert spec.dtype is None or np.dtype(spec.dtype).str in P.ALLOWED_DTYPES
+            assert spec.dims and all(d == M.ANY or d in SIZES for d in spec.dims)
+            assert not spec.finite or spec.dtype in (None, "float16", "float32", "float64")
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_accepts_a_good_message_of_every_schema(name):
+    schema = M.SCHEMAS[name]
+    used = {d for a in schema.arrays.values() for d in a.dims}
+    want = {d: n for d, n in SIZES.items() if d in used}
+    msg = message(schema, good_arrays(schema))
+    assert M.validate(msg, schema) == want
+    assert M.validate(roundtrip(msg), schema) == want  # decoded dtypes are '<f4' etc.
+    assert M.validate(msg, schema, **want) == want
+    # Empty batches and zero-length trajectories are well-formed too.
+    empty = {d: 0 for d in ("E", "B", "N")}
+    assert M.validate(message(schema, good_arrays(schema, **empty)), schema)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_rejects_a_missing_array(name):
+    schema = M.SCHEMAS[name]
+    for missing in schema.arrays:
+        arrays = good_arrays(schema)
+        del arrays[missing]
+        with pytest.raises(P.ProtocolError, match=f"lacks array '{missing}'"):
+            M.validate(message(schema, arrays), schema)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_rejects_an_extra_array(name):
+    schema = M.SCHEMAS[name]
+    arrays = {**good_arrays(schema), "smuggled": np.zeros(3, np.float32)}
+    with pytest.raises(P.ProtocolError, match="unexpected array 'smuggled'"):
+        M.validate(message(schema, arrays), schema)
+
+
+def test_rejects_another_kind():
+    for schema in M.SCHEMAS.values():
+        other = P.BATCH if schema.kind != P.BATCH else P.TRAJECTORY
+        with pytest.raises(P.ProtocolError, match=f"kind '{other}', expected '{schema.kind}'"):
+            M.validate(message(schema, good_arrays(schema), kind=other), schema)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_rejects_a_wrong_dtype(name):
+    schema = M.SCHEMAS[name]
+    for array, spec in schema.arrays.items():
+        wrong = "float64" if spec.dtype != "float64" else "float32"
+        arrays = good_arrays(schema)
+        arrays[array] = arrays[array].astype(wrong)
+        with pytest.raises(
+            P.ProtocolError, match=f"'{array}' has dtype {wrong}, expected {spec.dtype}"
+        ):
+            M.validate(message(schema, arrays), schema)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_rejects_a_wrong_rank(name):
+    schema = M.SCHEMAS[name]
+    for array, spec in schema.arrays.items():
+        n = len(spec.dims)
+        good = good_arrays(schema)[array]
+        for bad in (good[..., None], np.asarray(good[0])):
+            arrays = {**good_arrays(schema), array: bad}
+            with pytest.raises(
+                P.ProtocolError, match=f"'{array}' has rank {bad.ndim}, expected {n}"
+            ):
+                M.validate(message(schema, arrays), schema)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_rejects_an_inconsistent_dim_naming_the_odd_array(name):
+    schema = M.SCHEMAS[name]
+    for array, spec in schema.arrays.items():
+        for axis, dim in enumerate(spec.dims):
+            users = [a for a, s in schema.arrays.items() if dim in s.dims]
+            if len(users) < 3:  # with two arrays, the first one's size wins the tie
+                continue
+            arrays = good_arrays(schema)
+            shape = list(arrays[array].shape)
+            shape[axis] += 1
+            arrays[array] = np.zeros(shape, arrays[array].dtype)
+            with pytest.raises(P.ProtocolError, match=f"'{array}' has shape") as err:
+                M.validate(message(schema, arrays), schema)
+            assert f"dim {dim}: {SIZES[dim]} vs {SIZES[dim] + 1}" in str(err.value)
+
+
+def test_an_inconsistent_dim_of_two_arrays_blames_the_second():
+    arrays = good_arrays(M.TRANSITIONS)
+    arrays["next_obs"] = np.zeros((2, 3, 5), np.float32)
+    with pytest.raises(P.ProtocolError) as err:
+        M.validate(message(M.TRANSITIONS, arrays), M.TRANSITIONS)
+    msg = str(err.value)
+    assert "'next_obs' has shape (2, 3, 5), expected (E=2, T=3, O=4)" in msg
+    assert "obs and next_obs widths differ (dim O: 4 vs 5)" in msg
+    arrays = good_arrays(M.UNROLL)
+    arrays["bootstrap_obs"] = np.zeros((2, 7), np.float32)
+    with pytest.raises(P.ProtocolError, match="obs and bootstrap_obs widths differ"):
+        M.validate(message(M.UNROLL, arrays), M.UNROLL)
+    arrays = {"key": np.arange(6), "priority": np.ones(5, np.float32)}
+    with pytest.raises(P.ProtocolError, match="'priority' has shape .* key and priority lengths"):
+        M.validate(message(M.PRIORITIES, arrays), M.PRIORITIES)
+
+
+def test_rejects_a_wrong_given_size():
+    for schema in M.SCHEMAS.values():
+        for array, spec in schema.arrays.items():
+            for dim in set(spec.dims) - {M.ANY}:
+                first = next(a for a, s in schema.arrays.items() if dim in s.dims)
+                if first != array:
+                    continue
+                bad = SIZES[dim] + 1
+                with pytest.raises(P.ProtocolError) as err:
+                    M.validate(message(schema, good_arrays(schema)), schema, **{dim: bad})
+                assert f"'{array}' has shape" in str(err.value)
+                assert f"dim {dim} must be {bad}, not {SIZES[dim]}" in str(err.value)
+    # A size that is right passes, and a dim the schema does not have is a caller's bug.
+    M.validate(
+        message(M.TRANSITION_BATCH, good_arrays(M.TRANSITION_BATCH)), M.TRANSITION_BATCH, O=4
+    )
+    with pytest.raises(TypeError, match="no dims"):
+        M.validate(message(M.TRANSITIONS, good_arrays(M.TRANSITIONS)), M.TRANSITIONS, A=2)
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_rejects_non_finite_values_where_finite(name, value):
+    schema = M.SCHEMAS[name]
+    for array, spec in schema.arrays.items():
+        arrays = good_arrays(schema)
+        if arrays[array].dtype.kind != "f":
+            continue
+        bad = arrays[array].copy()
+        bad.flat[-1] = value
+        arrays[array] = bad
+        msg = message(schema, arrays)
+        if spec.finite:
+            with pytest.raises(P.ProtocolError, match=f"'{array}' holds NaN or inf") as err:
+                M.validate(msg, schema)
+            assert f"at {[n - 1 for n in bad.shape]}" in str(err.value)
+        else:
+            M.validate(msg, schema)  # e.g. an unroll batch's importance weights
+
+
+def test_finiteness_as_the_receivers_check_it():
+    finite = {
+        name: {a for a, s in sch.arrays.items() if s.finite} for name, sch in M.SCHEMAS.items()
+    }
+    assert finite == {
+        "transitions": {"obs", "reward", "next_obs", "priority"},
+        "continuous_transitions": {"obs", "action", "reward", "next_obs", "priority"},
+        "unroll": {"obs", "logp", "reward", "bootstrap_obs"},
+        "transition_batch": {"obs", "reward", "discount", "next_obs", "weight"},
+        "continuous_transition_batch": {"obs", "action", "reward", "discount", "next_obs", "weight"},
+        "unroll_batch": {"obs", "logp", "reward", "bootstrap_obs"},
+        "priorities": {"priority"},
+    }  # fmt: skip
+
+
+# --- what the roles send ---------------------------------------------------------------------
+
+
+def test_replay_batches_fit_the_batch_schemas():
+    """``ReplayServer.sample_batch`` over the items ``assemble_*`` stores: exactly the arrays
+    of the batch schema a learner validates against."""
+    from zrl.replay.tables import make_table
+    from zrl.roles.replay import ReplayServer, assemble_transitions, assemble_unrolls
+
+    cases: list[tuple[M.Schema, M.Schema, Any]] = [
+        (M.TRANSITIONS, M.TRANSITION_BATCH, lambda m: assemble_transitions(m, 3, 0.9)[0]),
+        (
+            M.CONTINUOUS_TRANSITIONS,
+            M.CONTINUOUS_TRANSITION_BATCH,
+            lambda m: assemble_transitions(m, 3, 0.9, continuous=True)[0],
+        ),
+        (M.UNROLL, M.UNROLL_BATCH, assemble_unrolls),
+    ]
+    for trajectory, batch, assemble in cases:
+        arrays = good_arrays(trajectory)
+        if "action" in arrays and arrays["action"].dtype == np.int64:
+            arrays["action"] = np.ones_like(arrays["action"])
+        for flag in ("terminated", "truncated"):
+            arrays[flag] = np.zeros_like(arrays[flag])
+        arrays["valid"] = np.ones_like(arrays["valid"])
+        msg = P.Message(P.TRAJECTORY, meta={"weights_version": 3}, arrays=arrays, sender="a")
+        M.validate(msg, trajectory)
+        for table_kind in ("uniform", "prioritized", "fifo"):
+            table = make_table(table_kind, 64)
+            table.insert(assemble(msg))
+            shard = SimpleNamespace(
+                config=SimpleNamespace(replay=SimpleNamespace(batch_size=2)),
+                table=table,
+                limiter=SimpleNamespace(on_sample=lambda n: None),
+                rng=np.random.default_rng(0),
+                id="replay-0",
+            )
+            sampled = ReplayServer.sample_batch(shard)  # type: ignore[arg-type]
+            sizes = M.validate(roundtrip(sampled), batch, O=SIZES["O"])
+            assert sizes["B"] == 2
+
+
+# --- every kind is in KINDS, the module docstring and docs/protocol.md ----------------------
+
+
+def protocol_string_constants() -> dict[str, str]:
+    return {
+        k: v for k, v in vars(P).items() if isinstance(v, str) and re.fullmatch(r"[A-Z][A-Z_]*", k)
+    }
+
+
+def test_every_kind_constant_is_in_kinds():
+    constants = protocol_string_constants()
+    topics = {k for k in constants if k.endswith("_TOPIC")}
+    # Every other str constant of protocol.py is a message kind: a new constant must be either
+    # a topic (``*_TOPIC``) or a kind listed in KINDS.
+    kinds = {k: v for k, v in constants.items() if k not in topics}
+    assert set(kinds.values()) == set(P.KINDS), (
+        f"protocol.KINDS misses {sorted(set(kinds.values()) - set(P.KINDS))}, "
+        f"or lists non-constants {sorted(set(P.KINDS) - set(kinds.values()))}"
+    )
+    assert len(P.KINDS) == len(set(P.KINDS)) == len(kinds), "two constants name one kind"
+    assert all(k.lower() == v for k, v in kinds.items()), "kind constants are their lower-case"
+
+
+def test_every_kind_is_in_the_module_docstring():
+    doc = M.__doc__ or ""
+    missing = [k for k in P.KINDS if f"``{k}``" not in doc]
+    assert not missing, f"zrl/transport/messages.py docstring does not describe {missing}"
+    for name in M.SCHEMAS:
+        assert f":data:`{name.upper()}`" in doc, name
+
+
+def test_every_kind_is_in_docs_protocol_md():
+    text = DOC.read_text()
+    missing = [k for k in P.KINDS if f"`{k}`" not in text]
+    assert not missing, f"docs/protocol.md does not describe the kinds {missing}"
+
+
+def schema_table() -> str:
+    """The table of array schemas that docs/protocol.md must contain, as rendered here."""
+    rows = [
+        "| schema | kind | arrays (dtype [dims], finite: NaN/inf rejected) | sent |",
+        "|--------|------|--------------------------------------------------|------|",
+    ]
+    for schema in M.SCHEMAS.values():
+        arrays = ", ".join(
+            f"`{name}` {spec.dtype or 'any'} [{', '.join(spec.dims)}]"
+            + (" finite" if spec.finite else "")
+            for name, spec in schema.arrays.items()
+        )
+        rows.append(f"| `{schema.name}` | `{schema.kind}` | {arrays} | {schema.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_docs_list_the_array_schemas():
+    table = schema_table()
+    assert table in DOC.read_text(), (
+        "docs/protocol.md's table of array schemas is not the one zrl.transport.messages "
+        f"defines; it should read:\n{table}"
+    )

@@ -1,0 +1,79 @@
+"""The Ape-X DQN actor policy: epsilon-greedy over the Q-network, with actor-side priorities.
+
+Env slot k of all N = actors x envs slots uses the Ape-X epsilon
+``base ** (1 + alpha * k / (N - 1))`` (``losses.apex_epsilons``): a few slots explore widely,
+most act nearly greedily. Each trajectory becomes a ``transitions`` TRAJECTORY whose
+``priority`` holds the initial priority ``|R + discount * max_a Q(s', a) - Q(s, a)|`` of every
+n-step transition's first step (zeros elsewhere), from this actor's own copy of the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
+from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.returns import nstep_transitions
+from zrl.transport import protocol as P
+
+
+class ApexDQNPolicy(BasePolicy):
+    records_next_obs = True
+    action_dtype = np.int64
+    action_shape: tuple[int, ...] = ()
+
+    def __init__(self, setup: ActorSetup) -> None:
+        cfg = setup.config
+        self.model: Any = setup.model
+        self.rng = setup.rng
+        self.num_actions = int(setup.action_space.n)
+        self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
+        slots = max(cfg.roles.actors, setup.actor_index + 1) * setup.num_envs
+        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
+        first = setup.actor_index * setup.num_envs
+        self.epsilons = all_eps[first : first + setup.num_envs].astype(np.float32)
+        self.explore = np.zeros((0, setup.num_envs), bool)
+        self.random_actions = np.zeros((0, setup.num_envs), np.int64)
+        self.env_index = np.arange(setup.num_envs)
+        setup.log.info(
+            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
+            setup.actor_index, setup.num_envs, cfg.env.id,
+            float(self.epsilons.max()), float(self.epsilons.min()), setup.seed,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.model(torch.from_numpy(obs)).numpy()  # type: ignore[no-any-return]
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        # The exploration coins and random actions of the whole trajectory, in two draws.
+        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
+        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
+
+    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        q = self.q_values(obs)
+        a = np.where(self.explore[t], self.random_actions[t], q.argmax(axis=1))
+        return a, {"q_taken": q[self.env_index, a]}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        tr = trajectory
+        assert tr.next_obs is not None
+        ns = nstep_transitions(
+            tr.reward, tr.terminated, tr.truncated, tr.valid, self.n_step, self.gamma
+        )
+        next_q = self.q_values(tr.next_obs[ns.env, ns.end])
+        priority = np.zeros(tr.reward.shape, np.float32)
+        priority[ns.env, ns.start] = initial_priorities(
+            tr.extras["q_taken"][ns.env, ns.start], ns.returns, ns.discounts, next_q
+        )
+        return Outgoing(P.TRAJECTORY, tr.transitions(priority))
+
+    def train_info(self) -> dict[str, float]:
+        """The smallest and largest epsilon of this actor's env slots."""
+        return {
+            "epsilon_min": float(self.epsilons.min()),
+            "epsilon_max": float(self.epsilons.max()),
+        }

@@ -1,0 +1,122 @@
+"""``ApexDQNUpdate``: the learner side of Ape-X DQN, (double) n-step DQN on replay batches.
+
+The generic learner role owns the sockets: it acks every BATCH, hands it to
+:meth:`ApexDQNUpdate.receive`, then calls :meth:`ApexDQNUpdate.train`, publishes the
+priorities of the result to the shard that sampled the batch, and publishes the weights of
+``model`` every ``learner.publish_interval`` updates.
+
+- ``receive``: a BATCH of :data:`zrl.transport.messages.TRANSITION_BATCH` from a replay shard
+  (meta ``shard``), checked against the model (observation width, actions in
+  ``[0, num_actions)``) and kept; a malformed one raises ProtocolError (dropped).
+- ``train``: one gradient step per kept batch, the hard target update every
+  ``learner.target_update_interval`` updates, and an :class:`UpdateResult` carrying the new
+  priorities ``|td error|`` of the batch's keys for its shard.
+
+A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step (the weights are
+intact); the batch is dropped, never retried. The math is ``zrl.algos.apex_dqn.losses``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zrl.algos.apex_dqn.losses import dqn_update, soft_update
+from zrl.algos.api import LearnerSetup, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.optim import make_adam
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+
+class ApexDQNUpdate:
+    """Online and target Q-networks and their Adam; one update per replay batch."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        self.config = setup.config
+        self.train_stats = setup.train_stats
+        self.model = setup.model
+        self.target = copy.deepcopy(self.model)
+        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.num_actions = int(getattr(setup.action_space, "n", 0))
+        self.obs_dim: int | None = getattr(self.model, "obs_dim", None)
+        self.updates = 0
+        """Updates this object made (the phase of the target updates); restored from the
+        learner's ``updates`` when its checkpoint carries one."""
+        self.pending: deque[tuple[str, np.ndarray, dict[str, Tensor]]] = deque()
+        """Received batches not trained on yet: (shard, keys, tensors)."""
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        sizes = {} if self.obs_dim is None else {"O": self.obs_dim}
+        dims = M.validate(msg, M.TRANSITION_BATCH, **sizes)
+        shard = msg.meta.get("shard")
+        if not isinstance(shard, str):
+            raise P.ProtocolError("batch without a shard id")
+        actions = msg.arrays["action"]
+        if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
+        batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
+        self.pending.append((shard, np.ascontiguousarray(msg.arrays["key"]), batch))
+
+    def train(self, version: int) -> UpdateResult | None:
+        """One update on the oldest kept batch (the learner trains after every receive, so
+        there is one; a result carries the priorities of one shard's batch)."""
+        if not self.pending:
+            return None
+        shard, keys, batch = self.pending.popleft()  # dropped, not retried, if it raises
+        lc = self.config.learner
+        started = time.perf_counter()
+        try:
+            result = dqn_update(
+                self.model, self.target, self.optimizer, batch,
+                double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
+            )  # fmt: skip
+        except NonFiniteLossError as exc:
+            exc.source = f"a batch from {shard}"
+            raise
+        self.updates += 1
+        self.train_stats.add(
+            loss=result.loss, q_mean=result.q_mean, grad_norm=result.grad_norm,
+            update_ms=(time.perf_counter() - started) * 1e3,
+        )  # fmt: skip
+        self.train_stats.add_array("td_error", result.td)
+        if self.updates % lc.target_update_interval == 0:
+            soft_update(self.target, self.model, 1.0)
+        return UpdateResult(
+            updates=1,
+            loss=result.loss,
+            priorities=Priorities(shard, keys, result.td.astype(np.float32)),
+        )
+
+    def may_publish(self) -> bool:
+        return True
+
+    def weights_meta(self) -> dict[str, int]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))
+
+    def train_info(self) -> dict[str, float]:
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> str:
+        return ""

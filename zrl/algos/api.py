@@ -1,0 +1,303 @@
+"""What an algorithm package gives the generic roles, and what they give it.
+
+An algorithm is a package ``zrl/algos/<name>/`` whose ``__init__.py`` defines ``ALGORITHM``,
+an :class:`Algorithm`, and one line in ``zrl.algos.ALGORITHMS`` names it. The roles never ask
+which algorithm runs; they ask the ``Algorithm``:
+
+- ``wiring``: where actors send (a replay shard, every learner, or the parameter server), what
+  a replay shard stores, what the learner reads, and the action space it is for.
+- ``policy``: built once by the actor after WELCOME (:class:`ActorSetup` in); given a batch of
+  observations it returns actions plus the extras the actor must record, and at the end of a
+  trajectory it turns the recorded steps into the message to send (:class:`ActorPolicy`).
+- ``update``: built once by the learner after WELCOME (:class:`LearnerSetup` in); it receives
+  the messages of the learner's input, validated, and trains on them (:class:`LearnerUpdate`).
+- ``model``: the network zrl builds for it when the user gives none.
+- ``check_config``: the checks of a config that only this algorithm needs.
+
+The heavy parts (``policy``, ``update``, ``model``) are ``"module:attribute"`` references,
+imported only by the process that uses them: the config and the CLI never import torch.
+This module imports nothing from zrl at run time, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from zrl.config import ExperimentConfig
+    from zrl.roles.train_stats import TrainStats
+    from zrl.transport.protocol import Message
+    from zrl.transport.sockets import Channel
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How an algorithm's data moves between the generic roles."""
+
+    actions: Literal["discrete", "box"]
+    """The env action space it is for: ``Discrete`` or a 1-D ``Box``."""
+    experience: Literal["replay", "rollouts", "gradients"]
+    """Where actors send what ``ActorPolicy.finish`` builds: PUSH ``experience`` to a replay
+    shard (credit window of acknowledged inserts), PUB ``rollouts/`` to every learner, or PUSH
+    ``gradients`` to the parameter server, which applies them (A3C)."""
+    replay_item: Literal["transitions", "unroll", ""] = ""
+    """What a replay shard stores of a TRAJECTORY: n-step transitions, or whole unrolls
+    (FIFO); "" when the algorithm has no replay server."""
+    replay_tables: tuple[str, ...] = ()
+    """The ``replay.table`` values it works with."""
+    learner_input: Literal["batches", "rollouts", ""] = "batches"
+    """The learner's input: BATCH messages from replay shards, or the actors' rollouts; ""
+    when it has no learner (the parameter server applies the actors' gradients)."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    wiring: Wiring
+    policy: str
+    """``module:Class`` of its :class:`ActorPolicy`, called with an :class:`ActorSetup`."""
+    update: str
+    """``module:Class`` of its :class:`LearnerUpdate`, called with a :class:`LearnerSetup`
+    ("" when it has no learner)."""
+    model: str
+    """``module:function`` building zrl's network for it:
+    ``f(observation_space, action_space, config) -> nn.Module``."""
+    sections: tuple[str, ...] = ()
+    """The algorithm-specific config sections it reads (``zrl config show`` prints only
+    these of them; the common sections apply to every algorithm)."""
+    check_config: Callable[[ExperimentConfig], None] | None = None
+    """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
+
+    def load(self, ref: str) -> Any:
+        """The object a ``module:attribute`` reference of this algorithm names."""
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+# --- actor side --------------------------------------------------------------------------
+
+
+@dataclass
+class ActorSetup:
+    """What the actor gives its policy: the experiment, its envs' spaces and its model."""
+
+    config: ExperimentConfig
+    observation_space: Any
+    action_space: Any
+    num_envs: int
+    model: nn.Module
+    actor_index: int
+    seed: int
+    rng: np.random.Generator
+    log: logging.Logger
+    train_stats: TrainStats
+
+
+@dataclass
+class Trajectory:
+    """T steps of E envs as the actor recorded them, env-major ``[E, T, ...]``.
+
+    ``valid[e, t]`` is False for the step after an episode end (it only reset the env);
+    ``final_obs`` is the observation after the last step (the bootstrap state of an unroll);
+    ``extras`` holds what ``ActorPolicy.act`` asked to record, in the same layout."""
+
+    obs: np.ndarray
+    next_obs: np.ndarray | None
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
+    final_obs: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def transitions(self, priority: np.ndarray) -> dict[str, np.ndarray]:
+        """The arrays of a ``transitions`` TRAJECTORY (``zrl.transport.messages``)."""
+        assert self.next_obs is not None, "the policy must set records_next_obs"
+        return {
+            "obs": self.obs, "action": self.action, "reward": self.reward,
+            "terminated": self.terminated, "truncated": self.truncated, "valid": self.valid,
+            "next_obs": self.next_obs, "priority": priority,
+        }  # fmt: skip
+
+    def unroll(self) -> dict[str, np.ndarray]:
+        """The arrays of an ``unroll`` TRAJECTORY (behaviour log-probs in ``extras``)."""
+        return {
+            "obs": self.obs, "action": self.action, "logp": self.extras["logp"],
+            "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
+            "valid": self.valid, "bootstrap_obs": self.final_obs.copy(),
+        }  # fmt: skip
+
+
+@dataclass
+class Outgoing:
+    """What the actor sends for one trajectory: a message kind, its arrays and extra meta."""
+
+    kind: str
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ActorPolicy(Protocol):
+    """The actor-side half of an algorithm. The actor owns the envs, the buffers, sending,
+    the credit window and the episode statistics; the policy only decides."""
+
+    records_next_obs: bool
+    """Whether the actor keeps every step's next observation (transitions need it)."""
+    action_dtype: type
+    action_shape: tuple[int, ...]
+    """The per-env action: ``()`` int64 for Discrete, ``(act_dim,)`` float32 for a Box."""
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        """A trajectory of ``steps`` steps starts (draw its exploration noise here, at once)."""
+
+    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions ``[E, *action_shape]`` for observations ``[E, ...]`` at step ``t`` of the
+        trajectory, and per-step extras to record (``{"logp": [E]}``, ...)."""
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        """The message to send for a collected trajectory (adds priorities, or computes the
+        gradient for A3C)."""
+
+    def may_collect(self, weights_version: int) -> bool:
+        """False while the algorithm must wait for newer weights before collecting (PPO)."""
+
+    def sent(self, weights_version: int) -> None:
+        """A trajectory collected with ``weights_version`` left the actor."""
+
+    def train_info(self) -> dict[str, float]:
+        """Exploration figures for the training metrics (epsilons, noise scales, ...)."""
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        """Extra heartbeat fields."""
+
+
+class BasePolicy:
+    """Defaults of the optional :class:`ActorPolicy` methods, for policies to inherit."""
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        pass
+
+    def may_collect(self, weights_version: int) -> bool:
+        return True
+
+    def sent(self, weights_version: int) -> None:
+        pass
+
+    def train_info(self) -> dict[str, float]:
+        return {}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {}
+
+
+# --- learner side ------------------------------------------------------------------------
+
+
+class LearnerServices(Protocol):
+    """What the learner role lends an update that talks to its peers (DD-PPO)."""
+
+    id: str
+    stop_event: threading.Event
+
+    def open_publisher(self, name: str = "topics", *, hwm: int = 1000) -> Channel: ...
+
+    def open_subscriber(self, topics: list[str], name: str, *, hwm: int = 1000) -> Channel: ...
+
+    def tick(self) -> None:
+        """Heartbeats and registry replies: call it during long work (every ~100 ms)."""
+
+    def follow_weights(self, model: nn.Module) -> Any:
+        """A ``WeightsFollower`` of the published weights for ``model``."""
+
+
+@dataclass
+class LearnerSetup:
+    """What the learner gives its update: the experiment, its model and its place."""
+
+    config: ExperimentConfig
+    model: nn.Module
+    observation_space: Any
+    action_space: Any
+    index: int
+    log: logging.Logger
+    train_stats: TrainStats
+    services: LearnerServices
+
+
+@dataclass
+class Priorities:
+    """New priorities of sampled keys, for the shard that sampled them."""
+
+    shard: str
+    keys: np.ndarray
+    priorities: np.ndarray
+
+
+@dataclass
+class UpdateResult:
+    """What one call of ``LearnerUpdate.train`` did."""
+
+    updates: int
+    """Optimizer steps taken."""
+    loss: float
+    priorities: Priorities | None = None
+    publish: bool = False
+    """Publish the weights now, whatever ``learner.publish_interval`` says (end of a round)."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A NaN/inf loss or gradient norm, raised before the optimizer step that would apply it."""
+
+    def __init__(self, loss: float, grad_norm: float, source: str = "") -> None:
+        super().__init__(f"non-finite loss {loss} (gradient norm {grad_norm})")
+        self.loss = loss
+        self.grad_norm = grad_norm
+        self.source = source
+
+
+class LearnerUpdate(Protocol):
+    """The learner-side half of an algorithm. The learner owns receiving, acks, checkpoints,
+    publishing the weights and non-finite handling; the update only trains."""
+
+    model: nn.Module
+    """The network whose weights are published."""
+
+    def receive(self, msg: Message, version: int) -> None:
+        """Validate one message of the learner's input and keep it (ProtocolError: dropped).
+        ``version`` is the learner's current weights version."""
+
+    def train(self, version: int) -> UpdateResult | None:
+        """Train on what was received, if it is enough; None otherwise. Raises
+        NonFiniteLossError before applying a non-finite step."""
+
+    def may_publish(self) -> bool:
+        """Whether this learner publishes weights (DD-PPO: only learner 0, once all learners
+        hear each other)."""
+
+    def weights_meta(self) -> dict[str, int]:
+        """Extra integers published with the weights (the algorithm's progress)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's state in a checkpoint (networks, optimizers, counters)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def train_info(self) -> dict[str, float]:
+        """Figures for the training metrics that are not per update (learning rates)."""
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        """Extra heartbeat fields."""
+
+    def summary(self) -> str:
+        """One line for the log when the learner stops ("" for none)."""

@@ -1,0 +1,326 @@
+"""Ape-X DDPG / TD3 and SAC, the two algorithms for Box actions: what they share.
+
+Actor side (``ContinuousPolicy``): the actions of the deterministic policy plus Gaussian
+noise (DDPG) or samples of the squashed-Gaussian policy (SAC), kept inside the action bounds,
+sent to replay as n-step transitions with initial priorities.
+
+Learner side (:class:`ContinuousUpdate`). The generic learner role owns the sockets: it acks
+every BATCH, hands it to ``receive``, calls ``train``, publishes the priorities of the result
+to the shard that sampled the batch and the weights of ``model`` (policy and critics, the
+actors use both) every ``learner.publish_interval`` updates.
+
+- ``receive``: a BATCH of :data:`zrl.transport.messages.CONTINUOUS_TRANSITION_BATCH` (meta
+  ``shard``), checked against the model (observation and action widths, actions inside the
+  bounds) and kept; a malformed one raises ProtocolError (the replay validates what it
+  stores, so this is a peer's bug).
+- ``train``: per batch one critic step, then (DDPG: every ``ddpg.policy_delay``-th update;
+  SAC: always) an actor step, SAC's temperature step, and Polyak averaging of the targets
+  with rate ``tau`` (TD3 only on the delayed steps). The result carries the new priorities
+  ``|y - Q1(s, a)|`` of the batch's keys with ``replay.table: prioritized`` (a uniform table
+  has no use for them), and the critic loss as the loss.
+
+A NaN/inf loss or gradient raises :class:`NonFiniteLossError` before the optimizer step that
+would apply it; the batch is dropped, never retried. The math is
+``zrl.algos.apex_ddpg.losses.ddpg_update`` and ``zrl.algos.sac.losses.sac_update``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
+from zrl.algos.apex_dqn.losses import apex_epsilons
+from zrl.algos.api import (
+    ActorSetup,
+    BasePolicy,
+    LearnerSetup,
+    NonFiniteLossError,
+    Outgoing,
+    Priorities,
+    Trajectory,
+    UpdateResult,
+)
+from zrl.algos.optim import make_adam
+from zrl.algos.returns import nstep_transitions
+from zrl.algos.sac.losses import default_target_entropy, sac_update
+from zrl.continuous_models import DDPGModel, SACModel, clip_to_bounds
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+
+def critic_parameters(model: DDPGModel | SACModel) -> list[nn.Parameter]:
+    return [p for q in (model.q1, model.q2) if q is not None for p in q.parameters()]
+
+
+@torch.no_grad()
+def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
+    """``target <- target + tau * (online - target)`` for matching parameter lists, in one
+    fused call (this runs after every update; building state dicts each time would not)."""
+    torch._foreach_lerp_(target, online, tau)
+
+
+class ContinuousUpdate:
+    """A DDPGModel (DDPG / TD3) or SACModel (SAC), its targets and optimizers."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        cfg = setup.config
+        model = setup.model
+        if not isinstance(model, DDPGModel | SACModel):
+            raise ValueError(f"{cfg.algo} needs zrl's DDPGModel/SACModel, got {type(model)}")
+        self.config = cfg
+        self.train_stats = setup.train_stats
+        self.model: nn.Module = model
+        self.online: DDPGModel | SACModel = model
+        self.sac = isinstance(model, SACModel)
+        algo_cfg = cfg.sac if self.sac else cfg.ddpg
+        self.target: DDPGModel | SACModel = copy.deepcopy(model)
+        self.target.requires_grad_(False)
+        self.actor_optimizer = make_adam(model.policy.parameters(), algo_cfg.actor_lr)
+        self.critic_optimizer = make_adam(critic_parameters(model), algo_cfg.critic_lr)
+        # Polyak pairs: SAC has no target policy (a' is sampled from the online policy).
+        target_modules: list[nn.Module | None] = [self.target.q1, self.target.q2]
+        online_modules: list[nn.Module | None] = [model.q1, model.q2]
+        if not self.sac:
+            target_modules.append(self.target.policy)
+            online_modules.append(model.policy)
+        self.target_params: list[Tensor] = [
+            p for m in target_modules if m is not None for p in m.parameters()
+        ]
+        self.online_params: list[Tensor] = [
+            p for m in online_modules if m is not None for p in m.parameters()
+        ]
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.sac.init_alpha)))
+        self.alpha_optimizer = make_adam([self.log_alpha], cfg.sac.alpha_lr)
+        te = cfg.sac.target_entropy
+        self.target_entropy = default_target_entropy(model.act_dim) if te is None else te
+        self.send_priorities = cfg.replay.table == "prioritized"
+        self.updates = 0
+        """Updates this object made (the phase of TD3's delayed steps); restored from the
+        learner's ``updates`` when its checkpoint carries one."""
+        self.last_parts: dict[str, float] = {}
+        self.pending: deque[tuple[str, np.ndarray, dict[str, Tensor]]] = deque()
+        """Received batches not trained on yet: (shard, keys, tensors)."""
+
+    # --- receiving --------------------------------------------------------------------
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        model = self.online
+        dims = M.validate(msg, M.CONTINUOUS_TRANSITION_BATCH, O=model.obs_dim, A=model.act_dim)
+        shard = msg.meta.get("shard")
+        if not isinstance(shard, str):
+            raise P.ProtocolError("batch without a shard id")
+        actions = msg.arrays["action"]
+        low = model.policy.action_low.numpy()
+        high = model.policy.action_high.numpy()
+        if dims["B"] and (np.any(actions < low) or np.any(actions > high)):
+            raise P.ProtocolError(f"batch actions outside the bounds {low}..{high}")
+        batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
+        self.pending.append((shard, np.ascontiguousarray(msg.arrays["key"]), batch))
+
+    # --- training ---------------------------------------------------------------------
+
+    def train(self, version: int) -> UpdateResult | None:
+        """One update on the oldest kept batch (the learner trains after every receive, so
+        there is one; a result carries the priorities of one shard's batch)."""
+        if not self.pending:
+            return None
+        shard, keys, batch = self.pending.popleft()  # dropped, not retried, if it raises
+        online, target = self.online, self.target
+        grad_clip = self.config.learner.grad_clip
+        started = time.perf_counter()
+        try:
+            if isinstance(online, SACModel):
+                assert isinstance(target, SACModel)
+                c = self.config.sac
+                r = sac_update(
+                    online, target, self.actor_optimizer, self.critic_optimizer,
+                    self.alpha_optimizer, self.log_alpha, batch,
+                    target_entropy=self.target_entropy, grad_clip=grad_clip,
+                    fixed_alpha=c.fixed_alpha,
+                )  # fmt: skip
+                update_targets, td, loss = True, r.td, r.critic_loss
+                parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
+                figures = {
+                    **parts, "alpha_loss": r.alpha_loss, "q_mean": r.q_mean,
+                    "grad_norm": r.grad_norm, "actor_grad_norm": r.actor_grad_norm,
+                }  # fmt: skip
+            else:
+                assert isinstance(target, DDPGModel)
+                d = self.config.ddpg
+                update_targets = (self.updates + 1) % d.policy_delay == 0
+                r2 = ddpg_update(
+                    online, target, self.actor_optimizer, self.critic_optimizer, batch,
+                    update_actor=update_targets, target_noise=d.target_noise,
+                    target_noise_clip=d.target_noise_clip, grad_clip=grad_clip,
+                    huber_delta=d.huber_delta,
+                )  # fmt: skip
+                td, loss = r2.td, r2.critic_loss
+                parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
+                figures = {
+                    **parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm
+                }  # fmt: skip
+        except NonFiniteLossError as exc:
+            exc.source = f"a batch from {shard}"
+            raise
+        self.updates += 1
+        self.last_parts = {k: v for k, v in parts.items() if math.isfinite(v)} or self.last_parts
+        # loss = critic_loss, so every learner has a learner/loss curve.
+        self.train_stats.add(
+            loss=loss, critic_loss=loss, update_ms=(time.perf_counter() - started) * 1e3,
+            **figures,
+        )  # fmt: skip
+        self.train_stats.add_array("td_error", td)
+        if update_targets:
+            tau = self.config.sac.tau if self.sac else self.config.ddpg.tau
+            polyak(self.target_params, self.online_params, tau)
+        priorities = (
+            Priorities(shard, keys, td.astype(np.float32)) if self.send_priorities else None
+        )
+        return UpdateResult(updates=1, loss=loss, priorities=priorities)
+
+    # --- the rest of the protocol -----------------------------------------------------
+
+    def may_publish(self) -> bool:
+        return True
+
+    def weights_meta(self) -> dict[str, int]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        self.updates = int(state.get("updates", 0))
+
+    def train_info(self) -> dict[str, float]:
+        return {
+            "lr": float(self.critic_optimizer.param_groups[0]["lr"]),
+            "actor_lr": float(self.actor_optimizer.param_groups[0]["lr"]),
+        }
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {k: round(v, 5) for k, v in self.last_parts.items()}
+
+    def summary(self) -> str:
+        return ""
+
+
+# --- actor side ----------------------------------------------------------------------
+
+
+class ContinuousPolicy(BasePolicy):
+    """Acting for Box actions (see the module docstring): warm-up, then DDPG's Gaussian noise
+    with an Ape-X spread of scales, or a sample of SAC's squashed-Gaussian policy; every
+    action clipped to the bounds. Initial priorities only for a prioritized table."""
+
+    records_next_obs = True
+    action_dtype = np.float32
+
+    def __init__(self, setup: ActorSetup) -> None:
+        cfg = setup.config
+        space = setup.action_space
+        if not hasattr(space, "low") or len(space.shape) != 1:
+            raise ValueError(f"{cfg.algo} needs a 1-D Box action space, got {space!r}")
+        self.model: Any = setup.model
+        self.rng = setup.rng
+        self.sac = cfg.algo == "sac"
+        self.low = np.asarray(space.low, dtype=np.float32)
+        self.high = np.asarray(space.high, dtype=np.float32)
+        self.act_dim = int(space.shape[0])
+        self.action_shape = (self.act_dim,)
+        self.half_range = (self.high - self.low) / 2
+        self.warmup_steps = (cfg.sac if self.sac else cfg.ddpg).warmup_steps
+        self.env_steps = 0
+        self.prioritized = cfg.replay.table == "prioritized"
+        self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
+        # The action-sampling stream (SAC) differs per actor; the weights come from params.
+        torch.manual_seed(setup.seed)
+        self.sigmas = np.zeros(setup.num_envs, np.float32)
+        if not self.sac:
+            slots = max(cfg.roles.actors, setup.actor_index + 1) * setup.num_envs
+            all_sigmas = apex_epsilons(slots, cfg.ddpg.noise_sigma, cfg.ddpg.noise_alpha)
+            first = setup.actor_index * setup.num_envs
+            self.sigmas = all_sigmas[first : first + setup.num_envs].astype(np.float32)
+        setup.log.info(
+            "actor %d (%s): %d x %s, action bounds %s..%s, noise sigma %.3g..%.3g, "
+            "%d warm-up steps, seed %d",
+            setup.actor_index, cfg.algo, setup.num_envs, cfg.env.id, self.low.tolist(),
+            self.high.tolist(), float(self.sigmas.max()), float(self.sigmas.min()),
+            self.warmup_steps, setup.seed,
+        )  # fmt: skip
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Exploring actions ``[E, act_dim]`` for ``obs [E, obs_dim]``, clipped to the bounds."""
+        if self.env_steps < self.warmup_steps:
+            a = self.rng.uniform(self.low, self.high, size=(len(obs), self.act_dim))
+        elif self.sac:
+            a = self.model.act(torch.from_numpy(obs), deterministic=False).numpy()
+        else:
+            mu = self.model.act(torch.from_numpy(obs)).numpy()
+            noise = self.rng.standard_normal(mu.shape).astype(np.float32)
+            a = mu + noise * self.sigmas[:, None] * self.half_range
+        return clip_to_bounds(a, self.low, self.high), {}
+
+    @torch.no_grad()
+    def bootstrap_q(self, obs: np.ndarray, actions: np.ndarray | None = None) -> np.ndarray:
+        """``Q1(s, a)`` if ``actions`` is given, else ``Q(s, mu(s))`` with ``Q = min(Q1, Q2)``
+        when there are twin critics."""
+        obs_t = torch.from_numpy(obs)
+        if actions is not None:
+            return self.model.q1(obs_t, torch.from_numpy(actions)).numpy()  # type: ignore[no-any-return]
+        q1, q2 = self.model.q_values(obs_t, self.model.act(obs_t, deterministic=True))
+        return (q1 if q2 is None else torch.minimum(q1, q2)).numpy()  # type: ignore[no-any-return]
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        tr = trajectory
+        assert tr.next_obs is not None
+        priority = np.zeros(tr.reward.shape, np.float32)
+        if self.prioritized:
+            ns = nstep_transitions(
+                tr.reward, tr.terminated, tr.truncated, tr.valid, self.n_step, self.gamma
+            )
+            q_taken = self.bootstrap_q(tr.obs[ns.env, ns.start], tr.action[ns.env, ns.start])
+            next_q = self.bootstrap_q(tr.next_obs[ns.env, ns.end])
+            priority[ns.env, ns.start] = initial_priorities(
+                q_taken, ns.returns, ns.discounts, next_q
+            )
+        return Outgoing(P.TRAJECTORY, tr.transitions(priority))
+
+    def train_info(self) -> dict[str, float]:
+        """DDPG: the Gaussian noise scale (fraction of the half-range) of this actor's env
+        slots; SAC explores by its own policy's entropy (``learner/entropy``, ``alpha``)."""
+        out: dict[str, float] = {}
+        if not self.sac and len(self.sigmas):
+            out = {"noise_sigma_min": float(self.sigmas.min()),
+                   "noise_sigma_max": float(self.sigmas.max())}  # fmt: skip
+        out["warming_up"] = float(self.env_steps < self.warmup_steps)
+        return out
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"warming_up": self.env_steps < self.warmup_steps}

@@ -1,0 +1,30 @@
+"""The PPO actor policy: the categorical policy, collecting only as far as the round allows.
+
+``ppo.mode: sync``: one rollout per weights version, then the actor waits for the next one,
+so a round never mixes versions. ``async``: up to ``ppo.max_lag + 1`` rollouts per version.
+Version 0 is the actor's own initialisation, never the learner's weights: it waits for 1.
+"""
+
+from __future__ import annotations
+
+from zrl.algos.api import ActorSetup
+from zrl.algos.sampling import CategoricalPolicy
+
+KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind the newest
+
+
+class PPOPolicy(CategoricalPolicy):
+    def __init__(self, setup: ActorSetup) -> None:
+        super().__init__(setup)
+        c = setup.config.ppo
+        self.allowed = 1 if c.mode == "sync" else c.max_lag + 1
+        self.sent_per_version: dict[int, int] = {}
+
+    def may_collect(self, weights_version: int) -> bool:
+        return weights_version > 0 and self.sent_per_version.get(weights_version, 0) < self.allowed
+
+    def sent(self, weights_version: int) -> None:
+        count = self.sent_per_version
+        count[weights_version] = count.get(weights_version, 0) + 1
+        for old in [v for v in count if v < weights_version - KEEP_VERSIONS]:
+            del count[old]

@@ -1,0 +1,119 @@
+"""Which rollouts form a PPO round (``RoundBuffer``), and the round's samples (``round_tensors``).
+
+A round is one rollout per actor (``roles.actors``). Sync mode: every rollout in a round was
+collected with the same weights version (the one the round trains); actors wait for the next
+version before collecting again. Async mode: rollouts up to ``ppo.max_lag`` versions old are
+used, older ones dropped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from zrl.algos.returns import rollout_gae
+from zrl.models import ActorCritic
+from zrl.transport.messages import UNROLL
+
+ROLLOUT_ARRAYS: tuple[str, ...] = tuple(UNROLL.arrays)
+"""The arrays of a rollout: the ``unroll`` TRAJECTORY schema's."""
+
+
+@dataclass
+class Rollout:
+    version: int
+    actor: int
+    arrays: dict[str, np.ndarray]
+    received: float = field(default_factory=time.monotonic)
+
+
+class RoundBuffer:
+    """Rollouts waiting to become a training round.
+
+    sync: rollouts are grouped by weights version; a round is ``round_size`` rollouts of one
+    version newer than the last round trained. A rollout of a version already trained (or
+    superseded by a newer round) is stale and dropped. If a round stays incomplete for
+    ``round_timeout`` seconds (an actor died) it is trained short rather than never.
+
+    async: a round is the first ``round_size`` rollouts at most ``max_lag`` versions behind
+    the learner's current version; older rollouts are dropped.
+    """
+
+    def __init__(self, mode: str, round_size: int, max_lag: int, round_timeout: float) -> None:
+        self.mode = mode
+        self.round_size = round_size
+        self.max_lag = max_lag
+        self.round_timeout = round_timeout
+        self.pending: list[Rollout] = []
+        self.trained_version = 0  # sync: newest version a round was trained on
+        self.stale = 0
+        self.short_rounds = 0
+
+    def add(self, rollout: Rollout, current_version: int) -> bool:
+        """Keep ``rollout`` if it can still be used; False (and counted) if it is stale."""
+        if self._is_stale(rollout.version, current_version):
+            self.stale += 1
+            return False
+        self.pending.append(rollout)
+        return True
+
+    def _is_stale(self, version: int, current_version: int) -> bool:
+        if self.mode == "sync":
+            return version <= self.trained_version
+        return current_version - version > self.max_lag
+
+    def take(self, current_version: int, now: float | None = None) -> list[Rollout] | None:
+        """The next round, or None while it is not complete."""
+        now = time.monotonic() if now is None else now
+        before = len(self.pending)
+        self.pending = [r for r in self.pending if not self._is_stale(r.version, current_version)]
+        self.stale += before - len(self.pending)
+        if not self.pending:
+            return None
+        if self.mode == "async":
+            if len(self.pending) < self.round_size:
+                return None
+            chosen, self.pending = self.pending[: self.round_size], self.pending[self.round_size :]
+            return chosen
+        newest = max(r.version for r in self.pending)
+        chosen = [r for r in self.pending if r.version == newest][: self.round_size]
+        waited = now - min(r.received for r in chosen)
+        if len(chosen) < self.round_size and waited < self.round_timeout:
+            return None
+        if len(chosen) < self.round_size:
+            self.short_rounds += 1
+        self.trained_version = newest
+        kept = [r for r in self.pending if r.version > newest]
+        # Older versions and extras of this one are superseded: counted, never trained on.
+        self.stale += len(self.pending) - len(chosen) - len(kept)
+        self.pending = kept
+        return sorted(chosen, key=lambda r: r.actor)
+
+
+def round_tensors(
+    model: ActorCritic, rollouts: list[Rollout], gamma: float, lam: float
+) -> dict[str, torch.Tensor]:
+    """The valid samples of a round, flattened, with old values, GAE advantages and returns
+    computed with the current weights (the behaviour weights, in sync mode)."""
+    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in ROLLOUT_ARRAYS}
+    E, T = cat["reward"].shape
+    with torch.no_grad():
+        obs = torch.from_numpy(cat["obs"].reshape(E * T, -1))
+        values = model.value(obs).numpy().reshape(E, T)
+        bootstrap = model.value(torch.from_numpy(cat["bootstrap_obs"])).numpy()
+    advantages, returns = rollout_gae(
+        cat["reward"], values, cat["terminated"], cat["truncated"], cat["valid"], bootstrap,
+        gamma, lam,
+    )  # fmt: skip
+    valid = cat["valid"].reshape(-1)
+    return {
+        "obs": obs[torch.from_numpy(valid)],
+        "action": torch.from_numpy(cat["action"].reshape(-1)[valid]),
+        "logp": torch.from_numpy(cat["logp"].reshape(-1)[valid]),
+        "value": torch.from_numpy(values.reshape(-1)[valid].astype(np.float32)),
+        "advantage": torch.from_numpy(advantages.reshape(-1)[valid]),
+        "return": torch.from_numpy(returns.reshape(-1)[valid]),
+    }

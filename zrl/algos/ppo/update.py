@@ -1,0 +1,417 @@
+"""``PPOUpdate``: PPO rounds on the actors' rollouts, optionally DD-PPO across learners.
+
+The learner role reads the rollouts (SUB ``rollouts/``, the algorithm's wiring) and hands
+each to :meth:`PPOUpdate.receive`; a round is one rollout per actor (``roles.actors``),
+:class:`~zrl.algos.ppo.rounds.RoundBuffer` decides which rollouts form it, and
+:meth:`PPOUpdate.train` trains it whole (``ppo.epochs`` passes of minibatches) and asks the
+role to publish the weights after it.
+
+With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
+
+- PUB / SUB ``allreduce/``: every learner holds the same round, cuts every minibatch into
+  ``learners`` equal slices, computes the gradient of its slice, publishes it and averages it
+  with the others' before the optimizer step, so all learners apply the same update. Learner 0
+  publishes the weights; the others follow them at the start of each round (and count any
+  drift, which should stay 0). Before the first round the learners exchange READY messages
+  there until each has heard every other one hear it: only then does learner 0 publish the
+  first weights (:meth:`PPOUpdate.may_publish`), which start the actors. Otherwise a learner
+  still starting up misses the first rollouts and the others wait for it in every allreduce.
+- SUB ``weights`` (followers only, ``services.follow_weights``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from zrl.algos.api import LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.impala.vtrace import categorical_entropy
+from zrl.algos.optim import clipped_gradients, make_adam
+from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
+from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
+from zrl.models import ActorCritic, load_arrays, model_to_arrays
+from zrl.transport import protocol as P
+from zrl.transport.messages import UNROLL, validate, weights_version
+from zrl.transport.sockets import Channel
+
+ALLREDUCE_TIMEOUT_S = 10.0
+READY_INTERVAL_S = 0.05  # DD-PPO start-up: READY repeated until every peer confirms
+HANDSHAKE_TIMEOUT_S = 30.0  # then start anyway; allreduce timeouts count what is missing
+HANDSHAKE_POLL_MS = 20  # one handshake step waits at most this long for a peer's message
+TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
+
+
+class PPOUpdate:
+    """The learner side of PPO / DD-PPO (see the module docstring)."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        cfg = setup.config
+        self.config = cfg
+        self.model: nn.Module = setup.model
+        self.log = setup.log
+        self.train_stats = setup.train_stats
+        self.services = setup.services
+        obs_shape = getattr(setup.observation_space, "shape", None) or ()
+        self.obs_dim = int(getattr(self.model, "obs_dim", 0) or np.prod(obs_shape, dtype=np.int64))
+        self.num_actions = int(getattr(setup.action_space, "n", 0))
+        self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr)
+        self.learners = max(1, cfg.roles.learners)
+        self.learner_index = setup.index
+        self.leader = self.learner_index == 0
+        # DD-PPO: gradients and READY messages between the learners.
+        self.allreduce_pub: Channel | None = None
+        self.allreduce_sub: Channel | None = None
+        if self.learners > 1:
+            self.allreduce_pub = self.services.open_publisher("allreduce")
+            self.allreduce_sub = self.services.open_subscriber([P.ALLREDUCE_TOPIC], "allreduce")
+        self.peer_grads: dict[tuple[int, int], dict[int, dict[str, np.ndarray]]] = {}
+        self.allreduce_timeouts = 0
+        self.heard: set[int] = set()  # DD-PPO peers whose READY reached us
+        self.confirmed: set[int] = set()  # ... and who said they heard ours
+        self.peers_ready = self.learners == 1
+        self.handshake_started = time.monotonic()
+        self.next_ready = 0.0
+        # Followers take the leader's weights (through the parameter server) every round.
+        self.follow: Any = None if self.leader else self.services.follow_weights(self.model)
+        self.weight_drift = 0.0
+        c = cfg.ppo
+        self.buffer = RoundBuffer(c.mode, max(1, cfg.roles.actors), c.max_lag, c.round_timeout)
+        self.rounds = 0
+        self.updates = 0  # minibatch steps taken by this process (the summary line)
+        self.last_loss = float("nan")
+        self.training_s = 0.0  # time in rounds, against the uptime: is the learner the bottleneck?
+        self.mixed_rounds = 0  # sync rounds whose rollouts came from several versions: must stay 0
+        self.round_versions: list[int] = []
+        self.last_parts: dict[str, float] = {}
+        self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.started = time.monotonic()
+
+    # --- DD-PPO start-up handshake ------------------------------------------------------
+
+    def _pub(self) -> Channel:
+        assert self.allreduce_pub is not None, "allreduce is only open with several learners"
+        return self.allreduce_pub
+
+    def _sub(self) -> Channel:
+        assert self.allreduce_sub is not None, "allreduce is only open with several learners"
+        return self.allreduce_sub
+
+    def send_ready(self) -> None:
+        self._pub().send(
+            P.Message(P.READY, meta={"learner": self.learner_index, "heard": sorted(self.heard)}),
+            topic=P.ALLREDUCE_TOPIC, block=False,
+        )  # fmt: skip
+
+    def on_ready(self, msg: P.Message) -> None:
+        who, heard = msg.meta.get("learner"), msg.meta.get("heard")
+        if not isinstance(heard, list):
+            self._sub()._drop(msg.sender or "?", "READY without the peers it heard")
+            return
+        assert isinstance(who, int)  # checked by read_peer_grads
+        newly_heard = who not in self.heard
+        self.heard.add(who)
+        if self.learner_index in heard:
+            self.confirmed.add(who)
+        if newly_heard or self.learner_index not in heard:
+            # Tell it at once that we hear it (it may be new, or waiting only for that).
+            self.send_ready()
+
+    def handshake(self) -> None:
+        """One step of: until every other learner is heard and has heard us, READY at 20 Hz."""
+        now = time.monotonic()
+        if now >= self.next_ready:
+            self.next_ready = now + READY_INTERVAL_S
+            self.send_ready()
+        self.read_peer_grads()
+        others = set(range(self.learners)) - {self.learner_index}
+        if self.heard >= others and self.confirmed >= others:
+            self.peers_ready = True
+            self.log.info(
+                "DD-PPO: all %d learners hear each other (%.2f s)",
+                self.learners, now - self.handshake_started,
+            )  # fmt: skip
+        elif now - self.handshake_started > HANDSHAKE_TIMEOUT_S:
+            self.peers_ready = True
+            self.log.warning(
+                "DD-PPO: learners %s not heard within %.0f s; starting without them "
+                "(their allreduce steps will time out)",
+                sorted(others - (self.heard & self.confirmed)), HANDSHAKE_TIMEOUT_S,
+            )  # fmt: skip
+        else:
+            self._sub().sock.poll(HANDSHAKE_POLL_MS)
+
+    # --- receiving --------------------------------------------------------------------
+
+    def current_version(self, version: int) -> int:
+        """The weights version the rounds are measured against: the learner's own (acked by
+        the parameter server) for the leader, the followed one for a DD-PPO follower."""
+        return version if self.follow is None else int(self.follow.version)
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        self.buffer.add(self.validate(msg), self.current_version(version))
+
+    def validate(self, msg: P.Message) -> Rollout:
+        """The rollout in ``msg`` (an ``unroll`` TRAJECTORY); raises ProtocolError."""
+        sizes = validate(msg, UNROLL, O=self.obs_dim)
+        if sizes["E"] == 0 or sizes["T"] == 0:
+            raise P.ProtocolError(f"empty rollout ({sizes['E']} envs, {sizes['T']} steps)")
+        a = msg.arrays
+        if a["action"].min() < 0 or a["action"].max() >= self.num_actions:
+            raise P.ProtocolError(f"rollout actions outside [0, {self.num_actions})")
+        version, actor = msg.meta.get("weights_version"), msg.meta.get("actor")
+        if (
+            not isinstance(version, int)
+            or not isinstance(actor, int)
+            or isinstance(version, bool)
+            or isinstance(actor, bool)
+        ):
+            raise P.ProtocolError("rollout without integer weights_version and actor")
+        return Rollout(version, actor, a)
+
+    # --- training ---------------------------------------------------------------------
+
+    def train(self, version: int) -> UpdateResult | None:
+        if not self.peers_ready:
+            self.handshake()
+            return None
+        if self.follow is not None:
+            self.follow_leader()
+        current = self.current_version(version)
+        chosen = self.buffer.take(current)
+        if chosen is None:
+            return None
+        started = time.monotonic()
+        try:
+            steps = self.train_round(chosen, current)
+        except NonFiniteLossError as exc:
+            exc.source = f"round {self.rounds + 1}"
+            raise
+        finally:
+            self.training_s += time.monotonic() - started
+        # Published even after a round without valid samples: in sync mode the actors wait for
+        # a version newer than the one the round consumed.
+        return UpdateResult(updates=steps, loss=self.last_loss, publish=True)
+
+    def follow_leader(self) -> None:
+        """DD-PPO followers take the leader's weights after the same round; with identical
+        averaged updates these equal their own, and any drift (an allreduce that timed out)
+        is measured and corrected. Weights from another round are only used for the version
+        number: loading them would move this learner out of step."""
+        follow = self.follow
+        while True:
+            got = follow.sub.recv(block=False)
+            if got is None:
+                return
+            msg = got[1]
+            version, rounds = weights_version(msg.meta), msg.meta.get("rounds")
+            if msg.kind != P.WEIGHTS or version is None:
+                follow.sub._drop(msg.sender or "?", "not versioned weights")
+                continue
+            if not follow.from_params(msg.sender or "?"):
+                follow.sub._drop(msg.sender or "?", "weights not from a params role")
+                continue
+            follow.version = max(follow.version, version)
+            if rounds != self.rounds:
+                continue
+            before = model_to_arrays(self.model)
+            try:
+                load_arrays(self.model, msg.arrays)
+            except ValueError as exc:
+                follow.sub._drop(msg.sender or "?", f"weights do not fit the model: {exc}")
+                continue
+            self.weight_drift = max(
+                float(np.max(np.abs(before[k] - msg.arrays[k]))) for k in before
+            )
+
+    def train_round(self, chosen: list[Rollout], current: int) -> int:
+        """Train one round; the minibatch steps taken."""
+        c = self.config.ppo
+        versions = sorted({r.version for r in chosen})
+        if c.mode == "sync" and len(versions) > 1:
+            self.mixed_rounds += 1
+        self.round_versions = versions
+        # Policy lag: how many versions behind the weights being trained the data is.
+        self.train_stats.add_with_max(
+            policy_lag=float(np.mean([current - r.version for r in chosen]))
+        )
+        round_started = time.perf_counter()
+        data = round_tensors(cast(ActorCritic, self.model), chosen, c.gamma, c.gae_lambda)
+        n = len(data["obs"])
+        if n == 0:
+            return 0
+        mb = c.minibatch_size
+        # Steps per epoch from the configured round size, not from this round's count of valid
+        # samples (autoreset steps vary): DD-PPO learners must take the same number of steps.
+        nominal = self.buffer.round_size * self.config.env.num_envs
+        per_epoch = max(1, nominal * self.config.actor.trajectory_length // mb)
+        steps = 0
+        for _ in range(c.epochs):
+            order = torch.randperm(n, generator=self.rng)
+            for j in range(per_epoch):
+                idx = order[torch.arange(j * mb, (j + 1) * mb) % n]  # wraps on a short round
+                self.minibatch_step({k: v[idx] for k, v in data.items()}, steps)
+                steps += 1
+                if steps % TICK_EVERY_STEPS == 0:
+                    self.services.tick()
+        self.rounds += 1
+        self.train_stats.add(round_s=time.perf_counter() - round_started)
+        return steps
+
+    def minibatch_step(self, mb: dict[str, torch.Tensor], step: int) -> None:
+        c = self.config.ppo
+        started = time.perf_counter()
+        adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
+        if self.learners > 1:
+            # Each learner takes its slice of the (identically ordered) minibatch.
+            size = len(adv) // self.learners
+            part = slice(self.learner_index * size, (self.learner_index + 1) * size)
+            mb = {k: v[part] for k, v in mb.items()}
+            adv = adv[part]
+        logits, values = self.model(mb["obs"])
+        log_probs = torch.log_softmax(logits, dim=-1)
+        new_logp = log_probs.gather(1, mb["action"].unsqueeze(1))[:, 0]
+        loss, parts = ppo_loss(
+            new_logp, mb["logp"], adv, values, mb["value"], mb["return"],
+            categorical_entropy(logits), c.clip, c.value_clip, c.entropy_coef, c.value_coef,
+            normalize_advantages=False,
+        )  # fmt: skip
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.learners > 1:
+            self.allreduce(step)
+        grad_norm = clipped_gradients(
+            loss, list(self.model.parameters()), self.config.learner.grad_clip
+        )
+        self.optimizer.step()
+        self.updates += 1
+        self.last_loss = parts["loss"]
+        self.last_parts = parts
+        self.train_stats.add(
+            **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
+        )
+
+    def allreduce(self, step: int) -> None:
+        """Average this step's gradients with the other learners' (DD-PPO)."""
+        key = (self.rounds, step)
+        own = {
+            name: p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32)
+            for name, p in self.model.named_parameters()
+        }
+        self._pub().send(
+            P.Message(P.GRADIENTS, meta={"round": key[0], "step": key[1], "learner": self.learner_index}, arrays=own),
+            topic=P.ALLREDUCE_TOPIC, block=False,
+        )  # fmt: skip
+        deadline = time.monotonic() + ALLREDUCE_TIMEOUT_S
+        while len(self.peer_grads.get(key, {})) < self.learners - 1:
+            if self.services.stop_event.is_set():
+                break  # stopping: the other learners may be gone already
+            if time.monotonic() > deadline:
+                self.allreduce_timeouts += 1
+                self.log.warning(
+                    "allreduce of round %d step %d: peers missing; using own gradient", *key
+                )
+                break
+            if self._sub().sock.poll(50):
+                self.read_peer_grads()
+            else:
+                self.services.tick()
+        grads = {**self.peer_grads.pop(key, {}), self.learner_index: own}
+        for old in [k for k in self.peer_grads if k <= key]:
+            del self.peer_grads[old]
+        # Summed in learner order on every learner, so all get bit-identical means.
+        mean = reduce_gradients(
+            [{k: torch.from_numpy(v) for k, v in grads[i].items()} for i in sorted(grads)], "mean"
+        )
+        for name, p in self.model.named_parameters():
+            p.grad = mean[name].clone()
+
+    def read_peer_grads(self) -> None:
+        sub = self._sub()
+        names = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        while True:
+            got = sub.recv(block=False)
+            if got is None:
+                return
+            msg = got[1]
+            r, s, who = msg.meta.get("round"), msg.meta.get("step"), msg.meta.get("learner")
+            if who == self.learner_index:
+                continue  # our own publication comes back through the bus
+            if not isinstance(who, int) or not 0 <= who < self.learners:
+                sub._drop(msg.sender or "?", f"allreduce from learner {who!r}")
+                continue
+            if msg.kind == P.READY:
+                self.on_ready(msg)
+                continue
+            if (
+                msg.kind != P.GRADIENTS
+                or not isinstance(r, int)
+                or not isinstance(s, int)
+                or set(msg.arrays) != set(names)
+                or any(msg.arrays[k].shape != names[k] for k in names)
+                or not all(np.all(np.isfinite(v)) for v in msg.arrays.values())
+            ):
+                sub._drop(msg.sender or "?", "malformed allreduce gradients")
+                continue
+            # Copies: the received frames are read-only, and torch wants writable arrays.
+            self.peer_grads.setdefault((r, s), {})[who] = {
+                k: np.array(v) for k, v in msg.arrays.items()
+            }
+
+    # --- what the role asks -------------------------------------------------------------
+
+    def may_publish(self) -> bool:
+        # DD-PPO: one learner speaks for all, once all hear each other (the first weights
+        # start the actors).
+        return self.leader and self.peers_ready
+
+    def weights_meta(self) -> dict[str, int]:
+        return {"rounds": self.rounds}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rounds": self.rounds,
+            "trained_version": self.buffer.trained_version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rounds = int(state["rounds"])
+        self.buffer.trained_version = int(state["trained_version"])
+
+    def train_info(self) -> dict[str, float]:
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "rounds": self.rounds,
+            "stale_rollouts": self.buffer.stale,
+            "short_rounds": self.buffer.short_rounds,
+            "mixed_rounds": self.mixed_rounds,
+            "round_versions": self.round_versions,
+            "busy": round(self.training_s / max(1e-9, time.monotonic() - self.started), 3),
+        }
+        if self.learners > 1:
+            info["allreduce_timeouts"] = self.allreduce_timeouts
+        if not self.leader:
+            info["weight_drift"] = self.weight_drift
+        for k in ("approx_kl", "clip_fraction", "entropy"):
+            if k in self.last_parts:
+                info[k] = round(self.last_parts[k], 4)
+        return info
+
+    def summary(self) -> str:
+        drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
+        timeouts = f", allreduce timeouts {self.allreduce_timeouts}" if self.learners > 1 else ""
+        return (
+            f"{self.rounds} rounds ({self.config.ppo.mode}), {self.updates} updates, "
+            f"mixed-version rounds {self.mixed_rounds}, stale rollouts {self.buffer.stale}, "
+            f"short rounds {self.buffer.short_rounds}{drift}{timeouts}, "
+            f"{self.training_s:.1f} s training of {time.monotonic() - self.started:.1f} s"
+        )

@@ -1,0 +1,26 @@
+"""SAC (Haarnoja et al. 2018) with twin critics and a learned temperature, distributed the
+Ape-X way: actors sample the squashed-Gaussian policy, n-step transitions in replay.
+
+- ``losses``: the pure math (soft targets, one update, the default target entropy).
+- ``zrl.algos.continuous``: the actor side and the learner side, shared with Ape-X DDPG.
+"""
+
+from zrl.algos.apex_ddpg import check_config
+from zrl.algos.api import Algorithm, Wiring
+
+ALGORITHM = Algorithm(
+    name="sac",
+    summary="SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
+    wiring=Wiring(
+        actions="box",
+        experience="replay",
+        replay_item="transitions",
+        replay_tables=("uniform", "prioritized"),
+        learner_input="batches",
+    ),
+    policy="zrl.algos.continuous:ContinuousPolicy",
+    update="zrl.algos.continuous:ContinuousUpdate",
+    model="zrl.continuous_models:sac_model_for",
+    sections=("replay", "learner", "sac"),
+    check_config=check_config,
+)

@@ -1,0 +1,19 @@
+"""``zrl run``: the local supervisor and its parts, one module per job.
+
+- ``supervisor``: ``Supervisor``, which wires the parts together and runs the monitor loop
+  (a SUB on the topic bus, STATUS polls of the broker).
+- ``children``: the broker and the local roles (processes forked from the zygote, plain
+  processes, or threads with ``--inproc``): started, restarted with back-off, stopped.
+- ``placement``: the broker's addresses, which roles run where, the ``zrl start`` lines for
+  other hosts, and the security policy (no reachable broker without keys).
+- ``rundir``: the run directory, summary.json and the final model.pt.
+- ``aggregator``: the roles' metrics turned into the figures of the status and progress.csv.
+- ``stop_rule``: the target on evaluations, confirmed by the evaluator's heartbeat, and the
+  limits.
+"""
+
+from zrl.run.aggregator import Aggregator
+from zrl.run.children import Child
+from zrl.run.supervisor import Supervisor
+
+__all__ = ["Aggregator", "Child", "Supervisor"]

@@ -1,0 +1,159 @@
+"""The figures of ``zrl run``: the roles' latest metrics turned into what the live status,
+``progress.csv``, ``eval.csv`` and the summary show.
+
+No sockets: the supervisor feeds it what arrives on the topic bus (``metrics``, ``eval``)
+and the final heartbeats. That bus is open to anyone who reaches the broker, so every
+figure is checked here (``count``, ``number``) and a malformed one counts as nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+
+def count(value: Any) -> int:
+    """A non-negative integer figure from a peer's metrics; anything else counts as 0.
+
+    Metrics arrive on the open topic bus: a malformed one must not end the run."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 0
+
+
+def number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator")
+TRAIN_KEY = re.compile(r"[a-z][a-z0-9_]{0,47}")
+MAX_TRAIN_KEYS = 64
+
+
+class Aggregator:
+    """Turns the roles' latest metrics into the figures the display and CSV show."""
+
+    def __init__(self) -> None:
+        # Training figures (``train`` in METRICS) reported since the last train_row, per role.
+        self._train: dict[str, tuple[str, dict[str, float]]] = {}
+        self.latest: dict[str, dict[str, Any]] = {}
+        self._carry: dict[tuple[str, str], int] = {}
+        self._last_raw: dict[tuple[str, str], int] = {}
+        self._history: list[tuple[float, int, int]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.env_steps_offset = 0
+
+    def on_metrics(self, meta: dict[str, Any]) -> None:
+        rid = meta.get("id")
+        if isinstance(rid, str):
+            self.latest[rid] = meta
+            train, role = meta.get("train"), meta.get("role")
+            if isinstance(train, dict) and role in TRAIN_ROLES:
+                # From the open topic bus: short snake_case names and finite numbers only.
+                figures = {
+                    k: v
+                    for k, v in list(train.items())[:MAX_TRAIN_KEYS]
+                    if isinstance(k, str) and TRAIN_KEY.fullmatch(k) and number(v) is not None
+                }
+                if figures:
+                    self._train[rid] = (role, {k: float(v) for k, v in figures.items()})
+
+    def train_row(self) -> dict[str, float]:
+        """The training figures reported since the last call, as ``<role>/<name>`` tags,
+        aggregated over the roles of a kind: ``*_min`` by min, ``*_max`` by max, the rest by
+        the mean (of each role's running mean since its last report)."""
+        gathered: dict[str, list[float]] = {}
+        for role, figures in self._train.values():
+            for k, v in figures.items():
+                gathered.setdefault(f"{role}/{k}", []).append(v)
+        self._train = {}
+        out = {}
+        for tag, values in sorted(gathered.items()):
+            if tag.endswith("_min"):
+                out[tag] = min(values)
+            elif tag.endswith("_max"):
+                out[tag] = max(values)
+            else:
+                out[tag] = sum(values) / len(values)
+        return out
+
+    def _monotonic_sum(self, role: str, key: str) -> int:
+        """Sum of a counter over roles, carried across restarts (a restarted role counts from 0)."""
+        total = 0
+        for rid, m in self.latest.items():
+            if m.get("role") != role or not isinstance(m.get(key), int):
+                continue
+            raw = count(m[key])
+            k = (rid, key)
+            if raw < self._last_raw.get(k, 0):
+                self._carry[k] = self._carry.get(k, 0) + self._last_raw[k]
+            self._last_raw[k] = raw
+            total += raw + self._carry.get(k, 0)
+        return total
+
+    def experience(self) -> dict[str, int]:
+        """The actors' delivery ledgers beside what the replay shards received. An actor
+        counts a trajectory delivered only on the shard's ack of exactly that trajectory, so
+        ``sent = delivered + lost + in_flight`` per actor, and ``received_by_replay`` matches
+        ``delivered`` up to what was acked between two heartbeats. Anything taking experience
+        off the stream but a shard shows up as ``lost``."""
+        got = {}
+        for unit in ("trajectories", "steps"):
+
+            def actors(key: str, unit: str = unit) -> int:
+                return self._monotonic_sum("actor", f"{unit}_{key}")
+
+            got[f"{unit}_sent"] = actors("sent")
+            got[f"{unit}_delivered"] = actors("delivered")
+            # Acked after being counted lost: delivered after all.
+            got[f"{unit}_lost"] = max(actors("lost") - actors("late"), 0)
+            got[f"{unit}_received_by_replay"] = self._monotonic_sum("replay", f"{unit}_received")
+        got["trajectories_in_flight"] = sum(count(m.get("in_flight")) for m in self._of("actor"))
+        return got
+
+    def _of(self, role: str) -> list[dict[str, Any]]:
+        return [m for m in self.latest.values() if m.get("role") == role]
+
+    def row(self, elapsed: float) -> dict[str, Any]:
+        env_steps = self.env_steps_offset + self._monotonic_sum("actor", "env_steps")
+        updates = self._monotonic_sum("learner", "updates")
+        self._history.append((elapsed, env_steps, updates))
+        # Rates over the last ~5 s, so the display reacts but does not flicker.
+        while len(self._history) > 2 and elapsed - self._history[0][0] > 5.0:
+            self._history.pop(0)
+        t0, s0, u0 = self._history[0]
+        dt = max(elapsed - t0, 1e-6)
+        replays = self._of("replay")
+        inserts = sum(count(m.get("inserts")) for m in replays)
+        samples = sum(count(m.get("samples")) for m in replays)
+        params = self._of("params")
+        version = max((count(m.get("weights_version")) for m in params), default=0)
+        actor_versions = [count(m.get("weights_version")) for m in self._of("actor")]
+        return {
+            "time": round(elapsed, 2),
+            "env_steps": env_steps,
+            "env_steps_per_s": round((env_steps - s0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "updates": updates,
+            "updates_per_s": round((updates - u0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "replay_size": sum(count(m.get("size")) for m in replays),
+            "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,
+            "weights_version": version,
+            # Metrics arrive at different moments: an actor may report a version params has not.
+            "max_version_lag": max((max(version - v, 0) for v in actor_versions), default=0),
+            "eval_return": self.evals[-1]["mean"] if self.evals else None,
+        }
+
+    def on_eval(self, meta: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        """Record an evaluation (one whose ``mean`` is a number) and return its eval.csv row."""
+        row: dict[str, Any] = {k: number(meta.get(k)) for k in ("mean", "std", "min", "max")}
+        row["std"] = row["std"] or 0.0
+        row["weights_version"] = count(meta.get("weights_version"))
+        row["episodes"] = count(meta.get("episodes"))
+        row["time"] = round(elapsed, 2)
+        row["env_steps"] = self.row(elapsed)["env_steps"]
+        row["confirming"] = meta.get("confirming") is True
+        self.evals.append(row)
+        return row

@@ -1,0 +1,398 @@
+"""The children of ``zrl run``: the broker and every local role, started, watched, restarted
+and stopped.
+
+A child is a process running the same ``zrl start`` command a user would type on another
+host (forked from the zygote when there is one, see ``zrl.zygote``), or a thread over
+``inproc://`` with ``--inproc``. A crashed child restarts with back-off, the broker at once;
+past ``RESTART_BUDGET`` restarts, or when a role keeps crashing before it comes up, the run
+fails (``ChildPool.fatal``). Children die with the supervisor, even when it is SIGKILLed.
+
+Sockets: throwaway DEALERs for the STATUS that tells when the broker is up. The zygote is
+driven over its stdin and stdout (one JSON line a request).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zrl.config import ExperimentConfig
+from zrl.factories import FACTORIES_FILE, Factories
+from zrl.roles.base import RoleError, registry_request
+from zrl.run.placement import BrokerAccess, factory_args, role_trust_args
+from zrl.run.rundir import RunDir, log_tail
+from zrl.transport import protocol as P
+from zrl.zygote import ForkedRole, become_subreaper
+
+log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
+
+RESTART_BUDGET = 5
+RESTART_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class Child:
+    """One role started by the supervisor (a process, or a thread with --inproc)."""
+
+    role: str
+    index: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | ForkedRole | None = None
+    thread: threading.Thread | None = None
+    stop_event: threading.Event | None = None
+    error: BaseException | None = None
+    restarts: int = 0
+    restart_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    came_up: bool = False
+    """This life registered and reported alive (its setup finished)."""
+    setup_crashes: int = 0
+    """Lives in a row that crashed before coming up: a role that keeps crashing, not one
+    that was killed while running."""
+    last_exit_code: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.thread is not None and self.thread.is_alive()
+
+    def exit_code(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return 1 if self.error is not None else 0
+
+
+def set_parent_death_signal() -> None:
+    # Children die with the supervisor even if it is SIGKILLed: nothing is left running.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Zygote:
+    """The client of ``python -m zrl.zygote``: roles forked from one pre-imported process."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready = False
+
+    def start(self, log_path: Path) -> None:
+        """Start importing torch & co. in the zygote while the broker starts (see zrl.zygote).
+        Without a subreaper (not Linux) roles are plain subprocesses."""
+        if os.environ.get("ZRL_NO_ZYGOTE") or not become_subreaper():
+            return
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zrl.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(log_path, "ab"),  # noqa: SIM115
+            text=True,
+            bufsize=1,
+            preexec_fn=set_parent_death_signal,
+        )
+
+    def _call(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        try:
+            if request is not None:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            return json.loads(line) if line else None
+        except (OSError, ValueError):
+            return None
+
+    def fork(self, argv: list[str], log_path: Path) -> ForkedRole | None:
+        """``zrl ARGV`` in a child forked from the zygote, or None (no zygote, or it failed)."""
+        if self.proc is None:
+            return None
+        if not self.ready:
+            self.ready = (self._call(None) or {}).get("ready") is True
+        reply = self._call({"argv": argv, "log": str(log_path)}) if self.ready else None
+        if reply is None or "pid" not in reply:
+            log.warning("the zygote failed (%s): starting roles as plain processes", reply)
+            self.stop()
+            return None
+        return ForkedRole(int(reply["pid"]))
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+
+
+class ChildPool:
+    """The broker and the local roles of one run, and why the run failed if they did."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        factories: Factories,
+        rundir: RunDir,
+        access: BrokerAccess,
+        ctx: zmq.Context,
+        *,
+        inproc: bool,
+        log_level: str,
+    ) -> None:
+        self.cfg = cfg
+        self.factories = factories
+        self.rundir = rundir
+        self.access = access
+        self.ctx = ctx
+        self.inproc = inproc
+        self.log_level = log_level
+        self.children: list[Child] = []
+        self.broker: Child | None = None
+        self.inproc_broker: Any = None
+        self.zygote = Zygote()
+        self.fatal = ""  # why the run failed, for the summary
+        self.fatal_tail: list[str] = []  # the last lines of the failed role's log
+
+    def start_zygote(self) -> None:
+        if not self.inproc:
+            self.zygote.start(self.rundir.log_path("zygote"))
+
+    def spawn(self, child: Child) -> None:
+        child.started = time.monotonic()
+        if self.inproc:
+            self._spawn_thread(child)
+            return
+        acc, run_dir = self.access, self.rundir.path
+        if child.role == "broker":
+            cmd = [
+                "start",
+                "broker",
+                "--bind",
+                acc.bind_addr,
+                "--config",
+                str(run_dir / "config.yaml"),
+                "--no-preflight",  # run() made the same checks before it started the broker
+            ]
+            if self.factories.needs_pickle():
+                cmd += ["--factories", str(run_dir / FACTORIES_FILE)]
+            if acc.insecure:
+                cmd += ["--insecure"]
+            cmd += factory_args(self.factories)
+        else:
+            trust = role_trust_args(self.cfg, self.factories)
+            cmd = ["start", child.role, "--broker", acc.broker_addr, "--index", str(child.index),
+                   "--connect-timeout", "30", *trust]  # fmt: skip
+        if acc.keys_dir is not None:
+            cmd += ["--keys", str(acc.keys_dir)]
+        argv = [*cmd, "--log-level", self.log_level]
+        if child.role != "broker":
+            forked = self.zygote.fork(argv, child.log_path)
+            if forked is not None:
+                child.proc = forked
+                return
+        logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
+        child.proc = subprocess.Popen(
+            [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
+        )
+        logf.close()
+
+    def _spawn_thread(self, child: Child) -> None:
+        from zrl.roles import role_class
+
+        child.stop_event = threading.Event()
+        child.error = None
+        role = role_class(child.role)(
+            self.access.broker_addr, index=child.index, ctx=self.ctx, stop_event=child.stop_event
+        )
+
+        def target() -> None:
+            try:
+                role.run()
+            except BaseException as exc:  # noqa: BLE001 - reported by the supervisor
+                child.error = exc
+                logging.getLogger("zrl").exception("%s crashed", child.name)
+
+        child.thread = threading.Thread(target=target, name=child.name, daemon=True)
+        child.thread.start()
+
+    def start_broker(self) -> None:
+        """Start the broker and wait until it answers STATUS."""
+        addr, log_path = self.access.broker_addr, self.rundir.log_path("broker")
+        if self.inproc:
+            from zrl.broker import Broker
+
+            self.inproc_broker = Broker(addr, self.cfg, ctx=self.ctx, factories=self.factories)
+            t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
+            t.start()
+            self.broker = Child("broker", 0, log_path, thread=t)
+        else:
+            self.broker = Child("broker", 0, log_path)
+            self.spawn(self.broker)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.broker.proc is not None and self.broker.proc.poll() is not None:
+                tail = self.broker.log_path.read_text(errors="replace")[-2000:]
+                raise RoleError(f"the broker exited at start:\n{tail}")
+            try:
+                registry_request(self.ctx, addr, P.Message(P.STATUS), 1.0, self.access.keys)
+                return
+            except RoleError:
+                continue
+        raise RoleError(f"the broker at {addr} did not answer within 30 s")
+
+    def start_roles(self, plan: list[tuple[str, int]]) -> None:
+        for role, index in plan:
+            child = Child(role, index, self.rundir.log_path(f"{role}-{index}"))
+            self.children.append(child)
+            self.spawn(child)
+
+    def check(
+        self,
+        registered: Callable[[str, str], dict[str, Any] | None],
+        show: Callable[[str], None] | None,
+    ) -> bool:
+        """Restart crashed children with back-off, the broker included (roles re-register
+        with a restarted broker by themselves). Past the restart budget the run stops: True,
+        with ``fatal`` saying why. ``registered``: the broker's row of a role of this run
+        (see Supervisor._registered); ``show``: where a crashed role's last lines go."""
+        watched = [*self.children]
+        if self.broker is not None and self.broker.proc is not None:
+            watched.append(self.broker)
+        now = time.monotonic()
+        for child in watched:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.restart_at = None
+                    child.restarts += 1
+                    log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
+                                RESTART_BUDGET)  # fmt: skip
+                    child.came_up = False
+                    self.spawn(child)
+                continue
+            if child.alive():
+                if not child.came_up:
+                    row = registered(child.name, child.role)
+                    if row is not None and row.get("state") == "alive":
+                        child.came_up, child.setup_crashes = True, 0
+                continue
+            code = child.exit_code()
+            child.last_exit_code = code
+            child.setup_crashes += 0 if child.came_up else 1
+            if child.restarts == 0:
+                # The reason is in the role's log: show it, not only the log's name.
+                self._show_tail(child, f"{child.name} exited with code {code}", show)
+            if child.restarts >= RESTART_BUDGET:
+                self.fatal = (
+                    f"{child.name} crashed {child.restarts + 1} times (exit code {code}); "
+                    f"see {child.log_path}"
+                )
+                self.fatal_tail = log_tail(child.log_path)
+                return True
+            delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
+            if child is self.broker:
+                delay = 0.2  # everyone waits on the broker: bring it back at once
+            log.warning("%s exited with code %s; restarting in %.1fs (log: %s)", child.name, code,
+                        delay, child.log_path)  # fmt: skip
+            child.restart_at = now + delay
+        if self.broker is not None and self.broker.proc is None:
+            if not self.broker.alive():  # in-process broker thread died: a bug, stop
+                self.fatal = "the in-process broker stopped; see the log"
+                return True
+        return False
+
+    @staticmethod
+    def _show_tail(child: Child, headline: str, show: Callable[[str], None] | None) -> None:
+        tail = log_tail(child.log_path)
+        if show is None or not tail:  # (--inproc roles log to logs/inproc.log)
+            return
+        show(f"{headline}; the last lines of {child.log_path}:")
+        for line in tail:
+            show(f"  | {line}")
+
+    def keeps_crashing(self, target_met: bool) -> None:
+        """At the stop: a role whose latest lives all crashed before they came up fails the
+        run, also when a time limit stopped it before the restart budget ran out (not when
+        the run met its target)."""
+        if self.fatal or target_met:
+            return
+        for child in self.children:
+            if child.setup_crashes and not child.came_up:
+                self.fatal = (
+                    f"{child.name} crashed {child.setup_crashes} time(s) while starting (last "
+                    f"exit code {child.last_exit_code}) and was not running at the stop; see "
+                    f"{child.log_path}"
+                )
+                self.fatal_tail = log_tail(child.log_path)
+                return
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts per child that restarted, for the summary."""
+        return {
+            c.name: c.restarts
+            for c in [*self.children, *([self.broker] if self.broker else [])]
+            if c.restarts
+        }
+
+    def stop(self) -> None:
+        """Stop in data-flow order: actors first (their end-of-stream wait needs the replay
+        shards alive to acknowledge), then everyone else, the broker last (BYEs go through it)."""
+        for group in (
+            [c for c in self.children if c.role == "actor"],
+            [c for c in self.children if c.role != "actor"],
+        ):
+            for child in group:
+                child.restart_at = None
+                if child.proc is not None and child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+                if child.stop_event is not None:
+                    child.stop_event.set()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for child in group:
+                self._wait_child(child, deadline)
+        if self.broker is not None:
+            if self.broker.proc is not None and self.broker.proc.poll() is None:
+                self.broker.proc.send_signal(signal.SIGTERM)
+            if self.inproc_broker is not None:
+                self.inproc_broker.stop()
+            self._wait_child(self.broker, time.monotonic() + STOP_GRACE_S)
+
+    @staticmethod
+    def _wait_child(child: Child, deadline: float) -> None:
+        if child.proc is not None:
+            try:
+                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time: killing it", child.name)
+                child.proc.kill()
+                child.proc.wait(timeout=5)
+        elif child.thread is not None:
+            child.thread.join(timeout=max(deadline - time.monotonic(), 0.1))

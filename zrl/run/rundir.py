@@ -1,0 +1,189 @@
+"""The run directory of ``zrl run``: what a run starts from, and what it ends with::
+
+    RUN_DIR/config.yaml      the resolved config       RUN_DIR/seeds.json     per-actor seeds
+    RUN_DIR/logs/<id>.log    one log per role          RUN_DIR/progress.csv   one row a second
+    RUN_DIR/eval.csv         every evaluation          RUN_DIR/tensorboard/   event files
+    RUN_DIR/model.pt         final weights             RUN_DIR/summary.json   how it ended
+
+plus ``factories.pkl`` (a script's pickled factories), ``keys/`` (the run's own keys, see
+``BrokerAccess.use_run_keys``), ``checkpoints/`` and ``remote_commands.txt``. The CSV and
+TensorBoard files are ``zrl.metrics.MetricsWriter``'s.
+
+Sockets: throwaway DEALERs for the LOOKUP of the params server and the final GET_WEIGHTS
+(``model.pt``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.factories import FACTORIES_FILE, Factories
+from zrl.metrics import read_csv
+from zrl.roles.base import RoleError, registry_request
+from zrl.run.aggregator import Aggregator
+from zrl.run.placement import BrokerAccess
+from zrl.run.stop_rule import StopRule
+from zrl.transport import protocol as P
+
+log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
+
+LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a log file (empty if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 64 * 1024, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.rstrip("\n").splitlines()[-lines:]
+
+
+class RunDir:
+    """One run's directory: written before anything starts, and at the stop."""
+
+    def __init__(self, path: Path, cfg: ExperimentConfig, factories: Factories) -> None:
+        self.path = path
+        self.cfg = cfg
+        self.factories = factories
+
+    def log_path(self, name: str) -> Path:
+        return self.path / "logs" / f"{name}.log"
+
+    def prepare(self, agg: Aggregator, *, resume: bool) -> None:
+        """The directory, the resolved config, the seeds and the pickled factories; with
+        ``resume``, the env-step count to continue from (into ``agg``)."""
+        from zrl.runtime import actor_seed
+
+        (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        if self.cfg.checkpoint.dir is None:
+            # Checkpoints live with the run, so a crashed role and `--resume` find them.
+            self.cfg.checkpoint.dir = str((self.path / "checkpoints").resolve())
+        if resume:
+            self.restore_counters(agg)
+        (self.path / "config.yaml").write_text(config_to_yaml(self.cfg))
+        seeds = {
+            "run_seed": self.cfg.seed,
+            "actors": {
+                f"actor-{i}": actor_seed(self.cfg.seed, i) for i in range(self.cfg.roles.actors)
+            },
+        }
+        (self.path / "seeds.json").write_text(json.dumps(seeds, indent=2))
+        if self.factories.needs_pickle():
+            (self.path / FACTORIES_FILE).write_bytes(self.factories.pickled())
+
+    def restore_counters(self, agg: Aggregator) -> None:
+        """Continue the env-step count of the run being resumed (actors count from 0)."""
+        rows = (
+            read_csv(self.path / "progress.csv") if (self.path / "progress.csv").is_file() else []
+        )
+        if rows:
+            agg.env_steps_offset = int(rows[-1].get("env_steps", 0))
+        log.info("resuming %s from %d env steps", self.path, agg.env_steps_offset)
+
+    def write_remote_commands(self, commands: dict[str, list[str]]) -> list[str]:
+        """``remote_commands.txt``: the commands to type on each other host; its lines."""
+        lines = []
+        for host, cmds in commands.items():
+            lines.append(f"# on {host}:")
+            lines += cmds
+        (self.path / "remote_commands.txt").write_text("\n".join(lines) + "\n")
+        return lines
+
+    def save_model(
+        self, ctx: zmq.Context, access: BrokerAccess, is_ours: Callable[[Any], bool]
+    ) -> int | None:
+        """``model.pt``: the latest weights of this run's params server (``is_ours`` tells
+        a registered id of this run from any other); its version, or None if none came."""
+        import torch
+
+        from zrl.roles.weights import request_latest_weights
+
+        try:
+            services = registry_request(
+                ctx,
+                access.broker_addr,
+                P.Message(P.LOOKUP, meta={"role": "params"}),
+                2.0,
+                access.keys,
+            ).meta.get("services", [])
+        except RoleError:
+            return None
+        # Only our own params server: another registered 'params' role could serve anything.
+        services = [s for s in services if isinstance(s, dict) and is_ours(s.get("id"))]
+        msg = request_latest_weights(
+            ctx, services, self.cfg.broker.max_message_bytes, 5.0, access.keys
+        )
+        if msg is None:
+            return None
+        torch.save(
+            {
+                "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
+                "version": msg.meta.get("version"),
+                "config": json.dumps(self.cfg.model_dump(mode="json")),
+                "factory_refs": self.factories.references,
+            },
+            self.path / "model.pt.tmp",
+        )
+        os.replace(self.path / "model.pt.tmp", self.path / "model.pt")
+        return int(msg.meta.get("version", 0))
+
+    def summary(
+        self,
+        row: dict[str, Any],
+        version: int | None,
+        *,
+        stop_reason: str,
+        fatal: str,
+        fatal_tail: list[str],
+        target: StopRule,
+        agg: Aggregator,
+        started: float,
+        first_env_step: float | None,
+        evals_dropped: int,
+        restarts: dict[str, int],
+    ) -> dict[str, Any]:
+        """What summary.json says: how the run ended and what it reached."""
+        evals = agg.evals
+        return {
+            "experiment": self.cfg.name,
+            "run_dir": str(self.path),
+            "stop_reason": stop_reason,
+            "error": fatal or None,
+            # A run that met its target is a success even if some role crashed on the way.
+            "failed": bool(fatal) and target.target_time is None,
+            "error_log_tail": fatal_tail or None,
+            "reached_target": target.target_time is not None,
+            "target_return": self.cfg.stop.eval_return,
+            "seconds_to_target": target.target_time,
+            "target_reached_at": target.target_reached_at,
+            "env_steps_to_target": target.target_steps,
+            "wall_time": round(time.monotonic() - started, 2),
+            "seconds_to_first_env_step": first_env_step,
+            "env_steps": row.get("env_steps", 0),
+            "updates": row.get("updates", 0),
+            "experience": agg.experience(),
+            "stop_rule": target.describe(),
+            # The mean that met the stop rule; best and last are single evaluations, and a
+            # best at the target alone is not a solved task.
+            "confirming_eval_return": target.confirming_return,
+            "best_eval_return": max(e["mean"] for e in evals) if evals else None,
+            "last_eval_return": evals[-1]["mean"] if evals else None,
+            "final_eval_return": evals[-1]["mean"] if evals else None,  # = last, for old readers
+            "evaluations": len(evals),
+            "evals_dropped": evals_dropped,
+            "weights_version": version,
+            "model": str(self.path / "model.pt") if version is not None else None,
+            "restarts": restarts,
+        }

@@ -1,0 +1,417 @@
+"""``zrl run``: the local supervisor.
+
+Starts a broker and every role of the config as children of this process (the same
+``zrl start`` commands a user would type on other hosts), or as threads over
+``inproc://`` with ``--inproc``; shows live status; restarts what crashes; stops
+everything at the target, at the time limit or on Ctrl-C; and writes the run directory.
+
+``Supervisor`` wires the parts together and runs the monitor loop; the jobs are theirs:
+``placement`` (the broker's addresses, where each role runs, the security policy),
+``rundir`` (the run directory, summary.json, model.pt), ``children`` (starting, restarting
+and stopping the broker and the roles, the zygote), ``aggregator`` (the figures of the live
+status and progress.csv) and ``stop_rule`` (the target and the limits).
+
+Sockets: a SUB on the topic bus (``metrics``, ``eval``) and throwaway DEALERs for
+STATUS; ``rundir`` owns the LOOKUP and the final GET_WEIGHTS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zrl.config import ConfigError, ExperimentConfig
+from zrl.factories import FACTORIES_FILE, Factories
+from zrl.metrics import MetricsWriter, require_backends
+from zrl.roles.base import RoleError, registry_request
+from zrl.run.aggregator import Aggregator, count, number
+from zrl.run.children import Child, ChildPool
+from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
+from zrl.run.rundir import RunDir
+from zrl.run.stop_rule import StopRule
+from zrl.transport import protocol as P
+from zrl.transport.sockets import (
+    Channel,
+    TransportStats,
+    broker_endpoints,
+    connect_topics,
+    make_socket,
+)
+
+log = logging.getLogger("zrl.supervisor")
+
+MONITOR_INTERVAL_S = 0.5
+PLAIN_STATUS_INTERVAL_S = 5.0
+
+
+class Supervisor:
+    """One ``zrl run``: its broker and roles, from the start to summary.json."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        run_dir: Path | None = None,
+        inproc: bool = False,
+        port: int | None = None,
+        log_level: str = "INFO",
+        show_status: bool = True,
+        keys_dir: Path | None = None,
+        factories: Factories | None = None,
+        insecure: bool = False,
+        resume: bool = False,
+    ) -> None:
+        self.resume = resume
+        self.cfg = cfg
+        self.factories = factories or Factories()
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.rundir = RunDir(
+            Path(run_dir) if run_dir else Path("runs") / f"{cfg.name}-{stamp}-{os.getpid()}",
+            cfg,
+            self.factories,
+        )
+        self.inproc = inproc
+        self.log_level = log_level
+        self.show_status = show_status
+        self.ctx: zmq.Context = zmq.Context.instance()
+        self.access = BrokerAccess.of(cfg, inproc=inproc, port=port, keys_dir=keys_dir,
+                                      insecure=insecure, inproc_name=str(id(self)))  # fmt: skip
+        self.pool = ChildPool(cfg, self.factories, self.rundir, self.access, self.ctx,
+                              inproc=inproc, log_level=log_level)  # fmt: skip
+        self.agg = Aggregator()
+        self.target = StopRule(cfg)
+        self.status_rows: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self.stop_reason = ""
+        self.started = time.monotonic()
+        self.first_env_step: float | None = None  # seconds from our start
+        self._display: Any = None
+        self.evals_dropped = 0
+
+    # What the display, the CLI and the tests read; the parts own it.
+
+    @property
+    def run_dir(self) -> Path:
+        return self.rundir.path
+
+    @property
+    def broker_addr(self) -> str:
+        return self.access.broker_addr
+
+    @property
+    def children(self) -> list[Child]:
+        return self.pool.children
+
+    @property
+    def zygote(self) -> subprocess.Popen[str] | None:
+        return self.pool.zygote.proc
+
+    @property
+    def _fatal(self) -> str:
+        return self.pool.fatal
+
+    @property
+    def target_time(self) -> float | None:
+        return self.target.target_time
+
+    @property
+    def confirming_return(self) -> float | None:
+        return self.target.confirming_return
+
+    @property
+    def broker_child(self) -> Child | None:
+        return self.pool.broker
+
+    @broker_child.setter
+    def broker_child(self, child: Child | None) -> None:
+        self.pool.broker = child
+
+    def _prepare_run_dir(self) -> None:
+        self.rundir.prepare(self.agg, resume=self.resume)
+        if self.factories.needs_pickle() and self.access.keys_dir is None and not self.inproc:
+            self.access.use_run_keys(self.rundir.path)
+
+    def placement(self) -> tuple[list[tuple[str, int]], dict[str, list[tuple[str, int]]]]:
+        """(local roles, {host name: its roles}) as (role, index) pairs (see placement)."""
+        return placement(self.cfg)
+
+    def remote_commands(self) -> dict[str, list[str]]:
+        """The exact `zrl start` line for every role placed on another host."""
+        return remote_commands(self.cfg, self.factories, self.access)
+
+    def stop_rule(self) -> str:
+        """The stop rule on evaluations, in words (for the summary and the README)."""
+        return self.target.describe()
+
+    # --- monitoring -------------------------------------------------------------------
+
+    def _open_monitor(self) -> Channel:
+        endpoints = broker_endpoints(self.broker_addr, self.cfg.broker.streams)
+        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0, keys=self.access.keys,
+                           max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
+        for topic in (P.METRICS_TOPIC, P.EVAL_TOPIC):
+            sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        connect_topics(sock, endpoints)
+        return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
+
+    def _drain_monitor(self, monitor: Channel, writer: MetricsWriter, elapsed: float) -> None:
+        while True:
+            got = monitor.recv(block=False)
+            if got is None:
+                return
+            meta = got[1].meta
+            if meta.get("kind") == "eval":
+                sender = got[1].sender
+                if self._registered(sender, "evaluator") is None:
+                    # Anyone who reaches the topic bus can publish an eval; only our own
+                    # evaluators, registered with the broker, report results.
+                    self.evals_dropped += 1
+                    monitor._drop(sender or "?", "eval from no registered evaluator of this run")
+                    continue
+                if number(meta.get("mean")) is None:
+                    monitor._drop(got[1].sender or "?", "eval result without a numeric mean")
+                    continue
+                row = self.agg.on_eval(meta, elapsed)
+                writer.write_eval(row)
+                self.target.on_eval(row, sender)
+            else:
+                self.agg.on_metrics(meta)
+                if (
+                    self.first_env_step is None
+                    and meta.get("role") == "actor"
+                    and count(meta.get("env_steps")) > 0
+                ):
+                    # Actors report once a second: this is when we heard of the first step.
+                    self.first_env_step = round(elapsed, 2)
+
+    def _confirm_target(self) -> None:
+        """Stop at the target once the evaluator's own heartbeat reports the evaluations that
+        met the rule too (see StopRule.confirm)."""
+        if self.target.confirm(lambda sender: self._registered(sender, "evaluator")):
+            self.stop_reason = "eval_return"
+            self._stop.set()
+
+    def _registered(self, rid: Any, role: str) -> dict[str, Any] | None:
+        """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
+        (when we started it here) run by the process we started; else None."""
+        local, remote = self.placement()
+        planned = [*local, *(x for roles in remote.values() for x in roles)]
+        if not isinstance(rid, str) or rid not in {f"{r}-{i}" for r, i in planned if r == role}:
+            return None
+        row = next((r for r in self.status_rows if r.get("id") == rid), None)
+        if row is None or row.get("role") != role or row.get("state") not in ("starting", "alive"):
+            return None
+        child = next((c for c in self.children if c.name == rid), None)
+        if child is not None and child.proc is not None and row.get("pid") != child.proc.pid:
+            return None
+        return row
+
+    def _check_limits(self, row: dict[str, Any]) -> None:
+        reason = self.target.limit_reached(row)
+        if reason is not None:
+            self.stop_reason = self.stop_reason or reason
+            self._stop.set()
+
+    def _check_children(self) -> None:
+        """Restart crashed children (see ChildPool.check); stop the run past the budget."""
+        show = self._display.message if self._display is not None else None
+        if self.pool.check(self._registered, show):
+            self.stop_reason = "error"
+            self._stop.set()
+
+    def _stop_children(self) -> None:
+        self.pool.stop()
+
+    def _refresh_status(self) -> None:
+        try:
+            reply = registry_request(
+                self.ctx, self.broker_addr, P.Message(P.STATUS), 0.5, self.access.keys
+            )
+            self.status_rows = reply.meta.get("roles", [])
+        except RoleError:
+            pass
+
+    # --- finish -----------------------------------------------------------------------
+
+    def _final_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The figures at the stop, from the roles' last heartbeats: metrics come once a
+        second, so a run stopped between two of them would under-report what its roles did."""
+        self._refresh_status()
+        for r in self.status_rows:
+            info = r.get("info")
+            if isinstance(info, dict) and isinstance(r.get("id"), str) and r.get("state") != "dead":
+                previous = self.agg.latest.get(r["id"], {})
+                self.agg.on_metrics({**previous, **info, "id": r["id"], "role": r.get("role")})
+        return self.agg.row(time.monotonic() - self.started) if self.status_rows else row
+
+    def _save_model(self) -> int | None:
+        return self.rundir.save_model(
+            self.ctx, self.access, lambda rid: bool(self._registered(rid, "params"))
+        )
+
+    # --- main -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from zrl.display import StatusDisplay
+        from zrl.preflight import check_env
+
+        # Before the run directory exists, so a mistyped env id leaves nothing behind; the
+        # model is checked once the zygote has imported torch (_check_model).
+        spaces = check_env(self.cfg, self.factories)
+        self._prepare_run_dir()
+        self.pool.fatal = ""
+        if self.inproc:
+            from zrl.runtime import setup_logging
+
+            setup_logging(self.log_level)
+            handler = logging.FileHandler(self.run_dir / "logs" / "inproc.log")
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s")
+            )
+            logging.getLogger().addHandler(handler)
+        require_backends(self.cfg.logging)  # a missing W&B/MLflow extra stops us here
+        # Roles fork from the zygote once it has imported torch: start it before anything
+        # here imports torch too (the TensorBoard writer does), so the two overlap.
+        self.pool.start_zygote()
+        try:
+            self._check_model(spaces)
+        except BaseException:
+            self.pool.zygote.stop()
+            raise
+        writer = MetricsWriter(
+            self.run_dir, logging=self.cfg.logging, config=self.cfg.model_dump(mode="json")
+        )
+        display = StatusDisplay(self, enabled=self.show_status)
+        self._display = display
+        interrupted = False
+        previous_handlers: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        summary: dict[str, Any] = {}
+        row: dict[str, Any] = {}
+        try:
+            display.message(f"run directory: {self.run_dir}")
+            self.pool.start_broker()
+            (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
+            if not self.inproc:
+                display.message(
+                    f"broker: {self.broker_addr}  (zrl status --broker {self.broker_addr})"
+                )
+                self._announce_remote(display)
+            self.pool.start_roles(self.placement()[0])
+            monitor = self._open_monitor()
+            display.start()
+            next_row = time.monotonic()
+            next_confirm = 0.0
+            while not self._stop.is_set():
+                elapsed = time.monotonic() - self.started
+                self._drain_monitor(monitor, writer, elapsed)
+                if self.target.candidates and time.monotonic() >= next_confirm:
+                    # The evaluator's next heartbeat is at most heartbeat_interval away.
+                    next_confirm = time.monotonic() + 0.25
+                    self._refresh_status()
+                    self._confirm_target()
+                if time.monotonic() >= next_row:
+                    next_row += 1.0
+                    self._refresh_status()
+                    self._check_children()
+                    row = self.agg.row(elapsed)
+                    writer.write_progress(row)
+                    writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
+                    self._check_limits(row)
+                    display.update(row)
+                self._stop.wait(MONITOR_INTERVAL_S / 5)
+            monitor.close()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            display.stop()
+            if self.stop_reason == "interrupted":
+                interrupted = True
+            try:
+                if self.broker_child is not None:
+                    row = self._final_row(row)
+                version = self._save_model() if self.broker_child is not None else None
+            finally:
+                self._stop_children()
+                self.pool.zygote.stop()
+                writer.close()
+                for sig, h in previous_handlers.items():
+                    signal.signal(sig, h)
+            self.pool.keeps_crashing(self.target.target_time is not None)
+            summary = self._summary(row, version, interrupted)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            if self.agg.evals:
+                try:
+                    from zrl.metrics import plot_run
+
+                    plot_run(self.run_dir)
+                except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
+                    log.warning("could not plot the learning curve: %s", exc)
+            display.final(summary)
+        return summary
+
+    def _check_model(self, spaces: tuple[Any, Any]) -> None:
+        """Build the model as the roles will, before any starts: in a child forked from the
+        zygote, which imports torch anyway. Importing torch here too would take seconds of
+        CPU from the roles' start-up."""
+        from zrl.preflight import check_model
+
+        log_path = self.run_dir / "logs" / "preflight.log"
+        argv = ["config", "check", str(self.run_dir / "config.yaml")]
+        if self.factories.needs_pickle():
+            argv += ["--factories", str(self.run_dir / FACTORIES_FILE)]
+        argv += factory_args(self.factories)
+        forked = self.pool.zygote.fork(argv, log_path)
+        if forked is None:  # no zygote: --inproc, not Linux, or it failed
+            check_model(self.cfg, *spaces, self.factories)
+            return
+        if forked.wait() != 0:
+            lines = log_path.read_text(errors="replace").splitlines()
+            errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+            raise ConfigError(
+                errors[-1] if errors else f"the preflight check failed: see {log_path}"
+            )
+
+    def _announce_remote(self, display: Any) -> None:
+        commands = self.remote_commands()
+        if not commands:
+            return
+        lines = self.rundir.write_remote_commands(commands)
+        display.message("start these on the other hosts (also in remote_commands.txt):")
+        for line in lines:
+            display.message(f"  {line}")
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.stop_reason == "interrupted":
+            raise KeyboardInterrupt
+        self.stop_reason = "interrupted"
+        self._stop.set()
+
+    def _summary(
+        self, row: dict[str, Any], version: int | None, interrupted: bool
+    ) -> dict[str, Any]:
+        return self.rundir.summary(
+            row,
+            version,
+            stop_reason="interrupted" if interrupted else (self.stop_reason or "unknown"),
+            fatal=self.pool.fatal,
+            fatal_tail=self.pool.fatal_tail,
+            target=self.target,
+            agg=self.agg,
+            started=self.started,
+            first_env_step=self.first_env_step,
+            evals_dropped=self.evals_dropped,
+            restarts=self.pool.restarts(),
+        )

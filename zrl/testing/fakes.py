@@ -1,0 +1,74 @@
+"""Stand-ins for the peers of the role under test: a learner's rpc to the parameter server, and
+an actor's experience for a replay shard.
+
+- :class:`Rpc`: a DEALER to a parameter server's rpc ROUTER, as the learner opens it.
+- :func:`trajectory`: a TRAJECTORY's arrays, all steps valid, with recognisable observations.
+- :func:`as_message`: arrays as a receiver sees them (a TRAJECTORY with read-only arrays).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+
+class Rpc:
+    """A DEALER to the parameter server's rpc ROUTER, as the learner opens it."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, sender: str = "learner-0") -> None:
+        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=3000, sndtimeo_ms=1000)
+        sock.connect(endpoint)
+        self.ch = Channel(sock, "params-rpc", sender, TransportStats())
+
+    def request(self, msg: P.Message) -> P.Message:
+        assert self.ch.send(msg)
+        got = self.ch.recv()
+        assert got is not None, f"no answer to {msg.kind}"
+        return got[1]
+
+    def send(self, msg: P.Message) -> None:
+        assert self.ch.send(msg)
+
+    def close(self) -> None:
+        self.ch.close()
+
+
+def trajectory(
+    E: int = 2,
+    T: int = 5,
+    obs_dim: int = 4,
+    *,
+    base: float = 0.0,
+    priority: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """All-valid steps, no episode end: ``E * T`` transitions; obs[e, t, 0] = base + e*T + t."""
+    idx = base + np.arange(E * T, dtype=np.float32).reshape(E, T)
+    obs = np.repeat(idx[:, :, None], obs_dim, axis=2).astype(np.float32)
+    obs[:, :, 1] = 0.25
+    next_obs = obs.copy()
+    next_obs[:, :, 1] = 0.75
+    return {
+        "obs": obs,
+        "action": (np.arange(E * T, dtype=np.int64).reshape(E, T) % 2),
+        "reward": np.ones((E, T), np.float32),
+        "terminated": np.zeros((E, T), bool),
+        "truncated": np.zeros((E, T), bool),
+        "valid": np.ones((E, T), bool),
+        "next_obs": next_obs,
+        "priority": np.full((E, T), priority, np.float32),
+    }
+
+
+def as_message(arrays: dict[str, np.ndarray], **meta: Any) -> P.Message:
+    """What a receiver sees: a TRAJECTORY message with read-only arrays (like decode's)."""
+    frozen = {}
+    for k, v in arrays.items():
+        v = np.array(v)
+        v.flags.writeable = False
+        frozen[k] = v
+    return P.Message(P.TRAJECTORY, meta=meta, arrays=frozen, sender="actor-0")

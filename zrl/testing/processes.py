@@ -1,0 +1,141 @@
+"""Real ``zrl`` processes in tests: starting them, asking them, and never leaving one behind.
+
+Cleanup is by PID, of processes the test started (or that name its run in their command line),
+never by a broad name match: other zrl runs on the machine are left alone.
+
+- :data:`REPO`: the source checkout this zrl is imported from (``configs/``, ``launchers/``).
+- :func:`start_zrl`: ``python -m zrl ARGS...`` with its output in a log file.
+- :func:`kill_pids`: SIGTERM, wait, then SIGKILL (reaping our children).
+- :func:`zrl_processes`: the processes whose command line names a run (its broker address or
+  run directory): what a finished run must not leave behind.
+- :func:`run_broker_address`, :func:`zrl_status_json`, :func:`status_rows`: a running run's
+  broker address, and its role table as ``zrl status --json`` and straight from the registry.
+- :func:`run_zrl`: a whole ``zrl run`` of a shipped config that must learn and clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+from zrl.roles.base import RoleError, registry_request
+from zrl.testing.probes import wait_for
+from zrl.transport import protocol as P
+
+REPO = Path(__file__).resolve().parents[2]
+RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
+
+
+def kill_pids(pids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM, wait, then SIGKILL every pid still alive (processes we started only)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def start_zrl(*args: str, log: Path, cwd: Path = REPO) -> subprocess.Popen[bytes]:
+    """Start ``python -m zrl ARGS...`` with stdout and stderr in ``log``; the caller kills it
+    (:func:`kill_pids`)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "zrl", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
+
+
+def zrl_processes(marker: str) -> list[psutil.Process]:
+    """Processes whose command line mentions ``marker`` (a run's broker address or run dir)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def run_broker_address(proc: subprocess.Popen, run_dir: Path, log: Path) -> str:
+    """The broker address a `zrl run` child writes into its run directory (fails with the
+    run's log if it exits first)."""
+    addr_file = run_dir / "broker_address"
+    wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return addr_file.read_text().strip()
+
+
+def zrl_status_json(addr: str) -> dict[str, Any]:
+    """`zrl status --json` as a user would run it (a real subprocess)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
+    """The broker's role table by id ({} when it does not answer within a second)."""
+    try:
+        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+    except RoleError:
+        return {}
+    return {r["id"]: r for r in reply.meta.get("roles", [])}
+
+
+def run_zrl(tmp_path: Path, config: str, *overrides: str, wall_time: int = 60) -> dict:
+    """`zrl run` of ``configs/<config>`` to 475 or ``wall_time``: it must exit 0, beat a random
+    policy clearly, and leave no process of the run behind. Returns the summary, with the run
+    dir under "dir"."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / config),
+           "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}"]  # fmt: skip
+    for item in overrides:
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        out, _ = proc.communicate(timeout=wall_time + 90)
+    finally:
+        if proc.poll() is None:
+            kill_pids([proc.pid])
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # Clearly beats a random policy (about 22): learning happened.
+    assert summary["best_eval_return"] > 5 * RANDOM_POLICY_RETURN, (summary, text[-3000:])
+    broker = (run_dir / "broker_address").read_text().strip()
+    time.sleep(0.5)  # the run's children exit just after it: give them that moment
+    left = zrl_processes(broker)
+    assert not left, [p.cmdline() for p in left]
+    summary["dir"] = run_dir
+    return summary

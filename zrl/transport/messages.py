@@ -1,0 +1,303 @@
+"""Every zrl message kind: who sends it to whom, on which socket, its metadata and arrays.
+
+This docstring is the contract; ``docs/protocol.md`` section 4 says the same at more length.
+Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
+array schemas of the data kinds are the :class:`Schema` constants below, checked by
+:func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation width, ``A`` action
+width (continuous), ``B`` batch rows, ``N`` updated keys. "Registry" is the broker's ROUTER
+(roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
+XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with LOOKUP).
+
+Registry (role DEALER <-> broker ROUTER):
+
+- ``hello``: role -> broker. Meta ``role`` str, ``id`` str|None (the id to keep),
+  ``index`` int|None, ``host`` str, ``pid`` int, ``rpc`` str (own rpc endpoint or ""),
+  ``zrl_version`` str. No arrays.
+- ``welcome``: broker -> role. Meta ``id``, ``spec`` (resolved config or None),
+  ``endpoints`` (name -> address), ``streams``, ``heartbeat_interval``,
+  ``heartbeat_timeout``, ``max_message_bytes``, ``max_topic_message_bytes``, ``zrl_version``,
+  ``broker_started``, ``secure`` bool, ``factories`` (references). Array ``factories``
+  (pickled factories, uint8 ``[bytes]``) only when the factories need pickling.
+- ``refused``: broker -> role. Meta ``reason`` str; ``protocol`` int on a protocol version
+  mismatch. No arrays.
+- ``heartbeat``: role -> broker. Meta ``id``, ``state``, ``stats`` (channel counters),
+  ``info`` (the role's figures). No arrays.
+- ``heartbeat_ack``: broker -> role. No meta, no arrays.
+- ``unknown_role``: broker -> role (a heartbeat from an id it does not know). Meta ``id``.
+- ``bye``: role -> broker, at stop. Meta ``id``, ``stats``. No arrays.
+- ``lookup``: anyone -> broker (throwaway DEALER). Meta ``role``. No arrays.
+- ``lookup_reply``: broker -> asker. Meta ``role``, ``services`` ``[{id, rpc, host}]``.
+- ``status``: anyone -> broker (throwaway DEALER). No meta, no arrays.
+- ``status_reply``: broker -> asker. Meta ``roles`` (one row per role), ``broker``.
+- ``error``: defined, not sent by any role in this version.
+
+Data paths:
+
+- ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
+  replay FIFO (impala, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
+  Meta ``weights_version``, ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
+  (apex_dqn), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac) or :data:`UNROLL` (impala,
+  ppo).
+- ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
+  id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
+  or :data:`UNROLL_BATCH` (impala, from a FIFO table).
+- ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
+  No meta. Arrays: :data:`PRIORITIES`.
+- ``ack``: replay shard -> actor on topic ``acks/<actor id>/`` (meta ``seq`` of the
+  trajectory, ``inserted``); learner -> shard on topic ``batch-acks/<shard id>/`` (meta
+  ``seq`` of the batch); params -> learner on the rpc ROUTER (meta ``version``). No arrays.
+- ``weights``: learner -> params over rpc (meta ``updates``, ``min_version``, the
+  algorithm's integers); params -> everyone on PUB topic ``weights`` and as the answer to
+  ``get_weights`` (meta ``version`` plus the learner's integers). Arrays: the model's
+  state_dict, parameter name -> array (model-dependent: checked by ``load_arrays`` and the
+  params server, not a schema here).
+- ``get_weights``: actor/evaluator (late join), supervisor (final model) -> params rpc,
+  throwaway DEALER. No meta, no arrays; answered with ``weights`` or ``no_weights``.
+- ``no_weights``: params -> asker (nothing stored yet). No meta, no arrays.
+- ``metrics``: every role -> topic ``metrics`` (meta ``id``, ``role``, ``time``, the role's
+  heartbeat info, ``train``); evaluator -> topic ``eval`` (meta ``kind`` = "eval",
+  ``weights_version``, ``mean``, ``std``, ``min``, ``max``, ``episodes``, ``seconds``). No
+  arrays.
+- ``end_of_stream``: defined, not sent by any role in this version.
+- ``gradients``: A3C worker -> params, PUSH stream ``gradients`` (meta ``weights_version``,
+  ``actor``, ``env_steps``, ``samples``, loss parts); DD-PPO learner -> learners, PUB topic
+  ``allreduce/`` (meta ``round``, ``step``, ``learner``). Arrays: one float32 gradient per
+  parameter name, the parameter's shape (model-dependent, not a schema here).
+- ``ready``: DD-PPO learner -> learners, PUB topic ``allreduce/``. Meta ``learner``
+  (index), ``heard`` (indices it heard). No arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from zrl.transport import protocol as P
+
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class Array:
+    """One array frame of a message kind."""
+
+    dtype: str | None  # numpy dtype name; None: any dtype the protocol carries
+    dims: tuple[str, ...]  # a name per axis, the same name the same size message-wide; "*": any
+    finite: bool = False  # every value finite (float arrays)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The array frames one message kind carries on one path (exactly these, no others)."""
+
+    kind: str
+    name: str
+    arrays: Mapping[str, Array]
+    doc: str
+
+
+def _schema(kind: str, name: str, doc: str, **arrays: Array) -> Schema:
+    return Schema(kind, name, MappingProxyType(arrays), doc)
+
+
+# What differs when a dim's sizes differ between two arrays, for the error message.
+_DIM_WORDS = {
+    "E": "env counts",
+    "T": "lengths",
+    "O": "widths",
+    "A": "action widths",
+    "B": "batch sizes",
+    "N": "lengths",
+}
+
+
+def _shape(dims: tuple[str, ...], sizes: Mapping[str, int]) -> str:
+    return "(" + ", ".join(f"{d}={sizes[d]}" if d in sizes else d for d in dims) + ")"
+
+
+def validate(msg: P.Message, schema: Schema, **sizes: int) -> dict[str, int]:
+    """Check ``msg`` against ``schema``: its kind, exactly the schema's arrays, each one's
+    dtype, rank and finiteness, and one size per dim name across the arrays (and equal to
+    ``sizes[name]`` where given, e.g. ``O=obs_dim``). Returns the dim sizes {name: size}.
+
+    A dim the arrays disagree on is blamed on the array(s) in the minority (the first
+    array's size wins a tie). Raises :class:`~zrl.transport.protocol.ProtocolError` naming
+    the array, what was expected and what came."""
+    unknown = set(sizes) - {d for a in schema.arrays.values() for d in a.dims} - {ANY}
+    if unknown:
+        raise TypeError(f"schema {schema.name!r} has no dims {sorted(unknown)}")
+    what = f"{msg.kind} ({schema.name}) from {msg.sender or '?'}"
+    if msg.kind != schema.kind:
+        raise P.ProtocolError(f"{what}: kind {msg.kind!r}, expected {schema.kind!r}")
+    for name in schema.arrays:
+        if name not in msg.arrays:
+            raise P.ProtocolError(f"{what} lacks array {name!r}")
+    for name in msg.arrays:
+        if name not in schema.arrays:
+            raise P.ProtocolError(
+                f"{what} carries unexpected array {name!r}, expected only {sorted(schema.arrays)}"
+            )
+    # Every (dim, size) seen, in schema order: the reference size of a dim is the given one,
+    # else the one most arrays agree on.
+    seen: dict[str, list[tuple[str, int]]] = {}
+    for name, spec in schema.arrays.items():
+        arr = msg.arrays[name]
+        if spec.dtype is not None and arr.dtype != np.dtype(spec.dtype):
+            raise P.ProtocolError(
+                f"{what} array {name!r} has dtype {arr.dtype}, expected {spec.dtype}"
+            )
+        if arr.ndim != len(spec.dims):
+            raise P.ProtocolError(
+                f"{what} array {name!r} has rank {arr.ndim}, expected {len(spec.dims)} "
+                f"{_shape(spec.dims, {})}"
+            )
+        for dim, size in zip(spec.dims, arr.shape, strict=True):
+            if dim != ANY:
+                seen.setdefault(dim, []).append((name, size))
+    bound: dict[str, int] = {}
+    for dim, uses in seen.items():
+        if dim in sizes:
+            bound[dim] = sizes[dim]
+        else:
+            counts = [size for _, size in uses]
+            bound[dim] = max(counts, key=lambda n: (counts.count(n), -counts.index(n)))
+    for name, spec in schema.arrays.items():
+        arr = msg.arrays[name]
+        for dim, size in zip(spec.dims, arr.shape, strict=True):
+            if dim == ANY or size == bound[dim]:
+                continue
+            expected = f"{what} array {name!r} has shape {arr.shape}, expected " + _shape(
+                spec.dims, bound
+            )
+            if dim in sizes:
+                raise P.ProtocolError(f"{expected}: dim {dim} must be {sizes[dim]}, not {size}")
+            ref = next(other for other, n in seen[dim] if n == bound[dim])
+            raise P.ProtocolError(
+                f"{expected}: {ref} and {name} {_DIM_WORDS.get(dim, 'sizes')} differ "
+                f"(dim {dim}: {bound[dim]} vs {size})"
+            )
+    for name, spec in schema.arrays.items():
+        arr = msg.arrays[name]
+        if spec.finite and arr.dtype.kind in "fc":
+            ok = np.isfinite(arr)
+            if not ok.all():
+                bad = ~ok
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise P.ProtocolError(
+                    f"{what} array {name!r} holds NaN or inf, expected finite values "
+                    f"({int(bad.sum())} of {arr.size} are not; the first, {arr[where]}, "
+                    f"at {list(where)})"
+                )
+    return bound
+
+
+MAX_VERSION = P.MAX_SEQ
+"""The largest weights version a WEIGHTS message may carry (every version is a sequence)."""
+
+
+def weights_version(meta: Mapping[str, Any]) -> int | None:
+    """The ``version`` of a WEIGHTS message if it is an integer in [1, MAX_VERSION], else None."""
+    version = meta.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        return None
+    return version if 1 <= version <= MAX_VERSION else None
+
+
+_OBS = Array("float32", ("E", "T", "O"), finite=True)
+_STEP_F32 = Array("float32", ("E", "T"), finite=True)
+_STEP_BOOL = Array("bool", ("E", "T"))
+
+TRANSITIONS = _schema(
+    P.TRAJECTORY,
+    "transitions",
+    "Ape-X DQN actor -> replay: T steps of E envs, discrete actions, initial priorities.",
+    obs=_OBS,
+    action=Array("int64", ("E", "T")),
+    reward=_STEP_F32,
+    terminated=_STEP_BOOL,
+    truncated=_STEP_BOOL,
+    valid=_STEP_BOOL,
+    next_obs=_OBS,
+    priority=_STEP_F32,
+)
+CONTINUOUS_TRANSITIONS = _schema(
+    P.TRAJECTORY,
+    "continuous_transitions",
+    "apex_ddpg/sac actor -> replay: the transitions layout with float32 [E, T, A] actions.",
+    **{**TRANSITIONS.arrays, "action": Array("float32", ("E", "T", "A"), finite=True)},
+)
+UNROLL = _schema(
+    P.TRAJECTORY,
+    "unroll",
+    "impala/ppo actor -> replay FIFO or PPO learners: T steps of E envs, behaviour log-probs.",
+    obs=_OBS,
+    action=Array("int64", ("E", "T")),
+    logp=_STEP_F32,
+    reward=_STEP_F32,
+    terminated=_STEP_BOOL,
+    truncated=_STEP_BOOL,
+    valid=_STEP_BOOL,
+    bootstrap_obs=Array("float32", ("E", "O"), finite=True),
+)
+_ROW_F32 = Array("float32", ("B",), finite=True)
+_KEY = Array("int64", ("B",))
+TRANSITION_BATCH = _schema(
+    P.BATCH,
+    "transition_batch",
+    "replay -> Ape-X DQN learner: B n-step transitions, importance weights and table keys.",
+    obs=Array("float32", ("B", "O"), finite=True),
+    action=Array("int64", ("B",)),
+    reward=_ROW_F32,
+    discount=_ROW_F32,
+    next_obs=Array("float32", ("B", "O"), finite=True),
+    weight=_ROW_F32,
+    key=_KEY,
+)
+CONTINUOUS_TRANSITION_BATCH = _schema(
+    P.BATCH,
+    "continuous_transition_batch",
+    "replay -> apex_ddpg/sac learner: the transition batch with float32 [B, A] actions.",
+    **{**TRANSITION_BATCH.arrays, "action": Array("float32", ("B", "A"), finite=True)},
+)
+_UNROLL_F32 = Array("float32", ("B", "T"), finite=True)
+_UNROLL_BOOL = Array("bool", ("B", "T"))
+UNROLL_BATCH = _schema(
+    P.BATCH,
+    "unroll_batch",
+    "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
+    obs=Array("float32", ("B", "T", "O"), finite=True),
+    action=Array("int64", ("B", "T")),
+    logp=_UNROLL_F32,
+    reward=_UNROLL_F32,
+    terminated=_UNROLL_BOOL,
+    truncated=_UNROLL_BOOL,
+    valid=_UNROLL_BOOL,
+    bootstrap_obs=Array("float32", ("B", "O"), finite=True),
+    weights_version=Array("int64", ("B",)),
+    weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
+    key=_KEY,
+)
+PRIORITIES = _schema(
+    P.PRIORITIES,
+    "priorities",
+    "learner -> the replay shard that sampled: new priorities of N of its keys.",
+    key=Array("int64", ("N",)),
+    priority=Array("float32", ("N",), finite=True),
+)
+
+SCHEMAS: dict[str, Schema] = {
+    s.name: s
+    for s in (
+        TRANSITIONS,
+        CONTINUOUS_TRANSITIONS,
+        UNROLL,
+        TRANSITION_BATCH,
+        CONTINUOUS_TRANSITION_BATCH,
+        UNROLL_BATCH,
+        PRIORITIES,
+    )
+}
