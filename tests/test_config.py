@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,7 +270,8 @@ def test_unknown_key_without_a_near_name_gets_no_guess():
 
 
 def test_every_alias_names_a_real_key():
-    from zrl.config import KEY_ALIASES, algo_sections
+    from zrl.config import algo_sections
+    from zrl.config_help import KEY_ALIASES
 
     cfg = ExperimentConfig().model_dump()
     for name, targets in KEY_ALIASES.items():
@@ -319,3 +322,10 @@ def test_sections_used_per_algo(algo, present, absent):
     assert list(shown) == sections_used(algo)  # schema order kept
     assert f"# not used by {algo}: " in config_to_yaml(cfg, all_sections=False)
     assert list(yaml.safe_load(config_to_yaml(cfg))) == list(ExperimentConfig.model_fields)
+
+
+def test_the_config_and_the_cli_import_no_torch():
+    # zrl.config imports every algorithm's config section (zrl/algos/<name>/config.py), and
+    # `zrl --help` imports the CLI: neither may pull in torch.
+    code = "import sys, zrl.cli, zrl.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -24,6 +24,14 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "zrl",  # __version__ (Experiment, RunFailed and Factories are lazy)
             "zrl.config",
+            "zrl.config_base",  # the base of every config section (pydantic only)
+            "zrl.config_help",  # did-you-mean for a config that does not validate
+            # The config sections of the algorithms, which zrl.config imports (pydantic only).
+            "zrl.algos.a3c.config",
+            "zrl.algos.apex_ddpg.config",
+            "zrl.algos.impala.config",
+            "zrl.algos.ppo.config",
+            "zrl.algos.sac.config",
             "zrl.runtime",
             "zrl.factories",
             "zrl.metrics",
@@ -46,11 +54,20 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.algos.*",
         ],
     ),
-    ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker"]),  # the processes of a run
+    ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker", "zrl.broker.*"]),  # a run's processes
     ("run", ["zrl.run", "zrl.run.*", "zrl.display", "zrl.zygote"]),  # `zrl run`
     (
         "entry",  # what users and tests call
-        ["zrl.experiment", "zrl.cli", "zrl.__main__", "zrl.testing", "zrl.testing.*"],
+        [
+            "zrl.experiment",
+            "zrl.cli",
+            "zrl.cli_common",
+            "zrl.cli_config",
+            "zrl.cli_start",
+            "zrl.__main__",
+            "zrl.testing",
+            "zrl.testing.*",
+        ],
     ),
 ]
 
@@ -157,7 +174,7 @@ def test_the_graph_is_read() -> None:
     # A parser that found nothing would pass everything below.
     assert {"zrl.run.supervisor", "zrl.factories", "zrl.broker", "zrl.cli"} <= set(MODULES)
     assert "zrl.run.children" in GRAPH["zrl.run.supervisor"]
-    assert "zrl.factories" in GRAPH["zrl.broker"]
+    assert "zrl.factories" in GRAPH["zrl.broker.broker"]
     assert "zrl.transport.protocol" in GRAPH["zrl.roles.base"]
     assert "zrl.experiment" not in GRAPH["zrl"]  # under TYPE_CHECKING
     assert "zrl.display" not in GRAPH["zrl.run.supervisor"]  # inside a function

@@ -4,26 +4,29 @@ A config is one YAML file; every role receives the whole resolved config from
 the broker (the experiment spec) and reads its own section. Validation is done
 by pydantic with ``extra="forbid"``, so a typo is an error naming the key path,
 never a silently ignored setting.
+
+The sections only one algorithm reads are defined in its package
+(``zrl/algos/<name>/config.py``); the did-you-mean help for a config that does not
+validate is ``zrl.config_help``.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from zrl.algos import algorithm_names, get_algorithm
+from zrl.algos.a3c.config import A3CConfig
+from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.impala.config import ImpalaConfig
+from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.sac.config import SACConfig
+from zrl.config_base import Section
+from zrl.config_help import format_validation_error
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
 
@@ -38,11 +41,7 @@ class ConfigError(ValueError):
     """A config that cannot be loaded or does not validate; the message is user-facing."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class EnvConfig(_Section):
+class EnvConfig(Section):
     id: str = "CartPole-v1"
     """gymnasium environment id."""
     num_envs: int = Field(16, ge=1)
@@ -53,7 +52,7 @@ class EnvConfig(_Section):
     """Extra keyword arguments for gymnasium.make."""
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     hidden: list[int] = Field(default_factory=lambda: [64, 64])
     """Hidden layer sizes of the MLP torso."""
     dueling: bool = True
@@ -62,7 +61,7 @@ class ModelConfig(_Section):
     """Hidden-layer activation of the actor-critic networks (impala, a3c, ppo)."""
 
 
-class BrokerConfig(_Section):
+class BrokerConfig(Section):
     host: str = "127.0.0.1"
     """Address `zrl run` binds the broker on; 0.0.0.0 (or a LAN address) when hosts join."""
     advertise: str | None = None
@@ -108,7 +107,7 @@ class BrokerConfig(_Section):
     """Seconds a dead or stopped role stays in the registry before it is forgotten."""
 
 
-class RolesConfig(_Section):
+class RolesConfig(Section):
     actors: int = Field(2, ge=0)
     replay: int = Field(1, ge=0)
     params: int = Field(1, ge=0, le=1)
@@ -119,7 +118,7 @@ class RolesConfig(_Section):
 ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator")
 
 
-class HostConfig(_Section):
+class HostConfig(Section):
     """Roles that run on another host, started there with `zrl start` (zrl run prints how)."""
 
     name: str
@@ -139,7 +138,7 @@ class HostConfig(_Section):
         return self
 
 
-class ActorConfig(_Section):
+class ActorConfig(Section):
     trajectory_length: int = Field(32, ge=1)
     """Steps per env in one pushed trajectory."""
     epsilon: float = Field(0.4, ge=0, le=1)
@@ -151,7 +150,7 @@ class ActorConfig(_Section):
     torch_threads: int = Field(1, ge=1)
 
 
-class ReplayConfig(_Section):
+class ReplayConfig(Section):
     table: Literal["uniform", "prioritized", "fifo"] = "prioritized"
     capacity: int = Field(100_000, ge=1)
     """Items per replay shard; the oldest is evicted first."""
@@ -174,7 +173,7 @@ class ReplayConfig(_Section):
     """Sampled batches queued ahead of the learners (send high-water mark)."""
 
 
-class LearnerConfig(_Section):
+class LearnerConfig(Section):
     lr: float = Field(1e-3, gt=0)
     double: bool = True
     target_update_interval: int = Field(500, ge=1)
@@ -186,134 +185,13 @@ class LearnerConfig(_Section):
     torch_threads: int = Field(1, ge=1)
 
 
-class ImpalaConfig(_Section):
-    """IMPALA (Espeholt et al. 2018): unrolls through a FIFO replay table, V-trace learner."""
-
-    gamma: float = Field(0.99, ge=0, le=1)
-    rho_bar: float = Field(1.0, gt=0)
-    """Clip of the importance weights in the V-trace targets."""
-    c_bar: float = Field(1.0, gt=0)
-    """Clip of the trace-cutting coefficients."""
-    vtrace_lambda: float = Field(1.0, ge=0, le=1)
-    """Scales the traces, c_t = lambda * min(c_bar, ratio): below 1 the targets are
-    lambda-returns (less variance, more bias), as GAE's lambda."""
-    entropy_coef: float = Field(0.01, ge=0)
-    value_coef: float = Field(0.5, ge=0)
-    max_lag: int = Field(20, ge=0)
-    """Unrolls collected with weights more than this many versions behind the learner's are
-    dropped and counted (status: stale_unrolls), never used."""
-    epochs: int = Field(1, ge=1)
-    """V-trace updates on each batch (RLlib's and Sample Factory's num_epochs): 1 is the
-    paper's IMPALA; more train on each unroll again, V-trace correcting for the policy having
-    moved, so actors spend less CPU per update."""
-
-
-class PPOConfig(_Section):
-    """PPO (Schulman et al. 2017) over rounds of rollouts, optionally DD-PPO across learners."""
-
-    mode: Literal["sync", "async"] = "sync"
-    """sync: every rollout of a round was collected with the weights version the round trains;
-    actors wait for each new version. async: actors keep collecting, rollouts up to max_lag
-    versions old are used, older ones dropped and counted."""
-    max_lag: int = Field(1, ge=0)
-    """async only: the oldest usable rollout, in weights versions behind the learner."""
-    gamma: float = Field(0.98, ge=0, le=1)
-    gae_lambda: float = Field(0.8, ge=0, le=1)
-    clip: float = Field(0.2, gt=0)
-    value_clip: float | None = Field(None, gt=0)
-    """PPO2 value clipping range; null disables it."""
-    epochs: int = Field(20, ge=1)
-    minibatch_size: int = Field(256, ge=1)
-    """Samples per gradient step, split evenly across the learners (DD-PPO)."""
-    entropy_coef: float = Field(0.0, ge=0)
-    value_coef: float = Field(0.5, ge=0)
-    normalize_advantages: bool = True
-    round_timeout: float = Field(30.0, gt=0)
-    """Seconds a learner waits for a full round (one rollout per actor) before training on
-    the rollouts it has (a dead actor must not stop training); counted as short rounds."""
-
-
-class A3CConfig(_Section):
-    """A3C (Mnih et al. 2016): workers push gradients, the parameter server applies them."""
-
-    gamma: float = Field(0.99, ge=0, le=1)
-    gae_lambda: float = Field(1.0, ge=0, le=1)
-    """1.0 gives A3C's n-step returns; lower values use GAE."""
-    entropy_coef: float = Field(0.01, ge=0)
-    value_coef: float = Field(0.5, ge=0)
-    lr: float = Field(1e-3, gt=0)
-    """Learning rate of the parameter server's optimizer."""
-    grad_clip: float = Field(0.5, gt=0)
-    """Global L2 norm the combined gradient is clipped to before each step."""
-    reduce: Literal["sum", "mean"] = "mean"
-    """How the parameter server combines the gradients of one update."""
-    gradients_per_update: int = Field(1, ge=1)
-    """Gradients (from any workers) combined into one optimizer step."""
-    max_lag: int = Field(8, ge=0)
-    """Gradients computed on weights more than this many versions old are dropped and counted."""
-
-
-class DDPGConfig(_Section):
-    """Ape-X DDPG (Horgan et al. 2018), with TD3's tricks (Fujimoto et al. 2018) as options.
-
-    n-step, gamma, batch size and the replay table come from ``replay:``; ``learner.grad_clip``
-    and ``learner.publish_interval`` apply as for DQN."""
-
-    noise_sigma: float = Field(0.3, ge=0)
-    """Largest std of the actors' Gaussian exploration noise, as a fraction of the action
-    half-range ``(high - low) / 2``. Env slot k of all N = actors x envs slots uses the Ape-X
-    spread ``noise_sigma ** (1 + noise_alpha * k / (N - 1))`` (as ``actor.epsilon``), so some
-    slots explore widely and others stay close to the deterministic policy."""
-    noise_alpha: float = Field(2.0, ge=0)
-    """Spread exponent of the per-slot noise (0: every slot uses noise_sigma)."""
-    twin: bool = False
-    """TD3 clipped double-Q: a second critic, targets use min(Q'1, Q'2)."""
-    target_noise: float = Field(0.0, ge=0)
-    """TD3 target policy smoothing: std of the noise added to mu'(s'), as a fraction of the
-    half-range (TD3 uses 0.2); 0 disables it."""
-    target_noise_clip: float = Field(0.5, ge=0)
-    """The smoothing noise is clipped to +- this fraction of the half-range."""
-    policy_delay: int = Field(1, ge=1)
-    """Update the actor and the targets every this many critic updates (TD3 uses 2)."""
-    tau: float = Field(0.005, gt=0, le=1)
-    """Polyak rate of the target networks (1 = hard copy every update)."""
-    actor_lr: float = Field(1e-3, gt=0)
-    critic_lr: float = Field(1e-3, gt=0)
-    huber_delta: float | None = Field(None, gt=0)
-    """Huber loss of the critics with this delta; null: squared error."""
-    warmup_steps: int = Field(1000, ge=0)
-    """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
-
-
-class SACConfig(_Section):
-    """Soft actor-critic (Haarnoja et al. 2018) with the automatic entropy temperature.
-
-    Uniform or prioritized replay (``replay.table``); n-step, gamma and the batch size come
-    from ``replay:``."""
-
-    actor_lr: float = Field(1e-3, gt=0)
-    critic_lr: float = Field(1e-3, gt=0)
-    alpha_lr: float = Field(1e-3, gt=0)
-    """Learning rate of log(alpha)."""
-    tau: float = Field(0.005, gt=0, le=1)
-    """Polyak rate of the target critics."""
-    init_alpha: float = Field(1.0, gt=0)
-    """Initial temperature (SB3's ent_coef 'auto' starts at 1)."""
-    target_entropy: float | None = None
-    """Entropy the temperature steers the policy towards; null: -act_dim."""
-    fixed_alpha: float | None = Field(None, ge=0)
-    """A constant temperature instead of the automatic one."""
-    warmup_steps: int = Field(1000, ge=0)
-    """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
-
-
-class EvaluatorConfig(_Section):
+class EvaluatorConfig(Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between evaluations (only when a new weights version exists)."""
     episodes: int = Field(20, ge=1)
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     dir: str | None = None
     """Where the learner and replay shards save and resume from (`zrl run` sets RUN_DIR/checkpoints)."""
     interval: float = Field(30.0, gt=0)
@@ -322,12 +200,12 @@ class CheckpointConfig(_Section):
     """Also snapshot the replay tables (items, priorities, order, rate limiter)."""
 
 
-class LimitsConfig(_Section):
+class LimitsConfig(Section):
     memory_mb: float | None = Field(None, gt=0)
     """A role whose resident memory passes this stops with a clear message (per process)."""
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     backends: list[Literal["tensorboard", "csv", "wandb", "mlflow"]] = ["tensorboard", "csv"]
     """Where `zrl run` writes its scalars. The CSV files are always written (resume and
     `zrl plot` read them); wandb and mlflow need `pip install "zrl[wandb]"` / `"zrl[mlflow]"`."""
@@ -342,7 +220,7 @@ class LoggingConfig(_Section):
     """MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the file store RUN_DIR/mlruns)."""
 
 
-class StopConfig(_Section):
+class StopConfig(Section):
     eval_return: float | None = 475.0
     """Stop when the evaluations reach this mean return, as `confirm` says."""
     confirm: Literal["window", "fresh"] = "window"
@@ -364,7 +242,7 @@ class StopConfig(_Section):
         return self
 
 
-class ExperimentConfig(_Section):
+class ExperimentConfig(Section):
     name: str = "experiment"
     algo: str = "apex_dqn"
     """One of ``zrl.algos.ALGORITHMS`` (or an algorithm a script registered)."""
@@ -406,9 +284,7 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _roles_fit_algo(self) -> ExperimentConfig:
-        check = get_algorithm(self.algo).check_config
-        if check is not None:
-            check(self)
+        get_algorithm(self.algo).check(self)
         return self
 
 
@@ -420,158 +296,6 @@ def sections_used(algo: str) -> list[str]:
         k for k in ExperimentConfig.model_fields
         if k not in specific or k in sections.get(algo, ())
     ]  # fmt: skip
-
-
-# What users of SB3, CleanRL, RLlib and Sample Factory call zrl's keys: an unknown key with
-# one of these names is suggested the zrl key, per algo ("*": any algo). Spelling mistakes of
-# zrl's own names need no entry: they are found by closeness to the schema.
-_ON_POLICY_ROLLOUT = {a: "actor.trajectory_length" for a in ("impala", "ppo", "a3c")}
-_OFF_POLICY_N_STEP = {a: "replay.n_step" for a in ("apex_dqn", "apex_ddpg", "sac")}
-_REPLAY_ALGOS = ("apex_dqn", "impala", "apex_ddpg", "sac")
-_LR = {
-    "apex_dqn": "learner.lr", "impala": "learner.lr", "ppo": "learner.lr", "a3c": "a3c.lr",
-    "apex_ddpg": "ddpg.actor_lr or ddpg.critic_lr", "sac": "sac.actor_lr or sac.critic_lr",
-}  # fmt: skip
-_GAMMA = {"impala": "impala.gamma", "ppo": "ppo.gamma", "a3c": "a3c.gamma", "*": "replay.gamma"}
-_ENTROPY = {"impala": "impala.entropy_coef", "a3c": "a3c.entropy_coef", "sac": "sac.fixed_alpha",
-            "*": "ppo.entropy_coef"}  # fmt: skip
-_VALUE = {"impala": "impala.value_coef", "a3c": "a3c.value_coef", "*": "ppo.value_coef"}
-_EPOCHS = {"impala": "impala.epochs", "*": "ppo.epochs"}
-_GRAD_CLIP = {"a3c": "a3c.grad_clip", "*": "learner.grad_clip"}
-_TAU = {"sac": "sac.tau", "*": "ddpg.tau"}
-_EPSILON = {"*": "actor.epsilon", "apex_ddpg": "ddpg.noise_sigma"}
-KEY_ALIASES: dict[str, dict[str, str]] = {
-    "learning_rate": _LR, "lr": _LR,
-    "gamma": _GAMMA, "discount": _GAMMA,
-    "n_steps": {**_OFF_POLICY_N_STEP, **_ON_POLICY_ROLLOUT},
-    "num_steps": _ON_POLICY_ROLLOUT, "rollout_length": _ON_POLICY_ROLLOUT,
-    "rollout": _ON_POLICY_ROLLOUT, "unroll_length": _ON_POLICY_ROLLOUT,
-    "n_step": _OFF_POLICY_N_STEP,
-    "batch_size": {"ppo": "ppo.minibatch_size", **{a: "replay.batch_size" for a in _REPLAY_ALGOS}},
-    "num_minibatches": {"*": "ppo.minibatch_size"},
-    "ent_coef": _ENTROPY, "entropy_coef": _ENTROPY, "ent_coeff": _ENTROPY,
-    "entropy_coeff": _ENTROPY, "exploration_loss_coeff": _ENTROPY,
-    "vf_coef": _VALUE, "value_coef": _VALUE, "vf_loss_coeff": _VALUE, "value_loss_coeff": _VALUE,
-    "clip_range": {"*": "ppo.clip"}, "clip_coef": {"*": "ppo.clip"},
-    "clip_param": {"*": "ppo.clip"}, "ppo_clip_ratio": {"*": "ppo.clip"},
-    "clip_range_vf": {"*": "ppo.value_clip"}, "vf_clip_param": {"*": "ppo.value_clip"},
-    "n_epochs": _EPOCHS, "update_epochs": _EPOCHS, "num_epochs": _EPOCHS,
-    "num_sgd_iter": _EPOCHS, "epochs": _EPOCHS,
-    "gae_lambda": {"impala": "impala.vtrace_lambda", "a3c": "a3c.gae_lambda",
-                   "*": "ppo.gae_lambda"},
-    "lambda": {"impala": "impala.vtrace_lambda", "a3c": "a3c.gae_lambda", "*": "ppo.gae_lambda"},
-    "norm_adv": {"*": "ppo.normalize_advantages"},
-    "max_grad_norm": _GRAD_CLIP, "grad_clip": _GRAD_CLIP, "grad_norm_clipping": _GRAD_CLIP,
-    "max_grad_norm_clip": _GRAD_CLIP,
-    "target_update_interval": {"*": "learner.target_update_interval"},
-    "target_network_frequency": {"*": "learner.target_update_interval"},
-    "target_network_update_freq": {"*": "learner.target_update_interval"},
-    "tau": _TAU, "polyak": _TAU,
-    "buffer_size": {"*": "replay.capacity"}, "replay_size": {"*": "replay.capacity"},
-    "replay_buffer_size": {"*": "replay.capacity"},
-    "learning_starts": {"*": "replay.min_size"},
-    "exploration_final_eps": _EPSILON, "exploration_initial_eps": _EPSILON,
-    "exploration_fraction": _EPSILON, "start_e": _EPSILON, "end_e": _EPSILON,
-    "epsilon": _EPSILON, "exploration_noise": {"*": "ddpg.noise_sigma"},
-    "action_noise": {"*": "ddpg.noise_sigma"},
-    "policy_delay": {"*": "ddpg.policy_delay"}, "policy_frequency": {"*": "ddpg.policy_delay"},
-    "target_policy_noise": {"*": "ddpg.target_noise"}, "policy_noise": {"*": "ddpg.target_noise"},
-    "target_noise_clip": {"*": "ddpg.target_noise_clip"},
-    "noise_clip": {"*": "ddpg.target_noise_clip"},
-    "q_lr": {"apex_ddpg": "ddpg.critic_lr", "*": "sac.critic_lr"},
-    "policy_lr": {"apex_ddpg": "ddpg.actor_lr", "*": "sac.actor_lr"},
-    "autotune": {"*": "sac.fixed_alpha"}, "target_entropy": {"*": "sac.target_entropy"},
-    "n_envs": {"*": "env.num_envs"}, "num_envs": {"*": "env.num_envs"},
-    "num_envs_per_worker": {"*": "env.num_envs"}, "num_envs_per_env_runner": {"*": "env.num_envs"},
-    "num_workers": {"*": "roles.actors"}, "num_env_runners": {"*": "roles.actors"},
-    "total_timesteps": {"*": "stop.env_steps"}, "train_for_env_steps": {"*": "stop.env_steps"},
-    "train_for_seconds": {"*": "stop.wall_time"}, "time_limit": {"*": "stop.wall_time"},
-    "env_id": {"*": "env.id"}, "env_name": {"*": "env.id"},
-    "env_kwargs": {"*": "env.kwargs"}, "env_config": {"*": "env.kwargs"},
-    "max_episode_steps": {"*": "env.kwargs.max_episode_steps"},
-    "net_arch": {"*": "model.hidden"}, "hidden_sizes": {"*": "model.hidden"},
-    "fcnet_hiddens": {"*": "model.hidden"}, "activation_fn": {"*": "model.activation"},
-    "fcnet_activation": {"*": "model.activation"},
-    "double_q": {"*": "learner.double"}, "double_dqn": {"*": "learner.double"},
-    "train_freq": {"*": "replay.samples_per_insert"},
-    "gradient_steps": {"*": "replay.samples_per_insert"},
-    "replay_ratio": {"*": "replay.samples_per_insert"},
-    "prioritized_replay_alpha": {"*": "replay.alpha"},
-    "prioritized_replay_beta": {"*": "replay.beta"},
-    "eval_freq": {"*": "evaluator.interval"}, "n_eval_episodes": {"*": "evaluator.episodes"},
-    "reward_threshold": {"*": "stop.eval_return"}, "target_return": {"*": "stop.eval_return"},
-}  # fmt: skip
-
-
-def _fields_at(loc: tuple[int | str, ...]) -> list[str] | None:
-    """The keys of the schema section at ``loc`` (list indices skipped), or None where
-    ``loc`` is no section (a free-form mapping such as env.kwargs)."""
-    model: type[BaseModel] = ExperimentConfig
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        annotation = field.annotation
-        if get_origin(annotation) is list:
-            annotation = get_args(annotation)[0]
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        model = annotation
-    return list(model.model_fields)
-
-
-def _close(word: str, candidates: list[str], cutoff: float) -> str | None:
-    found = difflib.get_close_matches(word, candidates, n=1, cutoff=cutoff)
-    return found[0] if found else None
-
-
-def suggest_key(loc: tuple[int | str, ...], algo: str = "apex_dqn") -> str | None:
-    """The key path an unknown key at ``loc`` was most likely meant to be, or None.
-
-    A near miss in the same section wins (a typo); then a name other libraries use for a zrl
-    key (``learning_rate`` -> ``learner.lr``); then a looser match in the same section; then
-    a close name in another section, sections that ``algo`` uses first."""
-    *parent, last = loc
-    key = str(last).lower().replace("-", "_")
-    here = [str(p) for p in parent]
-    fields = _fields_at(tuple(parent)) or []
-    near = _close(key, fields, 0.8)
-    if near is not None:
-        return ".".join([*here, near])
-    alias = KEY_ALIASES.get(key)
-    if alias is not None:
-        target = alias.get(algo) or alias.get("*")
-        if target is not None:
-            return target
-    near = _close(key, fields, 0.6)
-    if near is not None:
-        return ".".join([*here, near])
-    used = set(sections_used(algo))
-    ranked = []
-    for section in ExperimentConfig.model_fields:
-        for name in _fields_at((section,)) or []:
-            score = difflib.SequenceMatcher(None, key, name).ratio()
-            if score >= 0.8 and f"{section}.{name}" != ".".join(map(str, loc)):
-                ranked.append((section not in used, -score, f"{section}.{name}"))
-    return min(ranked)[2] if ranked else None
-
-
-def _format_validation_error(err: ValidationError, algo: str = "apex_dqn") -> str:
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            suggestion = suggest_key(tuple(e["loc"]), algo)
-            if suggestion is not None:
-                msg += f" (did you mean {suggestion}?)"
-        elif "input" in e and e["type"] != "missing":
-            msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"{path}: {msg}")
-    return "; ".join(lines)
 
 
 def _one_line(exc: Exception) -> str:
@@ -616,7 +340,8 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
     except ValidationError as err:
         algo = data.get("algo")
         algo = algo if algo in algorithm_names() else "apex_dqn"
-        raise ConfigError(f"invalid config: {_format_validation_error(err, algo)}") from None
+        why = format_validation_error(err, ExperimentConfig, algo, sections_used(algo))
+        raise ConfigError(f"invalid config: {why}") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -25,6 +25,17 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: str = "relu") -> nn.Sequ
     return nn.Sequential(*layers)
 
 
+def check_sizes(obs_dim: int, num_actions: int, hidden: Sequence[int]) -> None:
+    """ValueError naming the value unless every size of a discrete-action network is >= 1."""
+    if obs_dim < 1 or num_actions < 1:
+        raise ValueError(
+            f"obs_dim and num_actions must be >= 1, got obs_dim={obs_dim}, "
+            f"num_actions={num_actions}"
+        )
+    if any(width < 1 for width in hidden):
+        raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
+
+
 class QNetwork(nn.Module):
     """MLP Q-network, optionally with a dueling head (Wang et al. 2016).
 
@@ -40,13 +51,7 @@ class QNetwork(nn.Module):
         dueling: bool = True,
     ) -> None:
         super().__init__()
-        if obs_dim < 1 or num_actions < 1:
-            raise ValueError(
-                f"obs_dim and num_actions must be >= 1, got obs_dim={obs_dim}, "
-                f"num_actions={num_actions}"
-            )
-        if any(width < 1 for width in hidden):
-            raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
+        check_sizes(obs_dim, num_actions, hidden)
         self.obs_dim = obs_dim
         self.num_actions = num_actions
         self.dueling = dueling
@@ -82,13 +87,7 @@ class ActorCritic(nn.Module):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        if obs_dim < 1 or num_actions < 1:
-            raise ValueError(
-                f"obs_dim and num_actions must be >= 1, got obs_dim={obs_dim}, "
-                f"num_actions={num_actions}"
-            )
-        if any(width < 1 for width in hidden):
-            raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
+        check_sizes(obs_dim, num_actions, hidden)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.obs_dim = obs_dim

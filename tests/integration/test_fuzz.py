@@ -188,8 +188,8 @@ def small_config(**sections: Any) -> ExperimentConfig:
 
 
 # Regression (found here, since fixed): protocol.py decode (TypeError on an unhashable dtype)
-# stops broker.py Broker.run: _recv_registry catches only ProtocolError, so the registry thread
-# dies
+# stops the broker's registry loop (zrl/broker/registry.py): Registry._recv catches only
+# ProtocolError, so the registry thread dies
 def test_registry_survives_an_unhashable_dtype(inproc, zmq_ctx):
     inproc.start_broker(small_config())
     evil = inproc._socket(zmq.DEALER, "registry", sndtimeo_ms=1000)

@@ -21,6 +21,7 @@ from zrl.algos.api import (
     ActorSetup,
     Algorithm,
     BasePolicy,
+    BaseUpdate,
     LearnerSetup,
     Outgoing,
     Trajectory,
@@ -58,7 +59,7 @@ class TinyQPolicy(BasePolicy):
         return Outgoing(P.TRAJECTORY, trajectory.transitions(priority))
 
 
-class TinyQUpdate:
+class TinyQUpdate(BaseUpdate):
     """``Q(s, a) <- r + discount * max_a' Q_target(s', a')`` by one Adam step per batch; the
     target network is a copy of the model every ``TARGET_EVERY`` updates."""
 
@@ -87,12 +88,6 @@ class TinyQUpdate:
             self.target.load_state_dict(self.model.state_dict())
         return UpdateResult(updates=1, loss=float(loss.detach()))
 
-    def may_publish(self) -> bool:
-        return True
-
-    def weights_meta(self) -> dict[str, int]:
-        return {}
-
     def state_dict(self) -> dict[str, Any]:
         return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
@@ -100,15 +95,6 @@ class TinyQUpdate:
         self.model.load_state_dict(state["online"])
         self.target.load_state_dict(state["online"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-    def train_info(self) -> dict[str, float]:
-        return {}
-
-    def heartbeat_info(self) -> dict[str, Any]:
-        return {}
-
-    def summary(self) -> str:
-        return ""
 
 
 TINY_Q = Algorithm(

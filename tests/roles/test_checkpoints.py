@@ -35,10 +35,11 @@ from zrl.factories import Factories
 from zrl.models import QNetwork, model_to_arrays
 from zrl.replay.snapshot import SnapshotError, load_state
 from zrl.roles.actor import Actor
-from zrl.roles.base import Role, RoleError, load_checkpoint_file
+from zrl.roles.base import Role, RoleError
 from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
+from zrl.roles.trust import load_checkpoint_file
 from zrl.testing.fakes import trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for

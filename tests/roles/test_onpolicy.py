@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from zrl.algos.a3c.policy import A3CPolicy
+from zrl.algos.a3c.server import A3CGradientServer
 from zrl.algos.api import Trajectory
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import make_adam
@@ -241,9 +242,16 @@ def start_a3c_params(inproc: InProc, cfg: ExperimentConfig) -> tuple[ParameterSe
     return ps, sub
 
 
+def gradient_server(ps: ParameterServer) -> A3CGradientServer:
+    server = ps.gradient_server
+    assert isinstance(server, A3CGradientServer)
+    return server
+
+
 def test_a3c_params_applies_gradients_drops_stale_and_malformed(inproc, zmq_ctx):
     cfg = a3c_config()
     ps, sub = start_a3c_params(inproc, cfg)
+    gs = gradient_server(ps)
     assert ps.version == 1  # its own initialisation, published as version 1
     local = LocalServer(cfg)  # built after the server's setup: no race on torch's global RNG
     initial = request_latest_weights(zmq_ctx, [{"rpc": ps.rpc_endpoint}], 2**24, timeout=2.0)
@@ -258,12 +266,12 @@ def test_a3c_params_applies_gradients_drops_stale_and_malformed(inproc, zmq_ctx)
     assert [m.meta["version"] for m in got] == [2]
     assert got[0].meta["updates"] == 1
     assert_close_arrays(got[0].arrays, local.step(g1))
-    assert ps.applied_gradients == 1 and ps.updates == 1 and ps.stale_gradients == 0
+    assert gs.applied_gradients == 1 and gs.updates == 1 and gs.stale_gradients == 0
 
     # A gradient computed 2 versions back (max_lag 1) is counted and not applied.
     assert push.send(gradients_message(some_gradient(local.model, 2), weights_version=0))
-    wait_for(lambda: ps.stale_gradients == 1, timeout=5)
-    settle(lambda: ps.version == 2 and ps.updates == 1, 0.3)
+    wait_for(lambda: gs.stale_gradients == 1, timeout=5)
+    settle(lambda: ps.version == 2 and gs.updates == 1, 0.3)
     assert collect(sub, quiet=0.2) == []
 
     # Malformed gradients are dropped (and counted on the stream), never applied.
@@ -285,8 +293,8 @@ def test_a3c_params_applies_gradients_drops_stale_and_malformed(inproc, zmq_ctx)
     for msg in bad:
         assert push.send(msg)
     wait_for(lambda: ps.stats.snapshot()["gradients"]["dropped"] == dropped0 + len(bad), timeout=5)
-    settle(lambda: ps.version == 2 and ps.updates == 1, 0.3)
-    assert ps.stale_gradients == 1 and ps.applied_gradients == 1
+    settle(lambda: ps.version == 2 and gs.updates == 1, 0.3)
+    assert gs.stale_gradients == 1 and gs.applied_gradients == 1
 
     # In a3c mode the server owns the weights: WEIGHTS from a "learner" are refused.
     rpc = Rpc(zmq_ctx, ps.rpc_endpoint)
@@ -304,7 +312,7 @@ def test_a3c_params_applies_gradients_drops_stale_and_malformed(inproc, zmq_ctx)
     got = collect(sub, until=1, timeout=10)
     assert [m.meta["version"] for m in got] == [3]
     assert_close_arrays(got[0].arrays, local.step(g4))
-    assert ps.applied_gradients == 2 and ps.stale_gradients == 1
+    assert gs.applied_gradients == 2 and gs.stale_gradients == 1
     assert ps.heartbeat_info()["stale_gradients"] == 1
     assert inproc.alive(ps) and inproc.error_of(ps) is None
 
@@ -313,16 +321,17 @@ def test_a3c_params_applies_gradients_drops_stale_and_malformed(inproc, zmq_ctx)
 def test_a3c_params_combines_gradients_per_update(inproc, reduce):
     cfg = a3c_config(reduce=reduce, gradients_per_update=2, max_lag=4)
     ps, sub = start_a3c_params(inproc, cfg)
+    gs = gradient_server(ps)
     local = LocalServer(cfg)
     push = inproc.push("gradients", sender="actor-0")
     g1, g2 = some_gradient(local.model, 10), some_gradient(local.model, 11)
     assert push.send(gradients_message(g1, weights_version=1))
-    wait_for(lambda: len(ps.accumulated) == 1, timeout=5)
-    settle(lambda: ps.version == 1 and ps.updates == 0, 0.3)
+    wait_for(lambda: len(gs.accumulated) == 1, timeout=5)
+    settle(lambda: ps.version == 1 and gs.updates == 0, 0.3)
     assert push.send(gradients_message(g2, weights_version=1))
     got = collect(sub, until=1, timeout=10)
     assert [m.meta["version"] for m in got] == [2]
-    assert ps.updates == 1 and ps.applied_gradients == 2
+    assert gs.updates == 1 and gs.applied_gradients == 2
     assert_close_arrays(got[0].arrays, local.step(g1, g2))
 
 
@@ -337,7 +346,7 @@ def test_a3c_params_resumes_its_model_and_refuses_gradients_from_the_future(inpr
         assert push.send(gradients_message(g, weights_version=ps.version))
         want = local.step(g)
         got = collect(sub, until=1, timeout=10)
-    assert ps.version == 3 and ps.updates == 2
+    assert ps.version == 3 and gradient_server(ps).updates == 2
     assert_close_arrays(got[-1].arrays, want)
     inproc.stop_role(ps)  # teardown writes the checkpoint
     assert (tmp_path / "params-0.pt").is_file()
@@ -345,7 +354,7 @@ def test_a3c_params_resumes_its_model_and_refuses_gradients_from_the_future(inpr
     # A restarted server continues: same weights, same version, same Adam state.
     again = inproc.start(ParameterServer, index=0)
     assert isinstance(again, ParameterServer)
-    assert again.version == 3 and again.updates == 2
+    assert again.version == 3 and gradient_server(again).updates == 2
     assert_close_arrays(again.arrays, want)
     g = some_gradient(local.model, 22)
     assert push.send(gradients_message(g, weights_version=3))
@@ -354,7 +363,7 @@ def test_a3c_params_resumes_its_model_and_refuses_gradients_from_the_future(inpr
 
     # A gradient computed on a version this server never published is dropped and counted.
     assert push.send(gradients_message(g, weights_version=99))
-    wait_for(lambda: again.future_gradients == 1, timeout=5)
+    wait_for(lambda: gradient_server(again).future_gradients == 1, timeout=5)
     settle(lambda: again.version == 4, 0.3)
 
 
@@ -588,7 +597,7 @@ def test_a3c_actor_and_params_train_together(inproc):
     assert isinstance(ps, ParameterServer)
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor)
-    wait_for(lambda: ps.updates >= 3 and actor.weights.version >= 3, timeout=15)
+    wait_for(lambda: gradient_server(ps).updates >= 3 and actor.weights.version >= 3, timeout=15)
     assert ps.stats.snapshot()["gradients"]["dropped"] == 0
     assert inproc.error_of(ps) is None and inproc.error_of(actor) is None
 

@@ -269,7 +269,8 @@ def test_a3c_worker_and_parameter_server_report(monkeypatch):
 
     worker = bare_actor(cfg, index=0)
     assert isinstance(worker.policy, A3CPolicy)
-    worker.model.load_state_dict(params.model.state_dict())
+    assert params.gradient_server is not None
+    worker.model.load_state_dict(params.gradient_server.model.state_dict())
     r = rollout_arrays(np.random.default_rng(0), envs=2)
     out = worker.policy.finish(
         Trajectory(

@@ -11,10 +11,13 @@ which algorithm runs; they ask the ``Algorithm``:
   trajectory it turns the recorded steps into the message to send (:class:`ActorPolicy`).
 - ``update``: built once by the learner after WELCOME (:class:`LearnerSetup` in); it receives
   the messages of the learner's input, validated, and trains on them (:class:`LearnerUpdate`).
+- ``gradient_server``: for an algorithm whose actors send gradients (A3C), built once by the
+  parameter server (:class:`GradientServerSetup` in); it receives each gradient, validated,
+  and steps the model it owns (:class:`GradientServer`).
 - ``model``: the network zrl builds for it when the user gives none.
 - ``check_config``: the checks of a config that only this algorithm needs.
 
-The heavy parts (``policy``, ``update``, ``model``) are ``"module:attribute"`` references,
+The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are ``"module:attribute"`` references,
 imported only by the process that uses them: the config and the CLI never import torch.
 This module imports nothing from zrl at run time, so every layer may use it.
 """
@@ -48,7 +51,8 @@ class Wiring:
     experience: Literal["replay", "rollouts", "gradients"]
     """Where actors send what ``ActorPolicy.finish`` builds: PUSH ``experience`` to a replay
     shard (credit window of acknowledged inserts), PUB ``rollouts/`` to every learner, or PUSH
-    ``gradients`` to the parameter server, which applies them (A3C)."""
+    ``gradients`` to the parameter server, whose :class:`GradientServer` (the algorithm's
+    ``gradient_server``) applies them (A3C)."""
     replay_item: Literal["transitions", "unroll", ""] = ""
     """What a replay shard stores of a TRAJECTORY: n-step transitions, or whole unrolls
     (FIFO); "" when the algorithm has no replay server."""
@@ -57,6 +61,18 @@ class Wiring:
     learner_input: Literal["batches", "rollouts", ""] = "batches"
     """The learner's input: BATCH messages from replay shards, or the actors' rollouts; ""
     when it has no learner (the parameter server applies the actors' gradients)."""
+
+    @classmethod
+    def off_policy(cls, actions: Literal["discrete", "box"]) -> Wiring:
+        """Ape-X's: actors -> replay shards of n-step transitions (uniform or prioritized)
+        -> learners."""
+        return cls(
+            actions=actions,
+            experience="replay",
+            replay_item="transitions",
+            replay_tables=("uniform", "prioritized"),
+            learner_input="batches",
+        )
 
 
 @dataclass(frozen=True)
@@ -72,11 +88,47 @@ class Algorithm:
     model: str
     """``module:function`` building zrl's network for it:
     ``f(observation_space, action_space, config) -> nn.Module``."""
+    gradient_server: str = ""
+    """``module:Class`` of its :class:`GradientServer`, called with a
+    :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
+    otherwise)."""
     sections: tuple[str, ...] = ()
     """The algorithm-specific config sections it reads (``zrl config show`` prints only
     these of them; the common sections apply to every algorithm)."""
     check_config: Callable[[ExperimentConfig], None] | None = None
     """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        """Raise ValueError (naming the key) on a config this algorithm cannot run: what its
+        wiring implies, then its own ``check_config``."""
+        w, r = self.wiring, cfg.roles
+        if not w.replay_item and r.replay > 0:
+            raise ValueError(
+                f"{self.name} sends its experience past the replay server: set roles.replay: 0"
+            )
+        if w.replay_item and r.replay == 0 and (r.actors > 0 or r.learners > 0):
+            raise ValueError(f"{self.name} learns from replay: set roles.replay >= 1")
+        if w.replay_tables and r.replay > 0 and cfg.replay.table not in w.replay_tables:
+            raise ValueError(
+                f"{self.name} needs replay.table: {' or '.join(w.replay_tables)}, "
+                f"not {cfg.replay.table}"
+            )
+        if not w.learner_input and r.learners > 0:
+            raise ValueError(
+                f"{self.name} has no learner (the parameter server applies the actors' "
+                "gradients): set roles.learners: 0"
+            )
+        if (w.experience == "gradients") != bool(self.gradient_server):
+            raise ValueError(
+                f"algorithm {self.name}: gradient_server must name the class that applies the "
+                "actors' gradients exactly when wiring.experience is 'gradients'"
+            )
+        if w.experience == "gradients" and r.params == 0:
+            raise ValueError(
+                f"{self.name} needs the parameter server (roles.params: 1) to apply gradients"
+            )
+        if self.check_config is not None:
+            self.check_config(cfg)
 
     def load(self, ref: str) -> Any:
         """The object a ``module:attribute`` reference of this algorithm names."""
@@ -256,6 +308,25 @@ class UpdateResult:
     """Publish the weights now, whatever ``learner.publish_interval`` says (end of a round)."""
 
 
+class BaseUpdate:
+    """Defaults of the optional :class:`LearnerUpdate` methods, for updates to inherit."""
+
+    def may_publish(self) -> bool:
+        return True
+
+    def weights_meta(self) -> dict[str, int]:
+        return {}
+
+    def train_info(self) -> dict[str, float]:
+        return {}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {}
+
+    def summary(self) -> str:
+        return ""
+
+
 class NonFiniteLossError(FloatingPointError):
     """A NaN/inf loss or gradient norm, raised before the optimizer step that would apply it."""
 
@@ -301,3 +372,51 @@ class LearnerUpdate(Protocol):
 
     def summary(self) -> str:
         """One line for the log when the learner stops ("" for none)."""
+
+
+# --- parameter server side ---------------------------------------------------------------
+
+
+@dataclass
+class GradientServerSetup:
+    """What the parameter server gives its gradient server: the experiment and its model."""
+
+    config: ExperimentConfig
+    model: nn.Module
+    """Built by the parameter server (seeded with ``config.seed``, as the actors' copies)."""
+    observation_space: Any
+    action_space: Any
+    log: logging.Logger
+    train_stats: TrainStats
+
+
+class GradientServer(Protocol):
+    """The parameter-server half of an algorithm whose actors send gradients (A3C). The
+    parameter server owns the ``gradients`` stream, drop counting, the checkpoint file and
+    storing and publishing every weights version; the gradient server owns the model's
+    optimizer, the combining of gradients and its counters."""
+
+    model: nn.Module
+    """The network whose weights the parameter server publishes after each update."""
+    updates: int
+    """Optimizer steps taken (published with the weights, restored from the checkpoint)."""
+
+    def receive(self, msg: Message, version: int) -> bool:
+        """Validate one message of the ``gradients`` stream (ProtocolError: dropped) and keep
+        or apply it; True when it completed an update, so ``model`` holds a new weights
+        version. ``version`` is the server's current weights version."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its state in the parameter server's checkpoint (model, optimizer, counters), which
+        adds the key ``version``."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def train_info(self) -> dict[str, float]:
+        """Figures for the training metrics that are not per update (learning rates)."""
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        """Extra heartbeat fields."""
+
+    def summary(self) -> str:
+        """One line for the log when the parameter server stops ("" for none)."""

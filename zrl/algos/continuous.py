@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.api import (
     ActorSetup,
     BasePolicy,
+    BaseUpdate,
     LearnerSetup,
     NonFiniteLossError,
     Outgoing,
@@ -48,6 +48,7 @@ from zrl.algos.api import (
     Trajectory,
     UpdateResult,
 )
+from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.algos.returns import nstep_transitions
 from zrl.algos.sac.losses import default_target_entropy, sac_update
@@ -67,7 +68,7 @@ def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
     torch._foreach_lerp_(target, online, tau)
 
 
-class ContinuousUpdate:
+class ContinuousUpdate(BaseUpdate):
     """A DDPGModel (DDPG / TD3) or SACModel (SAC), its targets and optimizers."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -106,7 +107,7 @@ class ContinuousUpdate:
         """Updates this object made (the phase of TD3's delayed steps); restored from the
         learner's ``updates`` when its checkpoint carries one."""
         self.last_parts: dict[str, float] = {}
-        self.pending: deque[tuple[str, np.ndarray, dict[str, Tensor]]] = deque()
+        self.pending = PendingBatches()
         """Received batches not trained on yet: (shard, keys, tensors)."""
 
     # --- receiving --------------------------------------------------------------------
@@ -114,25 +115,22 @@ class ContinuousUpdate:
     def receive(self, msg: P.Message, version: int) -> None:
         model = self.online
         dims = M.validate(msg, M.CONTINUOUS_TRANSITION_BATCH, O=model.obs_dim, A=model.act_dim)
-        shard = msg.meta.get("shard")
-        if not isinstance(shard, str):
-            raise P.ProtocolError("batch without a shard id")
         actions = msg.arrays["action"]
         low = model.policy.action_low.numpy()
         high = model.policy.action_high.numpy()
         if dims["B"] and (np.any(actions < low) or np.any(actions > high)):
             raise P.ProtocolError(f"batch actions outside the bounds {low}..{high}")
-        batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
-        self.pending.append((shard, np.ascontiguousarray(msg.arrays["key"]), batch))
+        self.pending.add(msg)
 
     # --- training ---------------------------------------------------------------------
 
     def train(self, version: int) -> UpdateResult | None:
         """One update on the oldest kept batch (the learner trains after every receive, so
         there is one; a result carries the priorities of one shard's batch)."""
-        if not self.pending:
+        sampled = self.pending.pop()
+        if sampled is None:
             return None
-        shard, keys, batch = self.pending.popleft()  # dropped, not retried, if it raises
+        shard, keys, batch = sampled
         online, target = self.online, self.target
         grad_clip = self.config.learner.grad_clip
         started = time.perf_counter()
@@ -188,12 +186,6 @@ class ContinuousUpdate:
 
     # --- the rest of the protocol -----------------------------------------------------
 
-    def may_publish(self) -> bool:
-        return True
-
-    def weights_meta(self) -> dict[str, int]:
-        return {}
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "online": self.online.state_dict(),
@@ -222,9 +214,6 @@ class ContinuousUpdate:
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {k: round(v, 5) for k, v in self.last_parts.items()}
-
-    def summary(self) -> str:
-        return ""
 
 
 # --- actor side ----------------------------------------------------------------------

@@ -5,7 +5,11 @@ Sockets a role owns through this class:
 - DEALER ``registry`` -> broker ROUTER: HELLO/WELCOME, HEARTBEAT/HEARTBEAT_ACK, BYE.
 - whatever the subclass opens with :meth:`open_push`, :meth:`open_pull` (stream
   devices), :meth:`open_publisher`, :meth:`open_subscriber` (topic bus) and
-  :meth:`bind_rpc` (its own ROUTER that peers find with LOOKUP).
+  :meth:`bind_rpc` (its own ROUTER that peers find with LOOKUP): ``zrl.roles.role_sockets``.
+- a throwaway DEALER -> broker ROUTER per :meth:`lookup` (``zrl.roles.registry_client``).
+
+What a WELCOME may tell a role (its checkpoint directory, its factories) is checked by
+``zrl.roles.trust``.
 
 Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
 role whose loop hangs is (correctly) declared dead. When the broker stops
@@ -30,17 +34,14 @@ import zmq
 from zrl import __version__
 from zrl.config import ExperimentConfig
 from zrl.factories import Factories
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import advertise_host_for, registry_request
+from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
+from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    connect_address,
-    connect_topics,
-    make_socket,
-    split_tcp,
-)
+from zrl.transport.sockets import Channel, TransportStats, connect_address, make_socket
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
@@ -48,29 +49,7 @@ METRICS_INTERVAL_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 
 
-class RoleError(RuntimeError):
-    """A role cannot go on (refused by the broker, broker unreachable, ...); user-facing."""
-
-
-def advertise_host_for(broker: str) -> str:
-    """The local address peers can reach us at: the interface that routes to the broker.
-
-    A UDP connect sends nothing; it only asks the kernel which source address it would use."""
-    if not broker.startswith("tcp://"):
-        return "127.0.0.1"
-    host, port = split_tcp(broker)
-    host = host.strip("[]")
-    if host in ("localhost", "127.0.0.1", "0.0.0.0", "*"):
-        return "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, port))
-            return str(s.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-
-
-class Role:
+class Role(RoleSockets):
     """Base class of every role. Subclasses implement ``setup``, ``step`` and ``teardown``.
 
     ``step()`` must return within about 100 ms (it polls its sockets with finite
@@ -95,8 +74,7 @@ class Role:
         self.keys = keys
         # What this process was told locally (its command line), not by the broker: the
         # directory the broker's checkpoint.dir must lie under, and the factory references
-        # it may import over an unauthenticated channel. See _checked_checkpoint_dir and
-        # _factories_from.
+        # it may import over an unauthenticated channel. See zrl.roles.trust.
         self.checkpoint_root = Path(checkpoint_root).resolve() if checkpoint_root else None
         self.local_factories = dict(local_factories or {})
         self.index = index
@@ -188,9 +166,13 @@ class Role:
         spec = m.get("spec")
         if spec is not None:
             config = ExperimentConfig.model_validate(spec)
-            config.checkpoint.dir = self._checked_checkpoint_dir(config.checkpoint.dir)
+            config.checkpoint.dir = checked_checkpoint_dir(
+                config.checkpoint.dir, self.checkpoint_root, self.broker
+            )
             self.config = config
-        self.factories = self._factories_from(msg)
+        self.factories = factories_from(
+            msg, authenticated=self.broker_authenticated, local_factories=self.local_factories
+        )
         self.endpoints = {k: connect_address(v, self.broker) for k, v in m["endpoints"].items()}
         self.heartbeat_interval = float(m["heartbeat_interval"])
         self.heartbeat_timeout = float(m["heartbeat_timeout"])
@@ -209,59 +191,7 @@ class Role:
     def broker_authenticated(self) -> bool:
         """Whether what the broker says comes from the user's own broker: CURVE proves its
         server key, and an inproc broker lives in this process."""
-        return self.keys is not None or self.broker.startswith("inproc://")
-
-    def _checked_checkpoint_dir(self, d: str | None) -> str | None:
-        """The broker's ``checkpoint.dir``, resolved, if it lies under this role's checkpoint
-        root; otherwise RoleError. Snapshots and checkpoints are read from and written there,
-        so a forged WELCOME must not point them at any file of this host.
-
-        The root is ``checkpoint_root`` (``zrl start --checkpoint-root``; ``zrl run`` passes
-        its run's checkpoint directory), else the working directory. An inproc broker's
-        config comes from this process and is taken as is."""
-        if d is None:
-            return None
-        root = self.checkpoint_root
-        if root is None:
-            if self.broker.startswith("inproc://"):
-                return d
-            root = Path.cwd().resolve()
-        resolved = Path(d).expanduser().resolve()
-        if not resolved.is_relative_to(root):
-            raise RoleError(
-                f"the broker's checkpoint.dir {d!r} (resolved: {resolved}) is outside this "
-                f"role's checkpoint root {root}: refusing to read or write checkpoints there. "
-                "Start the role with --checkpoint-root DIR naming a directory that holds it."
-            )
-        return str(resolved)
-
-    def _factories_from(self, msg: P.Message) -> Factories:
-        refs = msg.meta.get("factories") or {}
-        if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
-            raise RoleError("the broker sent malformed factory references")
-        # A reference imports a module and calls what it names ("os:abort" would do): without
-        # an authenticated broker, only the references this role was given locally.
-        if not self.broker_authenticated:
-            for kind, ref in refs.items():
-                if self.local_factories.get(kind) != ref:
-                    raise RoleError(
-                        f"the broker names the {kind} factory {ref!r} over an unauthenticated "
-                        f"channel, and this role was not started with --{kind}-factory={ref}; "
-                        "refusing to import it. Start every role with --keys DIR, or pass the "
-                        f"same --{kind}-factory to `zrl start` (zrl run does so for its roles)."
-                    )
-        pickled = msg.arrays.get("factories")
-        if pickled is None:
-            return Factories.from_wire(refs, None)
-        # Unpickling runs code: only from a broker we authenticated (CURVE), or from our own
-        # process (inproc), never from whoever answers on an open port.
-        if not self.broker_authenticated:
-            raise RoleError(
-                "the broker offers pickled env/model factories over an unauthenticated "
-                "channel; refusing them. Start every role with --keys DIR, or give the "
-                "factories as importable 'package.module:name' references."
-            )
-        return Factories.from_wire(refs, pickled.tobytes())
+        return broker_authenticated(self.broker, self.keys)
 
     def make_envs(self, num_envs: int | None = None) -> Any:
         """A vector env of the experiment's env (the user's factory if the broker sent one)."""
@@ -303,71 +233,7 @@ class Role:
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_S)
         raise RoleError("stopped before the broker answered")
 
-    # --- sockets ----------------------------------------------------------------------
-
-    def _channel(self, sock: zmq.Socket, name: str, **kw: Any) -> Channel:
-        kw.setdefault("max_message_bytes", self.max_message_bytes)
-        ch = Channel(sock, name, self.id, self.stats, **kw)
-        self._channels.append(ch)
-        return ch
-
-    def _sock(self, kind: int, **kw: Any) -> zmq.Socket:
-        kw.setdefault("max_message_bytes", self.max_message_bytes)
-        return make_socket(self.ctx, kind, keys=self.keys, **kw)
-
-    def open_push(self, stream: str, *, hwm: int = 4, sndtimeo_ms: int = 100) -> Channel:
-        """PUSH into a stream device: blocks (up to the timeout) when every consumer is full."""
-        sock = self._sock(zmq.PUSH, sndhwm=hwm, sndtimeo_ms=sndtimeo_ms,
-                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
-        sock.connect(self._endpoint(f"{stream}_in"))
-        return self._channel(sock, stream)
-
-    def open_pull(self, stream: str, *, hwm: int = 4) -> Channel:
-        sock = self._sock(zmq.PULL, rcvhwm=hwm, rcvtimeo_ms=100,
-                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
-        sock.connect(self._endpoint(f"{stream}_out"))
-        return self._channel(sock, stream)
-
-    # The topic bus carries smaller messages than the streams (``broker.max_topic_message_bytes``)
-    # and queues few of them: a queue of ``hwm`` messages of that size is what a role that
-    # stops reading a topic can be made to hold.
-    def open_publisher(self, name: str = "topics", *, hwm: int = 1000) -> Channel:
-        size = self.max_topic_message_bytes
-        sock = self._sock(zmq.PUB, sndhwm=hwm, max_message_bytes=size)
-        sock.connect(self.endpoints["topics_in"])
-        return self._channel(sock, name, topics=True, max_message_bytes=size)
-
-    def open_subscriber(
-        self, topics: list[str], name: str | None = None, *, hwm: int = 1000
-    ) -> Channel:
-        size = self.max_topic_message_bytes
-        sock = self._sock(zmq.SUB, rcvhwm=hwm, rcvtimeo_ms=100, max_message_bytes=size)
-        for t in topics:
-            sock.setsockopt(zmq.SUBSCRIBE, t.encode())
-        connect_topics(sock, self.endpoints)
-        return self._channel(sock, name or ",".join(topics), topics=True, max_message_bytes=size)
-
-    def bind_rpc(self) -> Channel:
-        """A ROUTER peers reach directly after a LOOKUP (bound before HELLO announces it)."""
-        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100, server=True)
-        if self.broker.startswith("tcp://"):
-            port = sock.bind_to_random_port(f"tcp://{self._bind_host()}")
-            self.rpc_endpoint = f"tcp://{self.advertise}:{port}"
-        else:
-            self.rpc_endpoint = f"inproc://zrl-rpc-{self.role}-{id(self)}"
-            sock.bind(self.rpc_endpoint)
-        return self._channel(sock, "rpc", envelope=True)
-
-    def _bind_host(self) -> str:
-        return "127.0.0.1" if self.advertise.startswith("127.") else "*"
-
-    def _endpoint(self, name: str) -> str:
-        if name not in self.endpoints:
-            raise RoleError(
-                f"the broker runs no {name.rsplit('_', 1)[0]!r} stream "
-                f"(it has: {', '.join(k[:-3] for k in self.endpoints if k.endswith('_in'))})"
-            )
-        return self.endpoints[name]
+    # --- registry requests ------------------------------------------------------------
 
     def lookup(self, role: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Ask the registry for the rpc endpoints of live roles of a kind (own socket, blocking)."""
@@ -530,41 +396,3 @@ class Role:
             if not ch.sock.closed:
                 ch.close()
         self._channels.clear()
-
-
-def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` of a learner or params checkpoint: tensors, numbers,
-    strings and containers only, never code (``checkpoint.dir`` comes from the broker).
-    A file that is anything else stops the role naming it, and is left for the user."""
-    import pickle
-
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RoleError(
-            f"{path} is not a checkpoint zrl can load without running code ({first}); "
-            "move it away to start afresh"
-        ) from None
-    if not isinstance(state, dict):
-        raise RoleError(f"{path} is not a zrl checkpoint (it holds a {type(state).__name__})")
-    return state
-
-
-def registry_request(
-    ctx: zmq.Context, broker: str, msg: P.Message, timeout: float = 5.0, keys: Keys | None = None
-) -> P.Message:
-    """One request to the broker registry on a throwaway DEALER (status, lookup)."""
-    sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000), keys=keys)
-    try:
-        sock.connect(broker)
-        ch = Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())
-        ch.send(msg)
-        got = ch.recv()
-        if got is None:
-            raise RoleError(f"no answer from a broker at {broker} within {timeout:g}s")
-        return got[1]
-    finally:
-        sock.close(linger=0)

@@ -38,7 +38,8 @@ from torch import nn
 from zrl.algos import get_algorithm
 from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError
 from zrl.models import model_to_arrays
-from zrl.roles.base import Role, RoleError, load_checkpoint_file
+from zrl.roles.base import Role, RoleError
+from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P

@@ -8,10 +8,13 @@ Sockets:
 - PUB ``weights`` -> topic bus, topic ``weights``: every new version, so actors and
   the evaluator pick it up without asking. A late joiner asks GET_WEIGHTS once,
   because PUB/SUB delivers nothing sent before the subscription.
-- PULL ``gradients`` (``algo: a3c`` only) <- A3C workers: GRADIENTS computed on a weights
-  version. The server owns the model and an optimizer, combines ``a3c.gradients_per_update``
-  of them (sum or mean), steps, and publishes the result as the next version. Gradients more
-  than ``a3c.max_lag`` versions old are dropped and counted (``stale_gradients``).
+- PULL ``gradients`` (only for an algorithm that names a ``gradient_server``, A3C) <- the
+  workers: GRADIENTS computed on a weights version. This server reads them, counts the ones
+  its gradient server rejects as dropped, and stores and publishes the model as the next
+  version whenever the gradient server (``zrl.algos.a3c.server``: validation, lag counters,
+  combining, the optimizer step) completes an update. It owns that model from then on: a
+  learner's WEIGHTS are refused, and its checkpoint (``<checkpoint.dir>/<id>.pt``: the
+  gradient server's state plus the weights version) lets a restart continue the numbering.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from typing import Any
 import numpy as np
 
 from zrl.algos import get_algorithm
-from zrl.roles.base import Role, load_checkpoint_file
+from zrl.algos.api import GradientServer, GradientServerSetup
+from zrl.roles.base import Role
+from zrl.roles.trust import load_checkpoint_file
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel
 
 # Weights versions: a follower adopts from the bus a version at most MAX_VERSION_STEP past its
 # own (further jumps are checked with the server first, see zrl.roles.weights), and this server
@@ -44,146 +50,105 @@ def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 class ParameterServer(Role):
     role = "params"
 
-    @property
-    def applies_gradients(self) -> bool:
-        """Whether the algorithm's actors send gradients here to apply (A3C)."""
-        return get_algorithm(self.config.algo).wiring.experience == "gradients"
-
-    def setup(self) -> None:
-        self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
+    def __init__(self, broker: str, **kwargs: Any) -> None:
+        super().__init__(broker, **kwargs)
         self.version = 0
         self.arrays: dict[str, np.ndarray] = {}
         self.weights_meta: dict[str, Any] = {}
         self.updated_at = 0.0
         self.served = 0
-        if self.applies_gradients:
+        # Only for an algorithm that names a gradient server (its actors send gradients).
+        self.gradient_server: GradientServer | None = None
+        self.gradients: Channel | None = None
+        self.checkpoint: Path | None = None
+        self.next_checkpoint = 0.0
+
+    def setup(self) -> None:
+        self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
+        if get_algorithm(self.config.algo).gradient_server:
             self.setup_gradient_server()
 
     def setup_gradient_server(self) -> None:
+        """Build the algorithm's gradient server on a fresh model, resume it from this
+        server's checkpoint, and store its weights as the first (or next) version."""
         import torch
 
-        from zrl.algos.optim import make_adam
         from zrl.runtime import limit_torch_threads
 
+        algorithm = get_algorithm(self.config.algo)
         limit_torch_threads(self.config.learner.torch_threads)
         torch.manual_seed(self.config.seed)  # the workers start from the same initialisation
         probe = self.make_envs(num_envs=1)
-        self.model = self.make_model(probe.single_observation_space, probe.single_action_space)
+        spaces = (probe.single_observation_space, probe.single_action_space)
+        model = self.make_model(*spaces)
         probe.close()
-        self.optimizer = make_adam(self.model.parameters(), self.config.a3c.lr)
+        self.gradient_server = algorithm.load(algorithm.gradient_server)(
+            GradientServerSetup(
+                config=self.config,
+                model=model,
+                observation_space=spaces[0],
+                action_space=spaces[1],
+                log=self.log,
+                train_stats=self.train_stats,
+            )
+        )
         self.gradients = self.open_pull("gradients", hwm=4)
-        self.grad_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
-        self.accumulated: list[dict[str, np.ndarray]] = []
-        self.applied_gradients = 0
-        self.stale_gradients = 0
-        self.future_gradients = 0
-        self.updates = 0
         d = self.config.checkpoint.dir
-        # The server owns the A3C model: a restart must continue it, or the workers (whose
+        # The server owns the model: a restart must continue it, or the workers (whose
         # weights version is ahead of a fresh server's) would never take its weights again.
         self.checkpoint = Path(d) / f"{self.id}.pt" if d else None
         self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
-        if self.checkpoint is not None and self.checkpoint.is_file():
-            state = load_checkpoint_file(self.checkpoint)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.updates, self.version = int(state["updates"]), int(state["version"]) - 1
-            self.applied_gradients = int(state["applied_gradients"])
-            self.log.info("resumed from %s: update %d, weights v%d",
-                          self.checkpoint, self.updates, self.version + 1)  # fmt: skip
+        self.load_checkpoint()
         self.store_model_weights()
+
+    def load_checkpoint(self) -> None:
+        if self.gradient_server is None or self.checkpoint is None:
+            return
+        if not self.checkpoint.is_file():
+            return  # a first start: the fresh model becomes v1
+        state = load_checkpoint_file(self.checkpoint)
+        self.gradient_server.load_state_dict(state)
+        self.version = int(state["version"]) - 1  # store_model_weights stores it again
+        self.log.info("resumed from %s: update %d, weights v%d",
+                      self.checkpoint, self.gradient_server.updates, self.version + 1)  # fmt: skip
 
     def save_checkpoint(self) -> None:
         import torch
 
-        if self.checkpoint is None:
+        if self.gradient_server is None or self.checkpoint is None:
             return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "updates": self.updates,
-                "version": self.version,
-                "applied_gradients": self.applied_gradients,
-            },
-            tmp,
-        )
+        torch.save({**self.gradient_server.state_dict(), "version": self.version}, tmp)
         os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
 
     def store_model_weights(self) -> None:
+        """Store and publish the gradient server's model as the next version."""
         from zrl.models import model_to_arrays
 
-        self.arrays = model_to_arrays(self.model)
+        assert self.gradient_server is not None
+        self.arrays = model_to_arrays(self.gradient_server.model)
         self.version += 1
         self.updated_at = time.time()
-        self.weights_meta = {"updates": self.updates}
+        self.weights_meta = {"updates": self.gradient_server.updates}
         self.publish_weights()
 
     def on_gradients(self, msg: P.Message) -> None:
-        if msg.kind != P.GRADIENTS:
-            raise P.ProtocolError(f"gradients stream carries {msg.kind!r}")
-        version = msg.meta.get("weights_version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise P.ProtocolError("gradients without an integer weights_version")
-        if set(msg.arrays) != set(self.grad_shapes) or any(
-            msg.arrays[k].shape != self.grad_shapes[k] or msg.arrays[k].dtype != np.float32
-            for k in self.grad_shapes
-        ):
-            raise P.ProtocolError("gradients whose names, shapes or dtypes do not fit the model")
-        if not all(np.all(np.isfinite(g)) for g in msg.arrays.values()):
-            raise P.ProtocolError("gradients with NaN or inf values")
-        if self.version - version > self.config.a3c.max_lag:
-            self.stale_gradients += 1
-            return
-        if version > self.version:
-            # Computed on weights this server never published (it restarted without a
-            # checkpoint): applying it to other weights would be silently wrong.
-            self.future_gradients += 1
-            if self.future_gradients == 1 or self.future_gradients % 100 == 0:
-                self.log.warning(
-                    "gradient on weights v%d, but this server is at v%d (restarted without a "
-                    "checkpoint?): dropped (%d so far)", version, self.version, self.future_gradients,
-                )  # fmt: skip
-            return
-        self.accumulated.append(msg.arrays)
-        self.train_stats.add_with_max(policy_lag=self.version - version)
-        if len(self.accumulated) >= self.config.a3c.gradients_per_update:
-            self.apply_gradients()
-
-    def apply_gradients(self) -> None:
-        import torch
-
-        from zrl.algos.policy_gradient import reduce_gradients
-
-        started = time.perf_counter()
-        combined = reduce_gradients(
-            [{k: torch.from_numpy(np.array(v)) for k, v in g.items()} for g in self.accumulated],
-            self.config.a3c.reduce,
-        )
-        self.applied_gradients += len(self.accumulated)
-        self.accumulated = []
-        for name, p in self.model.named_parameters():
-            p.grad = combined[name]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.a3c.grad_clip
-        )
-        self.optimizer.step()
-        self.updates += 1
-        self.train_stats.add(grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3)
-        self.store_model_weights()
+        """One message of the ``gradients`` stream (ProtocolError: dropped and counted)."""
+        assert self.gradient_server is not None
+        if self.gradient_server.receive(msg, self.version):
+            self.store_model_weights()
 
     def bind(self) -> None:
         self.rpc = self.bind_rpc()
 
     def step(self) -> None:
-        if self.applies_gradients:
+        if self.gradient_server is not None:
             if self.checkpoint is not None and time.monotonic() >= self.next_checkpoint:
                 self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
                 self.save_checkpoint()
             self.drain_gradients()
-        if not self.rpc.sock.poll(0 if self.applies_gradients else 100):
+        if not self.rpc.sock.poll(0 if self.gradient_server is not None else 100):
             return
         for _ in range(100):
             got = self.rpc.recv(block=False)
@@ -197,7 +162,7 @@ class ParameterServer(Role):
                 self.rpc._drop(msg.sender or "?", str(exc))
 
     def drain_gradients(self) -> None:
-        if not self.gradients.sock.poll(20):
+        if self.gradients is None or not self.gradients.sock.poll(20):
             return
         for _ in range(16):
             got = self.gradients.recv(block=False)
@@ -209,8 +174,10 @@ class ParameterServer(Role):
                 self.gradients._drop(got[1].sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
-        if msg.kind == P.WEIGHTS and self.applies_gradients:
-            raise P.ProtocolError("a3c: the parameter server owns the weights; send gradients")
+        if msg.kind == P.WEIGHTS and self.gradient_server is not None:
+            raise P.ProtocolError(
+                f"{self.config.algo}: the parameter server owns the weights; send gradients"
+            )
         if msg.kind == P.WEIGHTS:
             if not msg.arrays:
                 raise P.ProtocolError("weights message without arrays")
@@ -259,26 +226,17 @@ class ParameterServer(Role):
         self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
 
     def teardown(self) -> None:
-        if self.applies_gradients and hasattr(self, "updates"):
+        if self.gradient_server is not None:
             self.save_checkpoint()
-            self.log.info(
-                "%s: %d updates from %d gradients, %d stale gradients dropped (max_lag %d)",
-                self.id, self.updates, self.applied_gradients, self.stale_gradients,
-                self.config.a3c.max_lag,
-            )  # fmt: skip
+            summary = self.gradient_server.summary()
+            if summary:
+                self.log.info("%s: %s", self.id, summary)
 
     def train_info(self) -> dict[str, float]:
-        if not self.applies_gradients or not hasattr(self, "optimizer"):
-            return {}
-        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
+        return self.gradient_server.train_info() if self.gradient_server is not None else {}
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
-        if self.applies_gradients:
-            info.update(
-                updates=self.updates,
-                applied_gradients=self.applied_gradients,
-                stale_gradients=self.stale_gradients,
-                future_gradients=self.future_gradients,
-            )
+        if self.gradient_server is not None:
+            info.update(self.gradient_server.heartbeat_info())
         return info

@@ -90,6 +90,12 @@ def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
 class ReplayServer(Role):
     role = "replay"
 
+    def __init__(self, broker: str, **kwargs: Any) -> None:
+        super().__init__(broker, **kwargs)
+        self.snapshot_path: Path | None = None  # set in setup when checkpoint.replay asks
+        self.next_snapshot = 0.0
+        self.snapshots = 0
+
     def setup(self) -> None:
         rc = self.config.replay
         # With a byte budget the capacity depends on the item size, known at the first insert.
@@ -326,7 +332,7 @@ class ReplayServer(Role):
         return True
 
     def teardown(self) -> None:
-        if getattr(self, "snapshot_path", None) is not None:
+        if self.snapshot_path is not None:
             self.save_snapshot()
 
     def step(self) -> None:

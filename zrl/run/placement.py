@@ -126,7 +126,7 @@ def placement(
 
 def role_trust_args(cfg: ExperimentConfig, factories: Factories) -> list[str]:
     """What a role takes from its own command line rather than from the broker (see
-    Role._checked_checkpoint_dir and Role._factories_from): the checkpoint root and the
+    zrl.roles.trust: checked_checkpoint_dir, factories_from): the checkpoint root and the
     factory references of this run."""
     args: list[str] = []
     if cfg.checkpoint.dir is not None:

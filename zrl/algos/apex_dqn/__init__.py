@@ -11,13 +11,7 @@ from zrl.algos.api import Algorithm, Wiring
 ALGORITHM = Algorithm(
     name="apex_dqn",
     summary="Ape-X DQN: epsilon-greedy actors, prioritized n-step replay, double DQN",
-    wiring=Wiring(
-        actions="discrete",
-        experience="replay",
-        replay_item="transitions",
-        replay_tables=("uniform", "prioritized"),
-        learner_input="batches",
-    ),
+    wiring=Wiring.off_policy("discrete"),
     policy="zrl.algos.apex_dqn.policy:ApexDQNPolicy",
     update="zrl.algos.apex_dqn.update:ApexDQNUpdate",
     model="zrl.models:q_network_for",

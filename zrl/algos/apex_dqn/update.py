@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from zrl.algos.apex_dqn.losses import dqn_update, soft_update
-from zrl.algos.api import LearnerSetup, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 
-class ApexDQNUpdate:
+class ApexDQNUpdate(BaseUpdate):
     """Online and target Q-networks and their Adam; one update per replay batch."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -48,27 +46,24 @@ class ApexDQNUpdate:
         self.updates = 0
         """Updates this object made (the phase of the target updates); restored from the
         learner's ``updates`` when its checkpoint carries one."""
-        self.pending: deque[tuple[str, np.ndarray, dict[str, Tensor]]] = deque()
+        self.pending = PendingBatches()
         """Received batches not trained on yet: (shard, keys, tensors)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
         sizes = {} if self.obs_dim is None else {"O": self.obs_dim}
         dims = M.validate(msg, M.TRANSITION_BATCH, **sizes)
-        shard = msg.meta.get("shard")
-        if not isinstance(shard, str):
-            raise P.ProtocolError("batch without a shard id")
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
-        batch = {k: torch.from_numpy(np.array(v)) for k, v in msg.arrays.items() if k != "key"}
-        self.pending.append((shard, np.ascontiguousarray(msg.arrays["key"]), batch))
+        self.pending.add(msg)
 
     def train(self, version: int) -> UpdateResult | None:
         """One update on the oldest kept batch (the learner trains after every receive, so
         there is one; a result carries the priorities of one shard's batch)."""
-        if not self.pending:
+        sampled = self.pending.pop()
+        if sampled is None:
             return None
-        shard, keys, batch = self.pending.popleft()  # dropped, not retried, if it raises
+        shard, keys, batch = sampled
         lc = self.config.learner
         started = time.perf_counter()
         try:
@@ -93,12 +88,6 @@ class ApexDQNUpdate:
             priorities=Priorities(shard, keys, result.td.astype(np.float32)),
         )
 
-    def may_publish(self) -> bool:
-        return True
-
-    def weights_meta(self) -> dict[str, int]:
-        return {}
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "online": self.model.state_dict(),
@@ -114,9 +103,6 @@ class ApexDQNUpdate:
 
     def train_info(self) -> dict[str, float]:
         return {"lr": float(self.optimizer.param_groups[0]["lr"])}
-
-    def heartbeat_info(self) -> dict[str, Any]:
-        return {}
 
     def summary(self) -> str:
         return ""

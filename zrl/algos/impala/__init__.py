@@ -6,20 +6,7 @@ a V-trace actor-critic learner that drops unrolls more than ``impala.max_lag`` v
 - ``update``: the learner side (``ImpalaUpdate``).
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
 from zrl.algos.api import Algorithm, Wiring
-
-if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
-
-
-def check_config(cfg: ExperimentConfig) -> None:
-    if cfg.roles.replay > 0 and cfg.replay.table != "fifo":
-        raise ValueError("impala reads unrolls from a queue: set replay.table: fifo")
-
 
 ALGORITHM = Algorithm(
     name="impala",
@@ -35,5 +22,4 @@ ALGORITHM = Algorithm(
     update="zrl.algos.impala.update:ImpalaUpdate",
     model="zrl.models:actor_critic_for",
     sections=("replay", "learner", "impala"),
-    check_config=check_config,
 )

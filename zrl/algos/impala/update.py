@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.api import LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
@@ -37,7 +37,7 @@ from zrl.transport import protocol as P
 TRAINED_ARRAYS = ("obs", "action", "logp", "reward", "terminated", "valid", "bootstrap_obs")
 
 
-class ImpalaUpdate:
+class ImpalaUpdate(BaseUpdate):
     """The actor-critic and its Adam; ``impala.epochs`` updates per batch of fresh unrolls."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -105,12 +105,6 @@ class ImpalaUpdate:
             )  # fmt: skip
         self.trained_unrolls += len(rows)
         return UpdateResult(updates=c.epochs, loss=loss)
-
-    def may_publish(self) -> bool:
-        return True
-
-    def weights_meta(self) -> dict[str, int]:
-        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 def check_config(cfg: ExperimentConfig) -> None:
     r = cfg.roles
-    if r.replay > 0:
-        raise ValueError("ppo sends rollouts past the replay server: set roles.replay: 0")
     if r.learners > 1 and cfg.ppo.minibatch_size % r.learners:
         raise ValueError(
             f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must split evenly across "

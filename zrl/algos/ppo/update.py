@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.algos.api import LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
@@ -45,7 +45,7 @@ HANDSHAKE_POLL_MS = 20  # one handshake step waits at most this long for a peer'
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
 
 
-class PPOUpdate:
+class PPOUpdate(BaseUpdate):
     """The learner side of PPO / DD-PPO (see the module docstring)."""
 
     def __init__(self, setup: LearnerSetup) -> None:

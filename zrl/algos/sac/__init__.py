@@ -5,22 +5,14 @@ Ape-X way: actors sample the squashed-Gaussian policy, n-step transitions in rep
 - ``zrl.algos.continuous``: the actor side and the learner side, shared with Ape-X DDPG.
 """
 
-from zrl.algos.apex_ddpg import check_config
 from zrl.algos.api import Algorithm, Wiring
 
 ALGORITHM = Algorithm(
     name="sac",
     summary="SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
-    wiring=Wiring(
-        actions="box",
-        experience="replay",
-        replay_item="transitions",
-        replay_tables=("uniform", "prioritized"),
-        learner_input="batches",
-    ),
+    wiring=Wiring.off_policy("box"),
     policy="zrl.algos.continuous:ContinuousPolicy",
     update="zrl.algos.continuous:ContinuousUpdate",
     model="zrl.continuous_models:sac_model_for",
     sections=("replay", "learner", "sac"),
-    check_config=check_config,
 )

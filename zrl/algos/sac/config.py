@@ -1,0 +1,32 @@
+"""The ``sac:`` section of an experiment config (SAC).
+
+Pydantic only (no torch, no numpy): ``zrl.config`` imports it, and the CLI stays fast.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from zrl.config_base import Section
+
+
+class SACConfig(Section):
+    """Soft actor-critic (Haarnoja et al. 2018) with the automatic entropy temperature.
+
+    Uniform or prioritized replay (``replay.table``); n-step, gamma and the batch size come
+    from ``replay:``."""
+
+    actor_lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    alpha_lr: float = Field(1e-3, gt=0)
+    """Learning rate of log(alpha)."""
+    tau: float = Field(0.005, gt=0, le=1)
+    """Polyak rate of the target critics."""
+    init_alpha: float = Field(1.0, gt=0)
+    """Initial temperature (SB3's ent_coef 'auto' starts at 1)."""
+    target_entropy: float | None = None
+    """Entropy the temperature steers the policy towards; null: -act_dim."""
+    fixed_alpha: float | None = Field(None, ge=0)
+    """A constant temperature instead of the automatic one."""
+    warmup_steps: int = Field(1000, ge=0)
+    """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""

@@ -1,0 +1,234 @@
+"""``Broker``: binds the broker's sockets and wires its three jobs.
+
+Sockets, all bound here (base address tcp://H:P; see ``broker_endpoints`` for the layout):
+
+- ROUTER ``registry`` (P): the role registry (``registry.py``): HELLO/WELCOME/REFUSED,
+  HEARTBEAT, BYE, LOOKUP, STATUS. Its loop runs in the thread that calls ``run()``.
+- XSUB ``topics_in`` (P+1), XPUB ``topics_out`` (P+2) and XPUB ``topics_bulk_out`` (after
+  the streams): the topic bus (``topic_bus.py``), forwarded in its own thread.
+- per stream S, PULL ``S_in`` / PUSH ``S_out``: the stream devices (``devices.py``).
+
+The broker composes what every WELCOME tells a role (the experiment spec, the endpoints,
+the limits, the factories) and the broker's part of a STATUS reply. With Python-callable
+factories it refuses to start without keys: it ships them as pickles, which a role takes
+only from an authenticated broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zrl import __version__
+from zrl.broker.devices import Devices
+from zrl.broker.limits import DropLog
+from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, RoleEntry, registry_socket
+from zrl.broker.topic_bus import TopicBus, topic_sockets
+from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.factories import Factories
+from zrl.transport import protocol as P
+from zrl.transport.security import Keys, stop_authenticator
+from zrl.transport.sockets import Channel, TransportStats, broker_endpoints
+
+log = logging.getLogger("zrl.broker")
+
+
+class Broker:
+    """Registry plus routing devices. ``run()`` serves until ``stop()`` is called."""
+
+    def __init__(
+        self,
+        bind: str,
+        config: ExperimentConfig | None = None,
+        *,
+        ctx: zmq.Context | None = None,
+        keys: Keys | None = None,
+        factories: Factories | None = None,
+    ) -> None:
+        self.config = config
+        self.keys = keys
+        self.factories = factories or Factories()
+        if self.factories.needs_pickle() and keys is None and not bind.startswith("inproc://"):
+            raise ValueError(
+                "this experiment's env/model factories are Python callables, which the broker "
+                "ships as pickles: that needs --keys (authenticated sockets), or factories given "
+                "as 'package.module:name' references"
+            )
+        self._pickled = (
+            np.frombuffer(self.factories.pickled(), dtype=np.uint8)
+            if self.factories.needs_pickle()
+            else None
+        )
+        bcfg = config.broker if config is not None else ExperimentConfig().broker
+        self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
+        self.heartbeat_interval = bcfg.heartbeat_interval
+        self.heartbeat_timeout = bcfg.heartbeat_timeout
+        self.setup_grace = bcfg.setup_grace
+        self.max_message_bytes = bcfg.max_message_bytes
+        self.stream_hwm = bcfg.stream_hwm
+        self.stream_buffer_bytes = bcfg.stream_buffer_bytes
+        self.max_topic_message_bytes = min(bcfg.max_topic_message_bytes, bcfg.max_message_bytes)
+        self.topic_hwm = bcfg.topic_hwm
+        self.bulk_topic_hwm = bcfg.bulk_topic_hwm
+        self.small_topic_message_bytes = min(
+            bcfg.small_topic_message_bytes, self.max_topic_message_bytes
+        )
+        self.topic_buffer_bytes = bcfg.topic_buffer_bytes
+        self.max_roles = bcfg.max_roles
+        self.max_info_bytes = bcfg.max_info_bytes
+        self.forget_after = bcfg.forget_after
+        self.bind_address = bind
+        self.endpoints = broker_endpoints(bind, self.streams)
+        # An own context lets close() end devices blocked on a full queue (ctx.term() wakes
+        # them with ETERM); in-process mode shares the caller's context for inproc://.
+        self._owns_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.stats = TransportStats()
+        self._drops = DropLog()
+        self._stop = threading.Event()
+        self._devices = Devices(self.ctx, keys, self.max_message_bytes)
+        self.started = time.time()
+        self.id = f"broker@{socket.gethostname()}"
+
+        registry_max = min(self.max_message_bytes, REGISTRY_MAX_MESSAGE_BYTES)
+        registry = registry_socket(self.ctx, registry_max, keys)
+        self._bind(registry, "registry")
+        self.registry = Channel(
+            registry, "registry", self.id, self.stats, envelope=True,
+            max_message_bytes=registry_max,
+        )  # fmt: skip
+        self._registry = Registry(
+            self.registry,
+            max_message_bytes=self.max_message_bytes,
+            heartbeat_timeout=self.heartbeat_timeout,
+            setup_grace=self.setup_grace,
+            max_roles=self.max_roles,
+            max_info_bytes=self.max_info_bytes,
+            forget_after=self.forget_after,
+            drops=self._drops,
+            welcome=self._welcome,
+            broker_status=self._status,
+        )
+        xsub, xpub, bulk = topic_sockets(
+            self._devices,
+            hwm=self.topic_hwm,
+            bulk_hwm=self.bulk_topic_hwm,
+            buffer_bytes=self.topic_buffer_bytes,
+            max_message_bytes=self.max_topic_message_bytes,
+        )
+        self._bind(xsub, "topics_in")
+        self._bind(xpub, "topics_out")
+        self._bind(bulk, "topics_bulk_out")
+        self._topic_bus = TopicBus(
+            bulk,
+            small_message_bytes=self.small_topic_message_bytes,
+            max_message_bytes=self.max_topic_message_bytes,
+            drops=self._drops,
+        )
+        self._devices.start("topics", xsub, xpub, loop=self._topic_bus.forward)
+        for name in self.streams:
+            pull = self._devices.socket(zmq.PULL, self.stream_hwm, self.stream_buffer_bytes)
+            push = self._devices.socket(zmq.PUSH, self.stream_hwm, self.stream_buffer_bytes)
+            self._bind(pull, f"{name}_in")
+            self._bind(push, f"{name}_out")
+            self._devices.start(name, pull, push)
+
+    @property
+    def roles(self) -> dict[str, RoleEntry]:
+        """The registry's entries, by role id."""
+        return self._registry.roles
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Registry and topic bus messages refused or dropped, by reason."""
+        return self._drops.rejected
+
+    @property
+    def topic_dropped(self) -> int:
+        """Topic bus messages over the frame or byte limit."""
+        return self._topic_bus.dropped
+
+    def _bind(self, sock: zmq.Socket, name: str) -> None:
+        addr = self.endpoints[name]
+        try:
+            sock.bind(addr)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._devices.close()
+            raise OSError(f"broker cannot bind {name} at {addr}: {exc}") from None
+
+    def _welcome(self, rid: str) -> P.Message:
+        """What the registry tells a role it registered as ``rid``."""
+        spec = self.config.model_dump(mode="json") if self.config is not None else None
+        return P.Message(
+            P.WELCOME,
+            arrays={"factories": self._pickled} if self._pickled is not None else {},
+            meta=dict(
+                id=rid,
+                spec=spec,
+                endpoints=self.endpoints,
+                streams=self.streams,
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_timeout=self.heartbeat_timeout,
+                max_message_bytes=self.max_message_bytes,
+                max_topic_message_bytes=self.max_topic_message_bytes,
+                zrl_version=__version__,
+                broker_started=self.started,
+                secure=self.keys is not None,
+                factories=self.factories.references,
+            ),
+        )
+
+    def _status(self) -> dict[str, Any]:
+        """The broker's part of a STATUS reply (``broker``; the roles are ``roles``)."""
+        return {
+            "id": self.id,
+            "bind": self.bind_address,
+            "pid": os.getpid(),
+            "uptime": round(time.time() - self.started, 1),
+            "zrl_version": __version__,
+            "registry": self.stats.snapshot(),
+            "rejected": dict(self.rejected),
+            "topic_dropped": self.topic_dropped,
+            "limits": {
+                "max_roles": self.max_roles,
+                "max_info_bytes": self.max_info_bytes,
+                "forget_after": self.forget_after,
+                "topic_hwm": self.topic_hwm,
+                "small_topic_message_bytes": self.small_topic_message_bytes,
+                "bulk_topic_hwm": self.bulk_topic_hwm,
+                "max_topic_message_bytes": self.max_topic_message_bytes,
+            },
+            "experiment": self.config.name if self.config is not None else None,
+        }
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        return self._registry.status_rows()
+
+    def run(self) -> None:
+        log.info("broker listening on %s (streams: %s)", self.bind_address, ", ".join(self.streams))
+        try:
+            self._registry.serve(self._stop)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._devices.close()
+        if not self.registry.sock.closed:
+            self.registry.close()
+        if self._owns_ctx:
+            stop_authenticator(self.ctx)
+            self.ctx.term()
+        log.info("broker stopped")

@@ -1,0 +1,109 @@
+"""What the broker takes from its peers, and how it says what it dropped.
+
+No sockets. A peer chooses every id, address and counter it sends, so what the registry
+keeps is bounded here: ids and names of ``MAX_ID_CHARS``, addresses of ``MAX_FIELD_CHARS``,
+printable only (no log injection); heartbeat info of ``MAX_INFO_ITEMS`` items and
+``broker.max_info_bytes`` bytes; at most ``MAX_STREAMS_PER_ROLE`` streams of counters in
+[0, ``COUNTER_MAX``]. ``DropLog`` counts what the registry and the topic bus drop, by
+reason (shown by STATUS as ``rejected``), and logs it at most once per sender and reason
+per ``DROP_LOG_INTERVAL_S``: a flood must not flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger("zrl.broker")
+
+MAX_ID_CHARS = 128  # role names, role ids, stream names
+MAX_FIELD_CHARS = 256  # host, rpc endpoint, advertised address
+MAX_STREAMS_PER_ROLE = 32
+MAX_INFO_ITEMS = 256  # keys + values in a heartbeat's info, nested ones included
+MAX_PID = 2**32
+COUNTER_MAX = 2**63 - 1  # sums stay encodable (msgpack stops at 2**64 - 1)
+DROP_LOG_INTERVAL_S = 10.0
+MAX_LOG_KEYS = 4096
+
+STAT_COUNTERS = ("sent", "received", "dropped", "gaps")
+
+
+def valid_name(value: Any, limit: int = MAX_ID_CHARS) -> bool:
+    """A non-empty printable string of at most ``limit`` characters (no log injection)."""
+    return isinstance(value, str) and 0 < len(value) <= limit and value.isprintable()
+
+
+def valid_text(value: Any, limit: int = MAX_FIELD_CHARS) -> bool:
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
+def for_log(value: Any, limit: int = 64) -> str:
+    """A peer-chosen value as a short, printable log token."""
+    if not isinstance(value, str):
+        return f"<{type(value).__name__}>"
+    text = ascii(value[:limit])[1:-1]
+    return text if len(value) <= limit else f"{text}...({len(value)} chars)"
+
+
+def info_fits(info: dict[str, Any], max_bytes: int) -> bool:
+    """Whether a heartbeat's info is small enough to keep: bytes bound the strings in it,
+    the item count bounds the Python objects (16 KiB of tiny items is ~100x that in RAM)."""
+    items = 0
+    stack: list[Any] = [info]
+    while stack:
+        obj = stack.pop()
+        items += 1
+        if items > MAX_INFO_ITEMS:
+            return False
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple):
+            stack.extend(obj)
+    try:
+        return len(msgpack.packb(info, use_bin_type=True)) <= max_bytes
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def clean_stats(raw: Any, previous: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """A role's reported stream counters, keeping only well-formed ones (a peer may lie):
+    at most ``MAX_STREAMS_PER_ROLE`` streams, counters in [0, COUNTER_MAX]."""
+    if not isinstance(raw, dict):
+        return previous
+    clean: dict[str, dict[str, int]] = {}
+    for stream, counters in raw.items():
+        if len(clean) >= MAX_STREAMS_PER_ROLE:
+            break
+        if valid_name(stream) and isinstance(counters, dict):
+            clean[stream] = {
+                k: min(v, COUNTER_MAX)
+                for k in STAT_COUNTERS
+                if isinstance(v := counters.get(k, 0), int) and not isinstance(v, bool) and v >= 0
+            }
+    return clean
+
+
+class DropLog:
+    """Messages the broker refused or dropped: counted by reason, logged sparingly."""
+
+    def __init__(self) -> None:
+        self.rejected: dict[str, int] = {}  # by reason
+        self._logged: dict[tuple[str, str], float] = {}
+
+    def note(self, sender: Any, reason: str, detail: str) -> None:
+        """Log a dropped message at most once per sender and reason per DROP_LOG_INTERVAL_S,
+        with the count since the last line: a flood must not flood the log."""
+        key = (for_log(sender), reason)
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._logged.get(key, -math.inf) < DROP_LOG_INTERVAL_S:
+            return
+        if len(self._logged) >= MAX_LOG_KEYS:
+            self._logged.clear()
+        self._logged[key] = now
+        log.warning("%s from %s: %s (%d so far)", reason, key[0], detail, self.rejected[reason])

@@ -1,0 +1,391 @@
+"""The broker's registry: which roles are there, and where they can be reached.
+
+Socket: ROUTER ``registry`` (P, the broker's base address). Roles say HELLO and get WELCOME
+(their id, the experiment spec, the stream endpoints, the message size limits) or REFUSED
+(with a reason), then HEARTBEAT (answered with HEARTBEAT_ACK, or UNKNOWN_ROLE) and BYE;
+anyone may ask LOOKUP (a service's rpc endpoints) and STATUS (the role table).
+
+The registry validates every message it reads (malformed ones are counted and dropped) and
+bounds what it stores (``zrl.broker.limits``): ``max_roles`` entries, ids and addresses of
+``MAX_ID_CHARS``/``MAX_FIELD_CHARS``, ``max_info_bytes`` of heartbeat info; dead and stopped
+entries are forgotten after ``forget_after`` seconds. An entry belongs to the connection
+(ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id from another
+connection are dropped and counted. A role that misses its heartbeats for
+``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from zrl import __version__
+from zrl.broker.limits import (
+    COUNTER_MAX,
+    MAX_FIELD_CHARS,
+    MAX_ID_CHARS,
+    MAX_INFO_ITEMS,
+    MAX_PID,
+    DropLog,
+    clean_stats,
+    for_log,
+    info_fits,
+    valid_name,
+    valid_text,
+)
+from zrl.transport import protocol as P
+from zrl.transport.security import Keys
+from zrl.transport.sockets import Channel, make_socket
+
+log = logging.getLogger("zrl.broker")
+
+REGISTRY_POLL_MS = 100
+LIVENESS_CHECK_S = 0.25
+# Registry messages are small (the largest, a heartbeat, is its info plus counters); the
+# big reply, WELCOME with pickled factories, goes out, which MAXMSGSIZE does not limit.
+REGISTRY_MAX_MESSAGE_BYTES = 2**20
+# Per connection: a peer that asks and never reads holds at most this many replies.
+REGISTRY_SNDHWM = 16
+REGISTRY_RCVHWM = 64
+MAX_DEAD_LOGGED = 10  # per liveness pass; 2,000 fake HELLOs going dead at once are one summary
+
+
+def registry_socket(ctx: zmq.Context, max_message_bytes: int, keys: Keys | None) -> zmq.Socket:
+    """The registry's ROUTER, unbound."""
+    return make_socket(ctx, zmq.ROUTER, sndhwm=REGISTRY_SNDHWM, rcvhwm=REGISTRY_RCVHWM,
+                       max_message_bytes=max_message_bytes, keys=keys, server=True)  # fmt: skip
+
+
+@dataclass
+class RoleEntry:
+    """What the registry knows about one registered role."""
+
+    id: str
+    role: str
+    host: str
+    pid: int
+    rpc: str
+    routing_id: bytes
+    address: str = ""
+    state: str = "starting"  # starting | alive | dead | stopped
+    registered: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    ended: float = 0.0  # monotonic time it went dead or stopped: forgotten forget_after later
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, now: float) -> dict[str, Any]:
+        def total(key: str) -> int:
+            return min(sum(s.get(key, 0) for s in self.stats.values()), COUNTER_MAX)
+
+        received, sent, dropped, gaps = (total(k) for k in ("received", "sent", "dropped", "gaps"))
+        return {
+            "id": self.id,
+            "role": self.role,
+            "host": self.host,
+            "pid": self.pid,
+            "address": self.address,
+            "rpc": self.rpc,
+            "state": self.state,
+            "age": round(now - self.last_seen, 2),
+            "restarts": self.restarts,
+            "msgs_in": received,
+            "msgs_out": sent,
+            "dropped": dropped,
+            "gaps": gaps,
+            "streams": self.stats,
+            "info": self.info,
+        }
+
+
+class Registry:
+    """The role table behind the ROUTER ``registry``. What a WELCOME tells a role and the
+    broker's part of a STATUS reply come from the broker (``welcome``, ``broker_status``)."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        max_message_bytes: int,
+        heartbeat_timeout: float,
+        setup_grace: float,
+        max_roles: int,
+        max_info_bytes: int,
+        forget_after: float,
+        drops: DropLog,
+        welcome: Callable[[str], P.Message],
+        broker_status: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.channel = channel
+        self.max_message_bytes = max_message_bytes
+        self.heartbeat_timeout = heartbeat_timeout
+        self.setup_grace = setup_grace
+        self.max_roles = max_roles
+        self.max_info_bytes = max_info_bytes
+        self.forget_after = forget_after
+        self.drops = drops
+        self.welcome = welcome
+        self.broker_status = broker_status
+        self.roles: dict[str, RoleEntry] = {}
+        self._counters: dict[str, int] = {}
+
+    def _new_id(self, role: str, index: Any) -> tuple[str, int | None]:
+        """(id, next number for ``role``; None when the id came from ``index``)."""
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return f"{role}-{index}", None
+        n = self._counters.get(role, 0)
+        while f"{role}-{n}" in self.roles and self.roles[f"{role}-{n}"].state == "alive":
+            n += 1
+        return f"{role}-{n}", n + 1
+
+    @staticmethod
+    def _hello_problem(m: dict[str, Any]) -> str | None:
+        """Why a HELLO's fields cannot be registered, or None."""
+        if not valid_name(m["role"]):
+            return f"role names are 1 to {MAX_ID_CHARS} printable characters"
+        if not valid_text(m["host"]):
+            return f"host names are at most {MAX_FIELD_CHARS} printable characters"
+        if not 0 <= m["pid"] < MAX_PID:
+            return "pid out of range"
+        for key in ("rpc", "address"):
+            if m.get(key) is not None and not valid_text(m[key]):
+                return f"{key} is at most {MAX_FIELD_CHARS} printable characters"
+        wanted = m.get("id")
+        if wanted is not None and not valid_name(wanted):
+            return f"role ids are 1 to {MAX_ID_CHARS} printable characters"
+        return None
+
+    @staticmethod
+    def _may_replace(old: RoleEntry, ident: bytes, m: dict[str, Any]) -> bool:
+        """Whether a HELLO for ``old``'s id may take the id over. A live entry belongs to the
+        connection that registered it; a restarted role waits until the old one is dead."""
+        if old.state in ("dead", "stopped") or old.routing_id == ident:
+            return True
+        # Before its first heartbeat a role retries HELLO on a new socket when the reply to
+        # the first came late; it tells the same pid and host.
+        return old.state == "starting" and old.pid == m["pid"] and old.host == m["host"]
+
+    def _forget_oldest_ended(self) -> bool:
+        ended = [e for e in self.roles.values() if e.state in ("dead", "stopped")]
+        if not ended:
+            return False
+        oldest = min(ended, key=lambda e: e.ended)
+        del self.roles[oldest.id]
+        log.info("forgot %s (registry full)", oldest.id)
+        return True
+
+    def _reply(self, to: bytes, kind: str, **meta: Any) -> None:
+        self.channel.send(P.Message(kind, meta=meta), to=to, block=False)
+
+    def _reject(self, sender: Any, reason: str, detail: str) -> None:
+        """A registry message refused or dropped by the registry's rules: counted as dropped."""
+        self.channel.stats.dropped += 1
+        self.drops.note(sender, reason, detail)
+
+    def _on_hello(self, ident: bytes, msg: P.Message) -> None:
+        m = msg.meta
+        P.require_meta(msg, {"role": str, "host": str, "pid": int})
+        theirs = m.get("zrl_version")
+        if theirs != __version__:
+            self._reply(ident, P.REFUSED, reason=(
+                f"zrl version mismatch: this broker runs zrl {__version__}, the role runs zrl {theirs}"
+            ))  # fmt: skip
+            return
+        problem = self._hello_problem(m)
+        if problem is not None:
+            self._reply(ident, P.REFUSED, reason=f"bad HELLO: {problem}")
+            self._reject(msg.sender, "bad hello", problem)
+            return
+        wanted = m.get("id")
+        role = m["role"]
+        next_n = None
+        if isinstance(wanted, str) and wanted.startswith(role + "-"):
+            rid = wanted
+        else:
+            rid, next_n = self._new_id(role, m.get("index"))
+        if not valid_name(rid):
+            reason = f"role ids are 1 to {MAX_ID_CHARS} printable characters"
+            self._reply(ident, P.REFUSED, reason=f"bad HELLO: {reason}")
+            self._reject(msg.sender, "bad hello", reason)
+            return
+        old = self.roles.get(rid)
+        if old is not None and not self._may_replace(old, ident, m):
+            # No answer, not REFUSED: a legitimately restarted role keeps saying HELLO with
+            # back-off, and is welcome once the old entry misses its heartbeats (marked dead).
+            self._reject(rid, "hello for a live id", (
+                f"{rid} is registered by pid {old.pid} on {for_log(old.host)} from another "
+                f"connection and is {old.state}: ignored until it is dead or stopped"
+            ))  # fmt: skip
+            return
+        if old is None and len(self.roles) >= self.max_roles and not self._forget_oldest_ended():
+            reason = f"the registry is full: {len(self.roles)} roles (broker.max_roles)"
+            self._reply(ident, P.REFUSED, reason=reason)
+            self._reject(msg.sender, "registry full", reason)
+            return
+        if next_n is not None:
+            if role not in self._counters and len(self._counters) >= self.max_roles:
+                self._counters.clear()  # numbering only skips live ids; it may start over
+            self._counters[role] = next_n
+        restarts = 0
+        if old is not None:
+            # Same id from a new process: a restart. From the same process: a reconnect.
+            restarts = old.restarts + (1 if old.pid != m["pid"] or old.host != m["host"] else 0)
+        entry = RoleEntry(
+            id=rid,
+            role=role,
+            host=m["host"],
+            pid=m["pid"],
+            rpc=m.get("rpc") or "",
+            routing_id=ident,
+            address=m.get("address") or "",
+            restarts=restarts,
+        )
+        self.roles[rid] = entry
+        log.info("registered %s (host %s, pid %s)", rid, entry.host, entry.pid)
+        self.channel.send(self.welcome(rid), to=ident, block=False)
+
+    def _on_heartbeat(self, ident: bytes, msg: P.Message) -> None:
+        rid = msg.meta.get("id")
+        entry = self.roles.get(rid) if isinstance(rid, str) else None
+        if entry is None or entry.state == "stopped":
+            self._reply(ident, P.UNKNOWN_ROLE, id=rid)
+            return
+        if entry.routing_id != ident:
+            if entry.state == "dead":
+                # Its owner reconnected on a new socket: have it say HELLO again.
+                self._reply(ident, P.UNKNOWN_ROLE, id=rid)
+                return
+            self._reject(rid, "heartbeat from another connection", (
+                f"{rid} registered on another connection: a forged sender id, or the role "
+                "reconnected (it is welcome again once the old entry is dead)"
+            ))  # fmt: skip
+            return
+        if entry.state == "dead":
+            log.warning("%s is heartbeating again after being marked dead", rid)
+        entry.state = "alive"
+        entry.last_seen = time.monotonic()
+        entry.stats = clean_stats(msg.meta.get("stats"), entry.stats)
+        info = msg.meta.get("info")
+        if isinstance(info, dict):
+            if info_fits(info, self.max_info_bytes):
+                entry.info = info
+            else:
+                # The heartbeat still counts: a role must not die of its own status.
+                self.drops.note(rid, "heartbeat info too large", (
+                    f"more than {self.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
+                    "keeping the previous info"
+                ))  # fmt: skip
+        self._reply(ident, P.HEARTBEAT_ACK)
+
+    def _on_bye(self, ident: bytes, msg: P.Message) -> None:
+        rid = msg.meta.get("id")
+        entry = self.roles.get(rid) if isinstance(rid, str) else None
+        if entry is None or entry.state == "stopped":
+            return  # e.g. a role stopping while its broker restarted
+        if entry.routing_id != ident:
+            self._reject(rid, "bye from another connection", f"{rid} registered on another one")
+            return
+        entry.state = "stopped"
+        entry.ended = time.monotonic()
+        entry.stats = clean_stats(msg.meta.get("stats"), entry.stats)
+        log.info("%s said bye", rid)
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [e.row(now) for e in sorted(self.roles.values(), key=lambda e: (e.role, e.id))]
+
+    def _on_status(self, ident: bytes, msg: P.Message) -> None:
+        self._reply(ident, P.STATUS_REPLY, roles=self.status_rows(), broker=self.broker_status())
+
+    def _on_lookup(self, ident: bytes, msg: P.Message) -> None:
+        role = msg.meta.get("role")
+        services = [
+            {"id": e.id, "rpc": e.rpc, "host": e.host}
+            for e in self.roles.values()
+            if e.role == role and e.state in ("starting", "alive") and e.rpc
+        ]
+        self._reply(ident, P.LOOKUP_REPLY, role=role, services=services)
+
+    def _handle(self, ident: bytes, msg: P.Message) -> None:
+        handler = {
+            P.HELLO: self._on_hello,
+            P.HEARTBEAT: self._on_heartbeat,
+            P.BYE: self._on_bye,
+            P.STATUS: self._on_status,
+            P.LOOKUP: self._on_lookup,
+        }.get(msg.kind)
+        if handler is None:
+            raise P.ProtocolError(f"registry does not serve {msg.kind!r}")
+        handler(ident, msg)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        died = 0
+        for e in list(self.roles.values()):
+            # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
+            window = self.setup_grace if e.state == "starting" else self.heartbeat_timeout
+            if e.state in ("starting", "alive") and now - e.last_seen > window:
+                e.state = "dead"
+                e.ended = now
+                died += 1
+                if died <= MAX_DEAD_LOGGED:
+                    log.warning(
+                        "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
+                        e.id, for_log(e.host), e.pid, now - e.last_seen,
+                    )  # fmt: skip
+            elif e.state in ("dead", "stopped") and now - e.ended > self.forget_after:
+                del self.roles[e.id]
+                log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
+        if died > MAX_DEAD_LOGGED:
+            log.warning("%d more missed their heartbeats: marked dead", died - MAX_DEAD_LOGGED)
+
+    def _recv(self) -> tuple[bytes, P.Message] | None:
+        try:
+            frames = self.channel.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        if len(frames) < 2:
+            self.channel._drop("?", "no routing envelope")
+            return None
+        ident = frames[0].bytes
+        try:
+            msg = P.decode(frames[1:], max_bytes=self.max_message_bytes)
+        except P.VersionMismatch as exc:
+            # Answer so the peer can say exactly which versions disagree.
+            self._reply(ident, P.REFUSED, reason=str(exc), protocol=P.PROTOCOL_VERSION)
+            self.channel._drop(P.peek_sender(frames[1:]), str(exc))
+            return None
+        except P.ProtocolError as exc:
+            self.channel._drop(P.peek_sender(frames[1:]), str(exc))
+            return None
+        self.channel.stats.received += 1
+        return ident, msg
+
+    def serve(self, stop: threading.Event) -> None:
+        """Answer registry messages and mark silent roles dead until ``stop`` is set."""
+        poller = zmq.Poller()
+        poller.register(self.channel.sock, zmq.POLLIN)
+        next_check = time.monotonic()
+        while not stop.is_set():
+            if poller.poll(REGISTRY_POLL_MS):
+                for _ in range(1000):  # drain a burst, but keep checking liveness
+                    got = self._recv()
+                    if got is None:
+                        break
+                    try:
+                        self._handle(*got)
+                    except P.ProtocolError as exc:
+                        self.channel._drop(got[1].sender or "?", str(exc))
+                    except Exception as exc:  # noqa: BLE001 - one message must not stop the broker
+                        log.exception("registry failed on %s from %s", got[1].kind, got[1].sender)
+                        self.channel._drop(got[1].sender or "?", f"handler error: {exc!r}")
+            if time.monotonic() >= next_check:
+                self._check_liveness()
+                next_check = time.monotonic() + LIVENESS_CHECK_S

@@ -1,0 +1,70 @@
+"""What the ``zrl`` commands share: their common options, user errors, and loading an
+experiment (a YAML config or a script) and CurveZMQ keys.
+
+Like every module of the CLI it imports the heavy parts (zrl.config, torch) inside functions,
+so ``zrl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+BrokerOpt = Annotated[
+    str, typer.Option("--broker", "-b", help="Broker address, e.g. tcp://10.0.0.1:5555.")
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a config key: a.b.c=value.")
+]
+LogOpt = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING.")]
+KeysOpt = Annotated[
+    Path | None,
+    typer.Option("--keys", help="Key directory from `zrl keys init`: CURVE on every socket."),
+]
+KeyNameOpt = Annotated[
+    str, typer.Option("--key-name", help="Which client keypair in --keys DIR to use.")
+]
+FactoriesFileOpt = Annotated[
+    Path | None, typer.Option("--factories", help="Pickled factories written by `zrl run`.")
+]
+ExperimentEnvFactoryOpt = Annotated[
+    str | None, typer.Option("--env-factory", help="Env factory as package.module:name.")
+]
+ExperimentModelFactoryOpt = Annotated[
+    str | None, typer.Option("--model-factory", help="Model factory as package.module:name.")
+]
+
+
+class UserError(Exception):
+    """Bad input; printed as one line."""
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[Any, Any]:
+    """A YAML config, or an experiment script with its factories."""
+    from zrl.config import load_config
+    from zrl.factories import Factories
+
+    if config is None:
+        return None, Factories()
+    if config.suffix == ".py":
+        from zrl.experiment import load_experiment as load_script
+
+        experiment = load_script(config)
+        return experiment.resolved_config(overrides), experiment.factories
+    return load_config(config, overrides), Factories()
+
+
+def load_keys(directory: Path | None, name: str = "client") -> Any:
+    """The keypair ``name`` of a key directory from ``zrl keys init``; None without one."""
+    if directory is None:
+        return None
+    from zrl.transport.security import load_keys as load
+
+    return load(directory, name)

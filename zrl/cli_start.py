@@ -1,0 +1,192 @@
+"""``zrl start ROLE``: one role of an experiment in this process (the broker, or a role that
+joins one), as on a host that ``zrl run`` does not start roles on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zrl.cli_common import (
+    BrokerOpt,
+    ExperimentEnvFactoryOpt,
+    ExperimentModelFactoryOpt,
+    FactoriesFileOpt,
+    KeyNameOpt,
+    KeysOpt,
+    LogOpt,
+    SetOpt,
+    fail,
+    load_experiment,
+    load_keys,
+)
+
+start_app = typer.Typer(
+    help="Start one role of an experiment in this process.", no_args_is_help=True
+)
+
+IndexOpt = Annotated[
+    int | None, typer.Option("--index", "-i", help="Role index (ids, seeds, exploration).")
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", help="Seconds to keep trying to reach the broker.")
+]
+AdvertiseOpt = Annotated[
+    str | None,
+    typer.Option("--advertise", help="Address peers reach this host at (default: auto)."),
+]
+CheckpointRootOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoint-root",
+        envvar="ZRL_CHECKPOINT_ROOT",
+        help="The broker's checkpoint.dir must lie under this directory (default: the "
+        "working directory).",
+    ),
+]
+EnvFactoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--env-factory",
+        help="Env factory package.module:name this role may import when the broker names it "
+        "without keys.",
+    ),
+]
+ModelFactoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-factory",
+        help="Model factory package.module:name this role may import when the broker names "
+        "it without keys.",
+    ),
+]
+
+
+@start_app.command("broker")
+def start_broker(
+    bind: Annotated[str, typer.Option("--bind", help="Base address: tcp://HOST:PORT.")] = (
+        "tcp://127.0.0.1:5555"
+    ),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Experiment config (YAML or script) every role receives."
+        ),
+    ] = None,
+    overrides: SetOpt = None,
+    factories_file: FactoriesFileOpt = None,
+    env_factory: ExperimentEnvFactoryOpt = None,
+    model_factory: ExperimentModelFactoryOpt = None,
+    keys: KeysOpt = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow binding a non-loopback address without keys.")
+    ] = False,
+    no_preflight: Annotated[
+        bool,
+        typer.Option(
+            "--no-preflight",
+            help="Skip making one env and the model before starting (for a broker host "
+            "without the env's packages).",
+        ),
+    ] = False,
+    log_level: LogOpt = "INFO",
+) -> None:
+    """Run the broker: registry, topic bus and stream devices."""
+    from zrl.broker import Broker
+    from zrl.factories import Factories
+    from zrl.runtime import install_stop_signals, setup_logging
+    from zrl.transport.sockets import is_loopback
+
+    setup_logging(log_level)
+    if not is_loopback(bind) and keys is None and not insecure:
+        fail(
+            f"{bind} is reachable from other hosts and no keys are configured: anyone on the "
+            "network could join this experiment. Pass --keys DIR (see `zrl keys init`), or "
+            "--insecure to accept that."
+        )
+    cfg, factories = load_experiment(config, overrides)
+    if factories_file is not None:
+        factories = Factories.from_wire(factories.references, factories_file.read_bytes())
+    if env_factory:
+        factories.env = env_factory
+    if model_factory:
+        factories.model = model_factory
+    if cfg is not None and not no_preflight:
+        from zrl.preflight import preflight
+
+        preflight(cfg, factories)  # a bad env id or model fails here, not in every role
+    broker = Broker(bind, cfg, keys=load_keys(keys), factories=factories)
+    install_stop_signals(broker.stop)
+    broker.run()
+
+
+def _start_role(
+    name: str,
+    broker: str,
+    index: int | None,
+    log_level: str,
+    timeout: float,
+    advertise: str | None,
+    keys: Path | None = None,
+    key_name: str = "client",
+    checkpoint_root: Path | None = None,
+    env_factory: str | None = None,
+    model_factory: str | None = None,
+) -> None:
+    from zrl.roles import role_class
+    from zrl.runtime import install_stop_signals, setup_logging
+
+    setup_logging(log_level)
+    cls = role_class(name)
+    role = cls(
+        broker,
+        index=index,
+        connect_timeout=timeout,
+        advertise=advertise,
+        keys=load_keys(keys, key_name),
+        checkpoint_root=checkpoint_root,
+        local_factories={
+            kind: ref for kind, ref in (("env", env_factory), ("model", model_factory)) if ref
+        },
+    )
+    install_stop_signals(role.request_stop)
+    role.run()
+
+
+def _add_role_command(name: str, help_text: str) -> None:
+    def command(
+        broker: BrokerOpt = "tcp://127.0.0.1:5555",
+        index: IndexOpt = None,
+        connect_timeout: TimeoutOpt = 60.0,
+        advertise: AdvertiseOpt = None,
+        keys: KeysOpt = None,
+        key_name: KeyNameOpt = "client",
+        checkpoint_root: CheckpointRootOpt = None,
+        env_factory: EnvFactoryOpt = None,
+        model_factory: ModelFactoryOpt = None,
+        log_level: LogOpt = "INFO",
+    ) -> None:
+        _start_role(
+            name, broker, index, log_level, connect_timeout, advertise, keys, key_name,
+            checkpoint_root, env_factory, model_factory,
+        )  # fmt: skip
+
+    command.__doc__ = help_text
+    start_app.command(name)(command)
+
+
+for _name, _help in (
+    (
+        "actor",
+        "Run an actor (an A3C worker for algo a3c): vector envs, batched inference, experience out.",
+    ),
+    ("replay", "Run a replay shard: tables, rate limiter, batches to `batches`."),
+    (
+        "params",
+        "Run the parameter server: versioned weights (A3C: applies the workers' gradients).",
+    ),
+    ("learner", "Run a learner (DQN, DDPG, SAC, IMPALA or PPO, as the config's algo says)."),
+    ("evaluator", "Run the evaluator: greedy episodes with the latest weights."),
+):
+    _add_role_command(_name, _help)

@@ -1,0 +1,19 @@
+"""The base of every config section: what ``zrl.config`` and the algorithm packages'
+``config`` modules build their sections on.
+
+Pydantic only: it imports nothing from zrl, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Section(BaseModel):
+    """A config section: an unknown key is an error (``extra="forbid"``), and so is assigning
+    a bad value after construction."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+__all__ = ["Section"]

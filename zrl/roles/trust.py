@@ -1,0 +1,109 @@
+"""What a role takes from the broker's WELCOME, and what it refuses.
+
+No sockets. A WELCOME comes from whoever answers at the broker's address; without keys
+(CURVE) a role cannot tell its own broker from a forger. So what a WELCOME names is used
+only within limits set by this process's own command line:
+
+- ``checked_checkpoint_dir``: ``checkpoint.dir`` must lie under the role's checkpoint root
+  (``zrl start --checkpoint-root``, else the working directory): snapshots and checkpoints
+  are read from and written there.
+- ``factories_from``: factory references are imported, and pickled factories unpickled,
+  only from an authenticated broker (``broker_authenticated``: keys, or inproc from this
+  process), or for references the role was given locally.
+- ``load_checkpoint_file``: what is read under ``checkpoint.dir`` is loaded without running
+  code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zrl.factories import Factories
+from zrl.roles.errors import RoleError
+from zrl.transport import protocol as P
+from zrl.transport.security import Keys
+
+
+def broker_authenticated(broker: str, keys: Keys | None) -> bool:
+    """Whether what the broker says comes from the user's own broker: CURVE proves its
+    server key, and an inproc broker lives in this process."""
+    return keys is not None or broker.startswith("inproc://")
+
+
+def checked_checkpoint_dir(d: str | None, root: Path | None, broker: str) -> str | None:
+    """The broker's ``checkpoint.dir``, resolved, if it lies under this role's checkpoint
+    root; otherwise RoleError. Snapshots and checkpoints are read from and written there,
+    so a forged WELCOME must not point them at any file of this host.
+
+    The root is ``root`` (``zrl start --checkpoint-root``; ``zrl run`` passes its run's
+    checkpoint directory), else the working directory. An inproc broker's config comes from
+    this process and is taken as is."""
+    if d is None:
+        return None
+    if root is None:
+        if broker.startswith("inproc://"):
+            return d
+        root = Path.cwd().resolve()
+    resolved = Path(d).expanduser().resolve()
+    if not resolved.is_relative_to(root):
+        raise RoleError(
+            f"the broker's checkpoint.dir {d!r} (resolved: {resolved}) is outside this "
+            f"role's checkpoint root {root}: refusing to read or write checkpoints there. "
+            "Start the role with --checkpoint-root DIR naming a directory that holds it."
+        )
+    return str(resolved)
+
+
+def factories_from(
+    msg: P.Message, *, authenticated: bool, local_factories: dict[str, str]
+) -> Factories:
+    """The env/model factories a WELCOME names (references in ``factories``, pickles in the
+    array ``factories``), if this role may take them; otherwise RoleError."""
+    refs = msg.meta.get("factories") or {}
+    if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
+        raise RoleError("the broker sent malformed factory references")
+    # A reference imports a module and calls what it names ("os:abort" would do): without
+    # an authenticated broker, only the references this role was given locally.
+    if not authenticated:
+        for kind, ref in refs.items():
+            if local_factories.get(kind) != ref:
+                raise RoleError(
+                    f"the broker names the {kind} factory {ref!r} over an unauthenticated "
+                    f"channel, and this role was not started with --{kind}-factory={ref}; "
+                    "refusing to import it. Start every role with --keys DIR, or pass the "
+                    f"same --{kind}-factory to `zrl start` (zrl run does so for its roles)."
+                )
+    pickled = msg.arrays.get("factories")
+    if pickled is None:
+        return Factories.from_wire(refs, None)
+    # Unpickling runs code: only from a broker we authenticated (CURVE), or from our own
+    # process (inproc), never from whoever answers on an open port.
+    if not authenticated:
+        raise RoleError(
+            "the broker offers pickled env/model factories over an unauthenticated "
+            "channel; refusing them. Start every role with --keys DIR, or give the "
+            "factories as importable 'package.module:name' references."
+        )
+    return Factories.from_wire(refs, pickled.tobytes())
+
+
+def load_checkpoint_file(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a learner or params checkpoint: tensors, numbers,
+    strings and containers only, never code (``checkpoint.dir`` comes from the broker).
+    A file that is anything else stops the role naming it, and is left for the user."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RoleError(
+            f"{path} is not a checkpoint zrl can load without running code ({first}); "
+            "move it away to start afresh"
+        ) from None
+    if not isinstance(state, dict):
+        raise RoleError(f"{path} is not a zrl checkpoint (it holds a {type(state).__name__})")
+    return state
