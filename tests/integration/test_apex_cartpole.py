@@ -19,6 +19,7 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "zrl", "run", str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
         "--run-dir", str(run_dir), "--set", "stop.wall_time=60",
+        "--set", "stop.eval_window=1",  # one evaluation at the target will do: it is a smoke test
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:

@@ -25,6 +25,7 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "zrl", "run", str(REPO / "configs" / CONFIGS[algo]),
         "--run-dir", str(run_dir), "--set", "stop.wall_time=60",
+        "--set", "stop.eval_window=1",  # one evaluation at the target will do: it is a smoke test
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import zrl
-from zrl.algos import register
+from zrl.algos import register, unregister
 from zrl.algos.api import (
     ActorSetup,
     Algorithm,
@@ -117,18 +117,21 @@ TINY_Q = Algorithm(
 @pytest.mark.slow
 def test_a_registered_algorithm_trains_cartpole_through_the_generic_roles(tmp_path):
     register(TINY_Q)
-    experiment = zrl.Experiment(
-        {
-            "algo": "tiny_q",
-            "env": {"id": "CartPole-v1", "num_envs": 4},
-            "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 1},
-            "replay": {"table": "uniform", "n_step": 1, "gamma": 0.95, "min_size": 1000},
-            "learner": {"lr": 1e-3, "publish_interval": 20},
-            "evaluator": {"interval": 2.0, "episodes": 5},
-            "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
-        }
-    )
-    summary = experiment.run(inproc=True, run_dir=tmp_path / "run")
+    try:
+        experiment = zrl.Experiment(
+            {
+                "algo": "tiny_q",
+                "env": {"id": "CartPole-v1", "num_envs": 4},
+                "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 1},
+                "replay": {"table": "uniform", "n_step": 1, "gamma": 0.95, "min_size": 1000},
+                "learner": {"lr": 1e-3, "publish_interval": 20},
+                "evaluator": {"interval": 2.0, "episodes": 5},
+                "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
+            }
+        )
+        summary = experiment.run(inproc=True, run_dir=tmp_path / "run")
+    finally:
+        unregister("tiny_q")  # the registry is per process: leave it as the other tests expect
     random_policy_return = 25
     assert summary["best_eval_return"] > 3 * random_policy_return, summary
     assert summary["updates"] > 100, summary

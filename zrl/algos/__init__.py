@@ -29,6 +29,11 @@ def register(algorithm: Algorithm) -> None:
     _registered[algorithm.name] = algorithm
 
 
+def unregister(name: str) -> None:
+    """Forget an algorithm ``register`` added (tests; a no-op for one that was not)."""
+    _registered.pop(name, None)
+
+
 def algorithm_names() -> list[str]:
     return [*ALGORITHMS, *(n for n in _registered if n not in ALGORITHMS)]
 
@@ -44,4 +49,11 @@ def get_algorithm(name: str) -> Algorithm:
     return algorithm
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "algorithm_names", "get_algorithm", "register"]
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "algorithm_names",
+    "get_algorithm",
+    "register",
+    "unregister",
+]

@@ -119,7 +119,7 @@ class Actor(Role):
                 rng=self.rng,
                 log=self.log,
                 train_stats=self.train_stats,
-            )  # fmt: skip
+            )
         )
         self.weights.fetch_latest()
         obs, _ = self.envs.reset(seed=self.seed)

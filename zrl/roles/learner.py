@@ -96,7 +96,7 @@ class Learner(Role):
                 log=self.log,
                 train_stats=self.train_stats,
                 services=self,
-            )  # fmt: skip
+            )
         )
         self.checkpoint = self.checkpoint_path()
         self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval

@@ -114,12 +114,13 @@ def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
 
 
 def run_zrl(tmp_path: Path, config: str, *overrides: str, wall_time: int = 60) -> dict:
-    """`zrl run` of ``configs/<config>`` to 475 or ``wall_time``: it must exit 0, beat a random
-    policy clearly, and leave no process of the run behind. Returns the summary, with the run
-    dir under "dir"."""
+    """`zrl run` of ``configs/<config>`` to one evaluation at the target or ``wall_time``: it
+    must exit 0, beat a random policy clearly, and leave no process of the run behind. Returns
+    the summary, with the run dir under "dir"."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / config),
-           "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}"]  # fmt: skip
+           "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}",
+           "--set", "stop.eval_window=1"]  # fmt: skip
     for item in overrides:
         cmd += ["--set", item]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
