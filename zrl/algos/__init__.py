@@ -1,7 +1,7 @@
 """The algorithms zrl runs, by the name a config's ``algo`` gives.
 
 Each is a package (``zrl/algos/<name>/``, see ``zrl.algos.api``); adding one is its package
-and one line here. ``register`` adds one at run time (tests, plug-ins in a user's script).
+and one line here. ``register`` adds one for the roles of one process (tests, ``--inproc``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ _registered: dict[str, Algorithm] = {}
 
 
 def register(algorithm: Algorithm) -> None:
-    """Make ``algorithm`` runnable as ``algo: <its name>`` in this process (and in the roles
-    it forks: an in-process experiment, or ``zrl run`` of a script that registers it)."""
+    """Make ``algorithm`` runnable as ``algo: <its name>`` by the roles of this process (an
+    in-process experiment). Roles in other processes know only ``ALGORITHMS``."""
     _registered[algorithm.name] = algorithm
 
 
