@@ -234,12 +234,34 @@ class QCritic(nn.Module):
         return self.head(self.torso(x)).squeeze(1)
 
 
-class DDPGModel(nn.Module):
+class PolicyAndCritics(nn.Module):
+    """A policy over ``obs [B, obs_dim]`` and critics ``q1`` (and ``q2`` when ``twin``) over
+    ``(obs, actions [B, act_dim])``: what DDPG and SAC share."""
+
+    def __init__(
+        self, policy: nn.Module, obs_dim: int, act_dim: int, hidden: Sequence[int], twin: bool
+    ) -> None:
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.act_dim = act_dim
+        self.policy = policy
+        self.q1 = QCritic(obs_dim, act_dim, hidden)
+        self.q2: QCritic | None = QCritic(obs_dim, act_dim, hidden) if twin else None
+
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.act(obs)
+
+
+class DDPGModel(PolicyAndCritics):
     """Ape-X DDPG actor-critic: deterministic policy ``mu`` and critic ``q1`` (plus ``q2`` for
     TD3's clipped double-Q when ``twin``). Exploration noise is added by the actor process, not
     here."""
 
     kind = "ddpg"
+    policy: DeterministicPolicy
 
     def __init__(
         self,
@@ -250,14 +272,10 @@ class DDPGModel(nn.Module):
         hidden: Sequence[int] = (256, 256),
         twin: bool = False,
     ) -> None:
-        super().__init__()
-        self.obs_dim = obs_dim
-        self.act_dim = act_dim
-        self.policy = DeterministicPolicy(
+        policy = DeterministicPolicy(
             obs_dim, act_dim, hidden, action_low=action_low, action_high=action_high
         )
-        self.q1 = QCritic(obs_dim, act_dim, hidden)
-        self.q2: QCritic | None = QCritic(obs_dim, act_dim, hidden) if twin else None
+        super().__init__(policy, obs_dim, act_dim, hidden, twin)
 
     @property
     def twin(self) -> bool:
@@ -272,14 +290,13 @@ class DDPGModel(nn.Module):
         """``(Q1(s, a), Q2(s, a) or None)``, each ``[B]``."""
         return self.q1(obs, actions), (None if self.q2 is None else self.q2(obs, actions))
 
-    def forward(self, obs: Tensor) -> Tensor:
-        return self.act(obs)
 
-
-class SACModel(nn.Module):
+class SACModel(PolicyAndCritics):
     """Soft actor-critic (Haarnoja et al. 2018): squashed-Gaussian policy and twin critics."""
 
     kind = "sac"
+    policy: SquashedGaussianPolicy
+    q2: QCritic  # always twin
 
     def __init__(
         self,
@@ -289,14 +306,10 @@ class SACModel(nn.Module):
         action_high: np.ndarray,
         hidden: Sequence[int] = (256, 256),
     ) -> None:
-        super().__init__()
-        self.obs_dim = obs_dim
-        self.act_dim = act_dim
-        self.policy = SquashedGaussianPolicy(
+        policy = SquashedGaussianPolicy(
             obs_dim, act_dim, hidden, action_low=action_low, action_high=action_high
         )
-        self.q1 = QCritic(obs_dim, act_dim, hidden)
-        self.q2 = QCritic(obs_dim, act_dim, hidden)
+        super().__init__(policy, obs_dim, act_dim, hidden, twin=True)
 
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
         """A sampled action (``deterministic``: ``bias + scale * tanh(mu)``), ``[B, act_dim]``."""
@@ -311,9 +324,6 @@ class SACModel(nn.Module):
     def q_values(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """``(Q1(s, a), Q2(s, a))``, each ``[B]``."""
         return self.q1(obs, actions), self.q2(obs, actions)
-
-    def forward(self, obs: Tensor) -> Tensor:
-        return self.act(obs)
 
 
 def build_continuous_model(

@@ -8,17 +8,12 @@ values and the entropy.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from zrl.algos.returns import check_nonnegative
+
 REDUCE_MODES = ("sum", "mean")
-
-
-def _check_coef(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be finite and >= 0, got {name}={value!r}")
 
 
 def _check_same_shape(reference: str, tensors: dict[str, Tensor]) -> None:
@@ -80,8 +75,8 @@ def ppo_loss(
         raise ValueError(f"clip must be > 0, got clip={clip!r}")
     if value_clip is not None and not value_clip > 0:
         raise ValueError(f"value_clip must be > 0 or None, got value_clip={value_clip!r}")
-    _check_coef("entropy_coef", entropy_coef)
-    _check_coef("value_coef", value_coef)
+    check_nonnegative("entropy_coef", entropy_coef)
+    check_nonnegative("value_coef", value_coef)
 
     old_logp, old_values, returns = old_logp.detach(), old_values.detach(), returns.detach()
     adv = advantages.detach()
@@ -140,8 +135,8 @@ def a2c_loss(
     """
     _check_same_shape("logp", {"logp": logp, "advantages": advantages})
     _check_same_shape("values", {"values": values, "returns": returns})
-    _check_coef("entropy_coef", entropy_coef)
-    _check_coef("value_coef", value_coef)
+    check_nonnegative("entropy_coef", entropy_coef)
+    check_nonnegative("value_coef", value_coef)
 
     policy_loss = -(logp * advantages.detach()).mean()
     value_loss = 0.5 * (returns.detach() - values).square().mean()

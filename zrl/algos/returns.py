@@ -7,6 +7,7 @@ Conventions for the ``[E, T]`` arrays: row ``e`` holds steps ``t = 0..T-1`` of v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,13 @@ class NStepTransitions:
 
     def __len__(self) -> int:
         return int(self.env.shape[0])
+
+
+def check_nonnegative(name: str, value: float) -> None:
+    """ValueError naming ``name`` unless ``value`` is finite and >= 0 (a loss coefficient, a
+    noise scale)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {name}={value!r}")
 
 
 def _check_gamma(name: str, value: float) -> None:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
 from zrl.algos.optim import checked_step
+from zrl.algos.returns import check_nonnegative
 from zrl.continuous_models import DDPGModel
 
 __all__ = [
@@ -45,11 +46,6 @@ __all__ = [
     "soft_update",
     "target_policy_smoothing",
 ]
-
-
-def _check_nonnegative(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be finite and >= 0, got {name}={value!r}")
 
 
 def target_policy_smoothing(
@@ -67,8 +63,8 @@ def target_policy_smoothing(
     draw) and ``c = noise_clip * scale``. ``noise_std = 0`` returns the actions clipped to the
     bounds. Shapes: actions ``[B, A]``, low/high ``[A]`` -> ``[B, A]``.
     """
-    _check_nonnegative("noise_std", noise_std)
-    _check_nonnegative("noise_clip", noise_clip)
+    check_nonnegative("noise_std", noise_std)
+    check_nonnegative("noise_clip", noise_clip)
     low_t = torch.as_tensor(low, dtype=actions.dtype, device=actions.device)
     high_t = torch.as_tensor(high, dtype=actions.dtype, device=actions.device)
     if noise_std > 0:
@@ -173,8 +169,8 @@ def ddpg_update(
     check_batch(batch, grad_clip, "ddpg_update")
     if huber_delta is not None and not huber_delta > 0:
         raise ValueError(f"huber_delta must be > 0 or None, got huber_delta={huber_delta!r}")
-    _check_nonnegative("target_noise", target_noise)
-    _check_nonnegative("target_noise_clip", target_noise_clip)
+    check_nonnegative("target_noise", target_noise)
+    check_nonnegative("target_noise_clip", target_noise_clip)
     if (model.q2 is None) != (target.q2 is None):
         raise ValueError(
             f"ddpg_update: model twin={model.q2 is not None} but target "

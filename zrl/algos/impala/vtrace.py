@@ -8,7 +8,6 @@ of ``rewards`` / ``discounts`` belongs to the transition ``x_t -> x_{t+1}`` and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zrl.algos.optim import checked_step
+from zrl.algos.returns import check_nonnegative
 
 
 @dataclass
@@ -30,11 +30,6 @@ def _check_threshold(name: str, value: float) -> None:
     # `not value > 0` also rejects NaN; math.inf (no clipping) is allowed.
     if not value > 0:
         raise ValueError(f"{name} must be > 0 (math.inf disables clipping), got {name}={value!r}")
-
-
-def _check_coef(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be finite and >= 0, got {name}={value!r}")
 
 
 def vtrace(
@@ -181,8 +176,8 @@ def impala_loss(
             raise ValueError(
                 f"{name} has shape {tuple(arr.shape)}, expected {expected} (logits.shape[:2])"
             )
-    _check_coef("entropy_coef", entropy_coef)
-    _check_coef("value_coef", value_coef)
+    check_nonnegative("entropy_coef", entropy_coef)
+    check_nonnegative("value_coef", value_coef)
 
     if valid is None:
         weight = torch.full(
