@@ -365,17 +365,15 @@ def build_continuous_model(
     raise ValueError(f"unknown continuous algo {algo!r}, expected apex_ddpg or sac")
 
 
-def continuous_model_for(
+def ddpg_model_for(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
     model_cfg: ModelConfig,
     twin: bool = False,
-    algo: str = "",
 ) -> nn.Module:
-    """zrl's network for Ape-X DDPG (``twin``: TD3's second critic) or SAC (``Algorithm.model``;
-    the algorithm is told by which of the two registry entries calls: see ``sac_model_for``)."""
+    """zrl's network for Ape-X DDPG (``Algorithm.model``; ``twin``: TD3's second critic)."""
     return build_continuous_model(
-        observation_space, action_space, algo or "apex_ddpg", model_cfg.hidden, twin
+        observation_space, action_space, "apex_ddpg", model_cfg.hidden, twin
     )
 
 
@@ -385,7 +383,8 @@ def sac_model_for(
     model_cfg: ModelConfig,
     twin: bool = False,
 ) -> nn.Module:
-    return continuous_model_for(observation_space, action_space, model_cfg, True, "sac")
+    """zrl's network for SAC (``Algorithm.model``; always twin critics)."""
+    return build_continuous_model(observation_space, action_space, "sac", model_cfg.hidden, True)
 
 
 def clip_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:

@@ -5,36 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import RANDOM_POLICY_RETURN, REPO, kill_pids, zrl_processes
+from zrl.testing.processes import RANDOM_POLICY_RETURN, REPO, kill_pids, run_zrl, zrl_processes
 
 
 @pytest.mark.slow
 def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "zrl", "run", str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
-        "--run-dir", str(run_dir), "--set", "stop.wall_time=60",
-        "--set", "stop.eval_window=1",  # one evaluation at the target will do: it is a smoke test
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        out, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            kill_pids([proc.pid])
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
-
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = run_zrl(tmp_path, "cartpole_apex_dqn.yaml")  # exits 0, learns, leaves nothing
+    run_dir = summary["dir"]
     assert summary["stop_reason"] in ("eval_return", "wall_time"), summary
     assert summary["evaluations"] >= 3, summary
-    # Clearly beats a random policy (about 22): learning happened.
-    assert summary["best_eval_return"] > 5 * RANDOM_POLICY_RETURN, (summary, text[-3000:])
     assert summary["env_steps"] > 10_000
     assert summary["updates"] > 1_000
 
@@ -48,12 +31,6 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
             "learner-0.log", "evaluator-0.log"} <= logs  # fmt: skip
     seeds = json.loads((run_dir / "seeds.json").read_text())
     assert seeds["actors"]["actor-0"] != seeds["actors"]["actor-1"]
-
-    # Every child is gone.
-    broker = (run_dir / "broker_address").read_text().strip()
-    time.sleep(0.5)
-    left = zrl_processes(broker)
-    assert not left, [p.cmdline() for p in left]
 
     # The saved policy plays as well as the evaluator said, give or take evaluation noise.
     ev = subprocess.run(

@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from zrl.algos import get_algorithm
-from zrl.algos.api import ActorSetup, LearnerSetup
+from zrl.algos.api import ActorSetup
 from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
 from zrl.continuous_models import DDPGModel, SACModel
@@ -152,16 +152,14 @@ def bare_actor(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 
     needs."""
     actor = Actor("inproc://unused", index=index)
     actor.config = cfg
-    setup = actor_setup(cfg, envs, model, index)
-    setup.log, setup.train_stats = actor.log, actor.train_stats
-    actor.actor_index = index
-    actor.seed = setup.seed
-    actor.rng = setup.rng
+    actor.seed = 1000 + index
+    actor.rng = np.random.default_rng(actor.seed)
     actor.envs = envs
     actor.num_envs = envs.num_envs
     actor.model = model
     actor.weights = SimpleNamespace(version=0)  # type: ignore[assignment]
-    actor.policy = make_policy(setup)
+    actor.policy = actor.make_policy((envs.single_observation_space, envs.single_action_space))
+    assert isinstance(actor.policy, ContinuousPolicy)
     obs, _ = envs.reset(seed=actor.seed)
     actor.obs = np.asarray(obs, np.float32).reshape(actor.num_envs, -1)
     actor.needs_reset = np.zeros(actor.num_envs, bool)
@@ -372,18 +370,7 @@ def bare_learner(cfg: ExperimentConfig, monkeypatch) -> Learner:
     probe = make_vector_env(cfg.env, 1)
     spaces = (probe.single_observation_space, probe.single_action_space)
     probe.close()
-    learner.update = algorithm.load(algorithm.update)(
-        LearnerSetup(
-            config=cfg,
-            model=learner.make_model(*spaces),
-            observation_space=spaces[0],
-            action_space=spaces[1],
-            index=0,
-            log=learner.log,
-            train_stats=learner.train_stats,
-            services=learner,
-        )
-    )
+    learner.update = learner.make_update(spaces)
     assert isinstance(learner.update, ContinuousUpdate)
     learner.weights_version = 3
     learner.published = 0  # type: ignore[attr-defined]

@@ -12,7 +12,6 @@ import torch
 
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.a3c.server import A3CGradientServer
-from zrl.algos.api import Trajectory
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import make_adam
 from zrl.algos.policy_gradient import a2c_loss, reduce_gradients
@@ -25,9 +24,9 @@ from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_ar
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.replay import UNROLL_ARRAYS, assemble_unrolls
+from zrl.roles.replay import assemble_unrolls
 from zrl.roles.weights import request_latest_weights
-from zrl.testing.fakes import Rpc, as_message
+from zrl.testing.fakes import Rpc, as_message, unroll_trajectory
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
@@ -74,7 +73,7 @@ def unroll_arrays(E: int = 3, T: int = 5, D: int = 4) -> dict[str, np.ndarray]:
 def test_assemble_unrolls_one_item_per_env_with_its_version():
     a = unroll_arrays()
     items = assemble_unrolls(as_message(a, weights_version=7, actor=0))
-    assert set(items) == {*UNROLL_ARRAYS, "weights_version"}
+    assert set(items) == {*UNROLL.arrays, "weights_version"}
     for name, arr in a.items():
         assert items[name].dtype == arr.dtype and items[name].shape == arr.shape, name
         np.testing.assert_array_equal(items[name], arr)
@@ -552,18 +551,7 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     inproc.stop_role(actor)  # its model is ours to use now
     # The worker starts from the same initialisation as the parameter server's.
     assert_close_arrays(model_to_arrays(actor.model), model_to_arrays(model))
-    produced = actor.policy.finish(
-        Trajectory(
-            obs=rollout["obs"],
-            next_obs=None,
-            action=rollout["action"],
-            reward=rollout["reward"],
-            terminated=rollout["terminated"],
-            truncated=rollout["truncated"],
-            valid=rollout["valid"],
-            final_obs=rollout["bootstrap_obs"],
-        )
-    )
+    produced = actor.policy.finish(unroll_trajectory(rollout))
     assert produced.kind == P.GRADIENTS
     with torch.no_grad():
         values = model.value(torch.from_numpy(rollout["obs"].reshape(-1, 4))).numpy()

@@ -14,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.ppo.rounds import ROLLOUT_ARRAYS, Rollout, RoundBuffer, round_tensors
+from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
 from zrl.algos.returns import rollout_gae
 from zrl.models import ActorCritic
+from zrl.transport.messages import UNROLL
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -271,7 +272,7 @@ def rollout_arrays(seed: int, E: int = 2, T: int = 6) -> dict[str, np.ndarray]:
         "valid": valid,
         "bootstrap_obs": rng.normal(size=(E, OBS_DIM)).astype(np.float32),
     }
-    assert set(arrays) == set(ROLLOUT_ARRAYS)
+    assert set(arrays) == set(UNROLL.arrays)
     return arrays
 
 

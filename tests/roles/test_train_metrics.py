@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos import get_algorithm
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
-from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
 from zrl.algos.continuous import ContinuousPolicy
 from zrl.algos.ppo.rounds import Rollout
 from zrl.algos.ppo.update import PPOUpdate
@@ -27,6 +25,7 @@ from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import unroll_trajectory
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -95,20 +94,7 @@ def bare_learner(cfg: ExperimentConfig) -> Learner:
     learner = Learner("inproc://unused", index=0)
     learner.config = cfg
     torch.manual_seed(cfg.seed)
-    spaces = _spaces(cfg)
-    algorithm = get_algorithm(cfg.algo)
-    learner.update = algorithm.load(algorithm.update)(
-        LearnerSetup(
-            config=cfg,
-            model=learner.make_model(*spaces),
-            observation_space=spaces[0],
-            action_space=spaces[1],
-            index=0,
-            log=learner.log,
-            train_stats=learner.train_stats,
-            services=Services(),
-        )
-    )
+    learner.update = learner.make_update(_spaces(cfg), Services())
     return learner
 
 
@@ -121,21 +107,8 @@ def bare_actor(cfg: ExperimentConfig, index: int, seed: int = 1) -> Actor:
     spaces = _spaces(cfg)
     actor.num_envs = cfg.env.num_envs
     actor.model = actor.make_model(*spaces)
-    algorithm = get_algorithm(cfg.algo)
-    actor.policy = algorithm.load(algorithm.policy)(
-        ActorSetup(
-            config=cfg,
-            observation_space=spaces[0],
-            action_space=spaces[1],
-            num_envs=actor.num_envs,
-            model=actor.model,
-            actor_index=index,
-            seed=seed,
-            rng=np.random.default_rng(seed),
-            log=actor.log,
-            train_stats=actor.train_stats,
-        )
-    )
+    actor.rng = np.random.default_rng(seed)
+    actor.policy = actor.make_policy(spaces)
     actor.envs = SimpleNamespace(close=lambda: None)  # set up: it reports its exploration
     actor.episodes = EpisodeTracker(actor.num_envs)
     return actor
@@ -272,18 +245,7 @@ def test_a3c_worker_and_parameter_server_report(monkeypatch):
     assert params.gradient_server is not None
     worker.model.load_state_dict(params.gradient_server.model.state_dict())
     r = rollout_arrays(np.random.default_rng(0), envs=2)
-    out = worker.policy.finish(
-        Trajectory(
-            obs=r["obs"],
-            next_obs=None,
-            action=r["action"],
-            reward=r["reward"],
-            terminated=r["terminated"],
-            truncated=r["truncated"],
-            valid=r["valid"],
-            final_obs=r["bootstrap_obs"],
-        )
-    )
+    out = worker.policy.finish(unroll_trajectory(r))
     assert out.kind == P.GRADIENTS
     check(worker.train_metrics(), "loss", "policy_loss", "value_loss", "entropy")
 

@@ -31,9 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     from torch import nn
 
     from zrl.config import ExperimentConfig

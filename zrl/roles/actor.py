@@ -107,9 +107,24 @@ class Actor(Role):
         self.model = self.make_model(*spaces)
         self.model.eval()
         self.weights = WeightsFollower(self, self.model)
-        self.policy: ActorPolicy = algorithm.load(algorithm.policy)(
+        self.policy: ActorPolicy = self.make_policy(spaces)
+        self.weights.fetch_latest()
+        obs, _ = self.envs.reset(seed=self.seed)
+        self.obs = flat_obs(obs, self.num_envs)
+        self.needs_reset = np.zeros(self.num_envs, dtype=bool)
+        self.episodes = EpisodeTracker(self.num_envs)
+        # Credit window: a trajectory counts as in flight until a replay shard acknowledges
+        # its insertion. Bounding it bounds how stale the data in replay can be, whatever
+        # the socket buffers between here and the shard could hold.
+        self.window = CreditWindow(cfg.actor.max_in_flight, ACK_TIMEOUT_S)
+
+    def make_policy(self, spaces: tuple[Any, Any]) -> ActorPolicy:
+        """The algorithm's policy over this actor's model, envs, seed and random stream, for
+        ``spaces`` (observation, action)."""
+        algorithm = get_algorithm(self.config.algo)
+        return algorithm.load(algorithm.policy)(
             ActorSetup(
-                config=cfg,
+                config=self.config,
                 observation_space=spaces[0],
                 action_space=spaces[1],
                 num_envs=self.num_envs,
@@ -121,15 +136,6 @@ class Actor(Role):
                 train_stats=self.train_stats,
             )
         )
-        self.weights.fetch_latest()
-        obs, _ = self.envs.reset(seed=self.seed)
-        self.obs = flat_obs(obs, self.num_envs)
-        self.needs_reset = np.zeros(self.num_envs, dtype=bool)
-        self.episodes = EpisodeTracker(self.num_envs)
-        # Credit window: a trajectory counts as in flight until a replay shard acknowledges
-        # its insertion. Bounding it bounds how stale the data in replay can be, whatever
-        # the socket buffers between here and the shard could hold.
-        self.window = CreditWindow(cfg.actor.max_in_flight, ACK_TIMEOUT_S)
 
     def open_outputs(self, experience: str) -> None:
         """The sockets trajectories leave by, for the algorithm's ``wiring.experience``."""

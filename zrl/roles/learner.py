@@ -36,7 +36,7 @@ import zmq
 from torch import nn
 
 from zrl.algos import get_algorithm
-from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError
+from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
 from zrl.models import model_to_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.trust import load_checkpoint_file
@@ -84,24 +84,31 @@ class Learner(Role):
         probe = self.make_envs(num_envs=1)  # only for the spaces
         spaces = (probe.single_observation_space, probe.single_action_space)
         probe.close()
-        online = self.make_model(*spaces)
         self.open_input(algorithm.wiring.learner_input)
-        self.update: LearnerUpdate = algorithm.load(algorithm.update)(
+        self.update: LearnerUpdate = self.make_update(spaces)
+        self.checkpoint = self.checkpoint_path()
+        self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
+        self.load_checkpoint()
+        self.send_weights()  # every actor starts from the learner's (initial or resumed) weights
+
+    def make_update(
+        self, spaces: tuple[Any, Any], services: LearnerServices | None = None
+    ) -> LearnerUpdate:
+        """The algorithm's update of a new model for ``spaces`` (observation, action); the
+        learner lends itself as ``services`` unless given others (tests)."""
+        algorithm = get_algorithm(self.config.algo)
+        return algorithm.load(algorithm.update)(
             LearnerSetup(
-                config=cfg,
-                model=online,
+                config=self.config,
+                model=self.make_model(*spaces),
                 observation_space=spaces[0],
                 action_space=spaces[1],
                 index=self.index or 0,
                 log=self.log,
                 train_stats=self.train_stats,
-                services=self,
+                services=services or self,
             )
         )
-        self.checkpoint = self.checkpoint_path()
-        self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
-        self.load_checkpoint()
-        self.send_weights()  # every actor starts from the learner's (initial or resumed) weights
 
     @property
     def online(self) -> nn.Module:
@@ -283,35 +290,42 @@ class Learner(Role):
             self.waiting_since = time.monotonic()
 
     def receive(self) -> int:
-        """Hand what arrived to the update: waits up to the input's 100 ms receive timeout
-        for the first message, then takes what is queued (at most ``MAX_READS_PER_STEP``)."""
-        received = 0
-        for i in range(MAX_READS_PER_STEP):
-            got = self.input.recv(block=i == 0 and self.batch_acks is not None)
+        """Hand what arrived to the update; the number of messages. From replay: one batch
+        per step, waiting up to the input's 100 ms receive timeout (the shard samples the next
+        meanwhile). From the rollouts topic: what is queued, at most ``MAX_READS_PER_STEP``,
+        else a 20 ms wait."""
+        if self.batch_acks is not None:
+            got = self.input.recv()
             if got is None:
-                if i == 0 and self.batch_acks is None:
+                return 0
+            self.ack_batch(self.batch_acks, got[1])
+            self.hand_over(got[1])
+            return 1
+        for received in range(MAX_READS_PER_STEP):
+            got = self.input.recv(block=False)
+            if got is None:
+                if received == 0:
                     self.input.sock.poll(20)
-                break
-            msg = got[1]
-            self.last_sender = msg.sender or "?"
-            received += 1
-            if self.batch_acks is not None:
-                self.ack_batch(msg)
-            try:
-                self.update.receive(msg, self.weights_version)
-            except P.ProtocolError as exc:
-                self.input._drop(msg.sender or "?", str(exc))
-            if self.batch_acks is not None:
-                break  # one batch, one update: the shard samples the next meanwhile
-        return received
+                return received
+            self.hand_over(got[1])
+        return MAX_READS_PER_STEP
 
-    def ack_batch(self, msg: P.Message) -> None:
+    def hand_over(self, msg: P.Message) -> None:
+        """One message to the update; one it rejects is dropped and counted."""
+        self.last_sender = msg.sender or "?"
+        try:
+            self.update.receive(msg, self.weights_version)
+        except P.ProtocolError as exc:
+            self.input._drop(self.last_sender, str(exc))
+
+    @staticmethod
+    def ack_batch(batch_acks: Channel, msg: P.Message) -> None:
         """Credit back to the shard: acked on receipt, before training, so the shard samples
         the next batch while this one trains. A malformed batch is acked too: it left the
         pipe all the same."""
         shard = msg.meta.get("shard")
-        if isinstance(shard, str) and shard.startswith("replay-") and self.batch_acks is not None:
-            self.batch_acks.send(
+        if isinstance(shard, str) and shard.startswith("replay-"):
+            batch_acks.send(
                 P.Message(P.ACK, meta={"seq": msg.seq}),
                 topic=P.batch_ack_topic(shard),
                 block=False,

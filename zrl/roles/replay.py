@@ -42,8 +42,6 @@ from zrl.roles.base import Role
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
-# The arrays of an unroll queue item besides its weights version (the schema: messages.UNROLL).
-UNROLL_ARRAYS = tuple(M.UNROLL.arrays)
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
@@ -82,7 +80,7 @@ def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
     version = msg.meta.get("weights_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise P.ProtocolError("unroll without a weights version (needed to bound its lag)")
-    items = {name: a[name] for name in UNROLL_ARRAYS}
+    items = {name: a[name] for name in M.UNROLL.arrays}  # and its weights version:
     items["weights_version"] = np.full(E, version, np.int64)
     return items
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from zrl.algos.api import Trajectory
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -72,3 +73,18 @@ def as_message(arrays: dict[str, np.ndarray], **meta: Any) -> P.Message:
         v.flags.writeable = False
         frozen[k] = v
     return P.Message(P.TRAJECTORY, meta=meta, arrays=frozen, sender="actor-0")
+
+
+def unroll_trajectory(arrays: dict[str, np.ndarray]) -> Trajectory:
+    """The ``Trajectory`` an actor would have recorded for the arrays of an ``unroll``
+    TRAJECTORY (the inverse of ``Trajectory.unroll``, log-probs aside)."""
+    return Trajectory(
+        obs=arrays["obs"],
+        next_obs=None,
+        action=arrays["action"],
+        reward=arrays["reward"],
+        terminated=arrays["terminated"],
+        truncated=arrays["truncated"],
+        valid=arrays["valid"],
+        final_obs=arrays["bootstrap_obs"],
+    )

@@ -113,10 +113,17 @@ def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in reply.meta.get("roles", [])}
 
 
-def run_zrl(tmp_path: Path, config: str, *overrides: str, wall_time: int = 60) -> dict:
+def run_zrl(
+    tmp_path: Path,
+    config: str,
+    *overrides: str,
+    wall_time: int = 60,
+    beats: float = 5 * RANDOM_POLICY_RETURN,
+) -> dict:
     """`zrl run` of ``configs/<config>`` to one evaluation at the target or ``wall_time``: it
-    must exit 0, beat a random policy clearly, and leave no process of the run behind. Returns
-    the summary, with the run dir under "dir"."""
+    must exit 0, reach a best evaluation above ``beats`` (by default clearly above a random
+    CartPole policy), and leave no process of the run behind. Returns the summary, with the run
+    dir under "dir"."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / config),
            "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}",
@@ -132,8 +139,8 @@ def run_zrl(tmp_path: Path, config: str, *overrides: str, wall_time: int = 60) -
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    # Clearly beats a random policy (about 22): learning happened.
-    assert summary["best_eval_return"] > 5 * RANDOM_POLICY_RETURN, (summary, text[-3000:])
+    # Clearly beats a random policy: learning happened.
+    assert summary["best_eval_return"] > beats, (summary, text[-3000:])
     broker = (run_dir / "broker_address").read_text().strip()
     time.sleep(0.5)  # the run's children exit just after it: give them that moment
     left = zrl_processes(broker)

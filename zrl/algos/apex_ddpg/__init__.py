@@ -14,6 +14,6 @@ ALGORITHM = Algorithm(
     wiring=Wiring.off_policy("box"),
     policy="zrl.algos.continuous:ContinuousPolicy",
     update="zrl.algos.continuous:ContinuousUpdate",
-    model="zrl.continuous_models:continuous_model_for",
+    model="zrl.continuous_models:ddpg_model_for",
     sections=("replay", "learner", "ddpg"),
 )

@@ -18,9 +18,6 @@ from zrl.algos.returns import rollout_gae
 from zrl.models import ActorCritic
 from zrl.transport.messages import UNROLL
 
-ROLLOUT_ARRAYS: tuple[str, ...] = tuple(UNROLL.arrays)
-"""The arrays of a rollout: the ``unroll`` TRAJECTORY schema's."""
-
 
 @dataclass
 class Rollout:
@@ -98,7 +95,7 @@ def round_tensors(
 ) -> dict[str, torch.Tensor]:
     """The valid samples of a round, flattened, with old values, GAE advantages and returns
     computed with the current weights (the behaviour weights, in sync mode)."""
-    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in ROLLOUT_ARRAYS}
+    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in UNROLL.arrays}
     E, T = cat["reward"].shape
     with torch.no_grad():
         obs = torch.from_numpy(cat["obs"].reshape(E * T, -1))
