@@ -262,8 +262,9 @@ def main() -> None:
     from zrl.config import ConfigError
     from zrl.roles.base import RoleError
 
-    honour_stop_signals()
     try:
+        # Inside the try: a signal can arrive as soon as the first handler is installed.
+        honour_stop_signals()
         code = app(standalone_mode=False)
     except UsageError as exc:
         if exc.format_message():  # empty when the help was shown for a bare command group
