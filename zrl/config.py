@@ -183,6 +183,11 @@ class LearnerConfig(Section):
     publish_interval: int = Field(20, ge=1)
     """Updates between sending weights to the parameter server."""
     torch_threads: int = Field(1, ge=1)
+    """Threads torch may use in the learner (the actors have actor.torch_threads): keep the
+    sum over a host's roles at most its cores, or they fight."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    """auto (a GPU if torch sees one, else cpu), cpu, cuda or cuda:N. On a GPU, batches are
+    copied from pinned host memory without blocking, the next one while the current trains."""
 
 
 class EvaluatorConfig(Section):

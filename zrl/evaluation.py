@@ -17,6 +17,7 @@ from zrl.continuous_models import clip_to_bounds
 from zrl.envs import make_vector_env
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.models import build_model, greedy_actions, load_arrays
+from zrl.transport import messages as M
 
 
 @torch.no_grad()
@@ -32,11 +33,12 @@ def greedy_returns(
     envs = make_envs(episodes)
     try:
         obs, _ = envs.reset(seed=seed)
+        dtype = M.obs_dtype(envs.single_observation_space)
         returns = np.zeros(episodes)
         finished = np.zeros(episodes, dtype=bool)
         steps = 0
         while not finished.all():
-            obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32).reshape(episodes, -1))
+            obs_t = torch.from_numpy(M.as_obs(obs, episodes, dtype))
             actions = greedy_actions(model, obs_t).numpy()
             if isinstance(envs.single_action_space, gym.spaces.Box):
                 # [B, act_dim] as the vector env expects; a user's model may ignore the bounds.

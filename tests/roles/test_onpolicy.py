@@ -422,7 +422,7 @@ def check_rollout(msg: P.Message, version: int, weights: dict[str, np.ndarray]) 
     a = {k: np.array(v) for k, v in msg.arrays.items()}  # writable copies for torch
     assert set(a) == set(UNROLL.arrays)
     for name, spec in UNROLL.arrays.items():
-        assert a[name].dtype == np.dtype(spec.dtype) and a[name].ndim == len(spec.dims), name
+        assert spec.dtype_ok(a[name].dtype) and a[name].ndim == len(spec.dims), name
         assert a[name].shape[: len(shapes[name])] == shapes[name], name
     assert a["obs"].shape[2] == a["bootstrap_obs"].shape[1] == 4
     assert set(np.unique(a["action"])) <= {0, 1}

@@ -25,7 +25,7 @@ def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
     out = {}
     for name, spec in schema.arrays.items():
         shape = tuple(dims.get(d, 1) for d in spec.dims)
-        out[name] = rng.uniform(0, 1, shape).astype(spec.dtype or "float32")
+        out[name] = rng.uniform(0, 1, shape).astype((spec.dtypes or ("float32",))[0])
     return out
 
 
@@ -52,16 +52,18 @@ def test_schemas_are_the_module_constants():
         assert schema.kind in P.KINDS
         assert schema.doc and "\n" not in schema.doc
         for spec in schema.arrays.values():
-            assert spec.dtype is None or np.dtype(spec.dtype).str in P.ALLOWED_DTYPES
+            assert all(np.dtype(name).str in P.ALLOWED_DTYPES for name in spec.dtypes)
             assert spec.dims and all(d == M.ANY or d in SIZES for d in spec.dims)
-            assert not spec.finite or spec.dtype in (None, "float16", "float32", "float64")
+            assert not spec.finite or any(np.dtype(n).kind == "f" for n in spec.dtypes)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_accepts_a_good_message_of_every_schema(name):
     schema = M.SCHEMAS[name]
     used = {d for a in schema.arrays.values() for d in a.dims}
-    want = {d: n for d, n in SIZES.items() if d in used}
+    want: dict[str, Any] = {d: n for d, n in SIZES.items() if d in used}
+    if M.OBS in want:
+        want[M.OBS] = (want[M.OBS],)  # the observation dim is a shape
     msg = message(schema, good_arrays(schema))
     assert M.validate(msg, schema) == want
     assert M.validate(roundtrip(msg), schema) == want  # decoded dtypes are '<f4' etc.
@@ -100,11 +102,11 @@ def test_rejects_another_kind():
 def test_rejects_a_wrong_dtype(name):
     schema = M.SCHEMAS[name]
     for array, spec in schema.arrays.items():
-        wrong = "float64" if spec.dtype != "float64" else "float32"
+        wrong = "float64" if "float64" not in spec.dtypes else "float32"
         arrays = good_arrays(schema)
         arrays[array] = arrays[array].astype(wrong)
         with pytest.raises(
-            P.ProtocolError, match=f"'{array}' has dtype {wrong}, expected {spec.dtype}"
+            P.ProtocolError, match=f"'{array}' has dtype {wrong}, expected {spec.dtype_text}"
         ):
             M.validate(message(schema, arrays), schema)
 
@@ -115,12 +117,49 @@ def test_rejects_a_wrong_rank(name):
     for array, spec in schema.arrays.items():
         n = len(spec.dims)
         good = good_arrays(schema)[array]
-        for bad in (good[..., None], np.asarray(good[0])):
+        # An observation may have more axes (an image), never fewer than its dims.
+        variadic = spec.dims[-1] == M.OBS
+        expected = f"at least {n}" if variadic else str(n)
+        for bad in [np.asarray(good[0])] + ([] if variadic else [good[..., None]]):
             arrays = {**good_arrays(schema), array: bad}
             with pytest.raises(
-                P.ProtocolError, match=f"'{array}' has rank {bad.ndim}, expected {n}"
+                P.ProtocolError, match=f"'{array}' has rank {bad.ndim}, expected {expected}"
             ):
                 M.validate(message(schema, arrays), schema)
+
+
+def image_arrays(schema: M.Schema, shape: tuple[int, ...] = (4, 8, 8)) -> dict[str, np.ndarray]:
+    """``good_arrays`` with uint8 image observations of ``shape``."""
+    arrays = good_arrays(schema)
+    for name, spec in schema.arrays.items():
+        if spec.dims[-1] == M.OBS:
+            lead = arrays[name].shape[:-1]
+            arrays[name] = np.zeros((*lead, *shape), np.uint8)
+    return arrays
+
+
+@pytest.mark.parametrize("name", ["transitions", "unroll", "transition_batch", "unroll_batch"])
+def test_uint8_image_observations_pass_with_their_shape(name):
+    schema = M.SCHEMAS[name]
+    sizes = M.validate(roundtrip(message(schema, image_arrays(schema))), schema, O=(4, 8, 8))
+    assert sizes["O"] == (4, 8, 8)
+    with pytest.raises(P.ProtocolError, match=r"dim O must be \(4, 84, 84\), not \(4, 8, 8\)"):
+        M.validate(message(schema, image_arrays(schema)), schema, O=(4, 84, 84))
+    arrays = image_arrays(schema)
+    first = next(n for n, s in schema.arrays.items() if s.dims[-1] == M.OBS)
+    arrays[first] = arrays[first].astype(np.int16)
+    with pytest.raises(P.ProtocolError, match="expected float32 or uint8"):
+        M.validate(message(schema, arrays), schema)
+
+
+def test_the_obs_shape_and_dtype_of_a_space():
+    image = SimpleNamespace(shape=(4, 84, 84), dtype=np.dtype(np.uint8))
+    vector = SimpleNamespace(shape=(2, 3), dtype=np.dtype(np.float64))
+    assert M.obs_shape(image) == (4, 84, 84) and M.obs_dtype(image) == np.uint8
+    assert M.obs_shape(vector) == (6,) and M.obs_dtype(vector) == np.float32
+    frames = np.ones((2, 4, 84, 84), np.uint8)
+    assert M.as_obs(frames, 2, np.dtype(np.uint8)) is frames  # no copy, no float
+    assert M.as_obs(np.ones((2, 2, 3)), 2, np.dtype(np.float32)).shape == (2, 6)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -299,7 +338,7 @@ def schema_table() -> str:
     ]
     for schema in M.SCHEMAS.values():
         arrays = ", ".join(
-            f"`{name}` {spec.dtype or 'any'} [{', '.join(spec.dims)}]"
+            f"`{name}` {spec.dtype_text} [{', '.join(spec.dims)}]"
             + (" finite" if spec.finite else "")
             for name, spec in schema.arrays.items()
         )

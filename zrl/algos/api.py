@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
     from torch import nn
 
     from zrl.config import ExperimentConfig
@@ -284,6 +285,8 @@ class LearnerSetup:
     log: logging.Logger
     train_stats: TrainStats
     services: LearnerServices
+    device: torch.device | str = "cpu"
+    """Where ``model`` lives (``learner.device``): batches go there (``zrl.algos.batches``)."""
 
 
 @dataclass

@@ -107,7 +107,7 @@ class ContinuousUpdate(BaseUpdate):
         """Updates this object made (the phase of TD3's delayed steps); restored from the
         learner's ``updates`` when its checkpoint carries one."""
         self.last_parts: dict[str, float] = {}
-        self.pending = PendingBatches()
+        self.pending = PendingBatches(setup.device)
         """Received batches not trained on yet: (shard, keys, tensors)."""
 
     # --- receiving --------------------------------------------------------------------
@@ -116,8 +116,8 @@ class ContinuousUpdate(BaseUpdate):
         model = self.online
         dims = M.validate(msg, M.CONTINUOUS_TRANSITION_BATCH, O=model.obs_dim, A=model.act_dim)
         actions = msg.arrays["action"]
-        low = model.policy.action_low.numpy()
-        high = model.policy.action_high.numpy()
+        low = model.policy.action_low.cpu().numpy()
+        high = model.policy.action_high.cpu().numpy()
         if dims["B"] and (np.any(actions < low) or np.any(actions > high)):
             raise P.ProtocolError(f"batch actions outside the bounds {low}..{high}")
         self.pending.add(msg)

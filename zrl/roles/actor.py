@@ -44,6 +44,7 @@ from zrl.envs import EpisodeTracker
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.credit import CreditWindow
 from zrl.transport.sockets import Channel
@@ -62,10 +63,6 @@ def env_major(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.swapaxes(0, 1))
 
 
-def flat_obs(obs: Any, num_envs: int) -> np.ndarray:
-    return np.asarray(obs, dtype=np.float32).reshape(num_envs, -1)
-
-
 class Actor(Role):
     role = "actor"
     # How long teardown waits for the acks of what is still in flight.
@@ -77,6 +74,7 @@ class Actor(Role):
         self.envs: Any = None
         self.num_envs = 0
         self.obs = np.zeros((0, 0), np.float32)
+        self.obs_dtype = np.dtype(np.float32)
         self.needs_reset = np.zeros(0, dtype=bool)
         self.episodes = EpisodeTracker(0)
         self._episodes_reported = 0
@@ -109,8 +107,9 @@ class Actor(Role):
         self.weights = WeightsFollower(self, self.model)
         self.policy: ActorPolicy = self.make_policy(spaces)
         self.weights.fetch_latest()
+        self.obs_dtype = M.obs_dtype(spaces[0])
         obs, _ = self.envs.reset(seed=self.seed)
-        self.obs = flat_obs(obs, self.num_envs)
+        self.obs = M.as_obs(obs, self.num_envs, self.obs_dtype)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
         # Credit window: a trajectory counts as in flight until a replay shard acknowledges
@@ -173,12 +172,12 @@ class Actor(Role):
         obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
         self.episodes.running_return[:] = 0.0  # the aborted episodes are not finished episodes
         self.episodes.running_length[:] = 0
-        self.obs = flat_obs(obs, self.num_envs)
+        self.obs = M.as_obs(obs, self.num_envs, self.obs_dtype)
         self.needs_reset = np.zeros(self.num_envs, dtype=bool)
 
     def check_finite(self, obs: np.ndarray, rewards: np.ndarray | None, t: int) -> None:
         """Raise NonFiniteEnvError (naming this role and the env step) on NaN/inf from the env."""
-        bad = [] if np.isfinite(obs).all() else ["observation"]
+        bad = [] if obs.dtype == np.uint8 or np.isfinite(obs).all() else ["observation"]
         if rewards is not None and not np.isfinite(rewards).all():
             bad.append("reward")
         if bad:
@@ -197,8 +196,8 @@ class Actor(Role):
         policy = self.policy
         obs = self.obs
         # Time-major buffers: each step writes one contiguous row.
-        obs_t = np.empty((T, *obs.shape), np.float32)
-        next_t = np.empty((T, *obs.shape), np.float32) if policy.records_next_obs else None
+        obs_t = np.empty((T, *obs.shape), obs.dtype)
+        next_t = np.empty((T, *obs.shape), obs.dtype) if policy.records_next_obs else None
         actions_t: np.ndarray = np.empty((T, E, *policy.action_shape), policy.action_dtype)
         rewards_t = np.empty((T, E), np.float32)
         terminated_t = np.empty((T, E), bool)
@@ -213,7 +212,7 @@ class Actor(Role):
                     self.check_finite(obs, None, t)  # after a reset, nothing checked it yet
                 a, extras = policy.act(obs, t)
                 next_obs, r, term, trunc, _ = self.envs.step(a)
-                next_obs = flat_obs(next_obs, E)
+                next_obs = M.as_obs(next_obs, E, self.obs_dtype)
                 self.check_finite(next_obs, r, t)
             except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
                 self.on_env_error(exc)

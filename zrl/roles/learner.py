@@ -37,6 +37,7 @@ from torch import nn
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
+from zrl.algos.batches import learner_device
 from zrl.models import model_to_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.trust import load_checkpoint_file
@@ -56,6 +57,7 @@ class Learner(Role):
 
     def __init__(self, broker: str, **kwargs: Any) -> None:
         super().__init__(broker, **kwargs)
+        self.device = torch.device("cpu")
         self.params: Channel | None = None
         self.params_endpoint = ""
         self._next_lookup = 0.0
@@ -85,6 +87,7 @@ class Learner(Role):
         spaces = (probe.single_observation_space, probe.single_action_space)
         probe.close()
         self.open_input(algorithm.wiring.learner_input)
+        self.device = learner_device(cfg.learner.device, algorithm.wiring.learner_input)
         self.update: LearnerUpdate = self.make_update(spaces)
         self.checkpoint = self.checkpoint_path()
         self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
@@ -100,13 +103,14 @@ class Learner(Role):
         return algorithm.load(algorithm.update)(
             LearnerSetup(
                 config=self.config,
-                model=self.make_model(*spaces),
+                model=self.make_model(*spaces).to(self.device),
                 observation_space=spaces[0],
                 action_space=spaces[1],
                 index=self.index or 0,
                 log=self.log,
                 train_stats=self.train_stats,
                 services=services or self,
+                device=self.device,
             )
         )
 

@@ -3,7 +3,7 @@
 This docstring is the contract; ``docs/protocol.md`` section 4 says the same at more length.
 Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
 array schemas of the data kinds are the :class:`Schema` constants below, checked by
-:func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation width, ``A`` action
+:func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
 width (continuous), ``B`` batch rows, ``N`` updated keys. "Registry" is the broker's ROUTER
 (roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
 XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with LOOKUP).
@@ -79,15 +79,31 @@ import numpy as np
 from zrl.transport import protocol as P
 
 ANY = "*"
+OBS = "O"
+"""The observation dim: it spans every trailing axis of the observation's shape (one axis,
+the width, for vector observations; ``(4, 84, 84)`` for an Atari frame stack), so it must be
+the last dim of an array. Its size is a tuple; ``validate(..., O=n)`` means ``(n,)``."""
 
 
 @dataclass(frozen=True)
 class Array:
     """One array frame of a message kind."""
 
-    dtype: str | None  # numpy dtype name; None: any dtype the protocol carries
+    dtype: str | tuple[str, ...] | None  # numpy dtype name(s); None: any the protocol carries
     dims: tuple[str, ...]  # a name per axis, the same name the same size message-wide; "*": any
     finite: bool = False  # every value finite (float arrays)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtype names allowed; empty: any."""
+        return (self.dtype,) if isinstance(self.dtype, str) else self.dtype or ()
+
+    @property
+    def dtype_text(self) -> str:
+        return " or ".join(self.dtypes) or "any"
+
+    def dtype_ok(self, dtype: np.dtype) -> bool:
+        return not self.dtypes or any(dtype == np.dtype(name) for name in self.dtypes)
 
 
 @dataclass(frozen=True)
@@ -115,14 +131,39 @@ _DIM_WORDS = {
 }
 
 
-def _shape(dims: tuple[str, ...], sizes: Mapping[str, int]) -> str:
-    return "(" + ", ".join(f"{d}={sizes[d]}" if d in sizes else d for d in dims) + ")"
+Size = int | tuple[int, ...]  # a tuple for the observation dim
 
 
-def validate(msg: P.Message, schema: Schema, **sizes: int) -> dict[str, int]:
+def _size(size: Size) -> str:
+    """``4`` for a width, ``(4, 84, 84)`` for an image shape."""
+    return str(size[0]) if isinstance(size, tuple) and len(size) == 1 else str(size)
+
+
+def _shape(dims: tuple[str, ...], sizes: Mapping[str, Size]) -> str:
+    return "(" + ", ".join(f"{d}={_size(sizes[d])}" if d in sizes else d for d in dims) + ")"
+
+
+def _dim_sizes(name: str, spec: Array, arr: np.ndarray, what: str) -> list[tuple[str, Size]]:
+    """(dim, size) per dim of ``spec`` for ``arr``; ProtocolError on a wrong rank."""
+    variadic = spec.dims[-1:] == (OBS,)
+    if arr.ndim < len(spec.dims) or (not variadic and arr.ndim != len(spec.dims)):
+        expected = f"at least {len(spec.dims)}" if variadic else str(len(spec.dims))
+        raise P.ProtocolError(
+            f"{what} array {name!r} has rank {arr.ndim}, expected {expected} "
+            f"{_shape(spec.dims, {})}"
+        )
+    head = len(spec.dims) - 1 if variadic else len(spec.dims)
+    out: list[tuple[str, Size]] = list(zip(spec.dims[:head], arr.shape[:head], strict=True))
+    if variadic:
+        out.append((OBS, tuple(arr.shape[head:])))
+    return out
+
+
+def validate(msg: P.Message, schema: Schema, **sizes: Size) -> dict[str, Any]:
     """Check ``msg`` against ``schema``: its kind, exactly the schema's arrays, each one's
     dtype, rank and finiteness, and one size per dim name across the arrays (and equal to
-    ``sizes[name]`` where given, e.g. ``O=obs_dim``). Returns the dim sizes {name: size}.
+    ``sizes[name]`` where given, e.g. ``O=obs_shape``). Returns the dim sizes {name: size}
+    (the observation dim ``O`` as a shape tuple).
 
     A dim the arrays disagree on is blamed on the array(s) in the minority (the first
     array's size wins a tie). Raises :class:`~zrl.transport.protocol.ProtocolError` naming
@@ -130,6 +171,8 @@ def validate(msg: P.Message, schema: Schema, **sizes: int) -> dict[str, int]:
     unknown = set(sizes) - {d for a in schema.arrays.values() for d in a.dims} - {ANY}
     if unknown:
         raise TypeError(f"schema {schema.name!r} has no dims {sorted(unknown)}")
+    if isinstance(sizes.get(OBS), int):
+        sizes[OBS] = (int(sizes[OBS]),)  # type: ignore[arg-type]
     what = f"{msg.kind} ({schema.name}) from {msg.sender or '?'}"
     if msg.kind != schema.kind:
         raise P.ProtocolError(f"{what}: kind {msg.kind!r}, expected {schema.kind!r}")
@@ -143,22 +186,19 @@ def validate(msg: P.Message, schema: Schema, **sizes: int) -> dict[str, int]:
             )
     # Every (dim, size) seen, in schema order: the reference size of a dim is the given one,
     # else the one most arrays agree on.
-    seen: dict[str, list[tuple[str, int]]] = {}
+    seen: dict[str, list[tuple[str, Size]]] = {}
+    shapes: dict[str, list[tuple[str, Size]]] = {}
     for name, spec in schema.arrays.items():
         arr = msg.arrays[name]
-        if spec.dtype is not None and arr.dtype != np.dtype(spec.dtype):
+        if not spec.dtype_ok(arr.dtype):
             raise P.ProtocolError(
-                f"{what} array {name!r} has dtype {arr.dtype}, expected {spec.dtype}"
+                f"{what} array {name!r} has dtype {arr.dtype}, expected {spec.dtype_text}"
             )
-        if arr.ndim != len(spec.dims):
-            raise P.ProtocolError(
-                f"{what} array {name!r} has rank {arr.ndim}, expected {len(spec.dims)} "
-                f"{_shape(spec.dims, {})}"
-            )
-        for dim, size in zip(spec.dims, arr.shape, strict=True):
+        shapes[name] = _dim_sizes(name, spec, arr, what)
+        for dim, size in shapes[name]:
             if dim != ANY:
                 seen.setdefault(dim, []).append((name, size))
-    bound: dict[str, int] = {}
+    bound: dict[str, Size] = {}
     for dim, uses in seen.items():
         if dim in sizes:
             bound[dim] = sizes[dim]
@@ -167,18 +207,20 @@ def validate(msg: P.Message, schema: Schema, **sizes: int) -> dict[str, int]:
             bound[dim] = max(counts, key=lambda n: (counts.count(n), -counts.index(n)))
     for name, spec in schema.arrays.items():
         arr = msg.arrays[name]
-        for dim, size in zip(spec.dims, arr.shape, strict=True):
+        for dim, size in shapes[name]:
             if dim == ANY or size == bound[dim]:
                 continue
             expected = f"{what} array {name!r} has shape {arr.shape}, expected " + _shape(
                 spec.dims, bound
             )
             if dim in sizes:
-                raise P.ProtocolError(f"{expected}: dim {dim} must be {sizes[dim]}, not {size}")
+                raise P.ProtocolError(
+                    f"{expected}: dim {dim} must be {_size(sizes[dim])}, not {_size(size)}"
+                )
             ref = next(other for other, n in seen[dim] if n == bound[dim])
             raise P.ProtocolError(
                 f"{expected}: {ref} and {name} {_DIM_WORDS.get(dim, 'sizes')} differ "
-                f"(dim {dim}: {bound[dim]} vs {size})"
+                f"(dim {dim}: {_size(bound[dim])} vs {_size(size)})"
             )
     for name, spec in schema.arrays.items():
         arr = msg.arrays[name]
@@ -207,7 +249,32 @@ def weights_version(meta: Mapping[str, Any]) -> int | None:
     return version if 1 <= version <= MAX_VERSION else None
 
 
-_OBS = Array("float32", ("E", "T", "O"), finite=True)
+OBS_DTYPES = ("float32", "uint8")
+"""Observations travel as float32, or as uint8 (images: frames stay uint8 up to the learner's
+device, where the model scales them)."""
+
+
+def obs_dtype(space: Any) -> np.dtype:
+    """The dtype an observation space's observations travel in: uint8 for image spaces
+    (frames stay uint8 up to the learner's device, where the model scales them), else float32."""
+    return np.dtype(np.uint8) if getattr(space, "dtype", None) == np.uint8 else np.dtype(np.float32)
+
+
+def obs_shape(space: Any) -> tuple[int, ...]:
+    """The observation dim ``O`` of an observation space: its shape for uint8 images, the flat
+    width ``(n,)`` otherwise."""
+    shape = tuple(int(n) for n in getattr(space, "shape", None) or ())
+    return shape if obs_dtype(space) == np.uint8 else (int(np.prod(shape, dtype=np.int64)),)
+
+
+def as_obs(obs: Any, num_envs: int, dtype: np.dtype) -> np.ndarray:
+    """A vector env's observations as they travel: ``[E, *shape]`` uint8 frames, or
+    ``[E, O]`` float32 (vector observations flattened)."""
+    arr = np.asarray(obs, dtype=dtype)
+    return arr if dtype == np.uint8 else arr.reshape(num_envs, -1)
+
+
+_OBS = Array(OBS_DTYPES, ("E", "T", OBS), finite=True)
 _STEP_F32 = Array("float32", ("E", "T"), finite=True)
 _STEP_BOOL = Array("bool", ("E", "T"))
 
@@ -241,7 +308,7 @@ UNROLL = _schema(
     terminated=_STEP_BOOL,
     truncated=_STEP_BOOL,
     valid=_STEP_BOOL,
-    bootstrap_obs=Array("float32", ("E", "O"), finite=True),
+    bootstrap_obs=Array(OBS_DTYPES, ("E", OBS), finite=True),
 )
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
@@ -249,11 +316,11 @@ TRANSITION_BATCH = _schema(
     P.BATCH,
     "transition_batch",
     "replay -> Ape-X DQN learner: B n-step transitions, importance weights and table keys.",
-    obs=Array("float32", ("B", "O"), finite=True),
+    obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
     action=Array("int64", ("B",)),
     reward=_ROW_F32,
     discount=_ROW_F32,
-    next_obs=Array("float32", ("B", "O"), finite=True),
+    next_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
     weight=_ROW_F32,
     key=_KEY,
 )
@@ -269,14 +336,14 @@ UNROLL_BATCH = _schema(
     P.BATCH,
     "unroll_batch",
     "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
-    obs=Array("float32", ("B", "T", "O"), finite=True),
+    obs=Array(OBS_DTYPES, ("B", "T", OBS), finite=True),
     action=Array("int64", ("B", "T")),
     logp=_UNROLL_F32,
     reward=_UNROLL_F32,
     terminated=_UNROLL_BOOL,
     truncated=_UNROLL_BOOL,
     valid=_UNROLL_BOOL,
-    bootstrap_obs=Array("float32", ("B", "O"), finite=True),
+    bootstrap_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
     weights_version=Array("int64", ("B",)),
     weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
     key=_KEY,

@@ -32,7 +32,7 @@ class A3CPolicy(CategoricalPolicy):
         c = self.config.a3c
         tr = trajectory
         E, T = tr.reward.shape
-        logits, values = self.model(torch.from_numpy(tr.obs.reshape(E * T, -1)))
+        logits, values = self.model(torch.from_numpy(tr.obs.reshape(E * T, *tr.obs.shape[2:])))
         with torch.no_grad():
             bootstrap = self.model.value(torch.from_numpy(tr.final_obs)).numpy()
         advantages, returns = rollout_gae(

@@ -42,16 +42,15 @@ class ApexDQNUpdate(BaseUpdate):
         self.target = copy.deepcopy(self.model)
         self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
         self.num_actions = int(getattr(setup.action_space, "n", 0))
-        self.obs_dim: int | None = getattr(self.model, "obs_dim", None)
+        self.obs_shape = M.obs_shape(setup.observation_space)
         self.updates = 0
         """Updates this object made (the phase of the target updates); restored from the
         learner's ``updates`` when its checkpoint carries one."""
-        self.pending = PendingBatches()
+        self.pending = PendingBatches(setup.device)
         """Received batches not trained on yet: (shard, keys, tensors)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
-        sizes = {} if self.obs_dim is None else {"O": self.obs_dim}
-        dims = M.validate(msg, M.TRANSITION_BATCH, **sizes)
+        dims = M.validate(msg, M.TRANSITION_BATCH, O=self.obs_shape)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")

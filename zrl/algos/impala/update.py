@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.batches import to_device
 from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
@@ -44,9 +45,10 @@ class ImpalaUpdate(BaseUpdate):
         self.config = setup.config
         self.train_stats = setup.train_stats
         self.model = setup.model
+        self.device = torch.device(setup.device)
         self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
         self.num_actions = int(getattr(setup.action_space, "n", 0))
-        self.obs_dim: int | None = getattr(self.model, "obs_dim", None)
+        self.obs_shape = M.obs_shape(setup.observation_space)
         self.updates = 0
         """Updates this object made (for the summary); restored from the learner's
         ``updates`` when its checkpoint carries one."""
@@ -57,8 +59,7 @@ class ImpalaUpdate(BaseUpdate):
         """Received batches not trained on yet: (shard, arrays)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
-        sizes = {} if self.obs_dim is None else {"O": self.obs_dim}
-        dims = M.validate(msg, M.UNROLL_BATCH, **sizes)
+        dims = M.validate(msg, M.UNROLL_BATCH, O=self.obs_shape)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
@@ -79,9 +80,7 @@ class ImpalaUpdate(BaseUpdate):
         self.stale_unrolls += len(a["weights_version"]) - len(rows)
         if len(rows) == 0:
             return None
-        batch = {
-            name: torch.from_numpy(np.ascontiguousarray(a[name][rows])) for name in TRAINED_ARRAYS
-        }
+        batch = to_device({name: a[name][rows] for name in TRAINED_ARRAYS}, self.device)
         c = self.config.impala
         lag = float(np.mean(version - a["weights_version"][rows]))
         loss = math.nan

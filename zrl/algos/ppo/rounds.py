@@ -98,7 +98,7 @@ def round_tensors(
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in UNROLL.arrays}
     E, T = cat["reward"].shape
     with torch.no_grad():
-        obs = torch.from_numpy(cat["obs"].reshape(E * T, -1))
+        obs = torch.from_numpy(cat["obs"].reshape(E * T, *cat["obs"].shape[2:]))
         values = model.value(obs).numpy().reshape(E, T)
         bootstrap = model.value(torch.from_numpy(cat["bootstrap_obs"])).numpy()
     advantages, returns = rollout_gae(

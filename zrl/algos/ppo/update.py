@@ -35,7 +35,7 @@ from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
 from zrl.models import ActorCritic, load_arrays, model_to_arrays
 from zrl.transport import protocol as P
-from zrl.transport.messages import UNROLL, validate, weights_version
+from zrl.transport.messages import UNROLL, obs_shape, validate, weights_version
 from zrl.transport.sockets import Channel
 
 ALLREDUCE_TIMEOUT_S = 10.0
@@ -55,8 +55,7 @@ class PPOUpdate(BaseUpdate):
         self.log = setup.log
         self.train_stats = setup.train_stats
         self.services = setup.services
-        obs_shape = getattr(setup.observation_space, "shape", None) or ()
-        self.obs_dim = int(getattr(self.model, "obs_dim", 0) or np.prod(obs_shape, dtype=np.int64))
+        self.obs_shape = obs_shape(setup.observation_space)
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr)
         self.learners = max(1, cfg.roles.learners)
@@ -156,7 +155,7 @@ class PPOUpdate(BaseUpdate):
 
     def validate(self, msg: P.Message) -> Rollout:
         """The rollout in ``msg`` (an ``unroll`` TRAJECTORY); raises ProtocolError."""
-        sizes = validate(msg, UNROLL, O=self.obs_dim)
+        sizes = validate(msg, UNROLL, O=self.obs_shape)
         if sizes["E"] == 0 or sizes["T"] == 0:
             raise P.ProtocolError(f"empty rollout ({sizes['E']} envs, {sizes['T']} steps)")
         a = msg.arrays
