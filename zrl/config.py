@@ -41,15 +41,45 @@ class ConfigError(ValueError):
     """A config that cannot be loaded or does not validate; the message is user-facing."""
 
 
+class AtariConfig(Section):
+    """Preprocessing of Atari envs (ALE/<Game>-v5, <Game>NoFrameskip-v4); others ignore it."""
+
+    noop_max: int = Field(30, ge=0)
+    """Up to this many no-op frames after each reset, at random (0: none)."""
+    frameskip: int = Field(4, ge=1)
+    """Emulator frames per env step (the action repeats; the last two frames are max-pooled)."""
+    episodic_life: bool = True
+    """Training only: a lost life ends the episode (the evaluator always plays whole games)."""
+    fire_reset: bool = True
+    """Press FIRE after each reset in games that have it (Breakout, ...) so play starts."""
+    clip_rewards: bool = True
+    """Training only: rewards clipped to [-1, 1] (the evaluator reports true game scores)."""
+    screen_size: int = Field(84, ge=8, le=210)
+    """Frames resized to screen_size x screen_size."""
+    grayscale: bool = True
+    """Grey frames (one channel); false: RGB (a trailing channel axis of 3)."""
+    stack: int = Field(4, ge=1, le=32)
+    """Newest frames stacked on a leading axis, oldest first (zeros after a reset)."""
+    repeat_action_probability: float = Field(0.0, ge=0, lt=1)
+    """Sticky actions: the chance each frame repeats the previous action (0: NoFrameskip-v4's)."""
+    max_episode_frames: int = Field(108_000, ge=1)
+    """Emulator frames after which an episode is truncated (108000 = 30 minutes at 60 fps)."""
+    num_threads: int = Field(0, ge=0)
+    """Threads of ale-py's AtariVectorEnv (vectorization auto/native); 0: its default."""
+
+
 class EnvConfig(Section):
     id: str = "CartPole-v1"
     """gymnasium environment id."""
     num_envs: int = Field(16, ge=1)
     """Environments stepped together by one actor (one batched forward pass per step)."""
-    vectorization: Literal["auto", "native", "sync", "async"] = "auto"
-    """auto: the env's native vectorized form where it has one, else sync."""
+    vectorization: Literal["auto", "native", "sync", "async", "envpool"] = "auto"
+    """auto: the env's native vectorized form where it has one, else sync (Atari: ale-py's
+    AtariVectorEnv; sync/async: gymnasium wrappers; envpool: Atari in envpool)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments for gymnasium.make."""
+    """Extra keyword arguments for gymnasium.make (Atari auto/native: for AtariVectorEnv)."""
+    atari: AtariConfig = Field(default_factory=AtariConfig)
+    """Atari preprocessing (ignored by other envs)."""
 
 
 class ModelConfig(Section):

@@ -45,9 +45,16 @@ def register_env_namespace(env_id: str) -> None:
 
 
 def make_vector_env(
-    cfg: EnvConfig, num_envs: int | None = None, env_fn: Callable[[], gym.Env] | None = None
+    cfg: EnvConfig,
+    num_envs: int | None = None,
+    env_fn: Callable[[], gym.Env] | None = None,
+    evaluation: bool = False,
 ) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of the configured env (or of ``env_fn()``, a user's factory)."""
+    """``num_envs`` copies of the configured env (or of ``env_fn()``, a user's factory).
+
+    Atari ids (``zrl.atari.is_atari``) get ``env.atari``'s preprocessing; ``evaluation``
+    turns their training-only parts (episodic life, reward clipping) off, so evaluations
+    play whole games and score them truly. Other envs ignore it."""
     n = num_envs or cfg.num_envs
     mode = cfg.vectorization
     if env_fn is not None:
@@ -56,6 +63,12 @@ def make_vector_env(
             return vec_cls([env_fn] * n, autoreset_mode=AutoresetMode.NEXT_STEP)
         except Exception as exc:
             raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
+    from zrl import atari  # it imports this module
+
+    if atari.is_atari(cfg.id):
+        return atari.make_atari_vector_env(cfg, n, evaluation)
+    if mode == "envpool":
+        raise EnvError(f"vectorization envpool is for Atari ids only, not {cfg.id!r}")
     register_env_namespace(cfg.id)
     try:
         if mode in ("auto", "native"):

@@ -83,5 +83,7 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
 def evaluate_run_dir(run_dir: Path, episodes: int = 10, seed: int = 12345) -> list[float]:
     model, cfg, factories = load_policy(run_dir)
     env_fn = factories.env_fn()
-    returns = greedy_returns(model, lambda n: make_vector_env(cfg.env, n, env_fn), episodes, seed)
+    returns = greedy_returns(
+        model, lambda n: make_vector_env(cfg.env, n, env_fn, evaluation=True), episodes, seed
+    )
     return [float(r) for r in returns]

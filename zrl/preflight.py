@@ -43,6 +43,15 @@ def check_env_id(env_id: str) -> None:
                 f"env.id {env_id!r}: cannot import {module!r}, which should register it: "
                 f"{_one_line(exc)}"
             ) from None
+    from zrl.atari import game_name, is_atari
+    from zrl.envs import EnvError
+
+    if is_atari(name):  # ale-py's name for the game: NoFrameskip-v4 ids have no namespace
+        try:
+            game_name(name)
+        except EnvError as exc:
+            raise ConfigError(f"env.id: {_one_line(exc)}") from None
+        return
     register_env_namespace(name)
     try:
         namespace, base, version = parse_env_id(name)

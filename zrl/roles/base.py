@@ -193,11 +193,12 @@ class Role(RoleSockets):
         server key, and an inproc broker lives in this process."""
         return broker_authenticated(self.broker, self.keys)
 
-    def make_envs(self, num_envs: int | None = None) -> Any:
-        """A vector env of the experiment's env (the user's factory if the broker sent one)."""
+    def make_envs(self, num_envs: int | None = None, evaluation: bool = False) -> Any:
+        """A vector env of the experiment's env (the user's factory if the broker sent one);
+        ``evaluation``: Atari without its training-only episodic life and reward clipping."""
         from zrl.envs import make_vector_env
 
-        return make_vector_env(self.config.env, num_envs, self.factories.env_fn())
+        return make_vector_env(self.config.env, num_envs, self.factories.env_fn(), evaluation)
 
     def make_model(self, observation_space: Any, action_space: Any) -> Any:
         from zrl.models import build_model

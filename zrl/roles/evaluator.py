@@ -77,11 +77,16 @@ class Evaluator(Role):
             self._evaluate(version, stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
 
+    def make_eval_envs(self, num_envs: int) -> Any:
+        """Envs for evaluation: Atari games whole (no episodic life) and unclipped rewards,
+        so the returns are true game scores."""
+        return self.make_envs(num_envs, evaluation=True)
+
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
         started = time.monotonic()
         with torch.no_grad():
             returns = greedy_returns(
-                self.model, self.make_envs, episodes, seed=seed, on_step=self.tick
+                self.model, self.make_eval_envs, episodes, seed=seed, on_step=self.tick
             )
         self.last = {
             "weights_version": version,
