@@ -171,6 +171,23 @@ class Table(ABC):
         """Tables without priorities accept and ignore updates so learners stay table-agnostic."""
         return 0
 
+    def evict_oldest(self, n: int) -> int:
+        """Evict the ``n`` oldest live items (fewer if fewer are live) before the ring would
+        overwrite them, e.g. because data they refer to elsewhere is gone
+        (:class:`zrl.replay.frames.FrameTable`). They are never sampled again, priority
+        updates for their keys are dropped, and they count in ``evicted``. Returns how many
+        were evicted."""
+        n = min(_check_int("n", n, 0), self.size)
+        if n:
+            self._forget(np.arange(self._first_key, self._first_key + n, dtype=np.int64))
+            self._first_key += n
+            self.evicted += n
+        return n
+
+    def _forget(self, keys: np.ndarray) -> None:
+        """Hook for :meth:`evict_oldest`: drop per-slot state of ``keys`` (still live)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact resume (storage is copied whole, slots included)."""
         return {
@@ -312,6 +329,10 @@ class PrioritizedTable(Table):
             self.max_priority = max(self.max_priority, float(raw_live.max()))
             self._tree.update(keys[live] % self.capacity, self._transform(raw_live))
         return applied
+
+    def _forget(self, keys: np.ndarray) -> None:
+        # Zero priority: the sum tree's descent never reaches these slots any more.
+        self._tree.update(keys % self.capacity, np.zeros(keys.shape))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
