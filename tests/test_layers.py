@@ -49,9 +49,11 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.models",
             "zrl.continuous_models",
             "zrl.envs",
+            "zrl.atari",  # Atari envs and their preprocessing
             "zrl.evaluation",
             "zrl.preflight",
             "zrl.algos.*",
+            "zrl.replay.frames",  # n-step transitions over stored frames (zrl.algos.returns)
         ],
     ),
     ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker", "zrl.broker.*"]),  # a run's processes

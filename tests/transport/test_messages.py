@@ -15,7 +15,7 @@ from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6}
+SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6, "S": 7}
 
 
 def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
@@ -45,7 +45,7 @@ def test_schemas_are_the_module_constants():
     constants = {v.name: v for k, v in vars(M).items() if k.isupper() and isinstance(v, M.Schema)}
     assert constants == M.SCHEMAS
     assert set(M.SCHEMAS) == {
-        "transitions", "continuous_transitions", "unroll", "transition_batch",
+        "transitions", "frame_transitions", "continuous_transitions", "unroll", "transition_batch",
         "continuous_transition_batch", "unroll_batch", "priorities",
     }  # fmt: skip
     for schema in M.SCHEMAS.values():
@@ -242,6 +242,7 @@ def test_finiteness_as_the_receivers_check_it():
     }
     assert finite == {
         "transitions": {"obs", "reward", "next_obs", "priority"},
+        "frame_transitions": {"reward", "priority"},
         "continuous_transitions": {"obs", "action", "reward", "next_obs", "priority"},
         "unroll": {"obs", "logp", "reward", "bootstrap_obs"},
         "transition_batch": {"obs", "reward", "discount", "next_obs", "weight"},

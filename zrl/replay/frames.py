@@ -67,6 +67,11 @@ ITEM_BYTES = 8 + 4 + 4 + 3 * 8  # action, reward, discount, three int64 frame in
 KEY_BYTES = 16  # per item in the inner table beyond its columns: key and priority (as replay)
 
 
+def is_frame_stack(obs: np.ndarray) -> bool:
+    """``[E, T, k, H, W]`` uint8 observations: frame stacks that travel as single frames."""
+    return obs.dtype == np.uint8 and obs.ndim == 5
+
+
 def frames_of(obs_t: np.ndarray, final_obs: np.ndarray) -> np.ndarray:
     """Stacked observations ``[E, T, k, H, W]`` and the final one ``[E, k, H, W]`` -> the
     trajectory's ``frames [E, T + k, H, W]``: obs_0's k frames, then the newest frame of

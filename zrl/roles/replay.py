@@ -3,7 +3,8 @@
 Sockets:
 
 - PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
-  into n-step transitions and inserted. Read only while the rate limiter allows
+  into n-step transitions and inserted (``frame_transitions`` of Atari frame stacks into a
+  ``FrameTable``, which stores each frame once and rebuilds the stacks when it samples). Read only while the rate limiter allows
   inserts, so a shard that is ahead of its learners applies back-pressure to the
   actors instead of growing.
 - PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
@@ -35,6 +36,7 @@ import zmq
 
 from zrl.algos import get_algorithm
 from zrl.algos.returns import nstep_transitions
+from zrl.replay.frames import FrameTable, assemble_frame_transitions
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
@@ -97,7 +99,9 @@ class ReplayServer(Role):
     def setup(self) -> None:
         rc = self.config.replay
         # With a byte budget the capacity depends on the item size, known at the first insert.
-        self.table: Table | None = None if rc.capacity_bytes else self._make_table(rc.capacity)
+        self.table: Table | FrameTable | None = (
+            None if rc.capacity_bytes else self._make_table(rc.capacity)
+        )
         self.limiter = RateLimiter(
             rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance
         )
@@ -135,14 +139,14 @@ class ReplayServer(Role):
             rc.table, rc.capacity, rc.n_step, rc.min_size, rc.samples_per_insert,
         )  # fmt: skip
 
-    def _make_table(self, capacity: int) -> Table:
+    def _table_kwargs(self) -> dict[str, Any]:
         rc = self.config.replay
-        kwargs: dict[str, Any] = {}
-        if rc.table == "prioritized":
-            kwargs = {"alpha": rc.alpha, "beta": rc.beta}
-        return make_table(rc.table, capacity, **kwargs)
+        return {"alpha": rc.alpha, "beta": rc.beta} if rc.table == "prioritized" else {}
 
-    def _table_for(self, items: dict[str, np.ndarray]) -> Table:
+    def _make_table(self, capacity: int) -> Table:
+        return make_table(self.config.replay.table, capacity, **self._table_kwargs())
+
+    def _table_for(self, items: dict[str, np.ndarray]) -> Table | FrameTable:
         if self.table is None:
             rc = self.config.replay
             item_bytes = sum(v[0].nbytes for v in items.values()) + 16  # + key and priority
@@ -153,6 +157,43 @@ class ReplayServer(Role):
             )  # fmt: skip
             self.table = self._make_table(capacity)
         return self.table
+
+    def insert_frames(self, msg: P.Message) -> int:
+        """A ``frame_transitions`` TRAJECTORY into the frame table (made at the first one, for
+        its frame shape and stack); the number of transitions inserted."""
+        sizes = M.validate(msg, M.FRAME_TRANSITIONS)
+        frame_shape, stack = sizes["O"], sizes["S"] - sizes["T"]
+        if len(frame_shape) != 2 or stack < 1:
+            raise P.ProtocolError(
+                f"frames {msg.arrays['frames'].shape} are not [E, T + k, H, W] for T={sizes['T']}"
+            )
+        table = self.table
+        if not isinstance(table, FrameTable):
+            if table is not None and table.size > 0:
+                raise P.ProtocolError("frame transitions sent to a shard that stores stacks")
+            rc = self.config.replay
+            table = FrameTable.for_budget(
+                rc.table, rc.capacity, rc.capacity_bytes, frame_shape, stack, sizes["T"],
+                num_envs=sizes["E"], **self._table_kwargs(),
+            )  # fmt: skip
+            self.log.info("frame table for %s frames, stacks of %d: %r", frame_shape, stack, table)
+            self.table = table
+        elif (table.frame_shape, table.stack) != (frame_shape, stack):
+            raise P.ProtocolError(
+                f"frames {frame_shape} in stacks of {stack}, the table holds "
+                f"{table.frame_shape} in stacks of {table.stack}"
+            )
+        a = msg.arrays
+        rc = self.config.replay
+        try:
+            items, priorities = assemble_frame_transitions(
+                a["frames"], a["action"], a["reward"], a["terminated"], a["truncated"],
+                a["valid"], a["priority"], rc.n_step, rc.gamma, stack=table.stack,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise P.ProtocolError(str(exc)) from None
+        table.insert_trajectory(a["frames"], items, priorities)
+        return len(items["reward"])
 
     @property
     def size(self) -> int:
@@ -189,8 +230,12 @@ class ReplayServer(Role):
             return
         try:  # into copies first: a snapshot refused half-way must leave nothing behind
             state = load_state(self.snapshot_path)
-            table = self._make_table(int(state["capacity"]))
-            table.load_state_dict(state["table"])
+            table: Table | FrameTable
+            if state["table"].get("kind") == FrameTable.kind:
+                table = FrameTable.from_state_dict(state["table"])
+            else:
+                table = self._make_table(int(state["capacity"]))
+                table.load_state_dict(state["table"])
             limiter, rng = copy.copy(self.limiter), copy.deepcopy(self.rng)
             limiter.load_state_dict(state["limiter"])
             rng.bit_generator.state = state["rng"]
@@ -213,15 +258,20 @@ class ReplayServer(Role):
             raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
         rc = self.config.replay
         wiring = get_algorithm(self.config.algo).wiring
-        if wiring.replay_item == "unroll":
-            items, priorities = assemble_unrolls(msg), None
+        if wiring.replay_item == "transition" and "frames" in msg.arrays:
+            n = self.insert_frames(msg)
         else:
-            items, priorities = assemble_transitions(
-                msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box"
-            )
-        n = len(items["reward"])
-        table = self._table_for(items)
-        table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
+            if wiring.replay_item == "unroll":
+                items, priorities = assemble_unrolls(msg), None
+            else:
+                items, priorities = assemble_transitions(
+                    msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box"
+                )
+            n = len(items["reward"])
+            table = self._table_for(items)
+            if isinstance(table, FrameTable):
+                raise P.ProtocolError("stacked transitions sent to a shard that stores frames")
+            table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
         self.last_insert = n
         self.limiter.on_insert(n)
         self.trajectories += 1

@@ -4,7 +4,7 @@ This docstring is the contract; ``docs/protocol.md`` section 4 says the same at 
 Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
 array schemas of the data kinds are the :class:`Schema` constants below, checked by
 :func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
-width (continuous), ``B`` batch rows, ``N`` updated keys. "Registry" is the broker's ROUTER
+width (continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames. "Registry" is the broker's ROUTER
 (roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
 XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with LOOKUP).
 
@@ -36,7 +36,7 @@ Data paths:
 - ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
   replay FIFO (impala, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
   Meta ``weights_version``, ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
-  (apex_dqn), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac) or :data:`UNROLL` (impala,
+  (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac) or :data:`UNROLL` (impala,
   ppo).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
@@ -128,6 +128,7 @@ _DIM_WORDS = {
     "A": "action widths",
     "B": "batch sizes",
     "N": "lengths",
+    "S": "frame counts",
 }
 
 
@@ -291,6 +292,16 @@ TRANSITIONS = _schema(
     next_obs=_OBS,
     priority=_STEP_F32,
 )
+FRAME_TRANSITIONS = _schema(
+    P.TRAJECTORY,
+    "frame_transitions",
+    "Ape-X DQN actor on frame stacks -> replay: the transitions layout with each frame once.",
+    frames=Array("uint8", ("E", "S", OBS)),
+    **{k: v for k, v in TRANSITIONS.arrays.items() if k not in ("obs", "next_obs")},
+)
+"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the first
+observation, then the newest frame of each later one (the last is the final observation's).
+The replay server rebuilds the stacks (``zrl.replay.frames``); 1/8 of the transitions' bytes."""
 CONTINUOUS_TRANSITIONS = _schema(
     P.TRAJECTORY,
     "continuous_transitions",
@@ -360,6 +371,7 @@ SCHEMAS: dict[str, Schema] = {
     s.name: s
     for s in (
         TRANSITIONS,
+        FRAME_TRANSITIONS,
         CONTINUOUS_TRANSITIONS,
         UNROLL,
         TRANSITION_BATCH,

@@ -5,6 +5,8 @@ Env slot k of all N = actors x envs slots uses the Ape-X epsilon
 most act nearly greedily. Each trajectory becomes a ``transitions`` TRAJECTORY whose
 ``priority`` holds the initial priority ``|R + discount * max_a Q(s', a) - Q(s, a)|`` of every
 n-step transition's first step (zeros elsewhere), from this actor's own copy of the network.
+Frame stacks (uint8 ``[k, H, W]`` observations, Atari) go as ``frame_transitions``: each
+frame once instead of two stacks per step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
 from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.algos.returns import nstep_transitions
+from zrl.replay.frames import frames_of, is_frame_stack
 from zrl.transport import protocol as P
 
 
@@ -69,7 +72,12 @@ class ApexDQNPolicy(BasePolicy):
         priority[ns.env, ns.start] = initial_priorities(
             tr.extras["q_taken"][ns.env, ns.start], ns.returns, ns.discounts, next_q
         )
-        return Outgoing(P.TRAJECTORY, tr.transitions(priority))
+        arrays = tr.transitions(priority)
+        if is_frame_stack(tr.obs):
+            # Each frame once: the replay server rebuilds the stacks (1/8 of the bytes).
+            del arrays["obs"], arrays["next_obs"]
+            arrays["frames"] = frames_of(tr.obs, tr.final_obs)
+        return Outgoing(P.TRAJECTORY, arrays)
 
     def train_info(self) -> dict[str, float]:
         """The smallest and largest epsilon of this actor's env slots."""
