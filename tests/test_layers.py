@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "learning",  # models, envs and the algorithms' maths and policies
         [
+            "zrl.encoders",
             "zrl.models",
             "zrl.continuous_models",
             "zrl.envs",

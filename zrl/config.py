@@ -89,6 +89,10 @@ class ModelConfig(Section):
     """Dueling value/advantage heads (Q-networks)."""
     activation: Literal["relu", "tanh"] = "relu"
     """Hidden-layer activation of the actor-critic networks (impala, a3c, ppo)."""
+    encoder: Literal["auto", "nature_cnn", "impala_resnet", "mlp"] = "auto"
+    """Observation encoder of the discrete-action models: auto is nature_cnn for [C, H, W]
+    image observations (uint8 pixels are scaled to [0, 1] in the model) and the hidden MLP
+    otherwise; impala_resnet is the IMPALA deep ResNet. The CNNs ignore hidden."""
 
 
 class BrokerConfig(Section):

@@ -32,7 +32,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
 from zrl.config import ModelConfig
-from zrl.models import mlp
+from zrl.encoders import mlp
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

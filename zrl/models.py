@@ -12,17 +12,11 @@ from torch import Tensor, nn
 
 from zrl.algos import get_algorithm
 from zrl.config import ModelConfig
+from zrl.encoders import ACTIVATIONS, MLPEncoder, NatureCNN, build_encoder, resolve_encoder
+from zrl.encoders import mlp as mlp  # re-exported: zrl.models.mlp predates zrl.encoders
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
-
-
-def mlp(in_dim: int, hidden: Sequence[int], activation: str = "relu") -> nn.Sequential:
-    """``Linear -> activation`` for each width in ``hidden``; empty ``hidden`` is the identity."""
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), ACTIVATIONS[activation]()]
-        in_dim = width
-    return nn.Sequential(*layers)
+ORTHOGONAL = (MLPEncoder, NatureCNN)
+"""The torsos an ActorCritic initialises orthogonally."""
 
 
 def check_sizes(obs_dim: int, num_actions: int, hidden: Sequence[int]) -> None:
@@ -36,88 +30,133 @@ def check_sizes(obs_dim: int, num_actions: int, hidden: Sequence[int]) -> None:
         raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
 
 
+def _encoder_sizes(
+    encoder: nn.Module, obs_dim: int | None, num_actions: int
+) -> tuple[tuple[int, ...], int]:
+    """``(obs_shape, out_features)`` of an encoder, its shape checked against ``obs_dim``."""
+    shape = getattr(encoder, "obs_shape", None)
+    features = getattr(encoder, "out_features", None)
+    if shape is None or not isinstance(features, int):
+        raise ValueError(
+            f"encoder {type(encoder).__name__} needs obs_shape and out_features attributes"
+        )
+    obs_shape = tuple(int(n) for n in shape)
+    if obs_dim is not None and obs_dim != math.prod(obs_shape):
+        raise ValueError(f"obs_dim={obs_dim} does not match the encoder's shape {obs_shape}")
+    check_sizes(math.prod(obs_shape), num_actions, ())
+    return obs_shape, features
+
+
 class QNetwork(nn.Module):
-    """MLP Q-network, optionally with a dueling head (Wang et al. 2016).
+    """Q-network: an encoder (``torso``: the MLP by default, or a CNN for images) and a
+    linear head, optionally dueling (Wang et al. 2016).
 
     Dueling: ``Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')``. Centring the advantages makes the
     V/A split identifiable (``mean_a Q(s, a) = V(s)``) without changing the greedy action.
+    Without ``encoder`` the torso is the ``hidden`` MLP over ``obs_dim`` inputs; with one
+    (see :func:`zrl.encoders.build_encoder`) ``obs_dim`` may be None and ``hidden`` is unused.
     """
 
     def __init__(
         self,
-        obs_dim: int,
+        obs_dim: int | None,
         num_actions: int,
         hidden: Sequence[int] = (64, 64),
         dueling: bool = True,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        check_sizes(obs_dim, num_actions, hidden)
-        self.obs_dim = obs_dim
+        if encoder is None:
+            check_sizes(obs_dim or 0, num_actions, hidden)
+            assert obs_dim is not None
+            encoder = MLPEncoder((obs_dim,), hidden)
+        self.obs_shape, features = _encoder_sizes(encoder, obs_dim, num_actions)
+        self.obs_dim = math.prod(self.obs_shape)
         self.num_actions = num_actions
         self.dueling = dueling
-        self.torso = mlp(obs_dim, hidden)
-        features = hidden[-1] if len(hidden) > 0 else obs_dim
+        self.torso = encoder
         self.advantage_head = nn.Linear(features, num_actions)
         self.value_head: nn.Linear | None = nn.Linear(features, 1) if dueling else None
 
     def forward(self, obs: Tensor) -> Tensor:
-        """``obs [B, obs_dim]`` (or ``[B, *obs_shape]``, flattened) -> ``q [B, num_actions]``."""
-        if not obs.is_floating_point():
-            obs = obs.float()
-        x = self.torso(obs.flatten(start_dim=1))
+        """``obs [B, *obs_shape]`` (or flattened, ``[B, obs_dim]``) -> ``q [B, num_actions]``."""
+        x = self.torso(obs)
         advantages = self.advantage_head(x)
         if self.value_head is None:
-            return advantages
+            return advantages  # type: ignore[no-any-return]
         return self.value_head(x) + advantages - advantages.mean(dim=1, keepdim=True)
 
 
 class ActorCritic(nn.Module):
-    """Categorical policy and state-value function as two separate MLPs.
+    """Categorical policy and state-value function: two separate MLPs, or one shared encoder.
 
-    Separate torsos, as CleanRL and SB3 use for small control tasks: a shared torso lets the
-    value loss, whose scale grows with the returns, swamp the policy gradient. Orthogonal
-    initialisation with a 0.01-gain policy head starts from a near-uniform policy.
+    Without ``encoder``: separate ``hidden`` MLP torsos, as CleanRL and SB3 use for small
+    control tasks (a shared torso lets the value loss, whose scale grows with the returns,
+    swamp the policy gradient). With one (a CNN for images, see
+    :func:`zrl.encoders.build_encoder`): one ``torso`` feeding both heads, as IMPALA and
+    Sample Factory do on Atari. Orthogonal initialisation with a 0.01-gain policy head starts
+    from a near-uniform policy.
     """
 
     def __init__(
         self,
-        obs_dim: int,
+        obs_dim: int | None,
         num_actions: int,
         hidden: Sequence[int] = (64, 64),
         activation: str = "tanh",
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        check_sizes(obs_dim, num_actions, hidden)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.obs_dim = obs_dim
+        self.shared = encoder is not None
+        if encoder is None:
+            check_sizes(obs_dim or 0, num_actions, hidden)
+            assert obs_dim is not None
+            mlp_torso = MLPEncoder((obs_dim,), hidden, activation)
+            policy_torso: nn.Module = mlp_torso
+            value_torso: nn.Module = MLPEncoder((obs_dim,), hidden, activation)
+            encoder = nn.Identity()
+            self.obs_shape: tuple[int, ...] = (obs_dim,)
+            features = mlp_torso.out_features
+        else:
+            self.obs_shape, features = _encoder_sizes(encoder, obs_dim, num_actions)
+            policy_torso, value_torso = nn.Identity(), nn.Identity()
+        self.obs_dim = math.prod(self.obs_shape)
         self.num_actions = num_actions
-        features = hidden[-1] if len(hidden) > 0 else obs_dim
-        self.policy_torso = mlp(obs_dim, hidden, activation)
+        # Registered in this order so the MLP's state_dict keys stay those of earlier versions
+        # (the Identity modules hold no state).
+        self.torso = encoder
+        self.policy_torso = policy_torso
         self.policy_head = nn.Linear(features, num_actions)
-        self.value_torso = mlp(obs_dim, hidden, activation)
+        self.value_torso = value_torso
         self.value_head = nn.Linear(features, 1)
-        for module in (*self.policy_torso, *self.value_torso):
-            if isinstance(module, nn.Linear):
+        # Orthogonal sqrt(2) init of the MLPs and the Nature CNN (CleanRL's PPO); the IMPALA
+        # ResNet (and a user's encoder) keep their own: sqrt(2) gains compound through its
+        # residual blocks (feature RMS 10 against 0.04 on random frames).
+        torsos = [m for m in (encoder, policy_torso, value_torso) if isinstance(m, ORTHOGONAL)]
+        for module in (sub for torso in torsos for sub in torso.modules()):
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(module.weight, math.sqrt(2))
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         nn.init.orthogonal_(self.policy_head.weight, 0.01)
         nn.init.zeros_(self.policy_head.bias)
         nn.init.orthogonal_(self.value_head.weight, 1.0)
         nn.init.zeros_(self.value_head.bias)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """``obs [B, obs_dim]`` -> ``(logits [B, num_actions], value [B])``."""
-        x = obs.float().flatten(start_dim=1)
+        """``obs [B, *obs_shape]`` (or ``[B, obs_dim]``) -> ``(logits [B, num_actions], value [B])``."""
+        x = self.torso(obs)  # the shared encoder, or the identity before separate MLPs
         return self.policy_head(self.policy_torso(x)), self.value_head(self.value_torso(x))[:, 0]
 
     def policy_logits(self, obs: Tensor) -> Tensor:
         """The policy's logits ``[B, num_actions]`` alone: actors need no value."""
-        return self.policy_head(self.policy_torso(obs.float().flatten(start_dim=1)))  # type: ignore[no-any-return]
+        return self.policy_head(self.policy_torso(self.torso(obs)))  # type: ignore[no-any-return]
 
     def value(self, obs: Tensor) -> Tensor:
         """``V(obs)``, ``[B]``."""
-        return self.value_head(self.value_torso(obs.float().flatten(start_dim=1)))[:, 0]
+        return self.value_head(self.value_torso(self.torso(obs)))[:, 0]
 
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
         """Actions ``[B]``: sampled from the policy, or its mode when ``deterministic``."""
@@ -169,17 +208,31 @@ def _check_spaces(observation_space: gym.spaces.Space, action_space: gym.spaces.
         raise ValueError(f"unsupported action space {action_space!r}: Discrete start must be 0")
 
 
+def _encoder_for(
+    observation_space: gym.spaces.Space, kind: str, hidden: Sequence[int], activation: str
+) -> nn.Module | None:
+    """The encoder ``kind`` resolves to for the space, or None for the (flattening) MLP."""
+    shape = tuple(observation_space.shape or ())
+    if resolve_encoder(kind, shape) == "mlp":
+        return None
+    return build_encoder(kind, observation_space, hidden, activation)
+
+
 def build_actor_critic(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
     hidden: Sequence[int] = (64, 64),
     activation: str = "tanh",
+    encoder: str = "auto",
 ) -> ActorCritic:
-    """ActorCritic for a ``Box`` observation space (flattened) and a ``Discrete`` action space."""
+    """ActorCritic for a ``Box`` observation space and a ``Discrete`` action space: separate
+    MLPs over the flattened observation, or one shared CNN (``encoder``, see
+    :func:`zrl.encoders.build_encoder`; ``auto`` picks the Nature CNN for ``[C, H, W]``)."""
     _check_spaces(observation_space, action_space)
     assert isinstance(action_space, gym.spaces.Discrete)
-    obs_dim = math.prod(observation_space.shape or ())
-    return ActorCritic(obs_dim, int(action_space.n), hidden, activation)
+    torso = _encoder_for(observation_space, encoder, hidden, activation)
+    obs_dim = math.prod(observation_space.shape or ()) if torso is None else None
+    return ActorCritic(obs_dim, int(action_space.n), hidden, activation, encoder=torso)
 
 
 def build_q_network(
@@ -187,12 +240,15 @@ def build_q_network(
     action_space: gym.spaces.Space,
     hidden: Sequence[int] = (64, 64),
     dueling: bool = True,
+    encoder: str = "auto",
 ) -> QNetwork:
-    """QNetwork for a ``Box`` observation space (flattened) and a ``Discrete`` action space."""
+    """QNetwork for a ``Box`` observation space and a ``Discrete`` action space: an MLP over
+    the flattened observation, or a CNN (``encoder``, as in :func:`build_actor_critic`)."""
     _check_spaces(observation_space, action_space)
     assert isinstance(action_space, gym.spaces.Discrete)
-    obs_dim = math.prod(observation_space.shape or ())
-    return QNetwork(obs_dim, int(action_space.n), hidden=hidden, dueling=dueling)
+    torso = _encoder_for(observation_space, encoder, hidden, "relu")
+    obs_dim = math.prod(observation_space.shape or ()) if torso is None else None
+    return QNetwork(obs_dim, int(action_space.n), hidden, dueling, encoder=torso)
 
 
 def model_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
@@ -240,7 +296,9 @@ def q_network_for(
     twin: bool = False,
 ) -> QNetwork:
     """zrl's network for Q-learning algorithms (``Algorithm.model``)."""
-    return build_q_network(observation_space, action_space, model_cfg.hidden, model_cfg.dueling)
+    return build_q_network(
+        observation_space, action_space, model_cfg.hidden, model_cfg.dueling, model_cfg.encoder
+    )
 
 
 def actor_critic_for(
@@ -251,7 +309,7 @@ def actor_critic_for(
 ) -> ActorCritic:
     """zrl's network for the actor-critics (``Algorithm.model``)."""
     return build_actor_critic(
-        observation_space, action_space, model_cfg.hidden, model_cfg.activation
+        observation_space, action_space, model_cfg.hidden, model_cfg.activation, model_cfg.encoder
     )
 
 
