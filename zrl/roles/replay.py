@@ -258,7 +258,7 @@ class ReplayServer(Role):
             raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
         rc = self.config.replay
         wiring = get_algorithm(self.config.algo).wiring
-        if wiring.replay_item == "transition" and "frames" in msg.arrays:
+        if wiring.replay_item == "transitions" and "frames" in msg.arrays:
             n = self.insert_frames(msg)
         else:
             if wiring.replay_item == "unroll":

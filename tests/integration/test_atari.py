@@ -1,0 +1,92 @@
+"""Atari through the generic roles, in one process: frames stay uint8 at every hop.
+
+Pong via ale-py's AtariVectorEnv -> actor (Nature CNN Q-network) -> ``frame_transitions`` on the
+experience stream -> a replay shard's FrameTable -> uint8 stacks in the batches -> the learner,
+which trains on them and publishes weights that the actor adopts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from zrl.algos.apex_dqn.update import ApexDQNUpdate
+from zrl.config import ExperimentConfig
+from zrl.replay.frames import FrameTable
+from zrl.roles.actor import Actor
+from zrl.roles.learner import Learner
+from zrl.roles.params import ParameterServer
+from zrl.roles.replay import ReplayServer
+from zrl.testing.inproc import InProc
+from zrl.testing.probes import wait_for
+from zrl.transport import protocol as P
+
+pytest.importorskip("ale_py")
+torch.set_num_threads(1)
+
+
+def atari_config(**sections: Any) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "atari-test",
+            "seed": 3,
+            "algo": "apex_dqn",
+            "env": {"id": "ALE/Pong-v5", "num_envs": 2},
+            "model": {"encoder": "nature_cnn"},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 10.0, "setup_grace": 30.0},
+            "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 0},
+            "actor": {"trajectory_length": 16, "max_in_flight": 2},
+            "replay": {
+                "table": "prioritized", "capacity": 4000, "n_step": 3, "batch_size": 16,
+                "min_size": 64, "samples_per_insert": 0, "prefetch": 2,
+            },  # fmt: skip
+            "learner": {"publish_interval": 2, "device": "cpu"},
+            **sections,
+        }
+    )
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "atari")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def test_pong_frames_stay_uint8_from_env_to_learner(inproc, monkeypatch):
+    seen: list[tuple[str, Any, tuple[int, ...]]] = []
+    receive = ApexDQNUpdate.receive
+
+    def spy(self: ApexDQNUpdate, msg: P.Message, version: int) -> None:
+        seen.extend((k, v.dtype, v.shape) for k, v in msg.arrays.items() if "obs" in k)
+        receive(self, msg, version)
+
+    monkeypatch.setattr(ApexDQNUpdate, "receive", spy)
+    inproc.start_broker(atari_config())
+    inproc.start(ParameterServer)
+    replay = inproc.start(ReplayServer, index=0)
+    learner = inproc.start(Learner, index=0)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(learner, Learner)
+    assert isinstance(replay, ReplayServer)
+    assert actor.obs.dtype == np.uint8 and actor.obs.shape == (2, 4, 84, 84)
+
+    wait_for(lambda: learner.updates >= 4, timeout=120, interval=0.2)
+    # The shard stores single frames, one per step plus k per trajectory row.
+    table = replay.table
+    assert isinstance(table, FrameTable) and table.stack == 4 and table.frame_shape == (84, 84)
+    assert table.frame_inserts == replay.trajectories * 2 * (16 + 4)
+    # Every batch the learner took held uint8 stacks, never a float copy.
+    assert seen and {(k, d, s[1:]) for k, d, s in seen} == {
+        ("obs", np.dtype(np.uint8), (4, 84, 84)),
+        ("next_obs", np.dtype(np.uint8), (4, 84, 84)),
+    }
+    wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
+    info = learner.heartbeat_info()
+    assert info["updates"] >= 4
