@@ -239,6 +239,8 @@ def test_sections_validate_assignment():
         ("ppo", "ppo.ent_coef=0.01", "(did you mean ppo.entropy_coef?)"),
         ("ppo", "ppo.clip_range=0.1", "(did you mean ppo.clip?)"),
         ("impala", "learner.gamma=0.9", "(did you mean impala.gamma?)"),
+        ("appo", "appo.ppo_clip_ratio=0.2", "(did you mean appo.clip?)"),
+        ("appo", "appo.num_batches_per_epoch=4", "(did you mean appo.minibatches?)"),
         (
             "apex_dqn",
             "stop.lr=0.1",
@@ -250,7 +252,8 @@ def test_sections_validate_assignment():
 )
 def test_unknown_key_suggests_the_key_meant(algo, override, expected):
     roles = {"ppo": {"replay": 0}, "a3c": {"replay": 0, "learners": 0}}.get(algo, {})
-    table = {"impala": {"table": "fifo"}, "sac": {"table": "uniform"}}.get(algo, {})
+    table = {"impala": {"table": "fifo"}, "appo": {"table": "fifo"}, "sac": {"table": "uniform"}}
+    table = table.get(algo, {})
     with pytest.raises(ConfigError) as info:
         config_from_dict({"algo": algo, "roles": roles, "replay": table}, [override])
     assert expected in str(info.value)
@@ -299,12 +302,13 @@ def test_algo_sections_cover_every_algo():
 @pytest.mark.parametrize(
     ("algo", "present", "absent"),
     [
-        ("apex_dqn", {"replay", "learner"}, {"impala", "ppo", "a3c", "ddpg", "sac"}),
-        ("ppo", {"learner", "ppo"}, {"replay", "impala", "a3c", "ddpg", "sac"}),
-        ("impala", {"replay", "learner", "impala"}, {"ppo", "a3c", "ddpg", "sac"}),
-        ("a3c", {"a3c"}, {"replay", "impala", "ppo", "ddpg", "sac"}),
-        ("apex_ddpg", {"replay", "ddpg"}, {"impala", "ppo", "a3c", "sac"}),
-        ("sac", {"replay", "sac"}, {"impala", "ppo", "a3c", "ddpg"}),
+        ("apex_dqn", {"replay", "learner"}, {"impala", "appo", "ppo", "a3c", "ddpg", "sac"}),
+        ("ppo", {"learner", "ppo"}, {"replay", "impala", "appo", "a3c", "ddpg", "sac"}),
+        ("impala", {"replay", "learner", "impala"}, {"appo", "ppo", "a3c", "ddpg", "sac"}),
+        ("appo", {"replay", "learner", "appo"}, {"impala", "ppo", "a3c", "ddpg", "sac"}),
+        ("a3c", {"a3c"}, {"replay", "impala", "appo", "ppo", "ddpg", "sac"}),
+        ("apex_ddpg", {"replay", "ddpg"}, {"impala", "appo", "ppo", "a3c", "sac"}),
+        ("sac", {"replay", "sac"}, {"impala", "appo", "ppo", "a3c", "ddpg"}),
     ],
 )
 def test_sections_used_per_algo(algo, present, absent):

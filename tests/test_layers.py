@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             # The config sections of the algorithms, which zrl.config imports (pydantic only).
             "zrl.algos.a3c.config",
             "zrl.algos.apex_ddpg.config",
+            "zrl.algos.appo.config",
             "zrl.algos.impala.config",
             "zrl.algos.ppo.config",
             "zrl.algos.sac.config",

@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from zrl.algos import algorithm_names, get_algorithm
 from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.appo.config import AppoConfig
 from zrl.algos.impala.config import ImpalaConfig
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.sac.config import SACConfig
@@ -88,7 +89,7 @@ class ModelConfig(Section):
     dueling: bool = True
     """Dueling value/advantage heads (Q-networks)."""
     activation: Literal["relu", "tanh"] = "relu"
-    """Hidden-layer activation of the actor-critic networks (impala, a3c, ppo)."""
+    """Hidden-layer activation of the actor-critic networks (impala, appo, a3c, ppo)."""
     encoder: Literal["auto", "nature_cnn", "impala_resnet", "mlp"] = "auto"
     """Observation encoder of the discrete-action models: auto is nature_cnn for [C, H, W]
     image observations (uint8 pixels are scaled to [0, 1] in the model) and the hidden MLP
@@ -294,6 +295,7 @@ class ExperimentConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     impala: ImpalaConfig = Field(default_factory=ImpalaConfig)
+    appo: AppoConfig = Field(default_factory=AppoConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     a3c: A3CConfig = Field(default_factory=A3CConfig)
     ddpg: DDPGConfig = Field(default_factory=DDPGConfig)

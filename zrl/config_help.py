@@ -16,18 +16,26 @@ from pydantic import BaseModel, ValidationError
 # What users of SB3, CleanRL, RLlib and Sample Factory call zrl's keys: an unknown key with
 # one of these names is suggested the zrl key, per algo ("*": any algo). Spelling mistakes of
 # zrl's own names need no entry: they are found by closeness to the schema.
-_ON_POLICY_ROLLOUT = {a: "actor.trajectory_length" for a in ("impala", "ppo", "a3c")}
+_ON_POLICY_ROLLOUT = {a: "actor.trajectory_length" for a in ("impala", "appo", "ppo", "a3c")}
 _OFF_POLICY_N_STEP = {a: "replay.n_step" for a in ("apex_dqn", "apex_ddpg", "sac")}
-_REPLAY_ALGOS = ("apex_dqn", "impala", "apex_ddpg", "sac")
+_REPLAY_ALGOS = ("apex_dqn", "impala", "appo", "apex_ddpg", "sac")
 _LR = {
-    "apex_dqn": "learner.lr", "impala": "learner.lr", "ppo": "learner.lr", "a3c": "a3c.lr",
+    "apex_dqn": "learner.lr", "impala": "learner.lr", "appo": "learner.lr", "ppo": "learner.lr",
+    "a3c": "a3c.lr",
     "apex_ddpg": "ddpg.actor_lr or ddpg.critic_lr", "sac": "sac.actor_lr or sac.critic_lr",
 }  # fmt: skip
-_GAMMA = {"impala": "impala.gamma", "ppo": "ppo.gamma", "a3c": "a3c.gamma", "*": "replay.gamma"}
-_ENTROPY = {"impala": "impala.entropy_coef", "a3c": "a3c.entropy_coef", "sac": "sac.fixed_alpha",
-            "*": "ppo.entropy_coef"}  # fmt: skip
-_VALUE = {"impala": "impala.value_coef", "a3c": "a3c.value_coef", "*": "ppo.value_coef"}
-_EPOCHS = {"impala": "impala.epochs", "*": "ppo.epochs"}
+_GAMMA = {"impala": "impala.gamma", "appo": "appo.gamma", "ppo": "ppo.gamma", "a3c": "a3c.gamma",
+          "*": "replay.gamma"}  # fmt: skip
+_ENTROPY = {"impala": "impala.entropy_coef", "appo": "appo.entropy_coef", "a3c": "a3c.entropy_coef",
+            "sac": "sac.fixed_alpha", "*": "ppo.entropy_coef"}  # fmt: skip
+_VALUE = {"impala": "impala.value_coef", "appo": "appo.value_coef", "a3c": "a3c.value_coef",
+          "*": "ppo.value_coef"}  # fmt: skip
+_EPOCHS = {"impala": "impala.epochs", "appo": "appo.epochs", "*": "ppo.epochs"}
+_CLIP = {"appo": "appo.clip", "*": "ppo.clip"}
+_VALUE_CLIP = {"appo": "appo.value_clip", "*": "ppo.value_clip"}
+_LAMBDA = {"impala": "impala.vtrace_lambda", "appo": "appo.vtrace_lambda", "a3c": "a3c.gae_lambda",
+           "*": "ppo.gae_lambda"}  # fmt: skip
+_MAX_LAG = {"impala": "impala.max_lag", "appo": "appo.max_lag", "ppo": "ppo.max_lag"}
 _GRAD_CLIP = {"a3c": "a3c.grad_clip", "*": "learner.grad_clip"}
 _TAU = {"sac": "sac.tau", "*": "ddpg.tau"}
 _EPSILON = {"*": "actor.epsilon", "apex_ddpg": "ddpg.noise_sigma"}
@@ -39,19 +47,20 @@ KEY_ALIASES: dict[str, dict[str, str]] = {
     "rollout": _ON_POLICY_ROLLOUT, "unroll_length": _ON_POLICY_ROLLOUT,
     "n_step": _OFF_POLICY_N_STEP,
     "batch_size": {"ppo": "ppo.minibatch_size", **{a: "replay.batch_size" for a in _REPLAY_ALGOS}},
-    "num_minibatches": {"*": "ppo.minibatch_size"},
+    "num_minibatches": {"appo": "appo.minibatches", "*": "ppo.minibatch_size"},
+    "num_batches_per_epoch": {"appo": "appo.minibatches", "*": "ppo.minibatch_size"},
     "ent_coef": _ENTROPY, "entropy_coef": _ENTROPY, "ent_coeff": _ENTROPY,
     "entropy_coeff": _ENTROPY, "exploration_loss_coeff": _ENTROPY,
     "vf_coef": _VALUE, "value_coef": _VALUE, "vf_loss_coeff": _VALUE, "value_loss_coeff": _VALUE,
-    "clip_range": {"*": "ppo.clip"}, "clip_coef": {"*": "ppo.clip"},
-    "clip_param": {"*": "ppo.clip"}, "ppo_clip_ratio": {"*": "ppo.clip"},
-    "clip_range_vf": {"*": "ppo.value_clip"}, "vf_clip_param": {"*": "ppo.value_clip"},
+    "clip_range": _CLIP, "clip_coef": _CLIP, "clip_param": _CLIP, "ppo_clip_ratio": _CLIP,
+    "clip_range_vf": _VALUE_CLIP, "vf_clip_param": _VALUE_CLIP, "ppo_clip_value": _VALUE_CLIP,
+    "max_policy_lag": _MAX_LAG, "vtrace_rho": {"impala": "impala.rho_bar", "appo": "appo.rho_bar"},
+    "vtrace_c": {"impala": "impala.c_bar", "appo": "appo.c_bar"},
     "n_epochs": _EPOCHS, "update_epochs": _EPOCHS, "num_epochs": _EPOCHS,
     "num_sgd_iter": _EPOCHS, "epochs": _EPOCHS,
-    "gae_lambda": {"impala": "impala.vtrace_lambda", "a3c": "a3c.gae_lambda",
-                   "*": "ppo.gae_lambda"},
-    "lambda": {"impala": "impala.vtrace_lambda", "a3c": "a3c.gae_lambda", "*": "ppo.gae_lambda"},
-    "norm_adv": {"*": "ppo.normalize_advantages"},
+    "gae_lambda": _LAMBDA, "lambda": _LAMBDA,
+    "norm_adv": {"appo": "appo.normalize_advantages", "*": "ppo.normalize_advantages"},
+    "normalize_advantage": {"appo": "appo.normalize_advantages", "*": "ppo.normalize_advantages"},
     "max_grad_norm": _GRAD_CLIP, "grad_clip": _GRAD_CLIP, "grad_norm_clipping": _GRAD_CLIP,
     "max_grad_norm_clip": _GRAD_CLIP,
     "target_update_interval": {"*": "learner.target_update_interval"},

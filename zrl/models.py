@@ -322,7 +322,7 @@ def build_model(
     twin: bool = False,
 ) -> nn.Module:
     """The user's model (``model_fn(observation_space, action_space)``) or zrl's network for
-    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, a3c and ppo, a DDPGModel
+    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, appo, a3c and ppo, a DDPGModel
     (with a second critic if ``twin``, i.e. ``ddpg.twin``) for apex_ddpg, a SACModel for sac."""
     if model_fn is None:
         algorithm = get_algorithm(algo)

@@ -149,7 +149,7 @@ def check_model(
         if continuous and isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(
                 f"algo {cfg.algo!r} is for Box actions and env.id {cfg.env.id!r} has "
-                f"{describe_space(action_space)}: use apex_dqn, impala, ppo or a3c ({why})"
+                f"{describe_space(action_space)}: use apex_dqn, impala, appo, ppo or a3c ({why})"
             ) from None
         if not continuous and isinstance(action_space, gym.spaces.Box):
             raise ConfigError(

@@ -1,4 +1,4 @@
-"""The learner-side updates of Ape-X DQN, IMPALA and Ape-X DDPG / SAC, driven directly with a
+"""The learner-side updates of Ape-X DQN, IMPALA, APPO and Ape-X DDPG / SAC, driven directly with a
 real ``LearnerSetup`` and hand-built BATCH messages (no role, no sockets): what ``receive``
 refuses, what ``train`` returns, and the checkpoint state round trip."""
 
@@ -15,8 +15,10 @@ import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError, UpdateResult
+from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.impala.update import ImpalaUpdate
+from zrl.algos.unrolls import UnrollUpdate
 from zrl.config import ExperimentConfig
 from zrl.models import build_model
 from zrl.roles.train_stats import TrainStats
@@ -26,7 +28,12 @@ torch.set_num_threads(1)
 
 B, T = 8, 5
 SHARD = "replay-0"
-ENV = {"apex_dqn": "CartPole-v1", "impala": "CartPole-v1", "apex_ddpg": "Pendulum-v1"}
+ENV = {
+    "apex_dqn": "CartPole-v1",
+    "impala": "CartPole-v1",
+    "appo": "CartPole-v1",
+    "apex_ddpg": "Pendulum-v1",
+}
 
 
 def config(algo: str, **sections: dict[str, Any]) -> ExperimentConfig:
@@ -36,7 +43,7 @@ def config(algo: str, **sections: dict[str, Any]) -> ExperimentConfig:
         "env": {"id": ENV.get(algo, "Pendulum-v1")},
         "model": {"hidden": [16]},
         "roles": {"actors": 1, "replay": 1, "learners": 1},
-        "replay": {"table": "fifo" if algo == "impala" else "prioritized"},
+        "replay": {"table": "fifo" if algo in ("impala", "appo") else "prioritized"},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
@@ -114,6 +121,20 @@ def trained(update: LearnerUpdate, msg: P.Message, version: int = 0) -> UpdateRe
     return result
 
 
+def check_non_finite_batch_is_dropped(update: Any, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` (finite: ``receive`` refuses NaN) make a non-finite loss: ``train`` raises
+    NonFiniteLossError naming the shard before any optimizer step; the batch is dropped."""
+    before = {k: v.clone() for k, v in update.model.state_dict().items()}
+    update.receive(batch(arrays, shard="replay-3"), 0)
+    with pytest.raises(NonFiniteLossError) as info:
+        update.train(0)
+    assert info.value.source == "a batch from replay-3"
+    assert all(torch.equal(before[k], v) for k, v in update.model.state_dict().items())
+    assert not update.optimizer.state  # no step was taken
+    assert update.train(0) is None  # dropped, not retried
+    assert update.updates == 0
+
+
 # --- Ape-X DQN ----------------------------------------------------------------------------
 
 
@@ -176,14 +197,7 @@ def test_dqn_non_finite_loss_names_the_shard_and_drops_the_batch() -> None:
     arrays = dqn_batch(np.random.default_rng(2))
     arrays["weight"] = np.full(B, 3e38, np.float32)  # finite, but the weighted loss is inf
     arrays["reward"] = np.full(B, 3e38, np.float32)
-    before = {k: v.clone() for k, v in update.model.state_dict().items()}
-    update.receive(batch(arrays, shard="replay-3"), 0)
-    with pytest.raises(NonFiniteLossError) as info:
-        update.train(0)
-    assert info.value.source == "a batch from replay-3"
-    assert all(torch.equal(before[k], v) for k, v in update.model.state_dict().items())
-    assert update.train(0) is None  # dropped, not retried
-    assert update.updates == 0
+    check_non_finite_batch_is_dropped(update, arrays)
 
 
 def test_dqn_state_dict_round_trip() -> None:
@@ -201,12 +215,15 @@ def test_dqn_state_dict_round_trip() -> None:
     assert other.updates == 7
 
 
-# --- IMPALA -------------------------------------------------------------------------------
+# --- IMPALA and APPO ----------------------------------------------------------------------
+
+UNROLL_UPDATES: dict[str, type[UnrollUpdate]] = {"impala": ImpalaUpdate, "appo": AppoUpdate}
 
 
-def test_impala_trains_on_fresh_unrolls_and_counts_stale_ones() -> None:
-    s = setup(config("impala", impala={"max_lag": 2, "epochs": 2}))
-    update = ImpalaUpdate(s)
+@pytest.mark.parametrize("algo", UNROLL_UPDATES)
+def test_unroll_updates_train_on_fresh_unrolls_and_count_stale_ones(algo: str) -> None:
+    s = setup(config(algo, **{algo: {"max_lag": 2, "epochs": 2}}))
+    update = UNROLL_UPDATES[algo](s)
     rng = np.random.default_rng(4)
     # At version 10: lags 0, 2 (fresh) and 3, 8 (stale).
     result = trained(update, batch(unroll_batch(rng, [10, 8, 7, 2])), version=10)
@@ -218,7 +235,7 @@ def test_impala_trains_on_fresh_unrolls_and_counts_stale_ones() -> None:
     assert np.isfinite(info["mean_rho"])
     stats = s.train_stats.flush()
     assert {"loss", "policy_loss", "value_loss", "entropy", "grad_norm"} <= set(stats)
-    assert stats["policy_lag"] == pytest.approx(1.0)
+    assert stats["policy_lag"] == pytest.approx(1.0) and stats["policy_lag_max"] == 2.0
     # All stale: nothing to train on.
     update.receive(batch(unroll_batch(rng, [0, 1])), 10)
     assert update.train(10) is None
@@ -238,23 +255,25 @@ def test_impala_trains_on_fresh_unrolls_and_counts_stale_ones() -> None:
     ],
     ids=["action", "inf", "dtype", "obs-width", "rows"],
 )
-def test_impala_refuses_malformed_batches(change: dict[str, np.ndarray]) -> None:
-    update = ImpalaUpdate(setup(config("impala")))
+@pytest.mark.parametrize("algo", UNROLL_UPDATES)
+def test_unroll_updates_refuse_malformed_batches(algo: str, change: dict[str, np.ndarray]) -> None:
+    update = UNROLL_UPDATES[algo](setup(config(algo)))
     arrays = {**unroll_batch(np.random.default_rng(5), [0, 0]), **change}
     with pytest.raises(P.ProtocolError):
         update.receive(batch(arrays), 0)
     assert update.train(0) is None
 
 
-def test_impala_state_dict_round_trip() -> None:
-    cfg = config("impala")
-    update = ImpalaUpdate(setup(cfg, seed=0))
+@pytest.mark.parametrize("algo", UNROLL_UPDATES)
+def test_unroll_updates_state_dict_round_trip(algo: str) -> None:
+    cfg = config(algo)
+    update = UNROLL_UPDATES[algo](setup(cfg, seed=0))
     trained(update, batch(unroll_batch(np.random.default_rng(6), [0, 0])))
     state = update.state_dict()
     assert set(state) == {"online", "optimizer"}
-    other = ImpalaUpdate(setup(cfg, seed=1))
-    other.load_state_dict(state)
-    assert same_weights(update.model, other.model)
+    other = UNROLL_UPDATES[algo](setup(cfg, seed=1))
+    other.load_state_dict({**state, "updates": 5})  # the learner's counters ride along
+    assert same_weights(update.model, other.model) and other.updates == 5
 
 
 # --- Ape-X DDPG / TD3 and SAC -------------------------------------------------------------

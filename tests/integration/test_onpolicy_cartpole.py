@@ -1,4 +1,4 @@
-"""IMPALA, A3C and PPO for real: `zrl run` on CartPole with every role its own process."""
+"""IMPALA, APPO, A3C and PPO for real: `zrl run` on CartPole with every role its own process."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def test_ppo_async_and_dd_ppo_learners_stay_in_lockstep(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_impala_learns_through_the_fifo_queue(tmp_path: Path) -> None:
-    summary = run_zrl(tmp_path, "cartpole_impala.yaml")
+@pytest.mark.parametrize("config", ["cartpole_impala.yaml", "cartpole_appo.yaml"])
+def test_impala_and_appo_learn_through_the_fifo_queue(tmp_path: Path, config: str) -> None:
+    summary = run_zrl(tmp_path, config)
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "stale unrolls dropped" in line]
     assert closing, log[-2000:]

@@ -55,7 +55,7 @@ def config(algo: str, env: str = "CartPole-v1", **sections: Any) -> ExperimentCo
         "model": {"hidden": [16]},
         "roles": {"actors": 2, "replay": 0 if algo in ("ppo", "a3c") else 1},
         "actor": {"trajectory_length": T},
-        "replay": {"table": "fifo" if algo == "impala" else "prioritized"},
+        "replay": {"table": "fifo" if algo in ("impala", "appo") else "prioritized"},
         "ppo": {"minibatch_size": 8, "epochs": 2},
         "ddpg": {"warmup_steps": 0},
         "sac": {"warmup_steps": 0},
@@ -202,15 +202,19 @@ def test_continuous_learner_reports(algo):
         check(report, "alpha", "alpha_loss", "entropy")
 
 
-def test_impala_learner_reports_policy_lag():
-    learner = bare_learner(config("impala"))
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_unroll_learners_report_policy_lag(algo):
+    learner = bare_learner(config(algo))
     rng = np.random.default_rng(0)
     a = unrolls(rng, [1, 3, 3])  # the learner is at version 3
     train_on(learner, P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=a), version=3)
     report = learner.train_metrics()
     check(report, "loss", "policy_loss", "value_loss", "entropy", "grad_norm", "mean_rho",
-          "policy_lag", "update_ms", "lr")  # fmt: skip
+          "policy_lag", "policy_lag_max", "update_ms", "lr")  # fmt: skip
     assert report["policy_lag"] == pytest.approx(2 / 3)
+    assert report["policy_lag_max"] == 2.0
+    if algo == "appo":
+        check(report, "approx_kl", "clip_fraction")
 
 
 def test_ppo_learner_reports_kl_clip_fraction_and_policy_lag():

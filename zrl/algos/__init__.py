@@ -13,6 +13,7 @@ from zrl.algos.api import Algorithm
 ALGORITHMS: dict[str, str] = {
     "apex_dqn": "zrl.algos.apex_dqn",
     "impala": "zrl.algos.impala",
+    "appo": "zrl.algos.appo",
     "ppo": "zrl.algos.ppo",
     "a3c": "zrl.algos.a3c",
     "apex_ddpg": "zrl.algos.apex_ddpg",

@@ -139,6 +139,27 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
+def check_loss_inputs(
+    loss: str, logits: Tensor, vtrace_returns: VTraceReturns, **tensors: Tensor | None
+) -> tuple[int, int]:
+    """``(T, B)`` of a loss's inputs: ``logits [T, B, A]``, the V-trace outputs and every one
+    of ``tensors`` (None: not given) ``[T, B]``. ValueError (naming the input) otherwise, or when
+    the V-trace outputs require grad (not computed by :func:`vtrace`): they are constants."""
+    vs, pg_adv = vtrace_returns.vs, vtrace_returns.pg_advantages
+    if vs.requires_grad or pg_adv.requires_grad:
+        raise ValueError(f"{loss}: vtrace_returns require grad; compute them with vtrace()")
+    if logits.ndim != 3:
+        raise ValueError(f"logits must be [T, B, A], got shape {tuple(logits.shape)}")
+    expected = (logits.shape[0], logits.shape[1])
+    named = {**tensors, "vtrace_returns.vs": vs, "vtrace_returns.pg_advantages": pg_adv}
+    for name, arr in named.items():
+        if arr is not None and tuple(arr.shape) != expected:
+            raise ValueError(
+                f"{name} has shape {tuple(arr.shape)}, expected {expected} (logits.shape[:2])"
+            )
+    return expected
+
+
 def impala_loss(
     logits: Tensor,
     values: Tensor,
@@ -160,32 +181,21 @@ def impala_loss(
     if they require grad (not computed by :func:`vtrace`) this raises ``ValueError``. Returns
     ``(loss, parts)`` with the float parts ``loss, policy_loss, value_loss, entropy``.
     """
+    expected = check_loss_inputs(
+        "impala_loss", logits, vtrace_returns, values=values, actions=actions, valid=valid
+    )
     vs, pg_adv = vtrace_returns.vs, vtrace_returns.pg_advantages
-    if vs.requires_grad or pg_adv.requires_grad:
-        raise ValueError("impala_loss: vtrace_returns require grad; compute them with vtrace()")
-    if logits.ndim != 3:
-        raise ValueError(f"logits must be [T, B, A], got shape {tuple(logits.shape)}")
-    expected = tuple(logits.shape[:2])
-    for name, arr in (
-        ("values", values),
-        ("actions", actions),
-        ("vtrace_returns.vs", vs),
-        ("vtrace_returns.pg_advantages", pg_adv),
-    ):
-        if tuple(arr.shape) != expected:
-            raise ValueError(
-                f"{name} has shape {tuple(arr.shape)}, expected {expected} (logits.shape[:2])"
-            )
     check_nonnegative("entropy_coef", entropy_coef)
     check_nonnegative("value_coef", value_coef)
 
     if valid is None:
         weight = torch.full(
-            expected, 1.0 / max(1, logits.shape[0] * logits.shape[1]), dtype=logits.dtype
+            expected,
+            1.0 / max(1, logits.shape[0] * logits.shape[1]),
+            dtype=logits.dtype,
+            device=logits.device,
         )
     else:
-        if tuple(valid.shape) != expected:
-            raise ValueError(f"valid has shape {tuple(valid.shape)}, expected {expected}")
         weight = valid.to(logits.dtype) / valid.sum().clamp(min=1)
     log_probs = F.log_softmax(logits, dim=-1)
     logp_taken = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -210,6 +220,65 @@ class ImpalaUpdate:
     mean_rho: float  # mean importance ratio pi/mu over the valid steps (1.0 on-policy)
 
 
+@dataclass
+class UnrollForward:
+    """The learner's forward pass over a batch of unrolls and its V-trace targets, time-major.
+
+    ``logits [T, B, A]`` and ``values [T, B]`` carry gradients; the rest are constants."""
+
+    logits: Tensor
+    values: Tensor
+    actions: Tensor  # [T, B]
+    behaviour_logp: Tensor  # [T, B], log mu(a_t|x_t), recorded by the actors
+    target_logp: Tensor  # [T, B], log pi(a_t|x_t), detached
+    valid: Tensor  # [T, B], 1.0 on real transitions, 0.0 on autoreset steps
+    returns: VTraceReturns
+
+    def mean_rho(self) -> Tensor:
+        """The mean importance ratio pi/mu over the valid steps (1.0 on-policy), 0-d."""
+        with torch.no_grad():
+            rho = torch.exp(self.target_logp - self.behaviour_logp)
+            rho = torch.where(self.valid.bool(), rho, torch.zeros_like(rho))
+            return rho.sum() / self.valid.sum().clamp(min=1)
+
+
+def unroll_forward(
+    model: torch.nn.Module,
+    batch: dict[str, Tensor],
+    *,
+    gamma: float,
+    rho_bar: float,
+    c_bar: float,
+    lambda_: float = 1.0,
+) -> UnrollForward:
+    """One forward pass over a batch of unrolls and their bootstrap observations, and the
+    V-trace targets under the model's current policy and values.
+
+    ``batch`` is env-major as the replay server stores unrolls: ``obs [B, T, *obs_shape]`` (any
+    observation shape and dtype: only the first two axes are flattened, the model gets the
+    rest), ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]``
+    and ``bootstrap_obs [B, *obs_shape]``. ``model(obs) -> (logits, values)``. Discounts are
+    ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
+    Everything stays on the batch's device.
+    """
+    B, T = batch["reward"].shape
+    obs = batch["obs"].flatten(0, 1)  # [B * T, *obs_shape]
+    logits_all, values_all = model(torch.cat([obs, batch["bootstrap_obs"]]))
+    logits = logits_all[: B * T].reshape(B, T, -1).transpose(0, 1)
+    values = values_all[: B * T].reshape(B, T).T
+    bootstrap = values_all[B * T :].detach()
+    valid = batch["valid"].T.to(values.dtype)
+    actions = batch["action"].T
+    behaviour_logp = batch["logp"].T.to(values.dtype)
+    target_logp = F.log_softmax(logits.detach(), dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
+    discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
+    returns = vtrace(
+        behaviour_logp, target_logp, batch["reward"].T.to(values.dtype) * valid, discounts,
+        values.detach(), bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
+    )  # fmt: skip
+    return UnrollForward(logits, values, actions, behaviour_logp, target_logp, valid, returns)
+
+
 def impala_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -223,35 +292,14 @@ def impala_update(
     grad_clip: float,
     lambda_: float = 1.0,
 ) -> ImpalaUpdate:
-    """One IMPALA step on a batch of unrolls from the actors' queue.
+    """One IMPALA step on a batch of unrolls from the actors' queue (``batch`` as
+    :func:`unroll_forward` reads it).
 
-    ``batch`` is env-major as the replay server stores unrolls: ``obs [B, T, ...]``,
-    ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]`` and
-    ``bootstrap_obs [B, ...]``. ``model(obs) -> (logits, values)``. Discounts are
-    ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
     Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss.
     """
-    B, T = batch["reward"].shape
-    obs = batch["obs"].reshape(B * T, *batch["obs"].shape[2:])
-    # One forward pass over the unrolls and their bootstrap observations.
-    logits_all, values_all = model(torch.cat([obs, batch["bootstrap_obs"]]))
-    logits = logits_all[: B * T].reshape(B, T, -1).transpose(0, 1)
-    values = values_all[: B * T].reshape(B, T).T
-    bootstrap = values_all[B * T :].detach()
-    valid = batch["valid"].T.to(values.dtype)
-    actions = batch["action"].T
-    target_logp = F.log_softmax(logits.detach(), dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
-    discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
-    returns = vtrace(
-        batch["logp"].T, target_logp, batch["reward"].T * valid, discounts, values.detach(),
-        bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
-    )  # fmt: skip
+    f = unroll_forward(model, batch, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
     loss, parts = impala_loss(
-        logits, values, actions, returns, entropy_coef, value_coef, valid=valid
+        f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
     )
     grad_norm = checked_step(optimizer, loss, list(model.parameters()), grad_clip)
-    with torch.no_grad():
-        rho = torch.exp(target_logp - batch["logp"].T)
-        rho = torch.where(valid.bool(), rho, torch.zeros_like(rho))
-        mean_rho = float(rho.sum() / valid.sum().clamp(min=1))
-    return ImpalaUpdate(parts=parts, grad_norm=grad_norm, mean_rho=mean_rho)
+    return ImpalaUpdate(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))

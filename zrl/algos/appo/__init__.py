@@ -1,0 +1,39 @@
+"""APPO, asynchronous PPO (Sample Factory, Petrenko et al. 2020; RLlib's APPO): IMPALA's
+wiring (actors that never wait, unrolls through a FIFO replay queue, unrolls more than
+``appo.max_lag`` versions old dropped) with a learner that optimizes PPO's clipped surrogate
+objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` per batch.
+
+- ``losses``: the pure math (the clipped surrogate on ``zrl.algos.impala.vtrace`` targets).
+- the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling.CategoricalPolicy``,
+  ``zrl.models.actor_critic_for``).
+- ``update``: the learner side (``AppoUpdate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from zrl.algos import impala
+
+if TYPE_CHECKING:
+    from zrl.config import ExperimentConfig
+
+
+def check_config(cfg: ExperimentConfig) -> None:
+    if cfg.appo.minibatches > cfg.replay.batch_size:
+        raise ValueError(
+            f"appo.minibatches ({cfg.appo.minibatches}) must be at most replay.batch_size "
+            f"({cfg.replay.batch_size}): a minibatch holds whole unrolls"
+        )
+
+
+# IMPALA's record with another learner: its wiring, actor policy and model.
+ALGORITHM = replace(
+    impala.ALGORITHM,
+    name="appo",
+    summary="APPO: asynchronous actors, unrolls through a FIFO queue, PPO clip on V-trace",
+    update="zrl.algos.appo.update:AppoUpdate",
+    sections=("replay", "learner", "appo"),
+    check_config=check_config,
+)

@@ -1,0 +1,40 @@
+"""The ``appo:`` section of an experiment config (APPO).
+
+Pydantic only (no torch, no numpy): ``zrl.config`` imports it, and the CLI stays fast.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from zrl.config_base import Section
+
+
+class AppoConfig(Section):
+    """APPO (Sample Factory, Petrenko et al. 2020): IMPALA's asynchronous actors and FIFO queue,
+    a learner optimizing PPO's clipped surrogate on V-trace advantages."""
+
+    gamma: float = Field(0.99, ge=0, le=1)
+    """Discount factor."""
+    rho_bar: float = Field(1.0, gt=0)
+    """Clip of the importance weights in the V-trace targets and advantages."""
+    c_bar: float = Field(1.0, gt=0)
+    """Clip of the V-trace trace-cutting coefficients."""
+    vtrace_lambda: float = Field(1.0, ge=0, le=1)
+    """Scales the traces, c_t = lambda * min(c_bar, ratio): below 1, lambda-return targets."""
+    clip: float = Field(0.1, gt=0)
+    """PPO clip of the ratio pi/mu to the behaviour policy: [1 - clip, 1 + clip]."""
+    value_clip: float | None = Field(None, gt=0)
+    """Clips the value change against the values before the batch's first step; null: off."""
+    entropy_coef: float = Field(0.01, ge=0)
+    """Weight of the entropy bonus."""
+    value_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss 0.5 * (v_s - V)^2."""
+    normalize_advantages: bool = True
+    """Normalize the advantages of each minibatch to mean 0, std 1 (over its valid steps)."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each batch of unrolls (Sample Factory's num_epochs)."""
+    minibatches: int = Field(1, ge=1)
+    """Minibatches of whole unrolls per epoch, one optimizer step each (at most batch_size)."""
+    max_lag: int = Field(20, ge=0)
+    """Unrolls more than this many weights versions old are dropped (status: stale_unrolls)."""

@@ -1,0 +1,79 @@
+"""``AppoUpdate``: the learner side of APPO, PPO's clipped surrogate on V-trace advantages.
+
+The learner role acks every BATCH from the replay shards' FIFO queues and hands it to
+:meth:`AppoUpdate.receive`; receiving, dropping the unrolls more than ``appo.max_lag`` versions
+behind the learner (``stale_unrolls``), the policy lag (``policy_lag``, ``policy_lag_max``)
+and the checkpoint state are :class:`zrl.algos.unrolls.UnrollUpdate`'s, shared with IMPALA.
+
+On the fresh unrolls of a batch, as Sample Factory: ``appo.epochs`` passes, each over the
+unrolls shuffled and split into ``appo.minibatches`` minibatches of whole unrolls (V-trace
+needs whole sequences; fewer when fewer unrolls are fresh). Every minibatch is one optimizer
+step: a forward pass, V-trace under the current weights, :func:`appo_loss`, gradient clipping
+to ``learner.grad_clip``. A NaN/inf loss raises :class:`NonFiniteLossError` before that step's
+optimizer step; the batch is dropped, never retried.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from zrl.algos.api import LearnerSetup, UpdateResult
+from zrl.algos.appo.losses import appo_loss
+from zrl.algos.impala.vtrace import unroll_forward
+from zrl.algos.optim import checked_step
+from zrl.algos.unrolls import UnrollUpdate
+
+
+class AppoUpdate(UnrollUpdate):
+    """The actor-critic and its Adam; ``appo.epochs x appo.minibatches`` steps per batch."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        super().__init__(setup, setup.config.appo.max_lag)
+        self.rng = torch.Generator().manual_seed(setup.config.seed)  # the minibatch shuffles
+
+    def old_values(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """``V(x_t)`` before this batch's first step, ``[T, B]``: what ``appo.value_clip``
+        clips against (None without it)."""
+        if self.config.appo.value_clip is None:
+            return None
+        with torch.no_grad():
+            _, values = self.model(batch["obs"].flatten(0, 1))
+        return values.reshape(batch["reward"].shape).T
+
+    def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
+        c = self.config.appo
+        n = batch["reward"].shape[0]
+        old_values = self.old_values(batch)
+        groups = min(c.minibatches, n)
+        steps = 0
+        loss = torch.tensor(float("nan"))
+        parts: dict[str, Tensor] = {}
+        for _ in range(c.epochs):
+            order = torch.randperm(n, generator=self.rng).to(batch["reward"].device)
+            for rows in order.tensor_split(groups):
+                started = time.perf_counter()
+                f = unroll_forward(
+                    self.model, {k: v[rows] for k, v in batch.items()}, gamma=c.gamma,
+                    rho_bar=c.rho_bar, c_bar=c.c_bar, lambda_=c.vtrace_lambda,
+                )  # fmt: skip
+                loss, parts = appo_loss(
+                    f.logits, f.values, f.actions, f.behaviour_logp, f.returns, clip=c.clip,
+                    entropy_coef=c.entropy_coef, value_coef=c.value_coef,
+                    value_clip=c.value_clip, valid=f.valid,
+                    old_values=None if old_values is None else old_values[:, rows],
+                    normalize_advantages=c.normalize_advantages,
+                )  # fmt: skip
+                grad_norm = checked_step(
+                    self.optimizer, loss, list(self.model.parameters()),
+                    self.config.learner.grad_clip,
+                )  # fmt: skip
+                self.updates += 1
+                steps += 1
+                self.train_stats.add(
+                    **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
+                )
+        self.mean_rho = float(parts["mean_rho"])
+        return UpdateResult(updates=steps, loss=float(loss))

@@ -1,0 +1,120 @@
+"""``UnrollUpdate``: the learner side shared by the algorithms that train on whole unrolls from
+the replay shards' FIFO queues (IMPALA, APPO), all but the training itself.
+
+- ``receive``: a BATCH of :data:`zrl.transport.messages.UNROLL_BATCH` (whole unrolls, each
+  with the weights version it was collected with), checked against the model (observation
+  width, actions in ``[0, num_actions)``) and kept; a malformed one raises ProtocolError.
+- ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
+  the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
+  a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
+  (``policy_lag`` and ``policy_lag_max``), and the subclass's :meth:`train_unrolls` trains on
+  them. A :class:`NonFiniteLossError` it raises names the shard of the batch, which is
+  dropped, never retried.
+- the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.batches import to_device
+from zrl.algos.optim import make_adam
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+# The arrays of an unroll batch that the updates read (weights_version only picks the rows).
+TRAINED_ARRAYS = ("obs", "action", "logp", "reward", "terminated", "valid", "bootstrap_obs")
+
+
+class UnrollUpdate(BaseUpdate):
+    """The actor-critic, its Adam and the queue of received unroll batches; subclasses give
+    :meth:`train_unrolls`."""
+
+    def __init__(self, setup: LearnerSetup, max_lag: int) -> None:
+        self.config = setup.config
+        self.train_stats = setup.train_stats
+        self.model = setup.model
+        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.num_actions = int(getattr(setup.action_space, "n", 0))
+        self.obs_shape = M.obs_shape(setup.observation_space)
+        self.device = torch.device(setup.device)
+        self.max_lag = max_lag
+        self.updates = 0
+        """Updates this object made (for the summary); restored from the learner's
+        ``updates`` when its checkpoint carries one."""
+        self.stale_unrolls = 0
+        self.trained_unrolls = 0
+        self.mean_rho = math.nan
+        self.pending: deque[tuple[str, dict[str, np.ndarray]]] = deque()
+        """Received batches not trained on yet: (shard, arrays)."""
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        dims = M.validate(msg, M.UNROLL_BATCH, O=self.obs_shape)
+        actions = msg.arrays["action"]
+        if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
+        self.pending.append((str(msg.meta.get("shard", "?")), msg.arrays))
+
+    def fresh_rows(self, versions: np.ndarray, version: int) -> np.ndarray:
+        """Indices of the unrolls at most ``max_lag`` versions behind ``version``."""
+        lag = version - versions
+        return np.flatnonzero(lag <= self.max_lag)
+
+    def train(self, version: int) -> UpdateResult | None:
+        """:meth:`train_unrolls` on the fresh unrolls of the oldest kept batch; None when there
+        is none, or all of its unrolls are stale."""
+        if not self.pending:
+            return None
+        shard, a = self.pending.popleft()  # dropped, not retried, if it raises
+        rows = self.fresh_rows(a["weights_version"], version)
+        self.stale_unrolls += len(a["weights_version"]) - len(rows)
+        if len(rows) == 0:
+            return None
+        lags = (version - a["weights_version"][rows]).astype(np.float64)
+        self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
+        batch = to_device({name: a[name][rows] for name in TRAINED_ARRAYS}, self.device)
+        try:
+            result = self.train_unrolls(batch)
+        except NonFiniteLossError as exc:
+            exc.source = f"a batch from {shard}"
+            raise
+        self.trained_unrolls += len(rows)
+        return result
+
+    def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
+        """Train on fresh unrolls: ``batch`` holds the :data:`TRAINED_ARRAYS`, env-major
+        ``[B, T, ...]`` (``bootstrap_obs [B, ...]``)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))
+
+    def train_info(self) -> dict[str, float]:
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "stale_unrolls": self.stale_unrolls,
+            "trained_unrolls": self.trained_unrolls,
+        }
+        if math.isfinite(self.mean_rho):
+            info["mean_rho"] = round(self.mean_rho, 3)
+        return info
+
+    def summary(self) -> str:
+        return (
+            f"{self.updates} updates on {self.trained_unrolls} unrolls, {self.stale_unrolls} "
+            f"stale unrolls dropped (max_lag {self.max_lag})"
+        )
