@@ -26,6 +26,12 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _rate(value: float) -> str:
+    """A rate per second: whole numbers from 10 up, one decimal below (a CNN learner on a CPU
+    makes well under 10 updates a second)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
 def make_console(**kwargs: Any) -> Console:
     """A rich console; off a terminal (a log file, a pipe) one that never wraps: a record
     split over two lines cannot be grepped, and a wrapped command cannot be pasted."""
@@ -115,7 +121,7 @@ class StatusDisplay:
             alive = sum(1 for r in self.sup.status_rows if r["state"] == "alive")
             self.console.print(
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
-                f"updates {row['updates']:,} ({row['updates_per_s']:,.0f}/s) replay {row['replay_size']:,} "
+                f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) replay {row['replay_size']:,} "
                 f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
                 f"lag {row['max_version_lag']} eval {_fmt(row.get('eval_return'))} "
                 f"roles alive {alive}/{len(self.sup.status_rows)}",
@@ -131,7 +137,7 @@ class StatusDisplay:
             figures.add_row(
                 "env steps/s", _fmt(r["env_steps_per_s"], 0), "env steps", _fmt(r["env_steps"])
             )
-            figures.add_row("updates/s", _fmt(r["updates_per_s"], 0), "updates", _fmt(r["updates"]))
+            figures.add_row("updates/s", _rate(r["updates_per_s"]), "updates", _fmt(r["updates"]))
             figures.add_row(
                 "replay size",
                 _fmt(r["replay_size"]),

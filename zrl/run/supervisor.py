@@ -141,6 +141,17 @@ class Supervisor:
         if self.factories.needs_pickle() and self.access.keys_dir is None and not self.inproc:
             self.access.use_run_keys(self.rundir.path)
 
+    def _describe_env(self, display: Any) -> None:
+        """For Atari: what an env step is, and that eval scores are whole unclipped games."""
+        from zrl.atari import describe, is_atari
+
+        if is_atari(self.cfg.env.id):
+            display.message(f"env: {describe(self.cfg.env)}")
+            display.message(
+                "eval = true game scores (whole games, unclipped); training episode returns "
+                "follow env.atari (clip_rewards, episodic_life)"
+            )
+
     def placement(self) -> tuple[list[tuple[str, int]], dict[str, list[tuple[str, int]]]]:
         """(local roles, {host name: its roles}) as (role, index) pairs (see placement)."""
         return placement(self.cfg)
@@ -302,6 +313,7 @@ class Supervisor:
         row: dict[str, Any] = {}
         try:
             display.message(f"run directory: {self.run_dir}")
+            self._describe_env(display)
             self.pool.start_broker()
             (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
             if not self.inproc:
