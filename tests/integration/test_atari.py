@@ -41,8 +41,13 @@ def atari_config(**sections: Any) -> ExperimentConfig:
             "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 0},
             "actor": {"trajectory_length": 16, "max_in_flight": 2},
             "replay": {
-                "table": "prioritized", "capacity": 4000, "n_step": 3, "batch_size": 16,
-                "min_size": 64, "samples_per_insert": 0, "prefetch": 2,
+                "table": "prioritized",
+                "capacity": 4000,
+                "n_step": 3,
+                "batch_size": 16,
+                "min_size": 64,
+                "samples_per_insert": 0,
+                "prefetch": 2,
             },  # fmt: skip
             "learner": {"publish_interval": 2, "device": "cpu"},
             **sections,
@@ -90,3 +95,41 @@ def test_pong_frames_stay_uint8_from_env_to_learner(inproc, monkeypatch):
     wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
     info = learner.heartbeat_info()
     assert info["updates"] >= 4
+
+
+def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypatch):
+    from zrl.algos.unrolls import UnrollUpdate
+
+    seen: list[tuple[str, Any, tuple[int, ...]]] = []
+    receive = UnrollUpdate.receive
+
+    def spy(self: UnrollUpdate, msg: P.Message, version: int) -> None:
+        seen.extend((k, v.dtype, v.shape) for k, v in msg.arrays.items() if "obs" in k)
+        receive(self, msg, version)
+
+    monkeypatch.setattr(UnrollUpdate, "receive", spy)
+    cfg = atari_config(
+        algo="appo",
+        replay={
+            "table": "fifo",
+            "capacity": 8,
+            "batch_size": 4,
+            "min_size": 4,
+            "samples_per_insert": 0,
+            "prefetch": 1,
+        },  # fmt: skip
+        appo={"epochs": 1, "minibatches": 2},
+    )
+    inproc.start_broker(cfg)
+    inproc.start(ParameterServer)
+    inproc.start(ReplayServer, index=0)
+    learner = inproc.start(Learner, index=0)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(learner, Learner)
+    wait_for(lambda: learner.updates >= 4, timeout=120, interval=0.2)
+    assert seen and {(k, d, s[-3:]) for k, d, s in seen} == {
+        ("obs", np.dtype(np.uint8), (4, 84, 84)),
+        ("bootstrap_obs", np.dtype(np.uint8), (4, 84, 84)),
+    }
+    assert {s[:2] for k, d, s in seen if k == "obs"} == {(4, 16)}  # 4 unrolls of 16 steps
+    wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
