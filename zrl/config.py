@@ -183,6 +183,9 @@ class ActorConfig(Section):
     max_in_flight: int = Field(2, ge=1)
     """Trajectories sent but not yet acknowledged by a replay shard; bounds data staleness."""
     torch_threads: int = Field(1, ge=1)
+    env_groups: int = Field(1, ge=1)
+    """2: double-buffered sampling, the envs as two vector envs of env.num_envs / 2 each; the
+    actor computes one group's actions while the other steps (Atari: ale-py's threads)."""
 
 
 class ReplayConfig(Section):
@@ -315,6 +318,15 @@ class ExperimentConfig(Section):
             total = getattr(self.roles, key)
             if placed > total:
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
+        return self
+
+    @model_validator(mode="after")
+    def _env_groups_divide(self) -> ExperimentConfig:
+        if self.env.num_envs % self.actor.env_groups:
+            raise ValueError(
+                f"env.num_envs ({self.env.num_envs}) must be a multiple of actor.env_groups "
+                f"({self.actor.env_groups})"
+            )
         return self
 
     @field_validator("algo")

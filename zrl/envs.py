@@ -151,3 +151,91 @@ class EpisodeTracker:
 
     def recent_mean(self) -> float | None:
         return float(np.mean(self.finished_returns)) if self.finished_returns else None
+
+
+class SplitStep:
+    """A vector env's step in two halves, ``step_async(actions)`` then ``step_wait()``, so the
+    caller can work while the env steps: ale-py's ``AtariVectorEnv`` ``send``/``recv`` (its
+    C++ threads step), gymnasium's ``AsyncVectorEnv`` ``step_async``/``step_wait`` (its worker
+    processes step); any other env simply steps in ``step_wait`` (correct, without overlap)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.num_envs = int(env.num_envs)
+        if callable(getattr(env, "send", None)) and callable(getattr(env, "recv", None)):
+            self.mode = "send"
+        elif isinstance(env, gym.vector.AsyncVectorEnv):
+            self.mode = "async"
+        else:
+            self.mode = "step"
+        self.pending = False
+        self._actions: Any = None
+
+    def step_async(self, actions: Any) -> None:
+        if self.mode == "send":
+            self.env.send(actions)
+        elif self.mode == "async":
+            self.env.step_async(actions)
+        else:
+            self._actions = actions
+        self.pending = True
+
+    def step_wait(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        self.pending = False
+        if self.mode == "send":
+            return self.env.recv()  # type: ignore[no-any-return]
+        if self.mode == "async":
+            return self.env.step_wait()  # type: ignore[no-any-return]
+        actions, self._actions = self._actions, None
+        return self.env.step(actions)  # type: ignore[no-any-return]
+
+    def drain(self) -> None:
+        """Finish a step still under way (its result dropped), so the env may be reset."""
+        if self.pending:
+            try:
+                self.step_wait()
+            except Exception:  # noqa: BLE001, S110 - the env is reset next anyway
+                pass
+
+
+class EnvGroups:
+    """E envs as G vector envs of E/G each (``actor.env_groups``): the actor steps one group
+    while it computes the actions of another (double-buffered sampling). Rows ``rows[g]`` of
+    every ``[E, ...]`` array are group g's envs; ``reset(seed=s)`` seeds group g from
+    ``s + rows[g].start``, so env i gets seed ``s + i`` as in one E-env vector env.
+    ``step`` steps the groups in turn, so this is also a plain vector env."""
+
+    def __init__(self, envs: list[Any]) -> None:
+        self.groups = [SplitStep(env) for env in envs]
+        self.rows: list[slice] = []
+        start = 0
+        for group in self.groups:
+            self.rows.append(slice(start, start + group.num_envs))
+            start += group.num_envs
+        self.num_envs = start
+        self.single_observation_space = envs[0].single_observation_space
+        self.single_action_space = envs[0].single_action_space
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
+        obs = []
+        for group, rows in zip(self.groups, self.rows, strict=True):
+            group.drain()
+            o, _ = group.env.reset(
+                seed=None if seed is None else seed + rows.start, options=options
+            )
+            obs.append(np.asarray(o))
+        return np.concatenate(obs), {}
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        for group, rows in zip(self.groups, self.rows, strict=True):
+            group.step_async(actions[rows])
+        results = [group.step_wait() for group in self.groups]
+        obs, rewards, terminated, truncated = (
+            np.concatenate([np.asarray(r[i]) for r in results]) for i in range(4)
+        )
+        return obs, rewards, terminated, truncated, {}
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.drain()
+            group.env.close()

@@ -21,7 +21,7 @@ from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
-from zrl.testing.inproc import InProc
+from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 
@@ -133,3 +133,41 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
     }
     assert {s[:2] for k, d, s in seen if k == "obs"} == {(4, 16)}  # 4 unrolls of 16 steps
     wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
+
+
+def test_pong_with_two_env_groups_sends_uint8_unrolls_of_every_env(inproc):
+    """actor.env_groups: 2 over 4 Pong envs: two AtariVectorEnvs of 2 (send/recv), one
+    [4, T] uint8 unroll per trajectory; group 1's rows are what its envs give alone."""
+    from zrl.envs import EnvGroups, make_vector_env
+
+    cfg = atari_config(
+        algo="appo",
+        env={"id": "ALE/Pong-v5", "num_envs": 4},
+        actor={"trajectory_length": 16, "max_in_flight": 2, "env_groups": 2},
+        replay={"table": "fifo", "capacity": 8, "batch_size": 4, "min_size": 4},
+        roles={"actors": 1, "replay": 1, "params": 0, "learners": 0, "evaluator": 0},
+    )
+    inproc.start_broker(cfg)
+    experience = inproc.pull("experience")
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(actor.envs, EnvGroups)
+    assert [g.mode for g in actor.envs.groups] == ["send", "send"]
+    msgs = collect(experience, until=2, timeout=60)
+    assert [m.seq for m in msgs] == [0, 1]
+    for m in msgs:
+        a = m.arrays
+        assert a["obs"].dtype == np.uint8 and a["obs"].shape == (4, 16, 4, 84, 84)
+        assert a["bootstrap_obs"].dtype == np.uint8 and a["bootstrap_obs"].shape == (4, 4, 84, 84)
+        assert a["valid"].shape == a["logp"].shape == a["action"].shape == (4, 16)
+        assert np.isfinite(a["logp"]).all()
+    assert inproc.error_of(actor) is None
+    # Group 1 (rows 2, 3), stepped alone from its seed with the same actions, gives the same.
+    first = msgs[0].arrays
+    alone = make_vector_env(cfg.env, num_envs=2)
+    obs, _ = alone.reset(seed=actor.seed + 2)
+    np.testing.assert_array_equal(first["obs"][2:, 0], obs)
+    for t in range(15):
+        obs, r, *_ = alone.step(first["action"][2:, t])
+        np.testing.assert_array_equal(first["obs"][2:, t + 1], obs)
+        np.testing.assert_array_equal(first["reward"][2:, t], r)
+    alone.close()

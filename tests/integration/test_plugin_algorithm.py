@@ -49,7 +49,9 @@ class TinyQPolicy(BasePolicy):
         self.num_actions = int(setup.action_space.n)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         greedy = self.model(torch.from_numpy(obs)).argmax(dim=1).numpy()
         explore = self.rng.random(len(obs)) < EPSILON
         return np.where(explore, self.rng.integers(0, self.num_actions, len(obs)), greedy), {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,9 @@ import torch
 
 from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
-from zrl.config import ExperimentConfig
-from zrl.envs import make_vector_env
-from zrl.models import build_q_network, model_to_arrays
+from zrl.config import ConfigError, ExperimentConfig, config_from_dict
+from zrl.envs import EnvGroups, EpisodeTracker, make_vector_env
+from zrl.models import build_model, build_q_network, model_to_arrays
 from zrl.roles.actor import Actor
 from zrl.roles.params import ParameterServer
 from zrl.testing.inproc import InProc, collect
@@ -275,3 +276,122 @@ def test_apex_epsilons_per_actor_slot(inproc):
     assert actors[1].policy.epsilons[-1] == pytest.approx(0.4**8, rel=1e-5)
     assert actors[0].policy.epsilons[0] == pytest.approx(0.4)
     wait_for(lambda: all(a.trajectories >= 1 for a in actors), timeout=10)
+
+
+# --- double-buffered sampling (actor.env_groups) ---------------------------------------------
+
+
+def grouped_actor(algo: str, num_envs: int, groups: int, vectorization: str = "sync") -> Actor:
+    """``Actor.setup`` without sockets, as it builds the envs for ``actor.env_groups``."""
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "groups-test",
+            "seed": 5,
+            "algo": algo,
+            "env": {"id": "CartPole-v1", "num_envs": num_envs, "vectorization": vectorization},
+            "model": {"hidden": [16]},
+            "roles": {"actors": 1, "replay": 0 if algo == "ppo" else 1},
+            "actor": {"trajectory_length": T, "env_groups": groups},
+            "replay": {"table": "prioritized" if algo == "apex_dqn" else "fifo"},
+        }
+    )
+    actor = Actor("inproc://unused", index=0)
+    actor.config = cfg
+    actor.seed = 1234
+    actor.rng = np.random.default_rng(actor.seed)
+    size = num_envs // groups
+    envs = [make_vector_env(cfg.env, num_envs=size) for _ in range(groups)]
+    actor.envs = EnvGroups(envs) if groups > 1 else envs[0]
+    actor.num_envs = num_envs
+    spaces = (envs[0].single_observation_space, envs[0].single_action_space)
+    torch.manual_seed(0)
+    actor.model = build_model(*spaces, cfg.model, cfg.algo)
+    actor.weights = SimpleNamespace(version=0)  # type: ignore[assignment]
+    actor.policy = actor.make_policy(spaces)
+    obs, _ = actor.envs.reset(seed=actor.seed)
+    actor.obs = np.asarray(obs, np.float32).reshape(num_envs, -1)
+    actor.needs_reset = np.zeros(num_envs, bool)
+    actor.episodes = EpisodeTracker(num_envs)
+    return actor
+
+
+@pytest.mark.parametrize(
+    ("algo", "num_envs", "groups", "vectorization"),
+    [("apex_dqn", 4, 2, "sync"), ("appo", 6, 3, "sync"), ("apex_dqn", 4, 2, "async")],
+)
+def test_env_groups_send_the_trajectories_of_one_vector_env(algo, num_envs, groups, vectorization):
+    """G groups of E/G envs, seeded s + rows.start, act and step exactly as one E-env vector
+    env: every array of every trajectory (and the episode statistics) is the same, the
+    network's outputs up to rounding."""
+    runs = []
+    for g, vec in ((1, "sync"), (groups, vectorization)):
+        actor = grouped_actor(algo, num_envs, g, vec)
+        msgs = [actor.collect() for _ in range(6)]
+        actor.envs.close()
+        runs.append((actor, msgs))
+    (one, ref), (grouped, got) = runs
+    assert isinstance(grouped.envs, EnvGroups) and len(grouped.envs.groups) == groups
+    mode = {"sync": "step", "async": "async"}[vectorization]
+    assert {group.mode for group in grouped.envs.groups} == {mode}
+    for a, b in zip(ref, got, strict=True):
+        assert a is not None and b is not None
+        assert a.meta == b.meta and a.arrays.keys() == b.arrays.keys()
+        for k in a.arrays:
+            assert a.arrays[k].dtype == b.arrays[k].dtype, k
+            if k in ("priority", "logp"):  # network outputs: a batch of E/G rounds apart
+                np.testing.assert_allclose(a.arrays[k], b.arrays[k], rtol=1e-5, err_msg=k)
+            else:
+                np.testing.assert_array_equal(a.arrays[k], b.arrays[k], err_msg=k)
+    check_valid_flags(got)
+    if "next_obs" in got[0].arrays:  # next_obs is obs one step later, across trajectories
+        obs = np.concatenate([m.arrays["obs"] for m in got], axis=1)
+        nxt = np.concatenate([m.arrays["next_obs"] for m in got], axis=1)
+        np.testing.assert_array_equal(nxt[:, :-1], obs[:, 1:])
+    assert one.episodes.finished_returns == grouped.episodes.finished_returns
+    assert one.env_steps == grouped.env_steps > 0
+
+
+class FailingEnv:
+    """A vector env that raises on its ``fail_at``-th step."""
+
+    def __init__(self, env: Any, fail_at: int) -> None:
+        self.env, self.fail_at, self.steps = env, fail_at, 0
+        self.num_envs = env.num_envs
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.env.reset(**kwargs)
+
+    def step(self, actions: Any) -> Any:
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("boom")
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def test_env_groups_an_env_error_drops_the_trajectory_and_resets_every_group():
+    actor = grouped_actor("appo", 4, 2)
+    assert isinstance(actor.envs, EnvGroups)
+    second = actor.envs.groups[1]
+    second.env = FailingEnv(second.env, fail_at=T + 3)
+    assert actor.collect() is not None
+    actor.obs[:] = -1.0  # the reset must replace it
+    assert actor.collect() is None
+    assert actor.env_errors == 1 and not any(g.pending for g in actor.envs.groups)
+    assert np.all(np.abs(actor.obs) < 0.06)  # fresh CartPole states
+    assert not actor.needs_reset.any() and not actor.episodes.running_length.any()
+    msg = actor.collect()
+    assert msg is not None and msg.arrays["valid"][:, 0].all()
+    actor.envs.close()
+
+
+def test_env_groups_must_divide_num_envs():
+    with pytest.raises(ConfigError, match=r"env.num_envs \(6\).*actor.env_groups \(4\)"):
+        config_from_dict({"name": "t"}, ["env.num_envs=6", "actor.env_groups=4"])
+    with pytest.raises(ConfigError, match="env_groups"):
+        config_from_dict({"name": "t"}, ["actor.env_groups=0"])
+    assert config_from_dict({"name": "t"}, ["env.num_envs=6", "actor.env_groups=3"])

@@ -213,9 +213,17 @@ class ActorPolicy(Protocol):
     def begin(self, steps: int, env_steps: int) -> None:
         """A trajectory of ``steps`` steps starts (draw its exploration noise here, at once)."""
 
-    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions ``[E, *action_shape]`` for observations ``[E, ...]`` at step ``t`` of the
-        trajectory, and per-step extras to record (``{"logp": [E]}``, ...)."""
+        trajectory, and per-step extras to record (``{"logp": [E]}``, ...).
+
+        ``rows``: the observations are only those of envs ``rows`` of the E (double-buffered
+        sampling, ``actor.env_groups`` > 1, acts for one group of envs at a time); per-env
+        state (exploration draws of ``begin``, per-env epsilons) is indexed by it, and the
+        actions and extras are ``[len(rows), ...]``. The actor passes it only when
+        ``env_groups`` > 1: a policy without it runs with ``env_groups: 1``."""
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         """The message to send for a collected trajectory (adds priorities, or computes the

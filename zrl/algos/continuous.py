@@ -264,8 +264,12 @@ class ContinuousPolicy(BasePolicy):
         self.env_steps = env_steps
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Exploring actions ``[E, act_dim]`` for ``obs [E, obs_dim]``, clipped to the bounds."""
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Exploring actions ``[E, act_dim]`` for ``obs [E, obs_dim]`` (of the envs ``rows``,
+        or all), clipped to the bounds."""
+        rows = slice(None) if rows is None else rows
         if self.env_steps < self.warmup_steps:
             a = self.rng.uniform(self.low, self.high, size=(len(obs), self.act_dim))
         elif self.sac:
@@ -273,7 +277,7 @@ class ContinuousPolicy(BasePolicy):
         else:
             mu = self.model.act(torch.from_numpy(obs)).numpy()
             noise = self.rng.standard_normal(mu.shape).astype(np.float32)
-            a = mu + noise * self.sigmas[:, None] * self.half_range
+            a = mu + noise * self.sigmas[rows, None] * self.half_range
         return clip_to_bounds(a, self.low, self.high), {}
 
     @torch.no_grad()

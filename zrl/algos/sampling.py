@@ -38,11 +38,14 @@ class CategoricalPolicy(BasePolicy):
         self.gumbel = self.rng.gumbel(size=(steps, self.gumbel.shape[1], self.num_actions))
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions sampled under the current weights (with this step's Gumbel noise) and
-        their log-probabilities."""
+        their log-probabilities (of the envs ``rows``, or all)."""
+        rows = slice(None) if rows is None else rows
         logp = torch.log_softmax(policy_logits(self.model, torch.from_numpy(obs)), dim=1)
-        actions, taken_logp = sample_categorical(logp.numpy(), self.gumbel[t])
+        actions, taken_logp = sample_categorical(logp.numpy(), self.gumbel[t, rows])
         return actions, {"logp": taken_logp.astype(np.float32, copy=False)}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:

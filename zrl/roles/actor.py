@@ -25,6 +25,12 @@ Sockets (where the algorithm's ``wiring.experience`` says):
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest version is
   applied before each trajectory and reported with it.
 
+Double-buffered sampling (``actor.env_groups: G`` > 1, Sample Factory's): the E envs are G
+vector envs of E/G (``zrl.envs.EnvGroups``); the actor sends one group's actions, then computes
+the next group's while the first steps (ale-py's C++ threads, gymnasium's async workers), so
+inference and env stepping overlap. The trajectory is the same ``[E, T, ...]`` message, group
+0's envs first.
+
 A NaN/inf observation or reward from the env, or an env that raises, is counted
 (``non_finite_env``, ``env_errors``), logged with the actor's id and env step, and handled the
 same way: envs reset, trajectory dropped. Seeds derive from the run seed and the index.
@@ -40,7 +46,7 @@ import torch
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import ActorPolicy, ActorSetup, Trajectory
-from zrl.envs import EpisodeTracker
+from zrl.envs import EnvGroups, EpisodeTracker
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
@@ -99,7 +105,12 @@ class Actor(Role):
         self.seed = actor_seed(cfg.seed, self.actor_index)
         torch.manual_seed(cfg.seed)  # same initial weights as the learner until the first version
         self.rng = np.random.default_rng(self.seed)
-        self.envs = self.make_envs()
+        groups = cfg.actor.env_groups
+        if groups > 1:
+            size = cfg.env.num_envs // groups
+            self.envs = EnvGroups([self.make_envs(num_envs=size) for _ in range(groups)])
+        else:
+            self.envs = self.make_envs()
         self.num_envs = self.envs.num_envs
         spaces = (self.envs.single_observation_space, self.envs.single_action_space)
         self.model = self.make_model(*spaces)
@@ -206,29 +217,37 @@ class Actor(Role):
         first_needs_reset = self.needs_reset
         version = self.weights.version
         policy.begin(T, self.env_steps)
-        for t in range(T):
+        if isinstance(self.envs, EnvGroups):
+            buffers = (obs_t, next_t, actions_t, rewards_t, terminated_t, truncated_t, extras_t)
             try:
-                if t == 0:
-                    self.check_finite(obs, None, t)  # after a reset, nothing checked it yet
-                a, extras = policy.act(obs, t)
-                next_obs, r, term, trunc, _ = self.envs.step(a)
-                next_obs = M.as_obs(next_obs, E, self.obs_dtype)
-                self.check_finite(next_obs, r, t)
+                obs = self.collect_groups(self.envs, *buffers)
             except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
                 self.on_env_error(exc)
                 return None
-            obs_t[t] = obs
-            if next_t is not None:
-                next_t[t] = next_obs
-            actions_t[t] = a
-            rewards_t[t] = r
-            terminated_t[t] = term
-            truncated_t[t] = trunc
-            for name, value in extras.items():
-                if name not in extras_t:
-                    extras_t[name] = np.empty((T, *value.shape), value.dtype)
-                extras_t[name][t] = value
-            obs = next_obs
+        else:
+            for t in range(T):
+                try:
+                    if t == 0:
+                        self.check_finite(obs, None, t)  # after a reset, nothing checked it yet
+                    a, extras = policy.act(obs, t)
+                    next_obs, r, term, trunc, _ = self.envs.step(a)
+                    next_obs = M.as_obs(next_obs, E, self.obs_dtype)
+                    self.check_finite(next_obs, r, t)
+                except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
+                    self.on_env_error(exc)
+                    return None
+                obs_t[t] = obs
+                if next_t is not None:
+                    next_t[t] = next_obs
+                actions_t[t] = a
+                rewards_t[t] = r
+                terminated_t[t] = term
+                truncated_t[t] = trunc
+                for name, value in extras.items():
+                    if name not in extras_t:
+                        extras_t[name] = np.empty((T, *value.shape), value.dtype)
+                    extras_t[name][t] = value
+                obs = next_obs
         self.obs = obs
         trajectory = self.end_trajectory(
             first_needs_reset, obs_t, next_t, actions_t, rewards_t, terminated_t, truncated_t
@@ -238,6 +257,53 @@ class Actor(Role):
         self.trajectories += 1
         meta = {"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps}
         return P.Message(out.kind, meta={**meta, **out.meta}, arrays=out.arrays)
+
+    def collect_groups(
+        self,
+        envs: EnvGroups,
+        obs_t: np.ndarray,
+        next_t: np.ndarray | None,
+        actions_t: np.ndarray,
+        rewards_t: np.ndarray,
+        terminated_t: np.ndarray,
+        truncated_t: np.ndarray,
+        extras_t: dict[str, np.ndarray],
+    ) -> np.ndarray:
+        """``collect``'s T steps, double-buffered: group g's actions are computed while the
+        groups sent before it step. Fills the time-major buffers' rows of each group; returns
+        the observation after the last step."""
+        T, policy = len(obs_t), self.policy
+        final = np.empty_like(self.obs)
+        self.check_finite(self.obs, None, 0)  # after a reset, nothing checked it yet
+        obs_t[0] = self.obs
+
+        def act(t: int, g: int, rows: slice) -> None:
+            a, extras = policy.act(obs_t[t, rows], t, rows)
+            actions_t[t, rows] = a
+            for name, value in extras.items():
+                if name not in extras_t:
+                    extras_t[name] = np.empty((T, self.num_envs, *value.shape[1:]), value.dtype)
+                extras_t[name][t, rows] = value
+            envs.groups[g].step_async(actions_t[t, rows])
+
+        for g, rows in enumerate(envs.rows):
+            act(0, g, rows)
+        for t in range(T):
+            for g, rows in enumerate(envs.rows):
+                next_obs, r, term, trunc, _ = envs.groups[g].step_wait()
+                next_obs = M.as_obs(next_obs, rows.stop - rows.start, self.obs_dtype)
+                self.check_finite(next_obs, r, t)
+                if next_t is not None:
+                    next_t[t, rows] = next_obs
+                rewards_t[t, rows] = r
+                terminated_t[t, rows] = term
+                truncated_t[t, rows] = trunc
+                if t + 1 < T:
+                    obs_t[t + 1, rows] = next_obs
+                    act(t + 1, g, rows)  # while the other groups step
+                else:
+                    final[rows] = next_obs
+        return final
 
     def end_trajectory(
         self,

@@ -56,10 +56,13 @@ class ApexDQNPolicy(BasePolicy):
         self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
         self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
 
-    def act(self, obs: np.ndarray, t: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        rows = slice(None) if rows is None else rows
         q = self.q_values(obs)
-        a = np.where(self.explore[t], self.random_actions[t], q.argmax(axis=1))
-        return a, {"q_taken": q[self.env_index, a]}
+        a = np.where(self.explore[t, rows], self.random_actions[t, rows], q.argmax(axis=1))
+        return a, {"q_taken": q[self.env_index[: len(a)], a]}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         tr = trajectory
