@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -235,17 +236,30 @@ class QCritic(nn.Module):
 
 
 class PolicyAndCritics(nn.Module):
-    """A policy over ``obs [B, obs_dim]`` and critics ``q1`` (and ``q2`` when ``twin``) over
-    ``(obs, actions [B, act_dim])``: what DDPG and SAC share."""
+    """A policy (``policy_type``) over ``obs [B, obs_dim]`` acting inside the bounds
+    ``action_low..action_high``, and critics ``q1`` (and ``q2`` when ``twin``, always when
+    ``twin_only``) over ``(obs, actions [B, act_dim])``: what DDPG and SAC share."""
+
+    policy_type: ClassVar[type[DeterministicPolicy | SquashedGaussianPolicy]]
+    twin_only: ClassVar[bool] = False
 
     def __init__(
-        self, policy: nn.Module, obs_dim: int, act_dim: int, hidden: Sequence[int], twin: bool
+        self,
+        obs_dim: int,
+        act_dim: int,
+        action_low: np.ndarray,
+        action_high: np.ndarray,
+        hidden: Sequence[int] = (256, 256),
+        twin: bool = False,
     ) -> None:
         super().__init__()
         self.obs_dim = obs_dim
         self.act_dim = act_dim
-        self.policy = policy
+        self.policy = self.policy_type(
+            obs_dim, act_dim, hidden, action_low=action_low, action_high=action_high
+        )
         self.q1 = QCritic(obs_dim, act_dim, hidden)
+        twin = twin or self.twin_only
         self.q2: QCritic | None = QCritic(obs_dim, act_dim, hidden) if twin else None
 
     def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
@@ -261,21 +275,8 @@ class DDPGModel(PolicyAndCritics):
     here."""
 
     kind = "ddpg"
+    policy_type = DeterministicPolicy
     policy: DeterministicPolicy
-
-    def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        action_low: np.ndarray,
-        action_high: np.ndarray,
-        hidden: Sequence[int] = (256, 256),
-        twin: bool = False,
-    ) -> None:
-        policy = DeterministicPolicy(
-            obs_dim, act_dim, hidden, action_low=action_low, action_high=action_high
-        )
-        super().__init__(policy, obs_dim, act_dim, hidden, twin)
 
     @property
     def twin(self) -> bool:
@@ -295,21 +296,10 @@ class SACModel(PolicyAndCritics):
     """Soft actor-critic (Haarnoja et al. 2018): squashed-Gaussian policy and twin critics."""
 
     kind = "sac"
+    policy_type = SquashedGaussianPolicy
+    twin_only = True
     policy: SquashedGaussianPolicy
     q2: QCritic  # always twin
-
-    def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        action_low: np.ndarray,
-        action_high: np.ndarray,
-        hidden: Sequence[int] = (256, 256),
-    ) -> None:
-        policy = SquashedGaussianPolicy(
-            obs_dim, act_dim, hidden, action_low=action_low, action_high=action_high
-        )
-        super().__init__(policy, obs_dim, act_dim, hidden, twin=True)
 
     def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
         """A sampled action (``deterministic``: ``bias + scale * tanh(mu)``), ``[B, act_dim]``."""

@@ -98,6 +98,18 @@ class Algorithm:
     check_config: Callable[[ExperimentConfig], None] | None = None
     """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
 
+    @classmethod
+    def box_off_policy(cls, name: str, summary: str, *, model: str, section: str) -> Algorithm:
+        """An algorithm for Box actions on the policy and update of ``zrl.algos.continuous``
+        (Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``, the config sections replay,
+        learner and its own ``section``."""
+        continuous = "zrl.algos.continuous"
+        return cls(
+            name=name, summary=summary, wiring=Wiring.off_policy("box"),
+            policy=f"{continuous}:ContinuousPolicy", update=f"{continuous}:ContinuousUpdate",
+            model=model, sections=("replay", "learner", section),
+        )  # fmt: skip
+
     def check(self, cfg: ExperimentConfig) -> None:
         """Raise ValueError (naming the key) on a config this algorithm cannot run: what its
         wiring implies, then its own ``check_config``."""

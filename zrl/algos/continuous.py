@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -37,17 +36,8 @@ from torch import Tensor, nn
 
 from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
 from zrl.algos.apex_dqn.losses import apex_epsilons
-from zrl.algos.api import (
-    ActorSetup,
-    BasePolicy,
-    BaseUpdate,
-    LearnerSetup,
-    NonFiniteLossError,
-    Outgoing,
-    Priorities,
-    Trajectory,
-    UpdateResult,
-)
+from zrl.algos.api import ActorSetup, BasePolicy, LearnerSetup, Outgoing, Trajectory
+from zrl.algos.batch_update import BatchStep, BatchUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.algos.returns import nstep_transitions
@@ -68,7 +58,7 @@ def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
     torch._foreach_lerp_(target, online, tau)
 
 
-class ContinuousUpdate(BaseUpdate):
+class ContinuousUpdate(BatchUpdate):
     """A DDPGModel (DDPG / TD3) or SACModel (SAC), its targets and optimizers."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -124,65 +114,46 @@ class ContinuousUpdate(BaseUpdate):
 
     # --- training ---------------------------------------------------------------------
 
-    def train(self, version: int) -> UpdateResult | None:
-        """One update on the oldest kept batch (the learner trains after every receive, so
-        there is one; a result carries the priorities of one shard's batch)."""
-        sampled = self.pending.pop()
-        if sampled is None:
-            return None
-        shard, keys, batch = sampled
+    def step(self, batch: dict[str, Tensor]) -> BatchStep:
         online, target = self.online, self.target
         grad_clip = self.config.learner.grad_clip
-        started = time.perf_counter()
-        try:
-            if isinstance(online, SACModel):
-                assert isinstance(target, SACModel)
-                c = self.config.sac
-                r = sac_update(
-                    online, target, self.actor_optimizer, self.critic_optimizer,
-                    self.alpha_optimizer, self.log_alpha, batch,
-                    target_entropy=self.target_entropy, grad_clip=grad_clip,
-                    fixed_alpha=c.fixed_alpha,
-                )  # fmt: skip
-                update_targets, td, loss = True, r.td, r.critic_loss
-                parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
-                figures = {
-                    **parts, "alpha_loss": r.alpha_loss, "q_mean": r.q_mean,
-                    "grad_norm": r.grad_norm, "actor_grad_norm": r.actor_grad_norm,
-                }  # fmt: skip
-            else:
-                assert isinstance(target, DDPGModel)
-                d = self.config.ddpg
-                update_targets = (self.updates + 1) % d.policy_delay == 0
-                r2 = ddpg_update(
-                    online, target, self.actor_optimizer, self.critic_optimizer, batch,
-                    update_actor=update_targets, target_noise=d.target_noise,
-                    target_noise_clip=d.target_noise_clip, grad_clip=grad_clip,
-                    huber_delta=d.huber_delta,
-                )  # fmt: skip
-                td, loss = r2.td, r2.critic_loss
-                parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
-                figures = {
-                    **parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm
-                }  # fmt: skip
-        except NonFiniteLossError as exc:
-            exc.source = f"a batch from {shard}"
-            raise
-        self.updates += 1
+        if isinstance(online, SACModel):
+            assert isinstance(target, SACModel)
+            c = self.config.sac
+            r = sac_update(
+                online, target, self.actor_optimizer, self.critic_optimizer,
+                self.alpha_optimizer, self.log_alpha, batch,
+                target_entropy=self.target_entropy, grad_clip=grad_clip,
+                fixed_alpha=c.fixed_alpha,
+            )  # fmt: skip
+            targets_due, td, loss = True, r.td, r.critic_loss
+            parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
+            figures = {
+                **parts, "alpha_loss": r.alpha_loss, "q_mean": r.q_mean,
+                "grad_norm": r.grad_norm, "actor_grad_norm": r.actor_grad_norm,
+            }  # fmt: skip
+        else:
+            assert isinstance(target, DDPGModel)
+            d = self.config.ddpg
+            targets_due = (self.updates + 1) % d.policy_delay == 0
+            r2 = ddpg_update(
+                online, target, self.actor_optimizer, self.critic_optimizer, batch,
+                update_actor=targets_due, target_noise=d.target_noise,
+                target_noise_clip=d.target_noise_clip, grad_clip=grad_clip,
+                huber_delta=d.huber_delta,
+            )  # fmt: skip
+            td, loss = r2.td, r2.critic_loss
+            parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
+            figures = {
+                **parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm
+            }  # fmt: skip
         self.last_parts = {k: v for k, v in parts.items() if math.isfinite(v)} or self.last_parts
         # loss = critic_loss, so every learner has a learner/loss curve.
-        self.train_stats.add(
-            loss=loss, critic_loss=loss, update_ms=(time.perf_counter() - started) * 1e3,
-            **figures,
-        )  # fmt: skip
-        self.train_stats.add_array("td_error", td)
-        if update_targets:
-            tau = self.config.sac.tau if self.sac else self.config.ddpg.tau
-            polyak(self.target_params, self.online_params, tau)
-        priorities = (
-            Priorities(shard, keys, td.astype(np.float32)) if self.send_priorities else None
-        )
-        return UpdateResult(updates=1, loss=loss, priorities=priorities)
+        return BatchStep(loss, td, {"loss": loss, "critic_loss": loss, **figures}, targets_due)
+
+    def update_targets(self) -> None:
+        tau = self.config.sac.tau if self.sac else self.config.ddpg.tau
+        polyak(self.target_params, self.online_params, tau)
 
     # --- the rest of the protocol -----------------------------------------------------
 

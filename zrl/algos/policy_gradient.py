@@ -35,6 +35,17 @@ def normalize(advantages: Tensor, eps: float = 1e-8) -> Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + eps)
 
 
+def loss_parts(
+    loss: Tensor, policy_loss: Tensor, value_loss: Tensor, entropy: Tensor, **extra: Tensor
+) -> dict[str, float]:
+    """The float parts an actor-critic loss returns beside it: ``loss, policy_loss,
+    value_loss, entropy``, then ``extra`` (diagnostics), each 0-d tensor read once."""
+    parts = dict(
+        loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy, **extra
+    )
+    return {name: float(value.item()) for name, value in parts.items()}
+
+
 def ppo_loss(
     new_logp: Tensor,
     old_logp: Tensor,
@@ -104,14 +115,14 @@ def ppo_loss(
     with torch.no_grad():
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
         clip_fraction = ((ratio - 1.0).abs() > clip).to(ratio.dtype).mean()
-    return loss, {
-        "loss": float(loss.item()),
-        "policy_loss": float(policy_loss.item()),
-        "value_loss": float(value_loss.item()),
-        "entropy": float(entropy_mean.item()),
-        "approx_kl": float(approx_kl.item()),
-        "clip_fraction": float(clip_fraction.item()),
-    }
+    return loss, loss_parts(
+        loss,
+        policy_loss,
+        value_loss,
+        entropy_mean,
+        approx_kl=approx_kl,
+        clip_fraction=clip_fraction,
+    )
 
 
 def a2c_loss(
@@ -142,12 +153,7 @@ def a2c_loss(
     value_loss = 0.5 * (returns.detach() - values).square().mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy_mean
-    return loss, {
-        "loss": float(loss.item()),
-        "policy_loss": float(policy_loss.item()),
-        "value_loss": float(value_loss.item()),
-        "entropy": float(entropy_mean.item()),
-    }
+    return loss, loss_parts(loss, policy_loss, value_loss, entropy_mean)
 
 
 def reduce_gradients(grads: list[dict[str, Tensor]], mode: str) -> dict[str, Tensor]:

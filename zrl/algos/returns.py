@@ -173,18 +173,7 @@ def gae(
     not_done = 1.0 - np.asarray(dones, dtype=bool)
     boot = np.asarray(bootstrap_value, dtype=np.float64)
     _check_time_major(rew, {"values": val, "dones": not_done}, boot)
-    _check_gamma("gamma", gamma)
-    _check_gamma("lam", lam)
-
-    advantages = np.empty_like(rew)
-    next_value = boot
-    running = np.zeros_like(boot)
-    for t in reversed(range(rew.shape[-1])):
-        delta = rew[..., t] + gamma * not_done[..., t] * next_value - val[..., t]
-        running = delta + gamma * lam * not_done[..., t] * running
-        advantages[..., t] = running
-        next_value = val[..., t]
-    return advantages.astype(np.float32), (advantages + val).astype(np.float32)
+    return _gae_scan(rew, val, boot, not_done, not_done, None, gamma, lam)
 
 
 def rollout_gae(
@@ -220,16 +209,32 @@ def rollout_gae(
     _check_time_major(
         rew, {"values": val, "terminated": term, "truncated": trunc, "valid": ok}, boot
     )
-    ended = term | trunc
+    return _gae_scan(rew, val, boot, 1.0 - term, 1.0 - (term | trunc), ok, gamma, lam)
+
+
+def _gae_scan(
+    rew: np.ndarray,
+    val: np.ndarray,
+    boot: np.ndarray,
+    bootstraps: np.ndarray,
+    continues: np.ndarray,
+    valid: np.ndarray | None,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The backward GAE recursion of :func:`gae` and :func:`rollout_gae` over checked
+    float64 arrays: ``delta_t = r_t + gamma * bootstraps_t * V_{t+1} - V_t`` and
+    ``A_t = delta_t + gamma * lam * continues_t * A_{t+1}`` (0 where ``valid`` is False)."""
     _check_gamma("gamma", gamma)
     _check_gamma("lam", lam)
-
     advantages = np.zeros_like(rew)
     next_value = boot
     running = np.zeros_like(boot)
     for t in reversed(range(rew.shape[-1])):
-        delta = rew[..., t] + gamma * (1.0 - term[..., t]) * next_value - val[..., t]
-        running = np.where(ok[..., t], delta + gamma * lam * (1.0 - ended[..., t]) * running, 0.0)
+        delta = rew[..., t] + gamma * bootstraps[..., t] * next_value - val[..., t]
+        running = delta + gamma * lam * continues[..., t] * running
+        if valid is not None:
+            running = np.where(valid[..., t], running, 0.0)
         advantages[..., t] = running
         next_value = val[..., t]
     return advantages.astype(np.float32), (advantages + val).astype(np.float32)

@@ -70,7 +70,6 @@ class Broker:
         self.streams = list(bcfg.streams) if config is not None else list(DEFAULT_STREAMS)
         self.heartbeat_interval = bcfg.heartbeat_interval
         self.heartbeat_timeout = bcfg.heartbeat_timeout
-        self.setup_grace = bcfg.setup_grace
         self.max_message_bytes = bcfg.max_message_bytes
         self.stream_hwm = bcfg.stream_hwm
         self.stream_buffer_bytes = bcfg.stream_buffer_bytes
@@ -106,12 +105,7 @@ class Broker:
         )  # fmt: skip
         self._registry = Registry(
             self.registry,
-            max_message_bytes=self.max_message_bytes,
-            heartbeat_timeout=self.heartbeat_timeout,
-            setup_grace=self.setup_grace,
-            max_roles=self.max_roles,
-            max_info_bytes=self.max_info_bytes,
-            forget_after=self.forget_after,
+            bcfg,
             drops=self._drops,
             welcome=self._welcome,
             broker_status=self._status,

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from zrl.transport.sockets import STAT_COUNTERS
+
 log = logging.getLogger("zrl.broker")
 
 MAX_ID_CHARS = 128  # role names, role ids, stream names
@@ -28,8 +30,6 @@ MAX_PID = 2**32
 COUNTER_MAX = 2**63 - 1  # sums stay encodable (msgpack stops at 2**64 - 1)
 DROP_LOG_INTERVAL_S = 10.0
 MAX_LOG_KEYS = 4096
-
-STAT_COUNTERS = ("sent", "received", "dropped", "gaps")
 
 
 def valid_name(value: Any, limit: int = MAX_ID_CHARS) -> bool:

@@ -39,9 +39,10 @@ from zrl.broker.limits import (
     valid_name,
     valid_text,
 )
+from zrl.config import BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, make_socket
+from zrl.transport.sockets import STAT_COUNTERS, Channel, make_socket
 
 log = logging.getLogger("zrl.broker")
 
@@ -85,7 +86,7 @@ class RoleEntry:
         def total(key: str) -> int:
             return min(sum(s.get(key, 0) for s in self.stats.values()), COUNTER_MAX)
 
-        received, sent, dropped, gaps = (total(k) for k in ("received", "sent", "dropped", "gaps"))
+        sent, received, dropped, gaps = (total(k) for k in STAT_COUNTERS)
         return {
             "id": self.id,
             "role": self.role,
@@ -107,29 +108,22 @@ class RoleEntry:
 
 class Registry:
     """The role table behind the ROUTER ``registry``. What a WELCOME tells a role and the
-    broker's part of a STATUS reply come from the broker (``welcome``, ``broker_status``)."""
+    broker's part of a STATUS reply come from the broker (``welcome``, ``broker_status``);
+    its limits from the ``broker`` config section (``limits``: ``max_message_bytes``,
+    ``heartbeat_timeout``, ``setup_grace``, ``max_roles``, ``max_info_bytes``,
+    ``forget_after``)."""
 
     def __init__(
         self,
         channel: Channel,
+        limits: BrokerConfig,
         *,
-        max_message_bytes: int,
-        heartbeat_timeout: float,
-        setup_grace: float,
-        max_roles: int,
-        max_info_bytes: int,
-        forget_after: float,
         drops: DropLog,
         welcome: Callable[[str], P.Message],
         broker_status: Callable[[], dict[str, Any]],
     ) -> None:
         self.channel = channel
-        self.max_message_bytes = max_message_bytes
-        self.heartbeat_timeout = heartbeat_timeout
-        self.setup_grace = setup_grace
-        self.max_roles = max_roles
-        self.max_info_bytes = max_info_bytes
-        self.forget_after = forget_after
+        self.limits = limits
         self.drops = drops
         self.welcome = welcome
         self.broker_status = broker_status
@@ -224,13 +218,17 @@ class Registry:
                 f"connection and is {old.state}: ignored until it is dead or stopped"
             ))  # fmt: skip
             return
-        if old is None and len(self.roles) >= self.max_roles and not self._forget_oldest_ended():
+        if (
+            old is None
+            and len(self.roles) >= self.limits.max_roles
+            and not self._forget_oldest_ended()
+        ):
             reason = f"the registry is full: {len(self.roles)} roles (broker.max_roles)"
             self._reply(ident, P.REFUSED, reason=reason)
             self._reject(msg.sender, "registry full", reason)
             return
         if next_n is not None:
-            if role not in self._counters and len(self._counters) >= self.max_roles:
+            if role not in self._counters and len(self._counters) >= self.limits.max_roles:
                 self._counters.clear()  # numbering only skips live ids; it may start over
             self._counters[role] = next_n
         restarts = 0
@@ -274,12 +272,12 @@ class Registry:
         entry.stats = clean_stats(msg.meta.get("stats"), entry.stats)
         info = msg.meta.get("info")
         if isinstance(info, dict):
-            if info_fits(info, self.max_info_bytes):
+            if info_fits(info, self.limits.max_info_bytes):
                 entry.info = info
             else:
                 # The heartbeat still counts: a role must not die of its own status.
                 self.drops.note(rid, "heartbeat info too large", (
-                    f"more than {self.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
+                    f"more than {self.limits.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
                     "keeping the previous info"
                 ))  # fmt: skip
         self._reply(ident, P.HEARTBEAT_ACK)
@@ -330,7 +328,9 @@ class Registry:
         died = 0
         for e in list(self.roles.values()):
             # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
-            window = self.setup_grace if e.state == "starting" else self.heartbeat_timeout
+            window = (
+                self.limits.setup_grace if e.state == "starting" else self.limits.heartbeat_timeout
+            )
             if e.state in ("starting", "alive") and now - e.last_seen > window:
                 e.state = "dead"
                 e.ended = now
@@ -340,7 +340,7 @@ class Registry:
                         "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
                         e.id, for_log(e.host), e.pid, now - e.last_seen,
                     )  # fmt: skip
-            elif e.state in ("dead", "stopped") and now - e.ended > self.forget_after:
+            elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
                 del self.roles[e.id]
                 log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
         if died > MAX_DEAD_LOGGED:
@@ -356,7 +356,7 @@ class Registry:
             return None
         ident = frames[0].bytes
         try:
-            msg = P.decode(frames[1:], max_bytes=self.max_message_bytes)
+            msg = P.decode(frames[1:], max_bytes=self.limits.max_message_bytes)
         except P.VersionMismatch as exc:
             # Answer so the peer can say exactly which versions disagree.
             self._reply(ident, P.REFUSED, reason=str(exc), protocol=P.PROTOCOL_VERSION)

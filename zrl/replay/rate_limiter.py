@@ -35,15 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-
-def _check_count(name: str, n: int, minimum: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise ValueError(f"{name} must be an int, got {n!r}")
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return int(n)
+from zrl.replay.checks import check_int
 
 
 class RateLimiter:
@@ -57,7 +49,7 @@ class RateLimiter:
     def __init__(
         self, min_size_to_sample: int, samples_per_insert: float, error_buffer: float
     ) -> None:
-        self.min_size_to_sample = _check_count("min_size_to_sample", min_size_to_sample, 1)
+        self.min_size_to_sample = check_int("min_size_to_sample", min_size_to_sample, 1)
         spi = float(samples_per_insert)
         if not math.isfinite(spi):
             raise ValueError(f"samples_per_insert must be finite, got {samples_per_insert}")
@@ -86,7 +78,7 @@ class RateLimiter:
     # ------------------------------------------------------------------ checks
     def can_insert(self, n: int, size: int) -> bool:
         """Whether a batch of ``n`` items may be inserted now (judged by its first item)."""
-        _check_count("n", n, 1)
+        check_int("n", n, 1)
         if not self.ratio_enabled or size < self.min_size_to_sample:
             return True
         diff_after_first = (self.inserts + 1) * self.samples_per_insert - self.samples
@@ -101,7 +93,7 @@ class RateLimiter:
 
         Meant for logs/status pages, where "learner idle" is otherwise hard to diagnose.
         """
-        _check_count("n", n, 1)
+        check_int("n", n, 1)
         if size < self.min_size_to_sample:
             return f"replay has {size} items, needs {self.min_size_to_sample} to start sampling"
         if not self.ratio_enabled:
@@ -121,10 +113,10 @@ class RateLimiter:
 
     # ------------------------------------------------------------------ bookkeeping
     def on_insert(self, n: int) -> None:
-        self.inserts += _check_count("n", n, 0)
+        self.inserts += check_int("n", n, 0)
 
     def on_sample(self, n: int) -> None:
-        self.samples += _check_count("n", n, 0)
+        self.samples += check_int("n", n, 0)
 
     def state_dict(self) -> dict[str, Any]:
         return {

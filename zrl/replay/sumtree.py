@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zrl.replay.checks import check_int
+
 
 class SumTree:
     """Sum tree over ``capacity`` non-negative leaf priorities.
@@ -25,11 +27,7 @@ class SumTree:
     capacity: int
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer):
-            raise ValueError(f"capacity must be an int, got {capacity!r}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = int(capacity)
+        self.capacity = check_int("capacity", capacity, 1)
         self._depth = (self.capacity - 1).bit_length()  # number of levels below the root
         self._leaves = 1 << self._depth
         self._tree = np.zeros(2 * self._leaves, dtype=np.float64)

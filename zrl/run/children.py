@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -150,33 +150,26 @@ class Zygote:
             self.proc = None
 
 
+@dataclass(eq=False)
 class ChildPool:
     """The broker and the local roles of one run, and why the run failed if they did."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        factories: Factories,
-        rundir: RunDir,
-        access: BrokerAccess,
-        ctx: zmq.Context,
-        *,
-        inproc: bool,
-        log_level: str,
-    ) -> None:
-        self.cfg = cfg
-        self.factories = factories
-        self.rundir = rundir
-        self.access = access
-        self.ctx = ctx
-        self.inproc = inproc
-        self.log_level = log_level
-        self.children: list[Child] = []
-        self.broker: Child | None = None
-        self.inproc_broker: Any = None
-        self.zygote = Zygote()
-        self.fatal = ""  # why the run failed, for the summary
-        self.fatal_tail: list[str] = []  # the last lines of the failed role's log
+    cfg: ExperimentConfig
+    factories: Factories
+    rundir: RunDir
+    access: BrokerAccess
+    ctx: zmq.Context
+    _: KW_ONLY
+    inproc: bool
+    log_level: str
+    children: list[Child] = field(default_factory=list, init=False)
+    broker: Child | None = field(default=None, init=False)
+    inproc_broker: Any = field(default=None, init=False)
+    zygote: Zygote = field(default_factory=Zygote, init=False)
+    fatal: str = field(default="", init=False)
+    """Why the run failed, for the summary."""
+    fatal_tail: list[str] = field(default_factory=list, init=False)
+    """The last lines of the failed role's log."""
 
     def start_zygote(self) -> None:
         if not self.inproc:

@@ -45,6 +45,8 @@ MAX_SEQ_JUMP = 2**32
 # forgotten, so a stream of invented sender ids cannot grow a role's memory.
 MAX_TRACKED_SENDERS = 1024
 DROP_LOG_INTERVAL_S = 10.0  # one drop warning per channel per interval, then a count
+STAT_COUNTERS = ("sent", "received", "dropped", "gaps")
+"""The counters of a stream's ``StreamStats.snapshot`` (what a heartbeat reports per stream)."""
 
 
 def make_socket(
@@ -107,12 +109,7 @@ class StreamStats:
     last_seq: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, int]:
-        return {
-            "sent": self.sent,
-            "received": self.received,
-            "dropped": self.dropped,
-            "gaps": self.gaps,
-        }
+        return {name: getattr(self, name) for name in STAT_COUNTERS}
 
     def note_seq(self, sender: str, seq: int) -> None:
         """Count missing sequence numbers; a reset (restarted sender) starts afresh.

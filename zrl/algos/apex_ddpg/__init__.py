@@ -6,14 +6,11 @@ n-step transitions in replay.
 - ``zrl.algos.continuous``: the actor side and the learner side, shared with SAC.
 """
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api import Algorithm
 
-ALGORITHM = Algorithm(
-    name="apex_ddpg",
-    summary="Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
-    wiring=Wiring.off_policy("box"),
-    policy="zrl.algos.continuous:ContinuousPolicy",
-    update="zrl.algos.continuous:ContinuousUpdate",
+ALGORITHM = Algorithm.box_off_policy(
+    "apex_ddpg",
+    "Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
     model="zrl.continuous_models:ddpg_model_for",
-    sections=("replay", "learner", "ddpg"),
+    section="ddpg",
 )

@@ -19,20 +19,20 @@ intact); the batch is dropped, never retried. The math is ``zrl.algos.apex_dqn.l
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any
 
-import numpy as np
+from torch import Tensor
 
 from zrl.algos.apex_dqn.losses import dqn_update, soft_update
-from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.api import LearnerSetup
+from zrl.algos.batch_update import BatchStep, BatchUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 
-class ApexDQNUpdate(BaseUpdate):
+class ApexDQNUpdate(BatchUpdate):
     """Online and target Q-networks and their Adam; one update per replay batch."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -56,36 +56,18 @@ class ApexDQNUpdate(BaseUpdate):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
         self.pending.add(msg)
 
-    def train(self, version: int) -> UpdateResult | None:
-        """One update on the oldest kept batch (the learner trains after every receive, so
-        there is one; a result carries the priorities of one shard's batch)."""
-        sampled = self.pending.pop()
-        if sampled is None:
-            return None
-        shard, keys, batch = sampled
+    def step(self, batch: dict[str, Tensor]) -> BatchStep:
         lc = self.config.learner
-        started = time.perf_counter()
-        try:
-            result = dqn_update(
-                self.model, self.target, self.optimizer, batch,
-                double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
-            )  # fmt: skip
-        except NonFiniteLossError as exc:
-            exc.source = f"a batch from {shard}"
-            raise
-        self.updates += 1
-        self.train_stats.add(
-            loss=result.loss, q_mean=result.q_mean, grad_norm=result.grad_norm,
-            update_ms=(time.perf_counter() - started) * 1e3,
+        result = dqn_update(
+            self.model, self.target, self.optimizer, batch,
+            double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
         )  # fmt: skip
-        self.train_stats.add_array("td_error", result.td)
-        if self.updates % lc.target_update_interval == 0:
-            soft_update(self.target, self.model, 1.0)
-        return UpdateResult(
-            updates=1,
-            loss=result.loss,
-            priorities=Priorities(shard, keys, result.td.astype(np.float32)),
-        )
+        figures = {"loss": result.loss, "q_mean": result.q_mean, "grad_norm": result.grad_norm}
+        targets_due = (self.updates + 1) % lc.target_update_interval == 0
+        return BatchStep(result.loss, result.td, figures, targets_due)
+
+    def update_targets(self) -> None:
+        soft_update(self.target, self.model, 1.0)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -5,14 +5,11 @@ Ape-X way: actors sample the squashed-Gaussian policy, n-step transitions in rep
 - ``zrl.algos.continuous``: the actor side and the learner side, shared with Ape-X DDPG.
 """
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api import Algorithm
 
-ALGORITHM = Algorithm(
-    name="sac",
-    summary="SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
-    wiring=Wiring.off_policy("box"),
-    policy="zrl.algos.continuous:ContinuousPolicy",
-    update="zrl.algos.continuous:ContinuousUpdate",
+ALGORITHM = Algorithm.box_off_policy(
+    "sac",
+    "SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
     model="zrl.continuous_models:sac_model_for",
-    sections=("replay", "learner", "sac"),
+    section="sac",
 )

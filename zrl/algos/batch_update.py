@@ -1,0 +1,72 @@
+"""``BatchUpdate``: the ``train`` of the learner updates that take one step per replay BATCH
+of transitions (Ape-X DQN, DDPG / TD3, SAC); each says only what one step does."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+from torch import Tensor
+
+from zrl.algos.api import BaseUpdate, NonFiniteLossError, Priorities, UpdateResult
+
+if TYPE_CHECKING:
+    from zrl.algos.batches import PendingBatches
+    from zrl.roles.train_stats import TrainStats
+
+
+class BatchStep(NamedTuple):
+    """What :meth:`BatchUpdate.step` did with one batch."""
+
+    loss: float
+    td: np.ndarray
+    """``|TD error|`` per item: the figure ``td_error`` and the items' new priorities."""
+    figures: dict[str, Any]
+    """For ``train_stats`` (``update_ms`` is added)."""
+    targets_due: bool
+    """Update the target networks now (:meth:`BatchUpdate.update_targets`)."""
+
+
+class BatchUpdate(BaseUpdate):
+    """A learner update whose ``receive`` keeps batches in ``pending`` and whose ``train``
+    takes one ``step`` on the oldest: it names the batch's shard in a NonFiniteLossError,
+    counts the update, records the figures and the TD errors, updates the targets when due
+    and returns the new priorities for the shard."""
+
+    pending: PendingBatches
+    train_stats: TrainStats
+    updates: int
+    send_priorities: bool = True
+    """Whether a result carries the new priorities (a uniform table has no use for them)."""
+
+    def step(self, batch: dict[str, Tensor]) -> BatchStep:
+        """One update on a batch's tensors; NonFiniteLossError before a non-finite step."""
+        raise NotImplementedError
+
+    def update_targets(self) -> None:
+        raise NotImplementedError
+
+    def train(self, version: int) -> UpdateResult | None:
+        """One update on the oldest kept batch (the learner trains after every receive, so
+        there is one; a result carries the priorities of one shard's batch)."""
+        sampled = self.pending.pop()
+        if sampled is None:
+            return None
+        started = time.perf_counter()
+        try:
+            result = self.step(sampled.tensors)
+        except NonFiniteLossError as exc:
+            exc.source = f"a batch from {sampled.shard}"
+            raise
+        self.updates += 1
+        self.train_stats.add(**result.figures, update_ms=(time.perf_counter() - started) * 1e3)
+        self.train_stats.add_array("td_error", result.td)
+        if result.targets_due:
+            self.update_targets()
+        priorities = (
+            Priorities(sampled.shard, sampled.keys, result.td.astype(np.float32))
+            if self.send_priorities
+            else None
+        )
+        return UpdateResult(updates=1, loss=result.loss, priorities=priorities)
