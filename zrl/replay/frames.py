@@ -52,11 +52,11 @@ from typing import Any, Literal
 import numpy as np
 
 from zrl.algos.returns import nstep_transitions
+from zrl.replay.checks import check_int
 from zrl.replay.tables import (
     PrioritizedTable,
     SampledBatch,
     Table,
-    _check_int,
     _check_priorities,
     make_table,
 )
@@ -162,9 +162,9 @@ class FrameTable:
         if padding not in ("zero", "reset"):
             raise ValueError(f"padding must be 'zero' or 'reset', got {padding!r}")
         self.table = table
-        self.frame_capacity = _check_int("frame_capacity", frame_capacity, 1)
-        self.stack = _check_int("stack", stack, 1)
-        self.frame_shape = (_check_int("H", frame_shape[0], 1), _check_int("W", frame_shape[1], 1))
+        self.frame_capacity = check_int("frame_capacity", frame_capacity, 1)
+        self.stack = check_int("stack", stack, 1)
+        self.frame_shape = (check_int("H", frame_shape[0], 1), check_int("W", frame_shape[1], 1))
         self.padding = padding
         self.frame_inserts = 0  # global index of the next frame; live: [oldest_frame, this)
         self._frames = np.zeros((self.frame_capacity, *self.frame_shape), np.uint8)
@@ -186,13 +186,13 @@ class FrameTable:
         """Transition capacity ``min(capacity, what capacity_bytes holds)`` at
         :func:`bytes_per_transition`, and a frame ring for that many transitions plus one
         trajectory of ``num_envs`` rows (never more frames than the budget has room for)."""
-        T, k = _check_int("trajectory_length", trajectory_length, 1), _check_int("stack", stack, 1)
-        row_frames = _check_int("num_envs", num_envs, 1) * (T + k)
-        items = _check_int("capacity", capacity, 1)
+        T, k = check_int("trajectory_length", trajectory_length, 1), check_int("stack", stack, 1)
+        row_frames = check_int("num_envs", num_envs, 1) * (T + k)
+        items = check_int("capacity", capacity, 1)
         frames = math.ceil(items * (T + k) / T) + row_frames
         if capacity_bytes is not None:
             budget, frame_bytes = (
-                _check_int("capacity_bytes", capacity_bytes, 1),
+                check_int("capacity_bytes", capacity_bytes, 1),
                 math.prod(frame_shape),
             )
             items = min(items, int(budget // bytes_per_transition(frame_shape, k, T)))
@@ -350,7 +350,7 @@ class FrameTable:
             raise ValueError(f"state frames are {frames.dtype} {frames.shape}")
         table = make_table(self.table.kind, self.table.capacity)
         table.load_state_dict(state["table"])
-        frame_inserts = _check_int("frame_inserts", state["frame_inserts"], 0)
+        frame_inserts = check_int("frame_inserts", state["frame_inserts"], 0)
         if table.size:
             small = table._gather(np.arange(table._first_key, table.inserts))
             if small["first_frame"].min() < max(0, frame_inserts - self.frame_capacity) or (

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from zrl.replay.checks import check_int
 from zrl.replay.sumtree import SumTree
 
 
@@ -33,14 +34,6 @@ class SampledBatch:
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
@@ -66,7 +59,7 @@ class Table(ABC):
     kind: str = ""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = _check_int("capacity", capacity, 1)
+        self.capacity = check_int("capacity", capacity, 1)
         self.inserts = 0
         self.samples = 0
         self.evicted = 0
@@ -145,7 +138,7 @@ class Table(ABC):
         return {name: col[slots] for name, col in self._columns.items()}
 
     def _check_sample(self, batch_size: int) -> int:
-        batch_size = _check_int("batch_size", batch_size, 1)
+        batch_size = check_int("batch_size", batch_size, 1)
         if self.size == 0:
             raise ValueError(f"cannot sample {batch_size} items from an empty {self.kind} table")
         return batch_size
@@ -177,7 +170,7 @@ class Table(ABC):
         (:class:`zrl.replay.frames.FrameTable`). They are never sampled again, priority
         updates for their keys are dropped, and they count in ``evicted``. Returns how many
         were evicted."""
-        n = min(_check_int("n", n, 0), self.size)
+        n = min(check_int("n", n, 0), self.size)
         if n:
             self._forget(np.arange(self._first_key, self._first_key + n, dtype=np.int64))
             self._first_key += n

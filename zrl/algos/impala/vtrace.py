@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zrl.algos.optim import checked_step
+from zrl.algos.policy_gradient import loss_parts
 from zrl.algos.returns import check_nonnegative
 
 
@@ -203,12 +204,7 @@ def impala_loss(
     value_loss = 0.5 * ((vs - values).square() * weight).sum()
     entropy = (categorical_entropy(logits) * weight).sum()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
-    return loss, {
-        "loss": float(loss.item()),
-        "policy_loss": float(policy_loss.item()),
-        "value_loss": float(value_loss.item()),
-        "entropy": float(entropy.item()),
-    }
+    return loss, loss_parts(loss, policy_loss, value_loss, entropy)
 
 
 @dataclass
