@@ -39,6 +39,7 @@ same way: envs reset, trajectory dropped. Seeds derive from the run seed and the
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,53 @@ class NonFiniteEnvError(FloatingPointError):
 def env_major(x: np.ndarray) -> np.ndarray:
     """Time-major ``[T, E, ...]`` collection buffers -> the ``[E, T, ...]`` message layout."""
     return np.ascontiguousarray(x.swapaxes(0, 1))
+
+
+ALL_ENVS = slice(None)
+
+
+@dataclass
+class StepBuffers:
+    """Time-major buffers of one trajectory ``[T, E, ...]``: each step writes one row (or the
+    rows of one env group)."""
+
+    obs: np.ndarray
+    next_obs: np.ndarray | None  # only for policies that record it
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    extras: dict[str, np.ndarray]
+
+    @classmethod
+    def empty(cls, steps: int, obs: np.ndarray, policy: ActorPolicy) -> StepBuffers:
+        E = len(obs)
+        return cls(
+            obs=np.empty((steps, *obs.shape), obs.dtype),
+            next_obs=np.empty((steps, *obs.shape), obs.dtype) if policy.records_next_obs else None,
+            action=np.empty((steps, E, *policy.action_shape), policy.action_dtype),
+            reward=np.empty((steps, E), np.float32),
+            terminated=np.empty((steps, E), bool),
+            truncated=np.empty((steps, E), bool),
+            extras={},
+        )
+
+    def acted(self, t: int, rows: slice, action: np.ndarray, extras: dict[str, np.ndarray]) -> None:
+        self.action[t, rows] = action
+        for name, value in extras.items():
+            if name not in self.extras:
+                shape = (len(self.obs), self.reward.shape[1], *value.shape[1:])
+                self.extras[name] = np.empty(shape, value.dtype)
+            self.extras[name][t, rows] = value
+
+    def stepped(
+        self, t: int, rows: slice, next_obs: np.ndarray, reward: Any, term: Any, trunc: Any
+    ) -> None:
+        if self.next_obs is not None:
+            self.next_obs[t, rows] = next_obs
+        self.reward[t, rows] = reward
+        self.terminated[t, rows] = term
+        self.truncated[t, rows] = trunc
 
 
 class Actor(Role):
@@ -205,86 +253,44 @@ class Actor(Role):
         draws, episode bookkeeping and priorities are done once per trajectory."""
         T, E = self.config.actor.trajectory_length, self.num_envs
         policy = self.policy
-        obs = self.obs
-        # Time-major buffers: each step writes one contiguous row.
-        obs_t = np.empty((T, *obs.shape), obs.dtype)
-        next_t = np.empty((T, *obs.shape), obs.dtype) if policy.records_next_obs else None
-        actions_t: np.ndarray = np.empty((T, E, *policy.action_shape), policy.action_dtype)
-        rewards_t = np.empty((T, E), np.float32)
-        terminated_t = np.empty((T, E), bool)
-        truncated_t = np.empty((T, E), bool)
-        extras_t: dict[str, np.ndarray] = {}
+        buf = StepBuffers.empty(T, self.obs, policy)
         first_needs_reset = self.needs_reset
         version = self.weights.version
         policy.begin(T, self.env_steps)
-        if isinstance(self.envs, EnvGroups):
-            buffers = (obs_t, next_t, actions_t, rewards_t, terminated_t, truncated_t, extras_t)
-            try:
-                obs = self.collect_groups(self.envs, *buffers)
-            except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
-                self.on_env_error(exc)
-                return None
-        else:
-            for t in range(T):
-                try:
-                    if t == 0:
-                        self.check_finite(obs, None, t)  # after a reset, nothing checked it yet
-                    a, extras = policy.act(obs, t)
-                    next_obs, r, term, trunc, _ = self.envs.step(a)
-                    next_obs = M.as_obs(next_obs, E, self.obs_dtype)
-                    self.check_finite(next_obs, r, t)
-                except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
-                    self.on_env_error(exc)
-                    return None
-                obs_t[t] = obs
-                if next_t is not None:
-                    next_t[t] = next_obs
-                actions_t[t] = a
-                rewards_t[t] = r
-                terminated_t[t] = term
-                truncated_t[t] = trunc
-                for name, value in extras.items():
-                    if name not in extras_t:
-                        extras_t[name] = np.empty((T, *value.shape), value.dtype)
-                    extras_t[name][t] = value
-                obs = next_obs
+        try:
+            self.check_finite(self.obs, None, 0)  # after a reset, nothing checked it yet
+            if isinstance(self.envs, EnvGroups):
+                obs = self.collect_groups(self.envs, buf)
+            else:
+                obs = self.obs
+                for t in range(T):
+                    buf.obs[t] = obs
+                    buf.acted(t, ALL_ENVS, *policy.act(obs, t))
+                    next_obs, r, term, trunc, _ = self.envs.step(buf.action[t])
+                    obs = M.as_obs(next_obs, E, self.obs_dtype)
+                    self.check_finite(obs, r, t)
+                    buf.stepped(t, ALL_ENVS, obs, r, term, trunc)
+        except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
+            self.on_env_error(exc)
+            return None
         self.obs = obs
-        trajectory = self.end_trajectory(
-            first_needs_reset, obs_t, next_t, actions_t, rewards_t, terminated_t, truncated_t
-        )
-        trajectory.extras = {name: env_major(x) for name, x in extras_t.items()}
+        trajectory = self.end_trajectory(first_needs_reset, buf)
         out = policy.finish(trajectory)
         self.trajectories += 1
         meta = {"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps}
         return P.Message(out.kind, meta={**meta, **out.meta}, arrays=out.arrays)
 
-    def collect_groups(
-        self,
-        envs: EnvGroups,
-        obs_t: np.ndarray,
-        next_t: np.ndarray | None,
-        actions_t: np.ndarray,
-        rewards_t: np.ndarray,
-        terminated_t: np.ndarray,
-        truncated_t: np.ndarray,
-        extras_t: dict[str, np.ndarray],
-    ) -> np.ndarray:
+    def collect_groups(self, envs: EnvGroups, buf: StepBuffers) -> np.ndarray:
         """``collect``'s T steps, double-buffered: group g's actions are computed while the
-        groups sent before it step. Fills the time-major buffers' rows of each group; returns
-        the observation after the last step."""
-        T, policy = len(obs_t), self.policy
+        groups sent before it step. Fills the buffers' rows of each group; returns the
+        observation after the last step."""
+        T, policy = len(buf.obs), self.policy
         final = np.empty_like(self.obs)
-        self.check_finite(self.obs, None, 0)  # after a reset, nothing checked it yet
-        obs_t[0] = self.obs
+        buf.obs[0] = self.obs
 
         def act(t: int, g: int, rows: slice) -> None:
-            a, extras = policy.act(obs_t[t, rows], t, rows)
-            actions_t[t, rows] = a
-            for name, value in extras.items():
-                if name not in extras_t:
-                    extras_t[name] = np.empty((T, self.num_envs, *value.shape[1:]), value.dtype)
-                extras_t[name][t, rows] = value
-            envs.groups[g].step_async(actions_t[t, rows])
+            buf.acted(t, rows, *policy.act(buf.obs[t, rows], t, rows))
+            envs.groups[g].step_async(buf.action[t, rows])
 
         for g, rows in enumerate(envs.rows):
             act(0, g, rows)
@@ -293,34 +299,21 @@ class Actor(Role):
                 next_obs, r, term, trunc, _ = envs.groups[g].step_wait()
                 next_obs = M.as_obs(next_obs, rows.stop - rows.start, self.obs_dtype)
                 self.check_finite(next_obs, r, t)
-                if next_t is not None:
-                    next_t[t, rows] = next_obs
-                rewards_t[t, rows] = r
-                terminated_t[t, rows] = term
-                truncated_t[t, rows] = trunc
+                buf.stepped(t, rows, next_obs, r, term, trunc)
                 if t + 1 < T:
-                    obs_t[t + 1, rows] = next_obs
+                    buf.obs[t + 1, rows] = next_obs
                     act(t + 1, g, rows)  # while the other groups step
                 else:
                     final[rows] = next_obs
         return final
 
-    def end_trajectory(
-        self,
-        first_needs_reset: np.ndarray,
-        obs_t: np.ndarray,
-        next_t: np.ndarray | None,
-        actions_t: np.ndarray,
-        rewards_t: np.ndarray,
-        terminated_t: np.ndarray,
-        truncated_t: np.ndarray,
-    ) -> Trajectory:
+    def end_trajectory(self, first_needs_reset: np.ndarray, buf: StepBuffers) -> Trajectory:
         """Bookkeeping after T steps: which steps were real transitions, the episode returns,
         the env-step count and which envs reset first next time; the env-major trajectory."""
-        done_t = terminated_t | truncated_t
+        done_t = buf.terminated | buf.truncated
         self.needs_reset = done_t[-1].copy()
         rewards, terminated, truncated = (
-            env_major(rewards_t), env_major(terminated_t), env_major(truncated_t)
+            env_major(buf.reward), env_major(buf.terminated), env_major(buf.truncated)
         )  # fmt: skip
         # NEXT_STEP autoreset: the step after an episode end only resets that env.
         valid = np.empty(rewards.shape, bool)
@@ -330,14 +323,15 @@ class Actor(Role):
         self.pending_steps = int(valid.sum())
         self.env_steps += self.pending_steps
         return Trajectory(
-            obs=env_major(obs_t),
-            next_obs=None if next_t is None else env_major(next_t),
-            action=env_major(actions_t),
+            obs=env_major(buf.obs),
+            next_obs=None if buf.next_obs is None else env_major(buf.next_obs),
+            action=env_major(buf.action),
             reward=rewards,
             terminated=terminated,
             truncated=truncated,
             valid=valid,
             final_obs=self.obs,
+            extras={name: env_major(x) for name, x in buf.extras.items()},
         )
 
     # --- acks -------------------------------------------------------------------------
