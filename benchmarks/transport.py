@@ -1,18 +1,25 @@
 """Transport benchmark: what zrl's framing, validation and broker hop cost over bare ZeroMQ.
 
-Over tcp loopback, with producer and consumer in separate processes, per message size:
+Over tcp loopback (``--transport ipc``: ipc://, what roles on the broker's host use), with
+producer and consumer in separate processes, per message size:
 
-  (a) bare pyzmq PUSH -> PULL (2 frames: 16-byte header + payload, copy=False)
+  (a) bare pyzmq PUSH -> PULL (2 frames: 16-byte header + payload, copy=False), once
   (b) bare pyzmq PUSH -> zmq.proxy (PULL/PUSH device in its own process) -> PULL
   (c) zrl Messages (one uint8 array) sent by a Channel, decoded and validated by a Channel,
-      through a real broker process (``python -m zrl start broker``, stream ``experience``)
+      through a real broker process (``Broker``, stream ``experience``)
 
-Every socket of (a), (b) and (c) uses the broker's stream settings (``broker.stream_hwm``
-messages, ``broker.stream_buffer_bytes`` kernel buffers) so c/b isolates zrl's own cost. Then:
-a 10 MiB weights dict through the broker's topic bus to 4 subscriber processes, and the cost of
-``encode()`` + ``decode()`` against ``arr.copy()``. Run from the repo root::
+(b) and (c) run ``--pairs`` times interleaved (b, c, b, c, ...), so a drift in the machine's
+load hits both alike; the table gives the median msg/s and MB/s of each, and the median and
+min-max of the per-pair ratios c/b. Every socket of (a), (b) and (c) uses the broker's stream
+settings (``broker.stream_hwm`` messages, ``broker.stream_buffer_bytes`` kernel buffers) so
+c/b isolates zrl's own cost. ``--hwm`` / ``--buffer`` sweep those two settings (a broker and a
+proxy per point) at ``--sweep-sizes``. Then: a 10 MiB weights dict through the broker's topic
+bus to 4 subscriber processes, and the cost of ``encode()`` + ``decode()`` against
+``arr.copy()``. Run from the repo root::
 
-    python benchmarks/transport.py --seconds 2 --sizes 64,4096,65536,1048576
+    python benchmarks/transport.py                      # defaults: 5 s cells, 3 pairs
+    python benchmarks/transport.py --seconds 2 --sizes 65536,1048576 --pairs 2
+    python benchmarks/transport.py --sweep-only --hwm 2,4,8 --buffer 262144,1048576,4194304
 """
 
 from __future__ import annotations
@@ -311,17 +318,36 @@ class Procs:
                 pass
 
 
-def start_broker(procs: Procs, log_dir: str) -> tuple[subprocess.Popen, str, dict[str, str]]:
+BROKER_SCRIPT = """
+import sys
+from zrl.broker import Broker
+from zrl.config import ExperimentConfig
+from zrl.runtime import install_stop_signals, setup_logging
+
+setup_logging("WARNING")
+cfg = ExperimentConfig()
+cfg.broker.stream_hwm, cfg.broker.stream_buffer_bytes = int(sys.argv[2]), int(sys.argv[3])
+cfg.broker.ipc = sys.argv[4] == "ipc"
+broker = Broker(sys.argv[1], cfg)
+install_stop_signals(broker.stop)
+broker.run()
+"""
+
+
+def start_broker(
+    procs: Procs, log_dir: str, hwm: int, kbuf: int, transport: str
+) -> tuple[subprocess.Popen, dict[str, str]]:
+    """A broker process with these stream settings; its endpoints over ``transport``."""
     from zrl.config import DEFAULT_STREAMS
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
-    from zrl.transport.sockets import broker_endpoints
+    from zrl.transport.sockets import broker_endpoints, ipc_broker_endpoints
 
     base = free_port_range(3 + 2 * len(DEFAULT_STREAMS))
     addr = f"tcp://127.0.0.1:{base}"
-    log = open(os.path.join(log_dir, "broker.log"), "wb")  # noqa: SIM115
+    log = open(os.path.join(log_dir, f"broker-{base}.log"), "wb")  # noqa: SIM115
     proc = procs.add(subprocess.Popen(
-        [sys.executable, "-m", "zrl", "start", "broker", "--bind", addr, "--log-level", "WARNING"],
+        [sys.executable, "-c", BROKER_SCRIPT, addr, str(hwm), str(kbuf), transport],
         stdout=subprocess.DEVNULL, stderr=log,
     ))  # fmt: skip
     ctx = zmq.Context.instance()
@@ -330,12 +356,18 @@ def start_broker(procs: Procs, log_dir: str) -> tuple[subprocess.Popen, str, dic
         if proc.poll() is not None:
             raise RuntimeError(f"broker exited with {proc.returncode}; see {log.name}")
         try:
-            registry_request(ctx, addr, P.Message(P.STATUS), timeout=0.5)
+            welcome = registry_request(ctx, addr, P.Message(P.STATUS), timeout=0.5)
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise RuntimeError("broker did not answer within 30 s") from None
-    return proc, addr, broker_endpoints(addr, list(DEFAULT_STREAMS))
+    if transport == "ipc":
+        if not welcome.meta["broker"].get("ipc"):
+            raise RuntimeError("the broker serves no ipc endpoints")
+        eps = ipc_broker_endpoints(addr, list(DEFAULT_STREAMS))
+        assert eps is not None
+        return proc, eps
+    return proc, broker_endpoints(addr, list(DEFAULT_STREAMS))
 
 
 class Worker:
@@ -382,56 +414,63 @@ def run_cell(
 # --- measurements -------------------------------------------------------------------
 
 
+def bare_addresses(transport: str, log_dir: str, n: int) -> list[str]:
+    if transport == "ipc":
+        return [f"ipc://{log_dir}/bare-{free_port_range(1)}-{i}" for i in range(n)]
+    base = free_port_range(n)
+    return [f"tcp://127.0.0.1:{base + i}" for i in range(n)]
+
+
 def throughput(
     procs: Procs, mpc: Any, args: argparse.Namespace, hwm: int, kbuf: int,
-    endpoints: dict[str, str],
+    endpoints: dict[str, str], log_dir: str, sizes: list[int], pairs: int, seconds: float,
+    direct: bool = True,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    warmup = min(1.0, max(0.3, 0.25 * args.seconds))
+    """Per size: (a) once (if ``direct``), then ``pairs`` x (b, c) interleaved, so a drift
+    in the machine's load hits both alike and each c has a b measured next to it."""
+    warmup = min(1.0, max(0.3, 0.25 * seconds))
     stop = mpc.Event()
     producer, consumer = Worker(procs, mpc, stop), Worker(procs, mpc, stop)
-    # (b)'s device, and the deep-queue one, live for the whole run like the broker.
-    proxies = {}
+    # (b)'s device, and the deep-queue one, live for the whole sweep point like the broker.
+    proxies, started = {}, []
     for name, h, k in [("b", hwm, kbuf)] + ([("b_deep", None, None)] if args.deep else []):
-        base = free_port_range(2)
-        ins, outs = f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{base + 1}"
-        procs.add(mpc.Process(target=proxy_device, args=(ins, outs, h, k), daemon=True)).start()
+        ins, outs = bare_addresses(args.transport, log_dir, 2)
+        p = procs.add(mpc.Process(target=proxy_device, args=(ins, outs, h, k), daemon=True))
+        p.start()
+        started.append(p)
         proxies[name] = (ins, outs)
     rows = []
-    for size in args.sizes:
-        row: dict[str, Any] = {"size": size}
-        # b and c twice, in ABBA order, so a drift in the machine's load hits both alike.
-        order = [("a", hwm, kbuf), ("b", hwm, kbuf), ("c", hwm, kbuf), ("c", hwm, kbuf),
-                 ("b", hwm, kbuf)]  # fmt: skip
-        if args.deep:
-            order += [("a_deep", None, None), ("b_deep", None, None)]
-        for name, h, k in order:
-            if name.startswith("a"):
-                port = f"tcp://127.0.0.1:{free_port_range(1)}"
-                res = run_cell(
-                    producer,
-                    consumer,
-                    stop,
-                    ("bare_producer", (port, False, size, h, k)),
-                    ("bare_consumer", (port, True, size, h, k, warmup, args.seconds)),
-                )
-            elif name.startswith("b"):
-                ins, outs = proxies[name]
-                res = run_cell(
-                    producer,
-                    consumer,
-                    stop,
-                    ("bare_producer", (ins, False, size, h, k)),
-                    ("bare_consumer", (outs, False, size, h, k, warmup, args.seconds)),
-                )
-            else:
-                res = run_cell(producer, consumer, stop,
-                               ("zrl_producer", (endpoints["experience_in"], size, hwm, kbuf)),
-                               ("zrl_consumer", (endpoints["experience_out"], size, hwm, kbuf,
-                                                 warmup, args.seconds)))  # fmt: skip
-            row.setdefault(name, []).append(res)
-        rows.append(row)
-    for w in (producer, consumer):
-        w.cmds.put(None)
+    try:
+        for size in sizes:
+            row: dict[str, Any] = {"size": size}
+            order = (["a"] if direct else []) + ["b", "c"] * pairs
+            if args.deep:
+                order += ["a_deep", "b_deep"]
+            for name in order:
+                h, k = (None, None) if name.endswith("_deep") else (hwm, kbuf)
+                if name.startswith("a"):
+                    (port,) = bare_addresses(args.transport, log_dir, 1)
+                    res = run_cell(producer, consumer, stop,
+                                   ("bare_producer", (port, False, size, h, k)),
+                                   ("bare_consumer", (port, True, size, h, k, warmup, seconds)))  # fmt: skip
+                elif name.startswith("b"):
+                    ins, outs = proxies[name]
+                    res = run_cell(producer, consumer, stop,
+                                   ("bare_producer", (ins, False, size, h, k)),
+                                   ("bare_consumer", (outs, False, size, h, k, warmup, seconds)))  # fmt: skip
+                else:
+                    res = run_cell(producer, consumer, stop,
+                                   ("zrl_producer", (endpoints["experience_in"], size, hwm, kbuf)),
+                                   ("zrl_consumer", (endpoints["experience_out"], size, hwm, kbuf,
+                                                     warmup, seconds)))  # fmt: skip
+                row.setdefault(name, []).append(res)
+            rows.append(row)
+    finally:
+        for w in (producer, consumer):
+            w.cmds.put(None)
+            procs.stop(w.proc)
+        for p in started:
+            procs.stop(p)
     return rows
 
 
@@ -533,7 +572,7 @@ def codec_costs() -> list[tuple[int, float, float, bool]]:
     return rows
 
 
-# --- output -------------------------------------------------------------------------
+# --- statistics and output -------------------------------------------------------------
 
 
 def human(n: int) -> str:
@@ -543,73 +582,66 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def rate(results: list[dict[str, Any]]) -> tuple[float, float] | None:
-    """Mean msg/s and MB/s (10^6 payload bytes) over the measurements that succeeded."""
-    ok = [r for r in results if "error" not in r]
+def rates(results: list[dict[str, Any]]) -> list[tuple[float, float] | None]:
+    """Per measurement: msg/s and MB/s (10^6 payload bytes), or None if it failed."""
+    return [
+        None if "error" in r else (r["n"] / r["elapsed"], r["bytes"] / r["elapsed"] / 1e6)
+        for r in results
+    ]
+
+
+def median_rate(results: list[dict[str, Any]]) -> tuple[float, float] | None:
+    ok = [r for r in rates(results) if r is not None]
     if not ok:
         return None
-    return (
-        float(np.mean([r["n"] / r["elapsed"] for r in ok])),
-        float(np.mean([r["bytes"] / r["elapsed"] / 1e6 for r in ok])),
-    )
+    return float(np.median([r[0] for r in ok])), float(np.median([r[1] for r in ok]))
+
+
+def pair_ratios(row: dict[str, Any]) -> list[float]:
+    """c_i / b_i for each interleaved pair where both measurements succeeded."""
+    return [
+        c[0] / b[0]
+        for b, c in zip(rates(row.get("b", [])), rates(row.get("c", [])), strict=False)
+        if b is not None and c is not None and b[0] > 0
+    ]
+
+
+def ratio_summary(row: dict[str, Any]) -> tuple[float, float, float]:
+    """Median, min and max of the per-pair ratios (nan if none)."""
+    r = pair_ratios(row)
+    if not r:
+        return float("nan"), float("nan"), float("nan")
+    return float(np.median(r)), min(r), max(r)
 
 
 def cell(results: list[dict[str, Any]]) -> str:
-    r = rate(results)
+    r = median_rate(results)
     return f"{'error':>20}" if r is None else f"{r[0]:>10,.0f} {r[1]:>9,.1f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
-    parser.add_argument("--sizes", default="64,4096,65536,1048576",
-                        help="message sizes in bytes, comma separated")  # fmt: skip
-    parser.add_argument("--deep", action="store_true",
-                        help="also (a) and (b) with libzmq's default HWM (1000) and "
-                        "kernel-autotuned buffers")  # fmt: skip
-    args = parser.parse_args()
-    args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+def target_met(rows: list[dict[str, Any]]) -> bool:
+    """Median pair ratio >= TARGET_RATIO at every size from TARGET_MIN_SIZE up."""
+    checked = [r for r in rows if r["size"] >= TARGET_MIN_SIZE]
+    return bool(checked) and all(ratio_summary(r)[0] >= TARGET_RATIO for r in checked)
 
-    import zrl
-    from zrl.config import BrokerConfig
 
-    bc = BrokerConfig()
-    hwm, kbuf = bc.stream_hwm, bc.stream_buffer_bytes
-    print(
-        f"zrl {zrl.__version__} | pyzmq {zmq.__version__} | libzmq {zmq.zmq_version()} | "
-        f"numpy {np.__version__} | python {sys.version.split()[0]} | {os.cpu_count()} cpus"
-    )
-    mpc = mp.get_context("spawn")
-    procs = Procs()
-    log_dir = tempfile.mkdtemp(prefix="zrl-bench-transport-")
-    try:
-        _broker, _addr, endpoints = start_broker(procs, log_dir)
-        rows = throughput(procs, mpc, args, hwm, kbuf, endpoints)
-        wb = weights_broadcast(procs, mpc, endpoints)
-    finally:
-        procs.stop_all()
-    shutil.rmtree(log_dir, ignore_errors=True)  # kept only when the broker failed (raised above)
-    codec = codec_costs()
-
-    print()
-    print(f"Throughput, tcp loopback, {args.seconds:g} s per cell after warm-up; every socket "
-          f"HWM {hwm} msgs, SO_SNDBUF/SO_RCVBUF {kbuf // 1024} KiB (broker.stream_hwm, "
-          f"broker.stream_buffer_bytes); b and c: mean of 2 runs in ABBA order")  # fmt: skip
-    head = (f"{'size':>8} | {'(a) direct':^20} | {'(b) zmq.proxy':^20} | {'(c) zrl broker':^20} "
-            f"| {'c/b':>5} | {'c/a':>5}")  # fmt: skip
-    sub = f"{'':>8} | " + " | ".join(f"{'msg/s':>10} {'MB/s':>9}" for _ in range(3)) + " |       |"
+def print_table(rows: list[dict[str, Any]], direct: bool) -> None:
+    head = (f"{'size':>8} | " + (f"{'(a) direct':^20} | " if direct else "")
+            + f"{'(b) zmq.proxy':^20} | {'(c) zrl broker':^20} | {'c/b med':>7} | "
+            f"{'c/b min-max':>11} | target")  # fmt: skip
+    sub = (f"{'':>8} | " + " | ".join(f"{'msg/s':>10} {'MB/s':>9}" for _ in range(2 + direct))
+           + " |")  # fmt: skip
     print(head)
     print(sub)
     print("-" * len(head))
-    met = True
     for row in rows:
-        ra, rb, rc = rate(row["a"]), rate(row["b"]), rate(row["c"])
-        cb = rc[0] / rb[0] if rc and rb else float("nan")
-        ca = rc[0] / ra[0] if rc and ra else float("nan")
-        if row["size"] >= TARGET_MIN_SIZE and not cb >= TARGET_RATIO:
-            met = False
-        print(f"{human(row['size']):>8} | {cell(row['a'])} | {cell(row['b'])} | {cell(row['c'])} "
-              f"| {cb:5.2f} | {ca:5.2f}")  # fmt: skip
+        med, lo, hi = ratio_summary(row)
+        mark = ""
+        if row["size"] >= TARGET_MIN_SIZE:
+            mark = "met" if med >= TARGET_RATIO else "NOT met"
+        a = f"{cell(row['a'])} | " if direct else ""
+        print(f"{human(row['size']):>8} | {a}{cell(row['b'])} | {cell(row['c'])} | "
+              f"{med:7.2f} | {lo:5.2f}-{hi:5.2f} | {mark}")  # fmt: skip
     for row in rows:
         for name in ("a", "b", "c", "a_deep", "b_deep"):
             for res in row.get(name, []):
@@ -618,6 +650,141 @@ def main() -> None:
                 elif res.get("dropped") or res.get("gaps"):
                     print(f"  ({name}) {human(row['size'])}: {res['dropped']} dropped, "
                           f"{res['gaps']} sequence gaps")  # fmt: skip
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def sweep(
+    procs: Procs, mpc: Any, args: argparse.Namespace, log_dir: str
+) -> list[tuple[int, int, list[dict[str, Any]]]]:
+    """Every (broker.stream_hwm, broker.stream_buffer_bytes) pair at the sweep sizes."""
+    out = []
+    for hwm in args.hwm:
+        for kbuf in args.buffer:
+            broker, endpoints = start_broker(procs, log_dir, hwm, kbuf, args.transport)
+            try:
+                rows = throughput(procs, mpc, args, hwm, kbuf, endpoints, log_dir,
+                                  args.sweep_sizes, args.sweep_pairs, args.sweep_seconds,
+                                  direct=False)  # fmt: skip
+            finally:
+                procs.stop(broker)
+            out.append((hwm, kbuf, rows))
+            line = " ".join(
+                f"{human(r['size'])}: c/b {ratio_summary(r)[0]:.2f} "
+                f"c {(median_rate(r['c']) or (0.0, 0.0))[1]:,.0f} MB/s"
+                for r in rows
+            )  # fmt: skip
+            print(f"  swept hwm {hwm} buffer {kbuf // 1024} KiB: {line}", flush=True)
+    return out
+
+
+def print_sweep(
+    points: list[tuple[int, int, list[dict[str, Any]]]], args: argparse.Namespace
+) -> None:
+    print()
+    print(f"Sweep of broker.stream_hwm x broker.stream_buffer_bytes ({args.transport}), "
+          f"{args.sweep_seconds:g} s cells, {args.sweep_pairs} interleaved pairs per size; "
+          "per size: c/b median [min-max], zrl MB/s median / bare MB/s median")  # fmt: skip
+    sizes = args.sweep_sizes
+    print(f"{'hwm':>4} {'buffer':>8} | " + " | ".join(f"{human(s):^30}" for s in sizes)
+          + f" | {'mean c/b':>8} | {'mean zrl MB/s':>13}")  # fmt: skip
+    scored = []
+    for hwm, kbuf, rows in points:
+        cells, ratios, mbs = [], [], []
+        for r in rows:
+            med, lo, hi = ratio_summary(r)
+            c = median_rate(r["c"]) or (float("nan"), float("nan"))
+            b = median_rate(r["b"]) or (float("nan"), float("nan"))
+            cells.append(f"{med:4.2f} [{lo:4.2f}-{hi:4.2f}] {c[1]:6,.0f}/{b[1]:6,.0f}")
+            ratios.append(med)
+            mbs.append(c[1])
+        mr, mm = float(np.mean(ratios)), float(np.mean(mbs))
+        scored.append((hwm, kbuf, mr, mm))
+        print(f"{hwm:>4} {human(kbuf):>8} | " + " | ".join(f"{c:^30}" for c in cells)
+              + f" | {mr:8.2f} | {mm:13,.0f}")  # fmt: skip
+    ok = [s for s in scored if not np.isnan(s[2])]
+    if ok:
+        br = max(ok, key=lambda s: s[2])
+        bt = max(ok, key=lambda s: s[3])
+        print(
+            f"best zrl/bare ratio: hwm {br[0]}, buffer {human(br[1])} ({br[2]:.2f}); "
+            f"best zrl throughput: hwm {bt[0]}, buffer {human(bt[1])} ({bt[3]:,.0f} MB/s)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement cell")
+    parser.add_argument("--sizes", default="64,65536,262144,1048576,4194304",
+                        help="message sizes in bytes, comma separated")  # fmt: skip
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="interleaved (bare proxy, zrl broker) pairs per size")  # fmt: skip
+    parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp",
+                        help="tcp loopback, or ipc:// (the broker's ipc endpoints, which roles "
+                        "on its host use, against a bare proxy on ipc)")  # fmt: skip
+    parser.add_argument("--hwm", type=int_list, default=None,
+                        help="sweep broker.stream_hwm over these values (e.g. 2,4,8)")  # fmt: skip
+    parser.add_argument("--buffer", type=int_list, default=None,
+                        help="sweep broker.stream_buffer_bytes over these values "
+                        "(e.g. 262144,1048576,4194304)")  # fmt: skip
+    parser.add_argument("--sweep-sizes", type=int_list, default=[2**20, 4 * 2**20],
+                        help="message sizes of the sweep")  # fmt: skip
+    parser.add_argument("--sweep-seconds", type=float, default=2.0, help="per sweep cell")
+    parser.add_argument("--sweep-pairs", type=int, default=2, help="pairs per sweep size")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="run the sweep only (no main table, broadcast or codec)")  # fmt: skip
+    parser.add_argument("--skip-extras", action="store_true",
+                        help="skip the weights broadcast and the codec costs")  # fmt: skip
+    parser.add_argument("--deep", action="store_true",
+                        help="also (a) and (b) with libzmq's default HWM (1000) and "
+                        "kernel-autotuned buffers")  # fmt: skip
+    args = parser.parse_args()
+    args.sizes = int_list(args.sizes)
+
+    import zrl
+    from zrl.config import BrokerConfig
+
+    bc = BrokerConfig()
+    hwm, kbuf = bc.stream_hwm, bc.stream_buffer_bytes
+    args.hwm = args.hwm or ([hwm] if args.buffer else None)
+    args.buffer = args.buffer or ([kbuf] if args.hwm else None)
+    print(
+        f"zrl {zrl.__version__} | pyzmq {zmq.__version__} | libzmq {zmq.zmq_version()} | "
+        f"numpy {np.__version__} | python {sys.version.split()[0]} | {os.cpu_count()} cpus | "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    mpc = mp.get_context("spawn")
+    procs = Procs()
+    log_dir = tempfile.mkdtemp(prefix="zrl-bt-")  # short: ipc paths live here too
+    rows: list[dict[str, Any]] = []
+    points: list[tuple[int, int, list[dict[str, Any]]]] = []
+    wb: dict[str, Any] = {}
+    try:
+        if args.hwm:
+            points = sweep(procs, mpc, args, log_dir)
+        if not args.sweep_only:
+            broker, endpoints = start_broker(procs, log_dir, hwm, kbuf, args.transport)
+            rows = throughput(procs, mpc, args, hwm, kbuf, endpoints, log_dir, args.sizes,
+                              args.pairs, args.seconds)  # fmt: skip
+            if not args.skip_extras:
+                wb = weights_broadcast(procs, mpc, endpoints)
+    finally:
+        procs.stop_all()
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept only when the broker failed (raised above)
+
+    if points:
+        print_sweep(points, args)
+    if args.sweep_only:
+        return
+
+    print()
+    print(f"Throughput over {args.transport}, {args.seconds:g} s per cell after warm-up; every "
+          f"socket HWM {hwm} msgs, SO_SNDBUF/SO_RCVBUF {human(kbuf)} (broker.stream_hwm, "
+          f"broker.stream_buffer_bytes); (a) once, then {args.pairs} interleaved (b, c) pairs: "
+          "medians, and c/b per pair")  # fmt: skip
+    print_table(rows, direct=True)
     if args.deep:
         print()
         print("Deep queues: libzmq default HWM (1000 msgs), kernel-autotuned buffers")
@@ -625,33 +792,34 @@ def main() -> None:
         for row in rows:
             print(f"{human(row['size']):>8} | {cell(row['a_deep'])} | {cell(row['b_deep'])}")
 
-    print()
-    print(f"Weights broadcast: {human(WEIGHTS_BYTES)} (10 float32 arrays) PUB -> broker "
-          f"XSUB/XPUB -> {WEIGHTS_SUBSCRIBERS} SUB processes, send to decoded; "
-          f"{WEIGHTS_SENDS} sends after {WEIGHTS_WARMUP_SENDS} warm-up")  # fmt: skip
-    if "error" in wb:
-        print(f"  error: {wb['error']}")
-    else:
-        lat = wb["latencies"] * 1e3  # [sends, subscribers] ms
-        print(f"{'subscriber':>12} | {'median ms':>9} | {'max ms':>7}")
-        for j in range(WEIGHTS_SUBSCRIBERS):
-            print(f"{j:>12} | {np.median(lat[:, j]):9.1f} | {lat[:, j].max():7.1f}")
-        last = lat.max(axis=1)  # per send: when the slowest subscriber had it
-        print(f"{'all 4 (max)':>12} | {np.median(last):9.1f} | {last.max():7.1f}")
+    if not args.skip_extras:
+        print()
+        print(f"Weights broadcast: {human(WEIGHTS_BYTES)} (10 float32 arrays) PUB -> broker "
+              f"XSUB/XPUB -> {WEIGHTS_SUBSCRIBERS} SUB processes, send to decoded; "
+              f"{WEIGHTS_SENDS} sends after {WEIGHTS_WARMUP_SENDS} warm-up")  # fmt: skip
+        if "error" in wb:
+            print(f"  error: {wb['error']}")
+        else:
+            lat = wb["latencies"] * 1e3  # [sends, subscribers] ms
+            print(f"{'subscriber':>12} | {'median ms':>9} | {'max ms':>7}")
+            for j in range(WEIGHTS_SUBSCRIBERS):
+                print(f"{j:>12} | {np.median(lat[:, j]):9.1f} | {lat[:, j].max():7.1f}")
+            last = lat.max(axis=1)  # per send: when the slowest subscriber had it
+            print(f"{'all 4 (max)':>12} | {np.median(last):9.1f} | {last.max():7.1f}")
+
+        codec = codec_costs()
+        print()
+        print("encode() + decode() of a message with one uint8 array vs arr.copy() "
+              "(median per call)")  # fmt: skip
+        print(f"{'array':>8} | {'encode+decode µs':>16} | {'arr.copy() µs':>13} | shares memory")
+        for size, c, cp, shares in codec:
+            print(f"{human(size):>8} | {c * 1e6:16.1f} | {cp * 1e6:13.1f} | "
+                  f"{'yes' if shares else 'NO'}")  # fmt: skip
 
     print()
-    print("encode() + decode() of a message with one uint8 array vs arr.copy() (median per call)")
-    print(f"{'array':>8} | {'encode+decode µs':>16} | {'arr.copy() µs':>13} | shares memory")
-    for size, c, cp, shares in codec:
-        print(
-            f"{human(size):>8} | {c * 1e6:16.1f} | {cp * 1e6:13.1f} | {'yes' if shares else 'NO'}"
-        )
-
-    print()
-    print(
-        f"target c/b >= {TARGET_RATIO} for >= {human(TARGET_MIN_SIZE)}: "
-        f"{'MET' if met and any(r['size'] >= TARGET_MIN_SIZE for r in rows) else 'NOT MET'}"
-    )
+    print(f"target: median c/b >= {TARGET_RATIO} at every size >= {human(TARGET_MIN_SIZE)}: "
+          f"{'MET' if target_met(rows) else 'NOT MET'}  (load average now "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -114,6 +114,9 @@ class BrokerConfig(Section):
     queues only make the data a learner sees older."""
     stream_buffer_bytes: int = Field(256 * 1024, ge=4096)
     """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of stream sockets, bounding hidden queues."""
+    ipc: bool = True
+    """A tcp broker also listens on ipc:// (a private directory under the temp directory), and
+    roles on its machine connect there instead of through the loopback TCP stack."""
     max_message_bytes: int = Field(256 * 2**20, ge=1024)
     """Largest message any socket accepts (ZMQ_MAXMSGSIZE); libzmq disconnects a peer that sends more."""
     small_topic_message_bytes: int = Field(64 * 1024, ge=1024)

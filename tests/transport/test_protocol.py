@@ -413,3 +413,17 @@ def test_plain_meta_is_always_encodable():
     assert (got["np"], got["f"], got["t"], got["1"]) == (3, 0.5, [1, 2], "int key")
     assert got["odd"].startswith("<")
     assert P.saturate(2**80) == P.COUNTER_MAX and P.saturate(-5) == 0
+
+
+def test_encoded_arrays_reach_zmq_without_a_copy(pair):
+    """encode() hands zmq numpy's own buffer (send copy=False): over inproc, where libzmq
+    passes the message itself, the receiver's frame is the sender's array memory, and
+    decode() gives a read-only view of it. No byte is copied from producer to consumer."""
+    a, b = pair
+    arr = np.arange(2**20, dtype=np.uint8)
+    a.send_multipart(P.encode(P.Message("x", arrays={"obs": arr})), copy=False)
+    frames = b.recv_multipart(copy=False)
+    assert np.shares_memory(np.frombuffer(frames[1].buffer, dtype=np.uint8), arr)
+    got = P.decode(frames).arrays["obs"]
+    assert np.shares_memory(got, arr)
+    assert not got.flags.writeable

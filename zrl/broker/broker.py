@@ -8,6 +8,12 @@ Sockets, all bound here (base address tcp://H:P; see ``broker_endpoints`` for th
   the streams): the topic bus (``topic_bus.py``), forwarded in its own thread.
 - per stream S, PULL ``S_in`` / PUSH ``S_out``: the stream devices (``devices.py``).
 
+A tcp broker binds each of these sockets on ipc:// too (``broker.ipc``), in a private
+directory ``<tmp>/zrl-ipc-<uid>-<port>`` that it locks while it runs and removes at stop; the
+WELCOME carries both sets with the broker's hostname and boot id, and a role on the same
+machine connects over ipc (``usable_ipc_endpoints``), skipping the loopback TCP stack. The
+ipc endpoints are extra bindings of the same sockets, so CURVE applies to them unchanged.
+
 The broker composes what every WELCOME tells a role (the experiment spec, the endpoints,
 the limits, the factories) and the broker's part of a STATUS reply. With Python-callable
 factories it refuses to start without keys: it ships them as pickles, which a role takes
@@ -16,8 +22,10 @@ only from an authenticated broker.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -35,7 +43,14 @@ from zrl.config import DEFAULT_STREAMS, ExperimentConfig
 from zrl.factories import Factories
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys, stop_authenticator
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints
+from zrl.transport.sockets import (
+    Channel,
+    TransportStats,
+    broker_endpoints,
+    host_identity,
+    ipc_broker_endpoints,
+    is_private_dir,
+)
 
 log = logging.getLogger("zrl.broker")
 
@@ -85,6 +100,12 @@ class Broker:
         self.forget_after = bcfg.forget_after
         self.bind_address = bind
         self.endpoints = broker_endpoints(bind, self.streams)
+        # ipc:// twins of the tcp endpoints for roles on this machine (never for inproc).
+        self.ipc_endpoints: dict[str, str] = {}
+        self._ipc_dir: str | None = None
+        self._ipc_lock: int | None = None
+        if bcfg.ipc and bind.startswith("tcp://"):
+            self._open_ipc_dir()
         # An own context lets close() end devices blocked on a full queue (ctx.term() wakes
         # them with ETERM); in-process mode shares the caller's context for inproc://.
         self._owns_ctx = ctx is None
@@ -95,6 +116,7 @@ class Broker:
         self._devices = Devices(self.ctx, keys, self.max_message_bytes)
         self.started = time.time()
         self.id = f"broker@{socket.gethostname()}"
+        self.host = host_identity()
 
         registry_max = min(self.max_message_bytes, REGISTRY_MAX_MESSAGE_BYTES)
         registry = registry_socket(self.ctx, registry_max, keys)
@@ -149,6 +171,46 @@ class Broker:
         """Topic bus messages over the frame or byte limit."""
         return self._topic_bus.dropped
 
+    def _open_ipc_dir(self) -> None:
+        """Create (or take over from a broker that died) the private ipc directory and lock
+        it; on any doubt (not ours, locked by a live broker on another interface with this
+        port, paths too long) the broker serves tcp only."""
+        eps = ipc_broker_endpoints(self.bind_address, self.streams)
+        if eps is None:
+            log.warning("ipc paths would be too long for unix sockets: serving tcp only")
+            return
+        d = os.path.dirname(eps["registry"][len("ipc://") :])
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.warning("cannot create %s (%s): serving tcp only", d, exc)
+            return
+        if not is_private_dir(d):
+            log.warning("%s is not a private directory of this user: serving tcp only", d)
+            return
+        try:
+            fd = os.open(os.path.join(d, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            log.warning("cannot open the lock in %s (%s): serving tcp only", d, exc)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            log.warning("%s is in use by another broker: serving tcp only", d)
+            return
+        self._ipc_dir, self._ipc_lock, self.ipc_endpoints = d, fd, eps
+
+    def _close_ipc_dir(self) -> None:
+        if self._ipc_lock is None:
+            return
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        os.close(self._ipc_lock)
+        self._ipc_lock = self._ipc_dir = None
+
     def _bind(self, sock: zmq.Socket, name: str) -> None:
         addr = self.endpoints[name]
         try:
@@ -156,7 +218,15 @@ class Broker:
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             self._devices.close()
+            self._close_ipc_dir()
             raise OSError(f"broker cannot bind {name} at {addr}: {exc}") from None
+        if self.ipc_endpoints:
+            try:
+                sock.bind(self.ipc_endpoints[name])
+            except zmq.ZMQError as exc:
+                # Roles fall back to tcp: the WELCOME then offers no ipc endpoints.
+                log.warning("cannot bind %s: %s; serving tcp only", self.ipc_endpoints[name], exc)
+                self.ipc_endpoints = {}
 
     def _welcome(self, rid: str) -> P.Message:
         """What the registry tells a role it registered as ``rid``."""
@@ -168,6 +238,8 @@ class Broker:
                 id=rid,
                 spec=spec,
                 endpoints=self.endpoints,
+                ipc_endpoints=self.ipc_endpoints,
+                host=self.host,
                 streams=self.streams,
                 heartbeat_interval=self.heartbeat_interval,
                 heartbeat_timeout=self.heartbeat_timeout,
@@ -185,6 +257,7 @@ class Broker:
         return {
             "id": self.id,
             "bind": self.bind_address,
+            "ipc": bool(self.ipc_endpoints),
             "pid": os.getpid(),
             "uptime": round(time.time() - self.started, 1),
             "zrl_version": __version__,
@@ -225,4 +298,5 @@ class Broker:
         if self._owns_ctx:
             stop_authenticator(self.ctx)
             self.ctx.term()
+        self._close_ipc_dir()
         log.info("broker stopped")

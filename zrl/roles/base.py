@@ -41,7 +41,13 @@ from zrl.roles.train_stats import TrainStats
 from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, TransportStats, connect_address, make_socket
+from zrl.transport.sockets import (
+    Channel,
+    TransportStats,
+    connect_address,
+    make_socket,
+    usable_ipc_endpoints,
+)
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
@@ -89,6 +95,7 @@ class Role(RoleSockets):
         self.config = ExperimentConfig()
         self.factories = Factories()
         self.endpoints: dict[str, str] = {}
+        self.transport = ""  # how the streams and topics are reached: "tcp", "ipc", "inproc"
         self.heartbeat_interval = 0.5
         self.heartbeat_timeout = 3.0
         self.max_message_bytes = 256 * 2**20
@@ -173,7 +180,11 @@ class Role(RoleSockets):
         self.factories = factories_from(
             msg, authenticated=self.broker_authenticated, local_factories=self.local_factories
         )
-        self.endpoints = {k: connect_address(v, self.broker) for k, v in m["endpoints"].items()}
+        tcp = {k: connect_address(v, self.broker) for k, v in m["endpoints"].items()}
+        # On the broker's machine, its ipc:// twins skip the loopback TCP stack.
+        ipc = usable_ipc_endpoints(m.get("ipc_endpoints"), m.get("host"), self.broker, tcp)
+        self.endpoints = ipc or tcp
+        self.transport = "ipc" if ipc else self.broker.split("://", 1)[0]
         self.heartbeat_interval = float(m["heartbeat_interval"])
         self.heartbeat_timeout = float(m["heartbeat_timeout"])
         self.max_message_bytes = int(m["max_message_bytes"])
@@ -182,7 +193,10 @@ class Role(RoleSockets):
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self.registrations += 1
         if first:
-            self.log.info("registered as %s with broker %s", self.id, self.broker)
+            self.log.info(
+                "registered as %s with broker %s (streams over %s)",
+                self.id, self.broker, self.transport,
+            )  # fmt: skip
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
             self.on_reregistered()

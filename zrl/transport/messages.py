@@ -14,7 +14,9 @@ Registry (role DEALER <-> broker ROUTER):
   ``index`` int|None, ``host`` str, ``pid`` int, ``rpc`` str (own rpc endpoint or ""),
   ``zrl_version`` str. No arrays.
 - ``welcome``: broker -> role. Meta ``id``, ``spec`` (resolved config or None),
-  ``endpoints`` (name -> address), ``streams``, ``heartbeat_interval``,
+  ``endpoints`` (name -> address), ``ipc_endpoints`` (the same names on ipc://, empty
+  unless a tcp broker has ``broker.ipc``), ``host`` (the broker's ``hostname`` and
+  ``boot_id``: a role with the same pair may use the ipc ones), ``streams``, ``heartbeat_interval``,
   ``heartbeat_timeout``, ``max_message_bytes``, ``max_topic_message_bytes``, ``zrl_version``,
   ``broker_started``, ``secure`` bool, ``factories`` (references). Array ``factories``
   (pickled factories, uint8 ``[bytes]``) only when the factories need pickling.

@@ -15,6 +15,8 @@ import logging
 import os
 import random
 import socket
+import stat
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -381,6 +383,84 @@ def broker_endpoints(base: str, streams: list[str] | tuple[str, ...]) -> dict[st
     raise ValueError(
         f"unsupported broker address {base!r}: use tcp://HOST:PORT, ipc:// or inproc://"
     )
+
+
+# --- ipc:// beside tcp:// for roles on the broker's host ----------------------------------
+# A tcp broker also binds every endpoint on ipc:// in a private directory named after its
+# uid and port, so a restarted broker binds the same paths and connected roles reconnect.
+
+IPC_SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes with its NUL on Linux, 104 on macOS
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def host_identity() -> dict[str, str]:
+    """This machine's hostname and boot id (empty where the kernel has none): two processes
+    with the same pair run under one kernel, so ipc:// between them may work."""
+    try:
+        with open(BOOT_ID_FILE) as f:
+            boot_id = f.read().strip()
+    except OSError:
+        boot_id = ""
+    return {"hostname": socket.gethostname(), "boot_id": boot_id}
+
+
+def ipc_dir_name(port: int) -> str:
+    return f"zrl-ipc-{os.getuid()}-{port}"
+
+
+def is_private_dir(path: str | os.PathLike[str]) -> bool:
+    """A real directory (not a link) owned by this uid that no one else may enter."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def ipc_broker_endpoints(
+    tcp_base: str, streams: list[str] | tuple[str, ...], directory: str | None = None
+) -> dict[str, str] | None:
+    """The ipc:// twins of a tcp broker's endpoints, in ``directory`` (default: the temp
+    directory's ``zrl-ipc-<uid>-<port>``); None when a path would be too long for a unix
+    socket."""
+    _, port = split_tcp(tcp_base)
+    directory = directory or os.path.join(tempfile.gettempdir(), ipc_dir_name(port))
+    eps = broker_endpoints(f"ipc://{directory}/b", streams)
+    if max(len(os.fsencode(a[len("ipc://") :])) for a in eps.values()) > IPC_SOCKET_PATH_MAX:
+        return None
+    return eps
+
+
+def usable_ipc_endpoints(ipc: Any, host: Any, broker: str, names: Any) -> dict[str, str] | None:
+    """The ipc endpoints a WELCOME offers, if this role may use them instead of tcp:
+    the broker runs under this kernel (same hostname and boot id) and is reached over tcp,
+    every name is there, and every address is a unix socket that exists in this uid's
+    private ``zrl-ipc-<uid>-<broker port>`` directory. Containers share the boot id but not
+    /tmp; a forged WELCOME cannot point a role at another user's socket. Else None (tcp)."""
+    if not broker.startswith("tcp://") or not isinstance(ipc, dict) or not ipc:
+        return None
+    if not isinstance(host, dict) or host != host_identity():
+        return None
+    if set(ipc) != set(names):
+        return None
+    _, port = split_tcp(broker)
+    dirs = set()
+    for addr in ipc.values():
+        if not isinstance(addr, str) or not addr.startswith("ipc://"):
+            return None
+        path = addr[len("ipc://") :]
+        dirs.add(os.path.dirname(path))
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return None
+        except OSError:
+            return None
+    if len(dirs) != 1:
+        return None
+    (d,) = dirs
+    if os.path.basename(d) != ipc_dir_name(port) or not is_private_dir(d):
+        return None
+    return dict(ipc)
 
 
 def connect_topics(sock: zmq.Socket, endpoints: dict[str, str]) -> None:
