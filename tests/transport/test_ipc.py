@@ -158,6 +158,8 @@ def test_forged_or_foreign_ipc_offers_are_refused(tcp_broker, tmp_path):
     assert (
         usable_ipc_endpoints(ipc, {**host, "hostname": "elsewhere"}, b.bind_address, names) is None
     )
+    # A role in another network namespace (a test's "host", a container) stays on tcp.
+    assert usable_ipc_endpoints(ipc, {**host, "netns": "1"}, b.bind_address, names) is None
     assert usable_ipc_endpoints(ipc, host, "inproc://x", names) is None
     assert usable_ipc_endpoints({}, host, b.bind_address, names) is None
     missing = dict(ipc)

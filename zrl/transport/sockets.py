@@ -393,15 +393,24 @@ IPC_SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes with its NUL on Linux, 104
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
+NET_NAMESPACE = "/proc/self/ns/net"
+
+
 def host_identity() -> dict[str, str]:
-    """This machine's hostname and boot id (empty where the kernel has none): two processes
-    with the same pair run under one kernel, so ipc:// between them may work."""
+    """This machine's hostname, boot id and network namespace (empty where the kernel has
+    none): two processes with the same three run under one kernel in one network, so ipc://
+    between them may work. The namespace keeps roles that a test (or a container) put in a
+    network of their own on the network, where they were placed to be."""
     try:
         with open(BOOT_ID_FILE) as f:
             boot_id = f.read().strip()
     except OSError:
         boot_id = ""
-    return {"hostname": socket.gethostname(), "boot_id": boot_id}
+    try:
+        netns = str(os.stat(NET_NAMESPACE).st_ino)
+    except OSError:
+        netns = ""
+    return {"hostname": socket.gethostname(), "boot_id": boot_id, "netns": netns}
 
 
 def ipc_dir_name(port: int) -> str:
@@ -433,7 +442,8 @@ def ipc_broker_endpoints(
 
 def usable_ipc_endpoints(ipc: Any, host: Any, broker: str, names: Any) -> dict[str, str] | None:
     """The ipc endpoints a WELCOME offers, if this role may use them instead of tcp:
-    the broker runs under this kernel (same hostname and boot id) and is reached over tcp,
+    the broker runs under this kernel in this network namespace (same hostname, boot id and
+    namespace) and is reached over tcp,
     every name is there, and every address is a unix socket that exists in this uid's
     private ``zrl-ipc-<uid>-<broker port>`` directory. Containers share the boot id but not
     /tmp; a forged WELCOME cannot point a role at another user's socket. Else None (tcp)."""
