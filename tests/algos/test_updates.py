@@ -147,6 +147,7 @@ def test_dqn_trains_and_sends_priorities_to_the_shard() -> None:
     before = {k: v.clone() for k, v in update.model.state_dict().items()}
     result = trained(update, batch(arrays))
     assert result.updates == 1 and np.isfinite(result.loss)
+    assert result.samples == B  # each transition of the batch once
     assert result.priorities is not None
     assert result.priorities.shard == SHARD
     np.testing.assert_array_equal(result.priorities.keys, arrays["key"])
@@ -226,8 +227,11 @@ def test_unroll_updates_train_on_fresh_unrolls_and_count_stale_ones(algo: str) -
     update = UNROLL_UPDATES[algo](s)
     rng = np.random.default_rng(4)
     # At version 10: lags 0, 2 (fresh) and 3, 8 (stale).
-    result = trained(update, batch(unroll_batch(rng, [10, 8, 7, 2])), version=10)
+    arrays = unroll_batch(rng, [10, 8, 7, 2])
+    result = trained(update, batch(arrays), version=10)
     assert result.updates == 2 and np.isfinite(result.loss)
+    # The valid steps of the two fresh unrolls, once, though two epochs used them.
+    assert result.samples == int(arrays["valid"][:2].sum())
     assert result.priorities is None
     assert update.stale_unrolls == 2 and update.trained_unrolls == 2 and update.updates == 2
     info = update.heartbeat_info()

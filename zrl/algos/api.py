@@ -326,6 +326,9 @@ class UpdateResult:
     """Optimizer steps taken."""
     loss: float
     priorities: Priorities | None = None
+    samples: int = 0
+    """Distinct env steps (transitions) trained on, each counted once however many epochs
+    used it: what ``samples_trained`` in progress.csv adds up."""
     publish: bool = False
     """Publish the weights now, whatever ``learner.publish_interval`` says (end of a round)."""
 

@@ -69,4 +69,6 @@ class BatchUpdate(BaseUpdate):
             if self.send_priorities
             else None
         )
-        return UpdateResult(updates=1, loss=result.loss, priorities=priorities)
+        return UpdateResult(
+            updates=1, loss=result.loss, priorities=priorities, samples=len(sampled.keys)
+        )

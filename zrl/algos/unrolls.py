@@ -86,6 +86,7 @@ class UnrollUpdate(BaseUpdate):
             exc.source = f"a batch from {shard}"
             raise
         self.trained_unrolls += len(rows)
+        result.samples = int(a["valid"][rows].sum())
         return result
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:

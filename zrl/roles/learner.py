@@ -63,6 +63,7 @@ class Learner(Role):
         self._next_lookup = 0.0
         self._unacked_since: float | None = None
         self.updates = 0
+        self.samples_trained = 0  # distinct env steps trained on, since this process started
         self.weights_version = 0
         self.last_loss = float("nan")
         self.resumed_from: int | None = None
@@ -208,6 +209,7 @@ class Learner(Role):
         self.non_finite_in_a_row = 0
         before = self.updates
         self.updates += result.updates
+        self.samples_trained += result.samples
         self.last_loss = result.loss
         if result.priorities is not None and self.priority_pub is not None:
             p = result.priorities
@@ -253,6 +255,7 @@ class Learner(Role):
         state = {
             **self.update.state_dict(),
             "updates": self.updates,
+            "samples_trained": self.samples_trained,
             "weights_version": self.weights_version,
             "torch_rng": torch.get_rng_state(),
             "time": time.time(),

@@ -137,6 +137,7 @@ class Aggregator:
             "env_steps": env_steps,
             "env_steps_per_s": round((env_steps - s0) / dt, 1) if len(self._history) > 1 else 0.0,
             "updates": updates,
+            "samples_trained": self._monotonic_sum("learner", "samples_trained"),
             "updates_per_s": round((updates - u0) / dt, 1) if len(self._history) > 1 else 0.0,
             "replay_size": sum(count(m.get("size")) for m in replays),
             "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,

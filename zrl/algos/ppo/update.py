@@ -193,7 +193,8 @@ class PPOUpdate(BaseUpdate):
             self.training_s += time.monotonic() - started
         # Published even after a round without valid samples: in sync mode the actors wait for
         # a version newer than the one the round consumed.
-        return UpdateResult(updates=steps, loss=self.last_loss, publish=True)
+        samples = sum(int(r.arrays["valid"].sum()) for r in chosen)
+        return UpdateResult(updates=steps, loss=self.last_loss, publish=True, samples=samples)
 
     def follow_leader(self) -> None:
         """DD-PPO followers take the leader's weights after the same round; with identical
