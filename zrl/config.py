@@ -185,6 +185,9 @@ class ActorConfig(Section):
     """Ape-X epsilon exponent spread."""
     max_in_flight: int = Field(2, ge=1)
     """Trajectories sent but not yet acknowledged by a replay shard; bounds data staleness."""
+    random_policy: bool = False
+    """Uniform random actions without the model (impala, appo): measures the pipeline without
+    inference (benchmarks/atari.py section c)."""
     torch_threads: int = Field(1, ge=1)
     env_groups: int = Field(1, ge=1)
     """2: double-buffered sampling, the envs as two vector envs of env.num_envs / 2 each; the

@@ -92,6 +92,8 @@ class Algorithm:
     """``module:Class`` of its :class:`GradientServer`, called with a
     :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
     otherwise)."""
+    random_actions: bool = False
+    """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
     sections: tuple[str, ...] = ()
     """The algorithm-specific config sections it reads (``zrl config show`` prints only
     these of them; the common sections apply to every algorithm)."""
@@ -114,6 +116,11 @@ class Algorithm:
         """Raise ValueError (naming the key) on a config this algorithm cannot run: what its
         wiring implies, then its own ``check_config``."""
         w, r = self.wiring, cfg.roles
+        if cfg.actor.random_policy and not self.random_actions:
+            raise ValueError(
+                f"actor.random_policy: {self.name}'s actors have no random mode (impala and "
+                "appo have)"
+            )
         if not w.replay_item and r.replay > 0:
             raise ValueError(
                 f"{self.name} sends its experience past the replay server: set roles.replay: 0"

@@ -4,10 +4,13 @@ Actions are drawn with the Gumbel-max trick from noise drawn once per trajectory
 seeded by the actor index: the actors differ only by their seeds), and their behaviour
 log-probabilities are recorded. Each trajectory becomes an ``unroll`` TRAJECTORY
 (``zrl.transport.messages.UNROLL``): the steps plus the observation to bootstrap from.
+With ``actor.random_policy`` the actions are uniform and the model is never run (their
+log-probability is ``-log(num_actions)``): what the pipeline costs without inference.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -29,12 +32,15 @@ class CategoricalPolicy(BasePolicy):
         self.rng = setup.rng
         self.num_actions = int(setup.action_space.n)
         self.gumbel = np.zeros((0, setup.num_envs, self.num_actions))
+        self.random = setup.config.actor.random_policy
         setup.log.info(
             "actor %d (%s): %d x %s, seed %d",
             setup.actor_index, setup.config.algo, setup.num_envs, setup.config.env.id, setup.seed,
         )  # fmt: skip
 
     def begin(self, steps: int, env_steps: int) -> None:
+        if self.random:
+            return
         self.gumbel = self.rng.gumbel(size=(steps, self.gumbel.shape[1], self.num_actions))
 
     @torch.no_grad()
@@ -44,6 +50,10 @@ class CategoricalPolicy(BasePolicy):
         """Actions sampled under the current weights (with this step's Gumbel noise) and
         their log-probabilities (of the envs ``rows``, or all)."""
         rows = slice(None) if rows is None else rows
+        if self.random:
+            n = len(obs)
+            actions = self.rng.integers(0, self.num_actions, n)
+            return actions, {"logp": np.full(n, -math.log(self.num_actions), np.float32)}
         logp = torch.log_softmax(policy_logits(self.model, torch.from_numpy(obs)), dim=1)
         actions, taken_logp = sample_categorical(logp.numpy(), self.gumbel[t, rows])
         return actions, {"logp": taken_logp.astype(np.float32, copy=False)}

@@ -21,5 +21,6 @@ ALGORITHM = Algorithm(
     policy="zrl.algos.sampling:CategoricalPolicy",
     update="zrl.algos.impala.update:ImpalaUpdate",
     model="zrl.models:actor_critic_for",
+    random_actions=True,
     sections=("replay", "learner", "impala"),
 )
