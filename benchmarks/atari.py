@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -395,19 +396,57 @@ def bare_atari_loop(num_envs: int, seconds: float, atari: dict[str, Any]) -> flo
         env.close()
 
 
-def run_zrl_random(s: Settings, config: Path, seconds: float, tmp: Path) -> float:
-    """Env steps/s through zrl's actors -> broker -> replay with a random policy and no
-    learner: TODO(lead). What this needs from zrl, then it is::
+def _batch_sink(broker_file: Path, stop: threading.Event) -> None:
+    """A learner that takes every batch and acknowledges it without training: the replay
+    shard's FIFO drains as it would into a learner that keeps up, so (c) measures the actors,
+    the broker and the replay shard, not the CNN."""
+    from zrl.roles.base import Role
+    from zrl.roles.learner import Learner
 
-        zrl run CONFIG --set actor.random_policy=true --set roles.learners=0 \\
-            --set roles.evaluator=0 --set stop.eval_return=null --set stop.wall_time=S
+    class BatchSink(Role):
+        role = "learner"
 
-    with (1) ``actor.random_policy: true``: uniform random actions, no model forward, the
-    trajectories sent as usual; (2) ``roles.learners: 0`` accepted for that run; (3) the
-    replay table keeps taking unrolls when nobody samples (drops the oldest) instead of holding
-    the actors back. The figure is then the steady env_steps/s of progress.csv, checked
-    against summary.json's ``experience.steps_received_by_replay``."""
-    raise NotImplementedError("TODO(lead): zrl actors with a random policy (see docstring)")
+        def setup(self) -> None:
+            self.batches = self.open_pull("batches", hwm=2)
+            self.acks = self.open_publisher("batch-acks")
+
+        def step(self) -> None:
+            got = self.batches.recv()  # waits up to the socket's timeout
+            if got is not None:
+                Learner.ack_batch(self.acks, got[1])
+
+    deadline = time.time() + 120
+    while not broker_file.is_file() and time.time() < deadline and not stop.is_set():
+        time.sleep(0.2)
+    if not broker_file.is_file():
+        return
+    sink = BatchSink(broker_file.read_text().strip(), index=0, connect_timeout=60)
+    threading.Thread(target=lambda: (stop.wait(), sink.request_stop()), daemon=True).start()
+    sink.run()
+
+
+def run_zrl_random(s: Settings, config: Path, seconds: float, tmp: Path, warmup: float) -> float:
+    """Env steps/s through zrl's actors -> broker -> replay shard with ``actor.random_policy``
+    (uniform actions, no model) and a learner that only takes the batches (``_batch_sink``):
+    the steady rate of progress.csv's env_steps, ``warmup`` s after the first step."""
+    stop = threading.Event()
+    sink = threading.Thread(target=_batch_sink, args=(tmp / "zrl" / "broker_address", stop))
+    sink.start()
+    try:
+        extra = ["actor.random_policy=true", "roles.learners=0"]
+        run = run_zrl(s, config, seconds, 0, tmp, extra)
+    finally:
+        stop.set()
+        sink.join(30)
+    moving = [x for x in run.samples if x.env_steps > 0]
+    if not moving:
+        raise RuntimeError(run.failed or "zrl collected nothing")
+    window = [x for x in moving if x.time >= moving[0].time + warmup]
+    while len(window) > 1 and window[-1].env_steps == window[-2].env_steps:
+        window.pop()  # the stop
+    if len(window) < 2:
+        raise RuntimeError(f"zrl ran too briefly after the warm-up: use more than {seconds} s")
+    return (window[-1].env_steps - window[0].env_steps) / (window[-1].time - window[0].time)
 
 
 # --- (d): curves -----------------------------------------------------------------------
@@ -586,12 +625,10 @@ def main() -> None:
             bare.append(bare_atari_loop(s.envs, min(args.seconds, 60.0), s.atari))
             if not args.skip_zrl:
                 with tempfile.TemporaryDirectory(prefix="zrl-atari-") as tmp:
-                    try:
-                        zrl_random.append(run_zrl_random(s, args.zrl_config, args.seconds,
-                                                         Path(tmp)))  # fmt: skip
-                    except NotImplementedError as exc:
-                        print(f"(c) zrl side skipped: {exc}", file=sys.stderr)
-        print(f"\n(c) env steps/s, random actions, {s.envs} envs, no learner")
+                    zrl_random.append(
+                        run_zrl_random(s, args.zrl_config, args.seconds, Path(tmp), args.warmup)
+                    )
+        print(f"\n(c) env steps/s, random actions, {s.envs} envs, batches taken untrained")
         print(f"  {'bare AtariVectorEnv':<20}{spread(bare)}")
         if zrl_random:
             print(f"  {'zrl actors->replay':<20}{spread(zrl_random)}")
