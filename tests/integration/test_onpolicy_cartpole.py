@@ -37,9 +37,10 @@ def test_ppo_async_and_dd_ppo_learners_stay_in_lockstep(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["cartpole_impala.yaml", "cartpole_appo.yaml"])
-def test_impala_and_appo_learn_through_the_fifo_queue(tmp_path: Path, config: str) -> None:
-    summary = run_zrl(tmp_path, config)
+def test_impala_learns_through_the_fifo_queue(tmp_path: Path) -> None:
+    # APPO shares this wiring and its learner base (zrl.algos.unrolls); its loss is tested
+    # against a reference loop, and tests/integration/test_atari.py trains it on Pong frames.
+    summary = run_zrl(tmp_path, "cartpole_impala.yaml")
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "stale unrolls dropped" in line]
     assert closing, log[-2000:]
