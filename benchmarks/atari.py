@@ -379,7 +379,7 @@ def bare_atari_loop(num_envs: int, seconds: float, atari: dict[str, Any]) -> flo
     from ale_py.vector_env import AtariVectorEnv
 
     accepted = inspect.signature(AtariVectorEnv.__init__).parameters
-    kwargs = {k: v for k, v in atari.items() if k in accepted}
+    kwargs = {k: v for k, v in atari.items() if k in accepted and k != "num_threads"}
     env = AtariVectorEnv("pong", num_envs=num_envs, num_threads=cores(), **kwargs)
     rng = np.random.default_rng(0)
     n_actions = int(env.single_action_space.n)

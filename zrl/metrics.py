@@ -29,6 +29,7 @@ PROGRESS_FIELDS = [
     "weights_version",
     "max_version_lag",
     "eval_return",
+    "samples_trained",  # distinct env steps the learners trained on, each once
 ]
 EVAL_FIELDS = ["time", "env_steps", "weights_version", "mean", "std", "min", "max", "episodes"]
 
