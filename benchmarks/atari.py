@@ -420,7 +420,10 @@ def _batch_sink(broker_file: Path, stop: threading.Event) -> None:
         time.sleep(0.2)
     if not broker_file.is_file():
         return
-    sink = BatchSink(broker_file.read_text().strip(), index=0, connect_timeout=60)
+    sink = BatchSink(
+        broker_file.read_text().strip(), index=0, connect_timeout=60,
+        checkpoint_root=broker_file.parent,  # the run directory: its checkpoints go there
+    )  # fmt: skip
     threading.Thread(target=lambda: (stop.wait(), sink.request_stop()), daemon=True).start()
     sink.run()
 
