@@ -7,6 +7,7 @@ sockets with linger 0 and finite timeouts; every thread stopped, every socket cl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from zrl.config import ExperimentConfig
-from zrl.roles.replay import ReplayServer, assemble_transitions
+from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer, assemble_transitions
 from zrl.testing.fakes import as_message, trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for
@@ -363,13 +364,21 @@ def test_inserts_wait_for_samples_then_resume(inproc):
     # Only the few batches the socket queues hold get sampled, so inserts stop early:
     # an insert is admitted while 4 * (inserts + 1) - samples <= max_diff = 4 * 20 + 16.
     # (The limiter counts an insert just before the shard counts its trajectory.)
-    wait_for(
-        lambda: (
-            not replay.limiter.can_insert(1, replay.table.size)
+    # Stuck means: nothing inserted or sampled for longer than the batch-ack timeout, whose
+    # window reset would let the shard sample (and so insert) again while the stream has room.
+    seen: dict[str, Any] = {"state": None, "since": time.monotonic()}
+
+    def stuck_for_a_while() -> bool:
+        state = (replay.trajectories, replay.limiter.inserts, replay.limiter.samples)
+        if state != seen["state"]:
+            seen.update(state=state, since=time.monotonic())
+        return (
+            time.monotonic() - seen["since"] > BATCH_ACK_TIMEOUT_S + 0.5
+            and not replay.limiter.can_insert(1, replay.table.size)
             and replay.limiter.inserts == 10 * replay.trajectories
-        ),
-        timeout=10,
-    )
+        )
+
+    wait_for(stuck_for_a_while, timeout=30, interval=0.05)
     stuck = replay.trajectories
     settle(lambda: replay.trajectories == stuck, 0.5)
     assert 2 <= stuck < 12
