@@ -321,6 +321,9 @@ def test_every_command_honours_a_signal_it_inherited_as_ignored(sig):
         wait_for(lambda: catches(proc.pid, sig), timeout=30)
         proc.send_signal(sig)
         proc.wait(timeout=10)
-        assert proc.returncode == 130, proc.communicate()
+        # 130 from our handler; rarely (seen twice in CI, cause not found) a SIGINT ends the
+        # process through Python's own exit-by-SIGINT: stopped all the same, which is what an
+        # inherited SIG_IGN would have prevented (then the wait above times out).
+        assert proc.returncode in (130, -signal.SIGINT), proc.communicate()
     finally:
         kill_pids([proc.pid] if proc.poll() is None else [])
