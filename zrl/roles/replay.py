@@ -167,11 +167,11 @@ class ReplayServer(Role):
             raise P.ProtocolError(
                 f"frames {msg.arrays['frames'].shape} are not [E, T + k, H, W] for T={sizes['T']}"
             )
+        rc = self.config.replay
         table = self.table
         if not isinstance(table, FrameTable):
             if table is not None and table.size > 0:
                 raise P.ProtocolError("frame transitions sent to a shard that stores stacks")
-            rc = self.config.replay
             table = FrameTable.for_budget(
                 rc.table, rc.capacity, rc.capacity_bytes, frame_shape, stack, sizes["T"],
                 num_envs=sizes["E"], **self._table_kwargs(),
@@ -184,7 +184,6 @@ class ReplayServer(Role):
                 f"{table.frame_shape} in stacks of {table.stack}"
             )
         a = msg.arrays
-        rc = self.config.replay
         try:
             items, priorities = assemble_frame_transitions(
                 a["frames"], a["action"], a["reward"], a["terminated"], a["truncated"],
