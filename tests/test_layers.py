@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.algos.appo.config",
             "zrl.algos.impala.config",
             "zrl.algos.ppo.config",
+            "zrl.algos.r2d2.config",
             "zrl.algos.sac.config",
             "zrl.runtime",
             "zrl.factories",
@@ -49,8 +50,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "zrl.encoders",
             "zrl.models",
+            "zrl.recurrent",  # LSTM/GRU cores and the recurrent networks
             "zrl.continuous_models",
             "zrl.envs",
+            "zrl.pomdp",  # envs with hidden velocities
             "zrl.atari",  # Atari envs and their preprocessing
             "zrl.evaluation",
             "zrl.preflight",

@@ -25,6 +25,7 @@ from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.impala.config import ImpalaConfig
 from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.sac.config import SACConfig
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
@@ -94,6 +95,12 @@ class ModelConfig(Section):
     """Observation encoder of the discrete-action models: auto is nature_cnn for [C, H, W]
     image observations (uint8 pixels are scaled to [0, 1] in the model) and the hidden MLP
     otherwise; impala_resnet is the IMPALA deep ResNet. The CNNs ignore hidden."""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """A recurrent core after the encoder (r2d2, and ppo's recurrent actor-critic): its
+    state is carried per env by the actors, sent with every sequence and replayed by the
+    learners. r2d2 needs one (lstm when none is set)."""
+    core_size: int = Field(128, ge=1)
+    """Units of the LSTM/GRU core."""
 
 
 class BrokerConfig(Section):
@@ -309,6 +316,7 @@ class ExperimentConfig(Section):
     a3c: A3CConfig = Field(default_factory=A3CConfig)
     ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
     sac: SACConfig = Field(default_factory=SACConfig)
+    r2d2: R2D2Config = Field(default_factory=R2D2Config)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -16,7 +16,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from zrl import pomdp
 from zrl.config import EnvConfig
+
+pomdp.register()
 
 
 class EnvError(ValueError):

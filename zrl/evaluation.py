@@ -1,5 +1,5 @@
 """Greedy evaluation of a policy (Q-network argmax, actor-critic mode or the deterministic
-continuous action, clipped to the bounds), shared by the evaluator role and ``zrl eval``."""
+continuous action, clipped to the bounds; recurrent models carry their state), shared by the evaluator role and ``zrl eval``."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from zrl.continuous_models import clip_to_bounds
 from zrl.envs import make_vector_env
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.models import build_model, greedy_actions, load_arrays
+from zrl.recurrent import greedy_step, is_recurrent
 from zrl.transport import messages as M
 
 
 @torch.no_grad()
 def greedy_returns(
-    model: torch.nn.Module,
+    model: Any,
     make_envs: Callable[[int], Any],
     episodes: int,
     seed: int,
@@ -37,9 +38,15 @@ def greedy_returns(
         returns = np.zeros(episodes)
         finished = np.zeros(episodes, dtype=bool)
         steps = 0
+        # A recurrent model's state: each env plays one episode, so it never resets.
+        state = model.initial_state(episodes) if is_recurrent(model) else None
         while not finished.all():
             obs_t = torch.from_numpy(M.as_obs(obs, episodes, dtype))
-            actions = greedy_actions(model, obs_t).numpy()
+            if state is not None:
+                greedy, state = greedy_step(model, obs_t, state)
+                actions = greedy.numpy()
+            else:
+                actions = greedy_actions(model, obs_t).numpy()
             if isinstance(envs.single_action_space, gym.spaces.Box):
                 # [B, act_dim] as the vector env expects; a user's model may ignore the bounds.
                 space = envs.single_action_space

@@ -196,7 +196,9 @@ def greedy_actions(model: nn.Module, obs: Tensor) -> Tensor:
     return model(obs).argmax(dim=1)  # type: ignore[no-any-return]
 
 
-def _check_spaces(observation_space: gym.spaces.Space, action_space: gym.spaces.Space) -> None:
+def check_discrete_spaces(
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space
+) -> None:
     if not isinstance(observation_space, gym.spaces.Box):
         raise ValueError(
             f"unsupported observation space {observation_space!r}: zrl models need a Box"
@@ -228,7 +230,7 @@ def build_actor_critic(
     """ActorCritic for a ``Box`` observation space and a ``Discrete`` action space: separate
     MLPs over the flattened observation, or one shared CNN (``encoder``, see
     :func:`zrl.encoders.build_encoder`; ``auto`` picks the Nature CNN for ``[C, H, W]``)."""
-    _check_spaces(observation_space, action_space)
+    check_discrete_spaces(observation_space, action_space)
     assert isinstance(action_space, gym.spaces.Discrete)
     torso = _encoder_for(observation_space, encoder, hidden, activation)
     obs_dim = math.prod(observation_space.shape or ()) if torso is None else None
@@ -244,7 +246,7 @@ def build_q_network(
 ) -> QNetwork:
     """QNetwork for a ``Box`` observation space and a ``Discrete`` action space: an MLP over
     the flattened observation, or a CNN (``encoder``, as in :func:`build_actor_critic`)."""
-    _check_spaces(observation_space, action_space)
+    check_discrete_spaces(observation_space, action_space)
     assert isinstance(action_space, gym.spaces.Discrete)
     torso = _encoder_for(observation_space, encoder, hidden, "relu")
     obs_dim = math.prod(observation_space.shape or ()) if torso is None else None

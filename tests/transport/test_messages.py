@@ -15,7 +15,7 @@ from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6, "S": 7}
+SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6, "S": 7, "P": 4, "R": 8}
 
 
 def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
@@ -46,7 +46,8 @@ def test_schemas_are_the_module_constants():
     assert constants == M.SCHEMAS
     assert set(M.SCHEMAS) == {
         "transitions", "frame_transitions", "continuous_transitions", "unroll", "transition_batch",
-        "continuous_transition_batch", "unroll_batch", "priorities",
+        "continuous_transition_batch", "unroll_batch", "sequences", "sequence_batch",
+        "recurrent_unroll", "priorities",
     }  # fmt: skip
     for schema in M.SCHEMAS.values():
         assert schema.kind in P.KINDS
@@ -247,6 +248,9 @@ def test_finiteness_as_the_receivers_check_it():
         "unroll": {"obs", "logp", "reward", "bootstrap_obs"},
         "transition_batch": {"obs", "reward", "discount", "next_obs", "weight"},
         "continuous_transition_batch": {"obs", "action", "reward", "discount", "next_obs", "weight"},
+        "sequences": {"obs", "reward", "state", "priority"},
+        "sequence_batch": {"obs", "reward", "state", "weight"},
+        "recurrent_unroll": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "unroll_batch": {"obs", "logp", "reward", "bootstrap_obs"},
         "priorities": {"priority"},
     }  # fmt: skip

@@ -18,6 +18,7 @@ ALGORITHMS: dict[str, str] = {
     "a3c": "zrl.algos.a3c",
     "apex_ddpg": "zrl.algos.apex_ddpg",
     "sac": "zrl.algos.sac",
+    "r2d2": "zrl.algos.r2d2",
 }
 """``algo`` name -> the package whose ``ALGORITHM`` describes it."""
 

@@ -53,9 +53,10 @@ class Wiring:
     shard (credit window of acknowledged inserts), PUB ``rollouts/`` to every learner, or PUSH
     ``gradients`` to the parameter server, whose :class:`GradientServer` (the algorithm's
     ``gradient_server``) applies them (A3C)."""
-    replay_item: Literal["transitions", "unroll", ""] = ""
-    """What a replay shard stores of a TRAJECTORY: n-step transitions, or whole unrolls
-    (FIFO); "" when the algorithm has no replay server."""
+    replay_item: Literal["transitions", "unroll", "sequences", ""] = ""
+    """What a replay shard stores of a TRAJECTORY: n-step transitions, whole unrolls (FIFO),
+    or the fixed-length sequences the actor cut (R2D2); "" when the algorithm has no replay
+    server."""
     replay_tables: tuple[str, ...] = ()
     """The ``replay.table`` values it works with."""
     learner_input: Literal["batches", "rollouts", ""] = "batches"
@@ -92,6 +93,9 @@ class Algorithm:
     """``module:Class`` of its :class:`GradientServer`, called with a
     :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
     otherwise)."""
+    recurrent: Literal["no", "optional", "required"] = "no"
+    """Whether its policy and update carry a recurrent state, so ``model.core`` may (or must)
+    be lstm or gru."""
     random_actions: bool = False
     """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
     sections: tuple[str, ...] = ()
@@ -121,6 +125,14 @@ class Algorithm:
                 f"actor.random_policy: {self.name}'s actors have no random mode (impala and "
                 "appo have)"
             )
+        core = cfg.model.core
+        if core != "none" and self.recurrent == "no":
+            raise ValueError(
+                f"model.core: {core}: {self.name} has no recurrent policy (r2d2 and ppo have); "
+                "set model.core: none"
+            )
+        if core == "none" and self.recurrent == "required":
+            raise ValueError(f"{self.name} needs a recurrent model: set model.core: lstm or gru")
         if not w.replay_item and r.replay > 0:
             raise ValueError(
                 f"{self.name} sends its experience past the replay server: set roles.replay: 0"
@@ -248,6 +260,11 @@ class ActorPolicy(Protocol):
         """The message to send for a collected trajectory (adds priorities, or computes the
         gradient for A3C)."""
 
+    def episodes_started(self, envs: np.ndarray) -> None:
+        """The envs with these indices start a new episode at their next observation (after
+        the step that only reset them, or after all envs were reset on an env error): a
+        recurrent policy zeroes their state before it acts on that observation."""
+
     def may_collect(self, weights_version: int) -> bool:
         """False while the algorithm must wait for newer weights before collecting (PPO)."""
 
@@ -265,6 +282,9 @@ class BasePolicy:
     """Defaults of the optional :class:`ActorPolicy` methods, for policies to inherit."""
 
     def begin(self, steps: int, env_steps: int) -> None:
+        pass
+
+    def episodes_started(self, envs: np.ndarray) -> None:
         pass
 
     def may_collect(self, weights_version: int) -> bool:

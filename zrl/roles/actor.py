@@ -229,6 +229,7 @@ class Actor(Role):
             self.log.warning("env raised %s: %s (error %d; envs reset, trajectory dropped)",
                              type(exc).__name__, exc, self.env_errors)  # fmt: skip
         obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
+        self.policy.episodes_started(np.arange(self.num_envs))
         self.episodes.running_return[:] = 0.0  # the aborted episodes are not finished episodes
         self.episodes.running_length[:] = 0
         self.obs = M.as_obs(obs, self.num_envs, self.obs_dtype)
@@ -270,6 +271,7 @@ class Actor(Role):
                     obs = M.as_obs(next_obs, E, self.obs_dtype)
                     self.check_finite(obs, r, t)
                     buf.stepped(t, ALL_ENVS, obs, r, term, trunc)
+                    self.report_episode_starts(buf, t, ALL_ENVS, first_needs_reset)
         except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
             self.on_env_error(exc)
             return None
@@ -300,12 +302,25 @@ class Actor(Role):
                 next_obs = M.as_obs(next_obs, rows.stop - rows.start, self.obs_dtype)
                 self.check_finite(next_obs, r, t)
                 buf.stepped(t, rows, next_obs, r, term, trunc)
+                self.report_episode_starts(buf, t, rows, self.needs_reset)
                 if t + 1 < T:
                     buf.obs[t + 1, rows] = next_obs
                     act(t + 1, g, rows)  # while the other groups step
                 else:
                     final[rows] = next_obs
         return final
+
+    def report_episode_starts(
+        self, buf: StepBuffers, t: int, rows: slice, first_needs_reset: np.ndarray
+    ) -> None:
+        """After step ``t`` of the envs ``rows``: those whose step only reset them (their
+        previous step ended an episode) start an episode at their next observation."""
+        if t == 0:
+            reset = first_needs_reset[rows]
+        else:
+            reset = buf.terminated[t - 1, rows] | buf.truncated[t - 1, rows]
+        if reset.any():
+            self.policy.episodes_started(np.flatnonzero(reset) + (rows.start or 0))
 
     def end_trajectory(self, first_needs_reset: np.ndarray, buf: StepBuffers) -> Trajectory:
         """Bookkeeping after T steps: which steps were real transitions, the episode returns,

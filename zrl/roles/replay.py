@@ -3,7 +3,7 @@
 Sockets:
 
 - PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
-  into n-step transitions and inserted (``frame_transitions`` of Atari frame stacks into a
+  into n-step transitions (R2D2: the sequences the actor cut, one item each) and inserted (``frame_transitions`` of Atari frame stacks into a
   ``FrameTable``, which stores each frame once and rebuilds the stacks when it samples). Read only while the rate limiter allows
   inserts, so a shard that is ahead of its learners applies back-pressure to the
   actors instead of growing.
@@ -85,6 +85,19 @@ def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
     items = {name: a[name] for name in M.UNROLL.arrays}  # and its weights version:
     items["weights_version"] = np.full(E, version, np.int64)
     return items
+
+
+def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """An R2D2 TRAJECTORY of sequences -> (one item per sequence, their initial priorities)."""
+    sizes = M.validate(msg, M.SEQUENCES)
+    if sizes["P"] != sizes["T"] + 1:
+        raise P.ProtocolError(
+            f"sequences of {sizes['T']} steps carry {sizes['P']} observations, not {sizes['T'] + 1}"
+        )
+    priorities = msg.arrays["priority"]
+    if np.any(priorities < 0):
+        raise P.ProtocolError("sequences carry negative priorities")
+    return {k: v for k, v in msg.arrays.items() if k != "priority"}, priorities
 
 
 class ReplayServer(Role):
@@ -262,15 +275,18 @@ class ReplayServer(Role):
         else:
             if wiring.replay_item == "unroll":
                 items, priorities = assemble_unrolls(msg), None
+            elif wiring.replay_item == "sequences":
+                items, priorities = assemble_sequences(msg)
             else:
                 items, priorities = assemble_transitions(
                     msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box"
                 )
             n = len(items["reward"])
-            table = self._table_for(items)
-            if isinstance(table, FrameTable):
-                raise P.ProtocolError("stacked transitions sent to a shard that stores frames")
-            table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
+            if n > 0:  # an actor may complete no sequence in a trajectory
+                table = self._table_for(items)
+                if isinstance(table, FrameTable):
+                    raise P.ProtocolError("stacked transitions sent to a shard that stores frames")
+                table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
         self.last_insert = n
         self.limiter.on_insert(n)
         self.trajectories += 1

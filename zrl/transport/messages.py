@@ -4,7 +4,8 @@ This docstring is the contract; ``docs/protocol.md`` section 4 says the same at 
 Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
 array schemas of the data kinds are the :class:`Schema` constants below, checked by
 :func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
-width (continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames. "Registry" is the broker's ROUTER
+width (continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames, ``P`` a
+sequence's observation positions (its steps + 1), ``R`` the recurrent state's width. "Registry" is the broker's ROUTER
 (roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
 XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with LOOKUP).
 
@@ -38,11 +39,11 @@ Data paths:
 - ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
   replay FIFO (impala, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
   Meta ``weights_version``, ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
-  (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac) or :data:`UNROLL` (impala,
-  ppo).
+  (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac), :data:`SEQUENCES`
+  (r2d2), :data:`UNROLL` (impala, ppo) or :data:`RECURRENT_UNROLL` (ppo with ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
-  or :data:`UNROLL_BATCH` (impala, from a FIFO table).
+  , :data:`UNROLL_BATCH` (impala, from a FIFO table) or :data:`SEQUENCE_BATCH` (r2d2).
 - ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
   No meta. Arrays: :data:`PRIORITIES`.
 - ``ack``: replay shard -> actor on topic ``acks/<actor id>/`` (meta ``seq`` of the
@@ -131,6 +132,8 @@ _DIM_WORDS = {
     "B": "batch sizes",
     "N": "lengths",
     "S": "frame counts",
+    "P": "positions",
+    "R": "state widths",
 }
 
 
@@ -361,6 +364,48 @@ UNROLL_BATCH = _schema(
     weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
     key=_KEY,
 )
+SEQUENCES = _schema(
+    P.TRAJECTORY,
+    "sequences",
+    "R2D2 actor -> replay: E fixed-length sequences the actor cut, each with the recurrent "
+    "state it started from.",
+    obs=Array(OBS_DTYPES, ("E", "P", OBS), finite=True),
+    action=Array("int64", ("E", "T")),
+    reward=_STEP_F32,
+    terminated=_STEP_BOOL,
+    mask=_STEP_BOOL,
+    first=Array("bool", ("E", "P")),
+    state=Array("float32", ("E", "R"), finite=True),
+    priority=Array("float32", ("E",), finite=True),
+)
+"""Sequences of ``T`` steps (``r2d2.sequence_length``), ``E`` of them (possibly 0): ``obs`` has
+``P = T + 1`` positions, the last the observation after the last step (what its n-step targets
+bootstrap from). ``mask`` marks real steps (padding before an episode's start and after its
+end is False); ``first`` the positions where an episode starts (the state is zeroed before
+them); ``state`` the recurrent state before position 0; ``priority`` the initial priority."""
+SEQUENCE_BATCH = _schema(
+    P.BATCH,
+    "sequence_batch",
+    "replay -> R2D2 learner: B sequences, importance weights and table keys.",
+    obs=Array(OBS_DTYPES, ("B", "P", OBS), finite=True),
+    action=Array("int64", ("B", "T")),
+    reward=Array("float32", ("B", "T"), finite=True),
+    terminated=Array("bool", ("B", "T")),
+    mask=Array("bool", ("B", "T")),
+    first=Array("bool", ("B", "P")),
+    state=Array("float32", ("B", "R"), finite=True),
+    weight=_ROW_F32,
+    key=_KEY,
+)
+RECURRENT_UNROLL = _schema(
+    P.TRAJECTORY,
+    "recurrent_unroll",
+    "recurrent ppo actor -> PPO learners: the unroll, the recurrent state before its first "
+    "step and the steps where an episode starts.",
+    **UNROLL.arrays,
+    state=Array("float32", ("E", "R"), finite=True),
+    first=_STEP_BOOL,
+)
 PRIORITIES = _schema(
     P.PRIORITIES,
     "priorities",
@@ -379,6 +424,9 @@ SCHEMAS: dict[str, Schema] = {
         TRANSITION_BATCH,
         CONTINUOUS_TRANSITION_BATCH,
         UNROLL_BATCH,
+        SEQUENCES,
+        SEQUENCE_BATCH,
+        RECURRENT_UNROLL,
         PRIORITIES,
     )
 }

@@ -33,7 +33,8 @@ ALGORITHM = Algorithm(
     wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
     policy="zrl.algos.ppo.policy:PPOPolicy",
     update="zrl.algos.ppo.update:PPOUpdate",
-    model="zrl.models:actor_critic_for",
+    model="zrl.recurrent:actor_critic_for",
+    recurrent="optional",
     sections=("learner", "ppo"),
     check_config=check_config,
 )

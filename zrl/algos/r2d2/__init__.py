@@ -1,0 +1,50 @@
+"""R2D2 (Kapturowski et al. 2019): recurrent Ape-X. Actors with per-slot epsilons carry an
+LSTM/GRU state per env, cut their experience into overlapping fixed-length sequences that
+keep the state they started from, and send them to prioritized sequence replay; learners
+replay each sequence from its stored state after a burn-in, with n-step double-Q targets
+under value rescaling, and give each sequence the priority eta * max|td| + (1 - eta) * mean|td|.
+
+- ``losses``: the pure math (value rescaling, n-step double-Q targets, the loss, priorities,
+  the burn-in unroll).
+- ``sequences``: how the actor cuts sequences (``SequenceCutter``).
+- ``policy``: the actor side (``R2D2Policy``).
+- ``update``: the learner side (``R2D2Update``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zrl.algos.api import Algorithm, Wiring
+
+if TYPE_CHECKING:
+    from zrl.config import ExperimentConfig
+
+
+def check_config(cfg: ExperimentConfig) -> None:
+    if cfg.replay.n_step > cfg.r2d2.sequence_length - cfg.r2d2.burn_in:
+        raise ValueError(
+            f"replay.n_step ({cfg.replay.n_step}) must be at most r2d2.sequence_length - "
+            f"r2d2.burn_in ({cfg.r2d2.sequence_length - cfg.r2d2.burn_in})"
+        )
+    if cfg.actor.env_groups > 1:
+        raise ValueError("r2d2 actors run with actor.env_groups: 1")
+
+
+ALGORITHM = Algorithm(
+    name="r2d2",
+    summary="R2D2: recurrent Ape-X, stored-state sequences with burn-in, value rescaling",
+    wiring=Wiring(
+        actions="discrete",
+        experience="replay",
+        replay_item="sequences",
+        replay_tables=("prioritized", "uniform"),
+        learner_input="batches",
+    ),
+    policy="zrl.algos.r2d2.policy:R2D2Policy",
+    update="zrl.algos.r2d2.update:R2D2Update",
+    model="zrl.recurrent:recurrent_q_network_for",
+    recurrent="required",
+    sections=("replay", "learner", "r2d2"),
+    check_config=check_config,
+)

@@ -1,0 +1,121 @@
+"""The R2D2 actor policy: epsilon-greedy over a recurrent Q-network, its state per env slot.
+
+Env slot k of all N = actors x envs slots explores with the Ape-X epsilon (as Ape-X DQN).
+The policy keeps each env's recurrent state, zeroes it when the actor says an episode starts
+(``episodes_started``), and records at every step the state it acted from, whether it was
+zeroed there, and the Q-values. ``finish`` hands them to the ``SequenceCutter``; the completed
+sequences go as a ``sequences`` TRAJECTORY with initial priorities computed from the
+recorded Q-values (the actor's network as online and target network: no second forward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from zrl.algos.apex_dqn.losses import apex_epsilons
+from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.r2d2.losses import (
+    inverse_value_rescale,
+    nstep_double_q_targets,
+    sequence_priority,
+    value_rescale,
+)
+from zrl.algos.r2d2.sequences import SequenceCutter, Sequences
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+
+def actor_priorities(
+    seqs: Sequences, burn_in: int, gamma: float, n_step: int, eta: float, eps: float
+) -> np.ndarray:
+    """Initial priorities ``[N]`` of sequences from the Q-values the actor acted on."""
+    if len(seqs) == 0:
+        return np.zeros(0, np.float32)
+    q = torch.from_numpy(seqs.q)
+    boot = inverse_value_rescale(q.max(dim=-1).values, eps)
+    raw = nstep_double_q_targets(
+        torch.from_numpy(seqs.reward), torch.from_numpy(seqs.terminated),
+        torch.from_numpy(seqs.mask), boot, gamma, n_step,
+    )  # fmt: skip
+    taken = q[:, :-1].gather(-1, torch.from_numpy(seqs.action)[..., None])[..., 0]
+    td = (value_rescale(raw, eps) - taken).abs()[:, burn_in:]
+    return sequence_priority(td, torch.from_numpy(seqs.mask)[:, burn_in:], eta).numpy()
+
+
+class R2D2Policy(BasePolicy):
+    records_next_obs = False
+    action_dtype = np.int64
+    action_shape: tuple[int, ...] = ()
+
+    def __init__(self, setup: ActorSetup) -> None:
+        cfg = setup.config
+        self.config = cfg
+        self.model: Any = setup.model
+        self.rng = setup.rng
+        self.num_actions = int(setup.action_space.n)
+        E = setup.num_envs
+        slots = max(cfg.roles.actors, setup.actor_index + 1) * E
+        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
+        first = setup.actor_index * E
+        self.epsilons = all_eps[first : first + E].astype(np.float32)
+        self.explore = np.zeros((0, E), bool)
+        self.random_actions = np.zeros((0, E), np.int64)
+        model: Any = setup.model
+        self.state: np.ndarray = model.initial_state(E).numpy()
+        self.fresh = np.ones(E, bool)  # the actor's first observations start episodes
+        self.cutter = SequenceCutter(
+            E, cfg.r2d2.sequence_length, cfg.r2d2.burn_in,
+            M.obs_shape(setup.observation_space), M.obs_dtype(setup.observation_space),
+            self.state.shape[1], self.num_actions,
+        )  # fmt: skip
+        self.sequences_sent = 0
+        setup.log.info(
+            "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
+            setup.actor_index, E, cfg.env.id, float(self.epsilons.max()),
+            float(self.epsilons.min()), cfg.r2d2.sequence_length, cfg.r2d2.burn_in, setup.seed,
+        )  # fmt: skip
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
+        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
+
+    def episodes_started(self, envs: np.ndarray) -> None:
+        self.fresh[envs] = True
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        fresh = self.fresh.copy()
+        self.state[fresh] = 0.0
+        state = self.state.copy()
+        q, next_state = self.model.step(torch.from_numpy(obs), torch.from_numpy(state))
+        q = q.numpy()
+        self.state = next_state.numpy()
+        self.fresh[:] = False
+        a = np.where(self.explore[t], self.random_actions[t], q.argmax(axis=1))
+        return a, {"first": fresh, "state": state, "q": q.astype(np.float32, copy=False)}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        tr, x = trajectory, trajectory.extras
+        seqs = self.cutter.add(
+            tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"]
+        )
+        c, rc = self.config.r2d2, self.config.replay
+        priority = actor_priorities(
+            seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon
+        )
+        self.sequences_sent += len(seqs)
+        return Outgoing(P.TRAJECTORY, seqs.arrays(priority))
+
+    def train_info(self) -> dict[str, float]:
+        return {
+            "epsilon_min": float(self.epsilons.min()),
+            "epsilon_max": float(self.epsilons.max()),
+        }
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"sequences": self.sequences_sent, "episodes_discarded": self.cutter.discarded}

@@ -1,0 +1,120 @@
+"""``R2D2Update``: the learner side of R2D2, stored-state sequence Q-learning on replay batches.
+
+The generic learner role acks every BATCH, hands it to :meth:`R2D2Update.receive` and calls
+``train`` (``BatchUpdate``): one gradient step per batch of sequences, the hard target update
+every ``learner.target_update_interval`` updates, and the batch's new sequence priorities
+``eta * max|td| + (1 - eta) * mean|td|`` for the shard that sampled it.
+
+One step, for a batch of ``B`` sequences of ``L`` steps (``L + 1`` observations):
+
+1. The online network unrolls from each sequence's stored state (zeros with
+   ``r2d2.zero_state``), resetting where ``first`` says an episode starts: the ``burn_in``
+   leading steps without gradient, the rest with it (``losses.burn_in_unroll``).
+2. The target network unrolls the whole sequence from the same state, without gradient.
+3. Double-Q bootstrap values ``h^-1(Q_target(s, argmax_a Q_online(s, a)))`` at every position,
+   n-step targets over the real steps (``mask``), rescaled by ``h``.
+4. The loss over the trained steps (after the burn-in), weighted by the importance weights.
+
+A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from zrl.algos.api import LearnerSetup
+from zrl.algos.batch_update import BatchStep, BatchUpdate
+from zrl.algos.batches import PendingBatches
+from zrl.algos.optim import checked_step, make_adam
+from zrl.algos.r2d2.losses import (
+    burn_in_unroll,
+    inverse_value_rescale,
+    nstep_double_q_targets,
+    r2d2_loss,
+    sequence_priority,
+    value_rescale,
+)
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+
+
+class R2D2Update(BatchUpdate):
+    """Online and target recurrent Q-networks and their Adam; one update per batch."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        self.config = setup.config
+        self.train_stats = setup.train_stats
+        self.model: Any = setup.model
+        self.target: Any = copy.deepcopy(self.model)
+        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.num_actions = int(getattr(setup.action_space, "n", 0))
+        self.obs_shape = M.obs_shape(setup.observation_space)
+        self.state_size: int = setup.model.state_size  # type: ignore[assignment]
+        self.updates = 0
+        self.pending = PendingBatches(setup.device)
+        self.send_priorities = self.config.replay.table == "prioritized"
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        c = self.config.r2d2
+        dims = M.validate(
+            msg, M.SEQUENCE_BATCH, O=self.obs_shape, R=self.state_size, T=c.sequence_length,
+            P=c.sequence_length + 1,
+        )  # fmt: skip
+        actions = msg.arrays["action"]
+        if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
+        self.pending.add(msg)
+
+    def step(self, batch: dict[str, Tensor]) -> BatchStep:
+        c, rc, lc = self.config.r2d2, self.config.replay, self.config.learner
+        obs, first, state = batch["obs"], batch["first"], batch["state"]
+        if c.zero_state:
+            state = torch.zeros_like(state)
+        L, burn = c.sequence_length, c.burn_in
+        q_burn, q_train = burn_in_unroll(self.model.unroll, obs, state, first, burn)
+        with torch.no_grad():
+            q_target, _ = self.target.unroll(obs, state, first)
+            q_online = torch.cat((q_burn, q_train.detach()), dim=1)
+            best = q_online.argmax(dim=-1, keepdim=True)
+            boot = inverse_value_rescale(q_target.gather(-1, best)[..., 0], c.rescale_epsilon)
+            raw = nstep_double_q_targets(
+                batch["reward"], batch["terminated"], batch["mask"], boot, rc.gamma, rc.n_step
+            )
+            targets = value_rescale(raw, c.rescale_epsilon)[:, burn:]
+        action = batch["action"][:, burn:]
+        q_taken = q_train[:, : L - burn].gather(-1, action[..., None])[..., 0]
+        train_mask = batch["mask"][:, burn:]
+        loss, td = r2d2_loss(q_taken, targets, train_mask, batch["weight"])
+        grad_norm = checked_step(self.optimizer, loss, list(self.model.parameters()), lc.grad_clip)
+        priorities = sequence_priority(td, train_mask, c.priority_eta)
+        masked = q_taken.detach()[train_mask]
+        figures = {
+            "loss": float(loss.item()),
+            "q_mean": float(masked.mean().item()) if masked.numel() else 0.0,
+            "grad_norm": grad_norm,
+        }
+        targets_due = (self.updates + 1) % lc.target_update_interval == 0
+        return BatchStep(float(loss.item()), priorities.cpu().numpy(), figures, targets_due)
+
+    def update_targets(self) -> None:
+        self.target.load_state_dict(self.model.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))
+
+    def train_info(self) -> dict[str, float]:
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
