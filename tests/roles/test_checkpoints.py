@@ -40,7 +40,7 @@ from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
 from zrl.roles.trust import load_checkpoint_file
-from zrl.testing.fakes import trajectory
+from zrl.testing.fakes import sequences, trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
@@ -190,6 +190,44 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
         assert_same(a.items, b.items, "batch")
     # And the restored server's own rng continues the old one's sequence.
     np.testing.assert_array_equal(replay.rng.random(5), restored.rng.random(5))
+
+
+def test_replay_snapshot_round_trip_of_r2d2_sequences_and_their_states(inproc, tmp_path):
+    """A prioritized table of R2D2 sequences: the stored recurrent states, masks and episode
+    starts come back exactly, with the priorities the actor sent."""
+    ckpt = tmp_path / "ckpt"
+    cfg = make_config(
+        ckpt, replay={"table": "prioritized", "min_size": 1000}, env={"id": "zrl/CartPoleNoVel-v1"}
+    )
+    cfg = cfg.model_copy(
+        update={
+            "algo": "r2d2",
+            "model": cfg.model.model_copy(update={"core": "lstm", "core_size": 8}),
+            "r2d2": cfg.r2d2.model_copy(update={"sequence_length": 6, "burn_in": 2}),
+        }
+    )
+    inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    sent = [sequences(n, seed=n) for n in (3, 0, 5)]  # a trajectory may complete no sequence
+    for i, arrays in enumerate(sent):
+        arrays["priority"] = np.arange(len(arrays["priority"]), dtype=np.float32) + i
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=arrays))
+    assert len(collect(acks, until=3, timeout=10)) == 3
+    inproc.stop_role(replay)  # teardown writes the snapshot
+    table = replay.table
+    assert table is not None and table.size == 8
+    restored = inproc.start(ReplayServer, index=0)
+    inproc.stop_role(restored)
+    assert isinstance(restored, ReplayServer) and restored.table is not None
+    assert_same(restored.table.state_dict(), table.state_dict(), "restored.table")
+    stored = restored.table.sample(8, np.random.default_rng(0)).items
+    assert stored["state"].shape == (8, 16) and stored["first"].shape == (8, 7)
+    states = np.concatenate([arrays["state"] for arrays in sent])
+    assert {tuple(s) for s in stored["state"]} <= {tuple(s) for s in states}
 
 
 def test_replay_without_checkpoint_dir_writes_nothing(inproc, tmp_path, monkeypatch):

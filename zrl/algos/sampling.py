@@ -6,6 +6,11 @@ log-probabilities are recorded. Each trajectory becomes an ``unroll`` TRAJECTORY
 (``zrl.transport.messages.UNROLL``): the steps plus the observation to bootstrap from.
 With ``actor.random_policy`` the actions are uniform and the model is never run (their
 log-probability is ``-log(num_actions)``): what the pipeline costs without inference.
+
+:class:`RecurrentCategoricalPolicy` samples a recurrent actor-critic (``zrl.recurrent``) the
+same way, carrying each env's state ``[E, S]`` from step to step and across trajectories; its
+trajectories become a ``recurrent_unroll`` TRAJECTORY (``RECURRENT_UNROLL``): the unroll plus
+the state before step 0 (``state [E, S]``) and the steps whose state was zeroed (``first``).
 """
 
 from __future__ import annotations
@@ -60,3 +65,56 @@ class CategoricalPolicy(BasePolicy):
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         return Outgoing(P.TRAJECTORY, trajectory.unroll())
+
+
+class RecurrentCategoricalPolicy(CategoricalPolicy):
+    """The categorical policy of a recurrent actor-critic: ``model.step(obs, state)`` per step.
+
+    Resets: ``episodes_started`` marks envs whose next observation starts an episode; their
+    state is zeroed before the policy acts on it. ``begin`` applies the marks already pending
+    (an episode that starts at a trajectory's first observation) to the state it records as
+    the trajectory's ``state``, and the act of step 0 still reports them in ``first[:, 0]``:
+    ``first[e, t]`` is True exactly where the state was zeroed before step ``t``, and
+    ``state[e]`` is the state step 0 acted from (before the reset of ``first[e, 0]``, which is
+    already zero). A learner replaying the rows with ``model.unroll(obs, state, first)``
+    computes what this policy computed. All envs act at once (``actor.env_groups: 1``).
+    """
+
+    def __init__(self, setup: ActorSetup) -> None:
+        super().__init__(setup)
+        if self.random:
+            raise ValueError("actor.random_policy: a recurrent policy always runs its model")
+        E = setup.num_envs
+        self.state: np.ndarray = self.model.initial_state(E).numpy()
+        self.start_state = self.state.copy()  # the state before step 0 of this trajectory
+        self.pending = np.ones(E, bool)  # the actor's first observations start episodes
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        super().begin(steps, env_steps)
+        self.state[self.pending] = 0.0
+        self.start_state = self.state.copy()
+
+    def episodes_started(self, envs: np.ndarray) -> None:
+        self.pending[envs] = True
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions sampled from ``model.step`` on the envs' states (zeroed first where an
+        episode starts), their log-probabilities and whether the state was zeroed."""
+        if rows is not None:
+            raise ValueError("a recurrent policy acts on all envs at once: actor.env_groups: 1")
+        first = self.pending.copy()
+        self.pending[:] = False
+        self.state[first] = 0.0
+        logits, _, state = self.model.step(torch.from_numpy(obs), torch.from_numpy(self.state))
+        self.state = state.numpy()
+        logp = torch.log_softmax(logits, dim=1)
+        actions, taken_logp = sample_categorical(logp.numpy(), self.gumbel[t])
+        return actions, {"logp": taken_logp.astype(np.float32, copy=False), "first": first}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        arrays = trajectory.unroll()
+        arrays.update(state=self.start_state, first=trajectory.extras["first"])
+        return Outgoing(P.TRAJECTORY, arrays)

@@ -3,6 +3,7 @@ an actor's experience for a replay shard.
 
 - :class:`Rpc`: a DEALER to a parameter server's rpc ROUTER, as the learner opens it.
 - :func:`trajectory`: a TRAJECTORY's arrays, all steps valid, with recognisable observations.
+- :func:`sequences`: an R2D2 TRAJECTORY's arrays: sequences with stored states, all steps real.
 - :func:`as_message`: arrays as a receiver sees them (a TRAJECTORY with read-only arrays).
 """
 
@@ -62,6 +63,24 @@ def trajectory(
         "valid": np.ones((E, T), bool),
         "next_obs": next_obs,
         "priority": np.full((E, T), priority, np.float32),
+    }
+
+
+def sequences(
+    n: int = 4, length: int = 6, obs_dim: int = 2, state_width: int = 16, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """``n`` R2D2 sequences of ``length`` steps (``length + 1`` observations), every step real,
+    random observations and stored states, priority 1."""
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.normal(size=(n, length + 1, obs_dim)).astype(np.float32),
+        "action": rng.integers(0, 2, (n, length)),
+        "reward": np.ones((n, length), np.float32),
+        "terminated": np.zeros((n, length), bool),
+        "mask": np.ones((n, length), bool),
+        "first": np.zeros((n, length + 1), bool),
+        "state": rng.normal(size=(n, state_width)).astype(np.float32),
+        "priority": np.ones(n, np.float32),
     }
 
 

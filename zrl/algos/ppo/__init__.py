@@ -6,6 +6,10 @@ each round on one weights version, ``async`` on rollouts up to ``ppo.max_lag`` v
 - ``rounds``: which rollouts form a round (``RoundBuffer``) and the round's tensors.
 - ``update``: the learner side (``PPOUpdate``), with the DD-PPO allreduce.
 - ``policy``: the actor side (``PPOPolicy``: the categorical policy, one round at a time).
+
+With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.recurrent``): actors
+send each rollout with the state it started from and its episode starts, and the learner
+unrolls the core over whole env rows from that state (``rounds.recurrent_round_tensors``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,25 @@ if TYPE_CHECKING:
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    r = cfg.roles
-    if r.learners > 1 and cfg.ppo.minibatch_size % r.learners:
+    r, mb = cfg.roles, cfg.ppo.minibatch_size
+    if cfg.model.core == "none":
+        if r.learners > 1 and mb % r.learners:
+            raise ValueError(
+                f"ppo.minibatch_size ({mb}) must split evenly across {r.learners} learners"
+            )
+        return
+    if cfg.actor.env_groups != 1:
         raise ValueError(
-            f"ppo.minibatch_size ({cfg.ppo.minibatch_size}) must split evenly across "
-            f"{r.learners} learners"
+            f"actor.env_groups: {cfg.actor.env_groups}: recurrent PPO (model.core: "
+            f"{cfg.model.core}) acts on all of an actor's envs at once; set actor.env_groups: 1"
+        )
+    # Recurrent minibatches are whole env rows of actor.trajectory_length steps.
+    rows = max(1, mb // cfg.actor.trajectory_length)
+    if r.learners > 1 and rows % r.learners:
+        raise ValueError(
+            f"recurrent DD-PPO splits each minibatch's {rows} env rows (ppo.minibatch_size "
+            f"{mb} // actor.trajectory_length {cfg.actor.trajectory_length}) across "
+            f"roles.learners ({r.learners}): make the rows a multiple of the learners"
         )
 
 
@@ -31,7 +49,7 @@ ALGORITHM = Algorithm(
     name="ppo",
     summary="PPO / DD-PPO: rollouts to every learner, clipped surrogate, optional allreduce",
     wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
-    policy="zrl.algos.ppo.policy:PPOPolicy",
+    policy="zrl.algos.ppo.policy:make_policy",
     update="zrl.algos.ppo.update:PPOUpdate",
     model="zrl.recurrent:actor_critic_for",
     recurrent="optional",

@@ -3,12 +3,17 @@
 ``ppo.mode: sync``: one rollout per weights version, then the actor waits for the next one,
 so a round never mixes versions. ``async``: up to ``ppo.max_lag + 1`` rollouts per version.
 Version 0 is the actor's own initialisation, never the learner's weights: it waits for 1.
+
+:func:`make_policy` (the algorithm's ``policy``) builds :class:`PPOPolicy` for a feed-forward
+model and :class:`RecurrentPPOPolicy` for a recurrent one (``model.core``), which carries each
+env's state and sends ``recurrent_unroll`` rollouts.
 """
 
 from __future__ import annotations
 
 from zrl.algos.api import ActorSetup
-from zrl.algos.sampling import CategoricalPolicy
+from zrl.algos.sampling import CategoricalPolicy, RecurrentCategoricalPolicy
+from zrl.recurrent import is_recurrent
 
 KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind the newest
 
@@ -28,3 +33,14 @@ class PPOPolicy(CategoricalPolicy):
         count[weights_version] = count.get(weights_version, 0) + 1
         for old in [v for v in count if v < weights_version - KEEP_VERSIONS]:
             del count[old]
+
+
+class RecurrentPPOPolicy(PPOPolicy, RecurrentCategoricalPolicy):
+    """PPO's rounds over the recurrent categorical policy (its state, resets and rollouts)."""
+
+
+def make_policy(setup: ActorSetup) -> PPOPolicy:
+    """The PPO policy for the actor's model: recurrent when the model carries a state."""
+    if is_recurrent(setup.model):
+        return RecurrentPPOPolicy(setup)
+    return PPOPolicy(setup)

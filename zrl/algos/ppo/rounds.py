@@ -1,4 +1,5 @@
-"""Which rollouts form a PPO round (``RoundBuffer``), and the round's samples (``round_tensors``).
+"""Which rollouts form a PPO round (``RoundBuffer``), and the round's samples (``round_tensors``,
+or ``recurrent_round_tensors`` for a recurrent actor-critic).
 
 A round is one rollout per actor (``roles.actors``). Sync mode: every rollout in a round was
 collected with the same weights version (the one the round trains); actors wait for the next
@@ -16,7 +17,8 @@ import torch
 
 from zrl.algos.returns import rollout_gae
 from zrl.models import ActorCritic
-from zrl.transport.messages import UNROLL
+from zrl.recurrent import RecurrentActorCritic
+from zrl.transport.messages import RECURRENT_UNROLL, UNROLL
 
 
 @dataclass
@@ -114,3 +116,39 @@ def round_tensors(
         "advantage": torch.from_numpy(advantages.reshape(-1)[valid]),
         "return": torch.from_numpy(returns.reshape(-1)[valid]),
     }
+
+
+def recurrent_round_tensors(
+    model: RecurrentActorCritic, rollouts: list[Rollout], gamma: float, lam: float
+) -> dict[str, torch.Tensor]:
+    """The env rows of a round, ``[N, T, ...]`` (N: the rollouts' envs), for a recurrent
+    actor-critic: each row keeps its recorded ``state [N, S]`` and resets ``first [N, T]`` so
+    the core can be unrolled over it again, and ``valid [N, T]`` marks the steps that enter
+    the loss (the reset-only steps stay in the rows: the core steps through them).
+
+    Old values come from ``model.unroll`` from the recorded states with the current weights
+    (the actors' values, in sync mode). The bootstrap value is one more ``step`` on
+    ``bootstrap_obs`` from the state after the last step, zeroed where that step only reset
+    the env (``valid[:, -1]`` False): the actor starts an episode at that observation, and
+    its next rollout says so in ``first[:, 0]``. GAE as for feed-forward rounds."""
+    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in RECURRENT_UNROLL.arrays}
+    obs, state, first = (torch.from_numpy(cat[k]) for k in ("obs", "state", "first"))
+    with torch.no_grad():
+        _, values, final = model.unroll(obs, state, first)
+        restart = torch.from_numpy(~cat["valid"][:, -1:])
+        _, bootstrap, _ = model.step(
+            torch.from_numpy(cat["bootstrap_obs"]), final.masked_fill(restart, 0.0)
+        )
+    advantages, returns = rollout_gae(
+        cat["reward"], values.numpy(), cat["terminated"], cat["truncated"], cat["valid"],
+        bootstrap.numpy(), gamma, lam,
+    )  # fmt: skip
+    return {
+        "obs": obs, "state": state, "first": first,
+        "valid": torch.from_numpy(cat["valid"]),
+        "action": torch.from_numpy(cat["action"]),
+        "logp": torch.from_numpy(cat["logp"]),
+        "value": values,
+        "advantage": torch.from_numpy(advantages),
+        "return": torch.from_numpy(returns),
+    }  # fmt: skip

@@ -17,6 +17,11 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
   first weights (:meth:`PPOUpdate.may_publish`), which start the actors. Otherwise a learner
   still starting up misses the first rollouts and the others wait for it in every allreduce.
 - SUB ``weights`` (followers only, ``services.follow_weights``).
+
+A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts: its
+minibatches are whole env rows (``ppo.minibatch_size // actor.trajectory_length`` of them),
+each unrolled from the state its actor recorded, and its loss is over their valid steps
+(:meth:`PPOUpdate.sequence_loss`). DD-PPO learners each take their share of the rows.
 """
 
 from __future__ import annotations
@@ -32,10 +37,18 @@ from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateRe
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
-from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
+from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
 from zrl.models import ActorCritic, load_arrays, model_to_arrays
+from zrl.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import protocol as P
-from zrl.transport.messages import UNROLL, obs_shape, validate, weights_version
+from zrl.transport.messages import (
+    RECURRENT_UNROLL,
+    UNROLL,
+    Size,
+    obs_shape,
+    validate,
+    weights_version,
+)
 from zrl.transport.sockets import Channel
 
 ALLREDUCE_TIMEOUT_S = 10.0
@@ -57,6 +70,12 @@ class PPOUpdate(BaseUpdate):
         self.services = setup.services
         self.obs_shape = obs_shape(setup.observation_space)
         self.num_actions = int(getattr(setup.action_space, "n", 0))
+        # A recurrent actor-critic's rollouts carry the state [E, R] they started from.
+        self.recurrent = is_recurrent(self.model)
+        self.schema = RECURRENT_UNROLL if self.recurrent else UNROLL
+        self.sizes: dict[str, Size] = {"O": self.obs_shape}
+        if self.recurrent:
+            self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr)
         self.learners = max(1, cfg.roles.learners)
         self.learner_index = setup.index
@@ -154,8 +173,9 @@ class PPOUpdate(BaseUpdate):
         self.buffer.add(self.validate(msg), self.current_version(version))
 
     def validate(self, msg: P.Message) -> Rollout:
-        """The rollout in ``msg`` (an ``unroll`` TRAJECTORY); raises ProtocolError."""
-        sizes = validate(msg, UNROLL, O=self.obs_shape)
+        """The rollout in ``msg`` (an ``unroll`` TRAJECTORY, ``recurrent_unroll`` for a
+        recurrent model); raises ProtocolError."""
+        sizes = validate(msg, self.schema, **self.sizes)
         if sizes["E"] == 0 or sizes["T"] == 0:
             raise P.ProtocolError(f"empty rollout ({sizes['E']} envs, {sizes['T']} steps)")
         a = msg.arrays
@@ -239,15 +259,22 @@ class PPOUpdate(BaseUpdate):
             policy_lag=float(np.mean([current - r.version for r in chosen]))
         )
         round_started = time.perf_counter()
-        data = round_tensors(cast(ActorCritic, self.model), chosen, c.gamma, c.gae_lambda)
+        T = self.config.actor.trajectory_length
+        nominal = self.buffer.round_size * self.config.env.num_envs  # env rows of a full round
+        if self.recurrent:
+            # Whole env rows: the core is unrolled over each from the state it recorded.
+            model = cast(RecurrentActorCritic, self.model)
+            data = recurrent_round_tensors(model, chosen, c.gamma, c.gae_lambda)
+            mb = max(1, c.minibatch_size // T)
+        else:
+            data = round_tensors(cast(ActorCritic, self.model), chosen, c.gamma, c.gae_lambda)
+            mb, nominal = c.minibatch_size, nominal * T
         n = len(data["obs"])
         if n == 0:
             return 0
-        mb = c.minibatch_size
         # Steps per epoch from the configured round size, not from this round's count of valid
         # samples (autoreset steps vary): DD-PPO learners must take the same number of steps.
-        nominal = self.buffer.round_size * self.config.env.num_envs
-        per_epoch = max(1, nominal * self.config.actor.trajectory_length // mb)
+        per_epoch = max(1, nominal // mb)
         steps = 0
         for _ in range(c.epochs):
             order = torch.randperm(n, generator=self.rng)
@@ -261,24 +288,14 @@ class PPOUpdate(BaseUpdate):
         self.train_stats.add(round_s=time.perf_counter() - round_started)
         return steps
 
+    def part(self, size: int) -> slice:
+        """DD-PPO: this learner's slice of a minibatch of ``size`` samples (or rows)."""
+        share = size // self.learners
+        return slice(self.learner_index * share, (self.learner_index + 1) * share)
+
     def minibatch_step(self, mb: dict[str, torch.Tensor], step: int) -> None:
-        c = self.config.ppo
         started = time.perf_counter()
-        adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
-        if self.learners > 1:
-            # Each learner takes its slice of the (identically ordered) minibatch.
-            size = len(adv) // self.learners
-            part = slice(self.learner_index * size, (self.learner_index + 1) * size)
-            mb = {k: v[part] for k, v in mb.items()}
-            adv = adv[part]
-        logits, values = self.model(mb["obs"])
-        log_probs = torch.log_softmax(logits, dim=-1)
-        new_logp = log_probs.gather(1, mb["action"].unsqueeze(1))[:, 0]
-        loss, parts = ppo_loss(
-            new_logp, mb["logp"], adv, values, mb["value"], mb["return"],
-            categorical_entropy(logits), c.clip, c.value_clip, c.entropy_coef, c.value_coef,
-            normalize_advantages=False,
-        )  # fmt: skip
+        loss, parts = self.sequence_loss(mb) if self.recurrent else self.sample_loss(mb)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.learners > 1:
@@ -293,6 +310,53 @@ class PPOUpdate(BaseUpdate):
         self.train_stats.add(
             **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
         )
+
+    def sample_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The PPO loss of this learner's part of a feed-forward minibatch of samples."""
+        c = self.config.ppo
+        adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
+        if self.learners > 1:
+            # Each learner takes its slice of the (identically ordered) minibatch.
+            part = self.part(len(adv))
+            mb = {k: v[part] for k, v in mb.items()}
+            adv = adv[part]
+        logits, values = self.model(mb["obs"])
+        log_probs = torch.log_softmax(logits, dim=-1)
+        new_logp = log_probs.gather(1, mb["action"].unsqueeze(1))[:, 0]
+        return ppo_loss(
+            new_logp, mb["logp"], adv, values, mb["value"], mb["return"],
+            categorical_entropy(logits), c.clip, c.value_clip, c.entropy_coef, c.value_coef,
+            normalize_advantages=False,
+        )  # fmt: skip
+
+    def sequence_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The PPO loss of this learner's part of a recurrent minibatch of env rows
+        ``[B, T, ...]``: the core unrolled over each row from its recorded state, the loss
+        over the valid steps. Advantages are normalized over the whole minibatch's valid
+        steps; with DD-PPO each learner's loss is weighted by its share of them, so the
+        averaged gradient is the whole minibatch's."""
+        c = self.config.ppo
+        adv, total = mb["advantage"], int(mb["valid"].sum())
+        if c.normalize_advantages:
+            adv = adv.masked_scatter(mb["valid"], normalize(adv[mb["valid"]]))
+        if self.learners > 1:
+            part = self.part(len(adv))
+            mb = {k: v[part] for k, v in mb.items()}
+            adv = adv[part]
+        model = cast(RecurrentActorCritic, self.model)
+        logits, values, _ = model.unroll(mb["obs"], mb["state"], mb["first"])
+        valid = mb["valid"]
+        count = int(valid.sum())
+        if count == 0:  # only reset steps in these rows: a zero gradient, for the allreduce
+            return (logits.sum() + values.sum()) * 0.0, {"loss": 0.0}
+        logits = logits[valid]
+        new_logp = torch.log_softmax(logits, dim=-1).gather(1, mb["action"][valid, None])[:, 0]
+        loss, parts = ppo_loss(
+            new_logp, mb["logp"][valid], adv[valid], values[valid], mb["value"][valid],
+            mb["return"][valid], categorical_entropy(logits), c.clip, c.value_clip,
+            c.entropy_coef, c.value_coef, normalize_advantages=False,
+        )  # fmt: skip
+        return loss * (count * self.learners / total), parts
 
     def allreduce(self, step: int) -> None:
         """Average this step's gradients with the other learners' (DD-PPO)."""
