@@ -68,19 +68,18 @@ def reference(lengths: list[int], terminal: list[bool], L: int, burn_in: int) ->
                 "mask": np.zeros(L, bool), "first": np.zeros(L + 1, bool),
                 "state": np.zeros(STATE, np.float32),
             }  # fmt: skip
-            for j in range(L + 1):
+            for j in range(L):
                 i = start + j
-                if 0 <= i <= n and (j < L or True):
-                    if i == n or j == L:  # the observation after the last step
-                        if i <= n:
-                            seq["obs"][j] = [ident(i), -ident(i)]
-                        break
+                if 0 <= i < n:
                     seq["obs"][j] = [ident(i), -ident(i)]
                     seq["action"][j] = int(ident(i)) % 3
                     seq["reward"][j] = np.float32(ident(i) / 7)
                     seq["terminated"][j] = term and i == n - 1
                     seq["mask"][j] = True
                     seq["first"][j] = i == 0
+            # After the last real step: the next step's observation, or the final one (i == n).
+            last = min(L, n - start)
+            seq["obs"][last] = [ident(start + last), -ident(start + last)]
             if start >= 0:
                 seq["state"][:] = [ident(start) + 0.25, ident(start) + 0.5]
             out.append(seq)
