@@ -98,7 +98,7 @@ class ModelConfig(Section):
     core: Literal["none", "lstm", "gru"] = "none"
     """A recurrent core after the encoder (r2d2, and ppo's recurrent actor-critic): its
     state is carried per env by the actors, sent with every sequence and replayed by the
-    learners. r2d2 needs one (lstm when none is set)."""
+    learners. r2d2 always has one (an lstm when this is none)."""
     core_size: int = Field(128, ge=1)
     """Units of the LSTM/GRU core."""
 

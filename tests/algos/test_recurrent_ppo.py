@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,17 @@ import torch
 from zrl.algos import get_algorithm
 from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory, UpdateResult
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
-from zrl.algos.ppo.rounds import Rollout, recurrent_round_tensors
+from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.algos.returns import rollout_gae
 from zrl.config import ExperimentConfig
-from zrl.models import build_model
+from zrl.models import build_model, model_to_arrays
 from zrl.recurrent import RecurrentActorCritic
+from zrl.roles.actor import Actor
+from zrl.roles.params import ParameterServer
 from zrl.roles.train_stats import TrainStats
+from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import wait_for
 from zrl.testing.processes import run_zrl
 from zrl.transport import protocol as P
 from zrl.transport.messages import RECURRENT_UNROLL, validate
@@ -163,7 +168,9 @@ def step_by_step(
         for t in range(T):
             state = state * torch.from_numpy(~a["first"][:, t, None])
             logits, value, state = model.step(torch.from_numpy(a["obs"][:, t]), state)
-            logp = torch.log_softmax(logits, -1).gather(1, torch.from_numpy(a["action"][:, t, None]))
+            logp = torch.log_softmax(logits, -1).gather(
+                1, torch.from_numpy(a["action"][:, t, None])
+            )
             logps.append(logp[:, 0].numpy())
             values.append(value.numpy())
     return np.stack(logps, 1), np.stack(values, 1), state
@@ -204,7 +211,7 @@ def test_policy_zeroes_the_state_exactly_of_the_envs_that_start_episodes():
     expected = before.copy()
     expected[1] = 0.0
     with torch.no_grad():
-        logits, _, after = model.step(torch.from_numpy(obs[2]), torch.from_numpy(expected))
+        _, _, after = model.step(torch.from_numpy(obs[2]), torch.from_numpy(expected))
     np.testing.assert_allclose(policy.state, after.numpy(), atol=1e-6)
     # A mark after the last step: the next begin zeroes that env in the recorded state, and
     # the first act still reports it.
@@ -293,6 +300,75 @@ def test_learner_values_replay_what_the_actor_computed_across_episode_starts():
             np.testing.assert_array_equal(data[k].numpy(), r.arrays[k])
 
 
+# ----------------------------------------------------------------------------- the actor role
+
+
+@pytest.fixture
+def inproc(zmq_ctx) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "recurrent-ppo")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def test_actor_role_records_resets_the_learner_replays(inproc: InProc):
+    """The real actor on CartPoleNoVel (episodes end inside its rollouts): ``first`` marks the
+    step after each reset-only step, rollouts continue each other's states, and unrolling
+    from the recorded state reproduces the behaviour log-probs."""
+    rollouts_kept = 4
+    cfg = make_config(
+        roles__actors=1, roles__evaluator=0, env__num_envs=4, actor__trajectory_length=16,
+        ppo__mode="async", ppo__max_lag=rollouts_kept - 1,
+        broker__heartbeat_interval=0.2, broker__heartbeat_timeout=5.0,
+    )  # fmt: skip
+    inproc.start_broker(cfg)
+    sub = inproc.sub(P.ROLLOUTS_TOPIC)
+    inproc.start(ParameterServer, index=0)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(actor, Actor) and isinstance(actor.policy, RecurrentPPOPolicy)
+    pub = inproc.pub("params-0")
+    inproc.wait_subscribed(sub)
+    inproc.wait_for_subscriber(P.WEIGHTS_TOPIC, pub=pub)
+    model = make_model(cfg, seed=5)
+    with torch.no_grad():
+        model.policy_head.weight.mul_(50.0)  # a policy sharp enough to differ from uniform
+    weights = model_to_arrays(model)
+
+    def adopted() -> bool:
+        if actor.weights.version >= 1:
+            return True
+        pub.send(P.Message(P.WEIGHTS, meta={"version": 1}, arrays=weights), topic=P.WEIGHTS_TOPIC)
+        return False
+
+    wait_for(adopted, timeout=10, interval=0.1)
+    got = collect(sub, until=rollouts_kept, timeout=15)
+    assert len(got) == rollouts_kept and inproc.error_of(actor) is None
+    arrays = [{k: np.array(v) for k, v in m.arrays.items()} for m in got]
+    assert all(validate(m, RECURRENT_UNROLL, O=(2,), R=2 * CORE) for m in got)
+    assert arrays[0]["first"][:, 0].all()
+    assert any((~a["valid"]).any() for a in arrays)  # episodes did end inside the rollouts
+    previous_final: torch.Tensor | None = None
+    for i, a in enumerate(arrays):
+        # An episode starts at the step after a reset-only step, the next rollout's first
+        # step included.
+        np.testing.assert_array_equal(a["first"][:, 1:], ~a["valid"][:, :-1])
+        if i > 0:
+            np.testing.assert_array_equal(a["first"][:, 0], ~arrays[i - 1]["valid"][:, -1])
+            np.testing.assert_array_equal(a["obs"][:, 0], arrays[i - 1]["bootstrap_obs"])
+        first = torch.from_numpy(a["first"])
+        if previous_final is not None:
+            np.testing.assert_allclose(
+                a["state"], previous_final.masked_fill(first[:, :1], 0.0).numpy(), atol=1e-6
+            )
+        with torch.no_grad():
+            logits, _, previous_final = model.unroll(
+                torch.from_numpy(a["obs"]), torch.from_numpy(a["state"]), first
+            )
+        logp = torch.log_softmax(logits, -1).gather(2, torch.from_numpy(a["action"])[..., None])
+        np.testing.assert_allclose(a["logp"], logp[..., 0].numpy(), atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
@@ -328,8 +404,8 @@ def test_malformed_recurrent_rollouts_raise_protocol_error(case: str):
 
 
 def test_learners_refuse_the_other_kind_of_unroll():
-    cfg = make_config()
-    ff = make_update(make_config(model__core="none"), build_model(OBS_SPACE, ACT_SPACE, make_config(model__core="none").model, "ppo"))  # fmt: skip
+    cfg, ff_cfg = make_config(), make_config(model__core="none")
+    ff = make_update(ff_cfg, build_model(OBS_SPACE, ACT_SPACE, ff_cfg.model, "ppo"))
     with pytest.raises(P.ProtocolError, match="unexpected array"):
         ff.receive(recurrent_msg(), 1)
     recurrent = make_update(cfg, make_model(cfg))
@@ -363,7 +439,8 @@ def test_dd_ppo_row_shares_average_to_the_whole_minibatch_gradient():
     cfg = make_config()
     model = make_model(cfg)
     up = make_update(cfg, model)
-    msgs = [ScriptedActor(make_policy_for(cfg, model), seed=s).collect({0: [2], 1: [5]}) for s in (0, 1)]  # fmt: skip
+    actors = [ScriptedActor(make_policy_for(cfg, model), seed=seed) for seed in (0, 1)]
+    msgs = [actor.collect({0: [2], 1: [5]}) for actor in actors]
     data = recurrent_round_tensors(model, [up.validate(m) for m in msgs], 0.98, 0.8)
     mb = {k: v[:4] for k, v in data.items()}  # 4 rows, unequal valid steps per half
 
@@ -380,9 +457,11 @@ def test_dd_ppo_row_shares_average_to_the_whole_minibatch_gradient():
         torch.testing.assert_close((g0 + g1) / 2, g, atol=1e-6, rtol=1e-5)
 
 
-def test_recurrent_ppo_learns_a_task_that_needs_memory():
+@pytest.mark.parametrize("memory", [True, False])
+def test_recurrent_ppo_learns_a_task_that_needs_memory(memory: bool):
     """A cue seen only at the first step decides which action the last step is rewarded for:
-    a feed-forward policy stays at chance; the recurrent one learns to remember it."""
+    carrying the state, the policy learns to remember it; with the state zeroed before every
+    step (``episodes_started`` each step: a feed-forward policy) it stays at chance."""
     steps, envs = 4, 32
     cfg = make_config(
         env__num_envs=envs, actor__trajectory_length=steps, roles__actors=1,
@@ -402,8 +481,12 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory():
         policy.begin(steps, 0)
         acts, logp, first = [], [], []
         for t in range(steps):
+            if not memory:
+                policy.episodes_started(np.arange(envs))
             a, x = policy.act(obs[:, t], t)
-            acts.append(a), logp.append(x["logp"]), first.append(x["first"])
+            acts.append(a)
+            logp.append(x["logp"])
+            first.append(x["first"])
         action = np.stack(acts, 1)
         reward = np.zeros((envs, steps), np.float32)
         reward[:, -1] = action[:, -1] == cue
@@ -416,16 +499,19 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory():
         )  # fmt: skip
         out = policy.finish(trajectory)
         meta = {"weights_version": version, "actor": 0, "env_steps": envs * steps}
-        return P.Message(out.kind, meta=meta, arrays=out.arrays), float(reward.mean() * steps)
+        return P.Message(out.kind, meta=meta, arrays=out.arrays), float(reward[:, -1].mean())
 
     success = []
-    for version in range(1, 61):
+    for version in range(1, 21):
         msg, hit = episode(version)
         success.append(hit)
         up.receive(msg, version)
         assert up.train(version) is not None
-    assert np.mean(success[:5]) < 0.75  # about chance before training
-    assert np.mean(success[-5:]) > 0.9, success
+    assert np.mean(success[:3]) < 0.75, success  # chance before training
+    if memory:
+        assert np.mean(success[-5:]) > 0.9, success
+    else:
+        assert np.mean(success[-5:]) < 0.75, success
 
 
 # ----------------------------------------------------------------------------- a real run
@@ -433,7 +519,9 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory():
 
 @pytest.mark.slow
 def test_recurrent_ppo_solves_cartpole_without_velocities(tmp_path: Path) -> None:
-    summary = run_zrl(tmp_path, "cartpole_novel_ppo_lstm.yaml", wall_time=90, beats=474.0)
+    # One evaluation at 475 stops it (run_zrl's eval_window 1): ~30-60 s; the wall limit is
+    # twice the slowest seen.
+    summary = run_zrl(tmp_path, "cartpole_novel_ppo_lstm.yaml", wall_time=120, beats=474.0)
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "mixed-version rounds" in line]
     assert closing and "mixed-version rounds 0," in closing[-1], log[-2000:]

@@ -93,9 +93,8 @@ class Algorithm:
     """``module:Class`` of its :class:`GradientServer`, called with a
     :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
     otherwise)."""
-    recurrent: Literal["no", "optional", "required"] = "no"
-    """Whether its policy and update carry a recurrent state, so ``model.core`` may (or must)
-    be lstm or gru."""
+    recurrent: bool = False
+    """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
     random_actions: bool = False
     """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
     sections: tuple[str, ...] = ()
@@ -126,13 +125,11 @@ class Algorithm:
                 "appo have)"
             )
         core = cfg.model.core
-        if core != "none" and self.recurrent == "no":
+        if core != "none" and not self.recurrent:
             raise ValueError(
                 f"model.core: {core}: {self.name} has no recurrent policy (r2d2 and ppo have); "
                 "set model.core: none"
             )
-        if core == "none" and self.recurrent == "required":
-            raise ValueError(f"{self.name} needs a recurrent model: set model.core: lstm or gru")
         if not w.replay_item and r.replay > 0:
             raise ValueError(
                 f"{self.name} sends its experience past the replay server: set roles.replay: 0"

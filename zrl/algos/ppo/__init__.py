@@ -52,7 +52,7 @@ ALGORITHM = Algorithm(
     policy="zrl.algos.ppo.policy:make_policy",
     update="zrl.algos.ppo.update:PPOUpdate",
     model="zrl.recurrent:actor_critic_for",
-    recurrent="optional",
+    recurrent=True,
     sections=("learner", "ppo"),
     check_config=check_config,
 )

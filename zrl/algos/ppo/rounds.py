@@ -130,7 +130,8 @@ def recurrent_round_tensors(
     (the actors' values, in sync mode). The bootstrap value is one more ``step`` on
     ``bootstrap_obs`` from the state after the last step, zeroed where that step only reset
     the env (``valid[:, -1]`` False): the actor starts an episode at that observation, and
-    its next rollout says so in ``first[:, 0]``. GAE as for feed-forward rounds."""
+    its next rollout says so in ``first[:, 0]`` (GAE does not use the bootstrap after an
+    invalid step, but it stays the value the actor computes). GAE as for feed-forward rounds."""
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in RECURRENT_UNROLL.arrays}
     obs, state, first = (torch.from_numpy(cat[k]) for k in ("obs", "state", "first"))
     with torch.no_grad():

@@ -270,8 +270,8 @@ class PPOUpdate(BaseUpdate):
             data = round_tensors(cast(ActorCritic, self.model), chosen, c.gamma, c.gae_lambda)
             mb, nominal = c.minibatch_size, nominal * T
         n = len(data["obs"])
-        if n == 0:
-            return 0
+        if n == 0 or (self.recurrent and not data["valid"].any()):
+            return 0  # no valid samples (only reset steps)
         # Steps per epoch from the configured round size, not from this round's count of valid
         # samples (autoreset steps vary): DD-PPO learners must take the same number of steps.
         per_epoch = max(1, nominal // mb)

@@ -44,7 +44,7 @@ ALGORITHM = Algorithm(
     policy="zrl.algos.r2d2.policy:R2D2Policy",
     update="zrl.algos.r2d2.update:R2D2Update",
     model="zrl.recurrent:recurrent_q_network_for",
-    recurrent="required",
+    recurrent=True,
     sections=("replay", "learner", "r2d2"),
     check_config=check_config,
 )
