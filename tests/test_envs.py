@@ -156,3 +156,25 @@ def test_episode_tracker_on_a_real_rollout():
     assert tr.finished_returns == [float(x) for x in tr.finished_lengths]
     assert sum(tr.finished_lengths) + int(tr.running_length.sum()) == valid_steps
     assert tr.running_length.tolist() == running.tolist()
+
+
+def test_no_velocity_envs_hide_the_velocities():
+    """zrl/CartPoleNoVel-v1 observes (x, theta) of CartPole-v1's (x, x_dot, theta, theta_dot);
+    zrl/PendulumNoVel-v1 (cos, sin) of Pendulum's (cos, sin, theta_dot). Same dynamics."""
+    for masked, full, keep in (
+        ("zrl/CartPoleNoVel-v1", "CartPole-v1", [0, 2]),
+        ("zrl/PendulumNoVel-v1", "Pendulum-v1", [0, 1]),
+    ):
+        a, b = gym.make(masked), gym.make(full)
+        obs_a, _ = a.reset(seed=3)
+        obs_b, _ = b.reset(seed=3)
+        assert a.observation_space.shape == (2,)
+        np.testing.assert_array_equal(obs_a, obs_b[keep])
+        for _ in range(5):
+            action = b.action_space.sample()
+            step_a, step_b = a.step(action), b.step(action)
+            np.testing.assert_array_equal(step_a[0], step_b[0][keep])
+            assert step_a[1:4] == step_b[1:4]
+    envs = make_vector_env(EnvConfig(id="zrl/CartPoleNoVel-v1", vectorization="sync"), 3)
+    assert envs.single_observation_space.shape == (2,) and envs.num_envs == 3
+    envs.close()

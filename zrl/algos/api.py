@@ -82,7 +82,8 @@ class Algorithm:
     summary: str
     wiring: Wiring
     policy: str
-    """``module:Class`` of its :class:`ActorPolicy`, called with an :class:`ActorSetup`."""
+    """``module:attribute`` of its :class:`ActorPolicy` class, or of a function choosing one
+    (PPO: feed-forward or recurrent), called with an :class:`ActorSetup`."""
     update: str
     """``module:Class`` of its :class:`LearnerUpdate`, called with a :class:`LearnerSetup`
     ("" when it has no learner)."""

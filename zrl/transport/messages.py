@@ -406,6 +406,9 @@ RECURRENT_UNROLL = _schema(
     state=Array("float32", ("E", "R"), finite=True),
     first=_STEP_BOOL,
 )
+"""``state`` is the recurrent state step 0 acted from; ``first[e, t]`` is True where the actor
+zeroed the state before step t (an episode starts there: ``first[:, t + 1] == ~valid[:, t]``).
+A learner unrolling ``model.unroll(obs, state, first)`` computes what the actor computed."""
 PRIORITIES = _schema(
     P.PRIORITIES,
     "priorities",
