@@ -94,7 +94,7 @@ def test_bad_core_is_refused():
         RecurrentCore("rnn", 2, 3)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "appo", "a3c", "sac", "apex_ddpg"])
+@pytest.mark.parametrize("algo", ["apex_dqn", "a3c", "sac", "apex_ddpg"])
 def test_algorithms_without_a_recurrent_policy_refuse_a_core(algo):
     from zrl.config import ConfigError, config_from_dict
 

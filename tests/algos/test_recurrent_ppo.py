@@ -13,7 +13,6 @@ import logging
 import math
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -35,7 +34,6 @@ from zrl.roles.params import ParameterServer
 from zrl.roles.train_stats import TrainStats
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import run_zrl
 from zrl.transport import protocol as P
 from zrl.transport.messages import RECURRENT_UNROLL, validate
 
@@ -515,13 +513,3 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory(memory: bool):
 
 
 # ----------------------------------------------------------------------------- a real run
-
-
-@pytest.mark.slow
-def test_recurrent_ppo_solves_cartpole_without_velocities(tmp_path: Path) -> None:
-    # One evaluation at 475 stops it (run_zrl's eval_window 1): ~30-60 s; the wall limit is
-    # twice the slowest seen.
-    summary = run_zrl(tmp_path, "cartpole_novel_ppo_lstm.yaml", wall_time=120, beats=474.0)
-    log = (summary["dir"] / "logs" / "learner-0.log").read_text()
-    closing = [line for line in log.splitlines() if "mixed-version rounds" in line]
-    assert closing and "mixed-version rounds 0," in closing[-1], log[-2000:]

@@ -47,7 +47,7 @@ def test_schemas_are_the_module_constants():
     assert set(M.SCHEMAS) == {
         "transitions", "frame_transitions", "continuous_transitions", "unroll", "transition_batch",
         "continuous_transition_batch", "unroll_batch", "sequences", "sequence_batch",
-        "recurrent_unroll", "priorities",
+        "recurrent_unroll", "recurrent_unroll_batch", "priorities",
     }  # fmt: skip
     for schema in M.SCHEMAS.values():
         assert schema.kind in P.KINDS
@@ -252,6 +252,7 @@ def test_finiteness_as_the_receivers_check_it():
         "sequence_batch": {"obs", "reward", "state", "weight"},
         "recurrent_unroll": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "unroll_batch": {"obs", "logp", "reward", "bootstrap_obs"},
+        "recurrent_unroll_batch": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "priorities": {"priority"},
     }  # fmt: skip
 
@@ -273,6 +274,7 @@ def test_replay_batches_fit_the_batch_schemas():
             lambda m: assemble_transitions(m, 3, 0.9, continuous=True)[0],
         ),
         (M.UNROLL, M.UNROLL_BATCH, assemble_unrolls),
+        (M.RECURRENT_UNROLL, M.RECURRENT_UNROLL_BATCH, lambda m: assemble_unrolls(m, True)),
     ]
     for trajectory, batch, assemble in cases:
         arrays = good_arrays(trajectory)

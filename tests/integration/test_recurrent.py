@@ -1,0 +1,45 @@
+"""Recurrent agents for real: `zrl run` of configs/cartpole_novel_r2d2.yaml and
+configs/cartpole_novel_ppo_lstm.yaml, every role its own process, on CartPole without
+velocities, where a feed-forward policy stays below about 50 (benchmarks/recurrent.py).
+Reaching 200 needs the recurrent state carried by the actors, sent with the sequences or
+rollouts and replayed by the learner from what was recorded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zrl.testing.processes import run_zrl
+
+
+@pytest.mark.slow
+def test_r2d2_learns_what_it_cannot_see(tmp_path: Path) -> None:
+    summary = run_zrl(
+        tmp_path, "cartpole_novel_r2d2.yaml", "stop.eval_return=200", wall_time=100, beats=150
+    )  # exits 0, learns, leaves nothing
+    assert summary["stop_reason"] == "eval_return", summary
+    experience = summary["experience"]
+    assert experience["trajectories_lost"] == 0, experience
+
+    # The saved recurrent model plays through `zrl eval`, carrying its state.
+    ev = subprocess.run(
+        [sys.executable, "-m", "zrl", "eval", str(summary["dir"]), "--episodes", "5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
+    assert mean > 100, ev.stdout
+
+
+@pytest.mark.slow
+def test_recurrent_ppo_learns_what_it_cannot_see(tmp_path: Path) -> None:
+    summary = run_zrl(
+        tmp_path, "cartpole_novel_ppo_lstm.yaml", "stop.eval_return=200", wall_time=100, beats=150
+    )
+    assert summary["stop_reason"] == "eval_return", summary
+    log = (summary["dir"] / "logs" / "learner-0.log").read_text()
+    closing = [line for line in log.splitlines() if "mixed-version rounds" in line]
+    assert closing and "mixed-version rounds 0," in closing[-1], log[-2000:]
