@@ -96,9 +96,9 @@ class ModelConfig(Section):
     image observations (uint8 pixels are scaled to [0, 1] in the model) and the hidden MLP
     otherwise; impala_resnet is the IMPALA deep ResNet. The CNNs ignore hidden."""
     core: Literal["none", "lstm", "gru"] = "none"
-    """A recurrent core after the encoder (r2d2, and ppo's recurrent actor-critic): its
-    state is carried per env by the actors, sent with every sequence and replayed by the
-    learners. r2d2 always has one (an lstm when this is none)."""
+    """A recurrent core after the encoder (r2d2, and the recurrent actor-critic of ppo, impala
+    and appo): its state is carried per env by the actors, sent with every sequence or unroll
+    and replayed by the learners. r2d2 always has one (an lstm when this is none)."""
     core_size: int = Field(128, ge=1)
     """Units of the LSTM/GRU core."""
 

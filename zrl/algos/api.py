@@ -128,8 +128,8 @@ class Algorithm:
         core = cfg.model.core
         if core != "none" and not self.recurrent:
             raise ValueError(
-                f"model.core: {core}: {self.name} has no recurrent policy (r2d2 and ppo have); "
-                "set model.core: none"
+                f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala "
+                "and appo have); set model.core: none"
             )
         if not w.replay_item and r.replay > 0:
             raise ValueError(

@@ -11,6 +11,7 @@ log-probability is ``-log(num_actions)``): what the pipeline costs without infer
 same way, carrying each env's state ``[E, S]`` from step to step and across trajectories; its
 trajectories become a ``recurrent_unroll`` TRAJECTORY (``RECURRENT_UNROLL``): the unroll plus
 the state before step 0 (``state [E, S]``) and the steps whose state was zeroed (``first``).
+:func:`make_categorical_policy` (IMPALA's and APPO's ``policy``) picks one for the model.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.models import policy_logits, sample_categorical
+from zrl.recurrent import is_recurrent
 from zrl.transport import protocol as P
 
 
@@ -118,3 +120,11 @@ class RecurrentCategoricalPolicy(CategoricalPolicy):
         arrays = trajectory.unroll()
         arrays.update(state=self.start_state, first=trajectory.extras["first"])
         return Outgoing(P.TRAJECTORY, arrays)
+
+
+def make_categorical_policy(setup: ActorSetup) -> CategoricalPolicy:
+    """The categorical policy for the actor's model (IMPALA, APPO): recurrent when the model
+    carries a state (``model.core``), so its unrolls carry it too."""
+    if is_recurrent(setup.model):
+        return RecurrentCategoricalPolicy(setup)
+    return CategoricalPolicy(setup)

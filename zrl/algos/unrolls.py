@@ -1,9 +1,12 @@
 """``UnrollUpdate``: the learner side shared by the algorithms that train on whole unrolls from
-the replay shards' FIFO queues (IMPALA, APPO), all but the training itself.
+the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
+:func:`unroll_outputs`, the model's outputs over a batch of unrolls that both train on.
 
 - ``receive``: a BATCH of :data:`zrl.transport.messages.UNROLL_BATCH` (whole unrolls, each
-  with the weights version it was collected with), checked against the model (observation
-  width, actions in ``[0, num_actions)``) and kept; a malformed one raises ProtocolError.
+  with the weights version it was collected with; :data:`RECURRENT_UNROLL_BATCH`, with each
+  unroll's recurrent state and episode starts, for a recurrent model), checked against the
+  model (observation width, state width, actions in ``[0, num_actions)``) and kept; a
+  malformed one raises ProtocolError.
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
   the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
   a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
@@ -17,20 +20,51 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import to_device
 from zrl.algos.optim import make_adam
+from zrl.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 # The arrays of an unroll batch that the updates read (weights_version only picks the rows).
 TRAINED_ARRAYS = ("obs", "action", "logp", "reward", "terminated", "valid", "bootstrap_obs")
+RECURRENT_TRAINED_ARRAYS = (*TRAINED_ARRAYS, "state", "first")
+"""A recurrent model's: also the state each unroll started from and its episode starts."""
+
+
+def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """The model's ``(logits [B, T, A], values [B, T], bootstrap_values [B])`` over a batch of
+    env-major unrolls (``obs [B, T, *O]``, ``bootstrap_obs [B, *O]``, ``valid [B, T]``), with
+    gradients (callers detach what they hold constant).
+
+    Feed-forward (``model(obs) -> (logits, values)``): one forward pass over the ``B * T``
+    observations and the ``B`` bootstrap observations together (only the batch and time axes
+    are flattened: any observation shape and dtype reaches the model as it came).
+
+    Recurrent (``zrl.recurrent``; the batch also holds ``state [B, R]`` and ``first [B, T]``):
+    ``model.unroll`` from each unroll's recorded state, zeroed before the steps ``first``
+    marks, then one ``model.step`` on ``bootstrap_obs`` from the state after the last step,
+    zeroed where that step only reset the env (``valid[:, -1]`` False: the actor starts an
+    episode at that observation). The actor computed the same, step by step.
+    """
+    if is_recurrent(model):
+        rnn = cast(RecurrentActorCritic, model)
+        logits, values, final = rnn.unroll(batch["obs"], batch["state"], batch["first"])
+        restart = ~batch["valid"][:, -1:].bool()
+        _, bootstrap, _ = rnn.step(batch["bootstrap_obs"], final.masked_fill(restart, 0.0))
+        return logits, values, bootstrap
+    B, T = batch["valid"].shape
+    obs = batch["obs"].flatten(0, 1)  # [B * T, *obs_shape]
+    logits_all, values_all = model(torch.cat([obs, batch["bootstrap_obs"]]))
+    logits = logits_all[: B * T].reshape(B, T, -1)
+    return logits, values_all[: B * T].reshape(B, T), values_all[B * T :]
 
 
 class UnrollUpdate(BaseUpdate):
@@ -45,6 +79,12 @@ class UnrollUpdate(BaseUpdate):
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.device = torch.device(setup.device)
+        self.recurrent = is_recurrent(self.model)
+        self.schema = M.RECURRENT_UNROLL_BATCH if self.recurrent else M.UNROLL_BATCH
+        self.sizes: dict[str, M.Size] = {"O": self.obs_shape}
+        if self.recurrent:
+            self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
+        self.trained_arrays = RECURRENT_TRAINED_ARRAYS if self.recurrent else TRAINED_ARRAYS
         self.max_lag = max_lag
         self.updates = 0
         """Updates this object made (for the summary); restored from the learner's
@@ -56,7 +96,7 @@ class UnrollUpdate(BaseUpdate):
         """Received batches not trained on yet: (shard, arrays)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
-        dims = M.validate(msg, M.UNROLL_BATCH, O=self.obs_shape)
+        dims = M.validate(msg, self.schema, **self.sizes)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
@@ -79,7 +119,7 @@ class UnrollUpdate(BaseUpdate):
             return None
         lags = (version - a["weights_version"][rows]).astype(np.float64)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
-        batch = to_device({name: a[name][rows] for name in TRAINED_ARRAYS}, self.device)
+        batch = to_device({name: a[name][rows] for name in self.trained_arrays}, self.device)
         try:
             result = self.train_unrolls(batch)
         except NonFiniteLossError as exc:
@@ -90,8 +130,9 @@ class UnrollUpdate(BaseUpdate):
         return result
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
-        """Train on fresh unrolls: ``batch`` holds the :data:`TRAINED_ARRAYS`, env-major
-        ``[B, T, ...]`` (``bootstrap_obs [B, ...]``)."""
+        """Train on fresh unrolls: ``batch`` holds the :data:`TRAINED_ARRAYS` (the
+        :data:`RECURRENT_TRAINED_ARRAYS` for a recurrent model), env-major ``[B, T, ...]``
+        (``bootstrap_obs [B, ...]``, ``state [B, R]``): what :func:`unroll_outputs` reads."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:

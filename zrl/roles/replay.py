@@ -3,7 +3,9 @@
 Sockets:
 
 - PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
-  into n-step transitions (R2D2: the sequences the actor cut, one item each) and inserted (``frame_transitions`` of Atari frame stacks into a
+  into n-step transitions (R2D2: the sequences the actor cut, one item each; IMPALA/APPO:
+  each env's whole unroll, with its recurrent state and episode starts when ``model.core``
+  is set) and inserted (``frame_transitions`` of Atari frame stacks into a
   ``FrameTable``, which stores each frame once and rebuilds the stacks when it samples). Read only while the rate limiter allows
   inserts, so a shard that is ahead of its learners applies back-pressure to the
   actors instead of growing.
@@ -74,15 +76,20 @@ def assemble_transitions(
     return items, priorities
 
 
-def assemble_unrolls(msg: P.Message) -> dict[str, np.ndarray]:
-    """An IMPALA TRAJECTORY message -> one queue item per env: its whole ``[T, ...]`` unroll
-    with the behaviour log-probs and the weights version it was collected with."""
-    E = M.validate(msg, M.UNROLL)["E"]
+def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.ndarray]:
+    """An IMPALA/APPO TRAJECTORY message -> one queue item per env: its whole ``[T, ...]``
+    unroll with the behaviour log-probs and the weights version it was collected with.
+
+    ``recurrent`` (the experiment's ``model.core`` is set): the message must be a
+    ``recurrent_unroll``, and each item keeps its ``state [R]`` and ``first [T]`` too; else a
+    plain ``unroll``. The other kind raises ProtocolError (lacks / unexpected array)."""
+    schema = M.RECURRENT_UNROLL if recurrent else M.UNROLL
+    E = M.validate(msg, schema)["E"]
     a = msg.arrays
     version = msg.meta.get("weights_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise P.ProtocolError("unroll without a weights version (needed to bound its lag)")
-    items = {name: a[name] for name in M.UNROLL.arrays}  # and its weights version:
+    items = {name: a[name] for name in schema.arrays}  # and its weights version:
     items["weights_version"] = np.full(E, version, np.int64)
     return items
 
@@ -274,7 +281,8 @@ class ReplayServer(Role):
             n = self.insert_frames(msg)
         else:
             if wiring.replay_item == "unroll":
-                items, priorities = assemble_unrolls(msg), None
+                recurrent = self.config.model.core != "none"
+                items, priorities = assemble_unrolls(msg, recurrent), None
             elif wiring.replay_item == "sequences":
                 items, priorities = assemble_sequences(msg)
             else:

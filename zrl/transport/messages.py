@@ -37,13 +37,15 @@ Registry (role DEALER <-> broker ROUTER):
 Data paths:
 
 - ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
-  replay FIFO (impala, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
+  replay FIFO (impala, appo, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
   Meta ``weights_version``, ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
   (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac), :data:`SEQUENCES`
-  (r2d2), :data:`UNROLL` (impala, ppo) or :data:`RECURRENT_UNROLL` (ppo with ``model.core``).
+  (r2d2), :data:`UNROLL` (impala, appo, ppo) or :data:`RECURRENT_UNROLL` (impala, appo and ppo
+  with ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
-  , :data:`UNROLL_BATCH` (impala, from a FIFO table) or :data:`SEQUENCE_BATCH` (r2d2).
+  , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table), :data:`RECURRENT_UNROLL_BATCH`
+  (impala, appo with ``model.core``) or :data:`SEQUENCE_BATCH` (r2d2).
 - ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
   No meta. Arrays: :data:`PRIORITIES`.
 - ``ack``: replay shard -> actor on topic ``acks/<actor id>/`` (meta ``seq`` of the
@@ -400,8 +402,8 @@ SEQUENCE_BATCH = _schema(
 RECURRENT_UNROLL = _schema(
     P.TRAJECTORY,
     "recurrent_unroll",
-    "recurrent ppo actor -> PPO learners: the unroll, the recurrent state before its first "
-    "step and the steps where an episode starts.",
+    "recurrent impala/appo/ppo actor -> replay FIFO or PPO learners: the unroll, the recurrent "
+    "state before its first step and the steps where an episode starts.",
     **UNROLL.arrays,
     state=Array("float32", ("E", "R"), finite=True),
     first=_STEP_BOOL,
@@ -409,6 +411,17 @@ RECURRENT_UNROLL = _schema(
 """``state`` is the recurrent state step 0 acted from; ``first[e, t]`` is True where the actor
 zeroed the state before step t (an episode starts there: ``first[:, t + 1] == ~valid[:, t]``).
 A learner unrolling ``model.unroll(obs, state, first)`` computes what the actor computed."""
+RECURRENT_UNROLL_BATCH = _schema(
+    P.BATCH,
+    "recurrent_unroll_batch",
+    "replay FIFO -> recurrent IMPALA/APPO learner: the unroll batch with each unroll's "
+    "recurrent state and episode starts.",
+    **UNROLL_BATCH.arrays,
+    state=Array("float32", ("B", "R"), finite=True),
+    first=_UNROLL_BOOL,
+)
+"""What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
+``first [B, T]`` as the actor recorded them (the same convention)."""
 PRIORITIES = _schema(
     P.PRIORITIES,
     "priorities",
@@ -430,6 +443,7 @@ SCHEMAS: dict[str, Schema] = {
         SEQUENCES,
         SEQUENCE_BATCH,
         RECURRENT_UNROLL,
+        RECURRENT_UNROLL_BATCH,
         PRIORITIES,
     )
 }

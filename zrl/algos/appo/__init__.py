@@ -4,8 +4,8 @@ wiring (actors that never wait, unrolls through a FIFO replay queue, unrolls mor
 objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` per batch.
 
 - ``losses``: the pure math (the clipped surrogate on ``zrl.algos.impala.vtrace`` targets).
-- the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling.CategoricalPolicy``,
-  ``zrl.models.actor_critic_for``).
+- the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling``'s categorical
+  policy, ``zrl.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
 - ``update``: the learner side (``AppoUpdate``).
 """
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 def check_config(cfg: ExperimentConfig) -> None:
+    impala.check_recurrent(cfg)
     if cfg.appo.minibatches > cfg.replay.batch_size:
         raise ValueError(
             f"appo.minibatches ({cfg.appo.minibatches}) must be at most replay.batch_size "

@@ -8,9 +8,10 @@ and the checkpoint state are :class:`zrl.algos.unrolls.UnrollUpdate`'s, shared w
 On the fresh unrolls of a batch, as Sample Factory: ``appo.epochs`` passes, each over the
 unrolls shuffled and split into ``appo.minibatches`` minibatches of whole unrolls (V-trace
 needs whole sequences; fewer when fewer unrolls are fresh). Every minibatch is one optimizer
-step: a forward pass, V-trace under the current weights, :func:`appo_loss`, gradient clipping
-to ``learner.grad_clip``. A NaN/inf loss raises :class:`NonFiniteLossError` before that step's
-optimizer step; the batch is dropped, never retried.
+step: a forward pass (:func:`zrl.algos.unrolls.unroll_outputs`: a recurrent model unrolls
+from each unroll's recorded state), V-trace under the current weights, :func:`appo_loss`,
+gradient clipping to ``learner.grad_clip``. A NaN/inf loss raises :class:`NonFiniteLossError`
+before that step's optimizer step; the batch is dropped, never retried.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from zrl.algos.api import LearnerSetup, UpdateResult
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
 from zrl.algos.optim import checked_step
-from zrl.algos.unrolls import UnrollUpdate
+from zrl.algos.unrolls import UnrollUpdate, unroll_outputs
 
 
 class AppoUpdate(UnrollUpdate):
@@ -40,8 +41,8 @@ class AppoUpdate(UnrollUpdate):
         if self.config.appo.value_clip is None:
             return None
         with torch.no_grad():
-            _, values = self.model(batch["obs"].flatten(0, 1))
-        return values.reshape(batch["reward"].shape).T
+            _, values, _ = unroll_outputs(self.model, batch)
+        return values.T
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
         c = self.config.appo

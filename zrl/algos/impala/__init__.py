@@ -2,11 +2,43 @@
 a V-trace actor-critic learner that drops unrolls more than ``impala.max_lag`` versions old.
 
 - ``vtrace``: the pure math (V-trace targets, the loss, one update).
-- ``policy``: the actor side (``zrl.algos.sampling.CategoricalPolicy``, shared with PPO).
+- ``policy``: the actor side (``zrl.algos.sampling.make_categorical_policy``: the categorical
+  policy shared with PPO, recurrent with ``model.core``).
 - ``update``: the learner side (``ImpalaUpdate``).
+
+With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.recurrent``): actors
+send each unroll with the state it started from and its episode starts
+(``RecurrentCategoricalPolicy``), the FIFO stores them with it, and the learner unrolls the
+core from that state (``zrl.algos.unrolls.unroll_outputs``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from zrl.algos.api import Algorithm, Wiring
+
+if TYPE_CHECKING:
+    from zrl.config import ExperimentConfig
+
+
+def check_recurrent(cfg: ExperimentConfig) -> None:
+    """What a recurrent IMPALA/APPO actor (``model.core``) cannot do: act without its model,
+    or act for a group of its envs at a time."""
+    core, name = cfg.model.core, cfg.algo
+    if core == "none":
+        return
+    if cfg.actor.random_policy:
+        raise ValueError(
+            f"actor.random_policy: a recurrent {name} policy (model.core: {core}) always runs "
+            "its model; set actor.random_policy: false or model.core: none"
+        )
+    if cfg.actor.env_groups != 1:
+        raise ValueError(
+            f"actor.env_groups: {cfg.actor.env_groups}: recurrent {name} (model.core: {core}) "
+            "acts on all of an actor's envs at once; set actor.env_groups: 1"
+        )
+
 
 ALGORITHM = Algorithm(
     name="impala",
@@ -18,9 +50,11 @@ ALGORITHM = Algorithm(
         replay_tables=("fifo",),
         learner_input="batches",
     ),
-    policy="zrl.algos.sampling:CategoricalPolicy",
+    policy="zrl.algos.sampling:make_categorical_policy",
     update="zrl.algos.impala.update:ImpalaUpdate",
-    model="zrl.models:actor_critic_for",
+    model="zrl.recurrent:actor_critic_for",
+    recurrent=True,
     random_actions=True,
     sections=("replay", "learner", "impala"),
+    check_config=check_recurrent,
 )

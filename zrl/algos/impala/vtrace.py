@@ -17,6 +17,7 @@ from torch import Tensor
 from zrl.algos.optim import checked_step
 from zrl.algos.policy_gradient import loss_parts
 from zrl.algos.returns import check_nonnegative
+from zrl.algos.unrolls import unroll_outputs
 
 
 @dataclass
@@ -247,22 +248,22 @@ def unroll_forward(
     c_bar: float,
     lambda_: float = 1.0,
 ) -> UnrollForward:
-    """One forward pass over a batch of unrolls and their bootstrap observations, and the
-    V-trace targets under the model's current policy and values.
+    """The model's outputs over a batch of unrolls and their bootstrap observations
+    (:func:`zrl.algos.unrolls.unroll_outputs`: one forward pass, or a recurrent model's unroll
+    from the recorded states), and the V-trace targets under its current policy and values.
 
     ``batch`` is env-major as the replay server stores unrolls: ``obs [B, T, *obs_shape]`` (any
     observation shape and dtype: only the first two axes are flattened, the model gets the
     rest), ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]``
-    and ``bootstrap_obs [B, *obs_shape]``. ``model(obs) -> (logits, values)``. Discounts are
+    and ``bootstrap_obs [B, *obs_shape]`` (and ``state [B, R]``, ``first [B, T]`` for a
+    recurrent model). ``model(obs) -> (logits, values)``. Discounts are
     ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
     Everything stays on the batch's device.
     """
-    B, T = batch["reward"].shape
-    obs = batch["obs"].flatten(0, 1)  # [B * T, *obs_shape]
-    logits_all, values_all = model(torch.cat([obs, batch["bootstrap_obs"]]))
-    logits = logits_all[: B * T].reshape(B, T, -1).transpose(0, 1)
-    values = values_all[: B * T].reshape(B, T).T
-    bootstrap = values_all[B * T :].detach()
+    logits_bt, values_bt, bootstrap = unroll_outputs(model, batch)
+    logits = logits_bt.transpose(0, 1)
+    values = values_bt.T
+    bootstrap = bootstrap.detach()
     valid = batch["valid"].T.to(values.dtype)
     actions = batch["action"].T
     behaviour_logp = batch["logp"].T.to(values.dtype)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from zrl.algos.returns import rollout_gae
+from zrl.algos.unrolls import unroll_outputs
 from zrl.models import ActorCritic
 from zrl.recurrent import RecurrentActorCritic
 from zrl.transport.messages import RECURRENT_UNROLL, UNROLL
@@ -127,19 +128,17 @@ def recurrent_round_tensors(
     the loss (the reset-only steps stay in the rows: the core steps through them).
 
     Old values come from ``model.unroll`` from the recorded states with the current weights
-    (the actors' values, in sync mode). The bootstrap value is one more ``step`` on
+    (the actors' values, in sync mode; ``zrl.algos.unrolls.unroll_outputs``, as IMPALA's and
+    APPO's learners). The bootstrap value is one more ``step`` on
     ``bootstrap_obs`` from the state after the last step, zeroed where that step only reset
     the env (``valid[:, -1]`` False): the actor starts an episode at that observation, and
     its next rollout says so in ``first[:, 0]`` (GAE does not use the bootstrap after an
     invalid step, but it stays the value the actor computes). GAE as for feed-forward rounds."""
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in RECURRENT_UNROLL.arrays}
-    obs, state, first = (torch.from_numpy(cat[k]) for k in ("obs", "state", "first"))
+    rows = {k: torch.from_numpy(v) for k, v in cat.items()}
+    obs, state, first = rows["obs"], rows["state"], rows["first"]
     with torch.no_grad():
-        _, values, final = model.unroll(obs, state, first)
-        restart = torch.from_numpy(~cat["valid"][:, -1:])
-        _, bootstrap, _ = model.step(
-            torch.from_numpy(cat["bootstrap_obs"]), final.masked_fill(restart, 0.0)
-        )
+        _, values, bootstrap = unroll_outputs(model, rows)
     advantages, returns = rollout_gae(
         cat["reward"], values.numpy(), cat["terminated"], cat["truncated"], cat["valid"],
         bootstrap.numpy(), gamma, lam,
