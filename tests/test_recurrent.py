@@ -114,3 +114,16 @@ def test_r2d2_config_checks_name_the_keys():
         config_from_dict({**base, "env": {"num_envs": 4}, "actor": {"env_groups": 2}})
     with pytest.raises(ConfigError, match="r2d2 needs replay.table"):
         config_from_dict({**base, "replay": {"table": "fifo"}})
+
+
+def test_a_recurrent_core_follows_the_cnn_for_frames():
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    cfg = ModelConfig(core="lstm", core_size=32)
+    q = recurrent_q_network_for(frames, ACTIONS, cfg)
+    ac = actor_critic_for(frames, ACTIONS, cfg)
+    obs = torch.zeros(2, 3, 4, 84, 84, dtype=torch.uint8)
+    first = torch.zeros(2, 3, dtype=torch.bool)
+    values, _ = q.unroll(obs, q.initial_state(2), first)
+    logits, value, _ = ac.unroll(obs, ac.initial_state(2), first)  # type: ignore[union-attr]
+    assert values.shape == (2, 3, 4) and logits.shape == (2, 3, 4) and value.shape == (2, 3)
+    assert type(q.torso).__name__ == "NatureCNN"

@@ -32,6 +32,7 @@ from zrl.recurrent import RecurrentActorCritic
 from zrl.roles.actor import Actor
 from zrl.roles.params import ParameterServer
 from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import cue_recall
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
@@ -471,33 +472,10 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory(memory: bool):
     rng = np.random.default_rng(0)
 
     def episode(version: int) -> tuple[P.Message, float]:
-        cue = rng.integers(2, size=envs)
-        obs = np.zeros((envs, steps, 2), np.float32)
-        obs[:, 0, 0] = 2.0 * cue - 1.0
-        obs[:, :, 1] = np.arange(steps) / steps  # the clock is visible; the cue is not
-        policy.episodes_started(np.arange(envs))
-        policy.begin(steps, 0)
-        acts, logp, first = [], [], []
-        for t in range(steps):
-            if not memory:
-                policy.episodes_started(np.arange(envs))
-            a, x = policy.act(obs[:, t], t)
-            acts.append(a)
-            logp.append(x["logp"])
-            first.append(x["first"])
-        action = np.stack(acts, 1)
-        reward = np.zeros((envs, steps), np.float32)
-        reward[:, -1] = action[:, -1] == cue
-        term = np.zeros((envs, steps), bool)
-        term[:, -1] = True
-        trajectory = Trajectory(
-            obs=obs, next_obs=None, action=action, reward=reward, terminated=term,
-            truncated=np.zeros_like(term), valid=np.ones_like(term), final_obs=obs[:, -1],
-            extras={"logp": np.stack(logp, 1), "first": np.stack(first, 1)},
-        )  # fmt: skip
+        trajectory, hit = cue_recall(policy, rng, envs, steps, memory)
         out = policy.finish(trajectory)
         meta = {"weights_version": version, "actor": 0, "env_steps": envs * steps}
-        return P.Message(out.kind, meta=meta, arrays=out.arrays), float(reward[:, -1].mean())
+        return P.Message(out.kind, meta=meta, arrays=out.arrays), hit
 
     success = []
     for version in range(1, 21):

@@ -39,6 +39,7 @@ from zrl.recurrent import RecurrentActorCritic
 from zrl.replay.tables import make_table
 from zrl.roles.replay import ReplayServer, assemble_unrolls
 from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import cue_recall
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -383,32 +384,10 @@ def test_recurrent_learners_learn_a_task_that_needs_memory(algo: str, memory: bo
     rng = np.random.default_rng(0)
     success = []
     for version in range(20):
-        cue = rng.integers(2, size=envs)
-        obs = np.zeros((envs, steps, 2), np.float32)
-        obs[:, 0, 0] = 2.0 * cue - 1.0
-        obs[:, :, 1] = np.arange(steps) / steps  # the clock is visible; the cue is not
-        policy.episodes_started(np.arange(envs))
-        policy.begin(steps, 0)
-        acts, logp, first = [], [], []
-        for t in range(steps):
-            if not memory:
-                policy.episodes_started(np.arange(envs))
-            action, extras = policy.act(obs[:, t], t)
-            acts.append(action)
-            logp.append(extras["logp"])
-            first.append(extras["first"])
-        action = np.stack(acts, 1)
-        reward = np.zeros((envs, steps), np.float32)
-        reward[:, -1] = action[:, -1] == cue
-        term = np.zeros((envs, steps), bool)
-        term[:, -1] = True
-        arrays = {
-            "obs": obs, "action": action, "logp": np.stack(logp, 1), "reward": reward,
-            "terminated": term, "truncated": np.zeros_like(term), "valid": np.ones_like(term),
-            "bootstrap_obs": obs[:, -1], "state": policy.start_state, "first": np.stack(first, 1),
-        }  # fmt: skip
+        trajectory, hit = cue_recall(policy, rng, envs, steps, memory)
+        arrays = policy.finish(trajectory).arrays
         msg = P.Message(P.TRAJECTORY, meta={"weights_version": version}, arrays=arrays)
-        success.append(float(reward[:, -1].mean()))
+        success.append(hit)
         update.receive(shard_batch([msg]), version)
         assert update.train(version) is not None
     assert np.mean(success[:3]) < 0.75, success  # chance before training

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from zrl.algos.apex_dqn.losses import dqn_update
-from zrl.algos.api import NonFiniteLossError
+from zrl.algos.api import BasePolicy, NonFiniteLossError
 from zrl.broker import Broker
 from zrl.config import ExperimentConfig
 from zrl.envs import EpisodeTracker
@@ -575,6 +575,14 @@ def test_actor_env_error_forgets_the_aborted_episodes():
     actor.config = actor_config()
     actor.factories = Factories(env=make_flaky_env)
     actor.envs = actor.make_envs()
+
+    class Policy(BasePolicy):
+        started: list[list[int]] = []
+
+        def episodes_started(self, envs: np.ndarray) -> None:
+            self.started.append(envs.tolist())
+
+    actor.policy = Policy()  # type: ignore[assignment]
     try:
         actor.num_envs, actor.seed, actor.env_errors = E, 0, 0
         actor.episodes = EpisodeTracker(E)
@@ -587,6 +595,8 @@ def test_actor_env_error_forgets_the_aborted_episodes():
         # ...which ended with the reset: the next episode starts from zero.
         np.testing.assert_array_equal(actor.episodes.running_return, np.zeros(E))
         np.testing.assert_array_equal(actor.episodes.running_length, np.zeros(E))
+        # A recurrent policy hears that every env starts an episode (its state is zeroed).
+        assert Policy.started == [list(range(E))]
     finally:
         actor.envs.close()
 

@@ -1,5 +1,6 @@
 """``BatchUpdate``: the ``train`` of the learner updates that take one step per replay BATCH
-of transitions (Ape-X DQN, DDPG / TD3, SAC); each says only what one step does."""
+(Ape-X DQN, R2D2, DDPG / TD3, SAC); each says only what one step does. ``QTargetUpdate``: the
+state of the Q-learning ones (an online network, its target copy, one optimizer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from zrl.algos.api import BaseUpdate, NonFiniteLossError, Priorities, UpdateResult
@@ -72,3 +74,32 @@ class BatchUpdate(BaseUpdate):
         return UpdateResult(
             updates=1, loss=result.loss, priorities=priorities, samples=len(sampled.keys)
         )
+
+
+class QTargetUpdate(BatchUpdate):
+    """A ``BatchUpdate`` of one online network (``model``), its ``target`` copy, updated by a
+    hard copy when due, and one ``optimizer`` (Ape-X DQN, R2D2): their checkpoint state and
+    the learning rate."""
+
+    model: Any
+    target: Any
+    optimizer: torch.optim.Optimizer
+
+    def update_targets(self) -> None:
+        self.target.load_state_dict(self.model.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))
+
+    def train_info(self) -> dict[str, float]:
+        return {"lr": float(self.optimizer.param_groups[0]["lr"])}

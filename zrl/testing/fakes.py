@@ -4,6 +4,7 @@ an actor's experience for a replay shard.
 - :class:`Rpc`: a DEALER to a parameter server's rpc ROUTER, as the learner opens it.
 - :func:`trajectory`: a TRAJECTORY's arrays, all steps valid, with recognisable observations.
 - :func:`sequences`: an R2D2 TRAJECTORY's arrays: sequences with stored states, all steps real.
+- :func:`cue_recall`: one episode of a task that needs memory, acted by a policy.
 - :func:`as_message`: arrays as a receiver sees them (a TRAJECTORY with read-only arrays).
 """
 
@@ -107,3 +108,38 @@ def unroll_trajectory(arrays: dict[str, np.ndarray]) -> Trajectory:
         valid=arrays["valid"],
         final_obs=arrays["bootstrap_obs"],
     )
+
+
+def cue_recall(
+    policy: Any, rng: np.random.Generator, envs: int, steps: int, memory: bool = True
+) -> tuple[Trajectory, float]:
+    """One episode in each of ``envs`` envs of a task that needs memory, acted by a categorical
+    ``policy``: a cue of +-1 seen only at the first step decides which action (0 or 1) the last
+    step is rewarded for; a clock is visible throughout. Without ``memory`` the policy is told
+    an episode starts before every step (its state zeroed: a feed-forward policy, in effect).
+    Returns the trajectory the actor would record and the fraction of envs rewarded."""
+    cue = rng.integers(2, size=envs)
+    obs = np.zeros((envs, steps, 2), np.float32)
+    obs[:, 0, 0] = 2.0 * cue - 1.0
+    obs[:, :, 1] = np.arange(steps) / steps
+    policy.episodes_started(np.arange(envs))
+    policy.begin(steps, 0)
+    acts, logp, first = [], [], []
+    for t in range(steps):
+        if not memory:
+            policy.episodes_started(np.arange(envs))
+        action, extras = policy.act(obs[:, t], t)
+        acts.append(action)
+        logp.append(extras["logp"])
+        first.append(extras["first"])
+    action = np.stack(acts, 1)
+    reward = np.zeros((envs, steps), np.float32)
+    reward[:, -1] = action[:, -1] == cue
+    term = np.zeros((envs, steps), bool)
+    term[:, -1] = True
+    trajectory = Trajectory(
+        obs=obs, next_obs=None, action=action, reward=reward, terminated=term,
+        truncated=np.zeros_like(term), valid=np.ones_like(term), final_obs=obs[:, -1],
+        extras={"logp": np.stack(logp, 1), "first": np.stack(first, 1)},
+    )  # fmt: skip
+    return trajectory, float(reward[:, -1].mean())

@@ -19,20 +19,19 @@ intact); the batch is dropped, never retried. The math is ``zrl.algos.apex_dqn.l
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from torch import Tensor
 
-from zrl.algos.apex_dqn.losses import dqn_update, soft_update
+from zrl.algos.apex_dqn.losses import dqn_update
 from zrl.algos.api import LearnerSetup
-from zrl.algos.batch_update import BatchStep, BatchUpdate
+from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 
-class ApexDQNUpdate(BatchUpdate):
+class ApexDQNUpdate(QTargetUpdate):
     """Online and target Q-networks and their Adam; one update per replay batch."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -65,25 +64,6 @@ class ApexDQNUpdate(BatchUpdate):
         figures = {"loss": result.loss, "q_mean": result.q_mean, "grad_norm": result.grad_norm}
         targets_due = (self.updates + 1) % lc.target_update_interval == 0
         return BatchStep(result.loss, result.td, figures, targets_due)
-
-    def update_targets(self) -> None:
-        soft_update(self.target, self.model, 1.0)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "online": self.model.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(state.get("updates", 0))
-
-    def train_info(self) -> dict[str, float]:
-        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def summary(self) -> str:
         return ""

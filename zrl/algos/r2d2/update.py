@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.api import LearnerSetup
-from zrl.algos.batch_update import BatchStep, BatchUpdate
+from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import checked_step, make_adam
 from zrl.algos.r2d2.losses import (
@@ -42,7 +42,7 @@ from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 
-class R2D2Update(BatchUpdate):
+class R2D2Update(QTargetUpdate):
     """Online and target recurrent Q-networks and their Adam; one update per batch."""
 
     def __init__(self, setup: LearnerSetup) -> None:
@@ -99,22 +99,3 @@ class R2D2Update(BatchUpdate):
         }
         targets_due = (self.updates + 1) % lc.target_update_interval == 0
         return BatchStep(float(loss.item()), priorities.cpu().numpy(), figures, targets_due)
-
-    def update_targets(self) -> None:
-        self.target.load_state_dict(self.model.state_dict())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "online": self.model.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(state.get("updates", 0))
-
-    def train_info(self) -> dict[str, float]:
-        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
