@@ -20,8 +20,8 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     run_dir = summary["dir"]
     assert summary["stop_reason"] in ("eval_return", "wall_time"), summary
     assert summary["evaluations"] >= 3, summary
-    assert summary["env_steps"] > 10_000
-    assert summary["updates"] > 1_000
+    assert summary["env_steps"] > 5_000
+    assert summary["updates"] > 500
 
     # The run directory a user is promised.
     for name in ("config.yaml", "seeds.json", "progress.csv", "eval.csv", "model.pt",
