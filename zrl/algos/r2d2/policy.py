@@ -89,6 +89,8 @@ class R2D2Policy(BasePolicy):
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        if rows is not None:
+            raise ValueError("an r2d2 policy acts on all envs at once: actor.env_groups: 1")
         fresh = self.fresh.copy()
         self.state[fresh] = 0.0
         state = self.state.copy()
