@@ -23,23 +23,52 @@ from zrl.replay.frames import frames_of, is_frame_stack
 from zrl.transport import protocol as P
 
 
-class ApexDQNPolicy(BasePolicy):
-    records_next_obs = True
+class EpsilonGreedyPolicy(BasePolicy):
+    """Ape-X's exploration for the policies that act on Q-values (Ape-X DQN, R2D2): the
+    epsilons of this actor's env slots, and each trajectory's exploration coins and random
+    actions, drawn at once in ``begin``."""
+
     action_dtype = np.int64
     action_shape: tuple[int, ...] = ()
 
     def __init__(self, setup: ActorSetup) -> None:
         cfg = setup.config
-        self.model: Any = setup.model
         self.rng = setup.rng
         self.num_actions = int(setup.action_space.n)
-        self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
-        slots = max(cfg.roles.actors, setup.actor_index + 1) * setup.num_envs
+        E = setup.num_envs
+        slots = max(cfg.roles.actors, setup.actor_index + 1) * E
         all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
-        first = setup.actor_index * setup.num_envs
-        self.epsilons = all_eps[first : first + setup.num_envs].astype(np.float32)
-        self.explore = np.zeros((0, setup.num_envs), bool)
-        self.random_actions = np.zeros((0, setup.num_envs), np.int64)
+        first = setup.actor_index * E
+        self.epsilons = all_eps[first : first + E].astype(np.float32)
+        self.explore = np.zeros((0, E), bool)
+        self.random_actions = np.zeros((0, E), np.int64)
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        # The exploration coins and random actions of the whole trajectory, in two draws.
+        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
+        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
+
+    def epsilon_greedy(self, q: np.ndarray, t: int, rows: slice | None = None) -> np.ndarray:
+        """Step ``t``'s actions for Q-values ``q`` of the envs ``rows`` (all by default)."""
+        rows = slice(None) if rows is None else rows
+        return np.where(self.explore[t, rows], self.random_actions[t, rows], q.argmax(axis=1))
+
+    def train_info(self) -> dict[str, float]:
+        """The smallest and largest epsilon of this actor's env slots."""
+        return {
+            "epsilon_min": float(self.epsilons.min()),
+            "epsilon_max": float(self.epsilons.max()),
+        }
+
+
+class ApexDQNPolicy(EpsilonGreedyPolicy):
+    records_next_obs = True
+
+    def __init__(self, setup: ActorSetup) -> None:
+        super().__init__(setup)
+        cfg = setup.config
+        self.model: Any = setup.model
+        self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
         self.env_index = np.arange(setup.num_envs)
         setup.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
@@ -51,17 +80,11 @@ class ApexDQNPolicy(BasePolicy):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         return self.model(torch.from_numpy(obs)).numpy()  # type: ignore[no-any-return]
 
-    def begin(self, steps: int, env_steps: int) -> None:
-        # The exploration coins and random actions of the whole trajectory, in two draws.
-        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
-        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
-
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        rows = slice(None) if rows is None else rows
         q = self.q_values(obs)
-        a = np.where(self.explore[t, rows], self.random_actions[t, rows], q.argmax(axis=1))
+        a = self.epsilon_greedy(q, t, rows)
         return a, {"q_taken": q[self.env_index[: len(a)], a]}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
@@ -81,10 +104,3 @@ class ApexDQNPolicy(BasePolicy):
             del arrays["obs"], arrays["next_obs"]
             arrays["frames"] = frames_of(tr.obs, tr.final_obs)
         return Outgoing(P.TRAJECTORY, arrays)
-
-    def train_info(self) -> dict[str, float]:
-        """The smallest and largest epsilon of this actor's env slots."""
-        return {
-            "epsilon_min": float(self.epsilons.min()),
-            "epsilon_max": float(self.epsilons.max()),
-        }

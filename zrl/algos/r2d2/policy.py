@@ -1,9 +1,9 @@
 """The R2D2 actor policy: epsilon-greedy over a recurrent Q-network, its state per env slot.
 
-Env slot k of all N = actors x envs slots explores with the Ape-X epsilon (as Ape-X DQN).
-The policy keeps each env's recurrent state, zeroes it when the actor says an episode starts
-(``episodes_started``), and records at every step the state it acted from, whether it was
-zeroed there, and the Q-values. ``finish`` hands them to the ``SequenceCutter``; the completed
+Env slot k of all N = actors x envs slots explores with the Ape-X epsilon
+(``EpsilonGreedyPolicy``, shared with Ape-X DQN). The policy keeps each env's recurrent
+state, zeroes it when the actor says an episode starts (``episodes_started``), and records at
+every step the state it acted from, whether it was zeroed there, and the Q-values. ``finish`` hands them to the ``SequenceCutter``; the completed
 sequences go as a ``sequences`` TRAJECTORY with initial priorities computed from the
 recorded Q-values (the actor's network as online and target network: no second forward).
 """
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.apex_dqn.losses import apex_epsilons
-from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.apex_dqn.policy import EpsilonGreedyPolicy
+from zrl.algos.api import ActorSetup, Outgoing, Trajectory
 from zrl.algos.r2d2.losses import (
     inverse_value_rescale,
     nstep_double_q_targets,
@@ -45,24 +45,15 @@ def actor_priorities(
     return sequence_priority(td, torch.from_numpy(seqs.mask)[:, burn_in:], eta).numpy()
 
 
-class R2D2Policy(BasePolicy):
+class R2D2Policy(EpsilonGreedyPolicy):
     records_next_obs = False
-    action_dtype = np.int64
-    action_shape: tuple[int, ...] = ()
 
     def __init__(self, setup: ActorSetup) -> None:
+        super().__init__(setup)
         cfg = setup.config
         self.config = cfg
         self.model: Any = setup.model
-        self.rng = setup.rng
-        self.num_actions = int(setup.action_space.n)
         E = setup.num_envs
-        slots = max(cfg.roles.actors, setup.actor_index + 1) * E
-        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
-        first = setup.actor_index * E
-        self.epsilons = all_eps[first : first + E].astype(np.float32)
-        self.explore = np.zeros((0, E), bool)
-        self.random_actions = np.zeros((0, E), np.int64)
         model: Any = setup.model
         self.state: np.ndarray = model.initial_state(E).numpy()
         self.fresh = np.ones(E, bool)  # the actor's first observations start episodes
@@ -77,10 +68,6 @@ class R2D2Policy(BasePolicy):
             setup.actor_index, E, cfg.env.id, float(self.epsilons.max()),
             float(self.epsilons.min()), cfg.r2d2.sequence_length, cfg.r2d2.burn_in, setup.seed,
         )  # fmt: skip
-
-    def begin(self, steps: int, env_steps: int) -> None:
-        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
-        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
 
     def episodes_started(self, envs: np.ndarray) -> None:
         self.fresh[envs] = True
@@ -98,7 +85,7 @@ class R2D2Policy(BasePolicy):
         q = q.numpy()
         self.state = next_state.numpy()
         self.fresh[:] = False
-        a = np.where(self.explore[t], self.random_actions[t], q.argmax(axis=1))
+        a = self.epsilon_greedy(q, t)
         return a, {"first": fresh, "state": state, "q": q.astype(np.float32, copy=False)}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
@@ -112,12 +99,6 @@ class R2D2Policy(BasePolicy):
         )
         self.sequences_sent += len(seqs)
         return Outgoing(P.TRAJECTORY, seqs.arrays(priority))
-
-    def train_info(self) -> dict[str, float]:
-        return {
-            "epsilon_min": float(self.epsilons.min()),
-            "epsilon_max": float(self.epsilons.max()),
-        }
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"sequences": self.sequences_sent, "episodes_discarded": self.cutter.discarded}
