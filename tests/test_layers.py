@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.algos.ppo.config",
             "zrl.algos.r2d2.config",
             "zrl.algos.sac.config",
+            "zrl.multiagent.config",  # env.multiagent (pydantic only)
+            "zrl.league.config",  # the league: section (pydantic only)
             "zrl.runtime",
             "zrl.factories",
             "zrl.metrics",
@@ -55,6 +57,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.envs",
             "zrl.pomdp",  # envs with hidden velocities
             "zrl.atari",  # Atari envs and their preprocessing
+            "zrl.multiagent",  # PettingZoo envs as slots of the learning policy
+            "zrl.multiagent.*",
+            "zrl.league",  # the league's population, payoffs and matchmaking (pure)
+            "zrl.league.*",
             "zrl.evaluation",
             "zrl.preflight",
             "zrl.algos.*",

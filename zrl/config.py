@@ -29,6 +29,8 @@ from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.sac.config import SACConfig
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
+from zrl.league.config import LeagueConfig
+from zrl.multiagent.config import MultiAgentConfig
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
 
@@ -72,7 +74,8 @@ class AtariConfig(Section):
 
 class EnvConfig(Section):
     id: str = "CartPole-v1"
-    """gymnasium environment id."""
+    """gymnasium environment id, or a PettingZoo env: ``pettingzoo/<name>`` (the classic
+    games, ...) or ``mpe2/<name>`` (see ``multiagent``)."""
     num_envs: int = Field(16, ge=1)
     """Environments stepped together by one actor (one batched forward pass per step)."""
     vectorization: Literal["auto", "native", "sync", "async", "envpool"] = "auto"
@@ -82,6 +85,9 @@ class EnvConfig(Section):
     """Extra keyword arguments for gymnasium.make (Atari auto/native: for AtariVectorEnv)."""
     atari: AtariConfig = Field(default_factory=AtariConfig)
     """Atari preprocessing (ignored by other envs)."""
+    multiagent: MultiAgentConfig = Field(default_factory=MultiAgentConfig)
+    """PettingZoo envs (``pettingzoo/<name>``, ``mpe2/<name>``): which policy plays each agent
+    (ignored by other envs)."""
 
 
 class ModelConfig(Section):
@@ -158,9 +164,12 @@ class RolesConfig(Section):
     params: int = Field(1, ge=0, le=1)
     learners: int = Field(1, ge=0)
     evaluator: int = Field(1, ge=0, le=1)
+    league: int = Field(0, ge=0, le=1)
+    """1: a league role picks the opponents of multi-agent games and snapshots the learning
+    policy (see ``league:``); 0: ``env.multiagent.opponent`` plays them."""
 
 
-ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator")
+ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league")
 
 
 class HostConfig(Section):
@@ -317,6 +326,7 @@ class ExperimentConfig(Section):
     ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
     sac: SACConfig = Field(default_factory=SACConfig)
     r2d2: R2D2Config = Field(default_factory=R2D2Config)
+    league: LeagueConfig = Field(default_factory=LeagueConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -340,6 +350,21 @@ class ExperimentConfig(Section):
             raise ValueError(
                 f"env.num_envs ({self.env.num_envs}) must be a multiple of actor.env_groups "
                 f"({self.actor.env_groups})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _multiagent_fits(self) -> ExperimentConfig:
+        multiagent = self.env.id.split("/", 1)[0] in ("pettingzoo", "mpe2")
+        if multiagent and self.actor.env_groups > 1:
+            raise ValueError(
+                f"actor.env_groups: {self.actor.env_groups}: a PettingZoo env steps its games "
+                "in one process; set actor.env_groups: 1"
+            )
+        if self.roles.league and not multiagent:
+            raise ValueError(
+                f"roles.league: the league picks opponents in multi-agent envs "
+                f"(pettingzoo/<game>), not in {self.env.id!r}"
             )
         return self
 

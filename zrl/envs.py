@@ -52,12 +52,17 @@ def make_vector_env(
     num_envs: int | None = None,
     env_fn: Callable[[], gym.Env] | None = None,
     evaluation: bool = False,
+    opponents: Any = None,
 ) -> gym.vector.VectorEnv:
     """``num_envs`` copies of the configured env (or of ``env_fn()``, a user's factory).
 
     Atari ids (``zrl.atari.is_atari``) get ``env.atari``'s preprocessing; ``evaluation``
     turns their training-only parts (episodic life, reward clipping) off, so evaluations
-    play whole games and score them truly. Other envs ignore it."""
+    play whole games and score them truly. Other envs ignore it.
+
+    PettingZoo ids (``zrl.multiagent.envs``) give one slot per agent of the learning policy
+    (``num_envs`` games); ``opponents`` (``zrl.multiagent.opponents.Opponents``) plays the
+    others, None for a vector env that only gives its spaces."""
     n = num_envs or cfg.num_envs
     mode = cfg.vectorization
     if env_fn is not None:
@@ -67,6 +72,15 @@ def make_vector_env(
         except Exception as exc:
             raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
     from zrl import atari  # it imports this module
+    from zrl.multiagent import envs as multiagent
+
+    if multiagent.is_multiagent(cfg.id):
+        try:
+            env = multiagent.make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
+        except multiagent.MultiAgentEnvError as exc:
+            raise EnvError(str(exc)) from None
+        env.opponents = opponents
+        return env
 
     if atari.is_atari(cfg.id):
         return atari.make_atari_vector_env(cfg, n, evaluation)

@@ -30,8 +30,10 @@ def greedy_returns(
     on_step: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """One greedy episode in each of ``episodes`` parallel envs (``make_envs(episodes)``);
-    their undiscounted returns."""
+    their undiscounted returns (one per slot: a parallel multi-agent env has one per agent of
+    the learning policy in each game)."""
     envs = make_envs(episodes)
+    episodes = envs.num_envs
     try:
         obs, _ = envs.reset(seed=seed)
         dtype = M.obs_dtype(envs.single_observation_space)
@@ -60,6 +62,16 @@ def greedy_returns(
         return returns
     finally:
         envs.close()
+
+
+def outcome_rates(returns: np.ndarray) -> dict[str, float]:
+    """Win/draw/loss shares of games scored +1/0/-1 (their returns' signs)."""
+    sign = np.sign(returns)
+    return {
+        "win_rate": float(np.mean(sign > 0)),
+        "draw_rate": float(np.mean(sign == 0)),
+        "loss_rate": float(np.mean(sign < 0)),
+    }
 
 
 def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Factories]:

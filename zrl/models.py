@@ -14,6 +14,7 @@ from zrl.algos import get_algorithm
 from zrl.config import ModelConfig
 from zrl.encoders import ACTIVATIONS, MLPEncoder, NatureCNN, build_encoder, resolve_encoder
 from zrl.encoders import mlp as mlp  # re-exported: zrl.models.mlp predates zrl.encoders
+from zrl.multiagent.spaces import AgentObservationSpace
 
 ORTHOGONAL = (MLPEncoder, NatureCNN)
 """The torsos an ActorCritic initialises orthogonally."""
@@ -166,6 +167,72 @@ class ActorCritic(nn.Module):
         return torch.distributions.Categorical(logits=logits).sample()
 
 
+ILLEGAL_LOGIT = -1e9
+"""The logit of an action the mask forbids: finite, so log-probabilities and entropies stay
+finite, and far enough below any real logit that its probability is exactly 0 in float32."""
+
+
+class AgentActorCritic(nn.Module):
+    """The actor-critic of a multi-agent slot (:class:`AgentObservationSpace`): the policy MLP
+    reads the agent's own observation and its logits of illegal actions are set to
+    ``ILLEGAL_LOGIT`` (never sampled, never the greedy action, no gradient through them); the
+    value MLP reads the own observation and the global state (a centralised critic, MAPPO)
+    when the slot carries one."""
+
+    def __init__(
+        self,
+        space: AgentObservationSpace,
+        num_actions: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+    ) -> None:
+        super().__init__()
+        check_sizes(space.features, num_actions, hidden)
+        if space.mask and space.mask != num_actions:
+            raise ValueError(f"the action mask has {space.mask} entries for {num_actions} actions")
+        self.features, self.mask, self.state = space.features, space.mask, space.state
+        self.obs_shape = tuple(space.shape)
+        self.obs_dim = int(space.shape[0])
+        self.num_actions = num_actions
+        self.policy_torso = MLPEncoder((self.features,), hidden, activation)
+        self.policy_head = nn.Linear(self.policy_torso.out_features, num_actions)
+        self.value_torso = MLPEncoder((self.features + self.state,), hidden, activation)
+        self.value_head = nn.Linear(self.value_torso.out_features, 1)
+        for torso in (self.policy_torso, self.value_torso):
+            for module in torso.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.orthogonal_(module.weight, math.sqrt(2))
+                    nn.init.zeros_(module.bias)
+        nn.init.orthogonal_(self.policy_head.weight, 0.01)
+        nn.init.zeros_(self.policy_head.bias)
+        nn.init.orthogonal_(self.value_head.weight, 1.0)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.policy_logits(obs), self.value(obs)
+
+    def policy_logits(self, obs: Tensor) -> Tensor:
+        obs = obs.reshape(len(obs), -1).float()
+        logits = self.policy_head(self.policy_torso(obs[:, : self.features]))
+        if not self.mask:
+            return logits  # type: ignore[no-any-return]
+        legal = obs[:, self.features : self.features + self.mask] > 0.5
+        return torch.where(legal, logits, torch.full_like(logits, ILLEGAL_LOGIT))
+
+    def value(self, obs: Tensor) -> Tensor:
+        obs = obs.reshape(len(obs), -1).float()
+        own_and_state = torch.cat(
+            [obs[:, : self.features], obs[:, self.features + self.mask :]], dim=1
+        )
+        return self.value_head(self.value_torso(own_and_state))[:, 0]
+
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        logits = self.policy_logits(obs)
+        if deterministic:
+            return logits.argmax(dim=1)
+        return torch.distributions.Categorical(logits=logits).sample()
+
+
 def policy_logits(model: nn.Module, obs: Tensor) -> Tensor:
     """Categorical logits ``[B, A]`` of an actor-critic: ``model.policy_logits(obs)`` where the
     model has it (half the forward pass of zrl's ActorCritic), else ``model(obs)[0]``."""
@@ -226,12 +293,17 @@ def build_actor_critic(
     hidden: Sequence[int] = (64, 64),
     activation: str = "tanh",
     encoder: str = "auto",
-) -> ActorCritic:
+) -> ActorCritic | AgentActorCritic:
     """ActorCritic for a ``Box`` observation space and a ``Discrete`` action space: separate
     MLPs over the flattened observation, or one shared CNN (``encoder``, see
-    :func:`zrl.encoders.build_encoder`; ``auto`` picks the Nature CNN for ``[C, H, W]``)."""
+    :func:`zrl.encoders.build_encoder`; ``auto`` picks the Nature CNN for ``[C, H, W]``).
+    A multi-agent slot with an action mask or a global state gets an AgentActorCritic."""
     check_discrete_spaces(observation_space, action_space)
     assert isinstance(action_space, gym.spaces.Discrete)
+    if isinstance(observation_space, AgentObservationSpace) and (
+        observation_space.mask or observation_space.state
+    ):
+        return AgentActorCritic(observation_space, int(action_space.n), hidden, activation)
     torso = _encoder_for(observation_space, encoder, hidden, activation)
     obs_dim = math.prod(observation_space.shape or ()) if torso is None else None
     return ActorCritic(obs_dim, int(action_space.n), hidden, activation, encoder=torso)
@@ -298,6 +370,10 @@ def q_network_for(
     twin: bool = False,
 ) -> QNetwork:
     """zrl's network for Q-learning algorithms (``Algorithm.model``)."""
+    if isinstance(observation_space, AgentObservationSpace) and observation_space.mask:
+        raise ValueError(
+            "this env masks illegal actions and zrl's Q-networks do not: use ppo, impala or appo"
+        )
     return build_q_network(
         observation_space, action_space, model_cfg.hidden, model_cfg.dueling, model_cfg.encoder
     )
@@ -308,7 +384,7 @@ def actor_critic_for(
     action_space: gym.spaces.Space,
     model_cfg: ModelConfig,
     twin: bool = False,
-) -> ActorCritic:
+) -> ActorCritic | AgentActorCritic:
     """zrl's network for the actor-critics (``Algorithm.model``)."""
     return build_actor_critic(
         observation_space, action_space, model_cfg.hidden, model_cfg.activation, model_cfg.encoder

@@ -34,6 +34,14 @@ def check_env_id(env_id: str) -> None:
 
     from zrl.envs import ENV_NAMESPACE_PACKAGES, register_env_namespace
 
+    from zrl.multiagent.envs import MultiAgentEnvError, env_module, is_multiagent
+
+    if is_multiagent(env_id):
+        try:
+            env_module(env_id)
+        except MultiAgentEnvError as exc:
+            raise ConfigError(f"env.id: {_one_line(exc)}") from None
+        return
     module, _, name = env_id.rpartition(":")
     if module:  # "package.module:Env-v0": importing the module registers the env, as in gym.make
         try:

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from zrl.config import ModelConfig
 from zrl.encoders import MLPEncoder, build_encoder, resolve_encoder
-from zrl.models import ActorCritic, build_actor_critic, check_discrete_spaces
+from zrl.models import ActorCritic, AgentActorCritic, build_actor_critic, check_discrete_spaces
+from zrl.multiagent.spaces import AgentObservationSpace
 
 CoreKind = Literal["lstm", "gru"]
 
@@ -232,10 +233,17 @@ def actor_critic_for(
     action_space: gym.spaces.Space,
     model_cfg: ModelConfig,
     twin: bool = False,
-) -> ActorCritic | RecurrentActorCritic:
+) -> ActorCritic | AgentActorCritic | RecurrentActorCritic:
     """zrl's network for PPO (``Algorithm.model``): the recurrent actor-critic when
     ``model.core`` is set, else the feed-forward one."""
     if model_cfg.core != "none":
+        if isinstance(observation_space, AgentObservationSpace) and (
+            observation_space.mask or observation_space.state
+        ):
+            raise ValueError(
+                f"model.core: {model_cfg.core}: the actor-critic of multi-agent slots with action "
+                "masks or a global state is feed-forward; set model.core: none"
+            )
         return recurrent_actor_critic(observation_space, action_space, model_cfg)
     return build_actor_critic(
         observation_space, action_space, model_cfg.hidden, model_cfg.activation, model_cfg.encoder

@@ -12,6 +12,7 @@ ROLE_MODULES = {
     "params": "zrl.roles.params:ParameterServer",
     "learner": "zrl.roles.learner:Learner",
     "evaluator": "zrl.roles.evaluator:Evaluator",
+    "league": "zrl.roles.league:LeagueRole",
 }
 
 

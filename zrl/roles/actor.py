@@ -48,6 +48,8 @@ import torch
 from zrl.algos import get_algorithm
 from zrl.algos.api import ActorPolicy, ActorSetup, Trajectory
 from zrl.envs import EnvGroups, EpisodeTracker
+from zrl.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
+from zrl.multiagent.model_opponents import ModelOpponents
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
@@ -144,6 +146,7 @@ class Actor(Role):
         self.window = CreditWindow(1, ACK_TIMEOUT_S)
         self.acks: Channel | None = None
         self.started = time.monotonic()
+        self.matchmaker: Any = None  # the league's client, in a run with a league
 
     def setup(self) -> None:
         cfg = self.config
@@ -165,6 +168,8 @@ class Actor(Role):
         self.model.eval()
         self.weights = WeightsFollower(self, self.model)
         self.policy: ActorPolicy = self.make_policy(spaces)
+        if isinstance(self.envs, MultiAgentVectorEnv):
+            self.envs.opponents = self.make_opponents(self.envs, spaces)
         self.weights.fetch_latest()
         self.obs_dtype = M.obs_dtype(spaces[0])
         obs, _ = self.envs.reset(seed=self.seed)
@@ -194,6 +199,27 @@ class Actor(Role):
                 train_stats=self.train_stats,
             )
         )
+
+    def make_opponents(self, envs: MultiAgentVectorEnv, spaces: tuple[Any, Any]) -> ModelOpponents:
+        """Who plays the agents of a multi-agent env that are not this actor's slots: the
+        league's choice when one runs, else ``env.multiagent.opponent``; ``self`` is this
+        actor's model at its current weights."""
+        cfg = self.config
+        fixed = fixed_opponents(envs, cfg.env.id, cfg.env.multiagent.opponent, self.seed + 1)
+
+        def build() -> Any:
+            return self.make_model(*spaces).eval()
+
+        self.matchmaker = self.make_matchmaker()
+        return ModelOpponents(fixed, self.model, build, self.matchmaker)
+
+    def make_matchmaker(self) -> Any:
+        """The league's client when the run has a league (``roles.league``), else None."""
+        if not self.config.roles.league:
+            return None
+        from zrl.roles.league_client import LeagueClient
+
+        return LeagueClient(self)
 
     def open_outputs(self, experience: str) -> None:
         """The sockets trajectories leave by, for the algorithm's ``wiring.experience``."""
@@ -453,6 +479,8 @@ class Actor(Role):
             **self.window.report(),
             **self.policy.heartbeat_info(),
         }
+        if self.matchmaker is not None:
+            info.update(self.matchmaker.heartbeat_info())
         recent = self.episodes.recent_mean()
         if recent is not None:
             info["episode_return"] = round(recent, 2)
@@ -475,5 +503,7 @@ class Actor(Role):
                     "stopping with %d trajectories sent but not acknowledged by replay: counted as lost",
                     self.window.lose_all(),
                 )
+        if self.matchmaker is not None:
+            self.matchmaker.close()
         if self.envs is not None:
             self.envs.close()

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.evaluation import greedy_returns
+from zrl.evaluation import greedy_returns, outcome_rates
+from zrl.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -39,6 +40,12 @@ class Evaluator(Role):
         limit_torch_threads(1)
         probe = self.make_envs(num_envs=1)
         self.model = self.make_model(probe.single_observation_space, probe.single_action_space)
+        # Turn-based games are played against each of the fixed opponents; the first one's
+        # mean return is the evaluation's return.
+        turn_based = isinstance(probe, TurnBasedVectorEnv)
+        self.opponents: list[str | None] = (
+            list(self.config.env.multiagent.eval_opponents) if turn_based else [None]
+        )
         probe.close()
         self.model.eval()
         self.weights = WeightsFollower(self, self.model)
@@ -77,17 +84,28 @@ class Evaluator(Role):
             self._evaluate(version, stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
 
-    def make_eval_envs(self, num_envs: int) -> Any:
+    def make_eval_envs(self, num_envs: int, opponent: str | None = None) -> Any:
         """Envs for evaluation: Atari games whole (no episodic life) and unclipped rewards,
-        so the returns are true game scores."""
-        return self.make_envs(num_envs, evaluation=True)
+        so the returns are true game scores; a turn-based game against ``opponent``."""
+        envs = self.make_envs(num_envs, evaluation=True)
+        if opponent is not None:
+            envs.opponents = fixed_opponents(envs, self.config.env.id, opponent, seed=num_envs)
+        return envs
 
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
         started = time.monotonic()
+        against: dict[str, float] = {}
         with torch.no_grad():
-            returns = greedy_returns(
-                self.model, self.make_eval_envs, episodes, seed=seed, on_step=self.tick
-            )
+            for i, opponent in enumerate(self.opponents):
+                scores = greedy_returns(
+                    self.model, lambda n, o=opponent: self.make_eval_envs(n, o), episodes,
+                    seed=seed, on_step=self.tick,
+                )  # fmt: skip
+                if i == 0:
+                    returns = scores
+                if opponent is not None:
+                    rates = outcome_rates(scores)
+                    against.update({f"{opponent}_{k}": round(v, 4) for k, v in rates.items()})
         self.last = {
             "weights_version": version,
             "mean": float(np.mean(returns)),
@@ -97,13 +115,16 @@ class Evaluator(Role):
             "episodes": len(returns),
             "seconds": round(time.monotonic() - started, 3),
             "confirming": confirming,
+            **against,
         }
         self.recent_returns = [*self.recent_returns[-(RECENT_RETURNS - 1) :],
                                round(self.last["mean"], 2)]  # fmt: skip
         self.log.info(
-            "%s of weights v%d: %.1f +- %.1f over %d episodes",
+            "%s of weights v%d: %.1f +- %.1f over %d episodes%s",
             "confirming eval" if confirming else "eval", version, self.last["mean"],
             self.last["std"], len(returns),
+            "".join(f", {k} {v:.2f}" for k, v in against.items() if k.endswith("win_rate")
+                    or k.endswith("loss_rate")),
         )  # fmt: skip
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),

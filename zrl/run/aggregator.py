@@ -28,7 +28,7 @@ def number(value: Any) -> float | None:
     return None
 
 
-TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator")
+TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator", "league")
 TRAIN_KEY = re.compile(r"[a-z][a-z0-9_]{0,47}")
 MAX_TRAIN_KEYS = 64
 

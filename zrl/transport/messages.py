@@ -70,6 +70,15 @@ Data paths:
   parameter name, the parameter's shape (model-dependent, not a schema here).
 - ``ready``: DD-PPO learner -> learners, PUB topic ``allreduce/``. Meta ``learner``
   (index), ``heard`` (indices it heard). No arrays.
+- ``match``: actor -> the league's rpc (DEALER). Meta ``count`` (1..``MAX_MATCHES``): opponents
+  for that many episodes; answered with ``matches``. No arrays.
+- ``matches``: league -> actor. Meta ``opponents``: member names (``main``, ``main@<version>``,
+  ``random``, ``scripted``), at most ``MAX_MATCHES``. No arrays.
+- ``results``: actor -> the league's rpc. Meta ``opponents`` (names) and ``outcomes`` (+1 win,
+  0 draw, -1 loss of the learning policy), the same length, at most ``MAX_RESULTS``. Not
+  answered. No arrays.
+- ``get_snapshot``: actor -> the league's rpc. Meta ``id`` (a snapshot's name); answered with
+  ``weights`` (meta ``id``, ``version``; arrays as for params) or ``no_weights``.
 """
 
 from __future__ import annotations
@@ -429,6 +438,48 @@ PRIORITIES = _schema(
     key=Array("int64", ("N",)),
     priority=Array("float32", ("N",), finite=True),
 )
+
+MAX_MATCHES = 256
+MAX_RESULTS = 4096
+
+
+def member_name(value: Any) -> str:
+    """A league member's name from a message; ProtocolError unless a short string."""
+    if not isinstance(value, str) or not 0 < len(value) <= P.MAX_NAME_CHARS:
+        raise P.ProtocolError(f"league member name {str(value)[:40]!r} is not a short string")
+    return value
+
+
+def match_count(meta: Mapping[str, Any]) -> int:
+    """The ``count`` of a ``match`` request."""
+    count = meta.get("count")
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_MATCHES:
+        raise P.ProtocolError(f"match count {count!r} is not an int in [1, {MAX_MATCHES}]")
+    return count
+
+
+def match_opponents(meta: Mapping[str, Any]) -> list[str]:
+    """The ``opponents`` of a ``matches`` answer."""
+    names = meta.get("opponents")
+    if not isinstance(names, list) or not 0 < len(names) <= MAX_MATCHES:
+        raise P.ProtocolError(f"matches without a list of 1 to {MAX_MATCHES} opponents")
+    return [member_name(n) for n in names]
+
+
+def league_results(meta: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(opponent, outcome) pairs of a ``results`` message."""
+    names, outcomes = meta.get("opponents"), meta.get("outcomes")
+    if not isinstance(names, list) or not isinstance(outcomes, list) or len(names) != len(outcomes):
+        raise P.ProtocolError("results need lists opponents and outcomes of the same length")
+    if len(names) > MAX_RESULTS:
+        raise P.ProtocolError(f"results of {len(names)} games, more than {MAX_RESULTS}")
+    out = []
+    for name, outcome in zip(names, outcomes, strict=True):
+        if outcome not in (-1, 0, 1) or isinstance(outcome, bool):
+            raise P.ProtocolError(f"outcome {outcome!r} is not -1, 0 or 1")
+        out.append((member_name(name), int(outcome)))
+    return out
+
 
 SCHEMAS: dict[str, Schema] = {
     s.name: s

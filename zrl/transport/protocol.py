@@ -56,6 +56,10 @@ METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
 GRADIENTS = "gradients"  # A3C worker -> params on `gradients`; DD-PPO learner -> learners (topic)
 READY = "ready"  # DD-PPO learner -> learners (topic allreduce/): start-up handshake
+MATCH = "match"  # actor -> league rpc: opponents for the next episodes
+MATCHES = "matches"  # league -> actor: the opponents it chose
+RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
+GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -81,6 +85,10 @@ KINDS: tuple[str, ...] = (
     END_OF_STREAM,
     GRADIENTS,
     READY,
+    MATCH,
+    MATCHES,
+    RESULTS,
+    GET_SNAPSHOT,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from

@@ -1,0 +1,91 @@
+"""The ``league:`` section of an experiment config (self-play league, as in AlphaStar).
+
+Pydantic only (no torch, no numpy): ``zrl.config`` may import it, and the CLI stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from zrl.config_base import Section
+
+RESERVED_NAMES = ("main",)
+"""Member names the league gives itself: the learning player; snapshots are ``main@<version>``."""
+
+
+class LeagueConfig(Section):
+    """A self-play league: the learning player ("main"), frozen snapshots of it, and fixed
+    opponents. Each episode's opponent is drawn from three branches: self-play (the learning
+    policy's current weights), verification (snapshots that main has "forgotten" how to beat)
+    and prioritized fictitious self-play (PFSP) over all snapshots and fixed opponents, weighted
+    by main's win rate against each (Vinyals et al. 2019)."""
+
+    self_play: float = Field(0.35, ge=0, le=1)
+    """Share of episodes against the learning policy's current weights."""
+    verification: float = Field(0.15, ge=0, le=1)
+    """Share of episodes against forgotten snapshots (main's win rate against them is below
+    forgotten_below), PFSP-weighted among them; the PFSP branch over the whole pool when none
+    is forgotten. The rest, 1 - self_play - verification, is PFSP over the whole pool."""
+    forgotten_below: float = Field(0.3, ge=0, le=1)
+    """A snapshot is forgotten while main's win rate against it is below this."""
+    weighting: Literal["squared", "variance", "linear", "uniform"] = "squared"
+    """PFSP weight of an opponent given main's win rate p against it: squared (1-p)^2 (the
+    hardest first), variance p(1-p) (the closest matches first), linear 1-p, uniform 1."""
+    payoff_decay: float = Field(0.99, gt=0, le=1)
+    """Each result of a pair first multiplies that pair's counts by this, so win rates follow a
+    learning player (1: every game counts forever)."""
+    snapshot_win_rate: float = Field(0.7, ge=0, le=1)
+    """Snapshot main once its mean win rate over the snapshots reaches this, every snapshot
+    having at least min_games games against it."""
+    min_games: int = Field(20, ge=1)
+    """Games (decayed) main needs against every snapshot before the win-rate rule counts."""
+    snapshot_interval_s: float = Field(120.0, gt=0)
+    """Or snapshot main once this long has passed since the last snapshot."""
+    max_snapshots: int = Field(50, ge=1)
+    """Beyond this many snapshots the oldest is dropped (never the newest), with its payoff
+    and Elo."""
+    elo_k: float = Field(16.0, ge=0)
+    """Elo K factor: the most one game moves a rating."""
+    elo_initial: float = 1000.0
+    """Elo rating of a new member; a snapshot starts from main's rating at snapshot time."""
+    fixed_opponents: list[str] = ["random"]
+    """Non-learning opponents ("random", "scripted"): members of the pool like snapshots (a
+    share only through PFSP), rated by Elo, never forgotten or evicted."""
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> LeagueConfig:
+        if self.self_play + self.verification > 1:
+            raise ValueError(
+                f"self_play ({self.self_play}) + verification ({self.verification}) must be "
+                "at most 1 (the rest is the PFSP share)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _min_games_reachable(self) -> LeagueConfig:
+        # n decayed games count (1 - d^n) / (1 - d) < 1 / (1 - d): a larger min_games never
+        # comes (the 1e-9 absorbs rounding in 1 - d).
+        if self.payoff_decay < 1 and self.min_games * (1 - self.payoff_decay) >= 1 - 1e-9:
+            raise ValueError(
+                f"min_games ({self.min_games}) is never reached with payoff_decay "
+                f"({self.payoff_decay}): decayed games stay below {1 / (1 - self.payoff_decay):g}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fixed_names(self) -> LeagueConfig:
+        names = self.fixed_opponents
+        if len(set(names)) != len(names):
+            raise ValueError(f"fixed_opponents has duplicates: {names}")
+        for name in names:
+            if not name or name in RESERVED_NAMES or "@" in name:
+                raise ValueError(
+                    f"fixed_opponents: {name!r} is not a usable name (empty, 'main' or "
+                    "containing '@' are the league's own)"
+                )
+        return self
+
+
+__all__ = ["LeagueConfig"]

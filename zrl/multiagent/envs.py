@@ -1,0 +1,379 @@
+"""PettingZoo envs as the actor's vector env: one slot per agent of the learning policy.
+
+``env.id: pettingzoo/<name>`` (``pettingzoo/tictactoe_v3``, ``pettingzoo/connect_four_v3``:
+PettingZoo's families are searched) or ``<package>/<name>`` for another package of PettingZoo
+envs (``mpe2/simple_spread_v3``). ``env.multiagent`` maps each agent to a policy
+(``zrl.multiagent.config``).
+
+Both vector envs keep the runtime's contract: gymnasium's NEXT_STEP autoreset (the step after
+a slot's episode ended only starts a new game, reward 0), float32 slot observations
+(``zrl.multiagent.spaces``), one Discrete action per slot.
+
+- :class:`TurnBasedVectorEnv` (AEC): one game per slot. After the learning policy's move the
+  other agents move inside ``step`` (batched over the games, per opponent) until it is the
+  learning policy's turn again or the game ends; the slot's reward is what its agent earned
+  in between. Each episode's opponent comes from :class:`~zrl.multiagent.opponents.Opponents`,
+  which hears the result.
+- :class:`ParallelVectorEnv` (parallel API): every agent mapped to main is a slot, all agents
+  act at once; games end when all their agents are done.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from zrl.multiagent.config import MultiAgentConfig
+from zrl.multiagent.games import board_game
+from zrl.multiagent.opponents import FixedOpponents, Opponents
+from zrl.multiagent.spaces import AgentObservationSpace, agent_space, encode
+
+PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
+MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
+
+
+class MultiAgentEnvError(ValueError):
+    """A multi-agent env or mapping zrl cannot run; user-facing."""
+
+
+def is_multiagent(env_id: str) -> bool:
+    return env_id.split("/", 1)[0] in MULTIAGENT_PACKAGES and "/" in env_id
+
+
+def env_module(env_id: str) -> Any:
+    """The module of a PettingZoo env id (``pettingzoo/tictactoe_v3`` ->
+    ``pettingzoo.classic.tictactoe_v3``, ``mpe2/simple_spread_v3`` -> ``mpe2.simple_spread_v3``)."""
+    package, _, name = env_id.partition("/")
+    candidates = (
+        [f"pettingzoo.{family}.{name}" for family in PETTINGZOO_FAMILIES]
+        if package == "pettingzoo"
+        else [f"{package}.{name}"]
+    )
+    for module in candidates:
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:
+            if exc.name is not None and not module.startswith(exc.name):
+                raise MultiAgentEnvError(f"{env_id}: importing {module} failed: {exc}") from None
+    hint = "pip install 'zrl[multiagent]'"
+    raise MultiAgentEnvError(f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})")
+
+
+def env_name(env_id: str) -> str:
+    return env_id.partition("/")[2]
+
+
+def uses_parallel_api(cfg: MultiAgentConfig, module: Any) -> bool:
+    if cfg.api == "auto":
+        return hasattr(module, "parallel_env")
+    if cfg.api == "parallel" and not hasattr(module, "parallel_env"):
+        raise MultiAgentEnvError(f"env.multiagent.api: parallel: {module.__name__} has no parallel_env")
+    return cfg.api == "parallel"
+
+
+def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) -> dict[str, str]:
+    """Agent id -> policy, from ``policy_mapping`` ("*" for the agents it does not name) or
+    the default (turn-based: all "opponent", the learning seat is chosen per episode;
+    parallel: all "main")."""
+    mapping = cfg.policy_mapping
+    unknown = sorted(set(mapping) - {*agents, "*"})
+    if unknown:
+        raise MultiAgentEnvError(
+            f"env.multiagent.policy_mapping names {', '.join(unknown)}, not agents of this env "
+            f"({', '.join(agents)})"
+        )
+    if not mapping:
+        return {a: "opponent" if turn_based else "main" for a in agents}
+    return {a: mapping.get(a, mapping.get("*", "")) for a in agents}
+
+
+class MultiAgentVectorEnv(gym.vector.VectorEnv):
+    """What the two vector envs share: spaces, the NEXT_STEP bookkeeping and the opponents."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, envs: list[Any], agents: list[str], opponents: Opponents | None, state: bool) -> None:
+        self.games = envs
+        self.agents = agents
+        probe = envs[0]
+        spaces = {a: probe.observation_space(a) for a in agents}
+        actions = {a: probe.action_space(a) for a in agents}
+        main = [a for a in agents if self.policy_of(a) in ("main", "opponent")] or agents
+        first = main[0]
+        for a in main:
+            if spaces[a] != spaces[first] or actions[a] != actions[first]:
+                raise MultiAgentEnvError(
+                    f"agents {first} and {a} share the learning policy but have different "
+                    "observation or action spaces"
+                )
+        if not isinstance(actions[first], gym.spaces.Discrete):
+            raise MultiAgentEnvError(f"agent {first}'s action space {actions[first]} is not Discrete")
+        state_space = getattr(probe, "state_space", None) if state else None
+        if state and state_space is None:
+            raise MultiAgentEnvError("env.multiagent.central_value: this env has no state()")
+        self.single_observation_space: AgentObservationSpace = agent_space(spaces[first], state_space)
+        self.single_action_space = actions[first]
+        self.num_actions = int(actions[first].n)
+        self.opponents = opponents
+        self.over = np.zeros(len(envs), bool)
+
+    def policy_of(self, agent: str) -> str:
+        raise NotImplementedError
+
+    def _opponents(self) -> Opponents:
+        if self.opponents is None:  # a probe of the spaces, or a test: random legal moves
+            self.opponents = FixedOpponents(
+                "random", self.single_observation_space, self.num_actions, None, seed=0
+            )
+        return self.opponents
+
+    def close(self, **kwargs: Any) -> None:
+        for env in self.games:
+            env.close()
+
+
+class TurnBasedVectorEnv(MultiAgentVectorEnv):
+    """One slot per game of a turn-based (AEC) PettingZoo env; see the module docstring."""
+
+    def __init__(self, make: Callable[[], Any], num_games: int, cfg: MultiAgentConfig, opponents: Opponents | None) -> None:
+        envs = [make() for _ in range(num_games)]
+        agents = list(envs[0].possible_agents)
+        self.mapping = seat_policies(cfg, agents, turn_based=True)
+        learning = [a for a in agents if self.mapping[a] == "main"]
+        if len(learning) > 1:
+            raise MultiAgentEnvError(
+                f"env.multiagent.policy_mapping: a turn-based game has one main seat, not {learning}"
+            )
+        self.fixed_seat = learning[0] if learning else None
+        super().__init__(envs, agents, opponents, state=cfg.central_value)
+        self.num_envs = num_games
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_games)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_games)
+        self.seat = [agents[0]] * num_games
+        self.opponent = ["random"] * num_games
+        self.episodes = np.zeros(num_games, np.int64)
+        self.episode_return = np.zeros(num_games)
+        self.pending_reward = np.zeros(num_games)
+        self.seed: int | None = None
+
+    def policy_of(self, agent: str) -> str:
+        mapping = getattr(self, "mapping", {})
+        return mapping.get(agent, "opponent")
+
+    def _player(self, g: int, agent: str) -> str:
+        if agent == self.seat[g]:
+            return "main"
+        policy = self.mapping[agent]
+        return self.opponent[g] if policy in ("opponent", "main") else policy
+
+    def _start(self, g: int) -> None:
+        env = self.games[g]
+        seed = None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        env.reset(seed=seed)
+        if self.fixed_seat is not None:
+            self.seat[g] = self.fixed_seat
+        else:  # alternate, so the learning policy moves first in half its games
+            self.seat[g] = self.agents[(g + int(self.episodes[g])) % len(self.agents)]
+        if any(self.mapping[a] == "opponent" for a in self.agents if a != self.seat[g]):
+            self.opponent[g] = self._opponents().choose()
+        self.episode_return[g] = 0.0
+        self.pending_reward[g] = 0.0
+        self.over[g] = False
+
+    def _game_over(self, g: int) -> bool:
+        env = self.games[g]
+        return not env.agents or all(env.terminations[a] or env.truncations[a] for a in env.agents)
+
+    def _apply(self, g: int, action: int) -> None:
+        env = self.games[g]
+        env.step(int(action))
+        reward = float(env.rewards.get(self.seat[g], 0.0))
+        self.pending_reward[g] += reward
+        self.episode_return[g] += reward
+
+    def _play_others(self) -> None:
+        """Step the agents that are not the learning policy until every game waits for it
+        or is over: one batched ``act`` per opponent per round of moves."""
+        while True:
+            waiting: dict[str, list[int]] = defaultdict(list)
+            for g, env in enumerate(self.games):
+                if not self.over[g] and env.agent_selection != self.seat[g]:
+                    if self._game_over(g):
+                        continue
+                    waiting[self._player(g, env.agent_selection)].append(g)
+            if not waiting:
+                return
+            for name, games in waiting.items():
+                obs = np.stack([self._observe(g, self.games[g].agent_selection) for g in games])
+                actions = self._opponents().act(name, obs)
+                for g, action in zip(games, actions, strict=True):
+                    self._apply(g, int(action))
+
+    def _observe(self, g: int, agent: str) -> np.ndarray:
+        env = self.games[g]
+        state = env.state() if self.single_observation_space.state else None
+        return encode(env.observe(agent), self.single_observation_space, state)
+
+    def _observations(self) -> np.ndarray:
+        return np.stack([self._observe(g, self.seat[g]) for g in range(self.num_envs)])
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.seed = seed
+        for g in range(self.num_envs):
+            self._start(g)
+        self._play_others()
+        return self._observations(), {}
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        n = self.num_envs
+        restarted = self.over.copy()
+        for g in range(n):
+            if restarted[g]:
+                self.episodes[g] += 1
+                self._start(g)
+            elif not self._game_over(g):
+                self._apply(g, int(actions[g]))
+        self._play_others()
+        rewards = np.zeros(n, np.float32)
+        terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+        for g in range(n):
+            if restarted[g]:
+                continue
+            rewards[g] = self.pending_reward[g]
+            self.pending_reward[g] = 0.0
+            if self._game_over(g):
+                env, seat = self.games[g], self.seat[g]
+                terminated[g] = bool(env.terminations.get(seat, False))
+                truncated[g] = not terminated[g]
+                self.over[g] = True
+                if self._player_is_opponent(g):
+                    self._opponents().finished(self.opponent[g], int(np.sign(self.episode_return[g])))
+        return self._observations(), rewards, terminated, truncated, {}
+
+    def _player_is_opponent(self, g: int) -> bool:
+        return any(self.mapping[a] == "opponent" for a in self.agents if a != self.seat[g])
+
+
+class ParallelVectorEnv(MultiAgentVectorEnv):
+    """Every agent mapped to main is a slot; all agents act at once (PettingZoo's parallel
+    API). Agents mapped to random or scripted play inside ``step``."""
+
+    def __init__(self, make: Callable[[], Any], num_games: int, cfg: MultiAgentConfig, opponents: Opponents | None) -> None:
+        envs = [make() for _ in range(num_games)]
+        agents = list(envs[0].possible_agents)
+        self.mapping = seat_policies(cfg, agents, turn_based=False)
+        if "opponent" in self.mapping.values():
+            raise MultiAgentEnvError(
+                "env.multiagent.policy_mapping: opponent seats are for turn-based games; map "
+                "the agents of a parallel env to main, random or scripted"
+            )
+        self.slots = [a for a in agents if self.mapping[a] == "main"]
+        if not self.slots:
+            raise MultiAgentEnvError("env.multiagent.policy_mapping maps no agent to main")
+        super().__init__(envs, agents, opponents, state=cfg.central_value)
+        self.num_envs = num_games * len(self.slots)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.last_obs: list[dict[str, Any]] = [{} for _ in envs]
+        self.seed: int | None = None
+        self.episodes = np.zeros(num_games, np.int64)
+
+    def policy_of(self, agent: str) -> str:
+        return getattr(self, "mapping", {}).get(agent, "main")
+
+    def _start(self, g: int) -> None:
+        seed = None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        obs, _ = self.games[g].reset(seed=seed)
+        self.last_obs[g] = dict(obs)
+        self.over[g] = False
+
+    def _slot_obs(self, g: int, agent: str) -> np.ndarray:
+        raw = self.last_obs[g].get(agent)
+        if raw is None:  # a finished agent: its last observation was not kept
+            return np.zeros(self.single_observation_space.shape, np.float32)
+        state = self.games[g].state() if self.single_observation_space.state else None
+        return encode(raw, self.single_observation_space, state)
+
+    def _observations(self) -> np.ndarray:
+        return np.stack([self._slot_obs(g, a) for g in range(len(self.games)) for a in self.slots])
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.seed = seed
+        for g in range(len(self.games)):
+            self._start(g)
+        return self._observations(), {}
+
+    def _fixed_actions(self, live: list[int]) -> list[dict[str, int]]:
+        """The random/scripted agents' actions of the live games, batched per player."""
+        out: list[dict[str, int]] = [{} for _ in self.games]
+        by_player: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for g in live:
+            for a in self.games[g].agents:
+                if self.mapping[a] != "main":
+                    by_player[self.mapping[a]].append((g, a))
+        for name, seats in by_player.items():
+            obs = np.stack([self._slot_obs(g, a) for g, a in seats])
+            for (g, a), action in zip(seats, self._opponents().act(name, obs), strict=True):
+                out[g][a] = int(action)
+        return out
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        L = len(self.slots)
+        rewards = np.zeros(self.num_envs, np.float32)
+        terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
+        live = [g for g in range(len(self.games)) if not self.over[g]]
+        fixed = self._fixed_actions(live)
+        for g in range(len(self.games)):
+            if self.over[g]:
+                self.episodes[g] += 1
+                self._start(g)
+                continue
+            env = self.games[g]
+            acts = {a: int(actions[g * L + i]) for i, a in enumerate(self.slots) if a in env.agents}
+            acts.update(fixed[g])
+            obs, rew, term, trunc, _ = env.step(acts)
+            self.last_obs[g].update(obs)
+            for i, a in enumerate(self.slots):
+                rewards[g * L + i] = float(rew.get(a, 0.0))
+                terminated[g * L + i] = bool(term.get(a, False))
+                truncated[g * L + i] = bool(trunc.get(a, False))
+            done = [bool(term.get(a, False) or trunc.get(a, False)) for a in self.slots]
+            if any(done) and not all(done):
+                raise MultiAgentEnvError(
+                    "agents of a parallel env finished at different steps; zrl's slots need "
+                    "them to end together"
+                )
+            if all(done) or not env.agents:
+                self.over[g] = True
+        return self._observations(), rewards, terminated, truncated, {}
+
+
+def make_multiagent_vector_env(
+    env_id: str,
+    kwargs: dict[str, Any],
+    cfg: MultiAgentConfig,
+    num_games: int,
+    opponents: Opponents | None = None,
+) -> MultiAgentVectorEnv:
+    """``num_games`` games of ``env_id`` as one vector env of the learning policy's slots.
+    ``opponents`` plays the other agents (None: random legal moves, for probes and tests)."""
+    module = env_module(env_id)
+    parallel = uses_parallel_api(cfg, module)
+    try:
+        factory = module.parallel_env if parallel else module.env
+        factory(**kwargs).close()
+    except TypeError as exc:
+        raise MultiAgentEnvError(f"cannot make {env_id} with env.kwargs {kwargs}: {exc}") from None
+    cls = ParallelVectorEnv if parallel else TurnBasedVectorEnv
+    return cls(lambda: factory(**kwargs), num_games, cfg, opponents)
+
+
+def fixed_opponents(env: MultiAgentVectorEnv, env_id: str, opponent: str, seed: int) -> FixedOpponents:
+    """Random and scripted players for ``env``'s games, ``opponent`` in every episode."""
+    return FixedOpponents(opponent, env.single_observation_space, env.num_actions, board_game(env_name(env_id)), seed)

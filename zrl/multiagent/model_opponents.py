@@ -1,0 +1,86 @@
+"""The opponents an actor's model plays: the learning policy's current weights (``self``) and
+any other weights by name (league snapshots), besides the fixed random and scripted players.
+
+A model opponent samples its moves from its policy (masked logits), as the learning policy
+does while it collects, so self-play meets a varied opponent rather than one deterministic line.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from zrl.models import load_arrays, policy_logits
+from zrl.multiagent.opponents import FixedOpponents
+
+CACHED_MODELS = 16
+"""Snapshot networks an actor keeps built (least recently used dropped first)."""
+
+
+class Matchmaker(Protocol):
+    """Where episodes' opponents come from (the league's client in an actor)."""
+
+    def choose(self) -> str: ...
+
+    def finished(self, name: str, outcome: int) -> None: ...
+
+    def weights(self, name: str) -> Mapping[str, np.ndarray] | None:
+        """The weights of the snapshot ``name`` (None: not available)."""
+
+
+class ModelOpponents:
+    """``self``, named snapshots and the fixed players; opponents chosen by ``matchmaker``
+    (a league) or always ``fixed.opponent``."""
+
+    def __init__(
+        self,
+        fixed: FixedOpponents,
+        model: nn.Module,
+        build: Callable[[], nn.Module],
+        matchmaker: Matchmaker | None = None,
+    ) -> None:
+        self.fixed = fixed
+        self.model = model
+        self.build = build
+        self.matchmaker = matchmaker
+        self.models: OrderedDict[str, nn.Module] = OrderedDict()
+        self.generator = torch.Generator().manual_seed(int(fixed.rng.integers(2**62)))
+
+    def choose(self) -> str:
+        return self.fixed.opponent if self.matchmaker is None else self.matchmaker.choose()
+
+    def finished(self, name: str, outcome: int) -> None:
+        self.fixed.finished(name, outcome)
+        if self.matchmaker is not None:
+            self.matchmaker.finished(name, outcome)
+
+    def act(self, name: str, obs: np.ndarray) -> np.ndarray:
+        if name in ("random", "scripted"):
+            return self.fixed.act(name, obs)
+        model = self.model if name == "self" else self.snapshot(name)
+        with torch.no_grad():
+            logits = policy_logits(model, torch.from_numpy(obs))
+            probs = torch.softmax(logits, dim=1)
+            return torch.multinomial(probs, 1, generator=self.generator)[:, 0].numpy()
+
+    def snapshot(self, name: str) -> nn.Module:
+        """The network of snapshot ``name``, built and loaded on first use."""
+        model = self.models.get(name)
+        if model is not None:
+            self.models.move_to_end(name)
+            return model
+        arrays = None if self.matchmaker is None else self.matchmaker.weights(name)
+        if arrays is None:
+            raise KeyError(f"no weights for opponent {name!r}")
+        model = self.build()
+        load_arrays(model, arrays)
+        model.eval()
+        self.models[name] = model
+        while len(self.models) > CACHED_MODELS:
+            self.models.popitem(last=False)
+        return model

@@ -1,0 +1,189 @@
+"""``LeagueClient``: an actor's line to the league role (``zrl.roles.league``).
+
+Socket: one DEALER to the league's rpc ROUTER (found with LOOKUP "league", looked up again
+when it goes quiet). MATCH asks for the opponents of the next ``MATCH_BATCH`` episodes before
+the queue runs dry, so an episode start rarely waits; RESULTS carries the outcomes of finished
+episodes, at least every ``RESULTS_INTERVAL_S``; GET_SNAPSHOT fetches a snapshot's weights the
+first time an opponent names it (they never change, so they are kept).
+
+When the league does not answer within ``WAIT_S``, the episode is played against the current
+weights (self-play) and counted in ``fallbacks``: a league that restarts holds no actor back.
+A snapshot whose weights cannot be fetched is replaced the same way, so the env never meets
+an opponent it cannot play.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import zmq
+
+from zrl.league import MAIN
+from zrl.roles.base import Role, RoleError
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+from zrl.transport.sockets import Channel, make_socket
+
+MATCH_BATCH = 64
+WAIT_S = 1.0
+RESULTS_INTERVAL_S = 0.5
+LOOKUP_INTERVAL_S = 2.0
+KEPT_SNAPSHOTS = 64
+SELF = "self"  # the opponents' name of the current weights; the league calls it "main"
+FIXED = ("random", "scripted")
+
+
+class LeagueClient:
+    """The actor's :class:`~zrl.multiagent.model_opponents.Matchmaker` backed by the league."""
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self.channel: Channel | None = None
+        self.queue: deque[str] = deque()
+        self.asked = False
+        self.results: list[tuple[str, int]] = []
+        self.next_flush = 0.0
+        self.next_lookup = 0.0
+        self.snapshots: OrderedDict[str, Mapping[str, np.ndarray]] = OrderedDict()
+        self.missing: set[str] = set()
+        self.fallbacks = 0
+        self.games = 0
+
+    # --- the socket ---------------------------------------------------------------------
+
+    def _connect(self) -> Channel | None:
+        if self.channel is not None:
+            return self.channel
+        now = time.monotonic()
+        if now < self.next_lookup:
+            return None
+        self.next_lookup = now + LOOKUP_INTERVAL_S
+        try:
+            services = self.role.lookup("league", timeout=1.0)
+        except RoleError:
+            return None
+        endpoints = [s.get("rpc") for s in services if isinstance(s, dict)]
+        endpoints = [e for e in endpoints if isinstance(e, str) and e]
+        if not endpoints:
+            return None
+        sock = make_socket(
+            self.role.ctx, zmq.DEALER, rcvtimeo_ms=100,
+            max_message_bytes=self.role.max_message_bytes, keys=self.role.keys,
+        )  # fmt: skip
+        sock.connect(endpoints[0])
+        self.channel = Channel(sock, "league", self.role.id, self.role.stats)
+        return self.channel
+
+    def _reconnect(self) -> None:
+        """The league went quiet: forget the socket, look it up again next time."""
+        if self.channel is not None:
+            self.channel.sock.close(linger=0)
+        self.channel = None
+        self.asked = False
+
+    def _receive(self, wait_s: float = 0.0) -> P.Message | None:
+        """One answer from the league (MATCHES go to the queue, snapshots to the cache)."""
+        channel = self._connect()
+        if channel is None or not channel.sock.poll(int(wait_s * 1000)):
+            return None
+        got = channel.recv(block=False)
+        if got is None:
+            return None
+        msg = got[1]
+        try:
+            if msg.kind == P.MATCHES:
+                self.queue.extend(M.match_opponents(msg.meta))
+                self.asked = False
+            elif msg.kind == P.WEIGHTS:
+                self._keep_snapshot(M.member_name(msg.meta.get("id")), msg.arrays)
+            elif msg.kind == P.NO_WEIGHTS:
+                self.missing.add(M.member_name(msg.meta.get("id")))
+            else:
+                raise P.ProtocolError(f"{msg.kind!r} from the league")
+        except P.ProtocolError as exc:
+            channel._drop(msg.sender or "?", str(exc))
+        return msg
+
+    def _keep_snapshot(self, name: str, arrays: Mapping[str, np.ndarray]) -> None:
+        if not arrays or not all(np.all(np.isfinite(a)) for a in arrays.values()):
+            raise P.ProtocolError(f"snapshot {name} without finite weights")
+        self.snapshots[name] = arrays
+        while len(self.snapshots) > KEPT_SNAPSHOTS:
+            self.snapshots.popitem(last=False)
+
+    def _drain(self) -> None:
+        while self._receive() is not None:
+            pass
+
+    # --- Matchmaker -----------------------------------------------------------------------
+
+    def choose(self) -> str:
+        self._drain()
+        self._flush()
+        if len(self.queue) < MATCH_BATCH // 2 and not self.asked:
+            channel = self._connect()
+            if channel is not None and channel.send(P.Message(P.MATCH, meta={"count": MATCH_BATCH})):
+                self.asked = True
+        if not self.queue:
+            deadline = time.monotonic() + WAIT_S
+            while not self.queue and time.monotonic() < deadline:
+                self._receive(wait_s=0.05)
+            if not self.queue:
+                self._reconnect()
+                self.fallbacks += 1
+                return SELF
+        name = self.queue.popleft()
+        self.games += 1
+        if name == MAIN:
+            return SELF
+        if name not in FIXED and self.weights(name) is None:
+            self.fallbacks += 1
+            return SELF
+        return name
+
+    def finished(self, name: str, outcome: int) -> None:
+        self.results.append((MAIN if name == SELF else name, outcome))
+
+    def weights(self, name: str) -> Mapping[str, np.ndarray] | None:
+        if name in self.snapshots:
+            self.snapshots.move_to_end(name)
+            return self.snapshots[name]
+        channel = self._connect()
+        if channel is None or name in self.missing:
+            return None
+        if not channel.send(P.Message(P.GET_SNAPSHOT, meta={"id": name})):
+            return None
+        deadline = time.monotonic() + WAIT_S
+        while name not in self.snapshots and name not in self.missing:
+            if time.monotonic() >= deadline:
+                self._reconnect()
+                return None
+            self._receive(wait_s=0.05)
+        return self.snapshots.get(name)
+
+    def _flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.results or (not force and now < self.next_flush):
+            return
+        self.next_flush = now + RESULTS_INTERVAL_S
+        channel = self._connect()
+        if channel is None:
+            return  # kept until the league is back (bounded: oldest dropped)
+        batch = self.results[: M.MAX_RESULTS]
+        meta = {"opponents": [n for n, _ in batch], "outcomes": [o for _, o in batch]}
+        if channel.send(P.Message(P.RESULTS, meta=meta)):
+            del self.results[: len(batch)]
+        if len(self.results) > M.MAX_RESULTS:
+            del self.results[: len(self.results) - M.MAX_RESULTS]
+
+    def close(self) -> None:
+        self._flush(force=True)
+        if self.channel is not None:
+            self.channel.sock.close(linger=200)
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"league_games": self.games, "league_fallbacks": self.fallbacks}
