@@ -69,7 +69,7 @@ def status(
     import zmq
     from rich.table import Table
 
-    from zrl.display import make_console
+    from zrl.display import league_line, make_console
     from zrl.roles.base import RoleError, registry_request
     from zrl.transport import protocol as P
 
@@ -118,6 +118,10 @@ def status(
             hosts[where] = hosts.get(where, 0) + 1
     if hosts:
         console.print("alive per host: " + ", ".join(f"{h}: {n}" for h, n in sorted(hosts.items())))
+    for r in roles:
+        line = league_line(r.get("info", {})) if r["role"] == "league" else ""
+        if line:
+            console.print(f"{r['id']}: {line}")
 
 
 # --- keys -------------------------------------------------------------------------------

@@ -41,8 +41,21 @@ def make_console(**kwargs: Any) -> Console:
     return Console(width=100_000, **kwargs)  # tables keep their natural width
 
 
+def league_line(info: dict[str, Any]) -> str:
+    """A league role's population and Elo ratings, from its heartbeat info ("" for others)."""
+    elo = info.get("elo_top")
+    if not isinstance(elo, dict):
+        return ""
+    ratings = ", ".join(f"{name} {rating:.0f}" for name, rating in elo.items())
+    return (
+        f"{info.get('games', 0)} games, {info.get('snapshots', 0)} snapshots, main's win rate "
+        f"over them {info.get('main_win_rate', 0):.2f}; Elo: {ratings}"
+    )
+
+
 def role_note(info: dict[str, Any]) -> str:
-    """Why a role is waiting or what went wrong, from its heartbeat info."""
+    """Why a role is waiting or what went wrong, from its heartbeat info (the league: its
+    Elo ratings)."""
     if info.get("sampling_blocked"):
         return str(info["sampling_blocked"])
     if "waiting_for_batches_s" in info:
@@ -51,7 +64,7 @@ def role_note(info: dict[str, Any]) -> str:
         return f"{info['env_errors']} env errors (reset and went on)"
     if info.get("blocked_s"):
         return f"waiting {info['blocked_s']}s for replay to take trajectories"
-    return ""
+    return league_line(info)
 
 
 class StatusDisplay:
@@ -166,7 +179,7 @@ class StatusDisplay:
                 f"[{STATE_COLORS.get(state, 'white')}]{state}[/]", f"{row['age']:.1f}s",
                 str(row["restarts"]), _fmt(row["msgs_in"]), _fmt(row["msgs_out"]),
                 _fmt(row["dropped"]), _fmt(row.get("gaps", 0)),
-                f"{rss:.0f}" if isinstance(rss, int | float) else "-", role_note(info)[:60],
+                f"{rss:.0f}" if isinstance(rss, int | float) else "-", role_note(info)[:100],
             )  # fmt: skip
         return Group(self.progress, figures, roles)
 

@@ -31,7 +31,17 @@ PROGRESS_FIELDS = [
     "eval_return",
     "samples_trained",  # distinct env steps the learners trained on, each once
 ]
-EVAL_FIELDS = ["time", "env_steps", "weights_version", "mean", "std", "min", "max", "episodes"]
+OUTCOME_FIELDS = [
+    f"{opponent}_{outcome}_rate"
+    for opponent in ("random", "scripted")
+    for outcome in ("win", "draw", "loss")
+]
+"""Win/draw/loss shares of a turn-based game's evaluation against the fixed opponents (empty
+in the CSV for other envs)."""
+EVAL_FIELDS = [
+    "time", "env_steps", "weights_version", "mean", "std", "min", "max", "episodes",
+    *OUTCOME_FIELDS,
+]  # fmt: skip
 
 
 class ScalarWriter:
@@ -104,6 +114,7 @@ class Logger(ABC):
     def log_eval(self, row: Mapping[str, Any]) -> None:
         """One evaluation (``EVAL_FIELDS``)."""
         scalars = {"eval/return_mean": row["mean"], "eval/return_std": row.get("std") or 0.0}
+        scalars.update({f"eval/{k}": row[k] for k in OUTCOME_FIELDS if _is_number(row.get(k))})
         self.log_scalars(int(row.get("env_steps") or 0), scalars, float(row.get("time") or 0))
 
     def close(self) -> None:  # noqa: B027 - most backends have nothing to release

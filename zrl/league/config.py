@@ -28,6 +28,10 @@ class LeagueConfig(Section):
     """Share of episodes against forgotten snapshots (main's win rate against them is below
     forgotten_below), PFSP-weighted among them; the PFSP branch over the whole pool when none
     is forgotten. The rest, 1 - self_play - verification, is PFSP over the whole pool."""
+    fixed_share: float = Field(0.0, ge=0, le=1)
+    """Share of episodes against a fixed opponent drawn uniformly (an anchor: the learning
+    policy keeps meeting the fixed players however well PFSP says it beats them); they also
+    stay in the PFSP pool."""
     forgotten_below: float = Field(0.3, ge=0, le=1)
     """A snapshot is forgotten while main's win rate against it is below this."""
     weighting: Literal["squared", "variance", "linear", "uniform"] = "squared"
@@ -56,10 +60,10 @@ class LeagueConfig(Section):
 
     @model_validator(mode="after")
     def _shares_fit(self) -> LeagueConfig:
-        if self.self_play + self.verification > 1:
+        if self.self_play + self.verification + self.fixed_share > 1:
             raise ValueError(
-                f"self_play ({self.self_play}) + verification ({self.verification}) must be "
-                "at most 1 (the rest is the PFSP share)"
+                f"self_play ({self.self_play}) + verification ({self.verification}) + "
+                f"fixed_share ({self.fixed_share}) must be at most 1 (the rest is the PFSP share)"
             )
         return self
 

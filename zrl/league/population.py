@@ -73,8 +73,9 @@ class League:
     # --- matchmaking ---------------------------------------------------------------------
 
     def choose_opponent(self) -> str:
-        """Main's next opponent: ``"main"`` with probability self_play, a forgotten snapshot
-        (PFSP among them) with probability verification, otherwise PFSP over the pool; the
+        """Main's next opponent: ``"main"`` with probability self_play, a fixed opponent
+        (uniformly) with probability fixed_share, a forgotten snapshot (PFSP among them) with
+        probability verification, otherwise PFSP over the pool; the
         verification share goes to the PFSP branch while nothing is forgotten. ``"main"``
         always while the pool is empty."""
         pool = self.pool
@@ -83,7 +84,12 @@ class League:
         u = self._rng.random()
         if u < self.cfg.self_play:
             return MAIN
-        if u < self.cfg.self_play + self.cfg.verification:
+        u -= self.cfg.self_play
+        fixed = self.cfg.fixed_opponents
+        if u < self.cfg.fixed_share and fixed:
+            return fixed[int(self._rng.integers(len(fixed)))]
+        u -= self.cfg.fixed_share
+        if u < self.cfg.verification:
             forgotten = self.forgotten()
             if forgotten:
                 return self._pfsp_pick(forgotten)

@@ -90,6 +90,12 @@ def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) ->
         )
     if not mapping:
         return {a: "opponent" if turn_based else "main" for a in agents}
+    unmapped = [a for a in agents if a not in mapping and "*" not in mapping]
+    if unmapped:
+        raise MultiAgentEnvError(
+            f"env.multiagent.policy_mapping maps no policy to {', '.join(unmapped)}: name them, "
+            'or give "*" for every agent it does not name'
+        )
     return {a: mapping.get(a, mapping.get("*", "")) for a in agents}
 
 
@@ -143,6 +149,10 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
 
     def __init__(self, make: Callable[[], Any], num_games: int, cfg: MultiAgentConfig, opponents: Opponents | None) -> None:
         envs = [make() for _ in range(num_games)]
+        # The unwrapped envs: PettingZoo's wrappers forward every attribute through several
+        # __getattr__ calls and observe twice per step (most of a game's cost). Their one
+        # check that matters, an illegal move, is made here on the mask the mover saw.
+        self.raw = [env.unwrapped for env in envs]
         agents = list(envs[0].possible_agents)
         self.mapping = seat_policies(cfg, agents, turn_based=True)
         learning = [a for a in agents if self.mapping[a] == "main"]
@@ -161,6 +171,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         self.episode_return = np.zeros(num_games)
         self.pending_reward = np.zeros(num_games)
         self.seed: int | None = None
+        self.last_obs = np.zeros((num_games, *self.single_observation_space.shape), np.float32)
+        self.forfeit = np.zeros(num_games, bool)
+        self.illegal_moves = 0
 
     def policy_of(self, agent: str) -> str:
         mapping = getattr(self, "mapping", {})
@@ -185,15 +198,34 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         self.episode_return[g] = 0.0
         self.pending_reward[g] = 0.0
         self.over[g] = False
+        self.forfeit[g] = False
 
     def _game_over(self, g: int) -> bool:
-        env = self.games[g]
-        return not env.agents or all(env.terminations[a] or env.truncations[a] for a in env.agents)
+        env = self.raw[g]
+        return (
+            self.forfeit[g]
+            or not env.agents
+            or all(env.terminations[a] or env.truncations[a] for a in env.agents)
+        )
 
-    def _apply(self, g: int, action: int) -> None:
-        env = self.games[g]
-        env.step(int(action))
-        reward = float(env.rewards.get(self.seat[g], 0.0))
+    def _legal(self, obs: np.ndarray, action: int) -> bool:
+        space = self.single_observation_space
+        return not space.mask or (0 <= action < space.mask and obs[space.features + action] > 0.5)
+
+    def _apply(self, g: int, action: int, obs: np.ndarray) -> None:
+        """Step game ``g`` with ``action`` of the agent to move, who saw ``obs``. An illegal
+        move by the learning policy forfeits the game (reward -1, as PettingZoo's own check
+        rules); one by another player is a bug of that player."""
+        if not self._legal(obs, action):
+            if self.raw[g].agent_selection != self.seat[g]:
+                raise MultiAgentEnvError(f"opponent {self.opponent[g]!r} played illegal move {action}")
+            self.illegal_moves += 1
+            self.forfeit[g] = True
+            self.pending_reward[g] -= 1.0
+            self.episode_return[g] -= 1.0
+            return
+        self.raw[g].step(int(action))
+        reward = float(self.raw[g].rewards.get(self.seat[g], 0.0))
         self.pending_reward[g] += reward
         self.episode_return[g] += reward
 
@@ -202,7 +234,7 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         or is over: one batched ``act`` per opponent per round of moves."""
         while True:
             waiting: dict[str, list[int]] = defaultdict(list)
-            for g, env in enumerate(self.games):
+            for g, env in enumerate(self.raw):
                 if not self.over[g] and env.agent_selection != self.seat[g]:
                     if self._game_over(g):
                         continue
@@ -210,18 +242,20 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
             if not waiting:
                 return
             for name, games in waiting.items():
-                obs = np.stack([self._observe(g, self.games[g].agent_selection) for g in games])
+                obs = np.stack([self._observe(g, self.raw[g].agent_selection) for g in games])
                 actions = self._opponents().act(name, obs)
-                for g, action in zip(games, actions, strict=True):
-                    self._apply(g, int(action))
+                for i, (g, action) in enumerate(zip(games, actions, strict=True)):
+                    self._apply(g, int(action), obs[i])
 
     def _observe(self, g: int, agent: str) -> np.ndarray:
-        env = self.games[g]
+        env = self.raw[g]
         state = env.state() if self.single_observation_space.state else None
         return encode(env.observe(agent), self.single_observation_space, state)
 
     def _observations(self) -> np.ndarray:
-        return np.stack([self._observe(g, self.seat[g]) for g in range(self.num_envs)])
+        for g in range(self.num_envs):
+            self.last_obs[g] = self._observe(g, self.seat[g])
+        return self.last_obs.copy()
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
         self.seed = seed
@@ -238,7 +272,7 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
                 self.episodes[g] += 1
                 self._start(g)
             elif not self._game_over(g):
-                self._apply(g, int(actions[g]))
+                self._apply(g, int(actions[g]), self.last_obs[g])
         self._play_others()
         rewards = np.zeros(n, np.float32)
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -248,8 +282,8 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
             rewards[g] = self.pending_reward[g]
             self.pending_reward[g] = 0.0
             if self._game_over(g):
-                env, seat = self.games[g], self.seat[g]
-                terminated[g] = bool(env.terminations.get(seat, False))
+                env, seat = self.raw[g], self.seat[g]
+                terminated[g] = self.forfeit[g] or bool(env.terminations.get(seat, False))
                 truncated[g] = not terminated[g]
                 self.over[g] = True
                 if self._player_is_opponent(g):

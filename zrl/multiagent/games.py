@@ -11,6 +11,7 @@ pass through (the centre, then corners in tic-tac-toe), ties broken at random. I
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -60,9 +61,15 @@ class BoardGame:
                 out.append(a)
         return out
 
-    def lines_through(self, r: int, c: int) -> int:
-        """Lines of k squares on the board that pass through (r, c): more for central squares
-        (tic-tac-toe: 4 for the centre, 3 for a corner, 2 for an edge)."""
+    @cached_property
+    def lines(self) -> np.ndarray:
+        """``[rows, cols]``: how many lines of k squares pass through each square (more for
+        central squares; tic-tac-toe: 4 for the centre, 3 for a corner, 2 for an edge)."""
+        return np.array(
+            [[self._count_lines(r, c) for c in range(self.cols)] for r in range(self.rows)]
+        )
+
+    def _count_lines(self, r: int, c: int) -> int:
         count = 0
         for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
             for shift in range(self.k):
@@ -85,7 +92,7 @@ class BoardGame:
         if block:
             return block[int(rng.integers(len(block)))]
         safe = [a for a in legal if not self._opens_win(a, mine, theirs, occupied)] or legal
-        lines = {a: self.lines_through(*self._square(occupied, a)) for a in safe}
+        lines = {a: int(self.lines[self._square(occupied, a)]) for a in safe}
         best = max(lines.values())
         central = [a for a in safe if lines[a] == best]
         return central[int(rng.integers(len(central)))]

@@ -92,6 +92,7 @@ class LeagueRole(Role):
         reason = self.league.snapshot_reason()
         if reason is None:
             return
+        win_rate = self.league.main_win_rate()
         name = self.league.add_snapshot(self.weights.version)
         if name not in self.snapshots:
             self.snapshots[name] = self.weights.arrays
@@ -99,7 +100,7 @@ class LeagueRole(Role):
             self.snapshot_reasons[reason] += 1
             self.log.info(
                 "snapshot %s (%s: main's win rate over the snapshots %.2f, Elo %.0f); %d in the league",
-                name, reason, self.league.main_win_rate(), self.league.elo.rating(MAIN),
+                name, reason, win_rate, self.league.elo.rating(MAIN),
                 len(self.league.snapshots),
             )  # fmt: skip
         for evicted in set(self.snapshots) - set(self.league.snapshots):

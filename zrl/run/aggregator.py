@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from zrl.metrics import OUTCOME_FIELDS
+
 
 def count(value: Any) -> int:
     """A non-negative integer figure from a peer's metrics; anything else counts as 0.
@@ -156,5 +158,9 @@ class Aggregator:
         row["time"] = round(elapsed, 2)
         row["env_steps"] = self.row(elapsed)["env_steps"]
         row["confirming"] = meta.get("confirming") is True
+        for key in OUTCOME_FIELDS:
+            share = number(meta.get(key))
+            if share is not None and 0.0 <= share <= 1.0:
+                row[key] = share
         self.evals.append(row)
         return row

@@ -1,0 +1,205 @@
+"""The league role and its client, in-process: matchmaking over the rpc, results into the
+payoff, snapshots of the published weights served by id, malformed requests dropped, and the
+checkpoint a restarted league resumes from.
+
+Every role runs in a thread over ``inproc://`` (``zrl.testing.inproc.InProc``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zrl.config import ExperimentConfig
+from zrl.roles.league import LeagueRole
+from zrl.roles.league_client import SELF, LeagueClient
+from zrl.roles.params import ParameterServer
+from zrl.testing.fakes import Rpc
+from zrl.testing.inproc import InProc
+from zrl.testing.probes import wait_for
+from zrl.transport import protocol as P
+
+FAST_BROKER = {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0}
+
+
+def make_config(tmp: Path, **league: Any) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "name": "league-test",
+            "algo": "ppo",
+            "seed": 5,
+            "env": {"id": "pettingzoo/tictactoe_v3", "num_envs": 2},
+            "roles": {"actors": 0, "replay": 0, "learners": 0, "evaluator": 0, "league": 1},
+            "broker": FAST_BROKER,
+            "league": {"snapshot_interval_s": 1e6, **league},
+            "checkpoint": {"dir": str(tmp), "interval": 1e6},
+        }
+    )
+
+
+@pytest.fixture
+def inproc(zmq_ctx: Any) -> Iterator[InProc]:
+    h = InProc(zmq_ctx, "league")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def weights(value: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((3, 2), value, np.float32), "b": np.arange(2, dtype=np.float32)}
+
+
+def publish(h: InProc, value: float) -> None:
+    params = next(r for r, _, _ in h.roles if isinstance(r, ParameterServer))
+    rpc = Rpc(h.ctx, params.rpc_endpoint)
+    try:
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(value))).kind == P.ACK
+    finally:
+        rpc.close()
+
+
+def league_rpc(h: InProc, league: LeagueRole) -> Rpc:
+    return Rpc(h.ctx, league.rpc_endpoint, sender="actor-0")
+
+
+def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Path) -> None:
+    """MATCH is answered from the population; RESULTS reach the payoff; a snapshot freezes the
+    weights published at the time and is served by its id, later weights notwithstanding."""
+    inproc.start_broker(make_config(tmp_path, fixed_opponents=["random"], self_play=0.0))
+    inproc.start(ParameterServer)
+    league = inproc.start(LeagueRole)
+    assert isinstance(league, LeagueRole)
+    rpc = league_rpc(inproc, league)
+    try:
+        answer = rpc.request(P.Message(P.MATCH, meta={"count": 20}))
+        assert answer.kind == P.MATCHES and answer.meta["opponents"] == ["random"] * 20
+
+        publish(inproc, 1.0)
+        wait_for(lambda: league.weights.version == 1)
+        league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
+        wait_for(lambda: "main@1" in league.snapshots)
+        league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+        publish(inproc, 2.0)
+        wait_for(lambda: league.weights.version == 2)
+
+        served = rpc.request(P.Message(P.GET_SNAPSHOT, meta={"id": "main@1"}))
+        assert served.kind == P.WEIGHTS and served.meta == {"id": "main@1", "version": 1}
+        np.testing.assert_array_equal(served.arrays["w"], weights(1.0)["w"])
+        missing = rpc.request(P.Message(P.GET_SNAPSHOT, meta={"id": "main@99"}))
+        assert missing.kind == P.NO_WEIGHTS
+
+        rpc.send(P.Message(P.RESULTS, meta={"opponents": ["main@1", "random", "main"],
+                                            "outcomes": [1, -1, 0]}))  # fmt: skip
+        wait_for(lambda: league.league.games == 3)
+        assert league.league.payoff.counts("main", "main@1") == (1, 0, 0)
+        assert league.league.payoff.counts("main", "random") == (0, 0, 1)
+        assert league.league.self_play_games == 1
+    finally:
+        rpc.close()
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        P.Message(P.MATCH, meta={"count": 0}),
+        P.Message(P.MATCH, meta={"count": True}),
+        P.Message(P.RESULTS, meta={"opponents": ["random"], "outcomes": [2]}),
+        P.Message(P.RESULTS, meta={"opponents": ["random", "x"], "outcomes": [1]}),
+        P.Message(P.GET_SNAPSHOT, meta={"id": "x" * 500}),
+        P.Message(P.GET_WEIGHTS),
+    ],
+    ids=["count-0", "count-bool", "outcome-2", "lengths", "long-id", "wrong-kind"],
+)
+def test_malformed_requests_are_dropped_and_counted(
+    inproc: InProc, tmp_path: Path, msg: P.Message
+) -> None:
+    """A malformed request is dropped and counted on the rpc channel; the league goes on."""
+    inproc.start_broker(make_config(tmp_path))
+    league = inproc.start(LeagueRole)
+    assert isinstance(league, LeagueRole)
+    rpc = league_rpc(inproc, league)
+    try:
+        rpc.send(msg)
+        wait_for(lambda: league.stats.snapshot().get("rpc", {}).get("dropped", 0) >= 1)
+        assert league.league.games == 0
+        answer = rpc.request(P.Message(P.MATCH, meta={"count": 1}))
+        assert answer.kind == P.MATCHES
+        assert inproc.alive(league)
+    finally:
+        rpc.close()
+
+
+def test_checkpoint_resumes_payoff_elo_and_snapshots(inproc: InProc, tmp_path: Path) -> None:
+    """A league restarted on the same checkpoint directory has the same payoff, Elo ratings,
+    counters and snapshot weights."""
+    inproc.start_broker(make_config(tmp_path, fixed_opponents=["random"]))
+    inproc.start(ParameterServer)
+    league = inproc.start(LeagueRole)
+    assert isinstance(league, LeagueRole)
+    publish(inproc, 3.0)
+    wait_for(lambda: league.weights.version == 1)
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
+    wait_for(lambda: "main@1" in league.snapshots)
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+    rpc = league_rpc(inproc, league)
+    try:
+        rpc.send(P.Message(P.RESULTS, meta={"opponents": ["main@1"] * 3 + ["random"],
+                                            "outcomes": [1, 1, 0, -1]}))  # fmt: skip
+        wait_for(lambda: league.league.games == 4)
+    finally:
+        rpc.close()
+    state = league.league.state_dict()
+    inproc.stop_role(league)
+
+    resumed = inproc.start(LeagueRole)
+    assert isinstance(resumed, LeagueRole)
+    assert resumed.league.payoff.state_dict() == state["payoff"]
+    assert resumed.league.elo.state_dict() == state["elo"]
+    assert resumed.league.games == 4 and resumed.league.snapshots == ["main@1"]
+    np.testing.assert_array_equal(resumed.snapshots["main@1"]["w"], weights(3.0)["w"])
+    assert resumed.versions == {"main@1": 1}
+
+
+def test_client_chooses_reports_and_fetches_snapshots(inproc: InProc, tmp_path: Path) -> None:
+    """The actor's client: opponents from the league ("main" played as the current weights),
+    results flushed into the payoff, a snapshot's weights fetched once and kept."""
+    inproc.start_broker(make_config(tmp_path, fixed_opponents=["random"], self_play=0.5))
+    inproc.start(ParameterServer)
+    league = inproc.start(LeagueRole)
+    assert isinstance(league, LeagueRole)
+    publish(inproc, 4.0)
+    wait_for(lambda: league.weights.version == 1)
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
+    wait_for(lambda: "main@1" in league.snapshots)
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+
+    client = LeagueClient(league)  # any registered role can lend its context and lookups
+    try:
+        names = [client.choose() for _ in range(200)]
+        assert set(names) <= {SELF, "random", "main@1"} and {SELF, "random", "main@1"} <= set(names)
+        assert client.fallbacks == 0
+        np.testing.assert_array_equal(client.weights("main@1")["w"], weights(4.0)["w"])
+        for name in names[:50]:
+            client.finished(name, 1)
+        client._flush(force=True)
+        wait_for(lambda: league.league.games == 50)
+        assert league.league.self_play_games == names[:50].count(SELF)
+    finally:
+        client.close()
+
+
+def test_client_plays_self_when_no_league_answers(inproc: InProc, tmp_path: Path) -> None:
+    """Without a league role the client falls back to self-play (counted), never blocks for
+    longer than its wait."""
+    inproc.start_broker(make_config(tmp_path))
+    params = inproc.start(ParameterServer)
+    client = LeagueClient(params)
+    try:
+        assert client.choose() == SELF
+        assert client.fallbacks == 1
+    finally:
+        client.close()
