@@ -30,7 +30,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from zrl.multiagent.config import MultiAgentConfig
-from zrl.multiagent.games import board_game
+from zrl.multiagent.games import BoardGame, board_game
 from zrl.multiagent.opponents import FixedOpponents, Opponents
 from zrl.multiagent.spaces import AgentObservationSpace, agent_space, encode
 
@@ -127,6 +127,8 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         self.single_action_space = actions[first]
         self.num_actions = int(actions[first].n)
         self.opponents = opponents
+        self.board: BoardGame | None = None
+        """The game's scripted player, for the random/scripted default of ``_opponents``."""
         self.over = np.zeros(len(envs), bool)
 
     def policy_of(self, agent: str) -> str:
@@ -135,7 +137,7 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
     def _opponents(self) -> Opponents:
         if self.opponents is None:  # a probe of the spaces, or a test: random legal moves
             self.opponents = FixedOpponents(
-                "random", self.single_observation_space, self.num_actions, None, seed=0
+                "random", self.single_observation_space, self.num_actions, self.board, seed=0
             )
         return self.opponents
 
@@ -161,6 +163,14 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
                 f"env.multiagent.policy_mapping: a turn-based game has one main seat, not {learning}"
             )
         self.fixed_seat = learning[0] if learning else None
+        # Without a main seat the learning policy takes turns over the opponent seats (never
+        # one the mapping gives to a fixed player).
+        self.learning_seats = learning or [a for a in agents if self.mapping[a] == "opponent"]
+        if not self.learning_seats:
+            raise MultiAgentEnvError(
+                "env.multiagent.policy_mapping leaves the learning policy no seat: map one "
+                "agent to main or opponent"
+            )
         super().__init__(envs, agents, opponents, state=cfg.central_value)
         self.num_envs = num_games
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_games)
@@ -192,7 +202,8 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         if self.fixed_seat is not None:
             self.seat[g] = self.fixed_seat
         else:  # alternate, so the learning policy moves first in half its games
-            self.seat[g] = self.agents[(g + int(self.episodes[g])) % len(self.agents)]
+            seats = self.learning_seats
+            self.seat[g] = seats[(g + int(self.episodes[g])) % len(seats)]
         if any(self.mapping[a] == "opponent" for a in self.agents if a != self.seat[g]):
             self.opponent[g] = self._opponents().choose()
         self.episode_return[g] = 0.0
@@ -405,7 +416,9 @@ def make_multiagent_vector_env(
     except TypeError as exc:
         raise MultiAgentEnvError(f"cannot make {env_id} with env.kwargs {kwargs}: {exc}") from None
     cls = ParallelVectorEnv if parallel else TurnBasedVectorEnv
-    return cls(lambda: factory(**kwargs), num_games, cfg, opponents)
+    env = cls(lambda: factory(**kwargs), num_games, cfg, opponents)
+    env.board = board_game(env_name(env_id))  # seats mapped to scripted play without opponents
+    return env
 
 
 def fixed_opponents(env: MultiAgentVectorEnv, env_id: str, opponent: str, seed: int) -> FixedOpponents:
