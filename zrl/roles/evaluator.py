@@ -84,12 +84,13 @@ class Evaluator(Role):
             self._evaluate(version, stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
 
-    def make_eval_envs(self, num_envs: int, opponent: str | None = None) -> Any:
+    def make_eval_envs(self, num_envs: int, opponent: str | None = None, seed: int = 0) -> Any:
         """Envs for evaluation: Atari games whole (no episodic life) and unclipped rewards,
-        so the returns are true game scores; a turn-based game against ``opponent``."""
+        so the returns are true game scores; a turn-based game against ``opponent``, whose
+        random draws follow ``seed`` (the evaluation's)."""
         envs = self.make_envs(num_envs, evaluation=True)
         if opponent is not None:
-            envs.opponents = fixed_opponents(envs, self.config.env.id, opponent, seed=num_envs)
+            envs.opponents = fixed_opponents(envs, self.config.env.id, opponent, seed=seed)
         return envs
 
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
@@ -98,7 +99,7 @@ class Evaluator(Role):
         with torch.no_grad():
             for i, opponent in enumerate(self.opponents):
                 scores = greedy_returns(
-                    self.model, lambda n, o=opponent: self.make_eval_envs(n, o), episodes,
+                    self.model, lambda n, o=opponent: self.make_eval_envs(n, o, seed), episodes,
                     seed=seed, on_step=self.tick,
                 )  # fmt: skip
                 if i == 0:
