@@ -99,7 +99,9 @@ def main() -> None:
         done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         wall = time.monotonic() - launched
         if done.returncode != 0:
-            sys.exit(f"zrl run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+            sys.exit(
+                f"zrl run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         report(args.game, run_dir, bare, wall)
 
 
@@ -125,7 +127,9 @@ def report(game: str, run_dir: Path, bare: float, wall: float) -> None:
         for opponent in ("random", "scripted"):
             rates = [number(row.get(f"{opponent}_{o}_rate")) for o in ("win", "draw", "loss")]
             cells.append("  ".join("  -  " if r is None else f"{r:.2f}" for r in rates))
-        print(f"{float(row['time']):6.0f} {float(row['env_steps']):11,.0f}   {cells[0]:20}   {cells[1]}")
+        print(
+            f"{float(row['time']):6.0f} {float(row['env_steps']):11,.0f}   {cells[0]:20}   {cells[1]}"
+        )
         if first_bar is None and meets_bar(game, row):
             first_bar = float(row["time"])
     bar = ("wins >= 0.90 vs random" if game == "connect_four"

@@ -76,11 +76,11 @@ def make_vector_env(
 
     if multiagent.is_multiagent(cfg.id):
         try:
-            env = multiagent.make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
+            slots = multiagent.make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
         except multiagent.MultiAgentEnvError as exc:
             raise EnvError(str(exc)) from None
-        env.opponents = opponents
-        return env
+        slots.opponents = opponents
+        return slots
 
     if atari.is_atari(cfg.id):
         return atari.make_atari_vector_env(cfg, n, evaluation)

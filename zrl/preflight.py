@@ -33,7 +33,6 @@ def check_env_id(env_id: str) -> None:
     from gymnasium.envs.registration import find_highest_version, parse_env_id
 
     from zrl.envs import ENV_NAMESPACE_PACKAGES, register_env_namespace
-
     from zrl.multiagent.envs import MultiAgentEnvError, env_module, is_multiagent
 
     if is_multiagent(env_id):

@@ -21,7 +21,10 @@ from zrl.testing.processes import run_zrl
 
 def eval_rows(run_dir: Path) -> list[dict[str, float]]:
     with open(run_dir / "eval.csv", newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        return [
+            {k: float(v) for k, v in row.items() if v not in ("", None)}
+            for row in csv.DictReader(f)
+        ]
 
 
 def league_state(run_dir: Path) -> dict:

@@ -62,7 +62,9 @@ def env_module(env_id: str) -> Any:
             if exc.name is not None and not module.startswith(exc.name):
                 raise MultiAgentEnvError(f"{env_id}: importing {module} failed: {exc}") from None
     hint = "pip install 'zrl[multiagent]'"
-    raise MultiAgentEnvError(f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})")
+    raise MultiAgentEnvError(
+        f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})"
+    )
 
 
 def env_name(env_id: str) -> str:
@@ -73,7 +75,9 @@ def uses_parallel_api(cfg: MultiAgentConfig, module: Any) -> bool:
     if cfg.api == "auto":
         return hasattr(module, "parallel_env")
     if cfg.api == "parallel" and not hasattr(module, "parallel_env"):
-        raise MultiAgentEnvError(f"env.multiagent.api: parallel: {module.__name__} has no parallel_env")
+        raise MultiAgentEnvError(
+            f"env.multiagent.api: parallel: {module.__name__} has no parallel_env"
+        )
     return cfg.api == "parallel"
 
 
@@ -104,7 +108,9 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, envs: list[Any], agents: list[str], opponents: Opponents | None, state: bool) -> None:
+    def __init__(
+        self, envs: list[Any], agents: list[str], opponents: Opponents | None, state: bool
+    ) -> None:
         self.games = envs
         self.agents = agents
         probe = envs[0]
@@ -119,11 +125,15 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
                     "observation or action spaces"
                 )
         if not isinstance(actions[first], gym.spaces.Discrete):
-            raise MultiAgentEnvError(f"agent {first}'s action space {actions[first]} is not Discrete")
+            raise MultiAgentEnvError(
+                f"agent {first}'s action space {actions[first]} is not Discrete"
+            )
         state_space = getattr(probe, "state_space", None) if state else None
         if state and state_space is None:
             raise MultiAgentEnvError("env.multiagent.central_value: this env has no state()")
-        self.single_observation_space: AgentObservationSpace = agent_space(spaces[first], state_space)
+        self.single_observation_space: AgentObservationSpace = agent_space(
+            spaces[first], state_space
+        )
         self.single_action_space = actions[first]
         self.num_actions = int(actions[first].n)
         self.opponents = opponents
@@ -149,7 +159,13 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
 class TurnBasedVectorEnv(MultiAgentVectorEnv):
     """One slot per game of a turn-based (AEC) PettingZoo env; see the module docstring."""
 
-    def __init__(self, make: Callable[[], Any], num_games: int, cfg: MultiAgentConfig, opponents: Opponents | None) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        num_games: int,
+        cfg: MultiAgentConfig,
+        opponents: Opponents | None,
+    ) -> None:
         envs = [make() for _ in range(num_games)]
         # The unwrapped envs: PettingZoo's wrappers forward every attribute through several
         # __getattr__ calls and observe twice per step (most of a game's cost). Their one
@@ -173,7 +189,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
             )
         super().__init__(envs, agents, opponents, state=cfg.central_value)
         self.num_envs = num_games
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_games)
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_games
+        )
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_games)
         self.seat = [agents[0]] * num_games
         self.opponent = ["random"] * num_games
@@ -197,7 +215,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
 
     def _start(self, g: int) -> None:
         env = self.games[g]
-        seed = None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        seed = (
+            None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        )
         env.reset(seed=seed)
         if self.fixed_seat is not None:
             self.seat[g] = self.fixed_seat
@@ -229,7 +249,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         rules); one by another player is a bug of that player."""
         if not self._legal(obs, action):
             if self.raw[g].agent_selection != self.seat[g]:
-                raise MultiAgentEnvError(f"opponent {self.opponent[g]!r} played illegal move {action}")
+                raise MultiAgentEnvError(
+                    f"opponent {self.opponent[g]!r} played illegal move {action}"
+                )
             self.illegal_moves += 1
             self.forfeit[g] = True
             self.pending_reward[g] -= 1.0
@@ -268,14 +290,18 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
             self.last_obs[g] = self._observe(g, self.seat[g])
         return self.last_obs.copy()
 
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: Any = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         self.seed = seed
         for g in range(self.num_envs):
             self._start(g)
         self._play_others()
         return self._observations(), {}
 
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         n = self.num_envs
         restarted = self.over.copy()
         for g in range(n):
@@ -298,7 +324,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
                 truncated[g] = not terminated[g]
                 self.over[g] = True
                 if self._player_is_opponent(g):
-                    self._opponents().finished(self.opponent[g], int(np.sign(self.episode_return[g])))
+                    self._opponents().finished(
+                        self.opponent[g], int(np.sign(self.episode_return[g]))
+                    )
         return self._observations(), rewards, terminated, truncated, {}
 
     def _player_is_opponent(self, g: int) -> bool:
@@ -309,7 +337,13 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
     """Every agent mapped to main is a slot; all agents act at once (PettingZoo's parallel
     API). Agents mapped to random or scripted play inside ``step``."""
 
-    def __init__(self, make: Callable[[], Any], num_games: int, cfg: MultiAgentConfig, opponents: Opponents | None) -> None:
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        num_games: int,
+        cfg: MultiAgentConfig,
+        opponents: Opponents | None,
+    ) -> None:
         envs = [make() for _ in range(num_games)]
         agents = list(envs[0].possible_agents)
         self.mapping = seat_policies(cfg, agents, turn_based=False)
@@ -323,7 +357,9 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
             raise MultiAgentEnvError("env.multiagent.policy_mapping maps no agent to main")
         super().__init__(envs, agents, opponents, state=cfg.central_value)
         self.num_envs = num_games * len(self.slots)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, self.num_envs
+        )
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.last_obs: list[dict[str, Any]] = [{} for _ in envs]
         self.seed: int | None = None
@@ -333,22 +369,32 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
         return getattr(self, "mapping", {}).get(agent, "main")
 
     def _start(self, g: int) -> None:
-        seed = None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        seed = (
+            None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
+        )
         obs, _ = self.games[g].reset(seed=seed)
         self.last_obs[g] = dict(obs)
         self.over[g] = False
 
-    def _slot_obs(self, g: int, agent: str) -> np.ndarray:
+    def _slot_obs(self, g: int, agent: str, state: np.ndarray | None = None) -> np.ndarray:
         raw = self.last_obs[g].get(agent)
         if raw is None:  # a finished agent: its last observation was not kept
             return np.zeros(self.single_observation_space.shape, np.float32)
-        state = self.games[g].state() if self.single_observation_space.state else None
+        if state is None and self.single_observation_space.state:
+            state = self.games[g].state()
         return encode(raw, self.single_observation_space, state)
 
     def _observations(self) -> np.ndarray:
-        return np.stack([self._slot_obs(g, a) for g in range(len(self.games)) for a in self.slots])
+        out = []
+        for g, env in enumerate(self.games):
+            # One state() per game, not per slot: MPE recomputes every agent's observation.
+            state = env.state() if self.single_observation_space.state else None
+            out += [self._slot_obs(g, a, state) for a in self.slots]
+        return np.stack(out)
 
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: Any = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         self.seed = seed
         for g in range(len(self.games)):
             self._start(g)
@@ -368,7 +414,9 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
                 out[g][a] = int(action)
         return out
 
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         L = len(self.slots)
         rewards = np.zeros(self.num_envs, np.float32)
         terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
@@ -421,6 +469,10 @@ def make_multiagent_vector_env(
     return env
 
 
-def fixed_opponents(env: MultiAgentVectorEnv, env_id: str, opponent: str, seed: int) -> FixedOpponents:
+def fixed_opponents(
+    env: MultiAgentVectorEnv, env_id: str, opponent: str, seed: int
+) -> FixedOpponents:
     """Random and scripted players for ``env``'s games, ``opponent`` in every episode."""
-    return FixedOpponents(opponent, env.single_observation_space, env.num_actions, board_game(env_name(env_id)), seed)
+    return FixedOpponents(
+        opponent, env.single_observation_space, env.num_actions, board_game(env_name(env_id)), seed
+    )

@@ -75,11 +75,15 @@ class BoardGame:
             for shift in range(self.k):
                 r0, c0 = r - shift * dr, c - shift * dc
                 r1, c1 = r0 + (self.k - 1) * dr, c0 + (self.k - 1) * dc
-                if all(0 <= x < self.rows for x in (r0, r1)) and all(0 <= y < self.cols for y in (c0, c1)):
+                if all(0 <= x < self.rows for x in (r0, r1)) and all(
+                    0 <= y < self.cols for y in (c0, c1)
+                ):
                     count += 1
         return count
 
-    def scripted_action(self, planes: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> int:
+    def scripted_action(
+        self, planes: np.ndarray, mask: np.ndarray, rng: np.random.Generator
+    ) -> int:
         """The scripted player's move for the player to move of ``planes [rows, cols, 2]``
         with legal ``mask [num_actions]``."""
         mine, theirs = planes[..., 0] > 0, planes[..., 1] > 0
@@ -102,7 +106,9 @@ class BoardGame:
         assert sq is not None, f"illegal action {action}"
         return sq
 
-    def _opens_win(self, action: int, mine: np.ndarray, theirs: np.ndarray, occupied: np.ndarray) -> bool:
+    def _opens_win(
+        self, action: int, mine: np.ndarray, theirs: np.ndarray, occupied: np.ndarray
+    ) -> bool:
         """Whether after ``action`` the other player can win at once (only gravity games
         have squares that a move makes playable)."""
         if not self.gravity:

@@ -65,7 +65,9 @@ class FixedOpponents:
             return scores.argmax(axis=1)
         if name == "scripted":
             if self.game is None:
-                raise UnknownOpponentError("this env has no scripted player (tictactoe and connect_four have)")
+                raise UnknownOpponentError(
+                    "this env has no scripted player (tictactoe and connect_four have)"
+                )
             return np.array(
                 [self.game.scripted_action(own[i], mask[i], self.rng) for i in range(len(obs))]
             )

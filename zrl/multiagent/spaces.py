@@ -54,17 +54,19 @@ class AgentObservationSpace(gym.spaces.Box):
         return own, obs[:, self.features : self.features + self.mask] > 0.5
 
 
-def agent_space(observation_space: gym.Space, state_space: gym.Space | None) -> AgentObservationSpace:
+def agent_space(
+    observation_space: gym.Space, state_space: gym.Space | None
+) -> AgentObservationSpace:
     """The slot space for an agent's PettingZoo ``observation_space`` (a Box, or a Dict of
     ``observation`` and ``action_mask``) and the global ``state_space`` (None: no state)."""
     if isinstance(observation_space, gym.spaces.Dict) and "action_mask" in observation_space.spaces:
         own = observation_space["observation"]
-        mask = int(np.prod(observation_space["action_mask"].shape))
+        mask = int(np.prod(observation_space["action_mask"].shape or ()))
     else:
         own, mask = observation_space, 0
     if not isinstance(own, gym.spaces.Box):
         raise ValueError(f"agent observation space {observation_space} is not a Box")
-    state = 0 if state_space is None else int(np.prod(state_space.shape))
+    state = 0 if state_space is None else int(np.prod(state_space.shape or ()))
     return AgentObservationSpace(tuple(own.shape), mask, state)
 
 

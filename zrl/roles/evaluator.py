@@ -98,10 +98,13 @@ class Evaluator(Role):
         against: dict[str, float] = {}
         with torch.no_grad():
             for i, opponent in enumerate(self.opponents):
+
+                def make_envs(n: int, opponent: str | None = opponent) -> Any:
+                    return self.make_eval_envs(n, opponent, seed)
+
                 scores = greedy_returns(
-                    self.model, lambda n, o=opponent: self.make_eval_envs(n, o, seed), episodes,
-                    seed=seed, on_step=self.tick,
-                )  # fmt: skip
+                    self.model, make_envs, episodes, seed=seed, on_step=self.tick
+                )
                 if i == 0:
                     returns = scores
                 if opponent is not None:

@@ -133,7 +133,9 @@ class LeagueRole(Role):
             count = M.match_count(msg.meta)
             opponents = [self.league.choose_opponent() for _ in range(count)]
             self.matches_served += count
-            self.rpc.send(P.Message(P.MATCHES, meta={"opponents": opponents}), to=ident, block=False)
+            self.rpc.send(
+                P.Message(P.MATCHES, meta={"opponents": opponents}), to=ident, block=False
+            )
         elif msg.kind == P.RESULTS:
             for opponent, outcome in M.league_results(msg.meta):
                 self.league.record(opponent, outcome)
@@ -162,7 +164,7 @@ class LeagueRole(Role):
         }
         npz = self.checkpoint_dir / SNAPSHOTS_FILE
         with open(npz.with_suffix(".tmp"), "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(npz.with_suffix(".tmp"), npz)
         path = self.checkpoint_dir / STATE_FILE
         path.with_suffix(".tmp").write_text(json.dumps(state))

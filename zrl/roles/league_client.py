@@ -66,8 +66,10 @@ class LeagueClient:
             services = self.role.lookup("league", timeout=1.0)
         except RoleError:
             return None
-        endpoints = [s.get("rpc") for s in services if isinstance(s, dict)]
-        endpoints = [e for e in endpoints if isinstance(e, str) and e]
+        endpoints = [
+            s["rpc"] for s in services if isinstance(s, dict) and isinstance(s.get("rpc"), str)
+        ]
+        endpoints = [e for e in endpoints if e]
         if not endpoints:
             return None
         sock = make_socket(
@@ -126,7 +128,9 @@ class LeagueClient:
         self._flush()
         if len(self.queue) < MATCH_BATCH // 2 and not self.asked:
             channel = self._connect()
-            if channel is not None and channel.send(P.Message(P.MATCH, meta={"count": MATCH_BATCH})):
+            if channel is not None and channel.send(
+                P.Message(P.MATCH, meta={"count": MATCH_BATCH})
+            ):
                 self.asked = True
         if not self.queue:
             deadline = time.monotonic() + WAIT_S
