@@ -88,6 +88,22 @@ class QNetwork(nn.Module):
         return self.value_head(x) + advantages - advantages.mean(dim=1, keepdim=True)
 
 
+def init_actor_critic(
+    torsos: Sequence[nn.Module], policy_head: nn.Linear, value_head: nn.Linear
+) -> None:
+    """CleanRL's PPO initialisation: orthogonal sqrt(2) torsos, a 0.01-gain policy head (a
+    near-uniform first policy) and a unit-gain value head, zero biases."""
+    for module in (sub for torso in torsos for sub in torso.modules()):
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(module.weight, math.sqrt(2))
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    nn.init.orthogonal_(policy_head.weight, 0.01)
+    nn.init.zeros_(policy_head.bias)
+    nn.init.orthogonal_(value_head.weight, 1.0)
+    nn.init.zeros_(value_head.bias)
+
+
 class ActorCritic(nn.Module):
     """Categorical policy and state-value function: two separate MLPs, or one shared encoder.
 
@@ -136,15 +152,7 @@ class ActorCritic(nn.Module):
         # ResNet (and a user's encoder) keep their own: sqrt(2) gains compound through its
         # residual blocks (feature RMS 10 against 0.04 on random frames).
         torsos = [m for m in (encoder, policy_torso, value_torso) if isinstance(m, ORTHOGONAL)]
-        for module in (sub for torso in torsos for sub in torso.modules()):
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(module.weight, math.sqrt(2))
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        nn.init.orthogonal_(self.policy_head.weight, 0.01)
-        nn.init.zeros_(self.policy_head.bias)
-        nn.init.orthogonal_(self.value_head.weight, 1.0)
-        nn.init.zeros_(self.value_head.bias)
+        init_actor_critic(torsos, self.policy_head, self.value_head)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """``obs [B, *obs_shape]`` (or ``[B, obs_dim]``) -> ``(logits [B, num_actions], value [B])``."""
@@ -198,15 +206,7 @@ class AgentActorCritic(nn.Module):
         self.policy_head = nn.Linear(self.policy_torso.out_features, num_actions)
         self.value_torso = MLPEncoder((self.features + self.state,), hidden, activation)
         self.value_head = nn.Linear(self.value_torso.out_features, 1)
-        for torso in (self.policy_torso, self.value_torso):
-            for module in torso.modules():
-                if isinstance(module, nn.Linear):
-                    nn.init.orthogonal_(module.weight, math.sqrt(2))
-                    nn.init.zeros_(module.bias)
-        nn.init.orthogonal_(self.policy_head.weight, 0.01)
-        nn.init.zeros_(self.policy_head.bias)
-        nn.init.orthogonal_(self.value_head.weight, 1.0)
-        nn.init.zeros_(self.value_head.bias)
+        init_actor_critic([self.policy_torso, self.value_torso], self.policy_head, self.value_head)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.policy_logits(obs), self.value(obs)

@@ -62,6 +62,13 @@ def publish(h: InProc, value: float) -> None:
         rpc.close()
 
 
+def force_snapshot(league: LeagueRole, name: str) -> None:
+    """Let the time rule fire once (interval 0) until ``name`` is frozen, then hold it off."""
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
+    wait_for(lambda: name in league.snapshots)
+    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+
+
 def league_rpc(h: InProc, league: LeagueRole) -> Rpc:
     return Rpc(h.ctx, league.rpc_endpoint, sender="actor-0")
 
@@ -80,9 +87,7 @@ def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Pa
 
         publish(inproc, 1.0)
         wait_for(lambda: league.weights.version == 1)
-        league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
-        wait_for(lambda: "main@1" in league.snapshots)
-        league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+        force_snapshot(league, "main@1")
         publish(inproc, 2.0)
         wait_for(lambda: league.weights.version == 2)
 
@@ -142,9 +147,7 @@ def test_checkpoint_resumes_payoff_elo_and_snapshots(inproc: InProc, tmp_path: P
     assert isinstance(league, LeagueRole)
     publish(inproc, 3.0)
     wait_for(lambda: league.weights.version == 1)
-    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
-    wait_for(lambda: "main@1" in league.snapshots)
-    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+    force_snapshot(league, "main@1")
     rpc = league_rpc(inproc, league)
     try:
         rpc.send(P.Message(P.RESULTS, meta={"opponents": ["main@1"] * 3 + ["random"],
@@ -173,9 +176,7 @@ def test_client_chooses_reports_and_fetches_snapshots(inproc: InProc, tmp_path: 
     assert isinstance(league, LeagueRole)
     publish(inproc, 4.0)
     wait_for(lambda: league.weights.version == 1)
-    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 0.0})
-    wait_for(lambda: "main@1" in league.snapshots)
-    league.league.cfg = league.league.cfg.model_copy(update={"snapshot_interval_s": 1e6})
+    force_snapshot(league, "main@1")
 
     client = LeagueClient(league)  # any registered role can lend its context and lookups
     try:

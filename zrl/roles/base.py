@@ -356,6 +356,27 @@ class Role(RoleSockets):
     def bind(self) -> None:
         """Bind the role's own sockets (its rpc ROUTER); called before HELLO announces them."""
 
+    def serve_requests(self, rpc: Channel, wait_ms: int, limit: int = 100) -> None:
+        """Answer with ``on_request`` up to ``limit`` requests waiting on the ``rpc`` ROUTER,
+        after waiting up to ``wait_ms`` for the first; a request that raises ProtocolError is
+        dropped and counted, never fatal."""
+        if not rpc.sock.poll(wait_ms):
+            return
+        for _ in range(limit):
+            got = rpc.recv(block=False)
+            if got is None:
+                return
+            ident, msg = got
+            assert ident is not None
+            try:
+                self.on_request(ident, msg)
+            except P.ProtocolError as exc:
+                rpc._drop(msg.sender or "?", str(exc))
+
+    def on_request(self, ident: bytes, msg: P.Message) -> None:
+        """One request on the role's rpc (``serve_requests``); ProtocolError: dropped."""
+        raise P.ProtocolError(f"the {self.role} serves no {msg.kind!r} requests")
+
     def setup(self) -> None:
         """Open sockets, build models; called once after registration."""
 

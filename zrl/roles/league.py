@@ -115,18 +115,7 @@ class LeagueRole(Role):
         if self.checkpoint_dir is not None and time.monotonic() >= self.next_checkpoint:
             self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
             self.save_checkpoint()
-        if not self.rpc.sock.poll(50):
-            return
-        for _ in range(100):
-            got = self.rpc.recv(block=False)
-            if got is None:
-                return
-            ident, msg = got
-            assert ident is not None
-            try:
-                self.on_request(ident, msg)
-            except P.ProtocolError as exc:
-                self.rpc._drop(msg.sender or "?", str(exc))
+        self.serve_requests(self.rpc, 50)
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
         if msg.kind == P.MATCH:

@@ -148,18 +148,7 @@ class ParameterServer(Role):
                 self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
                 self.save_checkpoint()
             self.drain_gradients()
-        if not self.rpc.sock.poll(0 if self.gradient_server is not None else 100):
-            return
-        for _ in range(100):
-            got = self.rpc.recv(block=False)
-            if got is None:
-                return
-            ident, msg = got
-            assert ident is not None
-            try:
-                self.on_request(ident, msg)
-            except P.ProtocolError as exc:
-                self.rpc._drop(msg.sender or "?", str(exc))
+        self.serve_requests(self.rpc, 0 if self.gradient_server is not None else 100)
 
     def drain_gradients(self) -> None:
         if self.gradients is None or not self.gradients.sock.poll(20):
