@@ -14,8 +14,9 @@ Hosts file: one line per host, ``#`` starts a comment::
 
 The name is only a label (the ``[node2 actor-3]`` output prefix). The ssh target is
 anything ``ssh`` accepts (``host``, ``user@host``, an alias from ``~/.ssh/config``).
-Roles are ``broker``, ``params``, ``replay``, ``learner``, ``evaluator``, ``actor``;
-exactly one host runs the broker, at most one runs params and one the evaluator.
+Roles are ``broker``, ``params``, ``replay``, ``learner``, ``evaluator``, ``league``,
+``actor``; exactly one host runs the broker, at most one runs params, one the evaluator and
+one the league.
 Indices are global: actors are numbered 0.. across hosts in file order (so their seeds
 and Ape-X epsilons differ), and so are replay shards and learners.
 
@@ -62,9 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
-ROLES = ("broker", "params", "replay", "learner", "evaluator", "actor")
+ROLES = ("broker", "params", "replay", "learner", "evaluator", "league", "actor")
 """Start order: the broker first; actors last, so the roles they feed are already up."""
-SINGLETONS = ("broker", "params", "evaluator")
+SINGLETONS = ("broker", "params", "evaluator", "league")
 """Roles an experiment runs at most once (the broker exactly once)."""
 CONFIG_COUNTS = {
     "actor": "actors",
@@ -72,6 +73,7 @@ CONFIG_COUNTS = {
     "params": "params",
     "learner": "learners",
     "evaluator": "evaluator",
+    "league": "league",
 }
 """Hosts-file role -> ``roles.*`` key of the config (actors size their epsilons by it)."""
 PID_MARKER = "@zrl-launch pid="

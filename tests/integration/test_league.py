@@ -1,9 +1,9 @@
 """Self-play leagues for real: `zrl run` of configs/tictactoe_ppo.yaml and
 configs/connect_four_ppo.yaml, every role its own process (a league role among them).
 
-CI trains each for about a minute, to a bar well above what an untrained policy reaches: the
-greedy policy of weights v1 wins about half its tic-tac-toe games against random and loses
-about 90% against the scripted player, and wins about half against random in connect four.
+CI trains each for half a minute or less, to a bar well above what an untrained policy
+reaches: the greedy policy of weights v1 wins about half its games against random in either
+game, and loses about 90% of its tic-tac-toe games against the scripted player.
 The issue's full bars (tic-tac-toe: >= 95% wins against random, <= 5% losses against scripted;
 connect four: >= 90% wins against random) are measured by benchmarks/league.py, with the wall
 times in the README."""
@@ -34,13 +34,13 @@ def league_state(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "tictactoe_ppo.yaml", "stop.eval_return=0.8", "league.snapshot_interval_s=10",
-        wall_time=100, beats=0.6,
+        tmp_path, "tictactoe_ppo.yaml", "stop.eval_return=0.6", "league.snapshot_interval_s=5",
+        "evaluator.interval=5", wall_time=100, beats=0.5,
     )  # fmt: skip
     run_dir = summary["dir"]
     best = max(eval_rows(run_dir), key=lambda r: r["mean"])
-    assert best["random_win_rate"] >= 0.8, best
-    assert best["scripted_loss_rate"] <= 0.2, best
+    assert best["random_win_rate"] >= 0.7, best
+    assert best["scripted_loss_rate"] <= 0.3, best
     state = league_state(run_dir)["league"]
     # The league matched the actors' episodes, heard their results and froze snapshots.
     assert state["games"] > 1000, state["games"]
@@ -52,8 +52,8 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_connect_four_learns_to_beat_random(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "connect_four_ppo.yaml", "stop.eval_return=0.85",
-        "env.multiagent.eval_opponents=[random]", wall_time=100, beats=0.6,
+        tmp_path, "connect_four_ppo.yaml", "stop.eval_return=0.5",
+        "env.multiagent.eval_opponents=[random]", "evaluator.interval=5", wall_time=100, beats=0.4,
     )  # fmt: skip
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
-    assert best["random_win_rate"] >= 0.85, best
+    assert best["random_win_rate"] >= 0.75, best

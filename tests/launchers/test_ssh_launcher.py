@@ -142,7 +142,7 @@ def test_dry_run_prints_the_exact_commands(ssh_launcher: ModuleType, tmp_path: P
     config = yaml.safe_load(config_text)
     assert config["env"]["num_envs"] == 2  # --set applied before shipping
     assert config["roles"] == {  # the counts of the hosts file
-        "actors": 6, "replay": 1, "params": 1, "learners": 1, "evaluator": 1
+        "actors": 6, "replay": 1, "params": 1, "learners": 1, "evaluator": 1, "league": 0
     }  # fmt: skip
     assert status[-1] == (
         "/opt/venv/bin/python -m zrl status --broker tcp://10.0.0.1:5555 --timeout 2"

@@ -107,32 +107,32 @@ def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Pa
         rpc.close()
 
 
-@pytest.mark.parametrize(
-    "msg",
-    [
-        P.Message(P.MATCH, meta={"count": 0}),
-        P.Message(P.MATCH, meta={"count": True}),
-        P.Message(P.RESULTS, meta={"opponents": ["random"], "outcomes": [2]}),
-        P.Message(P.RESULTS, meta={"opponents": ["random", "x"], "outcomes": [1]}),
-        P.Message(P.GET_SNAPSHOT, meta={"id": "x" * 500}),
-        P.Message(P.GET_WEIGHTS),
-    ],
-    ids=["count-0", "count-bool", "outcome-2", "lengths", "long-id", "wrong-kind"],
-)
-def test_malformed_requests_are_dropped_and_counted(
-    inproc: InProc, tmp_path: Path, msg: P.Message
-) -> None:
-    """A malformed request is dropped and counted on the rpc channel; the league goes on."""
+MALFORMED = [
+    P.Message(P.MATCH, meta={"count": 0}),
+    P.Message(P.MATCH, meta={"count": True}),
+    P.Message(P.RESULTS, meta={"opponents": ["random"], "outcomes": [2]}),
+    P.Message(P.RESULTS, meta={"opponents": ["random", "x"], "outcomes": [1]}),
+    P.Message(P.GET_SNAPSHOT, meta={"id": "x" * 500}),
+    P.Message(P.GET_WEIGHTS),
+]
+"""Requests a league must drop: a count of 0 or a bool, an outcome of 2, lists of different
+lengths, an over-long id, a kind it does not serve."""
+
+
+def test_malformed_requests_are_dropped_and_counted(inproc: InProc, tmp_path: Path) -> None:
+    """Each malformed request is dropped and counted on the rpc channel; the league goes on
+    answering and counts no game."""
     inproc.start_broker(make_config(tmp_path))
     league = inproc.start(LeagueRole)
     assert isinstance(league, LeagueRole)
     rpc = league_rpc(inproc, league)
     try:
-        rpc.send(msg)
-        wait_for(lambda: league.stats.snapshot().get("rpc", {}).get("dropped", 0) >= 1)
+        for n, msg in enumerate(MALFORMED, start=1):
+            rpc.send(msg)
+            wait_for(lambda n=n: league.stats.snapshot().get("rpc", {}).get("dropped", 0) >= n)
+            answer = rpc.request(P.Message(P.MATCH, meta={"count": 1}))
+            assert answer.kind == P.MATCHES, msg.kind
         assert league.league.games == 0
-        answer = rpc.request(P.Message(P.MATCH, meta={"count": 1}))
-        assert answer.kind == P.MATCHES
         assert inproc.alive(league)
     finally:
         rpc.close()

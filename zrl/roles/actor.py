@@ -24,6 +24,12 @@ Sockets (where the algorithm's ``wiring.experience`` says):
   gradient of the rollout).
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest version is
   applied before each trajectory and reported with it.
+- DEALER -> the league's rpc (found with LOOKUP "league"), only in a run with a league
+  (``roles.league``): MATCH, RESULTS, GET_SNAPSHOT (``zrl.roles.league_client``).
+
+Multi-agent envs (``zrl.multiagent``): the vector env's slots are the learning policy's agents;
+the actor lends it who plays the others (``make_opponents``: its own model for ``self``, league
+snapshots by id, the random and scripted players), and is otherwise unchanged.
 
 Double-buffered sampling (``actor.env_groups: G`` > 1, Sample Factory's): the E envs are G
 vector envs of E/G (``zrl.envs.EnvGroups``); the actor sends one group's actions, then computes
