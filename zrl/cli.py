@@ -219,15 +219,31 @@ def eval_run(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `zrl run`.")],
     episodes: Annotated[int, typer.Option("--episodes", "-n")] = 10,
     seed: Annotated[int, typer.Option("--seed")] = 12345,
+    opponent: Annotated[
+        str | None,
+        typer.Option(
+            "--opponent",
+            help="Turn-based multi-agent games: play against random or scripted (default random).",
+        ),
+    ] = None,
 ) -> None:
-    """Play the saved policy of a run greedily and print the returns."""
-    from zrl.evaluation import evaluate_run_dir
+    """Play the saved policy of a run greedily and print the returns (in a turn-based game,
+    also its win/draw/loss rates against the opponent)."""
+    from zrl.evaluation import evaluate_run_dir, outcome_rates
 
-    returns = evaluate_run_dir(run_dir, episodes=episodes, seed=seed)
+    if opponent is not None and opponent not in ("random", "scripted"):
+        raise typer.BadParameter(f"{opponent!r} is not random or scripted", param_hint="--opponent")
+    returns = evaluate_run_dir(run_dir, episodes=episodes, seed=seed, opponent=opponent)
     for i, r in enumerate(returns):
         typer.echo(f"episode {i}: return {r:.1f}")
     import numpy as np
 
+    if opponent is not None:
+        rates = outcome_rates(np.asarray(returns))
+        typer.echo(
+            f"against {opponent}: wins {rates['win_rate']:.2f}, draws {rates['draw_rate']:.2f}, "
+            f"losses {rates['loss_rate']:.2f}"
+        )
     typer.echo(f"mean {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes")
 
 

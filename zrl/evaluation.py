@@ -99,10 +99,24 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     return model, cfg, factories
 
 
-def evaluate_run_dir(run_dir: Path, episodes: int = 10, seed: int = 12345) -> list[float]:
+def evaluate_run_dir(
+    run_dir: Path, episodes: int = 10, seed: int = 12345, opponent: str | None = None
+) -> list[float]:
+    """Greedy returns of a run's saved policy; a turn-based multi-agent game is played against
+    ``opponent`` (random or scripted; random when None)."""
+    from zrl.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
+
     model, cfg, factories = load_policy(run_dir)
     env_fn = factories.env_fn()
-    returns = greedy_returns(
-        model, lambda n: make_vector_env(cfg.env, n, env_fn, evaluation=True), episodes, seed
-    )
+
+    def make_envs(n: int) -> Any:
+        envs = make_vector_env(cfg.env, n, env_fn, evaluation=True)
+        if isinstance(envs, TurnBasedVectorEnv):
+            envs.opponents = fixed_opponents(envs, cfg.env.id, opponent or "random", seed)
+        elif opponent is not None:
+            envs.close()
+            raise ValueError(f"--opponent {opponent}: {cfg.env.id} is not a turn-based game")
+        return envs
+
+    returns = greedy_returns(model, make_envs, episodes, seed)
     return [float(r) for r in returns]

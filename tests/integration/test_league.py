@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,16 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
     assert state["self_play_games"] > 0
     assert state["snapshots"], state
     assert (run_dir / "checkpoints" / "league_snapshots.npz").is_file()
+
+    # The saved policy plays the scripted player through `zrl eval`.
+    ev = subprocess.run(
+        [sys.executable, "-m", "zrl", "eval", str(run_dir), "-n", "40", "--opponent", "scripted"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    line = next(x for x in ev.stdout.splitlines() if x.startswith("against scripted"))
+    losses = float(line.rsplit("losses", 1)[1])
+    assert losses <= 0.5, ev.stdout
 
 
 @pytest.mark.slow
