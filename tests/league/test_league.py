@@ -204,6 +204,34 @@ def test_verification_share_goes_to_pfsp_when_nothing_is_forgotten() -> None:
     assert_close_to(frequencies(lg, n), expected, n)
 
 
+def test_fixed_share_meets_the_fixed_players_uniformly() -> None:
+    """Shares 0.3 self-play, 0.4 fixed (uniform over random and scripted), 0.3 PFSP (linear)
+    over two snapshots and the two fixed players: main's win rates 0.5, 0.75, 0.95 (random),
+    0.5 (scripted); weights 1-p: .5 .25 .05 .5, sum 1.3. Random keeps its 0.2 however well main
+    beats it, which PFSP alone would not give it (0.3 * .05 / 1.3 = 0.012)."""
+    n = 20_000
+    lg, _ = league(
+        self_play=0.3, fixed_share=0.4, verification=0.0, payoff_decay=1.0, weighting="linear",
+        fixed_opponents=["random", "scripted"],
+    )  # fmt: skip
+    a, b = lg.add_snapshot(1), lg.add_snapshot(2)
+    play(lg, a, wins=2, losses=2)
+    play(lg, b, wins=3, losses=1)
+    play(lg, "random", wins=19, losses=1)
+    play(lg, "scripted", wins=1, losses=1)
+    pfsp = {a: 0.5, b: 0.25, "random": 0.05, "scripted": 0.5}
+    expected = {MAIN: 0.3, **{k: 0.3 * w / 1.3 for k, w in pfsp.items()}}
+    expected["random"] += 0.2
+    expected["scripted"] += 0.2
+    assert sum(expected.values()) == pytest.approx(1.0)
+    assert_close_to(frequencies(lg, n), expected, n)
+
+
+def test_shares_over_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="fixed_share"):
+        LeagueConfig(self_play=0.5, verification=0.3, fixed_share=0.3)
+
+
 def test_same_seed_same_draws() -> None:
     draws = []
     for _ in range(2):

@@ -378,6 +378,7 @@ def test_an_illegal_move_of_the_learning_policy_forfeits_the_game(illegal):
         assert rewards[0] == -1.0 and terminated[0] and not truncated[0]
         np.testing.assert_array_equal(obs[:, :18], board[:, :18])  # the move was not made
         assert env.illegal_moves == 1
+        assert env.heartbeat_info() == {"illegal_moves": 1}
         assert opponents.results == [("random", -1)]
         obs, rewards, terminated, truncated, _ = env.step(np.array([0]))
         assert rewards[0] == 0.0 and not terminated[0] and not truncated[0]

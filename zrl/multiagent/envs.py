@@ -151,6 +151,10 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
             )
         return self.opponents
 
+    def heartbeat_info(self) -> dict[str, Any]:
+        """Figures for the actor's heartbeat."""
+        return {}
+
     def close(self, **kwargs: Any) -> None:
         for env in self.games:
             env.close()
@@ -206,6 +210,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
     def policy_of(self, agent: str) -> str:
         mapping = getattr(self, "mapping", {})
         return mapping.get(agent, "opponent")
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"illegal_moves": self.illegal_moves}
 
     def _player(self, g: int, agent: str) -> str:
         if agent == self.seat[g]:

@@ -487,6 +487,8 @@ class Actor(Role):
         }
         if self.matchmaker is not None:
             info.update(self.matchmaker.heartbeat_info())
+        if isinstance(self.envs, MultiAgentVectorEnv):
+            info.update(self.envs.heartbeat_info())
         recent = self.episodes.recent_mean()
         if recent is not None:
             info["episode_return"] = round(recent, 2)
