@@ -226,6 +226,13 @@ def eval_run(
             help="Turn-based multi-agent games: play against random or scripted (default random).",
         ),
     ] = None,
+    video: Annotated[
+        Path | None,
+        typer.Option(
+            "--video",
+            help="Record every episode as an mp4 in this directory (needs zrl[video]).",
+        ),
+    ] = None,
 ) -> None:
     """Play the saved policy of a run greedily and print the returns (in a turn-based game,
     also its win/draw/loss rates against the opponent)."""
@@ -233,7 +240,14 @@ def eval_run(
 
     if opponent is not None and opponent not in ("random", "scripted"):
         raise typer.BadParameter(f"{opponent!r} is not random or scripted", param_hint="--opponent")
-    returns = evaluate_run_dir(run_dir, episodes=episodes, seed=seed, opponent=opponent)
+    try:
+        returns = evaluate_run_dir(
+            run_dir, episodes=episodes, seed=seed, opponent=opponent, video_dir=video
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--video" if video else None) from None
+    if video is not None:
+        typer.echo(f"videos: {len(list(video.glob('*.mp4')))} mp4 files in {video}")
     for i, r in enumerate(returns):
         typer.echo(f"episode {i}: return {r:.1f}")
     import numpy as np

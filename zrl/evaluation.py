@@ -4,6 +4,7 @@ continuous action, clipped to the bounds; recurrent models carry their state), s
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,17 +100,77 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     return model, cfg, factories
 
 
+VIDEO_INSTALL = "pip install 'zrl[video]' (moviepy, which gymnasium's RecordVideo writes with)"
+
+
+def video_envs(
+    cfg: ExperimentConfig, env_fn: Callable[[], Any] | None, video_dir: Path, n: int
+) -> gym.vector.VectorEnv:
+    """``n`` evaluation envs that render ``rgb_array`` frames, each recording its first
+    episode to ``video_dir/<name>-<i>-episode-0.mp4`` (gymnasium's RecordVideo). Atari envs
+    keep zrl's preprocessing (the video shows the raw frames); a user's env factory must make
+    its env with ``render_mode="rgb_array"``."""
+    from gymnasium.vector import AutoresetMode
+    from gymnasium.wrappers import RecordVideo
+
+    from zrl import atari
+    from zrl.multiagent.envs import is_multiagent
+
+    if is_multiagent(cfg.env.id):
+        raise ValueError(
+            f"--video: {cfg.env.id} is a multi-agent env, which zrl does not record yet"
+        )
+
+    def maker(i: int) -> Callable[[], gym.Env[Any, Any]]:
+        def make() -> gym.Env[Any, Any]:
+            if env_fn is not None:
+                env = env_fn()
+                if getattr(env, "render_mode", None) != "rgb_array":
+                    raise ValueError(
+                        f"--video: the env factory's env renders {env.render_mode!r}; make it "
+                        "with render_mode='rgb_array'"
+                    )
+            elif atari.is_atari(cfg.env.id):
+                kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}
+                env = atari.make_atari_env(cfg.env.model_copy(update={"kwargs": kwargs}), True)
+            else:
+                env = gym.make(cfg.env.id, render_mode="rgb_array", **cfg.env.kwargs)
+            try:
+                with warnings.catch_warnings():  # every env after the first finds the folder
+                    warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+                    return RecordVideo(
+                        env, str(video_dir), episode_trigger=lambda episode: episode == 0,
+                        name_prefix=f"{cfg.name}-{i}", disable_logger=True,
+                    )  # fmt: skip
+            except gym.error.DependencyNotInstalled:
+                env.close()
+                raise ValueError(f"--video needs moviepy: {VIDEO_INSTALL}") from None
+
+        return make
+
+    return gym.vector.SyncVectorEnv(
+        [maker(i) for i in range(n)], autoreset_mode=AutoresetMode.NEXT_STEP
+    )
+
+
 def evaluate_run_dir(
-    run_dir: Path, episodes: int = 10, seed: int = 12345, opponent: str | None = None
+    run_dir: Path,
+    episodes: int = 10,
+    seed: int = 12345,
+    opponent: str | None = None,
+    video_dir: Path | None = None,
 ) -> list[float]:
     """Greedy returns of a run's saved policy; a turn-based multi-agent game is played against
-    ``opponent`` (random or scripted; random when None)."""
+    ``opponent`` (random or scripted; random when None). With ``video_dir`` every episode is
+    recorded there (``video_envs``)."""
     from zrl.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 
     model, cfg, factories = load_policy(run_dir)
     env_fn = factories.env_fn()
 
     def make_envs(n: int) -> Any:
+        if video_dir is not None:
+            return video_envs(cfg, env_fn, video_dir, n)
         envs = make_vector_env(cfg.env, n, env_fn, evaluation=True)
         if isinstance(envs, TurnBasedVectorEnv):
             envs.opponents = fixed_opponents(envs, cfg.env.id, opponent or "random", seed)
