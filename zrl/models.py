@@ -256,11 +256,15 @@ def sample_categorical(logp: np.ndarray, gumbel: np.ndarray) -> tuple[np.ndarray
 
 def greedy_actions(model: nn.Module, obs: Tensor) -> Tensor:
     """The deterministic action of any zrl model: ``model.act(obs, deterministic=True)`` where
-    the model has ``act`` (actor-critics), else the argmax of its Q-values."""
+    the model has ``act``, else the argmax of its Q-values, or of its logits for an
+    actor-critic whose ``forward`` gives ``(logits, value)``."""
     act = getattr(model, "act", None)
     if callable(act):
         return act(obs, deterministic=True)  # type: ignore[no-any-return]
-    return model(obs).argmax(dim=1)  # type: ignore[no-any-return]
+    out = model(obs)
+    if isinstance(out, tuple):
+        out = out[0]
+    return out.argmax(dim=1)  # type: ignore[no-any-return]
 
 
 def check_discrete_spaces(
