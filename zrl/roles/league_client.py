@@ -175,12 +175,12 @@ class LeagueClient:
             return
         self.next_flush = now + RESULTS_INTERVAL_S
         channel = self._connect()
-        if channel is None:
-            return  # kept until the league is back (bounded: oldest dropped)
-        batch = self.results[: M.MAX_RESULTS]
-        meta = {"opponents": [n for n, _ in batch], "outcomes": [o for _, o in batch]}
-        if channel.send(P.Message(P.RESULTS, meta=meta)):
-            del self.results[: len(batch)]
+        if channel is not None:
+            batch = self.results[: M.MAX_RESULTS]
+            meta = {"opponents": [n for n, _ in batch], "outcomes": [o for _, o in batch]}
+            if channel.send(P.Message(P.RESULTS, meta=meta)):
+                del self.results[: len(batch)]
+        # Kept until the league is back, at most one message's worth: the oldest go first.
         if len(self.results) > M.MAX_RESULTS:
             del self.results[: len(self.results) - M.MAX_RESULTS]
 
