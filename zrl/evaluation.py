@@ -173,7 +173,7 @@ def evaluate_run_dir(
             return video_envs(cfg, env_fn, video_dir, n)
         envs = make_vector_env(cfg.env, n, env_fn, evaluation=True)
         if isinstance(envs, TurnBasedVectorEnv):
-            envs.opponents = fixed_opponents(envs, cfg.env.id, opponent or "random", seed)
+            envs.opponents = fixed_opponents(envs, opponent or "random", seed)
         elif opponent is not None:
             envs.close()
             raise ValueError(f"--opponent {opponent}: {cfg.env.id} is not a turn-based game")

@@ -32,7 +32,7 @@ def test_greedy_returns_of_a_masked_policy_against_random():
 
     def make(n):
         env = make_multiagent_vector_env(env_id, {}, MultiAgentConfig(opponent="random"), n)
-        env.opponents = fixed_opponents(env, env_id, "random", seed=0)
+        env.opponents = fixed_opponents(env, "random", seed=0)
         made.append(env)
         return env
 

@@ -139,7 +139,7 @@ def test_scripted_tictactoe_almost_never_loses_to_random_moves():
     in under 2% of 400+ games (the learning slot moving first in half of them)."""
     env_id = "pettingzoo/tictactoe_v3"
     env = make_multiagent_vector_env(env_id, {}, MultiAgentConfig(opponent="scripted"), 400)
-    scripted = fixed_opponents(env, env_id, "scripted", seed=1)
+    scripted = fixed_opponents(env, "scripted", seed=1)
     env.opponents = scripted
     rng = np.random.default_rng(0)
     try:

@@ -104,19 +104,27 @@ def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) ->
 
 
 class MultiAgentVectorEnv(gym.vector.VectorEnv):
-    """What the two vector envs share: spaces, the NEXT_STEP bookkeeping and the opponents."""
+    """What the two vector envs share: the games, the mapping, the spaces, the per-game
+    NEXT_STEP bookkeeping and the opponents."""
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(
-        self, envs: list[Any], agents: list[str], opponents: Opponents | None, state: bool
+        self,
+        make: Callable[[], Any],
+        num_games: int,
+        cfg: MultiAgentConfig,
+        opponents: Opponents | None,
+        board: BoardGame | None,
+        turn_based: bool,
     ) -> None:
-        self.games = envs
-        self.agents = agents
-        probe = envs[0]
+        self.games = [make() for _ in range(num_games)]
+        self.agents = agents = list(self.games[0].possible_agents)
+        self.mapping = seat_policies(cfg, agents, turn_based)
+        probe = self.games[0]
         spaces = {a: probe.observation_space(a) for a in agents}
         actions = {a: probe.action_space(a) for a in agents}
-        main = [a for a in agents if self.policy_of(a) in ("main", "opponent")] or agents
+        main = [a for a in agents if self.mapping[a] in ("main", "opponent")] or agents
         first = main[0]
         for a in main:
             if spaces[a] != spaces[first] or actions[a] != actions[first]:
@@ -128,8 +136,8 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
             raise MultiAgentEnvError(
                 f"agent {first}'s action space {actions[first]} is not Discrete"
             )
-        state_space = getattr(probe, "state_space", None) if state else None
-        if state and state_space is None:
+        state_space = getattr(probe, "state_space", None) if cfg.central_value else None
+        if cfg.central_value and state_space is None:
             raise MultiAgentEnvError("env.multiagent.central_value: this env has no state()")
         self.single_observation_space: AgentObservationSpace = agent_space(
             spaces[first], state_space
@@ -137,12 +145,25 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         self.single_action_space = actions[first]
         self.num_actions = int(actions[first].n)
         self.opponents = opponents
-        self.board: BoardGame | None = None
-        """The game's scripted player, for the random/scripted default of ``_opponents``."""
-        self.over = np.zeros(len(envs), bool)
+        self.board = board
+        """The game's scripted player (None: the game has none)."""
+        self.over = np.zeros(num_games, bool)
+        self.episodes = np.zeros(num_games, np.int64)
+        self.seed: int | None = None
 
-    def policy_of(self, agent: str) -> str:
-        raise NotImplementedError
+    def set_num_envs(self, num_envs: int) -> None:
+        """The slot count, and the batched spaces that follow from it."""
+        self.num_envs = num_envs
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_envs
+        )
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def game_seed(self, g: int) -> int | None:
+        """The reset seed of game ``g``'s current episode: distinct per game and episode."""
+        if self.seed is None:
+            return None
+        return self.seed + g + len(self.games) * int(self.episodes[g])
 
     def _opponents(self) -> Opponents:
         if self.opponents is None:  # a probe of the spaces, or a test: random legal moves
@@ -168,15 +189,11 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         make: Callable[[], Any],
         num_games: int,
         cfg: MultiAgentConfig,
-        opponents: Opponents | None,
+        opponents: Opponents | None = None,
+        board: BoardGame | None = None,
     ) -> None:
-        envs = [make() for _ in range(num_games)]
-        # The unwrapped envs: PettingZoo's wrappers forward every attribute through several
-        # __getattr__ calls and observe twice per step (most of a game's cost). Their one
-        # check that matters, an illegal move, is made here on the mask the mover saw.
-        self.raw = [env.unwrapped for env in envs]
-        agents = list(envs[0].possible_agents)
-        self.mapping = seat_policies(cfg, agents, turn_based=True)
+        super().__init__(make, num_games, cfg, opponents, board, turn_based=True)
+        agents = self.agents
         learning = [a for a in agents if self.mapping[a] == "main"]
         if len(learning) > 1:
             raise MultiAgentEnvError(
@@ -191,25 +208,18 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
                 "env.multiagent.policy_mapping leaves the learning policy no seat: map one "
                 "agent to main or opponent"
             )
-        super().__init__(envs, agents, opponents, state=cfg.central_value)
-        self.num_envs = num_games
-        self.observation_space = gym.vector.utils.batch_space(
-            self.single_observation_space, num_games
-        )
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_games)
+        # The unwrapped envs: PettingZoo's wrappers forward every attribute through several
+        # __getattr__ calls and observe twice per step (most of a game's cost). Their one
+        # check that matters, an illegal move, is made here on the mask the mover saw.
+        self.raw = [env.unwrapped for env in self.games]
+        self.set_num_envs(num_games)
         self.seat = [agents[0]] * num_games
         self.opponent = ["random"] * num_games
-        self.episodes = np.zeros(num_games, np.int64)
         self.episode_return = np.zeros(num_games)
         self.pending_reward = np.zeros(num_games)
-        self.seed: int | None = None
         self.last_obs = np.zeros((num_games, *self.single_observation_space.shape), np.float32)
         self.forfeit = np.zeros(num_games, bool)
         self.illegal_moves = 0
-
-    def policy_of(self, agent: str) -> str:
-        mapping = getattr(self, "mapping", {})
-        return mapping.get(agent, "opponent")
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"illegal_moves": self.illegal_moves}
@@ -221,17 +231,13 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         return self.opponent[g] if policy in ("opponent", "main") else policy
 
     def _start(self, g: int) -> None:
-        env = self.games[g]
-        seed = (
-            None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
-        )
-        env.reset(seed=seed)
+        self.games[g].reset(seed=self.game_seed(g))
         if self.fixed_seat is not None:
             self.seat[g] = self.fixed_seat
         else:  # alternate, so the learning policy moves first in half its games
             seats = self.learning_seats
             self.seat[g] = seats[(g + int(self.episodes[g])) % len(seats)]
-        if any(self.mapping[a] == "opponent" for a in self.agents if a != self.seat[g]):
+        if self._player_is_opponent(g):
             self.opponent[g] = self._opponents().choose()
         self.episode_return[g] = 0.0
         self.pending_reward[g] = 0.0
@@ -337,6 +343,7 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         return self._observations(), rewards, terminated, truncated, {}
 
     def _player_is_opponent(self, g: int) -> bool:
+        """Whether game ``g`` has a seat the episode's chosen opponent plays."""
         return any(self.mapping[a] == "opponent" for a in self.agents if a != self.seat[g])
 
 
@@ -349,37 +356,23 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
         make: Callable[[], Any],
         num_games: int,
         cfg: MultiAgentConfig,
-        opponents: Opponents | None,
+        opponents: Opponents | None = None,
+        board: BoardGame | None = None,
     ) -> None:
-        envs = [make() for _ in range(num_games)]
-        agents = list(envs[0].possible_agents)
-        self.mapping = seat_policies(cfg, agents, turn_based=False)
+        super().__init__(make, num_games, cfg, opponents, board, turn_based=False)
         if "opponent" in self.mapping.values():
             raise MultiAgentEnvError(
                 "env.multiagent.policy_mapping: opponent seats are for turn-based games; map "
                 "the agents of a parallel env to main, random or scripted"
             )
-        self.slots = [a for a in agents if self.mapping[a] == "main"]
+        self.slots = [a for a in self.agents if self.mapping[a] == "main"]
         if not self.slots:
             raise MultiAgentEnvError("env.multiagent.policy_mapping maps no agent to main")
-        super().__init__(envs, agents, opponents, state=cfg.central_value)
-        self.num_envs = num_games * len(self.slots)
-        self.observation_space = gym.vector.utils.batch_space(
-            self.single_observation_space, self.num_envs
-        )
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
-        self.last_obs: list[dict[str, Any]] = [{} for _ in envs]
-        self.seed: int | None = None
-        self.episodes = np.zeros(num_games, np.int64)
-
-    def policy_of(self, agent: str) -> str:
-        return getattr(self, "mapping", {}).get(agent, "main")
+        self.set_num_envs(num_games * len(self.slots))
+        self.last_obs: list[dict[str, Any]] = [{} for _ in self.games]
 
     def _start(self, g: int) -> None:
-        seed = (
-            None if self.seed is None else self.seed + g + len(self.games) * int(self.episodes[g])
-        )
-        obs, _ = self.games[g].reset(seed=seed)
+        obs, _ = self.games[g].reset(seed=self.game_seed(g))
         self.last_obs[g] = dict(obs)
         self.over[g] = False
 
@@ -465,21 +458,20 @@ def make_multiagent_vector_env(
     ``opponents`` plays the other agents (None: random legal moves, for probes and tests)."""
     module = env_module(env_id)
     parallel = uses_parallel_api(cfg, module)
-    try:
-        factory = module.parallel_env if parallel else module.env
-        factory(**kwargs).close()
-    except TypeError as exc:
-        raise MultiAgentEnvError(f"cannot make {env_id} with env.kwargs {kwargs}: {exc}") from None
+    factory = module.parallel_env if parallel else module.env
+
+    def make() -> Any:
+        try:
+            return factory(**kwargs)
+        except TypeError as exc:
+            raise MultiAgentEnvError(
+                f"cannot make {env_id} with env.kwargs {kwargs}: {exc}"
+            ) from None
+
     cls = ParallelVectorEnv if parallel else TurnBasedVectorEnv
-    env = cls(lambda: factory(**kwargs), num_games, cfg, opponents)
-    env.board = board_game(env_name(env_id))  # seats mapped to scripted play without opponents
-    return env
+    return cls(make, num_games, cfg, opponents, board_game(env_name(env_id)))
 
 
-def fixed_opponents(
-    env: MultiAgentVectorEnv, env_id: str, opponent: str, seed: int
-) -> FixedOpponents:
+def fixed_opponents(env: MultiAgentVectorEnv, opponent: str, seed: int) -> FixedOpponents:
     """Random and scripted players for ``env``'s games, ``opponent`` in every episode."""
-    return FixedOpponents(
-        opponent, env.single_observation_space, env.num_actions, board_game(env_name(env_id)), seed
-    )
+    return FixedOpponents(opponent, env.single_observation_space, env.num_actions, env.board, seed)

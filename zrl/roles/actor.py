@@ -211,7 +211,7 @@ class Actor(Role):
         league's choice when one runs, else ``env.multiagent.opponent``; ``self`` is this
         actor's model at its current weights."""
         cfg = self.config
-        fixed = fixed_opponents(envs, cfg.env.id, cfg.env.multiagent.opponent, self.seed + 1)
+        fixed = fixed_opponents(envs, cfg.env.multiagent.opponent, self.seed + 1)
 
         def build() -> Any:
             return self.make_model(*spaces).eval()

@@ -90,7 +90,7 @@ class Evaluator(Role):
         random draws follow ``seed`` (the evaluation's)."""
         envs = self.make_envs(num_envs, evaluation=True)
         if opponent is not None:
-            envs.opponents = fixed_opponents(envs, self.config.env.id, opponent, seed=seed)
+            envs.opponents = fixed_opponents(envs, opponent, seed=seed)
         return envs
 
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
