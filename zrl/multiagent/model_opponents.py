@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.models import load_arrays, policy_logits
+from zrl.models import load_arrays, policy_logits, sample_categorical
 from zrl.multiagent.opponents import FixedOpponents
 
 CACHED_MODELS = 16
@@ -49,7 +49,6 @@ class ModelOpponents:
         self.build = build
         self.matchmaker = matchmaker
         self.models: OrderedDict[str, nn.Module] = OrderedDict()
-        self.generator = torch.Generator().manual_seed(int(fixed.rng.integers(2**62)))
 
     def choose(self) -> str:
         return self.fixed.opponent if self.matchmaker is None else self.matchmaker.choose()
@@ -64,9 +63,10 @@ class ModelOpponents:
             return self.fixed.act(name, obs)
         model = self.model if name == "self" else self.snapshot(name)
         with torch.no_grad():
-            logits = policy_logits(model, torch.from_numpy(obs))
-            probs = torch.softmax(logits, dim=1)
-            return torch.multinomial(probs, 1, generator=self.generator)[:, 0].numpy()
+            logp = torch.log_softmax(policy_logits(model, torch.from_numpy(obs)), dim=1).numpy()
+        # Gumbel-max, as the learning policy samples its own moves.
+        actions, _ = sample_categorical(logp, self.fixed.rng.gumbel(size=logp.shape))
+        return actions
 
     def snapshot(self, name: str) -> nn.Module:
         """The network of snapshot ``name``, built and loaded on first use."""

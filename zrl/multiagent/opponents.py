@@ -35,7 +35,8 @@ class UnknownOpponentError(ValueError):
 
 class FixedOpponents:
     """Random legal moves and the game's scripted player; every episode's opponent is
-    ``opponent``. Keeps win/draw/loss counts per opponent (the evaluator reports them)."""
+    ``opponent``. Keeps win/draw/loss counts per opponent for whoever holds it to read (the
+    evaluator scores its games from their returns, ``zrl.evaluation.outcome_rates``)."""
 
     def __init__(
         self,
