@@ -16,7 +16,7 @@ from zrl.league.config import LeagueConfig
 from zrl.league.elo import Elo
 from zrl.league.payoff import Payoff, check_outcome
 from zrl.league.pfsp import WEIGHTINGS, pfsp_weights
-from zrl.league.population import MAIN, League, snapshot_id
+from zrl.league.population import MAIN, League, snapshot_id, snapshot_version
 
 __all__ = [
     "MAIN",
@@ -28,4 +28,5 @@ __all__ = [
     "check_outcome",
     "pfsp_weights",
     "snapshot_id",
+    "snapshot_version",
 ]

@@ -27,6 +27,11 @@ def snapshot_id(version: int) -> str:
     return f"{MAIN}@{int(version)}"
 
 
+def snapshot_version(name: str) -> int:
+    """The weights version a snapshot's name (``snapshot_id``) records."""
+    return int(name.rpartition("@")[2])
+
+
 class League:
     """The population, its payoff and Elo, and the matchmaking and snapshot rules.
 
@@ -223,4 +228,4 @@ def _rng_state_from_json(state: Mapping[str, Any]) -> dict[str, Any]:
     return {**state, "state": inner}
 
 
-__all__ = ["MAIN", "League", "snapshot_id"]
+__all__ = ["MAIN", "League", "snapshot_id", "snapshot_version"]

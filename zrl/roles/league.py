@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from zrl.league import MAIN, League
+from zrl.league import MAIN, League, snapshot_version
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import messages as M
@@ -46,7 +46,9 @@ class LatestArrays(WeightsFollower):
     """A weights follower that keeps the newest arrays instead of loading them into a model
     (the league builds no network: it only stores and serves weights)."""
 
-    arrays: dict[str, np.ndarray] = {}
+    def __init__(self, role: Role) -> None:
+        super().__init__(role)
+        self.arrays: dict[str, np.ndarray] = {}
 
     def _apply(self, msg: P.Message, version: int) -> bool:
         if not msg.arrays or not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
@@ -63,10 +65,7 @@ class LeagueRole(Role):
     def __init__(self, broker: str, **kwargs: Any) -> None:
         super().__init__(broker, **kwargs)
         self.snapshots: dict[str, dict[str, np.ndarray]] = {}
-        self.versions: dict[str, int] = {}
         self.matches_served = 0
-        self.results_received = 0
-        self.snapshot_reasons: dict[str, int] = {"win_rate": 0, "time": 0}
         self.checkpoint_dir: Path | None = None
         self.next_checkpoint = 0.0
 
@@ -96,8 +95,6 @@ class LeagueRole(Role):
         name = self.league.add_snapshot(self.weights.version)
         if name not in self.snapshots:
             self.snapshots[name] = self.weights.arrays
-            self.versions[name] = self.weights.version
-            self.snapshot_reasons[reason] += 1
             self.log.info(
                 "snapshot %s (%s: main's win rate over the snapshots %.2f, Elo %.0f); %d in the league",
                 name, reason, win_rate, self.league.elo.rating(MAIN),
@@ -105,7 +102,11 @@ class LeagueRole(Role):
             )  # fmt: skip
         for evicted in set(self.snapshots) - set(self.league.snapshots):
             del self.snapshots[evicted]
-            self.versions.pop(evicted, None)
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """The weights version of every snapshot held (its name records it)."""
+        return {name: snapshot_version(name) for name in self.snapshots}
 
     # --- requests -------------------------------------------------------------------------
 
@@ -128,14 +129,13 @@ class LeagueRole(Role):
         elif msg.kind == P.RESULTS:
             for opponent, outcome in M.league_results(msg.meta):
                 self.league.record(opponent, outcome)
-                self.results_received += 1
         elif msg.kind == P.GET_SNAPSHOT:
             name = M.member_name(msg.meta.get("id"))
             arrays = self.snapshots.get(name)
             if arrays is None:
                 self.rpc.send(P.Message(P.NO_WEIGHTS, meta={"id": name}), to=ident, block=False)
             else:
-                meta = {"id": name, "version": self.versions[name]}
+                meta = {"id": name, "version": snapshot_version(name)}
                 self.rpc.send(P.Message(P.WEIGHTS, meta=meta, arrays=arrays), to=ident, block=False)
         else:
             raise P.ProtocolError(f"the league does not serve {msg.kind!r}")
@@ -145,7 +145,7 @@ class LeagueRole(Role):
     def save_checkpoint(self) -> None:
         assert self.checkpoint_dir is not None
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        state = {"league": self.league.state_dict(), "versions": self.versions}
+        state = {"league": self.league.state_dict()}
         arrays = {
             f"{name}{SEPARATOR}{key}": value
             for name, weights in self.snapshots.items()
@@ -166,7 +166,6 @@ class LeagueRole(Role):
             return
         state = json.loads(path.read_text())
         self.league.load_state_dict(state["league"])
-        self.versions = {str(k): int(v) for k, v in state["versions"].items()}
         with np.load(npz, allow_pickle=False) as stored:
             for key in stored.files:
                 name, _, param = key.partition(SEPARATOR)
