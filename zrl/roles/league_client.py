@@ -26,7 +26,7 @@ from zrl.league import MAIN
 from zrl.roles.base import Role, RoleError
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, make_socket
+from zrl.transport.sockets import Channel
 
 MATCH_BATCH = 64
 WAIT_S = 1.0
@@ -72,18 +72,17 @@ class LeagueClient:
         endpoints = [e for e in endpoints if e]
         if not endpoints:
             return None
-        sock = make_socket(
-            self.role.ctx, zmq.DEALER, rcvtimeo_ms=100,
-            max_message_bytes=self.role.max_message_bytes, keys=self.role.keys,
-        )  # fmt: skip
+        # The role's own socket and channel: its keys and message limits, closed with it.
+        sock = self.role._sock(zmq.DEALER, rcvtimeo_ms=100)
         sock.connect(endpoints[0])
-        self.channel = Channel(sock, "league", self.role.id, self.role.stats)
+        self.channel = self.role._channel(sock, "league")
         return self.channel
 
     def _reconnect(self) -> None:
         """The league went quiet: forget the socket, look it up again next time."""
         if self.channel is not None:
-            self.channel.sock.close(linger=0)
+            self.channel.close()
+            self.role._channels.remove(self.channel)
         self.channel = None
         self.asked = False
 
@@ -185,9 +184,13 @@ class LeagueClient:
             del self.results[: len(self.results) - M.MAX_RESULTS]
 
     def close(self) -> None:
+        """Send the results still kept, giving them a moment to leave before the socket
+        closes (the role closes its other sockets at once)."""
         self._flush(force=True)
         if self.channel is not None:
-            self.channel.sock.close(linger=200)
+            self.channel.close(linger_ms=200)
+            self.role._channels.remove(self.channel)
+            self.channel = None
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"league_games": self.games, "league_fallbacks": self.fallbacks}
