@@ -104,7 +104,21 @@ def init_actor_critic(
     nn.init.zeros_(value_head.bias)
 
 
-class ActorCritic(nn.Module):
+class CategoricalActorCritic(nn.Module):
+    """What zrl's actor-critics share: ``act`` from their ``policy_logits``."""
+
+    def policy_logits(self, obs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
+        """Actions ``[B]``: sampled from the policy, or its mode when ``deterministic``."""
+        logits = self.policy_logits(obs)
+        if deterministic:
+            return logits.argmax(dim=1)
+        return torch.distributions.Categorical(logits=logits).sample()
+
+
+class ActorCritic(CategoricalActorCritic):
     """Categorical policy and state-value function: two separate MLPs, or one shared encoder.
 
     Without ``encoder``: separate ``hidden`` MLP torsos, as CleanRL and SB3 use for small
@@ -167,20 +181,13 @@ class ActorCritic(nn.Module):
         """``V(obs)``, ``[B]``."""
         return self.value_head(self.value_torso(self.torso(obs)))[:, 0]
 
-    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
-        """Actions ``[B]``: sampled from the policy, or its mode when ``deterministic``."""
-        logits = self.policy_logits(obs)
-        if deterministic:
-            return logits.argmax(dim=1)
-        return torch.distributions.Categorical(logits=logits).sample()
-
 
 ILLEGAL_LOGIT = -1e9
 """The logit of an action the mask forbids: finite, so log-probabilities and entropies stay
 finite, and far enough below any real logit that its probability is exactly 0 in float32."""
 
 
-class AgentActorCritic(nn.Module):
+class AgentActorCritic(CategoricalActorCritic):
     """The actor-critic of a multi-agent slot (:class:`AgentObservationSpace`): the policy MLP
     reads the agent's own observation and its logits of illegal actions are set to
     ``ILLEGAL_LOGIT`` (never sampled, never the greedy action, no gradient through them); the
@@ -225,12 +232,6 @@ class AgentActorCritic(nn.Module):
             [obs[:, : self.features], obs[:, self.features + self.mask :]], dim=1
         )
         return self.value_head(self.value_torso(own_and_state))[:, 0]
-
-    def act(self, obs: Tensor, deterministic: bool = False) -> Tensor:
-        logits = self.policy_logits(obs)
-        if deterministic:
-            return logits.argmax(dim=1)
-        return torch.distributions.Categorical(logits=logits).sample()
 
 
 def policy_logits(model: nn.Module, obs: Tensor) -> Tensor:
