@@ -30,7 +30,7 @@ from zrl.algos.sac.config import SACConfig
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
 from zrl.league.config import LeagueConfig
-from zrl.multiagent.config import MultiAgentConfig
+from zrl.multiagent.config import MultiAgentConfig, is_multiagent
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
 
@@ -355,7 +355,7 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _multiagent_fits(self) -> ExperimentConfig:
-        multiagent = self.env.id.split("/", 1)[0] in ("pettingzoo", "mpe2")
+        multiagent = is_multiagent(self.env.id)
         if multiagent and self.actor.env_groups > 1:
             raise ValueError(
                 f"actor.env_groups: {self.actor.env_groups}: a PettingZoo env steps its games "

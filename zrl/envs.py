@@ -73,8 +73,9 @@ def make_vector_env(
             raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
     from zrl import atari  # it imports this module
     from zrl.multiagent import envs as multiagent
+    from zrl.multiagent.config import is_multiagent
 
-    if multiagent.is_multiagent(cfg.id):
+    if is_multiagent(cfg.id):
         try:
             slots = multiagent.make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
         except multiagent.MultiAgentEnvError as exc:

@@ -114,7 +114,7 @@ def video_envs(
     from gymnasium.wrappers import RecordVideo
 
     from zrl import atari
-    from zrl.multiagent.envs import is_multiagent
+    from zrl.multiagent.config import is_multiagent
 
     if is_multiagent(cfg.env.id):
         raise ValueError(

@@ -33,7 +33,8 @@ def check_env_id(env_id: str) -> None:
     from gymnasium.envs.registration import find_highest_version, parse_env_id
 
     from zrl.envs import ENV_NAMESPACE_PACKAGES, register_env_namespace
-    from zrl.multiagent.envs import MultiAgentEnvError, env_module, is_multiagent
+    from zrl.multiagent.config import is_multiagent
+    from zrl.multiagent.envs import MultiAgentEnvError, env_module
 
     if is_multiagent(env_id):
         try:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zrl.multiagent.config import MultiAgentConfig
+from zrl.multiagent.config import MultiAgentConfig, is_multiagent
 from zrl.multiagent.envs import (
     MultiAgentEnvError,
     ParallelVectorEnv,
     TurnBasedVectorEnv,
     env_module,
-    is_multiagent,
     make_multiagent_vector_env,
     uses_parallel_api,
 )

@@ -17,6 +17,14 @@ uniformly random legal moves, or the game's scripted player (``zrl.multiagent.ga
 
 SEAT_POLICIES = ("main", "opponent", "random", "scripted")
 
+MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
+"""The packages whose envs ``env.id: <package>/<name>`` names (``zrl.multiagent.envs``)."""
+
+
+def is_multiagent(env_id: str) -> bool:
+    """Whether ``env.id`` names a PettingZoo env (``pettingzoo/<name>``, ``mpe2/<name>``)."""
+    return "/" in env_id and env_id.split("/", 1)[0] in MULTIAGENT_PACKAGES
+
 
 class MultiAgentConfig(Section):
     """How a PettingZoo env (``env.id: pettingzoo/<name>`` or ``mpe2/<name>``) becomes the

@@ -35,15 +35,10 @@ from zrl.multiagent.opponents import FixedOpponents, Opponents
 from zrl.multiagent.spaces import AgentObservationSpace, agent_space, encode
 
 PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
-MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
 
 
 class MultiAgentEnvError(ValueError):
     """A multi-agent env or mapping zrl cannot run; user-facing."""
-
-
-def is_multiagent(env_id: str) -> bool:
-    return env_id.split("/", 1)[0] in MULTIAGENT_PACKAGES and "/" in env_id
 
 
 def env_module(env_id: str) -> Any:
