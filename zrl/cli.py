@@ -237,8 +237,9 @@ def eval_run(
     """Play the saved policy of a run greedily and print the returns (in a turn-based game,
     also its win/draw/loss rates against the opponent)."""
     from zrl.evaluation import evaluate_run_dir, outcome_rates
+    from zrl.multiagent.config import FIXED_PLAYERS
 
-    if opponent is not None and opponent not in ("random", "scripted"):
+    if opponent is not None and opponent not in FIXED_PLAYERS:
         raise typer.BadParameter(f"{opponent!r} is not random or scripted", param_hint="--opponent")
     try:
         returns = evaluate_run_dir(

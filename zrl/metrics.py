@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zrl.config import ConfigError
+from zrl.multiagent.config import FIXED_PLAYERS
 
 if TYPE_CHECKING:
     from zrl.config import LoggingConfig
@@ -33,7 +34,7 @@ PROGRESS_FIELDS = [
 ]
 OUTCOME_FIELDS = [
     f"{opponent}_{outcome}_rate"
-    for opponent in ("random", "scripted")
+    for opponent in FIXED_PLAYERS
     for outcome in ("win", "draw", "loss")
 ]
 """Win/draw/loss shares of a turn-based game's evaluation against the fixed opponents (empty

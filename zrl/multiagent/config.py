@@ -11,11 +11,15 @@ from pydantic import Field, field_validator
 
 from zrl.config_base import Section
 
-OPPONENT_NAMES = ("self", "random", "scripted")
+FIXED_PLAYERS = ("random", "scripted")
+"""The players that need no weights: uniformly random legal moves, and the game's scripted
+player (``zrl.multiagent.games``)."""
+
+OPPONENT_NAMES = ("self", *FIXED_PLAYERS)
 """Who can play an ``opponent`` seat without a league: the learning policy's current weights,
 uniformly random legal moves, or the game's scripted player (``zrl.multiagent.games``)."""
 
-SEAT_POLICIES = ("main", "opponent", "random", "scripted")
+SEAT_POLICIES = ("main", "opponent", *FIXED_PLAYERS)
 
 MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
 """The packages whose envs ``env.id: <package>/<name>`` names (``zrl.multiagent.envs``)."""
@@ -69,7 +73,7 @@ class MultiAgentConfig(Section):
     @classmethod
     def _fixed_opponents(cls, names: list[str]) -> list[str]:
         for name in names:
-            if name not in ("random", "scripted"):
+            if name not in FIXED_PLAYERS:
                 raise ValueError(f"eval_opponents: {name!r} is not random or scripted")
         if not names:
             raise ValueError("eval_opponents: give at least one (random or scripted)")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from zrl.models import load_arrays, policy_logits, sample_categorical
+from zrl.multiagent.config import FIXED_PLAYERS
 from zrl.multiagent.opponents import FixedOpponents
 
 CACHED_MODELS = 16
@@ -59,7 +60,7 @@ class ModelOpponents:
             self.matchmaker.finished(name, outcome)
 
     def act(self, name: str, obs: np.ndarray) -> np.ndarray:
-        if name in ("random", "scripted"):
+        if name in FIXED_PLAYERS:
             return self.fixed.act(name, obs)
         model = self.model if name == "self" else self.snapshot(name)
         with torch.no_grad():

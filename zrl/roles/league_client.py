@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 
 from zrl.league import MAIN
+from zrl.multiagent.config import FIXED_PLAYERS
 from zrl.roles.base import Role, RoleError
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -34,7 +35,6 @@ RESULTS_INTERVAL_S = 0.5
 LOOKUP_INTERVAL_S = 2.0
 KEPT_SNAPSHOTS = 64
 SELF = "self"  # the opponents' name of the current weights; the league calls it "main"
-FIXED = ("random", "scripted")
 
 
 class LeagueClient:
@@ -143,7 +143,7 @@ class LeagueClient:
         self.games += 1
         if name == MAIN:
             return SELF
-        if name not in FIXED and self.weights(name) is None:
+        if name not in FIXED_PLAYERS and self.weights(name) is None:
             self.fallbacks += 1
             return SELF
         return name
