@@ -28,7 +28,7 @@ def test_unreachable_min_games_is_refused() -> None:
     LeagueConfig(payoff_decay=1.0, min_games=1000)
 
 
-@pytest.mark.parametrize("names", [["random", "random"], ["main"], ["main@3"], [""]])
+@pytest.mark.parametrize("names", [["random", "random"], ["main"], ["main@3"], [""], ["greedy"]])
 def test_fixed_opponent_names(names: list[str]) -> None:
     with pytest.raises(ValidationError, match="fixed_opponents"):
         LeagueConfig(fixed_opponents=names)

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from zrl.config_base import Section
+from zrl.multiagent.config import FIXED_PLAYERS
 
 RESERVED_NAMES = ("main",)
 """Member names the league gives itself: the learning player; snapshots are ``main@<version>``."""
@@ -55,8 +56,8 @@ class LeagueConfig(Section):
     elo_initial: float = 1000.0
     """Elo rating of a new member; a snapshot starts from main's rating at snapshot time."""
     fixed_opponents: list[str] = ["random"]
-    """Non-learning opponents ("random", "scripted"): members of the pool like snapshots (a
-    share only through PFSP), rated by Elo, never forgotten or evicted."""
+    """Non-learning opponents (``random``, ``scripted``): members of the pool like snapshots (PFSP
+    picks them too, besides fixed_share), rated by Elo, never forgotten or evicted."""
 
     @model_validator(mode="after")
     def _shares_fit(self) -> LeagueConfig:
@@ -88,6 +89,11 @@ class LeagueConfig(Section):
                 raise ValueError(
                     f"fixed_opponents: {name!r} is not a usable name (empty, 'main' or "
                     "containing '@' are the league's own)"
+                )
+            if name not in FIXED_PLAYERS:  # the actors would fail on the first such match
+                raise ValueError(
+                    f"fixed_opponents: {name!r} is not one of the players actors have "
+                    f"({', '.join(FIXED_PLAYERS)})"
                 )
         return self
 
