@@ -5,10 +5,8 @@ evaluator's greedy play. No sockets, no processes, no env steps."""
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
@@ -17,12 +15,12 @@ import pytest
 import torch
 
 from zrl.algos import get_algorithm
-from zrl.algos.api import ActorSetup, LearnerSetup, UpdateResult
+from zrl.algos.api import UpdateResult
 from zrl.config import ExperimentConfig
 from zrl.experiment import Experiment, load_experiment
 from zrl.factories import Factories
 from zrl.models import build_model, greedy_actions
-from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import actor_setup, learner_setup
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -69,36 +67,12 @@ def make_model(cfg: ExperimentConfig, obs_space: Any, act_space: Any, model_fn: 
 
 def learner_update(cfg: ExperimentConfig, model: Any, obs_space: Any, act_space: Any) -> Any:
     algorithm = get_algorithm(cfg.algo)
-    return algorithm.load(algorithm.update)(
-        LearnerSetup(
-            config=cfg,
-            model=model,
-            observation_space=obs_space,
-            action_space=act_space,
-            index=0,
-            log=logging.getLogger("test-examples"),
-            train_stats=TrainStats(),
-            services=SimpleNamespace(id="learner-0"),  # type: ignore[arg-type]
-        )  # fmt: skip
-    )
+    return algorithm.load(algorithm.update)(learner_setup(cfg, model, obs_space, act_space))
 
 
 def actor_policy(cfg: ExperimentConfig, model: Any, obs_space: Any, act_space: Any) -> Any:
     algorithm = get_algorithm(cfg.algo)
-    return algorithm.load(algorithm.policy)(
-        ActorSetup(
-            config=cfg,
-            observation_space=obs_space,
-            action_space=act_space,
-            num_envs=E,
-            model=model,
-            actor_index=0,
-            seed=0,
-            rng=np.random.default_rng(0),
-            log=logging.getLogger("test-examples"),
-            train_stats=TrainStats(),
-        )  # fmt: skip
-    )
+    return algorithm.load(algorithm.policy)(actor_setup(cfg, model, obs_space, act_space, E))
 
 
 def observations(rng: np.random.Generator, space: gym.spaces.Box, n: int) -> np.ndarray:

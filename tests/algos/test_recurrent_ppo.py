@@ -9,7 +9,6 @@ The learner's bootstrap state is zeroed where the last step only reset the env."
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 from zrl.algos import get_algorithm
-from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory, UpdateResult
+from zrl.algos.api import Trajectory, UpdateResult
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
 from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
@@ -31,8 +30,7 @@ from zrl.models import build_model, model_to_arrays
 from zrl.recurrent import RecurrentActorCritic
 from zrl.roles.actor import Actor
 from zrl.roles.params import ParameterServer
-from zrl.roles.train_stats import TrainStats
-from zrl.testing.fakes import cue_recall
+from zrl.testing.fakes import actor_setup, cue_recall, learner_setup
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
@@ -69,13 +67,7 @@ def make_model(cfg: ExperimentConfig, seed: int = 0) -> RecurrentActorCritic:
 
 
 def make_policy_for(cfg: ExperimentConfig, model: torch.nn.Module) -> RecurrentPPOPolicy:
-    setup = ActorSetup(
-        config=cfg, observation_space=OBS_SPACE, action_space=ACT_SPACE,
-        num_envs=cfg.env.num_envs, model=model, actor_index=0, seed=1,
-        rng=np.random.default_rng(1), log=logging.getLogger("test.recurrent_ppo"),
-        train_stats=TrainStats(),
-    )  # fmt: skip
-    policy = make_policy(setup)
+    policy = make_policy(actor_setup(cfg, model, OBS_SPACE, ACT_SPACE, cfg.env.num_envs, seed=1))
     assert isinstance(policy, RecurrentPPOPolicy)
     return policy
 
@@ -101,12 +93,7 @@ class FakeServices:
 
 
 def make_update(cfg: ExperimentConfig, model: torch.nn.Module) -> PPOUpdate:
-    setup = LearnerSetup(
-        config=cfg, model=model, observation_space=OBS_SPACE, action_space=ACT_SPACE, index=0,
-        log=logging.getLogger("test.recurrent_ppo"), train_stats=TrainStats(),
-        services=FakeServices(),
-    )  # fmt: skip
-    return PPOUpdate(setup)
+    return PPOUpdate(learner_setup(cfg, model, OBS_SPACE, ACT_SPACE, services=FakeServices()))
 
 
 # ----------------------------------------------------------------------------- a scripted actor
@@ -180,12 +167,8 @@ def step_by_step(
 
 def test_feed_forward_ppo_keeps_the_plain_policy():
     cfg = make_config(model__core="none")
-    setup = ActorSetup(
-        config=cfg, observation_space=OBS_SPACE, action_space=ACT_SPACE, num_envs=E,
-        model=build_model(OBS_SPACE, ACT_SPACE, cfg.model, "ppo"), actor_index=0, seed=1,
-        rng=np.random.default_rng(1), log=logging.getLogger("test"), train_stats=TrainStats(),
-    )  # fmt: skip
-    policy = make_policy(setup)
+    model = build_model(OBS_SPACE, ACT_SPACE, cfg.model, "ppo")
+    policy = make_policy(actor_setup(cfg, model, OBS_SPACE, ACT_SPACE, E, seed=1))
     assert type(policy) is PPOPolicy
 
 

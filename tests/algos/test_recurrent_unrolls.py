@@ -9,7 +9,6 @@ bootstrap state is zeroed where the last step only reset the env."""
 
 from __future__ import annotations
 
-import logging
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +21,6 @@ from tests.algos.test_recurrent_ppo import ACT_SPACE, CORE, OBS_SPACE, ScriptedA
 from tests.algos.test_recurrent_ppo import E as ENVS
 from tests.algos.test_recurrent_ppo import T as STEPS
 from zrl.algos import get_algorithm
-from zrl.algos.api import ActorSetup, LearnerSetup
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_update
@@ -38,8 +36,7 @@ from zrl.models import build_model
 from zrl.recurrent import RecurrentActorCritic
 from zrl.replay.tables import make_table
 from zrl.roles.replay import ReplayServer, assemble_unrolls
-from zrl.roles.train_stats import TrainStats
-from zrl.testing.fakes import cue_recall
+from zrl.testing.fakes import actor_setup, cue_recall, learner_setup
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -70,27 +67,12 @@ def make_model(cfg: ExperimentConfig, seed: int = 0) -> torch.nn.Module:
 
 def make_policy(cfg: ExperimentConfig, model: torch.nn.Module) -> Any:
     return make_categorical_policy(
-        ActorSetup(
-            config=cfg,
-            observation_space=OBS_SPACE,
-            action_space=ACT_SPACE,
-            num_envs=cfg.env.num_envs,
-            model=model,
-            actor_index=0,
-            seed=1,
-            rng=np.random.default_rng(1),
-            log=logging.getLogger("test.recurrent_unrolls"),
-            train_stats=TrainStats(),
-        )  # fmt: skip
+        actor_setup(cfg, model, OBS_SPACE, ACT_SPACE, cfg.env.num_envs, seed=1)
     )
 
 
 def make_update(cfg: ExperimentConfig, model: torch.nn.Module) -> UnrollUpdate:
-    setup = LearnerSetup(
-        config=cfg, model=model, observation_space=OBS_SPACE, action_space=ACT_SPACE, index=0,
-        log=logging.getLogger("test.recurrent_unrolls"), train_stats=TrainStats(),
-        services=SimpleNamespace(id="learner-0"),  # type: ignore[arg-type]
-    )  # fmt: skip
+    setup = learner_setup(cfg, model, OBS_SPACE, ACT_SPACE)
     return ImpalaUpdate(setup) if cfg.algo == "impala" else AppoUpdate(setup)
 
 

@@ -4,8 +4,6 @@ refuses, what ``train`` returns, and the checkpoint state round trip."""
 
 from __future__ import annotations
 
-import logging
-from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
@@ -21,7 +19,7 @@ from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.unrolls import UnrollUpdate
 from zrl.config import ExperimentConfig
 from zrl.models import build_model
-from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -56,16 +54,7 @@ def setup(cfg: ExperimentConfig, seed: int = 0) -> LearnerSetup:
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     model = build_model(obs_space, act_space, cfg.model, algo=cfg.algo, twin=cfg.ddpg.twin)
-    return LearnerSetup(
-        config=cfg,
-        model=model,
-        observation_space=obs_space,
-        action_space=act_space,
-        index=0,
-        log=logging.getLogger("test-updates"),
-        train_stats=TrainStats(),
-        services=SimpleNamespace(id="learner-0"),  # type: ignore[arg-type]
-    )
+    return learner_setup(cfg, model, obs_space, act_space)
 
 
 def batch(arrays: dict[str, np.ndarray], shard: Any = SHARD) -> P.Message:

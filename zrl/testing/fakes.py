@@ -6,16 +6,22 @@ an actor's experience for a replay shard.
 - :func:`sequences`: an R2D2 TRAJECTORY's arrays: sequences with stored states, all steps real.
 - :func:`cue_recall`: one episode of a task that needs memory, acted by a policy.
 - :func:`as_message`: arrays as a receiver sees them (a TRAJECTORY with read-only arrays).
+- :func:`actor_setup`, :func:`learner_setup`: what an actor gives its policy and a learner its
+  update, for an algorithm's parts built alone (a single learner: no peers, no sockets).
 """
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import zmq
 
-from zrl.algos.api import Trajectory
+from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
+from zrl.config import ExperimentConfig
+from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -143,3 +149,40 @@ def cue_recall(
         extras={"logp": np.stack(logp, 1), "first": np.stack(first, 1)},
     )  # fmt: skip
     return trajectory, float(reward[:, -1].mean())
+
+
+def actor_setup(
+    cfg: ExperimentConfig,
+    model: Any,
+    observation_space: Any,
+    action_space: Any,
+    num_envs: int,
+    *,
+    seed: int = 0,
+    actor_index: int = 0,
+) -> ActorSetup:
+    """An actor's :class:`ActorSetup` for a policy under test, its random stream from ``seed``."""
+    return ActorSetup(
+        config=cfg, observation_space=observation_space, action_space=action_space,
+        num_envs=num_envs, model=model, actor_index=actor_index, seed=seed,
+        rng=np.random.default_rng(seed), log=logging.getLogger("zrl.test.actor"),
+        train_stats=TrainStats(),
+    )  # fmt: skip
+
+
+def learner_setup(
+    cfg: ExperimentConfig,
+    model: Any,
+    observation_space: Any,
+    action_space: Any,
+    *,
+    index: int = 0,
+    services: Any = None,
+) -> LearnerSetup:
+    """A learner's :class:`LearnerSetup` for an update under test; ``services`` defaults to a
+    lone learner's (an id, nothing else: an update that opens sockets fails)."""
+    return LearnerSetup(
+        config=cfg, model=model, observation_space=observation_space,
+        action_space=action_space, index=index, log=logging.getLogger("zrl.test.learner"),
+        train_stats=TrainStats(), services=services or SimpleNamespace(id=f"learner-{index}"),
+    )  # fmt: skip
