@@ -4,7 +4,6 @@ handshake runs on in-memory channels)."""
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from typing import Any
@@ -14,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.api import LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.api import NonFiniteLossError, UpdateResult
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.config import ExperimentConfig
 from zrl.models import build_model
-from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -95,11 +94,9 @@ def make_update(
     cfg = cfg or make_config()
     torch.manual_seed(0)
     model = build_model(OBS_SPACE, ACT_SPACE, cfg.model, "ppo")
-    setup = LearnerSetup(
-        config=cfg, model=model, observation_space=OBS_SPACE, action_space=ACT_SPACE,
-        index=index, log=logging.getLogger("test.ppo_update"), train_stats=TrainStats(),
-        services=services or FakeServices(),
-    )  # fmt: skip
+    setup = learner_setup(
+        cfg, model, OBS_SPACE, ACT_SPACE, index=index, services=services or FakeServices()
+    )
     return PPOUpdate(setup)
 
 

@@ -19,7 +19,7 @@ from zrl.algos.r2d2.update import R2D2Update
 from zrl.config import ExperimentConfig
 from zrl.recurrent import recurrent_q_network_for
 from zrl.roles.replay import assemble_sequences
-from zrl.testing.fakes import as_message, sequences
+from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import protocol as P
 
 OBS = 2  # observation width of the synthetic streams
@@ -173,19 +173,9 @@ def spaces():
 
 
 def policy_for(cfg: ExperimentConfig, model: torch.nn.Module) -> R2D2Policy:
-    import logging
-
-    from zrl.algos.api import ActorSetup
-    from zrl.roles.train_stats import TrainStats
 
     obs_space, act_space = spaces()
-    return R2D2Policy(
-        ActorSetup(
-            config=cfg, observation_space=obs_space, action_space=act_space, num_envs=3,
-            model=model, actor_index=0, seed=0, rng=np.random.default_rng(0),
-            log=logging.getLogger("test"), train_stats=TrainStats(),
-        )
-    )  # fmt: skip
+    return R2D2Policy(actor_setup(cfg, model, obs_space, act_space, 3))
 
 
 def test_stored_state_replay_reproduces_the_actors_q_values():
@@ -269,21 +259,11 @@ def test_replay_takes_sequences_and_refuses_malformed_ones():
 
 
 def update_for(cfg: ExperimentConfig) -> R2D2Update:
-    import logging
-
-    from zrl.algos.api import LearnerSetup
-    from zrl.roles.train_stats import TrainStats
 
     torch.manual_seed(0)
     obs_space, act_space = spaces()
     model = recurrent_q_network_for(obs_space, act_space, cfg.model)
-    return R2D2Update(
-        LearnerSetup(
-            config=cfg, model=model, observation_space=obs_space, action_space=act_space,
-            index=0, log=logging.getLogger("test"), train_stats=TrainStats(),
-            services=None,  # type: ignore[arg-type]
-        )
-    )  # fmt: skip
+    return R2D2Update(learner_setup(cfg, model, obs_space, act_space))
 
 
 def batch_message(n: int = 4) -> P.Message:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import math
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from zrl.algos.api import ActorSetup
 from zrl.algos.sampling import CategoricalPolicy
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
-from zrl.roles.train_stats import TrainStats
+from zrl.testing.fakes import actor_setup
 
 
 class NoModel:
@@ -25,18 +23,9 @@ def test_random_actions_are_uniform_and_never_run_the_model():
         {"algo": "appo", "actor": {"random_policy": True}, "replay": {"table": "fifo"}}
     )
     policy = CategoricalPolicy(
-        ActorSetup(
-            config=cfg,
-            observation_space=gym.spaces.Box(0, 255, (4, 8, 8), np.uint8),
-            action_space=gym.spaces.Discrete(6),
-            num_envs=4,
-            model=NoModel(),
-            actor_index=0,
-            seed=0,
-            rng=np.random.default_rng(0),
-            log=logging.getLogger("t"),
-            train_stats=TrainStats(),
-        )  # fmt: skip
+        actor_setup(
+            cfg, NoModel(), gym.spaces.Box(0, 255, (4, 8, 8), np.uint8), gym.spaces.Discrete(6), 4
+        )
     )
     policy.begin(500, 0)
     obs = np.zeros((4, 4, 8, 8), np.uint8)
