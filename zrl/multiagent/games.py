@@ -16,6 +16,10 @@ from functools import cached_property
 import numpy as np
 
 
+DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
+"""A line's direction: along a row, down a column, and the two diagonals."""
+
+
 @dataclass(frozen=True)
 class BoardGame:
     rows: int
@@ -41,7 +45,7 @@ class BoardGame:
 
     def wins(self, pieces: np.ndarray, r: int, c: int) -> bool:
         """Whether a piece at (r, c) completes a line of k in ``pieces`` (bool board)."""
-        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        for dr, dc in DIRECTIONS:
             run = 1
             for sign in (1, -1):
                 rr, cc = r + sign * dr, c + sign * dc
@@ -71,7 +75,7 @@ class BoardGame:
 
     def _count_lines(self, r: int, c: int) -> int:
         count = 0
-        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        for dr, dc in DIRECTIONS:
             for shift in range(self.k):
                 r0, c0 = r - shift * dr, c - shift * dc
                 r1, c1 = r0 + (self.k - 1) * dr, c0 + (self.k - 1) * dc
@@ -95,7 +99,7 @@ class BoardGame:
         block = [a for a in self.winning_actions(theirs, occupied) if a in legal]
         if block:
             return block[int(rng.integers(len(block)))]
-        safe = [a for a in legal if not self._opens_win(a, mine, theirs, occupied)] or legal
+        safe = [a for a in legal if not self._opens_win(a, theirs, occupied)] or legal
         lines = {a: int(self.lines[self._square(occupied, a)]) for a in safe}
         best = max(lines.values())
         central = [a for a in safe if lines[a] == best]
@@ -106,17 +110,13 @@ class BoardGame:
         assert sq is not None, f"illegal action {action}"
         return sq
 
-    def _opens_win(
-        self, action: int, mine: np.ndarray, theirs: np.ndarray, occupied: np.ndarray
-    ) -> bool:
+    def _opens_win(self, action: int, theirs: np.ndarray, occupied: np.ndarray) -> bool:
         """Whether after ``action`` the other player can win at once (only gravity games
         have squares that a move makes playable)."""
         if not self.gravity:
             return False
-        sq = self.square(occupied, action)
-        assert sq is not None
-        after, pieces = occupied.copy(), mine.copy()
-        after[sq], pieces[sq] = True, True
+        after = occupied.copy()
+        after[self._square(occupied, action)] = True
         return bool(self.winning_actions(theirs, after))
 
 
