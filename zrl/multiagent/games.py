@@ -15,7 +15,6 @@ from functools import cached_property
 
 import numpy as np
 
-
 DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
 """A line's direction: along a row, down a column, and the two diagonals."""
 
