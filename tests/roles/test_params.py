@@ -175,6 +175,11 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
     follower_role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
     try:
         follower_role.connect()
+        # The test's own subscriber to the weights, subscribed before any role is: the bus
+        # hands each version to it and to the follower at once, so once it holds v3 the
+        # follower's queue does too.
+        watcher = inproc.sub(P.WEIGHTS_TOPIC)
+        inproc.wait_subscribed(watcher)
         model = TinyModel()
         follower = WeightsFollower(follower_role, model)
         inproc.wait_for_subscriber(P.WEIGHTS_TOPIC)  # its subscription reached params' PUB
@@ -183,6 +188,7 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
         # Several versions queued: only the newest is applied, once.
         for i in range(1, 4):
             assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(i))).meta["version"] == i
+        assert len(collect(watcher, until=3, timeout=5)) == 3
         wait_for(follower.update, timeout=5)
         assert follower.version == 3
         assert_same_arrays(model_arrays(model), weights(3))
