@@ -541,11 +541,12 @@ def make_broker(zmq_ctx) -> Iterator[Any]:
     """In-process brokers with broker.* settings; stopped and joined at teardown."""
     made: list[tuple[Broker, threading.Thread]] = []
 
-    def make(**settings: Any) -> Broker:
+    def make(stop_token: str | None = None, **settings: Any) -> Broker:
         cfg = ExperimentConfig()
         for key, value in settings.items():
             setattr(cfg.broker, key, value)
-        b = Broker(f"inproc://zrl-test-broker-{os.getpid()}-{len(made)}", cfg, ctx=zmq_ctx)
+        b = Broker(f"inproc://zrl-test-broker-{os.getpid()}-{len(made)}", cfg, ctx=zmq_ctx,
+                   stop_token=stop_token)  # fmt: skip
         t = threading.Thread(target=b.run, daemon=True)
         t.start()
         made.append((b, t))
@@ -675,6 +676,79 @@ def test_a_second_hello_does_not_replace_a_live_role(make_broker, clients):
     clients.extend([first, retry])
     assert first.hello(role="learner", index=0).kind == P.WELCOME
     assert retry.hello(role="learner", index=0).kind == P.WELCOME
+
+
+def test_hellos_repeated_on_new_sockets_before_the_first_heartbeat_register_once(
+    make_broker, clients
+):
+    """A role started before its broker says HELLO on several sockets; the broker, once up,
+    reads them all. One role object, one id; another object of the same process, its own."""
+    b = make_broker()
+    socks = [RegistryClient(b.ctx, b.bind_address) for _ in range(4)]
+    clients.extend(socks)
+    ids = [c.hello(role="params", instance="a1b2").meta["id"] for c in socks[:3]]
+    other = socks[3].hello(role="params", instance="c3d4").meta["id"]
+    assert ids == [ids[0]] * 3 and other != ids[0]
+    assert len(status(b.ctx, b.bind_address)["roles"]) == 2
+    # Once alive, the id is that connection's: the same instance on a new socket is ignored.
+    assert socks[2].request(P.HEARTBEAT, id=ids[0]).kind == P.HEARTBEAT_ACK
+    late = RegistryClient(b.ctx, b.bind_address)
+    clients.append(late)
+    assert late.hello(role="params", instance="a1b2").meta["id"] not in (ids[0], other)
+
+
+def test_stop_run_with_the_token_stops_every_role_and_refuses_new_ones(make_broker, clients):
+    b = make_broker(stop_token="s3cret")
+    role, head, late = (RegistryClient(b.ctx, b.bind_address) for _ in range(3))
+    clients.extend([role, head, late])
+    rid = role.hello(role="actor", index=0).meta["id"]
+    ack = role.request(P.HEARTBEAT, id=rid)
+    assert ack.kind == P.HEARTBEAT_ACK and "stop" not in ack.meta
+    wrong = head.request(P.STOP_RUN, token="guess", reason="eval_return")
+    assert wrong.kind == P.REFUSED
+    assert role.request(P.HEARTBEAT, id=rid).meta.get("stop") is None
+    assert status(b.ctx, b.bind_address)["broker"]["rejected"]["bad stop token"] == 1
+    assert head.request(P.STOP_RUN, token="s3cret", reason="eval_return").kind == P.STOP_RUN
+    assert role.request(P.HEARTBEAT, id=rid).meta["stop"] == "eval_return"
+    refused = late.hello(role="actor", index=1)
+    assert refused.kind == P.REFUSED and refused.meta["stopped"] is True
+    assert status(b.ctx, b.bind_address)["broker"]["stopped"] == "eval_return"
+
+
+def test_a_broker_without_a_stop_token_refuses_every_stop_run(make_broker, clients):
+    b = make_broker()
+    head = RegistryClient(b.ctx, b.bind_address)
+    clients.append(head)
+    assert head.request(P.STOP_RUN, token="", reason="x").kind == P.REFUSED
+    assert status(b.ctx, b.bind_address)["broker"]["stopped"] is None
+
+
+def test_roles_stop_cleanly_when_the_head_stops_the_experiment(make_broker, zmq_ctx, clients):
+    from zrl.roles.errors import ExperimentStopped
+
+    b = make_broker(stop_token="t", heartbeat_interval=0.05)
+    running = ThreadRole(b.bind_address, index=0, ctx=zmq_ctx, connect_timeout=5)
+    errors: list[BaseException] = []
+
+    def run(r: Role) -> None:
+        try:
+            r.run()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    t = threading.Thread(target=run, args=(running,), daemon=True)
+    t.start()
+    wait_for(lambda: rows_by_id(status(b.ctx, b.bind_address)).get("threaded-0", {}).get("state")
+             == "alive")  # fmt: skip
+    head = RegistryClient(b.ctx, b.bind_address)
+    clients.append(head)
+    assert head.request(P.STOP_RUN, token="t", reason="wall_time").kind == P.STOP_RUN
+    t.join(5)
+    assert not t.is_alive() and errors == []
+    assert rows_by_id(status(b.ctx, b.bind_address))["threaded-0"]["state"] == "stopped"
+    late = ThreadRole(b.bind_address, index=1, ctx=zmq_ctx, connect_timeout=5)
+    with pytest.raises(ExperimentStopped, match="wall_time"):
+        late.run()
 
 
 def test_dead_and_stopped_entries_are_forgotten(make_broker, clients):

@@ -3,6 +3,7 @@ joins one), as on a host that ``zrl run`` does not start roles on."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -116,7 +117,8 @@ def start_broker(
         from zrl.preflight import preflight
 
         preflight(cfg, factories)  # a bad env id or model fails here, not in every role
-    broker = Broker(bind, cfg, keys=load_keys(keys), factories=factories)
+    broker = Broker(bind, cfg, keys=load_keys(keys), factories=factories,
+                    stop_token=os.environ.get("ZRL_STOP_TOKEN") or None)  # fmt: skip
     install_stop_signals(broker.stop)
     broker.run()
 
@@ -135,6 +137,7 @@ def _start_role(
     model_factory: str | None = None,
 ) -> None:
     from zrl.roles import role_class
+    from zrl.roles.errors import ExperimentStopped
     from zrl.runtime import install_stop_signals, setup_logging
 
     setup_logging(log_level)
@@ -151,7 +154,12 @@ def _start_role(
         },
     )
     install_stop_signals(role.request_stop)
-    role.run()
+    try:
+        role.run()
+    except ExperimentStopped as exc:
+        # The head ended the experiment before or while this role ran: a clean end, so a
+        # host agent does not restart it.
+        role.log.info("%s", exc)
 
 
 def _add_role_command(name: str, help_text: str) -> None:

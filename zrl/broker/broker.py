@@ -15,7 +15,9 @@ machine connects over ipc (``usable_ipc_endpoints``), skipping the loopback TCP 
 ipc endpoints are extra bindings of the same sockets, so CURVE applies to them unchanged.
 
 The broker composes what every WELCOME tells a role (the experiment spec, the endpoints,
-the limits, the factories) and the broker's part of a STATUS reply. With Python-callable
+the limits, the factories) and the broker's part of a STATUS reply. ``stop_token``: the
+secret a head's STOP_RUN must carry (see ``registry``); ``zrl start broker`` reads it from
+``ZRL_STOP_TOKEN``. With Python-callable
 factories it refuses to start without keys: it ships them as pickles, which a role takes
 only from an authenticated broker.
 """
@@ -66,6 +68,7 @@ class Broker:
         ctx: zmq.Context | None = None,
         keys: Keys | None = None,
         factories: Factories | None = None,
+        stop_token: str | None = None,
     ) -> None:
         self.config = config
         self.keys = keys
@@ -131,6 +134,7 @@ class Broker:
             drops=self._drops,
             welcome=self._welcome,
             broker_status=self._status,
+            stop_token=stop_token,
         )
         xsub, xpub, bulk = topic_sockets(
             self._devices,

@@ -11,11 +11,20 @@ bounds what it stores (``zrl.broker.limits``): ``max_roles`` entries, ids and ad
 entries are forgotten after ``forget_after`` seconds. An entry belongs to the connection
 (ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id from another
 connection are dropped and counted. A role that misses its heartbeats for
-``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead.
+``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead. A HELLO without
+an id or index from a role object (``instance``, in a process) that already holds a
+``starting`` entry gets the same id again: a role that said HELLO on several sockets before
+its broker was up registers once.
+
+Stopping an experiment: the head that owns the run sends STOP_RUN with the broker's stop
+token (``ZRL_STOP_TOKEN``, which only the head and the broker know). From then on every
+HEARTBEAT_ACK carries ``stop`` (the reason), so every role, wherever it runs, stops; a HELLO
+is REFUSED with ``stopped``. A broker started without a token refuses every STOP_RUN.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -74,6 +83,8 @@ class RoleEntry:
     rpc: str
     routing_id: bytes
     address: str = ""
+    instance: str = ""
+    """A random name the role object picked (see _earlier_hello)."""
     state: str = "starting"  # starting | alive | dead | stopped
     registered: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
@@ -121,8 +132,12 @@ class Registry:
         drops: DropLog,
         welcome: Callable[[str], P.Message],
         broker_status: Callable[[], dict[str, Any]],
+        stop_token: str | None = None,
     ) -> None:
         self.channel = channel
+        self.stop_token = stop_token
+        self.stopped: str | None = None
+        """Why the head stopped the experiment (STOP_RUN), or None while it runs."""
         self.limits = limits
         self.drops = drops
         self.welcome = welcome
@@ -148,7 +163,7 @@ class Registry:
             return f"host names are at most {MAX_FIELD_CHARS} printable characters"
         if not 0 <= m["pid"] < MAX_PID:
             return "pid out of range"
-        for key in ("rpc", "address"):
+        for key in ("rpc", "address", "instance"):
             if m.get(key) is not None and not valid_text(m[key]):
                 return f"{key} is at most {MAX_FIELD_CHARS} printable characters"
         wanted = m.get("id")
@@ -165,6 +180,19 @@ class Registry:
         # Before its first heartbeat a role retries HELLO on a new socket when the reply to
         # the first came late; it tells the same pid and host.
         return old.state == "starting" and old.pid == m["pid"] and old.host == m["host"]
+
+    def _earlier_hello(self, role: str, m: dict[str, Any]) -> RoleEntry | None:
+        """The ``starting`` entry that this HELLO's role object already holds: its earlier
+        HELLO, sent on another socket before the broker answered."""
+        instance = m.get("instance")
+        if not instance:
+            return None
+        for e in self.roles.values():
+            if (e.role, e.state, e.pid, e.host, e.instance) == (
+                role, "starting", m["pid"], m["host"], instance
+            ):  # fmt: skip
+                return e
+        return None
 
     def _forget_oldest_ended(self) -> bool:
         ended = [e for e in self.roles.values() if e.state in ("dead", "stopped")]
@@ -197,11 +225,20 @@ class Registry:
             self._reply(ident, P.REFUSED, reason=f"bad HELLO: {problem}")
             self._reject(msg.sender, "bad hello", problem)
             return
+        if self.stopped is not None:
+            self._reply(ident, P.REFUSED, stopped=True,
+                        reason=f"the experiment has stopped ({self.stopped})")  # fmt: skip
+            return
         wanted = m.get("id")
         role = m["role"]
         next_n = None
+        earlier = None if wanted is not None or m.get("index") is not None else (
+            self._earlier_hello(role, m)
+        )  # fmt: skip
         if isinstance(wanted, str) and wanted.startswith(role + "-"):
             rid = wanted
+        elif earlier is not None:
+            rid = earlier.id
         else:
             rid, next_n = self._new_id(role, m.get("index"))
         if not valid_name(rid):
@@ -243,6 +280,7 @@ class Registry:
             rpc=m.get("rpc") or "",
             routing_id=ident,
             address=m.get("address") or "",
+            instance=m.get("instance") or "",
             restarts=restarts,
         )
         self.roles[rid] = entry
@@ -280,7 +318,10 @@ class Registry:
                     f"more than {self.limits.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
                     "keeping the previous info"
                 ))  # fmt: skip
-        self._reply(ident, P.HEARTBEAT_ACK)
+        if self.stopped is not None:
+            self._reply(ident, P.HEARTBEAT_ACK, stop=self.stopped)
+        else:
+            self._reply(ident, P.HEARTBEAT_ACK)
 
     def _on_bye(self, ident: bytes, msg: P.Message) -> None:
         rid = msg.meta.get("id")
@@ -300,7 +341,21 @@ class Registry:
         return [e.row(now) for e in sorted(self.roles.values(), key=lambda e: (e.role, e.id))]
 
     def _on_status(self, ident: bytes, msg: P.Message) -> None:
-        self._reply(ident, P.STATUS_REPLY, roles=self.status_rows(), broker=self.broker_status())
+        broker = {**self.broker_status(), "stopped": self.stopped}
+        self._reply(ident, P.STATUS_REPLY, roles=self.status_rows(), broker=broker)
+
+    def _on_stop_run(self, ident: bytes, msg: P.Message) -> None:
+        P.require_meta(msg, {"token": str, "reason": str})
+        token, reason = msg.meta["token"], msg.meta["reason"]
+        if self.stop_token is None or not hmac.compare_digest(token, self.stop_token):
+            self._reply(ident, P.REFUSED, reason="stop_run: wrong stop token")
+            self._reject(msg.sender, "bad stop token", "a STOP_RUN without this broker's token")
+            return
+        if self.stopped is None:
+            text = reason[:MAX_FIELD_CHARS]
+            self.stopped = text if text and valid_text(text) else "stopped"
+            log.info("the head stopped the experiment (%s): telling every role", self.stopped)
+        self._reply(ident, P.STOP_RUN, reason=self.stopped)
 
     def _on_lookup(self, ident: bytes, msg: P.Message) -> None:
         role = msg.meta.get("role")
@@ -318,6 +373,7 @@ class Registry:
             P.BYE: self._on_bye,
             P.STATUS: self._on_status,
             P.LOOKUP: self._on_lookup,
+            P.STOP_RUN: self._on_stop_run,
         }.get(msg.kind)
         if handler is None:
             raise P.ProtocolError(f"registry does not serve {msg.kind!r}")

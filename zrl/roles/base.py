@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -34,7 +35,7 @@ import zmq
 from zrl import __version__
 from zrl.config import ExperimentConfig
 from zrl.factories import Factories
-from zrl.roles.errors import RoleError
+from zrl.roles.errors import ExperimentStopped, RoleError
 from zrl.roles.registry_client import advertise_host_for, registry_request
 from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
@@ -86,6 +87,8 @@ class Role(RoleSockets):
         self.index = index
         self.ctx = ctx or zmq.Context.instance()
         self.host = socket.gethostname()
+        # Tells the broker that HELLOs sent on several sockets come from this one object.
+        self.instance = secrets.token_hex(8)
         self.advertise = advertise or advertise_host_for(broker)
         self.connect_timeout = connect_timeout
         self.stop_event = stop_event or threading.Event()
@@ -137,6 +140,7 @@ class Role(RoleSockets):
                     "pid": os.getpid(),
                     "address": self.advertise,
                     "rpc": self.rpc_endpoint,
+                    "instance": self.instance,
                     "zrl_version": __version__,
                 },
             ),
@@ -240,13 +244,20 @@ class Role(RoleSockets):
                         self._on_welcome(msg)
                         return
                     if msg.kind == P.REFUSED:
-                        raise RoleError(f"broker refused us: {msg.meta.get('reason')}")
+                        self._refused(msg)
             if time.monotonic() > deadline:
                 raise RoleError(
                     f"no answer from a broker at {self.broker} after {self.connect_timeout:g}s"
                 )
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_S)
         raise RoleError("stopped before the broker answered")
+
+    @staticmethod
+    def _refused(msg: P.Message) -> None:
+        reason = msg.meta.get("reason")
+        if msg.meta.get("stopped") is True:
+            raise ExperimentStopped(f"not joining: {reason}")
+        raise RoleError(f"broker refused us: {reason}")
 
     # --- registry requests ------------------------------------------------------------
 
@@ -282,13 +293,17 @@ class Role(RoleSockets):
                 break
             if msg.kind == P.HEARTBEAT_ACK:
                 self._last_ack = now
+                stop = msg.meta.get("stop")
+                if stop is not None and not self.stop_event.is_set():
+                    self.log.info("the experiment stopped (%s): stopping", ascii(str(stop)[:200]))
+                    self.request_stop()
             elif msg.kind == P.WELCOME:
                 self._on_welcome(msg)
             elif msg.kind == P.UNKNOWN_ROLE:
                 self.log.warning("broker does not know us (it restarted?): registering again")
                 self._hello()
             elif msg.kind == P.REFUSED:
-                raise RoleError(f"broker refused us: {msg.meta.get('reason')}")
+                self._refused(msg)
         if now - self._last_ack > self.heartbeat_timeout and now >= self._reconnect_at:
             self.log.warning(
                 "no heartbeat ack from broker for %.1fs: reconnecting (back-off %.1fs)",

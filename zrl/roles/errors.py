@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class RoleError(RuntimeError):
     """A role cannot go on (refused by the broker, broker unreachable, ...); user-facing."""
+
+
+class ExperimentStopped(RoleError):
+    """The broker says the experiment is over (its head stopped it): stop cleanly, exit 0."""

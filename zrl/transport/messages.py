@@ -13,7 +13,7 @@ Registry (role DEALER <-> broker ROUTER):
 
 - ``hello``: role -> broker. Meta ``role`` str, ``id`` str|None (the id to keep),
   ``index`` int|None, ``host`` str, ``pid`` int, ``rpc`` str (own rpc endpoint or ""),
-  ``zrl_version`` str. No arrays.
+  ``instance`` str (random, per role object: HELLOs it repeats get one id), ``zrl_version`` str. No arrays.
 - ``welcome``: broker -> role. Meta ``id``, ``spec`` (resolved config or None),
   ``endpoints`` (name -> address), ``ipc_endpoints`` (the same names on ipc://, empty
   unless a tcp broker has ``broker.ipc``), ``host`` (the broker's ``hostname`` and
@@ -22,16 +22,20 @@ Registry (role DEALER <-> broker ROUTER):
   ``broker_started``, ``secure`` bool, ``factories`` (references). Array ``factories``
   (pickled factories, uint8 ``[bytes]``) only when the factories need pickling.
 - ``refused``: broker -> role. Meta ``reason`` str; ``protocol`` int on a protocol version
-  mismatch. No arrays.
+  mismatch; ``stopped`` true when the experiment has stopped (the role ends cleanly). No
+  arrays.
 - ``heartbeat``: role -> broker. Meta ``id``, ``state``, ``stats`` (channel counters),
   ``info`` (the role's figures). No arrays.
-- ``heartbeat_ack``: broker -> role. No meta, no arrays.
+- ``heartbeat_ack``: broker -> role. Meta ``stop`` str (why) once the head has stopped the
+  experiment: the role stops. No arrays.
 - ``unknown_role``: broker -> role (a heartbeat from an id it does not know). Meta ``id``.
 - ``bye``: role -> broker, at stop. Meta ``id``, ``stats``. No arrays.
 - ``lookup``: anyone -> broker (throwaway DEALER). Meta ``role``. No arrays.
 - ``lookup_reply``: broker -> asker. Meta ``role``, ``services`` ``[{id, rpc, host}]``.
 - ``status``: anyone -> broker (throwaway DEALER). No meta, no arrays.
 - ``status_reply``: broker -> asker. Meta ``roles`` (one row per role), ``broker``.
+- ``stop_run``: head -> broker (throwaway DEALER). Meta ``token`` str (the broker's stop
+  token), ``reason`` str; answered with ``stop_run`` (meta ``reason``) or ``refused``. No arrays.
 - ``error``: defined, not sent by any role in this version.
 
 Data paths:

@@ -60,6 +60,7 @@ MATCH = "match"  # actor -> league rpc: opponents for the next episodes
 MATCHES = "matches"  # league -> actor: the opponents it chose
 RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
 GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
+STOP_RUN = "stop_run"  # head -> broker registry: the experiment is over; every role stops
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -89,6 +90,7 @@ KINDS: tuple[str, ...] = (
     MATCHES,
     RESULTS,
     GET_SNAPSHOT,
+    STOP_RUN,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
