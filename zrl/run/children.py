@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -170,6 +171,8 @@ class ChildPool:
     """Why the run failed, for the summary."""
     fatal_tail: list[str] = field(default_factory=list, init=False)
     """The last lines of the failed role's log."""
+    stop_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
+    """What our STOP_RUN carries: only this process and the broker it started know it."""
 
     def start_zygote(self) -> None:
         if not self.inproc:
@@ -208,9 +211,11 @@ class ChildPool:
             if forked is not None:
                 child.proc = forked
                 return
+        env = {**os.environ, "ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else None
         logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
         child.proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
+            env=env,
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -243,7 +248,8 @@ class ChildPool:
         if self.inproc:
             from zrl.broker import Broker
 
-            self.inproc_broker = Broker(addr, self.cfg, ctx=self.ctx, factories=self.factories)
+            self.inproc_broker = Broker(addr, self.cfg, ctx=self.ctx, factories=self.factories,
+                                        stop_token=self.stop_token)  # fmt: skip
             t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
             t.start()
             self.broker = Child("broker", 0, log_path, thread=t)
