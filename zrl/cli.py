@@ -24,6 +24,7 @@ from zrl.cli_common import (
     UserError,
     load_experiment,
     load_keys,
+    load_resumable,
 )
 from zrl.cli_config import config_app
 from zrl.cli_start import start_app
@@ -154,18 +155,6 @@ def keys_add(
 # --- run / eval / plot ------------------------------------------------------------------
 
 
-def _load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
-    from zrl.config import load_config
-    from zrl.factories import FACTORIES_FILE, Factories
-
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    pickled = run_dir / FACTORIES_FILE
-    factories = Factories.from_wire({}, pickled.read_bytes()) if pickled.is_file() else Factories()
-    return cfg, factories
-
-
 @app.command()
 def run(
     config: Annotated[
@@ -197,7 +186,7 @@ def run(
     if resume is not None:
         if config is not None or run_dir is not None:
             raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
-        cfg, factories = _load_resumable(resume, overrides)
+        cfg, factories = load_resumable(resume, overrides)
         run_dir = resume
         if keys is None and (resume / "keys").is_dir():
             keys = resume / "keys"

@@ -68,3 +68,16 @@ def load_keys(directory: Path | None, name: str = "client") -> Any:
     from zrl.transport.security import load_keys as load
 
     return load(directory, name)
+
+
+def load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
+    """The config and factories of a run directory, to go on with it (``--resume``)."""
+    from zrl.config import load_config
+    from zrl.factories import FACTORIES_FILE, Factories
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    pickled = run_dir / FACTORIES_FILE
+    factories = Factories.from_wire({}, pickled.read_bytes()) if pickled.is_file() else Factories()
+    return cfg, factories

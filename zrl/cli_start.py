@@ -18,9 +18,11 @@ from zrl.cli_common import (
     KeysOpt,
     LogOpt,
     SetOpt,
+    UserError,
     fail,
     load_experiment,
     load_keys,
+    load_resumable,
 )
 
 start_app = typer.Typer(
@@ -91,14 +93,34 @@ def start_broker(
             "without the env's packages).",
         ),
     ] = False,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--run-dir",
+            help="Be the experiment's head: write this run directory (status, metrics, "
+            "summary, model), enforce `stop` by stopping every role wherever it runs, and "
+            "wait for every role of the config to register from other hosts.",
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume", help="Be the head of a run directory again, from its last checkpoints."
+        ),
+    ] = None,
     log_level: LogOpt = "INFO",
 ) -> None:
-    """Run the broker: registry, topic bus and stream devices."""
+    """Run the broker: registry, topic bus and stream devices; with --run-dir, also the
+    experiment's head (what `zrl run` does, with every role started elsewhere)."""
     from zrl.broker import Broker
     from zrl.factories import Factories
     from zrl.runtime import install_stop_signals, setup_logging
     from zrl.transport.sockets import is_loopback
 
+    if run_dir is not None or resume is not None:
+        _start_head(bind, config, overrides, run_dir, resume, keys, insecure, no_preflight,
+                    log_level)  # fmt: skip
+        return
     setup_logging(log_level)
     if not is_loopback(bind) and keys is None and not insecure:
         fail(
@@ -121,6 +143,42 @@ def start_broker(
                     stop_token=os.environ.get("ZRL_STOP_TOKEN") or None)  # fmt: skip
     install_stop_signals(broker.stop)
     broker.run()
+
+
+def _start_head(
+    bind: str,
+    config: Path | None,
+    overrides: list[str] | None,
+    run_dir: Path | None,
+    resume: Path | None,
+    keys: Path | None,
+    insecure: bool,
+    no_preflight: bool,
+    log_level: str,
+) -> None:
+    """``zrl start broker --run-dir``: the head of an experiment whose roles all start on
+    other hosts (or by hand), with ``zrl run``'s run directory and behaviour."""
+    from zrl.run import Supervisor
+
+    if resume is not None:
+        if config is not None or run_dir is not None:
+            raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
+        cfg, factories = load_resumable(resume, overrides)
+        run_dir = resume
+        if keys is None and (resume / "keys").is_dir():
+            keys = resume / "keys"
+    elif config is None:
+        raise UserError("--run-dir needs --config: the experiment this head runs")
+    else:
+        cfg, factories = load_experiment(config, overrides)
+    sup = Supervisor(
+        cfg, run_dir=run_dir, log_level=log_level, keys_dir=keys, factories=factories,
+        insecure=insecure, resume=resume is not None, bind=bind, elsewhere=True,
+        preflight=not no_preflight,
+    )  # fmt: skip
+    summary = sup.run()
+    if summary.get("failed"):
+        raise typer.Exit(1)
 
 
 def _start_role(

@@ -120,6 +120,10 @@ class BrokerConfig(Section):
     """A role silent this long is marked dead."""
     setup_grace: float = Field(60.0, gt=0)
     """Seconds a role may take between HELLO and its first heartbeat (imports, envs, models)."""
+    wait_for_roles: float | None = Field(300.0, gt=0)
+    """Seconds the head waits for the roles placed on other hosts (`hosts`, or every role of
+    `zrl start broker --run-dir`) to register; past it the run fails, naming them. null: wait
+    for ever."""
     streams: list[str] = Field(default_factory=lambda: list(DEFAULT_STREAMS))
     """Named PUSH/PULL streams the broker runs a device for."""
     stream_hwm: int = Field(4, ge=1)

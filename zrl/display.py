@@ -131,13 +131,16 @@ class StatusDisplay:
             self.live.update(self._render())
         elif self.enabled and time.monotonic() >= self._next_plain:
             self._next_plain = time.monotonic() + 5.0
-            alive = sum(1 for r in self.sup.status_rows if r["state"] == "alive")
+            # Out of the roles the run placed: one that never came counts as not alive.
+            planned = self.sup.roster.planned
+            alive = sum(1 for r in self.sup.status_rows
+                        if r["state"] == "alive" and r.get("id") in planned)  # fmt: skip
             self.console.print(
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
                 f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) replay {row['replay_size']:,} "
                 f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
                 f"lag {row['max_version_lag']} eval {_fmt(row.get('eval_return'))} "
-                f"roles alive {alive}/{len(self.sup.status_rows)}",
+                f"roles alive {alive}/{len(planned)}",
                 highlight=False,
             )
 

@@ -361,9 +361,11 @@ class ChildPool:
             if c.restarts
         }
 
-    def stop(self) -> None:
+    def stop(self, before_broker: Callable[[], None] | None = None) -> None:
         """Stop in data-flow order: actors first (their end-of-stream wait needs the replay
-        shards alive to acknowledge), then everyone else, the broker last (BYEs go through it)."""
+        shards alive to acknowledge), then everyone else, the broker last (BYEs go through it).
+        ``before_broker`` runs while the broker is still up (the head stops the roles that
+        run elsewhere there)."""
         for group in (
             [c for c in self.children if c.role == "actor"],
             [c for c in self.children if c.role != "actor"],
@@ -377,6 +379,8 @@ class ChildPool:
             deadline = time.monotonic() + STOP_GRACE_S
             for child in group:
                 self._wait_child(child, deadline)
+        if before_broker is not None and self.broker is not None and self.broker.alive():
+            before_broker()
         if self.broker is not None:
             if self.broker.proc is not None and self.broker.proc.poll() is None:
                 self.broker.proc.send_signal(signal.SIGTERM)

@@ -8,9 +8,13 @@ that comes with it.
 - ``placement``: which roles start here and which on each host of ``hosts``.
 - ``role_trust_args``: what a role takes from its own command line rather than from the
   broker (the checkpoint root, the factory references); ``remote_commands``: the exact
-  ``zrl start`` line for every role placed on another host.
+  ``zrl host`` line (the per-host agent) for every host with placed roles.
+- ``advertised_host``: the address other hosts reach the broker at: ``broker.advertise``,
+  the bound address, or the interface with the default route, else the only non-loopback
+  address. Never a hostname: one that resolves to 127.0.0.1 on the other hosts sends their
+  roles to themselves.
 
-No sockets (``public_host`` connects a UDP socket, which sends nothing, to learn the
+No sockets (``advertised_host`` connects a UDP socket, which sends nothing, to learn the
 address of the interface with the default route).
 """
 
@@ -25,7 +29,7 @@ from pathlib import Path
 from zrl.config import ExperimentConfig
 from zrl.factories import Factories
 from zrl.transport.security import Keys, init_keys, load_keys
-from zrl.transport.sockets import broker_endpoints, free_port_range, is_loopback
+from zrl.transport.sockets import broker_endpoints, free_port_range, is_loopback, split_tcp
 
 
 @dataclass
@@ -52,9 +56,13 @@ class BrokerAccess:
         keys_dir: Path | None,
         insecure: bool,
         inproc_name: str,
+        bind: str | None = None,
+        elsewhere: bool = False,
     ) -> BrokerAccess:
         """The addresses of a new run's broker, after the checks of the security policy
-        (``ValueError`` says what to change)."""
+        (``ValueError`` says what to change). ``bind``: the base address to bind (``zrl start
+        broker --bind``) instead of ``broker.host`` and a free port; ``elsewhere``: every role
+        comes from other hosts (a head that starts none)."""
         resolved = Path(keys_dir).resolve() if keys_dir is not None else None
         keys = load_keys(resolved) if resolved is not None and not inproc else None
         n_endpoints = len(broker_endpoints("tcp://127.0.0.1:1", cfg.broker.streams))
@@ -62,18 +70,26 @@ class BrokerAccess:
             broker_addr = f"inproc://zrl-{os.getpid()}-{inproc_name}"
             bind_addr = public_addr = broker_addr
         else:
-            host = cfg.broker.host
-            base = port or free_port_range(n_endpoints, "127.0.0.1" if host == "0.0.0.0" else host)
+            if bind is not None:
+                host, base = split_tcp(bind)
+            else:
+                host = cfg.broker.host
+                base = port or free_port_range(
+                    n_endpoints, "127.0.0.1" if host == "0.0.0.0" else host
+                )
             bind_addr = f"tcp://{host}:{base}"
             # Local children and our own sockets reach a wildcard bind over loopback.
-            broker_addr = f"tcp://{'127.0.0.1' if host == '0.0.0.0' else host}:{base}"
-            public_addr = f"tcp://{cfg.broker.advertise or public_host(host)}:{base}"
+            broker_addr = f"tcp://{'127.0.0.1' if host in WILDCARDS else host}:{base}"
+            public_addr = broker_addr
         remote_roles = any(sum(h.roles.values()) for h in cfg.hosts)
-        if remote_roles and not inproc and is_loopback(bind_addr):
-            raise ValueError(
-                f"roles are placed on other hosts but the broker binds {bind_addr}, which "
-                "they cannot reach: set broker.host (e.g. --set broker.host=0.0.0.0)"
-            )
+        if not inproc and (remote_roles or elsewhere):
+            if is_loopback(bind_addr) and not elsewhere:
+                raise ValueError(
+                    f"roles are placed on other hosts but the broker binds {bind_addr}, which "
+                    "they cannot reach: set broker.host (e.g. --set broker.host=0.0.0.0)"
+                )
+            if not is_loopback(bind_addr):
+                public_addr = f"tcp://{advertised_host(host, cfg.broker.advertise)}:{base}"
         if not inproc and not is_loopback(bind_addr) and keys_dir is None and not insecure:
             raise ValueError(
                 f"the broker would bind {bind_addr}, reachable from other hosts, without "
@@ -88,15 +104,50 @@ class BrokerAccess:
         self.keys = load_keys(self.keys_dir)
 
 
-def public_host(host: str) -> str:
-    if host != "0.0.0.0":
+WILDCARDS = ("0.0.0.0", "*")
+
+
+def advertised_host(host: str, advertise: str | None) -> str:
+    """The address roles on other hosts reach the broker at (see the module docstring);
+    ``ValueError`` names what to set when no such address can be told."""
+    if advertise:
+        return advertise
+    if host not in WILDCARDS:
         return host
     try:  # the address of the interface with the default route (sends nothing)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("192.0.2.1", 9))
             return str(s.getsockname()[0])
     except OSError:
-        return socket.gethostname()
+        pass
+    addresses = non_loopback_addresses()
+    if len(addresses) == 1:
+        return addresses[0]
+    if not addresses:
+        raise ValueError(
+            "this machine has no address but loopback, so roles on other hosts cannot reach "
+            "the broker: connect it to their network, or set broker.advertise to an address "
+            "they reach it at"
+        )
+    raise ValueError(
+        f"no default route, and several addresses could be the one other hosts reach "
+        f"({', '.join(addresses)}): set broker.advertise (e.g. --set "
+        f"broker.advertise={addresses[0]})"
+    )
+
+
+def non_loopback_addresses() -> list[str]:
+    """This machine's IPv4 addresses outside 127.0.0.0/8 (interfaces that are up)."""
+    import psutil
+
+    up = {name for name, st in psutil.net_if_stats().items() if st.isup}
+    return sorted(
+        a.address
+        for name, addrs in psutil.net_if_addrs().items()
+        if name in up
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    )
 
 
 def placement(
@@ -141,16 +192,39 @@ def factory_args(factories: Factories) -> list[str]:
     return args + ([f"--model-factory={refs['model']}"] if "model" in refs else [])
 
 
+def host_specs(roles: list[tuple[str, int]]) -> list[str]:
+    """``zrl host`` role specs (``actor=4@2``: four actors from index 2) for one host's
+    (role, index) pairs, which ``placement`` numbers consecutively per role."""
+    specs: list[str] = []
+    for role, index in roles:
+        if specs and specs[-1].startswith(f"{role}="):
+            count, first = specs[-1].split("=", 1)[1].split("@")
+            if int(first) + int(count) == index:
+                specs[-1] = f"{role}={int(count) + 1}@{first}"
+                continue
+        specs.append(f"{role}=1@{index}")
+    return specs
+
+
 def remote_commands(
-    cfg: ExperimentConfig, factories: Factories, access: BrokerAccess
-) -> dict[str, list[str]]:
-    """The exact `zrl start` line for every role placed on another host."""
-    keys = f" --keys {access.keys_dir}" if access.keys_dir is not None else ""
+    cfg: ExperimentConfig,
+    factories: Factories,
+    access: BrokerAccess,
+    remote: dict[str, list[tuple[str, int]]] | None = None,
+) -> dict[str, str]:
+    """The ``zrl host`` line (the per-host agent: starts, restarts and stops the roles) for
+    every host with roles placed on it (``remote``: the head's own placement, default the
+    config's ``hosts``)."""
+    keys = f" --keys {shlex.quote(str(access.keys_dir))}" if access.keys_dir is not None else ""
     trust = "".join(f" {shlex.quote(a)}" for a in role_trust_args(cfg, factories))
-    return {
-        host: [
-            f"zrl start {role} --broker {access.public_addr} --index {i}{keys}{trust}"
-            for role, i in roles
-        ]
-        for host, roles in placement(cfg)[1].items()
-    }
+    addresses = {h.name: h.address for h in cfg.hosts}
+    commands = {}
+    for host, roles in (remote if remote is not None else placement(cfg)[1]).items():
+        if not roles:
+            continue
+        broker = access.public_addr
+        if addresses.get(host):  # how that host reaches the broker's, when it differs
+            broker = f"tcp://{addresses[host]}:{split_tcp(access.public_addr)[1]}"
+        specs = " ".join(host_specs(roles))
+        commands[host] = f"zrl host --broker {broker}{keys}{trust} {specs}"
+    return commands

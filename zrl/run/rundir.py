@@ -31,6 +31,7 @@ from zrl.metrics import read_csv
 from zrl.roles.base import RoleError, registry_request
 from zrl.run.aggregator import Aggregator
 from zrl.run.placement import BrokerAccess
+from zrl.run.roster import Roster
 from zrl.run.stop_rule import StopRule
 from zrl.transport import protocol as P
 
@@ -92,12 +93,11 @@ class RunDir:
             agg.env_steps_offset = int(rows[-1].get("env_steps", 0))
         log.info("resuming %s from %d env steps", self.path, agg.env_steps_offset)
 
-    def write_remote_commands(self, commands: dict[str, list[str]]) -> list[str]:
-        """``remote_commands.txt``: the commands to type on each other host; its lines."""
+    def write_remote_commands(self, commands: dict[str, str]) -> list[str]:
+        """``remote_commands.txt``: the command to type on each other host; its lines."""
         lines = []
-        for host, cmds in commands.items():
-            lines.append(f"# on {host}:")
-            lines += cmds
+        for host, cmd in commands.items():
+            lines += [f"# on {host}:", cmd]
         (self.path / "remote_commands.txt").write_text("\n".join(lines) + "\n")
         return lines
 
@@ -152,10 +152,16 @@ class RunDir:
         started: float,
         first_env_step: float | None,
         evals_dropped: int,
-        restarts: dict[str, int],
+        roster: Roster,
+        restarts_here: dict[str, int],
     ) -> dict[str, Any]:
         """What summary.json says: how the run ended and what it reached."""
         evals = agg.evals
+        roles = roster.summary(restarts_here)
+        restarts = {**restarts_here}
+        for rid, known in roles["took_part"].items():
+            if known["restarts"]:
+                restarts[rid] = known["restarts"]
         return {
             "experiment": self.cfg.name,
             "run_dir": str(self.path),
@@ -186,4 +192,5 @@ class RunDir:
             "weights_version": version,
             "model": str(self.path / "model.pt") if version is not None else None,
             "restarts": restarts,
+            "roles": roles,
         }

@@ -1,18 +1,23 @@
-"""``zrl run``: the local supervisor.
+"""The head of an experiment: ``zrl run``, and ``zrl start broker --run-dir``.
 
-Starts a broker and every role of the config as children of this process (the same
-``zrl start`` commands a user would type on other hosts), or as threads over
-``inproc://`` with ``--inproc``; shows live status; restarts what crashes; stops
-everything at the target, at the time limit or on Ctrl-C; and writes the run directory.
+Starts a broker and every role of the config placed here as children of this process (the
+same ``zrl start`` commands a user would type on other hosts), or as threads over
+``inproc://`` with ``--inproc``; prints the ``zrl host`` line for every other host, waits
+for the roles placed there and names the missing ones; shows live status; restarts what
+crashes here (the per-host agents restart theirs); stops the experiment everywhere at the
+target, at the time limit or on Ctrl-C (STOP_RUN: every role's next heartbeat ack says
+stop); and writes the run directory. ``zrl start broker --run-dir DIR`` is the same head
+with no role placed here (``elsewhere``): every role registers from wherever it was
+started, by hand, by ``zrl host`` or by a launcher.
 
 ``Supervisor`` wires the parts together and runs the monitor loop; the jobs are theirs:
 ``placement`` (the broker's addresses, where each role runs, the security policy),
-``rundir`` (the run directory, summary.json, model.pt), ``children`` (starting, restarting
+``roster`` (which roles were placed where, which took part, which never came), ``rundir`` (the run directory, summary.json, model.pt), ``children`` (starting, restarting
 and stopping the broker and the roles, the zygote), ``aggregator`` (the figures of the live
 status and progress.csv) and ``stop_rule`` (the target and the limits).
 
 Sockets: a SUB on the topic bus (``metrics``, ``eval``) and throwaway DEALERs for
-STATUS; ``rundir`` owns the LOOKUP and the final GET_WEIGHTS.
+STATUS and STOP_RUN; ``rundir`` owns the LOOKUP and the final GET_WEIGHTS.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from zrl.roles.base import RoleError, registry_request
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.children import Child, ChildPool
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
+from zrl.run.roster import ANY_HOST, Roster
 from zrl.run.rundir import RunDir
 from zrl.run.stop_rule import StopRule
 from zrl.transport import protocol as P
@@ -52,6 +58,10 @@ log = logging.getLogger("zrl.supervisor")
 
 MONITOR_INTERVAL_S = 0.5
 PLAIN_STATUS_INTERVAL_S = 5.0
+MISSING_NOTICE_S = 15.0
+"""How often the head names the placed roles that have not registered yet."""
+REMOTE_STOP_WAIT_S = 20.0
+"""How long the head keeps the broker up for roles elsewhere to hear the stop and say BYE."""
 
 
 class Supervisor:
@@ -70,8 +80,13 @@ class Supervisor:
         factories: Factories | None = None,
         insecure: bool = False,
         resume: bool = False,
+        bind: str | None = None,
+        elsewhere: bool = False,
+        preflight: bool = True,
     ) -> None:
         self.resume = resume
+        self.elsewhere = elsewhere
+        self.preflight = preflight
         self.cfg = cfg
         self.factories = factories or Factories()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -85,7 +100,8 @@ class Supervisor:
         self.show_status = show_status
         self.ctx: zmq.Context = zmq.Context.instance()
         self.access = BrokerAccess.of(cfg, inproc=inproc, port=port, keys_dir=keys_dir,
-                                      insecure=insecure, inproc_name=str(id(self)))  # fmt: skip
+                                      insecure=insecure, inproc_name=str(id(self)), bind=bind,
+                                      elsewhere=elsewhere)  # fmt: skip
         self.pool = ChildPool(cfg, self.factories, self.rundir, self.access, self.ctx,
                               inproc=inproc, log_level=log_level)  # fmt: skip
         self.agg = Aggregator()
@@ -97,6 +113,8 @@ class Supervisor:
         self.first_env_step: float | None = None  # seconds from our start
         self._display: Any = None
         self.evals_dropped = 0
+        self.roster = Roster.of(*self.placement(), wait_s=cfg.broker.wait_for_roles)
+        self._next_missing_notice = 0.0
 
     # What the display, the CLI and the tests read; the parts own it.
 
@@ -153,12 +171,16 @@ class Supervisor:
             )
 
     def placement(self) -> tuple[list[tuple[str, int]], dict[str, list[tuple[str, int]]]]:
-        """(local roles, {host name: its roles}) as (role, index) pairs (see placement)."""
-        return placement(self.cfg)
+        """(local roles, {host name: its roles}) as (role, index) pairs (see placement); a
+        head that starts no roles expects the ones the config does not place from any host."""
+        local, remote = placement(self.cfg)
+        if self.elsewhere:
+            return [], {**remote, ANY_HOST: local}
+        return local, remote
 
-    def remote_commands(self) -> dict[str, list[str]]:
-        """The exact `zrl start` line for every role placed on another host."""
-        return remote_commands(self.cfg, self.factories, self.access)
+    def remote_commands(self) -> dict[str, str]:
+        """The ``zrl host`` line for every host with roles placed on it."""
+        return remote_commands(self.cfg, self.factories, self.access, self.placement()[1])
 
     def stop_rule(self) -> str:
         """The stop rule on evaluations, in words (for the summary and the README)."""
@@ -215,9 +237,9 @@ class Supervisor:
     def _registered(self, rid: Any, role: str) -> dict[str, Any] | None:
         """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
         (when we started it here) run by the process we started; else None."""
-        local, remote = self.placement()
-        planned = [*local, *(x for roles in remote.values() for x in roles)]
-        if not isinstance(rid, str) or rid not in {f"{r}-{i}" for r, i in planned if r == role}:
+        if not isinstance(rid, str) or not rid.startswith(f"{role}-"):
+            return None
+        if rid not in self.roster.planned:
             return None
         row = next((r for r in self.status_rows if r.get("id") == rid), None)
         if row is None or row.get("role") != role or row.get("state") not in ("starting", "alive"):
@@ -233,6 +255,55 @@ class Supervisor:
             self.stop_reason = self.stop_reason or reason
             self._stop.set()
 
+    def _check_roster(self, elapsed: float, display: Any) -> None:
+        """Name the placed roles that have not registered; fail the run past the wait."""
+        self.roster.update(self.status_rows, elapsed)
+        missing = self.roster.missing()
+        if not missing:
+            return
+        overdue = self.roster.overdue(elapsed)
+        if overdue:
+            self.pool.fatal = (
+                f"roles placed on other hosts never registered within broker.wait_for_roles="
+                f"{self.cfg.broker.wait_for_roles:g}s: {self.roster.describe_missing()}"
+            )
+            self.stop_reason = "error"
+            self._stop.set()
+        elif time.monotonic() >= self._next_missing_notice:
+            self._next_missing_notice = time.monotonic() + MISSING_NOTICE_S
+            display.message(
+                f"waiting for {len(missing)} role(s) to register: {self.roster.describe_missing()}"
+            )
+
+    def _stop_experiment(self) -> None:
+        """Tell every role, wherever it runs, that the experiment is over (STOP_RUN), and keep
+        the broker up until the roles elsewhere have said BYE or REMOTE_STOP_WAIT_S passed."""
+        reason = self.stop_reason or "stopped"
+        try:
+            reply = registry_request(
+                self.ctx, self.broker_addr,
+                P.Message(P.STOP_RUN, meta={"token": self.pool.stop_token, "reason": reason}),
+                2.0, self.access.keys,
+            )  # fmt: skip
+        except RoleError as exc:
+            log.warning("could not tell the broker to stop the experiment: %s", exc)
+            return
+        if reply.kind != P.STOP_RUN:
+            log.warning("the broker refused to stop the experiment: %s", reply.meta.get("reason"))
+            return
+        deadline = time.monotonic() + REMOTE_STOP_WAIT_S
+        elapsed = time.monotonic() - self.started
+        while True:
+            self._refresh_status()
+            self.roster.update(self.status_rows, elapsed)
+            running = self.roster.still_running_elsewhere()
+            if not running:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("still running elsewhere after the stop: %s", ", ".join(running))
+                return
+            time.sleep(0.2)
+
     def _check_children(self) -> None:
         """Restart crashed children (see ChildPool.check); stop the run past the budget."""
         show = self._display.message if self._display is not None else None
@@ -240,17 +311,17 @@ class Supervisor:
             self.stop_reason = "error"
             self._stop.set()
 
-    def _stop_children(self) -> None:
-        self.pool.stop()
-
-    def _refresh_status(self) -> None:
+    def _refresh_status(self) -> bool:
+        """Fetch the registry's rows; False when the broker did not answer in time (the
+        rows are the previous ones)."""
         try:
             reply = registry_request(
                 self.ctx, self.broker_addr, P.Message(P.STATUS), 0.5, self.access.keys
             )
-            self.status_rows = reply.meta.get("roles", [])
         except RoleError:
-            pass
+            return False
+        self.status_rows = reply.meta.get("roles", [])
+        return True
 
     # --- finish -----------------------------------------------------------------------
 
@@ -278,7 +349,7 @@ class Supervisor:
 
         # Before the run directory exists, so a mistyped env id leaves nothing behind; the
         # model is checked once the zygote has imported torch (_check_model).
-        spaces = check_env(self.cfg, self.factories)
+        spaces = check_env(self.cfg, self.factories) if self.preflight else None
         self._prepare_run_dir()
         self.pool.fatal = ""
         if self.inproc:
@@ -295,7 +366,8 @@ class Supervisor:
         # here imports torch too (the TensorBoard writer does), so the two overlap.
         self.pool.start_zygote()
         try:
-            self._check_model(spaces)
+            if spaces is not None:
+                self._check_model(spaces)
         except BaseException:
             self.pool.zygote.stop()
             raise
@@ -336,8 +408,10 @@ class Supervisor:
                     self._confirm_target()
                 if time.monotonic() >= next_row:
                     next_row += 1.0
-                    self._refresh_status()
+                    fresh = self._refresh_status()
                     self._check_children()
+                    if fresh:  # never call a role missing on rows the broker did not send
+                        self._check_roster(elapsed, display)
                     row = self.agg.row(elapsed)
                     writer.write_progress(row)
                     writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
@@ -356,7 +430,8 @@ class Supervisor:
                     row = self._final_row(row)
                 version = self._save_model() if self.broker_child is not None else None
             finally:
-                self._stop_children()
+                self.pool.stop(before_broker=self._stop_experiment)
+                self.roster.ended_here({c.name: c.exit_code() for c in self.children})
                 self.pool.zygote.stop()
                 writer.close()
                 for sig, h in previous_handlers.items():
@@ -401,7 +476,10 @@ class Supervisor:
         if not commands:
             return
         lines = self.rundir.write_remote_commands(commands)
-        display.message("start these on the other hosts (also in remote_commands.txt):")
+        display.message(
+            "start this on each other host (also in remote_commands.txt; `zrl host` starts, "
+            "restarts and stops its roles):"
+        )
         for line in lines:
             display.message(f"  {line}")
 
@@ -425,5 +503,6 @@ class Supervisor:
             started=self.started,
             first_env_step=self.first_env_step,
             evals_dropped=self.evals_dropped,
-            restarts=self.pool.restarts(),
+            roster=self.roster,
+            restarts_here=self.pool.restarts(),
         )

@@ -1,0 +1,112 @@
+"""Where ``zrl run`` places roles, the address other hosts are told, the ``zrl host`` lines it
+prints, and the roster of roles that took part (zrl.run.placement, zrl.run.roster)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from zrl.config import ExperimentConfig, HostConfig
+from zrl.factories import Factories
+from zrl.run import placement as placement_module
+from zrl.run.placement import BrokerAccess, advertised_host, host_specs, remote_commands
+from zrl.run.roster import ANY_HOST, HERE, Roster
+
+
+def two_host_config(**broker: object) -> ExperimentConfig:
+    cfg = ExperimentConfig()
+    cfg.roles.actors, cfg.roles.replay = 5, 2
+    cfg.hosts = [HostConfig(name="b", roles={"actors": 2, "replay": 1}),
+                 HostConfig(name="c", address="10.9.0.1", roles={"actors": 2})]  # fmt: skip
+    for key, value in broker.items():
+        setattr(cfg.broker, key, value)
+    return cfg
+
+
+def access(cfg: ExperimentConfig, **kw: object) -> BrokerAccess:
+    return BrokerAccess.of(cfg, inproc=False, port=None, keys_dir=None, insecure=True,
+                           inproc_name="t", **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_host_specs_group_consecutive_indices_per_role():
+    roles = [("replay", 1), ("actor", 1), ("actor", 2), ("actor", 4)]
+    assert host_specs(roles) == ["replay=1@1", "actor=2@1", "actor=1@4"]
+
+
+def test_remote_commands_are_one_zrl_host_line_per_host_with_its_broker_address():
+    cfg = two_host_config(host="0.0.0.0", advertise="10.8.0.1")
+    acc = access(cfg)
+    port = acc.public_addr.rsplit(":", 1)[1]
+    commands = remote_commands(cfg, Factories(), acc)
+    assert commands == {
+        "b": f"zrl host --broker tcp://10.8.0.1:{port} replay=1@1 actor=2@1",
+        # Host c reaches the broker's host at its own address for it.
+        "c": f"zrl host --broker tcp://10.9.0.1:{port} actor=2@3",
+    }
+
+
+def test_the_advertised_address_is_never_a_hostname(monkeypatch: pytest.MonkeyPatch):
+    assert advertised_host("10.1.2.3", None) == "10.1.2.3"
+    assert advertised_host("0.0.0.0", "192.0.2.7") == "192.0.2.7"
+
+    class NoRoute(socket.socket):
+        def connect(self, address: object) -> None:
+            raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(placement_module.socket, "socket", NoRoute)
+    monkeypatch.setattr(placement_module, "non_loopback_addresses", lambda: ["10.88.0.1"])
+    assert advertised_host("0.0.0.0", None) == "10.88.0.1"
+    monkeypatch.setattr(placement_module, "non_loopback_addresses", lambda: [])
+    with pytest.raises(ValueError, match="no address but loopback"):
+        advertised_host("0.0.0.0", None)
+    monkeypatch.setattr(
+        placement_module, "non_loopback_addresses", lambda: ["10.1.0.1", "10.2.0.1"]
+    )
+    with pytest.raises(ValueError, match=r"broker.advertise=10.1.0.1"):
+        advertised_host("0.0.0.0", None)
+    # Placing roles elsewhere with only loopback known is refused before anything starts.
+    monkeypatch.setattr(placement_module, "non_loopback_addresses", lambda: [])
+    with pytest.raises(ValueError, match="no address but loopback"):
+        access(two_host_config(host="0.0.0.0"))
+
+
+def test_a_head_on_a_given_bind_expects_every_role_from_elsewhere():
+    cfg = ExperimentConfig()
+    acc = access(cfg, bind="tcp://127.0.0.1:47000", elsewhere=True)
+    assert (acc.bind_addr, acc.broker_addr, acc.public_addr) == (
+        "tcp://127.0.0.1:47000", "tcp://127.0.0.1:47000", "tcp://127.0.0.1:47000"
+    )  # fmt: skip
+
+
+def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
+    roster = Roster.of([("learner", 0)], {"b": [("actor", 1), ("actor", 2)], ANY_HOST: []},
+                       wait_s=30.0)  # fmt: skip
+    rows = [
+        {"id": "learner-0", "role": "learner", "host": "a", "pid": 1, "state": "alive"},
+        {"id": "actor-1", "role": "actor", "host": "b", "pid": 7, "state": "alive", "restarts": 1},
+        {"id": "host-0", "role": "host", "host": "b", "pid": 6, "state": "alive"},
+    ]
+    roster.update(rows, 2.0)
+    assert roster.missing() == ["actor-2"]
+    assert roster.describe_missing() == "actor-2 (b)"
+    assert roster.overdue(10.0) == [] and roster.overdue(31.0) == ["actor-2"]
+    assert roster.still_running_elsewhere() == ["actor-1", "host-0"]
+    roster.update([], 40.0)  # the registry forgot them: the roster does not
+    roster.ended_here({"learner-0": -9, "actor-9": 0})
+    summary = roster.summary({"learner-0": 2})
+    assert summary["never_came"] == ["actor-2"]
+    assert summary["took_part"]["actor-1"]["placed"] == "b"
+    assert summary["took_part"]["actor-1"]["restarts"] == 1
+    assert summary["took_part"]["learner-0"] | {"first_seen": 0} == {
+        "first_seen": 0, "role": "learner", "host": "a", "address": None, "pid": 1,
+        "state": "exited -9", "restarts": 2, "placed": HERE,
+    }  # fmt: skip
+    assert summary["took_part"]["host-0"]["placed"] == "unplanned"
+
+
+def test_the_roster_waits_for_ever_without_a_limit(tmp_path: Path):
+    roster = Roster.of([], {ANY_HOST: [("actor", 0)]}, wait_s=None)
+    assert roster.overdue(1e9) == []
+    assert roster.missing() == ["actor-0"]

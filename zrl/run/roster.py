@@ -1,0 +1,104 @@
+"""Which roles a run planned, where, and which of them took part.
+
+The head (``zrl run``, or ``zrl start broker --run-dir``) starts some roles itself and
+expects the rest to register from other hosts. ``Roster`` remembers every role the broker
+ever listed during the run (the registry forgets ended ones after a while), says which
+placed roles have not come yet, and when waiting for them has lasted too long. The summary
+lists every role that took part, where, its restarts and last state, and every one that
+never came.
+
+No sockets: it reads the registry rows the supervisor fetched with STATUS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = "here"
+"""Where a role the head starts itself runs."""
+ANY_HOST = "any host"
+"""Where a role runs that the config does not place (a head that starts no roles)."""
+
+
+@dataclass
+class Roster:
+    planned: dict[str, str]
+    """Role id -> where it was placed (``HERE``, a host name of ``hosts``, or ``ANY_HOST``)."""
+    wait_s: float | None
+    """How long roles placed elsewhere may take to register; None: for ever."""
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Role id -> what the registry last said of it (host, pid, restarts, state, ...)."""
+
+    @classmethod
+    def of(
+        cls, local: list[tuple[str, int]], remote: dict[str, list[tuple[str, int]]],
+        wait_s: float | None,
+    ) -> Roster:  # fmt: skip
+        planned = {f"{r}-{i}": HERE for r, i in local}
+        for host, roles in remote.items():
+            planned.update({f"{r}-{i}": host for r, i in roles})
+        return cls(planned, wait_s)
+
+    def update(self, rows: list[dict[str, Any]], elapsed: float) -> None:
+        """Take the registry's rows (STATUS) at ``elapsed`` seconds into the run."""
+        for r in rows:
+            rid = r.get("id")
+            if not isinstance(rid, str):
+                continue
+            known = self.seen.setdefault(rid, {"first_seen": round(elapsed, 1)})
+            known.update(
+                role=r.get("role"),
+                host=r.get("host"),
+                address=r.get("address") or None,
+                pid=r.get("pid"),
+                state=r.get("state"),
+                # The registry counts a registration from a new process under a known id.
+                restarts=max(int(r.get("restarts") or 0), int(known.get("restarts") or 0)),
+            )
+
+    def ended_here(self, exit_codes: dict[str, int | None]) -> None:
+        """How the roles the head started ended (their exit codes, at the stop): a role
+        stopped moments ago may still be ``alive`` in the registry's last rows."""
+        for rid, code in exit_codes.items():
+            if rid in self.seen and code is not None:
+                self.seen[rid]["state"] = "stopped" if code == 0 else f"exited {code}"
+
+    def missing(self) -> list[str]:
+        """Roles placed elsewhere that never registered, in plan order."""
+        return [
+            rid for rid, where in self.planned.items() if where != HERE and rid not in self.seen
+        ]
+
+    def overdue(self, elapsed: float) -> list[str]:
+        """The missing roles once the wait is over (empty before, or with no limit)."""
+        if self.wait_s is None or elapsed < self.wait_s:
+            return []
+        return self.missing()
+
+    def describe_missing(self) -> str:
+        missing = self.missing()
+        by_host: dict[str, list[str]] = {}
+        for rid in missing:
+            by_host.setdefault(self.planned[rid], []).append(rid)
+        return "; ".join(f"{', '.join(ids)} ({host})" for host, ids in by_host.items())
+
+    def still_running_elsewhere(self) -> list[str]:
+        """Roles not started here that the registry last saw starting or alive."""
+        return [
+            rid
+            for rid, known in self.seen.items()
+            if self.planned.get(rid) != HERE and known.get("state") in ("starting", "alive")
+        ]
+
+    def summary(self, restarts_here: dict[str, int]) -> dict[str, Any]:
+        """``roles`` of summary.json. ``restarts_here``: what the head itself restarted."""
+        took_part = {}
+        for rid, known in sorted(self.seen.items()):
+            took_part[rid] = {
+                **known,
+                "placed": self.planned.get(rid, "unplanned"),
+                "restarts": max(int(known.get("restarts") or 0), restarts_here.get(rid, 0)),
+            }
+        never = [rid for rid in self.planned if rid not in self.seen]
+        return {"took_part": took_part, "never_came": never}
