@@ -265,7 +265,7 @@ def test_supervisor_stops_the_actors_before_the_replay(tmp_path: Path) -> None:
         child.proc = Proc(child.name)  # type: ignore[assignment]
         sup.children.append(child)
     sup.broker_child = Child("broker", 0, tmp_path / "broker.log", proc=Proc("broker-0"))  # type: ignore[arg-type]
-    sup._stop_children()
+    sup.pool.stop()
     order = [e for e in events if e[0] == "signal"]
     assert order[-1] == ("signal", "broker-0"), events
     actors_gone = max(events.index(("exited", f"actor-{i}")) for i in (0, 1))
