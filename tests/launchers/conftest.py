@@ -1,4 +1,5 @@
-"""Fixtures of the launcher tests: the ssh launcher as a module, and a real sshd on loopback."""
+"""Fixtures of the launcher tests: the ssh launcher as a module, a real sshd on loopback, and a
+real one-node Slurm cluster."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from types import ModuleType
 
 import pytest
 
+from zrl.testing import slurm
 from zrl.testing.processes import REPO, kill_pids
 
 SSHD = Path("/usr/sbin/sshd")
@@ -118,3 +120,14 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         yield server
     finally:
         kill_pids([proc.pid])
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmCluster]:
+    """A real one-node Slurm cluster (munged, slurmctld, slurmd) owned by this module's tests;
+    every daemon and job process is stopped by PID at teardown."""
+    reason = slurm.missing()
+    if reason is not None:
+        pytest.skip(f"{reason} (CI installs it)")
+    with slurm.slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

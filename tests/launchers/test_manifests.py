@@ -1,5 +1,6 @@
-"""The Kubernetes manifests and the Slurm script: they parse, they start the right `zrl start`
-commands with the right broker address, and the broker Service covers the broker's ports."""
+"""The Kubernetes manifests and the Slurm script: they parse, the manifests match the Kubernetes
+API schemas, they start the right `zrl start` commands with the right broker address, and the
+broker Service covers the broker's ports."""
 
 from __future__ import annotations
 
@@ -174,6 +175,64 @@ def test_kustomize_builds() -> None:
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(done.stdout))
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Deployment",
                      "Deployment", "Job", "Service"]  # fmt: skip
+
+
+# --- the Kubernetes API schemas ----------------------------------------------------------
+# kubernetes-validate (the test extra) ships the API's JSON schemas for each Kubernetes minor
+# version, so this runs offline; "strict" schemas also reject fields the API does not have.
+# kubectl cannot do this without a cluster: `kubectl apply --dry-run=client --validate=strict`
+# downloads the schemas from the API server, `kubectl create --dry-run=client` needs it to
+# map the kinds.
+KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")  # the oldest and the newest that package ships
+
+
+def _schema_errors(directory: Path, version: str) -> list[str]:
+    """Every API object in ``directory/*.yaml`` checked against the strict schemas of
+    ``version``: one line per object that does not validate (the first error found in it)."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[test]'")
+    errors = []
+    for path in sorted(directory.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is None or doc["kind"] == "Kustomization":
+                continue  # kustomize's own file, no API object: test_kustomize_builds
+            name = f"{path.name}: {doc['kind']} {doc['metadata']['name']}"
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as err:
+                where = ".".join(str(p) for p in err.absolute_path) or "(top)"
+                errors.append(f"{name}: {where}: {err.message}")
+            except kv.SchemaNotFoundError as err:
+                errors.append(f"{name}: {err.message}")
+    return errors
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_manifests_match_the_kubernetes_api_schemas(version: str) -> None:
+    assert _schema_errors(K8S, version) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "error"),
+    [
+        ("params.yaml", "imagePullPolicy:", "imagePulPolicy:",
+         "params.yaml: Deployment zrl-params: spec.template.spec.containers.0: Additional "
+         "properties are not allowed ('imagePulPolicy' was unexpected)"),
+        ("actors.yaml", "completions: 4", 'completions: "4"',
+         "actors.yaml: Job zrl-actor: spec.completions: '4' is not of type 'integer', 'null'"),
+        ("broker.yaml", "{name: registry, port: 5555,", "{name: registry,",
+         "broker.yaml: Service zrl-broker: spec.ports.0: 'port' is a required property"),
+    ],
+    ids=["unknown-field", "wrong-type", "missing-required"],
+)  # fmt: skip
+def test_schema_check_catches_a_broken_manifest(
+    tmp_path: Path, name: str, old: str, new: str, error: str
+) -> None:
+    broken = tmp_path / "k8s"
+    shutil.copytree(K8S, broken)
+    text = (broken / name).read_text()
+    assert text.count(old) == 1, old
+    (broken / name).write_text(text.replace(old, new))
+    assert _schema_errors(broken, KUBERNETES_VERSIONS[-1]) == [error]
 
 
 # --- Slurm -------------------------------------------------------------------------------
