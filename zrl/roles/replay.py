@@ -232,11 +232,8 @@ class ReplayServer(Role):
             "trajectories": self.trajectories,
         }
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.snapshot_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
-            save_state(f, state)
-        os.replace(tmp, self.snapshot_path)
+        # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
+        save_state(self.snapshot_path, state)
         self.snapshots += 1
 
     def load_snapshot(self) -> None:

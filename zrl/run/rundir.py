@@ -26,6 +26,7 @@ from typing import Any
 import zmq
 
 from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.durable import atomic_write
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import read_csv
 from zrl.roles.base import RoleError, registry_request
@@ -127,16 +128,16 @@ class RunDir:
         )
         if msg is None:
             return None
-        torch.save(
-            {
-                "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
-                "version": msg.meta.get("version"),
-                "config": json.dumps(self.cfg.model_dump(mode="json")),
-                "factory_refs": self.factories.references,
-            },
-            self.path / "model.pt.tmp",
-        )
-        os.replace(self.path / "model.pt.tmp", self.path / "model.pt")
+        with atomic_write(self.path / "model.pt") as f:
+            torch.save(
+                {
+                    "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
+                    "version": msg.meta.get("version"),
+                    "config": json.dumps(self.cfg.model_dump(mode="json")),
+                    "factory_refs": self.factories.references,
+                },
+                f,
+            )
         return int(msg.meta.get("version", 0))
 
     def summary(

@@ -31,6 +31,7 @@ from typing import Any
 import zmq
 
 from zrl.config import ConfigError, ExperimentConfig
+from zrl.durable import atomic_write_text
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import MetricsWriter, require_backends
 from zrl.roles.base import RoleError, registry_request
@@ -363,7 +364,7 @@ class Supervisor:
                     signal.signal(sig, h)
             self.pool.keeps_crashing(self.target.target_time is not None)
             summary = self._summary(row, version, interrupted)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
             if self.agg.evals:
                 try:
                     from zrl.metrics import plot_run
