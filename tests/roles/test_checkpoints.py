@@ -536,7 +536,7 @@ def test_actor_survives_env_errors(inproc):
         if got is not None:
             trajs.append(got[1])
             pub.send(
-                P.Message(P.ACK, meta={"seq": got[1].seq, "inserted": 1}),
+                P.Message(P.ACK, meta={"seq": got[1].seq, "inserted": 1, "incarnation": 1}),
                 topic=P.ack_topic("actor-0"),
             )
         return (actor.env_errors >= 6 and len(trajs) >= 40) or not inproc.alive(actor)

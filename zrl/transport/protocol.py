@@ -60,6 +60,7 @@ MATCH = "match"  # actor -> league rpc: opponents for the next episodes
 MATCHES = "matches"  # league -> actor: the opponents it chose
 RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
 GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
+INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard>/): it restarted?
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -89,6 +90,7 @@ KINDS: tuple[str, ...] = (
     MATCHES,
     RESULTS,
     GET_SNAPSHOT,
+    INCARNATION,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
@@ -98,6 +100,7 @@ METRICS_TOPIC = "metrics"
 EVAL_TOPIC = "eval"
 ROLLOUTS_TOPIC = "rollouts/"  # PPO actors -> every PPO learner
 ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per minibatch step
+INCARNATIONS_TOPIC = "incarnations/"  # replay shards -> actors: each shard's incarnation
 
 
 def priority_topic(shard_id: str) -> str:
@@ -125,6 +128,11 @@ def acked_seq(msg: Message, sender_prefix: str, sent: int, what: str) -> int:
     ):
         raise ProtocolError(f"not an ack of a sent {what}: {msg.kind} from {msg.sender} {seq!r}")
     return seq
+
+
+def incarnation_topic(shard_id: str) -> str:
+    """A replay shard's INCARNATION, once a second: how actors learn that it restarted."""
+    return f"{INCARNATIONS_TOPIC}{shard_id}/"
 
 
 def ack_topic(actor_id: str) -> str:
