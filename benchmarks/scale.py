@@ -93,6 +93,7 @@ from zrl.transport.sockets import (  # noqa: E402
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 BROKER_START_TIMEOUT_S = 30.0
+BROKER_STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL: a broker removes its ipc directory as it stops
 WARMUP_S = 2.0
 REPORT_TIMEOUT_S = 30.0
 
@@ -242,8 +243,14 @@ class Workers:
         try:
             if final is not None:
                 pids = {p.pid for p in procs}
-                reports = self.wait_for(lambda r: r["event"] == final and r["pid"] in pids,
-                                        len(procs), REPORT_TIMEOUT_S)  # fmt: skip
+
+                def match(r: dict[str, Any]) -> bool:
+                    return r["event"] == final and r["pid"] in pids
+
+                try:
+                    reports = self.wait_for(match, len(procs), REPORT_TIMEOUT_S)
+                except RuntimeError:  # one died without its report: what came
+                    reports = self.take(match)
         finally:
             kill_procs(procs, grace=5.0)
         return reports
@@ -284,7 +291,7 @@ def local_broker(workers: Workers, *overrides: str) -> Iterator[tuple[str, psuti
                     raise RuntimeError("the broker did not answer STATUS within 30 s") from None
         yield addr, psutil.Process(proc.pid)
     finally:
-        kill_procs([proc], grace=3.0)
+        kill_procs([proc], grace=BROKER_STOP_GRACE_S)
 
 
 # --- (a) registry: simulated roles ----------------------------------------------------------
@@ -908,6 +915,45 @@ def sink_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[..
     ctx.term()
 
 
+def fan_in_case(
+    workers: Workers, hosts: Hosts, eps: dict[str, str], broker: psutil.Process,
+    sink: psutil.Process, case: str, seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One row of (c): 8 actors in each actor namespace pushing ``case`` trajectories."""
+    senders = [
+        workers.start("sender", {"endpoints": eps, "case": case, "count": ACTORS_PER_NAMESPACE,
+                                 "first": h * ACTORS_PER_NAMESPACE}, hosts=hosts, host=h + 1)
+        for h in range(FANIN_NAMESPACES)
+    ]  # fmt: skip
+    pids = {p.pid for p in senders}
+    try:
+        workers.wait_for(lambda r: r["event"] == "up" and r["pid"] in pids,
+                         len(senders), 60, senders)  # fmt: skip
+        time.sleep(WARMUP_S)
+        workers.take(lambda r: r["event"] == "progress")
+        c0, s0, t0 = cpu_seconds(broker), cpu_seconds(sink), time.monotonic()
+        time.sleep(seconds)
+        c1, s1, t1 = cpu_seconds(broker), cpu_seconds(sink), time.monotonic()
+        progress = workers.take(lambda r: r["event"] == "progress")
+    finally:
+        done = workers.stop(senders, final="done")
+    inside = [r for r in progress if t0 <= r["t"] <= t1]
+    if len(inside) < 2:
+        raise RuntimeError(f"the sink reported {len(inside)} times in the window")
+    a, b = inside[0], inside[-1]
+    dt = b["t"] - a["t"]
+    c = FANIN_CASES[case]
+    return {
+        "case": case, "bytes": sum(x.nbytes for x in trajectory(case).values()),
+        "msgs_s": (b["msgs"] - a["msgs"]) / dt, "mb_s": (b["bytes"] - a["bytes"]) / dt / 1e6,
+        "broker_cpu": (c1 - c0) / (t1 - t0), "sink_cpu": (s1 - s0) / (t1 - t0),
+        "dropped": b["dropped"], "gaps": b["gaps"],
+        "sent": sum(d["sent"] for d in done), "timeouts": sum(d["timeouts"] for d in done),
+        "demand": FANIN_NAMESPACES * ACTORS_PER_NAMESPACE * c["steps_per_s"] / (c["T"] * c["E"]),
+        "load": load_average(),
+    }  # fmt: skip
+
+
 def fan_in(workers: Workers, cases: list[str], seconds: float) -> list[dict[str, Any]] | str:
     """(c): the rows, or why it was skipped."""
     ok, why = netns_available()
@@ -922,44 +968,18 @@ def fan_in(workers: Workers, cases: list[str], seconds: float) -> list[dict[str,
         broker_proc = hosts.zrl(0, "start", "broker", "--bind", addr, "--config", str(CONFIG),
                                 "--no-preflight", "--insecure", log=workers.tmp / "fanin-broker.log")  # fmt: skip
         workers.procs.append(broker_proc)
-        broker = psutil.Process(broker_proc.pid)
         sink = workers.start("sink", {"broker": addr, "endpoints": eps}, hosts=hosts, host=0)
-        workers.wait_for(lambda r: r["event"] == "up" and r["pid"] == sink.pid,
-                         1, BROKER_START_TIMEOUT_S + 10, [sink, broker_proc])  # fmt: skip
-        for case in cases:
-            senders = [
-                workers.start("sender", {"endpoints": eps, "case": case, "count": ACTORS_PER_NAMESPACE,
-                                         "first": h * ACTORS_PER_NAMESPACE}, hosts=hosts, host=h + 1)
-                for h in range(FANIN_NAMESPACES)
-            ]  # fmt: skip
-            pids = {p.pid for p in senders}
-            workers.wait_for(lambda r, pids=pids: r["event"] == "up" and r["pid"] in pids,
-                             len(senders), 60, senders)  # fmt: skip
-            time.sleep(WARMUP_S)
-            workers.take(lambda r: r["event"] == "progress")
-            sink_p = psutil.Process(sink.pid)
-            c0, s0, t0 = cpu_seconds(broker), cpu_seconds(sink_p), time.monotonic()
-            time.sleep(seconds)
-            c1, s1, t1 = cpu_seconds(broker), cpu_seconds(sink_p), time.monotonic()
-            progress = workers.take(lambda r: r["event"] == "progress")
-            done = workers.stop(senders, final="done")
-            inside = [r for r in progress if t0 <= r["t"] <= t1]
-            if len(inside) < 2:
-                raise RuntimeError(f"the sink reported {len(inside)} times in the window")
-            a, b = inside[0], inside[-1]
-            dt = b["t"] - a["t"]
-            c = FANIN_CASES[case]
-            msg_bytes = sum(x.nbytes for x in trajectory(case).values())
-            rows.append({
-                "case": case, "bytes": msg_bytes, "msgs_s": (b["msgs"] - a["msgs"]) / dt,
-                "mb_s": (b["bytes"] - a["bytes"]) / dt / 1e6, "broker_cpu": (c1 - c0) / (t1 - t0),
-                "sink_cpu": (s1 - s0) / (t1 - t0),
-                "dropped": b["dropped"], "gaps": b["gaps"],
-                "sent": sum(d["sent"] for d in done), "timeouts": sum(d["timeouts"] for d in done),
-                "demand": FANIN_NAMESPACES * ACTORS_PER_NAMESPACE * c["steps_per_s"] / (c["T"] * c["E"]),
-                "load": load_average(),
-            })  # fmt: skip
-            time.sleep(1.0)  # the device drains what is queued
+        try:
+            workers.wait_for(lambda r: r["event"] == "up" and r["pid"] == sink.pid,
+                             1, BROKER_START_TIMEOUT_S + 10, [sink, broker_proc])  # fmt: skip
+            for case in cases:
+                rows.append(fan_in_case(workers, hosts, eps, psutil.Process(broker_proc.pid),
+                                        psutil.Process(sink.pid), case, seconds))  # fmt: skip
+                time.sleep(1.0)  # the device drains what is queued
+        finally:
+            # The sink first, then the broker, with time to remove its ipc directory.
+            kill_procs([sink], grace=3.0)
+            kill_procs([broker_proc], grace=BROKER_STOP_GRACE_S)
     return rows
 
 
