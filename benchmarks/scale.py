@@ -402,7 +402,8 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
         ch.close()
     ctx.term()
     report("done", sent=sent, acked=len(rtt), unknown=unknown,
-           t=[round(t, 6) for t in sent_t], rtt=[round(r, 6) for r in rtt])  # fmt: skip
+           t=[round(t, 6) for t in sent_t], rtt=[round(r, 6) for r in rtt],
+           unacked=[round(t, 6) for q in pending for t in q])  # fmt: skip
 
 
 class Probe:
@@ -593,6 +594,7 @@ def registry_scale(
         done = workers.stop(sims, final="done")
     t = np.concatenate([np.asarray(d["t"], float) for d in done])
     rtt = np.concatenate([np.asarray(d["rtt"], float) for d in done])
+    unacked = np.concatenate([np.asarray(d["unacked"], float) for d in done])
 
     def rtts(w: dict[str, Any]) -> np.ndarray:
         return rtt[(t >= w["t0"]) & (t < w["t1"])]
@@ -605,6 +607,8 @@ def registry_scale(
         "status_bytes": probed["status_bytes"], "status_rows": rows, "lat": probed["lat"],
         "timeouts": probed["timeouts"], "hb_quiet": rtts(quiet), "hb_probed": rtts(probed),
         "hb_sent": sum(d["sent"] for d in done), "hb_acked": sum(d["acked"] for d in done),
+        "hb_unacked": int(np.sum((unacked >= quiet["t0"]) & (unacked < probed["t1"]))),
+        "hb_window": int(np.sum((t >= quiet["t0"]) & (t < probed["t1"]))),
         "unknown": sum(d["unknown"] for d in done), "load": load_average(), "floor": floor,
     }  # fmt: skip
 
@@ -631,7 +635,7 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
               f"{r['load']:>14}")  # fmt: skip
     print(f"{'N':>5} | " + " | ".join(f"{k.upper() + ' p50/p99 ms':>19}" for k in Probe.KINDS)
           + f" | {'samples':>8} | {'HB ack p50/p99 ms':>17} | {'(with probe)':>13} | "
-          f"{'acked/sent':>13}")  # fmt: skip
+          f"{'unacked/acked':>13}")  # fmt: skip
     for r in rows:
         lat = r["lat"]
         cells = " | ".join(f"{ms(pct(lat[k], 50))} / {ms(pct(lat[k], 99))}".rjust(19)
@@ -639,13 +643,14 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
         n_s = "/".join(str(len(lat[k])) for k in Probe.KINDS)
         hq, hp = r["hb_quiet"], r["hb_probed"]
         print(f"{r['n']:>5} | {cells} | {n_s:>8} | {ms(pct(hq, 50))} / {ms(pct(hq, 99))}    | "
-              f"{ms(pct(hp, 50))} / {ms(pct(hp, 99))} | {r['hb_acked']:>6}/{r['hb_sent']:<6}")  # fmt: skip
+              f"{ms(pct(hp, 50))} / {ms(pct(hp, 99))} | {r['hb_unacked']:>6}/{r['hb_window']:<6}")  # fmt: skip
         if r["refused"] or any(r["timeouts"].values()) or r["unknown"]:
             print(f"      refused: {r['refused']}  probe timeouts: {r['timeouts']}  "
                   f"unknown_role: {r['unknown']}")  # fmt: skip
     print("      CPU: broker CPU seconds per wall second (1 core = 100%), all threads; loop/IO: "
           "its registry loop (main thread) and libzmq's I/O thread; RSS: peak; STATUS KB: "
-          "one reply; load generator (sim workers) CPU in the heartbeat half: "
+          "one reply; unacked/acked: heartbeats sent in the window never answered / answered; "
+          "load generator (sim workers) CPU in the heartbeat half: "
           + ", ".join(f"N={r['n']} {r['sims_cpu']:.0%}" for r in rows))  # fmt: skip
     print("      floor (the registry loop alone, in-process over inproc, messages queued, no "
           "wake-up per message): " + "; ".join(
