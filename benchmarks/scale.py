@@ -217,19 +217,22 @@ class Workers:
                 raise RuntimeError(f"{len(got)} of {count} reports within {timeout:g}s "
                                    f"(worker logs in {self.tmp})")  # fmt: skip
             if self.pull.poll(int(min(left, 0.5) * 1000)):
-                r = self.pull.recv_json()
-                assert isinstance(r, dict)
+                r = self.recv()
                 (got if match(r) else self.backlog).append(r)
             elif watch and any(p.poll() is not None for p in watch):
                 raise RuntimeError(f"a worker exited early (logs in {self.tmp})")
         return got
 
+    def recv(self) -> dict[str, Any]:
+        r = self.pull.recv_json()
+        if not isinstance(r, dict):
+            raise RuntimeError(f"a worker reported {r!r}")
+        return r
+
     def take(self, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
         """Every report received so far that matches (the rest stay in the backlog)."""
         while self.pull.poll(0):
-            r = self.pull.recv_json()
-            assert isinstance(r, dict)
-            self.backlog.append(r)
+            self.backlog.append(self.recv())
         got = [r for r in self.backlog if match(r)]
         self.backlog = [r for r in self.backlog if not match(r)]
         return got
@@ -276,7 +279,7 @@ def local_broker(workers: Workers, *overrides: str) -> Iterator[tuple[str, psuti
         cmd += ["--set", o]
     proc = workers.popen(cmd, f"broker-{addr.rsplit(':', 1)[1]}.log")
     try:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         deadline = time.monotonic() + BROKER_START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
@@ -340,7 +343,7 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
         }), block=False)  # fmt: skip
 
     def replies(timeout_ms: float) -> Iterator[tuple[int, P.Message]]:
-        for sock, _ in poller.poll(timeout_ms):
+        for sock, _ in poller.poll(int(timeout_ms)):
             while True:
                 try:
                     frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -748,7 +751,7 @@ def broadcast(
     ]  # fmt: skip
     pids = {p.pid for p in subs}
     size = BrokerConfig().max_topic_message_bytes
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     # As the parameter server's publisher (Role.open_publisher).
     sock = make_socket(ctx, zmq.PUB, sndhwm=1000, max_message_bytes=size)
     sock.connect(eps["topics_in"])
