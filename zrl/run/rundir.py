@@ -39,11 +39,12 @@ log = logging.getLogger("zrl.supervisor")  # the name its log lines have always 
 LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a log file (empty if it cannot be read)."""
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, window: int = 64 * 1024) -> list[str]:
+    """The last ``lines`` lines of a log file, within its last ``window`` bytes (empty if it
+    cannot be read)."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - 64 * 1024, 0))
+            f.seek(max(f.seek(0, os.SEEK_END) - window, 0))
             text = f.read().decode(errors="replace")
     except OSError:
         return []
