@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,11 @@ from typing import Any
 import psutil
 import pytest
 import zmq
+from typer.testing import CliRunner
 
 from zrl.broker.limits import info_fits
+from zrl.cli import app
+from zrl.cli_common import UserError
 from zrl.roles.base import RoleError, registry_request
 from zrl.run.children import RestartPolicy
 from zrl.run.host_agent import (
@@ -30,7 +32,7 @@ from zrl.run.host_agent import (
     plan_children,
 )
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, status_rows, zrl_processes
+from zrl.testing.processes import kill_pids, status_rows, zrl_processes
 from zrl.transport import protocol as P
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
@@ -292,13 +294,14 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
         assert any("registered as params-0" in line for line in report["tail"])
         children = [*children, *descendants(agent.pid)]
 
-        shown = subprocess.run(
-            [sys.executable, "-m", "zrl", "status", "--broker", broker_addr, "--logs", "params-0"],
-            capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-        )  # fmt: skip
-        assert shown.returncode == 0, shown.stderr
-        assert f"log: {log_dir / 'params.0.log'}" in shown.stdout
-        assert "registered as params-0" in shown.stdout
+        # In this process (a real `zrl status` would add seconds of start-up on a busy CI).
+        shown = CliRunner().invoke(app, ["status", "--broker", broker_addr, "--logs", "params-0"])
+        assert shown.exit_code == 0, shown.output
+        assert f"log: {log_dir / 'params.0.log'}" in shown.output
+        assert "registered as params-0" in shown.output
+        unknown = CliRunner().invoke(app, ["status", "--broker", broker_addr, "--logs", "actor-9"])
+        assert isinstance(unknown.exception, UserError)
+        assert "no host agent (zrl host) lists actor-9" in str(unknown.exception)
 
         stop = P.Message(P.STOP_RUN, meta={"token": token, "reason": "test"})
         assert registry_request(zmq_ctx, broker_addr, stop, 3.0).kind == P.STOP_RUN
