@@ -6,6 +6,8 @@ to its own file under the log directory. A child that exits non-zero, or is kill
 signal, restarts with ``zrl run``'s back-off; past the budget it is given up (logged with its
 last lines, and reported). A child that exits 0 ended cleanly (SIGTERM, or the broker said the
 experiment stopped) and is never restarted; when every child has ended so, the agent exits 0.
+A given-up child keeps the agent running, to report it, until the experiment stops; the agent
+then exits 1.
 
 The agent is a ``Role`` itself (role ``host``): it registers with the broker, heartbeats, and
 stops when the broker says the experiment stopped. Its heartbeat info lists its children (id,
