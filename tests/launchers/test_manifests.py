@@ -255,8 +255,8 @@ echo "python $*" >>"$FAKE_LOG"
 echo "pid $$" >>"$FAKE_LOG"
 case "$*" in
   *"zrl status"*) exit 0 ;;
-  *"start learner"*)  # end the job once an actor process runs (not just the srun line)
-    for _ in $(seq 100); do grep -q "^python .*start actor" "$FAKE_LOG" && exit 0; sleep 0.1; done
+  *"start broker"*)  # the head: ends the job once the actors' agent runs (not just srun)
+    for _ in $(seq 100); do grep -q "^python .*host .*actor=" "$FAKE_LOG" && exit 0; sleep 0.1; done
     exit 1 ;;
 esac
 exec sleep 30
@@ -267,8 +267,9 @@ exec sleep 30
 def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     tmp_path: Path, keys: str | None
 ) -> None:
-    """Slurm's commands are stubs that log; the learner stub exits once the actor runs,
-    which ends the job like a crash would: every other process must then be stopped."""
+    """Slurm's commands are stubs that log; the head's stub exits once the actors' agent
+    runs, which ends the job as a met `stop` rule would: every other process must then be
+    stopped, and the job's exit code is the head's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN),
@@ -299,22 +300,25 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     k = f" --keys {keys}" if keys else ""
     broker = [c for c in calls if c.startswith("-m zrl start broker")]
     assert broker == [
-        "-m zrl start broker --bind tcp://0.0.0.0:5555 --config configs/cartpole_apex_dqn.yaml "
+        "-m zrl start broker --run-dir zrl-42/run --bind tcp://0.0.0.0:5555 "
+        "--config configs/cartpole_apex_dqn.yaml "
         "--set roles.actors=4 --set roles.replay=1 --set roles.learners=1 --set roles.params=1 "
         "--set roles.evaluator=1 --set env.num_envs=4 --set seed=7" + (k or " --insecure")
     ]
-    # the broker runs in the background: its stub may log after the first status call
+    # the head runs in the background: its stub may log after the first status call
     status = calls.index(f"-m zrl status --broker tcp://nodeA:5555 --timeout 1{k}")
-    for role in ("params", "replay", "learner", "evaluator", "actor"):
-        call = f"-m zrl start {role} --broker tcp://nodeA:5555 --index 0{k}"
-        assert call in calls, calls
-        assert calls.index(call) > status  # started once the broker answered
+    central = (f"-m zrl host --broker tcp://nodeA:5555 --log-dir zrl-42{k} "
+               "params=1@0 replay=1@0 learner=1@0 evaluator=1@0")  # fmt: skip
+    assert central in calls, calls
+    assert calls.index(central) > status  # started once the broker answered
+    actors = f"-m zrl host --broker tcp://nodeA:5555 --log-dir zrl-42{k} actor=2@0"
+    assert actors in calls, calls  # the fake srun runs task 0 only
     assert len(srun) == 1
-    for part in ("--nodes=2", "--ntasks-per-node=2", "--ntasks=4", "--exclude nodeA",
-                 "--output=zrl-42/actor-%t.log"):  # fmt: skip
+    for part in ("--nodes=2", "--ntasks-per-node=1", "--ntasks=2", "--exclude nodeA",
+                 "--output=zrl-42/host-actors-%t.log"):  # fmt: skip
         assert part in srun[0], srun[0]
     pids = [int(line.split()[1]) for line in lines if line.startswith("pid ")]
-    assert len(pids) == 7  # broker, status, 4 roles, 1 actor (the fake srun runs one task)
+    assert len(pids) == 4  # head, status, the central agent, the actors' agent
     left = [p for p in pids if psutil.pid_exists(p)
             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
     assert not left, "the job left processes running"

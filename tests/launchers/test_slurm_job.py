@@ -1,20 +1,22 @@
 """launchers/slurm.sbatch on a real one-node Slurm cluster (the ``slurm_cluster`` fixture):
-`sbatch` it with a small CartPole Ape-X run, see the evaluator reach the target, end the job,
-and find none of its processes left."""
+`sbatch` it with a small CartPole Ape-X run; the head ends the job at the target, its run
+directory says so, a role killed with -9 came back, and none of the job's processes is left."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import socket
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+import zmq
 
 from zrl.testing import slurm
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, zrl_processes
+from zrl.testing.processes import REPO, status_rows, zrl_processes
 from zrl.transport.sockets import free_port_range
 
 SBATCH = REPO / "launchers" / "slurm.sbatch"
@@ -68,26 +70,6 @@ def _job_report(job_dir: Path, job: int) -> str:
     return "\n".join(parts)
 
 
-def _run_to_the_target(cluster: slurm.SlurmCluster, job: int, log_dir: Path) -> str | None:
-    """Wait until the evaluator logged TARGET, end the job, and return its final state.
-
-    Today nothing enforces the config's `stop` under sbatch: the job would run until its
-    --time, so the test cancels it (what a user does) once the target shows. When
-    `zrl start broker --run-dir` enforces `stop` itself, this becomes
-    ``cluster.wait_job(job, TRAIN_TIMEOUT_S)`` and the job ends COMPLETED on its own.
-    """
-
-    def reached_or_ended() -> bool:
-        if cluster.job_state(job) not in slurm.ACTIVE_STATES:
-            return True  # ended early (a crash): the caller's asserts show why
-        return max(_evaluations(log_dir), default=0.0) >= TARGET
-
-    wait_for(reached_or_ended, timeout=TRAIN_TIMEOUT_S, interval=0.5,
-             message=f"no evaluation at {TARGET} within {TRAIN_TIMEOUT_S}s")  # fmt: skip
-    cluster.scancel(job)
-    return cluster.wait_job(job, timeout=slurm.KILL_WAIT_S + 30)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 120)
 def test_sbatch_trains_cartpole_and_leaves_nothing(
@@ -98,32 +80,55 @@ def test_sbatch_trains_cartpole_and_leaves_nothing(
         "CONFIG": str(CONFIG),
         "PORT": str(port),
         "ACTORS_PER_NODE": "2",
-        # what a head that enforces `stop` will read; ignored by today's broker
+        # the head enforces `stop`: the job ends by itself at the target
         "EXTRA_SET": f"stop.eval_return={TARGET:g} stop.eval_window=1 stop.wall_time=120",
         "PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    try:
-        socket.gethostbyname(slurm_cluster.node)
-    except OSError:
-        env["BROKER_HOST"] = "127.0.0.1"  # the script's default, `hostname`, must resolve
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     job = slurm_cluster.sbatch(
         "--nodes=1", "--cpus-per-task=2", "--time=5", f"--chdir={job_dir}", str(SBATCH), env=env
     )
     log_dir = job_dir / f"zrl-{job}"
+    out_file = job_dir / f"zrl-{job}.out"
 
-    state = _run_to_the_target(slurm_cluster, job, log_dir)
+    def broker_line() -> str | None:
+        if not out_file.exists():
+            return None
+        found = re.search(r"^zrl: broker (tcp://\S+) ", out_file.read_text(), re.M)
+        return found.group(1) if found else None
+
+    # The node's hostname, or its first address where the hostname resolves to loopback.
+    broker = str(wait_for(broker_line, timeout=60, message=slurm_cluster.logs()))
+    assert broker.endswith(f":{port}"), broker
+
+    # A role killed with -9 on the agent's host comes back, under the same id.
+    def actor_pid() -> int | None:
+        row = status_rows(zmq.Context.instance(), broker).get("actor-1", {})
+        return row.get("pid") if row.get("state") == "alive" else None
+
+    first = wait_for(actor_pid, timeout=TRAIN_TIMEOUT_S, interval=0.5,
+                     message=f"actor-1 never came up\n{slurm_cluster.logs()}")  # fmt: skip
+    os.kill(int(first), signal.SIGKILL)  # type: ignore[call-overload]
+    wait_for(lambda: actor_pid() not in (None, first), timeout=60, interval=0.5,
+             message="the agent did not bring actor-1 back")  # fmt: skip
+
+    state = slurm_cluster.wait_job(job, TRAIN_TIMEOUT_S)
     report = _job_report(job_dir, job)
-    assert state == "CANCELLED", f"job {job} ended {state}\n{report}"
+    assert state == "COMPLETED", f"job {job} ended {state}\n{report}"
+    summary = json.loads((log_dir / "run" / "summary.json").read_text())
+    assert summary["reached_target"] and summary["stop_reason"] == "eval_return", report
+    assert summary["best_eval_return"] >= TARGET, report
+    assert summary["restarts"].get("actor-1", 0) >= 1, summary["restarts"]
+    assert summary["roles"]["never_came"] == [], summary["roles"]
+    assert (log_dir / "run" / "progress.csv").exists() and (log_dir / "run" / "model.pt").exists()
     evaluations = _evaluations(log_dir)
     assert max(evaluations, default=0.0) >= TARGET, report
-    assert len(evaluations) >= 2, report  # a curve, not one lucky evaluation
 
     # Every role ran and registered with the broker at the job's address.
-    out = (job_dir / f"zrl-{job}.out").read_text()
-    assert f"zrl: broker tcp://{env.get('BROKER_HOST', slurm_cluster.node)}:{port}" in out, out
+    out = out_file.read_text()
+    assert "zrl: the head ended (code 0)" in out, out
     assert "zrl: stopping" in out, out  # the script's exit trap ran
     for role in ("params-0", "replay-0", "learner-0", "evaluator-0", "actor-0", "actor-1"):
         log = log_dir / f"{role}.log"
