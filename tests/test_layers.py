@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.multiagent.config",  # env.multiagent (pydantic only)
             "zrl.league.config",  # the league: section (pydantic only)
             "zrl.runtime",
+            "zrl.durable",  # crash-safe file writes (no zrl imports)
             "zrl.factories",
             "zrl.metrics",
             "zrl.algos",  # the algorithm registry and its API, which import nothing of zrl

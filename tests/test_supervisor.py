@@ -257,6 +257,123 @@ def test_an_eval_window_of_one_stops_on_any_evaluation(tmp_path: Path):
         writer.close()
 
 
+# --- every way a run stops leaves its run directory complete --------------------------------
+#
+# An --inproc supervisor with its broker and no role (start_roles is a no-op): what is under
+# test is what the stop writes, not the roles. Each stop is brought about as the monitor
+# loop would see it.
+
+RUN_FILES = ("config.yaml", "progress.csv", "eval.csv", "summary.json")
+
+
+def stop_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **stop: Any) -> Supervisor:
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "stop-test",
+            "env": {"id": "CartPole-v1", "num_envs": 1},
+            "model": {"hidden": [8]},
+            "logging": {"backends": ["csv"]},
+            "stop": {"eval_return": None, "wall_time": 60, **stop},
+        }
+    )
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", inproc=True, show_status=False)
+    monkeypatch.setattr(sup.pool, "start_roles", lambda plan: None)
+    return sup
+
+
+def check_run_dir(sup: Supervisor, summary: dict[str, Any]) -> list[dict[str, float]]:
+    """Every file there, summary.json the summary returned; progress.csv's rows."""
+    from zrl.metrics import read_csv
+
+    missing = [name for name in RUN_FILES if not (sup.run_dir / name).is_file()]
+    assert not missing, f"{missing} missing after a stop ({summary['stop_reason']})"
+    assert json.loads((sup.run_dir / "summary.json").read_text()) == summary
+    rows = read_csv(sup.run_dir / "progress.csv")
+    assert rows, "progress.csv has no row"
+    assert rows[-1]["env_steps"] == summary["env_steps"]  # it ends where the summary does
+    assert sup.pool.broker is not None and not sup.pool.broker.alive()  # and all stopped
+    return rows
+
+
+def test_an_interrupted_run_leaves_a_complete_run_dir(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch)
+    sup._on_signal(signal.SIGINT, None)  # Ctrl-C before the first row
+    summary = sup.run()
+    assert summary["stop_reason"] == "interrupted" and not summary["failed"]
+    check_run_dir(sup, summary)
+
+
+def test_a_second_ctrl_c_while_finishing_still_completes_the_run_dir(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch)
+    sup._on_signal(signal.SIGINT, None)
+    seen: list[str] = []
+
+    def impatient() -> None:
+        seen.append("asked")
+        sup._on_signal(signal.SIGINT, None)  # raises KeyboardInterrupt, as the handler does
+
+    monkeypatch.setattr(sup, "_save_model", impatient)
+    summary = sup.run()
+    assert seen == ["asked"] and summary["stop_reason"] == "interrupted"
+    assert summary["model"] is None and summary["weights_version"] is None
+    check_run_dir(sup, summary)
+    sup._on_signal(signal.SIGINT, None)  # a third one, once stopping: ignored, not raised
+
+
+def test_a_run_whose_roles_keep_crashing_leaves_a_complete_run_dir(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch)
+
+    def budget_spent(registered: Any, show: Any) -> bool:
+        sup.pool.fatal = "actor-0 crashed 6 times (exit code 1); see logs/actor-0.log"
+        return True
+
+    monkeypatch.setattr(sup.pool, "check", budget_spent)
+    summary = sup.run()
+    assert summary["stop_reason"] == "error" and summary["failed"]
+    assert summary["error"].startswith("actor-0 crashed 6 times")
+    check_run_dir(sup, summary)
+
+
+def test_a_run_at_its_time_limit_leaves_a_complete_run_dir(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch, wall_time=0.001)
+    summary = sup.run()
+    assert summary["stop_reason"] == "wall_time" and not summary["failed"]
+    check_run_dir(sup, summary)
+
+
+def test_a_run_at_its_target_leaves_a_complete_run_dir(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch, eval_return=475)
+    eval_row = {"time": 0.5, "env_steps": 0, "mean": 480.0, "episodes": 10}
+
+    def met(row: dict[str, Any]) -> None:  # as _confirm_target does once the rule is met
+        if not sup.agg.evals:
+            sup.agg.on_eval(eval_row, 0.5)
+            sup.target.target_time, sup.target.confirming_return = 0.5, 480.0
+            sup.stop_reason = "eval_return"
+            sup._stop.set()
+
+    monkeypatch.setattr(sup, "_check_limits", met)
+    summary = sup.run()
+    assert summary["stop_reason"] == "eval_return" and summary["reached_target"]
+    assert summary["confirming_eval_return"] == 480.0
+    check_run_dir(sup, summary)
+
+
+def test_a_run_that_fails_in_the_supervisor_says_why_in_its_summary(tmp_path, monkeypatch):
+    sup = stop_supervisor(tmp_path, monkeypatch)
+
+    def broken(plan: Any) -> None:
+        raise RuntimeError("cannot fork: out of memory")
+
+    monkeypatch.setattr(sup.pool, "start_roles", broken)
+    with pytest.raises(RuntimeError, match="cannot fork"):
+        sup.run()
+    summary = json.loads((sup.run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["failed"]
+    assert summary["error"] == "zrl run failed: RuntimeError: cannot fork: out of memory"
+    check_run_dir(sup, summary)
+
+
 # --- free_port_range ------------------------------------------------------------------------
 
 

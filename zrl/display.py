@@ -217,4 +217,9 @@ class StatusDisplay:
             f"{_fmt(first) + ' s' if first is not None else '-'}",
             highlight=False,
         )
+        if summary.get("segment", 1) > 1:  # a --resume: summary.json keeps the earlier ones
+            self.message(
+                f"segment {summary['segment']} of this run: {summary['total_wall_time']:.1f} s "
+                f"of wall time in all, resumed at {summary['resumed_at_env_steps']:,} env steps"
+            )
         self.console.print(f"run directory: {summary['run_dir']}")

@@ -124,7 +124,8 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
                     seen_after_resume.append(u)
                 return (u is not None and u > base + 20) or proc.poll() is not None
 
-            # (After a replay restart the actors may wait up to 30 s for acks that were lost.)
+            # (After a replay restart the actors reopen their windows once they hear the new
+            # shard's incarnation, about a second after it is up.)
             wait_for(learning, timeout=60, interval=0.25)
             assert proc.poll() is None, f"the run ended before learning resumed after {victim}"
             event["learning_s"] = round(time.monotonic() - t_kill, 1)

@@ -29,6 +29,7 @@ import zmq
 
 from zrl.replay.snapshot import load_state
 from zrl.roles.base import RoleError, registry_request
+from zrl.run.rundir import ACROSS_SEGMENTS
 from zrl.testing.processes import REPO, kill_pids, zrl_processes
 from zrl.transport import protocol as P
 
@@ -137,6 +138,12 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
     )  # fmt: skip
     second = json.loads((run_dir / "summary.json").read_text())
     assert second["stop_reason"] == "interrupted" and second["error"] is None, second
+    # It keeps the first run's summary, as that run wrote it.
+    earlier = {k: v for k, v in first.items() if k not in ACROSS_SEGMENTS}
+    assert second["segment"] == 2 and second["segments"] == [earlier], second["segments"]
+    assert second["total_wall_time"] == pytest.approx(first["wall_time"] + second["wall_time"])
+    # progress.csv ended with the first run's figures at its stop: counted on from there.
+    assert second["resumed_at_env_steps"] == first["env_steps"]
 
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     resumed = re.findall(r"resumed from (\S+): update (\d+), weights v(\d+)", learner_log)

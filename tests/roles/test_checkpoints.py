@@ -30,6 +30,7 @@ from zrl.algos.apex_dqn.losses import dqn_update
 from zrl.algos.api import BasePolicy, NonFiniteLossError
 from zrl.broker import Broker
 from zrl.config import ExperimentConfig
+from zrl.durable import temporary_path
 from zrl.envs import EpisodeTracker
 from zrl.factories import Factories
 from zrl.models import QNetwork, model_to_arrays
@@ -159,7 +160,7 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
     path = ckpt / "replay-0.snapshot"
     replay.save_snapshot()
     assert path.is_file()
-    assert not (ckpt / "replay-0.tmp").exists(), "the temporary file was left behind"
+    assert not temporary_path(path).exists(), "the temporary file was left behind"
     old_table = table.state_dict()
     old_limiter = replay.limiter.state_dict()
     old_rng = copy.deepcopy(replay.rng.bit_generator.state)
@@ -168,7 +169,7 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
     assert saved["limiter"] == old_limiter and saved["trajectories"] == 8
 
     # A crash mid-write leaves a partial .tmp: the next shard must ignore it.
-    (ckpt / "replay-0.tmp").write_bytes(b"\x80\x05partial pickle, cut off")
+    temporary_path(path).write_bytes(b"\x80\x05partial pickle, cut off")
     restored = inproc.start(ReplayServer, index=0)
     assert isinstance(restored, ReplayServer) and restored is not replay
     inproc.stop_role(restored)  # nothing reached it: its state is exactly what it loaded
@@ -178,7 +179,7 @@ def test_replay_snapshot_round_trip(inproc, tmp_path):
     assert restored.limiter.inserts == 80 and restored.limiter.samples == 16 * len(sampled)
     assert restored.rng.bit_generator.state == old_rng
     assert restored.trajectories == 8 and restored.snapshots == 1
-    assert not (ckpt / "replay-0.tmp").exists()
+    assert not temporary_path(path).exists()
 
     # The same rng draws the same batches from both tables.
     for seed in (0, 1, 2):
@@ -535,7 +536,7 @@ def test_actor_survives_env_errors(inproc):
         if got is not None:
             trajs.append(got[1])
             pub.send(
-                P.Message(P.ACK, meta={"seq": got[1].seq, "inserted": 1}),
+                P.Message(P.ACK, meta={"seq": got[1].seq, "inserted": 1, "incarnation": 1}),
                 topic=P.ack_topic("actor-0"),
             )
         return (actor.env_errors >= 6 and len(trajs) >= 40) or not inproc.alive(actor)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from zrl.transport.credit import MAX_EXPIRED_REMEMBERED, CreditWindow
+from zrl.transport.credit import (
+    INCARNATIONS_REMEMBERED,
+    MAX_EXPIRED_REMEMBERED,
+    MAX_PEERS,
+    CreditWindow,
+    Incarnations,
+)
 
 
 def balanced(w: CreditWindow) -> bool:
@@ -53,3 +59,37 @@ def test_remembered_expired_messages_are_bounded():
     assert not w.ack(0)  # forgotten: too old to be told apart from a forgery
     assert w.ack(n - 1)
     assert balanced(w)
+
+
+def test_lose_before_counts_only_what_was_sent_before():
+    w = CreditWindow(limit=5, timeout_s=10.0)
+    for seq in range(5):
+        w.sent(seq, seq + 1, now=0.0)
+    assert w.ack(3)
+    assert w.lose_before(3) == 3  # 0, 1, 2; 4 was sent after 3 and stays
+    assert w.in_flight == 1 and (w.ledger.lost, w.ledger.lost_weight) == (3, 6)
+    assert w.timeouts == 0  # a restart is no timeout
+    assert w.ack(1) and w.ledger.late == 1  # it waited at another shard after all
+    assert w.lose_before(None) == 1 and w.in_flight == 0
+    assert balanced(w)
+
+
+def test_incarnations_tell_a_restart_from_a_first_contact_and_a_straggler():
+    seen = Incarnations()
+    assert not seen.restarted("replay-0", 7)  # first heard of: nothing to compare with
+    assert not seen.restarted("replay-0", 7)
+    assert not seen.restarted("replay-1", 7)  # another shard, on its own
+    assert seen.restarted("replay-0", 8)
+    assert not seen.restarted("replay-0", 7)  # an ack of the old one still in transit
+    assert not seen.restarted("replay-0", 8)
+    for n in range(9, 9 + INCARNATIONS_REMEMBERED):
+        assert seen.restarted("replay-0", n)
+    assert seen.restarted("replay-0", 7)  # long forgotten: taken for a new one
+
+
+def test_incarnations_remember_a_bounded_number_of_peers():
+    seen = Incarnations()
+    for i in range(MAX_PEERS + 1):
+        seen.restarted(f"replay-{i}", 1)
+    assert not seen.restarted("replay-0", 2)  # forgotten, the oldest: a first contact again
+    assert seen.restarted(f"replay-{MAX_PEERS}", 2)

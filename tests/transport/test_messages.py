@@ -300,6 +300,32 @@ def test_replay_batches_fit_the_batch_schemas():
             assert sizes["B"] == 2
 
 
+# --- a replay shard's incarnation -----------------------------------------------------------
+
+
+def test_a_new_incarnation_is_one_incarnation_accepts():
+    values = {M.new_incarnation() for _ in range(64)}
+    assert len(values) == 64  # random: a restart never reuses one
+    for v in values:
+        assert M.incarnation({"incarnation": v}) == v
+    assert M.incarnation({"incarnation": 0}) == 0
+    assert M.incarnation({"incarnation": 2**63 - 1}) == 2**63 - 1
+
+
+@pytest.mark.parametrize("value", [None, True, False, -1, 2**63, 1.0, "7", [7], {"a": 1}])
+def test_a_malformed_incarnation_is_a_protocol_error(value):
+    with pytest.raises(P.ProtocolError, match="incarnation"):
+        M.incarnation({"incarnation": value})
+    with pytest.raises(P.ProtocolError, match="incarnation"):
+        M.incarnation({})
+
+
+def test_an_incarnation_survives_the_wire():
+    meta = {"seq": 3, "inserted": 9, "incarnation": 2**63 - 1}
+    msg = P.decode(P.encode(P.Message(P.ACK, meta=meta, sender="replay-0")))
+    assert M.incarnation(msg.meta) == 2**63 - 1
+
+
 # --- every kind is in KINDS, the module docstring and docs/protocol.md ----------------------
 
 

@@ -16,6 +16,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from zrl.durable import atomic_write
+
 STATE_KEY = "__state__"
 ARRAY_REF = "__array__"
 
@@ -60,10 +62,16 @@ def _unflatten(value: Any, arrays: dict[str, np.ndarray]) -> Any:
 def save_state(file: str | Path | IO[bytes], state: dict[str, Any]) -> None:
     """Write ``state`` (nested dicts/lists of arrays, ints, floats, strings, bools, None).
 
-    Tuples come back as lists."""
+    Tuples come back as lists. A path is written durably (``zrl.durable.atomic_write``): a
+    crash mid-write leaves the snapshot that was there."""
     arrays: dict[str, np.ndarray] = {}
     tree = _flatten(state, arrays, "state")
-    np.savez(file, **{STATE_KEY: np.array(json.dumps(tree)), **arrays})  # type: ignore[arg-type]
+    entries = {STATE_KEY: np.array(json.dumps(tree)), **arrays}
+    if isinstance(file, (str, Path)):
+        with atomic_write(file) as f:
+            np.savez(f, **entries)  # type: ignore[arg-type]
+    else:
+        np.savez(file, **entries)  # type: ignore[arg-type]
 
 
 def load_state(path: str | Path) -> dict[str, Any]:

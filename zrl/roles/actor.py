@@ -16,7 +16,10 @@ Sockets (where the algorithm's ``wiring.experience`` says):
   instead of trusting LINGER. An ack releases exactly the trajectory it names; one no ack names
   within ``ACK_TIMEOUT_S`` is counted lost (``trajectories_lost``/``steps_lost`` in
   heartbeats), so experience taken off the stream by anyone but a shard is reported, never
-  hidden by the acks of later trajectories.
+  hidden by the acks of later trajectories. SUB ``incarnations/`` (topic bus): each shard's
+  incarnation, which its acks carry too. When a shard the actor knows speaks with a new one
+  it restarted, and what it held is counted lost at once (``shard_restarts``; the rule is
+  ``CreditWindow.lose_before``'s), so the window reopens without waiting ``ACK_TIMEOUT_S``.
 - **rollouts**: PUB topic ``rollouts/`` -> every learner (PPO). The policy may hold the actor
   back until newer weights arrive (``may_collect``); meanwhile the actor asks the parameter
   server for them once a second.
@@ -44,6 +47,7 @@ same way: envs reset, trajectory dropped. Seeds derive from the run seed and the
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +65,10 @@ from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.credit import CreditWindow
+from zrl.transport.credit import CreditWindow, Incarnations
 from zrl.transport.sockets import Channel
 
-ACK_TIMEOUT_S = 10.0  # then a restarted shard or a lost ack no longer holds us back
+ACK_TIMEOUT_S = 10.0  # then a lost ack, or a shard that died unheard of, no longer holds us back
 EOS_TIMEOUT_S = 5.0
 WEIGHTS_WAIT_FETCH_S = 1.0  # waiting this long for a new version: ask the parameter server
 
@@ -151,6 +155,8 @@ class Actor(Role):
         self.next_fetch = 0.0
         self.window = CreditWindow(1, ACK_TIMEOUT_S)
         self.acks: Channel | None = None
+        self.incarnations = Incarnations()
+        self.shard_restarts = 0
         self.started = time.monotonic()
         self.matchmaker: Any = None  # the league's client, in a run with a league
 
@@ -233,7 +239,7 @@ class Actor(Role):
         if experience == "replay":
             # Subscribe first: the subscription must reach the broker before our first insert
             # is acknowledged, or the window would wait for an ack that was never delivered.
-            self.acks = self.open_subscriber([P.ack_topic(self.id)], "acks")
+            self.acks = self.open_subscriber([P.ack_topic(self.id), P.INCARNATIONS_TOPIC], "acks")
             self.output = self.open_push("experience", hwm=2)
         elif experience == "rollouts":
             self.output = self.open_publisher("rollouts", hwm=1000)
@@ -392,22 +398,50 @@ class Actor(Role):
             got = acks.recv(block=False)
             if got is None:
                 return
-            msg = got[1]
-            # Only a replay shard's ack of a trajectory we actually sent, and still count as
-            # in flight (or lost), releases it; a duplicate is dropped like a forgery.
             try:
-                seq = P.acked_seq(msg, "replay-", self.output.next_seq, "trajectory")
-                if not self.window.ack(seq):
-                    raise P.ProtocolError(f"ack of trajectory {seq} that is not in flight")
+                self.on_ack(got[1])
             except P.ProtocolError as exc:
-                acks._drop(msg.sender or "?", str(exc))
+                acks._drop(got[1].sender or "?", str(exc))
+
+    def on_ack(self, msg: P.Message) -> None:
+        """A replay shard's ACK of an insert, or its INCARNATION. Raises ProtocolError for
+        anything else, which the caller counts and drops."""
+        if msg.kind == P.INCARNATION:
+            if not msg.sender.startswith("replay-"):
+                raise P.ProtocolError(f"incarnation from {msg.sender}, not a replay shard")
+            self.on_shard_incarnation(msg.sender, M.incarnation(msg.meta), None)
+            return
+        # Only a replay shard's ack of a trajectory we actually sent, and still count as
+        # in flight (or lost), releases it; a duplicate is dropped like a forgery.
+        seq = P.acked_seq(msg, "replay-", self.output.next_seq, "trajectory")
+        incarnation = M.incarnation(msg.meta)
+        if not self.window.ack(seq):
+            raise P.ProtocolError(f"ack of trajectory {seq} that is not in flight")
+        self.on_shard_incarnation(msg.sender, incarnation, seq)
+
+    def on_shard_incarnation(self, shard: str, incarnation: int, seq: int | None) -> None:
+        """``shard`` spoke as ``incarnation``, in its ack of trajectory ``seq`` or (None) in its
+        announcement. If it restarted since we last heard it, what it held is gone: count it
+        lost now (``CreditWindow.lose_before`` says which and why) and reopen the window."""
+        if not self.incarnations.restarted(shard, incarnation):
+            return
+        self.shard_restarts += 1
+        lost = self.window.lose_before(seq)
+        self.log.info(
+            "%s restarted: %d trajectories in flight counted as lost (%d in total)",
+            shard, lost, self.window.ledger.lost,
+        )  # fmt: skip
 
     def expire_window(self) -> None:
-        """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a
-        restarted shard or a lost ack must not deadlock the window."""
+        """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a lost
+        ack, or a shard that died before we ever heard of it, must not deadlock the window."""
         lost = self.window.expire()
         if lost:
-            self.log.warning(
+            # Before the first ack this is start-up (the shards may be slower to come up than
+            # we are, and their late acks count as delivered), not a fault: a debug line, and
+            # the count in ack_timeouts.
+            self.log.log(
+                logging.WARNING if self.window.ledger.delivered else logging.DEBUG,
                 "%d trajectories unacknowledged by replay for %.0fs: counted as lost (%d in total)",
                 lost, ACK_TIMEOUT_S, self.window.ledger.lost,
             )  # fmt: skip
@@ -480,6 +514,7 @@ class Actor(Role):
             "weights_version": self.weights.version,
             "in_flight": self.in_flight,
             "ack_timeouts": self.window.timeouts,
+            "shard_restarts": self.shard_restarts,
             "env_errors": self.env_errors,
             "non_finite_env": self.non_finite_env,
             **self.window.report(),

@@ -23,13 +23,13 @@ security section).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zrl.durable import atomic_write, atomic_write_text
 from zrl.league import MAIN, League, snapshot_version
 from zrl.roles.base import Role
 from zrl.roles.weights import WeightsFollower
@@ -151,13 +151,10 @@ class LeagueRole(Role):
             for name, weights in self.snapshots.items()
             for key, value in weights.items()
         }
-        npz = self.checkpoint_dir / SNAPSHOTS_FILE
-        with open(npz.with_suffix(".tmp"), "wb") as f:
+        # Snapshots first: the state never names a snapshot the disk may not hold.
+        with atomic_write(self.checkpoint_dir / SNAPSHOTS_FILE) as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]
-        os.replace(npz.with_suffix(".tmp"), npz)
-        path = self.checkpoint_dir / STATE_FILE
-        path.with_suffix(".tmp").write_text(json.dumps(state))
-        os.replace(path.with_suffix(".tmp"), path)
+        atomic_write_text(self.checkpoint_dir / STATE_FILE, json.dumps(state))
 
     def load_checkpoint(self) -> None:
         assert self.checkpoint_dir is not None

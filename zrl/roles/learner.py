@@ -25,7 +25,6 @@ good checkpoint and published weights.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from torch import nn
 from zrl.algos import get_algorithm
 from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
 from zrl.algos.batches import learner_device
+from zrl.durable import atomic_write
 from zrl.models import model_to_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.trust import load_checkpoint_file
@@ -260,9 +260,9 @@ class Learner(Role):
             "torch_rng": torch.get_rng_state(),
             "time": time.time(),
         }
-        tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
+        # A crash or a power cut mid-write leaves the old one (see zrl.durable).
+        with atomic_write(self.checkpoint) as f:
+            torch.save(state, f)
         self.checkpoints += 1
 
     def load_checkpoint(self) -> None:

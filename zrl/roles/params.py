@@ -19,7 +19,6 @@ Sockets:
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import GradientServer, GradientServerSetup
+from zrl.durable import atomic_write
 from zrl.roles.base import Role
 from zrl.roles.trust import load_checkpoint_file
 from zrl.transport import messages as M
@@ -118,9 +118,9 @@ class ParameterServer(Role):
         if self.gradient_server is None or self.checkpoint is None:
             return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({**self.gradient_server.state_dict(), "version": self.version}, tmp)
-        os.replace(tmp, self.checkpoint)  # atomic: a crash mid-write leaves the old one
+        # A crash or a power cut mid-write leaves the old one (see zrl.durable).
+        with atomic_write(self.checkpoint) as f:
+            torch.save({**self.gradient_server.state_dict(), "version": self.version}, f)
 
     def store_model_weights(self) -> None:
         """Store and publish the gradient server's model as the next version."""

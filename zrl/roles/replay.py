@@ -15,6 +15,11 @@ Sockets:
   waits between the shard and the learners: HWMs count messages on each side of each
   hop, and the kernel buffers hold more, so without it dozens of batches queued up and
   IMPALA's learner saw unrolls 20+ versions old (and dropped half of them as stale).
+- PUB ``acks/<actor id>/`` (topic bus): an ACK of each inserted trajectory to the actor
+  that sent it, with this shard's ``incarnation`` (a random number picked at each start);
+  and ``incarnations/<shard id>/``: that incarnation, once a second. An actor that hears a
+  new one from a shard it knows learns that the shard restarted and counts what it held as
+  lost at once, instead of after ``ACK_TIMEOUT_S`` (``zrl.transport.credit``).
 - SUB ``priorities/<shard id>/`` and ``batch-acks/<shard id>/`` (topic bus): PRIORITIES
   for the keys this shard sampled, and a learner's ACK of each batch it received.
   They travel by topic, not on a load-balanced stream, because they must reach the
@@ -49,6 +54,7 @@ from zrl.transport import protocol as P
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
+INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to the actors
 
 
 def assemble_transitions(
@@ -115,6 +121,10 @@ class ReplayServer(Role):
         self.snapshot_path: Path | None = None  # set in setup when checkpoint.replay asks
         self.next_snapshot = 0.0
         self.snapshots = 0
+        # Which start of this shard it is: acks and announcements carry it (see the module
+        # docstring). A restart is a new object, so a new one.
+        self.incarnation = M.new_incarnation()
+        self.next_announce = 0.0
 
     def setup(self) -> None:
         rc = self.config.replay
@@ -232,11 +242,8 @@ class ReplayServer(Role):
             "trajectories": self.trajectories,
         }
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.snapshot_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
-            save_state(f, state)
-        os.replace(tmp, self.snapshot_path)
+        # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
+        save_state(self.snapshot_path, state)
         self.snapshots += 1
 
     def load_snapshot(self) -> None:
@@ -302,7 +309,7 @@ class ReplayServer(Role):
         if "valid" in msg.arrays:
             self.steps_received += int(msg.arrays["valid"].sum())
         self.acks.send(
-            P.Message(P.ACK, meta={"seq": msg.seq, "inserted": n}),
+            P.Message(P.ACK, meta={"seq": msg.seq, "inserted": n, "incarnation": self.incarnation}),
             topic=P.ack_topic(msg.sender),
             block=False,
         )
@@ -406,8 +413,22 @@ class ReplayServer(Role):
         if self.snapshot_path is not None:
             self.save_snapshot()
 
+    def announce_incarnation(self) -> None:
+        """Once a second, so that every actor hears it, also those that joined late or whose
+        window is full of trajectories a dead incarnation of this shard held."""
+        now = time.monotonic()
+        if now < self.next_announce:
+            return
+        self.next_announce = now + INCARNATION_INTERVAL_S
+        self.acks.send(
+            P.Message(P.INCARNATION, meta={"incarnation": self.incarnation}),
+            topic=P.incarnation_topic(self.id),
+            block=False,
+        )
+
     def step(self) -> None:
         rc = self.config.replay
+        self.announce_incarnation()
         if self.snapshot_path is not None and time.monotonic() >= self.next_snapshot:
             self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
             self.save_snapshot()

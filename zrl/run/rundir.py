@@ -26,10 +26,11 @@ from typing import Any
 import zmq
 
 from zrl.config import ExperimentConfig, config_to_yaml
+from zrl.durable import atomic_write
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import read_csv
 from zrl.roles.base import RoleError, registry_request
-from zrl.run.aggregator import Aggregator
+from zrl.run.aggregator import Aggregator, number
 from zrl.run.placement import BrokerAccess
 from zrl.run.roster import Roster
 from zrl.run.stop_rule import StopRule
@@ -38,6 +39,11 @@ from zrl.transport import protocol as P
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 
 LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
+
+# What summary.json says about the whole run rather than about one segment of it (a `zrl run`
+# and each `--resume` of it is a segment).
+ACROSS_SEGMENTS = ("segment", "segments", "total_wall_time", "resumed_at_env_steps")
+UNFINISHED_SEGMENT = "this segment wrote no summary.json (it was killed, or its machine went down)"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -51,6 +57,56 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     return text.rstrip("\n").splitlines()[-lines:]
 
 
+def whole(value: Any) -> int:
+    """A count read back from summary.json or progress.csv (whose numbers read as floats)."""
+    n = number(value)
+    return max(int(n), 0) if n is not None else 0
+
+
+def earlier_segments(previous: Any, progress: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """The summaries of the segments a resumed run continues, earliest first.
+
+    ``previous`` is what summary.json held (None if there was none, or it could not be read),
+    ``progress`` the rows of progress.csv. The segments it lists come first, then the one it
+    describes. A segment that ended without writing summary.json (a SIGKILL, a power cut:
+    what ``--resume`` is for) left only progress rows, past the env steps of the last
+    summary: it is kept as a short entry from its last row (two such segments in a row read
+    as one)."""
+    segments: list[dict[str, Any]] = []
+    if isinstance(previous, dict):
+        older = previous.get("segments")
+        if isinstance(older, list):
+            segments += [seg for seg in older if isinstance(seg, dict)]
+        segments.append({k: v for k, v in previous.items() if k not in ACROSS_SEGMENTS})
+    summarized = whole(segments[-1].get("env_steps")) if segments else 0
+    if progress and whole(progress[-1].get("env_steps")) > summarized:
+        last = progress[-1]
+        segments.append(
+            {
+                "stop_reason": "unknown",
+                "error": UNFINISHED_SEGMENT,
+                # Each segment's progress rows count time from its own start.
+                "wall_time": number(last.get("time")),
+                "env_steps": whole(last.get("env_steps")),
+                "updates": whole(last.get("updates")),
+            }
+        )
+    return segments
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """summary.json as written, or None (logged) when there is none or it cannot be read."""
+    if not path.is_file():
+        return None
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("cannot read %s (%s): the earlier segments are summed up from progress.csv",
+                    path, exc)  # fmt: skip
+        return None
+    return got if isinstance(got, dict) else None
+
+
 class RunDir:
     """One run's directory: written before anything starts, and at the stop."""
 
@@ -58,13 +114,16 @@ class RunDir:
         self.path = path
         self.cfg = cfg
         self.factories = factories
+        # With --resume: the summaries of the run's earlier segments, kept in this one's.
+        self.earlier: list[dict[str, Any]] = []
 
     def log_path(self, name: str) -> Path:
         return self.path / "logs" / f"{name}.log"
 
     def prepare(self, agg: Aggregator, *, resume: bool) -> None:
         """The directory, the resolved config, the seeds and the pickled factories; with
-        ``resume``, the env-step count to continue from (into ``agg``)."""
+        ``resume``, the env-step count to continue from (into ``agg``) and the summaries of
+        the earlier segments, which summary.json keeps (``segments``)."""
         from zrl.runtime import actor_seed
 
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
@@ -72,7 +131,8 @@ class RunDir:
             # Checkpoints live with the run, so a crashed role and `--resume` find them.
             self.cfg.checkpoint.dir = str((self.path / "checkpoints").resolve())
         if resume:
-            self.restore_counters(agg)
+            progress = self.restore_counters(agg)
+            self.earlier = earlier_segments(read_summary(self.path / "summary.json"), progress)
         (self.path / "config.yaml").write_text(config_to_yaml(self.cfg))
         seeds = {
             "run_seed": self.cfg.seed,
@@ -84,14 +144,16 @@ class RunDir:
         if self.factories.needs_pickle():
             (self.path / FACTORIES_FILE).write_bytes(self.factories.pickled())
 
-    def restore_counters(self, agg: Aggregator) -> None:
-        """Continue the env-step count of the run being resumed (actors count from 0)."""
+    def restore_counters(self, agg: Aggregator) -> list[dict[str, float]]:
+        """Continue the env-step count of the run being resumed (actors count from 0); the
+        rows of its progress.csv."""
         rows = (
             read_csv(self.path / "progress.csv") if (self.path / "progress.csv").is_file() else []
         )
         if rows:
             agg.env_steps_offset = int(rows[-1].get("env_steps", 0))
         log.info("resuming %s from %d env steps", self.path, agg.env_steps_offset)
+        return rows
 
     def write_remote_commands(self, commands: dict[str, str]) -> list[str]:
         """``remote_commands.txt``: the command to type on each other host; its lines."""
@@ -127,16 +189,16 @@ class RunDir:
         )
         if msg is None:
             return None
-        torch.save(
-            {
-                "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
-                "version": msg.meta.get("version"),
-                "config": json.dumps(self.cfg.model_dump(mode="json")),
-                "factory_refs": self.factories.references,
-            },
-            self.path / "model.pt.tmp",
-        )
-        os.replace(self.path / "model.pt.tmp", self.path / "model.pt")
+        with atomic_write(self.path / "model.pt") as f:
+            torch.save(
+                {
+                    "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
+                    "version": msg.meta.get("version"),
+                    "config": json.dumps(self.cfg.model_dump(mode="json")),
+                    "factory_refs": self.factories.references,
+                },
+                f,
+            )
         return int(msg.meta.get("version", 0))
 
     def summary(
@@ -155,13 +217,17 @@ class RunDir:
         roster: Roster,
         restarts_here: dict[str, int],
     ) -> dict[str, Any]:
-        """What summary.json says: how the run ended and what it reached."""
+        """What summary.json says: how the run ended and what it reached. For a resumed run,
+        this segment's figures (``env_steps`` and ``updates`` count on from the earlier ones),
+        and the earlier segments' summaries in ``segments``, earliest first."""
         evals = agg.evals
         roles = roster.summary(restarts_here)
         restarts = {**restarts_here}
         for rid, known in roles["took_part"].items():
             if known["restarts"]:
                 restarts[rid] = known["restarts"]
+        wall_time = round(time.monotonic() - started, 2)
+        earlier_wall = sum(number(seg.get("wall_time")) or 0.0 for seg in self.earlier)
         return {
             "experiment": self.cfg.name,
             "run_dir": str(self.path),
@@ -175,7 +241,7 @@ class RunDir:
             "seconds_to_target": target.target_time,
             "target_reached_at": target.target_reached_at,
             "env_steps_to_target": target.target_steps,
-            "wall_time": round(time.monotonic() - started, 2),
+            "wall_time": wall_time,
             "seconds_to_first_env_step": first_env_step,
             "env_steps": row.get("env_steps", 0),
             "updates": row.get("updates", 0),
@@ -193,4 +259,9 @@ class RunDir:
             "model": str(self.path / "model.pt") if version is not None else None,
             "restarts": restarts,
             "roles": roles,
+            # The whole run, across `zrl run` and each `--resume`:
+            "segment": len(self.earlier) + 1,
+            "total_wall_time": round(earlier_wall + wall_time, 2),
+            "resumed_at_env_steps": agg.env_steps_offset,  # 0 for a first segment
+            "segments": self.earlier,
         }

@@ -36,6 +36,7 @@ from typing import Any
 import zmq
 
 from zrl.config import ConfigError, ExperimentConfig
+from zrl.durable import atomic_write_text
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import MetricsWriter, require_backends
 from zrl.roles.base import RoleError, registry_request
@@ -109,6 +110,7 @@ class Supervisor:
         self.status_rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self.stop_reason = ""
+        self._finishing = False  # roles being stopped and the run directory written
         self.started = time.monotonic()
         self.first_env_step: float | None = None  # seconds from our start
         self._display: Any = None
@@ -421,32 +423,66 @@ class Supervisor:
             monitor.close()
         except KeyboardInterrupt:
             interrupted = True
+        except Exception as exc:
+            # zrl run itself failed (the broker would not start, ...): the run directory is
+            # completed all the same, summary.json says why, and the error goes on up.
+            self.pool.fatal = self.pool.fatal or f"zrl run failed: {type(exc).__name__}: {exc}"
+            self.stop_reason = "error"
+            raise
         finally:
-            display.stop()
-            if self.stop_reason == "interrupted":
-                interrupted = True
+            summary = self._finish(row, writer, display, previous_handlers, interrupted)
+        return summary
+
+    def _finish(
+        self,
+        row: dict[str, Any],
+        writer: MetricsWriter,
+        display: Any,
+        previous_handlers: dict[signal.Signals, Any],
+        interrupted: bool,
+    ) -> dict[str, Any]:
+        """However the run stopped (target, limit, Ctrl-C, roles that keep crashing, an
+        error here), stop every role and complete the run directory: the final figures, also
+        as progress.csv's last row, model.pt, summary.json and the learning curve."""
+        display.stop()
+        interrupted = interrupted or self.stop_reason == "interrupted"
+        version = None
+        written = row  # the monitor loop's last progress row ({} if it wrote none)
+        try:
             try:
                 if self.broker_child is not None:
                     row = self._final_row(row)
-                version = self._save_model() if self.broker_child is not None else None
-            finally:
-                self.pool.stop(before_broker=self._stop_experiment)
-                self.roster.ended_here({c.name: c.exit_code() for c in self.children})
-                self.pool.zygote.stop()
-                writer.close()
-                for sig, h in previous_handlers.items():
-                    signal.signal(sig, h)
-            self.pool.keeps_crashing(self.target.target_time is not None)
-            summary = self._summary(row, version, interrupted)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            if self.agg.evals:
-                try:
-                    from zrl.metrics import plot_run
+                    version = self._save_model()
+                self._finishing = True
+            except KeyboardInterrupt:
+                # Ctrl-C again while the final model was fetched: go without it, but stop
+                # every role and write the run directory all the same.
+                self._finishing = True
+                interrupted = True
+                log.warning("interrupted again: stopping without the final model")
+            row = row or self.agg.row(time.monotonic() - self.started)
+            if row is not written:
+                # The stop's figures, so progress.csv ends where the summary does (and a
+                # --resume counts on from there).
+                writer.write_progress(row)
+        finally:
+            self.pool.stop(before_broker=self._stop_experiment)
+            self.roster.ended_here({c.name: c.exit_code() for c in self.children})
+            self.pool.zygote.stop()
+            writer.close()
+            for sig, h in previous_handlers.items():
+                signal.signal(sig, h)
+        self.pool.keeps_crashing(self.target.target_time is not None)
+        summary = self._summary(row, version, interrupted)
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        if self.agg.evals:
+            try:
+                from zrl.metrics import plot_run
 
-                    plot_run(self.run_dir)
-                except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
-                    log.warning("could not plot the learning curve: %s", exc)
-            display.final(summary)
+                plot_run(self.run_dir)
+            except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
+                log.warning("could not plot the learning curve: %s", exc)
+        display.final(summary)
         return summary
 
     def _check_model(self, spaces: tuple[Any, Any]) -> None:
@@ -484,8 +520,13 @@ class Supervisor:
             display.message(f"  {line}")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._finishing:
+            # Stopping the roles and writing summary.json: cutting that short would leave
+            # roles running and the run directory incomplete. It takes seconds at most.
+            log.warning("signal %d: already stopping, writing the run directory", signum)
+            return
         if self.stop_reason == "interrupted":
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting (for the final model)
         self.stop_reason = "interrupted"
         self._stop.set()
 

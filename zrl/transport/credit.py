@@ -7,6 +7,11 @@ comes after all (a slow shard) turns that loss back into a delivery. Because an 
 exactly the sequence number it names, a consumer that takes messages and never acks them (a
 stray PULL on the stream, a crashed shard) shows up as loss instead of hiding behind the acks
 of later messages.
+
+``Incarnations`` tells an actor that a replay shard restarted: every start of a shard picks a
+new incarnation and sends it with each ack (and once a second on its own). What the dead
+incarnation held unacknowledged is gone, and waiting ``timeout_s`` for it only holds the
+window shut; see ``CreditWindow.lose_before`` for what the actor counts lost then.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from dataclasses import dataclass
 
 # Expired sequence numbers remembered so a late ack still counts as a delivery.
 MAX_EXPIRED_REMEMBERED = 4096
+# Peers (replay shards) whose incarnations are remembered, and how many of each: the ids come
+# off the topic bus, so the table is bounded; earlier incarnations are kept so that an ack of
+# the old one still in transit is not taken for yet another restart.
+MAX_PEERS = 1024
+INCARNATIONS_REMEMBERED = 4
 
 
 @dataclass
@@ -89,12 +99,37 @@ class CreditWindow:
             self.timeouts += 1
         return expired
 
+    def lose_before(self, seq: int | None = None) -> int:
+        """Count as lost every message in flight that was sent before ``seq`` (sequence numbers
+        grow in send order), or all of them with None; how many were.
+
+        The rule for a replay shard that restarted. The stream load-balances, so the actor
+        cannot tell which shard took which trajectory. It does know the order: its PUSH
+        connection to the broker's device, the device's queue to each shard, and the shard's
+        inserts are all first in, first out. So when the new incarnation acks ``seq``, each
+        older trajectory still unacknowledged either went to the dead incarnation (lost for
+        good) or waits at another shard (its ack is still coming); none waits at the new
+        incarnation, which would have acked it first. Counting them all lost at once is exact
+        with one shard; with several, the ones that were not lost come back as ``late``
+        deliveries, so the ledger stays exact either way (meanwhile up to ``limit`` more
+        messages than the window counts may really be in transit).
+
+        When the restart is learnt from the shard's announcement instead (a window full of
+        what the dead incarnation held sends nothing more, so no ack can come), there is no
+        such boundary: everything in flight counts, and what the new incarnation or another
+        shard still acks comes back as ``late`` in the same way."""
+        lost = 0
+        while self._in_flight:
+            first = next(iter(self._in_flight))
+            if seq is not None and first >= seq:
+                break
+            self._lose(first)
+            lost += 1
+        return lost
+
     def lose_all(self) -> int:
         """Count everything in flight as lost (the path to the consumer is known to be gone)."""
-        n = len(self._in_flight)
-        while self._in_flight:
-            self._lose(next(iter(self._in_flight)))
-        return n
+        return self.lose_before(None)
 
     def _lose(self, seq: int) -> None:
         _, weight = self._in_flight.pop(seq)
@@ -117,3 +152,27 @@ class CreditWindow:
             "steps_lost": led.lost_weight,
             "steps_late": led.late_weight,
         }
+
+
+class Incarnations:
+    """The incarnations each peer (a replay shard id) was heard with, newest last."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str, list[int]] = OrderedDict()
+
+    def restarted(self, peer: str, incarnation: int) -> bool:
+        """Note that ``peer`` spoke as ``incarnation``; True when that is a new one and an
+        earlier one was known (the peer restarted since). The first incarnation heard of a
+        peer is no restart: the actor cannot tell what came before it."""
+        seen = self._seen.get(peer)
+        if seen is None:
+            self._seen[peer] = [incarnation]
+            while len(self._seen) > MAX_PEERS:
+                self._seen.popitem(last=False)
+            return False
+        self._seen.move_to_end(peer)
+        if incarnation in seen:  # the current one, or a straggler of an earlier one
+            return False
+        seen.append(incarnation)
+        del seen[:-INCARNATIONS_REMEMBERED]
+        return True

@@ -53,8 +53,13 @@ Data paths:
 - ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
   No meta. Arrays: :data:`PRIORITIES`.
 - ``ack``: replay shard -> actor on topic ``acks/<actor id>/`` (meta ``seq`` of the
-  trajectory, ``inserted``); learner -> shard on topic ``batch-acks/<shard id>/`` (meta
-  ``seq`` of the batch); params -> learner on the rpc ROUTER (meta ``version``). No arrays.
+  trajectory, ``inserted``, ``incarnation``: see :func:`incarnation`); learner -> shard on
+  topic ``batch-acks/<shard id>/`` (meta ``seq`` of the batch); params -> learner on the rpc
+  ROUTER (meta ``version``). No arrays.
+- ``incarnation``: replay shard -> every actor, PUB topic ``incarnations/<shard id>/``, once
+  a second. Meta ``incarnation``. No arrays. An actor whose window is full of trajectories
+  a restarted shard lost sends nothing, so it hears no ack of the new incarnation: this is
+  how it learns of the restart anyway.
 - ``weights``: learner -> params over rpc (meta ``updates``, ``min_version``, the
   algorithm's integers); params -> everyone on PUB topic ``weights`` and as the answer to
   ``get_weights`` (meta ``version`` plus the learner's integers). Arrays: the model's
@@ -87,6 +92,7 @@ Data paths:
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -268,6 +274,31 @@ def weights_version(meta: Mapping[str, Any]) -> int | None:
     if not isinstance(version, int) or isinstance(version, bool):
         return None
     return version if 1 <= version <= MAX_VERSION else None
+
+
+INCARNATION_BITS = 63
+"""A replay shard's incarnation is a random int in [0, 2**63): msgpack's signed 64 bits."""
+
+
+def new_incarnation() -> int:
+    """A fresh incarnation for a replay shard that starts. Random rather than time + pid: a
+    restarted process in a container may get the same pid, and a clock can step back."""
+    return secrets.randbits(INCARNATION_BITS)
+
+
+def incarnation(meta: Mapping[str, Any]) -> int:
+    """The ``incarnation`` of a replay shard's ``ack`` or ``incarnation`` message: which start
+    of the shard sent it. Every start picks a new one (:func:`new_incarnation`), so an actor
+    that hears another incarnation from a shard id it knows learns that the shard restarted
+    and lost what it had not acknowledged. ProtocolError unless an int in [0, 2**63)."""
+    value = meta.get("incarnation")
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 0 <= value < 2**INCARNATION_BITS
+    ):
+        raise P.ProtocolError(f"incarnation {str(value)[:40]!r} is not an int in [0, 2**63)")
+    return value
 
 
 OBS_DTYPES = ("float32", "uint8")

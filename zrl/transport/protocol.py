@@ -61,6 +61,7 @@ MATCHES = "matches"  # league -> actor: the opponents it chose
 RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
 GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
 STOP_RUN = "stop_run"  # head -> broker registry: the experiment is over; every role stops
+INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard>/): it restarted?
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -91,6 +92,7 @@ KINDS: tuple[str, ...] = (
     RESULTS,
     GET_SNAPSHOT,
     STOP_RUN,
+    INCARNATION,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
@@ -100,6 +102,7 @@ METRICS_TOPIC = "metrics"
 EVAL_TOPIC = "eval"
 ROLLOUTS_TOPIC = "rollouts/"  # PPO actors -> every PPO learner
 ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per minibatch step
+INCARNATIONS_TOPIC = "incarnations/"  # replay shards -> actors: each shard's incarnation
 
 
 def priority_topic(shard_id: str) -> str:
@@ -127,6 +130,11 @@ def acked_seq(msg: Message, sender_prefix: str, sent: int, what: str) -> int:
     ):
         raise ProtocolError(f"not an ack of a sent {what}: {msg.kind} from {msg.sender} {seq!r}")
     return seq
+
+
+def incarnation_topic(shard_id: str) -> str:
+    """A replay shard's INCARNATION, once a second: how actors learn that it restarted."""
+    return f"{INCARNATIONS_TOPIC}{shard_id}/"
 
 
 def ack_topic(actor_id: str) -> str:

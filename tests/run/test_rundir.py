@@ -1,0 +1,127 @@
+"""``RunDir``: the run directory, and the summary a resumed run keeps of its earlier segments.
+
+A segment is one `zrl run` or one `zrl run --resume` of it. Each is played here as the
+supervisor plays it, without any role: ``prepare``, progress rows, then ``summary`` written to
+summary.json, with the wall time faked through ``started``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zrl.config import ExperimentConfig
+from zrl.durable import atomic_write_text
+from zrl.factories import Factories
+from zrl.metrics import MetricsWriter
+from zrl.run import Aggregator
+from zrl.run.roster import Roster
+from zrl.run.rundir import ACROSS_SEGMENTS, UNFINISHED_SEGMENT, RunDir, earlier_segments
+from zrl.run.stop_rule import StopRule
+
+
+def config() -> ExperimentConfig:
+    return ExperimentConfig.model_validate({"name": "rundir-test", "stop": {"wall_time": 60}})
+
+
+def segment(
+    path: Path,
+    *,
+    resume: bool,
+    wall_time: float,
+    steps: list[int],
+    stop_reason: str = "wall_time",
+    write_summary: bool = True,
+) -> dict[str, Any]:
+    """One segment: its progress rows reach ``steps`` (counted from where it resumed, as
+    the aggregator counts), then its summary; the summary (written unless it was killed)."""
+    cfg = config()
+    rundir, agg = RunDir(path, cfg, Factories()), Aggregator()
+    rundir.prepare(agg, resume=resume)
+    writer = MetricsWriter(path, tensorboard=False)
+    try:
+        for i, n in enumerate(steps):
+            writer.write_progress({"time": float(i + 1), "env_steps": agg.env_steps_offset + n,
+                                   "updates": 10 * (i + 1)})  # fmt: skip
+    finally:
+        writer.close()
+    row = {"env_steps": agg.env_steps_offset + steps[-1], "updates": 10 * len(steps)}
+    summary = rundir.summary(
+        row, 3, stop_reason=stop_reason, fatal="", fatal_tail=[], target=StopRule(cfg), agg=agg,
+        started=time.monotonic() - wall_time, first_env_step=1.0, evals_dropped=0,
+        roster=Roster.of([], {}, wait_s=None), restarts_here={},
+    )  # fmt: skip
+    if write_summary:
+        atomic_write_text(path / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def test_a_first_segment_is_the_whole_run(tmp_path: Path):
+    run = tmp_path / "run"
+    first = segment(run, resume=False, wall_time=12.0, steps=[100, 200])
+    assert first["segment"] == 1 and first["segments"] == []
+    assert first["total_wall_time"] == first["wall_time"] == pytest.approx(12.0, abs=0.5)
+    assert first["resumed_at_env_steps"] == 0 and first["env_steps"] == 200
+    assert json.loads((run / "summary.json").read_text()) == first
+
+
+def test_a_resumed_run_keeps_the_summaries_of_its_earlier_segments(tmp_path: Path):
+    run = tmp_path / "run"
+    first = segment(run, resume=False, wall_time=12.0, steps=[100, 200], stop_reason="interrupted")
+    second = segment(run, resume=True, wall_time=30.0, steps=[50, 150])
+    assert second["segment"] == 2 and second["stop_reason"] == "wall_time"
+    assert second["resumed_at_env_steps"] == 200 and second["env_steps"] == 350
+    # The first segment's summary, as it was, less what describes the whole run.
+    assert second["segments"] == [{k: v for k, v in first.items() if k not in ACROSS_SEGMENTS}]
+    assert second["segments"][0]["stop_reason"] == "interrupted"
+    assert second["total_wall_time"] == pytest.approx(first["wall_time"] + second["wall_time"])
+    # A third: the list grows flat, earliest first.
+    third = segment(run, resume=True, wall_time=5.0, steps=[10])
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved == third and third["segment"] == 3
+    assert [s["env_steps"] for s in third["segments"]] == [200, 350]
+    assert [s["stop_reason"] for s in third["segments"]] == ["interrupted", "wall_time"]
+    assert third["total_wall_time"] == pytest.approx(
+        first["wall_time"] + second["wall_time"] + third["wall_time"]
+    )
+    assert third["resumed_at_env_steps"] == 350 and third["env_steps"] == 360
+
+
+def test_a_segment_killed_before_its_summary_is_kept_from_its_progress_rows(tmp_path: Path):
+    run = tmp_path / "run"
+    first = segment(run, resume=False, wall_time=12.0, steps=[100, 200])
+    # The second one is killed: progress rows, no summary.json of its own.
+    segment(run, resume=True, wall_time=40.0, steps=[100, 300, 400], write_summary=False)
+    assert json.loads((run / "summary.json").read_text()) == first
+    third = segment(run, resume=True, wall_time=8.0, steps=[20])
+    assert third["segment"] == 3 and third["resumed_at_env_steps"] == 600
+    killed = third["segments"][1]
+    assert killed["error"] == UNFINISHED_SEGMENT and killed["stop_reason"] == "unknown"
+    # From its last progress row: 3 rows, one a second.
+    assert (killed["env_steps"], killed["updates"], killed["wall_time"]) == (600, 30, 3.0)
+    assert third["total_wall_time"] == pytest.approx(first["wall_time"] + 3.0 + third["wall_time"])
+
+
+def test_an_unreadable_summary_leaves_what_progress_csv_says(tmp_path: Path, caplog):
+    run = tmp_path / "run"
+    segment(run, resume=False, wall_time=12.0, steps=[100, 200])
+    (run / "summary.json").write_text('{"cut off')
+    with caplog.at_level(logging.WARNING, logger="zrl.supervisor"):
+        second = segment(run, resume=True, wall_time=3.0, steps=[5])
+    assert "cannot read" in caplog.text
+    assert [s["env_steps"] for s in second["segments"]] == [200]
+    assert second["segments"][0]["error"] == UNFINISHED_SEGMENT
+
+
+def test_earlier_segments_tolerates_what_a_hand_edited_summary_holds():
+    assert earlier_segments(None, []) == []
+    assert earlier_segments([1, 2], []) == []  # not a summary at all
+    odd = {"env_steps": "many", "segments": [3, {"env_steps": 5}, "x"]}
+    got = earlier_segments(odd, [{"time": 2.0, "env_steps": 9.0, "updates": 1.0}])
+    assert got[:2] == [{"env_steps": 5}, {"env_steps": "many"}]
+    assert got[2]["env_steps"] == 9 and got[2]["error"] == UNFINISHED_SEGMENT
