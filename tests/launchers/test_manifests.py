@@ -5,6 +5,7 @@ ports."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -172,8 +173,11 @@ HEAD = ["--bind", "tcp://0.0.0.0:5555", "--insecure"]
          ["start", "broker", "--resume", "RUN", *HEAD]),
         ({"config.yaml": "", "summary.json": '{\n  "stop_reason": "eval_return"\n}'},
          ["sleep", "infinity"]),
+        ({"config.yaml": "", "summary.json": json.dumps(
+            {"stop_reason": "eval_return", "segments": [{"stop_reason": "interrupted"}]},
+            indent=2)}, ["sleep", "infinity"]),
     ],
-    ids=["new-run", "head-restarted", "interrupted", "over"],
+    ids=["new-run", "head-restarted", "interrupted", "over", "over-after-a-resume"],
 )  # fmt: skip
 def test_the_head_starts_resumes_or_keeps_a_finished_run(
     tmp_path: Path, before: dict[str, str], expected: list[str]
