@@ -159,6 +159,7 @@ class NetnsSshd:
     hosts: Hosts
     user: str
     client_key: Path
+    sshd_pids: tuple[int, ...]
     port: int = 22
 
     def target(self, host: int) -> str:
@@ -167,10 +168,6 @@ class NetnsSshd:
     @property
     def ssh_options(self) -> list[str]:
         return _client_options(self.client_key, self.port)
-
-    @property
-    def sshd_pids(self) -> list[int]:
-        return [p.pid for p in self.hosts.procs]
 
 
 @pytest.fixture
@@ -185,19 +182,23 @@ def netns_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSshd]:
     d = tmp_path_factory.mktemp("netns-sshd")
     _make_keys(d)
     with Hosts(3) as hosts:
-        servers = NetnsSshd(hosts, getpass.getuser(), d / "client_key")
+        user, port = getpass.getuser(), 22
+        pids = []
         for i in (1, 2):
-            config = _sshd_config(d, f"sshd{i}", hosts.addrs[i], servers.port)
+            config = _sshd_config(d, f"sshd{i}", hosts.addrs[i], port)
             log = d / f"sshd{i}.log"
             proc = hosts.exec(i, str(SSHD), "-D", "-f", str(config), "-e", log=log)
+            pids.append(proc.pid)
             _wait_until_ssh_works(
                 lambda i=i: subprocess.run(
-                    ["ip", "netns", "exec", hosts.names[0], "ssh", *servers.ssh_options,
-                     "-o", "BatchMode=yes", servers.target(i), "true"],
+                    ["ip", "netns", "exec", hosts.names[0], "ssh",
+                     *_client_options(d / "client_key", port), "-o", "BatchMode=yes",
+                     f"{user}@{hosts.addrs[i]}", "true"],
                     stdin=subprocess.DEVNULL, capture_output=True, timeout=15,
                 ),
                 proc, log,
             )  # fmt: skip
+        servers = NetnsSshd(hosts, user, d / "client_key", tuple(pids), port)
         yield servers
 
 

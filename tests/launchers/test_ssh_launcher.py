@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -442,7 +442,7 @@ def test_remote_processes_die_when_the_launcher_is_killed(
 # --- a real run on hosts that are network namespaces ----------------------------------------
 
 
-def _in_namespaces(hosts: Any, skip: list[int]) -> list[int]:
+def _in_namespaces(hosts: Any, skip: Collection[int]) -> list[int]:
     """PIDs of every process inside the namespaces of ``hosts``, but ``skip``."""
     inodes = set()
     for ns in [hosts.switch, *hosts.names]:
