@@ -22,9 +22,8 @@ from zrl.cli_common import (
     LogOpt,
     SetOpt,
     UserError,
-    load_experiment,
+    head_experiment,
     load_keys,
-    load_resumable,
 )
 from zrl.cli_config import config_app
 from zrl.cli_start import start_app
@@ -183,17 +182,14 @@ def run(
     """Run an experiment locally: broker and every role, live status, run directory."""
     from zrl.run import Supervisor
 
-    if resume is not None:
-        if config is not None or run_dir is not None:
-            raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
-        cfg, factories = load_resumable(resume, overrides)
-        run_dir = resume
-        if keys is None and (resume / "keys").is_dir():
-            keys = resume / "keys"
-    elif config is None:
-        raise UserError("give a CONFIG (YAML or script), or --resume RUN_DIR")
-    else:
-        cfg, factories = load_experiment(config, overrides)
+    cfg, factories, run_dir, keys = head_experiment(
+        config,
+        overrides,
+        run_dir,
+        resume,
+        keys,
+        "give a CONFIG (YAML or script), or --resume RUN_DIR",
+    )
     sup = Supervisor(
         cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys,
         factories=factories, insecure=insecure, resume=resume is not None,

@@ -70,6 +70,30 @@ def load_keys(directory: Path | None, name: str = "client") -> Any:
     return load(directory, name)
 
 
+def head_experiment(
+    config: Path | None,
+    overrides: list[str] | None,
+    run_dir: Path | None,
+    resume: Path | None,
+    keys: Path | None,
+    missing_config: str,
+) -> tuple[Any, Any, Path | None, Path | None]:
+    """(config, factories, run directory, keys) of a head (``zrl run``, ``zrl start broker
+    --run-dir``): from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has
+    some). ``missing_config``: the error when neither is given."""
+    if resume is None:
+        if config is None:
+            raise UserError(missing_config)
+        cfg, factories = load_experiment(config, overrides)
+        return cfg, factories, run_dir, keys
+    if config is not None or run_dir is not None:
+        raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
+    cfg, factories = load_resumable(resume, overrides)
+    if keys is None and (resume / "keys").is_dir():
+        keys = resume / "keys"
+    return cfg, factories, resume, keys
+
+
 def load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
     """The config and factories of a run directory, to go on with it (``--resume``)."""
     from zrl.config import load_config

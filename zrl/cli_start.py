@@ -18,11 +18,10 @@ from zrl.cli_common import (
     KeysOpt,
     LogOpt,
     SetOpt,
-    UserError,
     fail,
+    head_experiment,
     load_experiment,
     load_keys,
-    load_resumable,
 )
 
 start_app = typer.Typer(
@@ -160,17 +159,14 @@ def _start_head(
     other hosts (or by hand), with ``zrl run``'s run directory and behaviour."""
     from zrl.run import Supervisor
 
-    if resume is not None:
-        if config is not None or run_dir is not None:
-            raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
-        cfg, factories = load_resumable(resume, overrides)
-        run_dir = resume
-        if keys is None and (resume / "keys").is_dir():
-            keys = resume / "keys"
-    elif config is None:
-        raise UserError("--run-dir needs --config: the experiment this head runs")
-    else:
-        cfg, factories = load_experiment(config, overrides)
+    cfg, factories, run_dir, keys = head_experiment(
+        config,
+        overrides,
+        run_dir,
+        resume,
+        keys,
+        "--run-dir needs --config: the experiment this head runs",
+    )
     sup = Supervisor(
         cfg, run_dir=run_dir, log_level=log_level, keys_dir=keys, factories=factories,
         insecure=insecure, resume=resume is not None, bind=bind, elsewhere=True,

@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +24,13 @@ import psutil
 import pytest
 import yaml
 
-from tests.integration.netns import REPO, Hosts, netns_available
+from tests.integration.netns import REPO, Hosts
 from zrl.testing.probes import wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 TARGET = 100.0  # a random policy scores about 22
-
-
-@pytest.fixture
-def make_hosts() -> Iterator[Callable[[int], Hosts]]:
-    ok, reason = netns_available()
-    if not ok:
-        pytest.skip(f"multi-host tests need network namespaces: {reason}")
-    made: list[Hosts] = []
-
-    def make(n: int) -> Hosts:
-        h = Hosts(n)
-        made.append(h)
-        h.__enter__()
-        return h
-
-    try:
-        yield make
-    finally:
-        for h in made:
-            h.close()
 
 
 def status_rows(hosts: Hosts, broker: str) -> dict[str, dict[str, Any]]:

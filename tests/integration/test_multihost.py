@@ -18,13 +18,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.netns import REPO, Hosts, netns_available
+from tests.integration.netns import REPO, Hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -305,27 +305,6 @@ class Cluster:
             lines.append(f"--- {name} ({path}) ---")
             lines.extend(tail)
         return "\n".join(lines)
-
-
-@pytest.fixture
-def make_hosts() -> Iterator[Callable[[int], Hosts]]:
-    """Hosts(n), cleaned up (processes by PID, then namespaces) however the test ends."""
-    ok, reason = netns_available()
-    if not ok:
-        pytest.skip(f"multi-host tests need network namespaces: {reason}")
-    made: list[Hosts] = []
-
-    def make(n: int) -> Hosts:
-        h = Hosts(n)
-        made.append(h)
-        h.__enter__()
-        return h
-
-    try:
-        yield make
-    finally:
-        for h in made:
-            h.close()
 
 
 def start_apex(cluster: Cluster) -> None:
