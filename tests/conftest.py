@@ -41,12 +41,15 @@ Spawn = Callable[..., subprocess.Popen[bytes]]
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """Start `python -m zrl ARGS...` with its output in tmp_path; killed by PID at teardown."""
+    """Start `python -m zrl ARGS...` with its output in tmp_path (``env``: variables added to
+    ours); killed by PID at teardown."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str, log_name: str | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        *args: str, log_name: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         name = log_name or "-".join(a for a in args[:2] if not a.startswith("-"))
-        proc = start_zrl(*args, log=tmp_path / f"{name}-{len(procs)}.log", cwd=REPO)
+        proc = start_zrl(*args, log=tmp_path / f"{name}-{len(procs)}.log", cwd=REPO, env=env)
         procs.append(proc)
         return proc
 

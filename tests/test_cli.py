@@ -24,7 +24,7 @@ from zrl.transport.protocol import PROTOCOL_VERSION
 from zrl.transport.sockets import broker_endpoints, free_port_range
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
-COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys"}
+COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys", "host"}
 ROLES = {"broker", "actor", "replay", "params", "learner", "evaluator"}
 
 

@@ -77,6 +77,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.cli",
             "zrl.cli_common",
             "zrl.cli_config",
+            "zrl.cli_host",
             "zrl.cli_start",
             "zrl.__main__",
             "zrl.testing",

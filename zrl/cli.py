@@ -1,8 +1,9 @@
 """The ``zrl`` command line: start roles, run experiments, inspect them.
 
 Every command turns bad input into a one-line ``error: ...`` and exit code 2;
-tracebacks are for bugs only. ``zrl start`` is ``zrl.cli_start``, ``zrl config``
-``zrl.cli_config``, and what the commands share ``zrl.cli_common``.
+tracebacks are for bugs only. ``zrl start`` is ``zrl.cli_start``, ``zrl host``
+``zrl.cli_host``, ``zrl config`` ``zrl.cli_config``, and what the commands share
+``zrl.cli_common``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from zrl.cli_common import (
     load_keys,
 )
 from zrl.cli_config import config_app
+from zrl.cli_host import host
 from zrl.cli_start import start_app
 
 app = typer.Typer(
@@ -40,6 +42,7 @@ keys_app = typer.Typer(
 app.add_typer(start_app, name="start")
 app.add_typer(config_app, name="config")
 app.add_typer(keys_app, name="keys")
+app.command("host")(host)
 
 
 @app.command()
@@ -64,6 +67,14 @@ def status(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 5.0,
     keys: KeysOpt = None,
     key_name: KeyNameOpt = "client",
+    logs: Annotated[
+        str | None,
+        typer.Option(
+            "--logs",
+            metavar="ROLE_ID",
+            help="Where ROLE_ID logs, and its last lines, as its host agent (zrl host) reports.",
+        ),
+    ] = None,
 ) -> None:
     """Show the roles registered with a broker."""
     import zmq
@@ -86,11 +97,14 @@ def status(
             f"{exc}; a broker started with --keys does not answer clients without keys: "
             "pass --keys DIR (the directory from `zrl keys init`)"
         ) from None
+    roles: list[dict[str, Any]] = reply.meta.get("roles", [])
+    if logs is not None:
+        _print_logs(roles, logs)
+        return
     if as_json:
         typer.echo(json.dumps(reply.meta, indent=2, default=str))
         return
     b = reply.meta.get("broker", {})
-    roles: list[dict[str, Any]] = reply.meta.get("roles", [])
     table = Table(
         title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
         f"(up {b.get('uptime', 0):.0f}s)"
@@ -120,8 +134,42 @@ def status(
         console.print("alive per host: " + ", ".join(f"{h}: {n}" for h, n in sorted(hosts.items())))
     for r in roles:
         line = league_line(r.get("info", {})) if r["role"] == "league" else ""
+        if r["role"] == "host" and r["state"] == "alive":
+            line = _host_line(r.get("info", {}))
         if line:
             console.print(f"{r['id']}: {line}")
+
+
+def _host_line(info: dict[str, Any]) -> str:
+    """A host agent's children in one line: ``actor-0 running, replay-0 restarting (2)``."""
+    children = [c for c in info.get("children") or [] if isinstance(c, dict)]
+    return ", ".join(
+        f"{c.get('id')} {c.get('state')}" + (f" ({c['restarts']})" if c.get("restarts") else "")
+        for c in children
+    )
+
+
+def _print_logs(rows: list[dict[str, Any]], role_id: str) -> None:
+    """``zrl status --logs ROLE_ID``: the host, log path and last lines its agent reported."""
+    from zrl.run.host_agent import find_child_report
+
+    found = find_child_report(rows, role_id)
+    if found is None:
+        raise UserError(
+            f"no host agent (zrl host) lists {role_id}: a role started by hand logs where it "
+            "was started, and one of `zrl run` in its run directory (RUN_DIR/logs/"
+            f"{role_id}.log)"
+        )
+    agent, child = found
+    typer.echo(f"{role_id}: {child.get('state')} on host {agent.get('host')}, pid "
+               f"{child.get('pid')}, {child.get('restarts')} restarts (host agent "
+               f"{agent.get('id')}, {agent.get('state')})")  # fmt: skip
+    typer.echo(f"log: {child.get('log')}  (on {agent.get('host')})")
+    tail = child.get("tail")
+    if isinstance(tail, list) and tail:
+        typer.echo("last lines reported:")
+        for line in tail:
+            typer.echo(f"  | {line}")
 
 
 # --- keys -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -177,6 +177,39 @@ def _start_head(
         raise typer.Exit(1)
 
 
+def role_options(
+    timeout: float,
+    keys: Path | None,
+    key_name: str,
+    checkpoint_root: Path | None,
+    env_factory: str | None,
+    model_factory: str | None,
+) -> dict[str, Any]:
+    """The ``Role`` arguments a role process takes from its own command line."""
+    return {
+        "connect_timeout": timeout,
+        "keys": load_keys(keys, key_name),
+        "checkpoint_root": checkpoint_root,
+        "local_factories": {
+            kind: ref for kind, ref in (("env", env_factory), ("model", model_factory)) if ref
+        },
+    }
+
+
+def run_role(role: Any) -> None:
+    """Run ``role`` (a ``Role``) until it stops: SIGINT/SIGTERM stop it cleanly."""
+    from zrl.roles.errors import ExperimentStopped
+    from zrl.runtime import install_stop_signals
+
+    install_stop_signals(role.request_stop)
+    try:
+        role.run()
+    except ExperimentStopped as exc:
+        # The head ended the experiment before or while this role ran: a clean end, so a
+        # host agent does not restart it.
+        role.log.info("%s", exc)
+
+
 def _start_role(
     name: str,
     broker: str,
@@ -191,29 +224,11 @@ def _start_role(
     model_factory: str | None = None,
 ) -> None:
     from zrl.roles import role_class
-    from zrl.roles.errors import ExperimentStopped
-    from zrl.runtime import install_stop_signals, setup_logging
+    from zrl.runtime import setup_logging
 
     setup_logging(log_level)
-    cls = role_class(name)
-    role = cls(
-        broker,
-        index=index,
-        connect_timeout=timeout,
-        advertise=advertise,
-        keys=load_keys(keys, key_name),
-        checkpoint_root=checkpoint_root,
-        local_factories={
-            kind: ref for kind, ref in (("env", env_factory), ("model", model_factory)) if ref
-        },
-    )
-    install_stop_signals(role.request_stop)
-    try:
-        role.run()
-    except ExperimentStopped as exc:
-        # The head ended the experiment before or while this role ran: a clean end, so a
-        # host agent does not restart it.
-        role.log.info("%s", exc)
+    options = role_options(timeout, keys, key_name, checkpoint_root, env_factory, model_factory)
+    run_role(role_class(name)(broker, index=index, advertise=advertise, **options))
 
 
 def _add_role_command(name: str, help_text: str) -> None:

@@ -49,21 +49,24 @@ def for_log(value: Any, limit: int = 64) -> str:
     return text if len(value) <= limit else f"{text}...({len(value)} chars)"
 
 
-def info_fits(info: dict[str, Any], max_bytes: int) -> bool:
+def info_fits(info: dict[str, Any], max_bytes: int, within_bytes: int | None = None) -> bool:
     """Whether a heartbeat's info is small enough to keep: bytes bound the strings in it,
-    the item count bounds the Python objects (16 KiB of tiny items is ~100x that in RAM)."""
-    items = 0
+    the item count bounds the Python objects (16 KiB of tiny items is ~100x that in RAM).
+    ``within_bytes``: the size of the header the info was decoded from, which bounds its
+    packed size; when that fits, packing it again to measure it is skipped."""
+    # Counted per container (its keys and values, or its elements), walking only nested
+    # containers: a flat info of 20 figures costs one pass (this runs for every heartbeat).
+    items = 1
     stack: list[Any] = [info]
     while stack:
         obj = stack.pop()
-        items += 1
+        children = [*obj.keys(), *obj.values()] if isinstance(obj, dict) else list(obj)
+        items += len(children)
         if items > MAX_INFO_ITEMS:
             return False
-        if isinstance(obj, dict):
-            stack.extend(obj.keys())
-            stack.extend(obj.values())
-        elif isinstance(obj, list | tuple):
-            stack.extend(obj)
+        stack.extend(c for c in children if isinstance(c, dict | list | tuple))
+    if within_bytes is not None and within_bytes <= max_bytes:
+        return True
     try:
         return len(msgpack.packb(info, use_bin_type=True)) <= max_bytes
     except (TypeError, ValueError, OverflowError):

@@ -7,6 +7,10 @@ host (forked from the zygote when there is one, see ``zrl.zygote``), or a thread
 past ``RESTART_BUDGET`` restarts, or when a role keeps crashing before it comes up, the run
 fails (``ChildPool.fatal``). Children die with the supervisor, even when it is SIGKILLed.
 
+The pieces a host agent (``zrl.run.host_agent``) shares with ``ChildPool``: ``launch`` (a
+``zrl`` command forked from the zygote, or a plain process), ``RestartPolicy`` (restarts with
+back-off within a budget) and ``stop_in_order`` (actors first, SIGTERM, grace, SIGKILL).
+
 Sockets: throwaway DEALERs for the STATUS that tells when the broker is up. The zygote is
 driven over its stdin and stdout (one JSON line a request).
 """
@@ -22,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +53,8 @@ class Child:
     """One role started by the supervisor (a process, or a thread with --inproc)."""
 
     role: str
-    index: int
+    index: int | None
+    """None: the broker numbers it (a host agent's child before the broker told its id)."""
     log_path: Path
     proc: subprocess.Popen[bytes] | ForkedRole | None = None
     thread: threading.Thread | None = None
@@ -151,6 +156,136 @@ class Zygote:
             self.proc = None
 
 
+def launch(
+    argv: list[str],
+    log_path: Path,
+    zygote: Zygote | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes] | ForkedRole:
+    """``zrl ARGV`` with its output appended to ``log_path``: forked from ``zygote`` when it
+    has one (``env`` is then the zygote's), else a plain process. Either dies with us."""
+    if zygote is not None:
+        forked = zygote.fork(argv, log_path)
+        if forked is not None:
+            return forked
+    with open(log_path, "ab") as logf:  # the child holds its own copy from here
+        return subprocess.Popen(
+            [sys.executable, "-m", "zrl", *argv],
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
+        )
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a crashed child comes back: ``backoff[n]`` seconds after its n-th restart (the
+    last step repeats), at most ``budget`` times."""
+
+    backoff: Sequence[float]
+    budget: int
+
+    @classmethod
+    def default(cls) -> RestartPolicy:
+        """``RESTART_BACKOFF_S`` and ``RESTART_BUDGET`` as they are now (tests shorten them)."""
+        return cls(RESTART_BACKOFF_S, RESTART_BUDGET)
+
+    def tend(
+        self,
+        child: Child,
+        now: float,
+        spawn: Callable[[Child], None],
+        came_up: Callable[[Child], bool],
+    ) -> int | None:
+        """One look at ``child``: ``spawn`` it again once its back-off is over; while it
+        runs, note when it came up (``came_up``: it registered and reports alive). Returns its
+        exit code when it has ended (also in ``last_exit_code``, and counted in
+        ``setup_crashes``), else None; the caller then restarts it (``crashed``), or not."""
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restart_at = None
+                child.restarts += 1
+                log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
+                            self.budget)  # fmt: skip
+                child.came_up = False
+                spawn(child)
+            return None
+        if child.alive():
+            if not child.came_up and came_up(child):
+                child.came_up, child.setup_crashes = True, 0
+            return None
+        code = child.exit_code()
+        child.last_exit_code = code
+        child.setup_crashes += 0 if child.came_up else 1
+        return code
+
+    def crashed(
+        self,
+        child: Child,
+        now: float,
+        show: Callable[[str], None] | None,
+        delay: float | None = None,
+    ) -> bool:
+        """``child`` ended and is to come back: True when it has used up its restarts (then
+        nothing is scheduled), else it restarts after its back-off (or ``delay`` seconds).
+        Its first crash shows its last log lines (``show_tail``): the reason is there."""
+        if child.restarts == 0:
+            show_tail(child, f"{child.name} exited with code {child.last_exit_code}", show)
+        if child.restarts >= self.budget:
+            return True
+        if delay is None:
+            delay = self.backoff[min(child.restarts, len(self.backoff) - 1)]
+        log.warning("%s exited with code %s; restarting in %.1fs (log: %s)", child.name,
+                    child.last_exit_code, delay, child.log_path)  # fmt: skip
+        child.restart_at = now + delay
+        return False
+
+
+def show_tail(child: Child, headline: str, show: Callable[[str], None] | None) -> None:
+    """``headline`` and the last lines of ``child``'s log, one call of ``show`` a line."""
+    tail = log_tail(child.log_path)
+    if show is None or not tail:  # (--inproc roles log to logs/inproc.log)
+        return
+    show(f"{headline}; the last lines of {child.log_path}:")
+    for line in tail:
+        show(f"  | {line}")
+
+
+def stop_in_order(children: Sequence[Child], grace: float | None = None) -> None:
+    """Stop ``children`` in data-flow order: the actors first (their end-of-stream wait needs
+    the replay shards alive to acknowledge), then everyone else. SIGTERM (a thread: its stop
+    event), then SIGKILL what still runs ``grace`` seconds later (default STOP_GRACE_S)."""
+    grace = STOP_GRACE_S if grace is None else grace
+    for group in (
+        [c for c in children if c.role == "actor"],
+        [c for c in children if c.role != "actor"],
+    ):
+        for child in group:
+            child.restart_at = None
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+            if child.stop_event is not None:
+                child.stop_event.set()
+        deadline = time.monotonic() + grace
+        for child in group:
+            wait_child(child, deadline)
+
+
+def wait_child(child: Child, deadline: float) -> None:
+    """Wait until ``child`` ends or ``deadline`` passes; then SIGKILL it."""
+    if child.proc is not None:
+        try:
+            child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in time: killing it", child.name)
+            child.proc.kill()
+            child.proc.wait(timeout=5)
+    elif child.thread is not None:
+        child.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+
+
 @dataclass(eq=False)
 class ChildPool:
     """The broker and the local roles of one run, and why the run failed if they did."""
@@ -206,22 +341,11 @@ class ChildPool:
         if acc.keys_dir is not None:
             cmd += ["--keys", str(acc.keys_dir)]
         argv = [*cmd, "--log-level", self.log_level]
-        if child.role != "broker":
-            forked = self.zygote.fork(argv, child.log_path)
-            if forked is not None:
-                child.proc = forked
-                return
-        env = {**os.environ, "ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else None
-        logf = open(child.log_path, "ab")  # noqa: SIM115 - the child owns it from here
-        child.proc = subprocess.Popen(
-            [sys.executable, "-m", "zrl", *cmd, "--log-level", self.log_level],
-            env=env,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
-        )
-        logf.close()
+        if child.role == "broker":
+            env = {**os.environ, "ZRL_STOP_TOKEN": self.stop_token}
+            child.proc = launch(argv, child.log_path, env=env)
+        else:
+            child.proc = launch(argv, child.log_path, self.zygote)
 
     def _spawn_thread(self, child: Child) -> None:
         from zrl.roles import role_class
@@ -287,55 +411,29 @@ class ChildPool:
         if self.broker is not None and self.broker.proc is not None:
             watched.append(self.broker)
         now = time.monotonic()
+        policy = RestartPolicy.default()
+
+        def came_up(child: Child) -> bool:
+            row = registered(child.name, child.role)
+            return row is not None and row.get("state") == "alive"
+
         for child in watched:
-            if child.restart_at is not None:
-                if now >= child.restart_at:
-                    child.restart_at = None
-                    child.restarts += 1
-                    log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
-                                RESTART_BUDGET)  # fmt: skip
-                    child.came_up = False
-                    self.spawn(child)
-                continue
-            if child.alive():
-                if not child.came_up:
-                    row = registered(child.name, child.role)
-                    if row is not None and row.get("state") == "alive":
-                        child.came_up, child.setup_crashes = True, 0
-                continue
-            code = child.exit_code()
-            child.last_exit_code = code
-            child.setup_crashes += 0 if child.came_up else 1
-            if child.restarts == 0:
-                # The reason is in the role's log: show it, not only the log's name.
-                self._show_tail(child, f"{child.name} exited with code {code}", show)
-            if child.restarts >= RESTART_BUDGET:
+            code = policy.tend(child, now, self.spawn, came_up)
+            # Everyone waits on the broker: bring it back at once.
+            if code is not None and policy.crashed(
+                child, now, show, 0.2 if child is self.broker else None
+            ):
                 self.fatal = (
                     f"{child.name} crashed {child.restarts + 1} times (exit code {code}); "
                     f"see {child.log_path}"
                 )
                 self.fatal_tail = log_tail(child.log_path)
                 return True
-            delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
-            if child is self.broker:
-                delay = 0.2  # everyone waits on the broker: bring it back at once
-            log.warning("%s exited with code %s; restarting in %.1fs (log: %s)", child.name, code,
-                        delay, child.log_path)  # fmt: skip
-            child.restart_at = now + delay
         if self.broker is not None and self.broker.proc is None:
             if not self.broker.alive():  # in-process broker thread died: a bug, stop
                 self.fatal = "the in-process broker stopped; see the log"
                 return True
         return False
-
-    @staticmethod
-    def _show_tail(child: Child, headline: str, show: Callable[[str], None] | None) -> None:
-        tail = log_tail(child.log_path)
-        if show is None or not tail:  # (--inproc roles log to logs/inproc.log)
-            return
-        show(f"{headline}; the last lines of {child.log_path}:")
-        for line in tail:
-            show(f"  | {line}")
 
     def keeps_crashing(self, target_met: bool) -> None:
         """At the stop: a role whose latest lives all crashed before they came up fails the
@@ -362,23 +460,10 @@ class ChildPool:
         }
 
     def stop(self, before_broker: Callable[[], None] | None = None) -> None:
-        """Stop in data-flow order: actors first (their end-of-stream wait needs the replay
-        shards alive to acknowledge), then everyone else, the broker last (BYEs go through it).
+        """Stop the roles (``stop_in_order``), then the broker (BYEs go through it).
         ``before_broker`` runs while the broker is still up (the head stops the roles that
         run elsewhere there)."""
-        for group in (
-            [c for c in self.children if c.role == "actor"],
-            [c for c in self.children if c.role != "actor"],
-        ):
-            for child in group:
-                child.restart_at = None
-                if child.proc is not None and child.proc.poll() is None:
-                    child.proc.send_signal(signal.SIGTERM)
-                if child.stop_event is not None:
-                    child.stop_event.set()
-            deadline = time.monotonic() + STOP_GRACE_S
-            for child in group:
-                self._wait_child(child, deadline)
+        stop_in_order(self.children)
         if before_broker is not None and self.broker is not None and self.broker.alive():
             before_broker()
         if self.broker is not None:
@@ -386,16 +471,4 @@ class ChildPool:
                 self.broker.proc.send_signal(signal.SIGTERM)
             if self.inproc_broker is not None:
                 self.inproc_broker.stop()
-            self._wait_child(self.broker, time.monotonic() + STOP_GRACE_S)
-
-    @staticmethod
-    def _wait_child(child: Child, deadline: float) -> None:
-        if child.proc is not None:
-            try:
-                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time: killing it", child.name)
-                child.proc.kill()
-                child.proc.wait(timeout=5)
-        elif child.thread is not None:
-            child.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+            wait_child(self.broker, time.monotonic() + STOP_GRACE_S)

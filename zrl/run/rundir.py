@@ -46,11 +46,12 @@ ACROSS_SEGMENTS = ("segment", "segments", "total_wall_time", "resumed_at_env_ste
 UNFINISHED_SEGMENT = "this segment wrote no summary.json (it was killed, or its machine went down)"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a log file (empty if it cannot be read)."""
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, window: int = 64 * 1024) -> list[str]:
+    """The last ``lines`` lines of a log file, within its last ``window`` bytes (empty if it
+    cannot be read)."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - 64 * 1024, 0))
+            f.seek(max(f.seek(0, os.SEEK_END) - window, 0))
             text = f.read().decode(errors="replace")
     except OSError:
         return []

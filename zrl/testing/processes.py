@@ -60,9 +60,11 @@ def kill_pids(pids: list[int], grace: float = 5.0) -> None:
                 pass
 
 
-def start_zrl(*args: str, log: Path, cwd: Path = REPO) -> subprocess.Popen[bytes]:
-    """Start ``python -m zrl ARGS...`` with stdout and stderr in ``log``; the caller kills it
-    (:func:`kill_pids`)."""
+def start_zrl(
+    *args: str, log: Path, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m zrl ARGS...`` with stdout and stderr in ``log`` and ``env`` added to
+    ours; the caller kills it (:func:`kill_pids`)."""
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "zrl", *args],
@@ -70,6 +72,7 @@ def start_zrl(*args: str, log: Path, cwd: Path = REPO) -> subprocess.Popen[bytes
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
+            env={**os.environ, **env} if env else None,
         )
 
 
