@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Start a zrl experiment on several hosts over ssh, stream its output, stop it on Ctrl-C.
+"""Start a zrl experiment on several hosts over ssh, stream its output, end with its head.
 
     python launchers/ssh.py HOSTS_FILE --config CONFIG [--broker-host H] [--port P]
-        [--keys DIR | --insecure] [--python PYTHON] [--set KEY=VALUE ...] [--dry-run]
-        [--ssh-option SSH_ARGS...]            (--ssh-option takes every argument after it)
+        [--keys DIR | --insecure] [--run-dir DIR] [--log-dir DIR] [--python PYTHON]
+        [--set KEY=VALUE ...] [--dry-run] [--ssh-option SSH_ARGS...]
+        (--ssh-option takes every argument after it)
 
 Hosts file: one line per host, ``#`` starts a comment::
 
@@ -12,37 +13,48 @@ Hosts file: one line per host, ``#`` starts a comment::
     node2   root@10.0.0.2     actor=4 evaluator
     node3   10.0.0.3          actor=4
 
-The name is only a label (the ``[node2 actor-3]`` output prefix). The ssh target is
-anything ``ssh`` accepts (``host``, ``user@host``, an alias from ``~/.ssh/config``).
-Roles are ``broker``, ``params``, ``replay``, ``learner``, ``evaluator``, ``league``,
-``actor``; exactly one host runs the broker, at most one runs params, one the evaluator and
-one the league.
-Indices are global: actors are numbered 0.. across hosts in file order (so their seeds
-and Ape-X epsilons differ), and so are replay shards and learners.
+The name is a label (the ``[node2 host]`` output prefix, and the host's name in the run's
+placement). The ssh target is anything ``ssh`` accepts (``host``, ``user@host``, an alias from
+``~/.ssh/config``). Roles are ``broker``, ``params``, ``replay``, ``learner``, ``evaluator``,
+``league``, ``actor``; exactly one host runs the broker, at most one runs params, one the
+evaluator and one the league. Indices are global: actors are numbered 0.. across hosts in
+file order (so their seeds and Ape-X epsilons differ), and so are replay shards and learners.
 
 What it does:
 
-1. Resolves the config locally (``--set`` overrides applied, ``roles.*`` counts set to
-   what the hosts file starts) and fails before touching any host if it is invalid.
-2. Starts the broker on its host over ssh (the resolved config travels inside the ssh
-   command) and waits until ``zrl status``, run on that host, gets an answer.
-3. Starts every other role with ``zrl start ROLE --broker ADDR --index I``.
-4. Prints every line of every remote process prefixed with ``[host role-i]``.
-5. On Ctrl-C/SIGTERM/SIGHUP stops the roles, then the broker, and makes sure they die.
+1. Resolves the config locally (``--set`` overrides applied; ``roles.*`` counts and the
+   ``hosts`` placement set from the hosts file; ``checkpoint.dir`` defaulted to
+   ``RUN_DIR/checkpoints``) and fails before touching any host if it is invalid.
+2. Starts the experiment's **head** on the broker's host over ssh (the resolved config travels
+   inside the ssh command): ``zrl start broker --run-dir RUN_DIR --config ... --bind ...``, the
+   broker plus ``zrl run``'s supervisor with every role elsewhere. It writes RUN_DIR on that
+   host (progress.csv, eval.csv, summary.json, model.pt), waits for every role to register,
+   and enforces the config's ``stop`` by telling every role to stop. The launcher waits until
+   ``zrl status``, run on that host, gets an answer.
+3. Starts one **host agent** per host with roles, the broker's host included:
+   ``zrl host --broker ADDR ... ROLE=N@FIRST ...``. The agent starts that host's roles, logs
+   each to a file on that host (``--log-dir``/HOST/ROLE-I.log; it prints where), restarts
+   one that crashes, and exits 0 once the broker says the experiment stopped.
+4. Prints every line of the head and the agents prefixed ``[node1 head]``, ``[node2 host]``.
+5. Ends when the head exits: waits (at most ``AGENT_EXIT_WAIT_S``) for the agents to exit by
+   themselves, stops what is left, and exits with the head's exit code (0: the run ended as
+   its config says; 1: it failed). On Ctrl-C/SIGTERM/SIGHUP it stops the head first (which
+   stops every role and writes the run directory), then the agents the same way.
 
 How remote processes are made to die: each one runs under a small POSIX-shell wrapper
-that starts the role in the background, prints its PID, and watches the ssh session's
-stdin. The launcher never writes to that stdin; it closes it to stop the role. End of
-file there (the launcher closed it, the launcher died, or the connection dropped) makes
-the wrapper send SIGTERM, and SIGKILL ``--grace`` seconds later. A role still running
-after that is killed with a second ``ssh TARGET kill -KILL PID``. No pty is needed
-(``ssh -tt`` would mangle output and grab the local terminal).
+that starts the head or agent in the background, prints its PID, and watches the ssh
+session's stdin. The launcher never writes to that stdin; it closes it to stop the process.
+End of file there (the launcher closed it, the launcher died, or the connection dropped)
+makes the wrapper send SIGTERM, and SIGKILL ``--grace`` seconds later (``--head-grace`` for
+the head, which needs the time to stop the run everywhere). On SIGTERM the head and the
+agents stop their own children. A process still running after that is killed with a second
+``ssh TARGET kill -KILL PID``. No pty is needed (``ssh -tt`` would mangle output and grab
+the local terminal).
 
 The remote login shell must be POSIX-like (sh, bash, dash, zsh, ksh) and ``PYTHON -m
 zrl`` must work there. The broker address other hosts use is ``--broker-host`` or the
 host part of the broker's ssh target; set ``--broker-host`` when that target is an ssh
-alias the other hosts cannot resolve. The roles only start and stop: the ``stop``
-section of the config is enforced by ``zrl run`` alone, so stop a launch with Ctrl-C.
+alias the other hosts cannot resolve.
 
 Only the standard library and zrl (to validate the config) are used.
 """
@@ -51,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import shlex
 import signal
 import subprocess
@@ -60,11 +73,12 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime
+from pathlib import Path, PurePosixPath
 from typing import IO, TextIO
 
 ROLES = ("broker", "params", "replay", "learner", "evaluator", "league", "actor")
-"""Start order: the broker first; actors last, so the roles they feed are already up."""
+"""Hosts-file roles, in the order indices are given (the order of ``zrl run``'s placement)."""
 SINGLETONS = ("broker", "params", "evaluator", "league")
 """Roles an experiment runs at most once (the broker exactly once)."""
 CONFIG_COUNTS = {
@@ -89,6 +103,12 @@ DEFAULT_SSH_OPTIONS = (
 )
 STATUS_INTERVAL_S = 0.5
 REMOTE_KILL_TIMEOUT_S = 15.0
+AGENT_EXIT_WAIT_S = 30.0
+"""After the head: how long the agents get to exit by themselves (they hear the stop from the
+broker while the head keeps it up, so this is a bound, not a wait)."""
+HEAD_FINISH_S = 60.0
+"""After every agent exited 0 (the stop reached them): how long the head gets to write the run
+directory and exit before the launcher stops it."""
 
 
 class HostsFileError(ValueError):
@@ -114,17 +134,18 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class Launch:
-    """One remote process to start: a role, its global index (None for the broker), its host."""
+    """One ssh session: the head (``zrl start broker --run-dir``) on the broker's host, or one
+    host's agent (``zrl host``) with its ``ROLE=N@FIRST`` specs."""
 
     host: HostSpec
-    role: str
-    index: int | None
+    kind: str
+    """``head`` or ``host``."""
+    specs: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
-        """``host role-i``: the output prefix, and how the launcher names the process."""
-        name = self.role if self.index is None else f"{self.role}-{self.index}"
-        return f"{self.host.name} {name}"
+        """``host head`` / ``host host``: the output prefix, and how the launcher names it."""
+        return f"{self.host.name} {self.kind}"
 
 
 def parse_hosts(text: str, source: str = "hosts") -> list[HostSpec]:
@@ -192,21 +213,57 @@ def parse_hosts(text: str, source: str = "hosts") -> list[HostSpec]:
     return hosts
 
 
-def plan_launches(hosts: Sequence[HostSpec]) -> list[Launch]:
-    """Every process to start, the broker first, indices global per role in file order."""
-    launches: list[Launch] = []
-    for role in ROLES:
+def role_indices(hosts: Sequence[HostSpec]) -> dict[str, list[tuple[str, int]]]:
+    """{host name: its (role, index) pairs}, the broker aside. Indices are global per role,
+    in file order, as ``zrl run``'s placement numbers the ``hosts`` of a config."""
+    placed: dict[str, list[tuple[str, int]]] = {h.name: [] for h in hosts}
+    for role in ROLES[1:]:
         index = 0
         for host in hosts:
             for _ in range(host.roles.get(role, 0)):
-                launches.append(Launch(host, role, None if role == "broker" else index))
+                placed[host.name].append((role, index))
                 index += 1
-    return launches
+    return placed
+
+
+def host_specs(roles: Sequence[tuple[str, int]]) -> list[str]:
+    """``zrl host`` specs for one host's (role, index) pairs: ``actor=4@2`` is four actors from
+    index 2 (one host's roles of a kind have consecutive indices)."""
+    specs: dict[str, tuple[int, int]] = {}
+    for role, index in roles:
+        count, first = specs.get(role, (0, index))
+        specs[role] = (count + 1, first)
+    return [f"{role}={count}@{first}" for role, (count, first) in specs.items()]
+
+
+def plan_launches(hosts: Sequence[HostSpec]) -> list[Launch]:
+    """The head first, then one agent per host with roles other than the broker, in file
+    order."""
+    head = next(Launch(h, "head") for h in hosts if "broker" in h.roles)
+    placed = role_indices(hosts)
+    agents = [Launch(h, "host", tuple(host_specs(placed[h.name]))) for h in hosts]
+    return [head, *(a for a in agents if a.specs)]
 
 
 def role_counts(hosts: Sequence[HostSpec]) -> dict[str, int]:
     """How many of each role the hosts file starts (all roles, zero when absent)."""
     return {role: sum(h.roles.get(role, 0) for h in hosts) for role in ROLES}
+
+
+def placement_json(hosts: Sequence[HostSpec]) -> str:
+    """The config's ``hosts`` section for this hosts file, as JSON (which ``--set`` reads as
+    YAML): the head then names each host in its waiting notices and in summary.json."""
+    return json.dumps(
+        [
+            {
+                "name": h.name,
+                "roles": {CONFIG_COUNTS[r]: n for r, n in h.roles.items() if r != "broker"},
+            }
+            for h in hosts
+            if any(r != "broker" for r in h.roles)
+        ],
+        separators=(",", ":"),
+    )
 
 
 # --- addresses --------------------------------------------------------------------------
@@ -293,26 +350,35 @@ class Options:
     port: int = 5555
     keys: str | None = None
     insecure: bool = False
+    run_dir: str | None = None
+    log_dir: str | None = None
     python: str = "python3"
     log_level: str = "INFO"
     grace: float = 10.0
+    head_grace: float = 60.0
     broker_timeout: float = 60.0
     connect_timeout: float = 120.0
     ssh: str = "ssh"
     ssh_options: list[str] = field(default_factory=list)
 
 
+def default_run_dir(name: str, now: datetime | None = None) -> str:
+    """``runs/<config name>-<timestamp>``, relative to the head's working directory (the ssh
+    login directory of the broker's host)."""
+    return f"runs/{name}-{(now or datetime.now()):%Y%m%d-%H%M%S}"
+
+
 class Plan:
     """The exact commands of a launch, built (and checked) before anything starts."""
 
-    def __init__(self, opts: Options, config_text: str | None) -> None:
+    def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.launches = plan_launches(opts.hosts)
-        broker = self.launches[0]
-        self.broker_launch = broker
-        host = opts.broker_host or target_host(broker.host.target)
-        self.broker_address = tcp_address(host, opts.port)
-        loopback = is_loopback_host(host)
+        self.head_launch = self.launches[0]
+        self.agent_launches = self.launches[1:]
+        self.broker_host = opts.broker_host or target_host(self.head_launch.host.target)
+        self.broker_address = tcp_address(self.broker_host, opts.port)
+        loopback = is_loopback_host(self.broker_host)
         if loopback:
             far = [h.name for h in opts.hosts if not is_loopback_host(target_host(h.target))]
             if far:
@@ -329,10 +395,57 @@ class Plan:
                 "--keys DIR (a `zrl keys init` directory present on every host), or --insecure "
                 "to accept that."
             )
-        self.config_text = config_text
-        # The roles take checkpoint.dir from the broker only under a root given locally (a
-        # forged WELCOME must not point them at files elsewhere): the user's own config names it.
-        self.checkpoint_root = checkpoint_dir(config_text)
+        self.run_dir = ""
+        self.checkpoint_root = ""
+        """Every agent's --checkpoint-root: the config's checkpoint.dir."""
+        self.config_text: str | None = None
+        """The resolved config shipped to the head (None with --remote-config)."""
+        self.head_sets: list[str] = []
+        """--set options of the head (with --remote-config: the user's, then the launcher's)."""
+        if opts.remote_config:
+            self._plan_remote_config()
+        else:
+            self._resolve_config()
+        self.log_dir = opts.log_dir or f"zrl-logs/{PurePosixPath(self.run_dir).name}"
+
+    def _launch_sets(self, checkpoint_dir: str | None) -> list[str]:
+        """What the launcher sets in the config: the role counts and placement of the hosts
+        file, the address the hosts reach the broker at, and (when the config has none) a
+        checkpoint directory relative to each role's working directory, which every role
+        accepts (see --checkpoint-root) whatever the host's login directory is."""
+        counts = role_counts(self.opts.hosts)
+        advertise = self.broker_host.strip("[]")
+        sets = [f"roles.{CONFIG_COUNTS[r]}={counts[r]}" for r in CONFIG_COUNTS]
+        sets += [f"hosts={placement_json(self.opts.hosts)}", f"broker.advertise={advertise}"]
+        if checkpoint_dir is None:
+            sets.append(f"checkpoint.dir={self.run_dir}/checkpoints")
+        return sets
+
+    def _resolve_config(self) -> None:
+        """Resolving here means a bad config or override fails before any host is touched."""
+        from zrl.config import config_to_yaml, load_config
+
+        o = self.opts
+        if o.config.suffix == ".py":
+            raise LaunchError(
+                f"{o.config} is an experiment script: copy it (and what it imports) to the "
+                "broker host and pass its path there with --remote-config"
+            )
+        cfg = load_config(o.config, o.overrides)
+        self.run_dir = o.run_dir or default_run_dir(cfg.name)
+        cfg = load_config(o.config, [*o.overrides, *self._launch_sets(cfg.checkpoint.dir)])
+        self.config_text = config_to_yaml(cfg)
+        self.checkpoint_root = str(cfg.checkpoint.dir)
+
+    def _plan_remote_config(self) -> None:
+        """CONFIG is a path on the broker's host: the launcher's settings travel as --set. Its
+        ``checkpoint.dir`` is RUN_DIR/checkpoints unless a --set here names one."""
+        o = self.opts
+        self.run_dir = o.run_dir or default_run_dir(o.config.stem)
+        given = [s.split("=", 1)[1] for s in o.overrides if s.startswith("checkpoint.dir=")]
+        sets = self._launch_sets(given[-1] if given else None)
+        self.head_sets = [*o.overrides, *sets]
+        self.checkpoint_root = given[-1] if given else f"{self.run_dir}/checkpoints"
 
     # commands ------------------------------------------------------------------------
 
@@ -342,26 +455,28 @@ class Plan:
             common += ["--keys", self.opts.keys]
         return common + ["--log-level", self.opts.log_level]
 
-    def role_command(self, launch: Launch) -> str:
-        """The shell-quoted ``zrl start`` command line of one process."""
+    def head_command(self) -> str:
+        """The shell-quoted ``zrl start broker --run-dir`` command line of the head."""
         o = self.opts
-        if launch.role == "broker":
-            head = zrl_command(o.python, "start", "broker", "--bind", self.bind_address)
-            if self.config_text is not None:
-                config = '--config "$cfg"'  # the temporary file remote_script writes
-                sets: list[str] = []
-            else:
-                config = "--config " + shlex.quote(str(o.config))
-                counts = role_counts(o.hosts)
-                sets = [f"--set=roles.{CONFIG_COUNTS[r]}={counts[r]}" for r in CONFIG_COUNTS]
-                sets = [f"--set={item}" for item in o.overrides] + sets
-            tail = [*sets, *self._common(), *(["--insecure"] if o.insecure else [])]
-            return f"{shlex.join(head)} {config} {shlex.join(tail)}"
+        head = zrl_command(o.python, "start", "broker", "--run-dir", self.run_dir,
+                           "--bind", self.bind_address)  # fmt: skip
+        if self.config_text is not None:
+            config = '--config "$cfg"'  # the temporary file remote_script writes
+        else:
+            config = "--config " + shlex.quote(str(o.config))
+        sets = [f"--set={item}" for item in self.head_sets]
+        tail = [*sets, *self._common(), *(["--insecure"] if o.insecure else [])]
+        return f"{shlex.join(head)} {config} {shlex.join(tail)}"
+
+    def agent_command(self, launch: Launch) -> str:
+        """The shell-quoted ``zrl host`` command line of one host's agent."""
+        o = self.opts
         cmd = zrl_command(
-            o.python, "start", launch.role, "--broker", self.broker_address,
-            "--index", str(launch.index), "--connect-timeout", f"{o.connect_timeout:g}",
-            *(["--checkpoint-root", self.checkpoint_root] if self.checkpoint_root else []),
-            *self._common(),
+            o.python, "host", "--broker", self.broker_address,
+            "--connect-timeout", f"{o.connect_timeout:g}",
+            "--log-dir", f"{self.log_dir}/{launch.host.name}",
+            "--checkpoint-root", self.checkpoint_root,
+            *self._common(), *launch.specs,
         )  # fmt: skip
         return shlex.join(cmd)
 
@@ -377,9 +492,13 @@ class Plan:
         ]
 
     def launch_argv(self, launch: Launch) -> list[str]:
-        """The local ssh command that runs one role under its watchdog."""
-        config = self.config_text if launch.role == "broker" else None
-        script = remote_script(self.role_command(launch), grace=self.opts.grace, config_text=config)
+        """The local ssh command that runs the head or an agent under its watchdog."""
+        if launch.kind == "head":
+            script = remote_script(
+                self.head_command(), grace=self.opts.head_grace, config_text=self.config_text
+            )
+        else:
+            script = remote_script(self.agent_command(launch), grace=self.opts.grace)
         return self.ssh_argv(launch.host.target, script)
 
     def status_argv(self) -> list[str]:
@@ -388,67 +507,40 @@ class Plan:
         cmd = zrl_command(
             self.opts.python, "status", "--broker", self.broker_address, "--timeout", "2", *keys
         )
-        return self.ssh_argv(self.broker_launch.host.target, shlex.join(cmd))
+        return self.ssh_argv(self.head_launch.host.target, shlex.join(cmd))
 
     def kill_argv(self, target: str, pid: int | str) -> list[str]:
-        """The last resort for a role that outlived its watchdog."""
+        """The last resort for a process that outlived its watchdog."""
         return self.ssh_argv(target, f"kill -KILL {pid}")
 
     def describe(self) -> str:
         """Every command of the launch, as ``--dry-run`` prints it (copy-pasteable)."""
+        head = self.head_launch
         out = [
             f"# broker address {self.broker_address} (the broker binds {self.bind_address})",
-            f"# {self.broker_launch.label} ({self.broker_launch.host.target})",
-            shlex.join(self.launch_argv(self.broker_launch)),
+            f"# run directory {self.run_dir} on {head.host.name}; role logs in "
+            f"{self.log_dir}/HOST/ on each host",
+            f"# {head.label} ({head.host.target})",
+            shlex.join(self.launch_argv(head)),
             f"# then, every {STATUS_INTERVAL_S:g}s for up to {self.opts.broker_timeout:g}s "
             "until the broker answers:",
             shlex.join(self.status_argv()),
         ]
-        for launch in self.launches[1:]:
+        for launch in self.agent_launches:
             out += [
-                f"# {launch.label} ({launch.host.target})",
+                f"# {launch.label} ({launch.host.target}): {' '.join(launch.specs)}",
                 shlex.join(self.launch_argv(launch)),
             ]
         out += [
-            "# on Ctrl-C/SIGTERM: the roles, then the broker, are stopped by closing their ssh "
-            "session's stdin",
-            f"# (the remote wrapper sends SIGTERM, SIGKILL {self.opts.grace:g}s later); a "
-            "process still there after that is killed with:",
+            "# the launch ends when the head exits (its exit code is the launcher's); the agents "
+            f"then get {AGENT_EXIT_WAIT_S:g}s to exit by themselves",
+            "# a process is stopped by closing its ssh session's stdin (the remote wrapper sends "
+            f"SIGTERM, SIGKILL {self.opts.grace:g}s later,",
+            f"# {self.opts.head_grace:g}s for the head); one still there after that is killed "
+            "with:",
             shlex.join(self.kill_argv("TARGET", "PID")),
         ]
         return "\n".join(out)
-
-
-def checkpoint_dir(config_text: str | None) -> str | None:
-    """``checkpoint.dir`` of a resolved config, or None (unset, or a --remote-config run:
-    then set ZRL_CHECKPOINT_ROOT on the hosts)."""
-    if config_text is None:
-        return None
-    import yaml
-
-    cfg = yaml.safe_load(config_text) or {}
-    value = (cfg.get("checkpoint") or {}).get("dir")
-    return str(value) if value else None
-
-
-def resolve_config(opts: Options) -> str | None:
-    """The resolved config YAML to ship to the broker host, or None with --remote-config.
-
-    Resolving here means a bad config or override fails before any host is touched, and
-    the ``roles.*`` counts match what the hosts file starts (actors size their Ape-X
-    epsilons by ``roles.actors``)."""
-    if opts.remote_config:
-        return None
-    from zrl.config import config_to_yaml, load_config
-
-    if opts.config.suffix == ".py":
-        raise LaunchError(
-            f"{opts.config} is an experiment script: copy it (and what it imports) to the "
-            "broker host and pass its path there with --remote-config"
-        )
-    counts = role_counts(opts.hosts)
-    sets = [f"roles.{CONFIG_COUNTS[r]}={counts[r]}" for r in CONFIG_COUNTS]
-    return config_to_yaml(load_config(opts.config, [*opts.overrides, *sets]))
 
 
 # --- running ----------------------------------------------------------------------------
@@ -471,7 +563,7 @@ class Output:
 
 
 class Remote:
-    """One ssh session running one role under its watchdog."""
+    """One ssh session running the head or an agent under its watchdog."""
 
     def __init__(self, launch: Launch, argv: list[str], output: Output) -> None:
         self.launch = launch
@@ -480,7 +572,7 @@ class Remote:
         self.pid: int | None = None
         self.reported = False
         # Own session: a terminal's Ctrl-C reaches the launcher only, which then stops
-        # the roles in order instead of every ssh dropping its connection at once.
+        # things in order instead of every ssh dropping its connection at once.
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -508,7 +600,7 @@ class Remote:
         return self.proc.poll() is None
 
     def close_stdin(self) -> None:
-        """Ask the remote watchdog to stop the role (end of file on its stdin)."""
+        """Ask the remote watchdog to stop the process (end of file on its stdin)."""
         stdin = self.proc.stdin
         if stdin is not None and not stdin.closed:
             try:
@@ -518,15 +610,21 @@ class Remote:
 
 
 class Launcher:
-    """Runs a plan: broker, readiness, roles, output, and a shutdown that leaves nothing."""
+    """Runs a plan: the head, readiness, the agents, output, and an end that leaves nothing."""
 
     def __init__(self, plan: Plan, out: TextIO = sys.stdout) -> None:
         self.plan = plan
         self.output = Output(out)
         self.remotes: list[Remote] = []
-        self.broker: Remote | None = None
+        self.head: Remote | None = None
+        self.failed = False
+        """The launch itself went wrong (a start error, agents that all failed): exit 1."""
         self.stop_requested = threading.Event()
         self.force = threading.Event()
+
+    @property
+    def agents(self) -> list[Remote]:
+        return [r for r in self.remotes if r is not self.head]
 
     def say(self, text: str) -> None:
         self.output.line("launcher", text)
@@ -545,14 +643,14 @@ class Launcher:
         self.remotes.append(remote)
         return remote
 
-    def _wait_for_broker(self, broker: Remote) -> bool:
-        """Poll ``zrl status`` on the broker host; False when stopped or the broker died."""
+    def _wait_for_broker(self, head: Remote) -> bool:
+        """Poll ``zrl status`` on the broker's host; False when stopped or the head died."""
         deadline = time.monotonic() + self.plan.opts.broker_timeout
         argv = self.plan.status_argv()
         last = ""
         while not self.stop_requested.is_set():
-            if not broker.running():
-                raise LaunchError(f"the broker exited (code {broker.proc.returncode}) at start")
+            if not head.running():
+                raise LaunchError(f"the head exited (code {head.proc.returncode}) at start")
             try:
                 done = subprocess.run(
                     argv,
@@ -576,25 +674,34 @@ class Launcher:
         return False
 
     def run(self) -> int:
-        """Launch, stream until stopped, stop. 0 after a requested stop, 1 on a failure."""
+        """Launch, stream until the head exits or a stop is asked for, end. The head's exit
+        code; 1 when the launch itself failed."""
         self._install_signals()
-        code = 0
+        plan = self.plan
+        head = plan.head_launch
         try:
-            plan = self.plan
             self.say(
-                f"starting the broker on {plan.broker_launch.host.name}: {plan.broker_address}"
+                f"starting the head on {head.host.name}: broker {plan.broker_address}, run "
+                f"directory {plan.run_dir} (on {head.host.name})"
             )
-            self.broker = self._start(plan.broker_launch)
-            if self._wait_for_broker(self.broker):
-                self.say("the broker answers; starting the roles")
-                for launch in plan.launches[1:]:
+            self.head = self._start(head)
+            if self._wait_for_broker(self.head):
+                self.say(
+                    f"the broker answers; starting the host agents (role logs in "
+                    f"{plan.log_dir}/HOST/ on each host)"
+                )
+                for launch in plan.agent_launches:
                     self._start(launch)
-                code = self._monitor()
+                self._monitor()
         except LaunchError as exc:
             self.say(f"error: {exc}")
-            code = 1
+            self.failed = True
         finally:
             self.shutdown()
+        code = self.head.proc.returncode if self.head is not None else None
+        if self.failed or code is None:
+            return 1
+        self.say(f"run directory: {plan.run_dir} on {head.host.name}")
         return code
 
     def _report_exits(self, verb: str) -> None:
@@ -604,37 +711,57 @@ class Launcher:
                 r.reader.join(timeout=1)  # its last lines first
                 self.say(f"{r.launch.label} {verb} (code {r.proc.returncode})")
 
-    def _monitor(self) -> int:
-        """Report exits until a stop is asked for, the broker dies or every role has ended."""
+    def _monitor(self) -> None:
+        """Report exits until the head exits or a stop is asked for. Agents that have all
+        exited stop the head: at once when one failed, else when it has not finished within
+        HEAD_FINISH_S (they exit 0 when the broker says the experiment stopped)."""
+        assert self.head is not None
+        agents_ended: float | None = None
         while not self.stop_requested.wait(0.2):
             self._report_exits("exited")
-            assert self.broker is not None
-            if not self.broker.running():
-                self.say("the broker is gone: stopping every role")
-                return 1
-            roles = [r for r in self.remotes if r is not self.broker]
-            if roles and not any(r.running() for r in roles):
-                self.say("every role has exited: stopping the broker")
-                return 1 if any(r.proc.returncode for r in roles) else 0
-        self.say("stop requested: stopping the roles, then the broker")
-        return 0
+            if not self.head.running():
+                return
+            agents = self.agents
+            if not agents or any(a.running() for a in agents):
+                continue
+            if any(a.proc.returncode for a in agents):
+                self.say("every host agent has exited, not all cleanly: stopping the head")
+                self.failed = True
+                return
+            agents_ended = agents_ended or time.monotonic()
+            if time.monotonic() - agents_ended > HEAD_FINISH_S:
+                self.say(f"the head did not end within {HEAD_FINISH_S:g}s of the last host "
+                         "agent: stopping it")  # fmt: skip
+                self.failed = True
+                return
+        self.say("stop requested: stopping the head (it stops every role), then the host agents")
 
     def shutdown(self) -> None:
-        """Roles first (they say BYE to a live broker), then the broker."""
-        self._stop([r for r in self.remotes if r is not self.broker])
-        if self.broker is not None:
-            self._stop([self.broker])
+        """The head first: told to stop (SIGTERM) it stops every role through the broker and
+        writes the run directory. The agents hear that stop from the broker and exit by
+        themselves; those still running after AGENT_EXIT_WAIT_S are stopped, then the head."""
+        if self.head is not None and self.head.running():
+            self.head.close_stdin()
+        deadline = time.monotonic() + AGENT_EXIT_WAIT_S
+        while any(a.running() for a in self.agents) and time.monotonic() < deadline:
+            if self.force.wait(0.1):
+                break
+            self._report_exits("exited")
+        self._stop(self.agents, self.plan.opts.grace)
+        if self.head is not None:
+            self._stop([self.head], self.plan.opts.head_grace)
         for r in self.remotes:
             r.reader.join(timeout=2)  # the last lines of output before we return
         self._report_exits("stopped")
 
-    def _stop(self, remotes: list[Remote]) -> None:
+    def _stop(self, remotes: list[Remote], grace: float) -> None:
+        remotes = [r for r in remotes if r.running()]
         if not remotes:
             return
         for r in remotes:
             r.close_stdin()
-        # The remote watchdog escalates to SIGKILL after --grace; allow the round trip.
-        deadline = time.monotonic() + self.plan.opts.grace + 3
+        # The remote watchdog escalates to SIGKILL after its grace; allow the round trip.
+        deadline = time.monotonic() + grace + 3
         while any(r.running() for r in remotes) and time.monotonic() < deadline:
             if self.force.wait(0.1):
                 break
@@ -717,15 +844,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--insecure", action="store_true", help="Let the broker bind a public address without keys."
     )
+    p.add_argument(
+        "--run-dir",
+        help="The head's run directory on the broker's host (default runs/<config name>-"
+        "<timestamp>, relative to the ssh login directory).",
+    )
+    p.add_argument(
+        "--log-dir",
+        help="Role logs on each host go to LOG_DIR/<host name>/ (default zrl-logs/<run "
+        "directory name>, relative to the ssh login directory).",
+    )
     p.add_argument("--python", default="python3", help="Python on the remote hosts.")
-    p.add_argument("--log-level", default="INFO", help="Roles' log level.")
+    p.add_argument("--log-level", default="INFO", help="Log level of the head, agents and roles.")
     p.add_argument(
         "--grace", type=float, default=10.0, help="Seconds from SIGTERM to SIGKILL at stop."
     )
     p.add_argument(
+        "--head-grace",
+        type=float,
+        default=60.0,
+        help="The same for the head, which stops every role and writes the run directory.",
+    )
+    p.add_argument(
         "--broker-timeout", type=float, default=60.0, help="Seconds to wait for the broker."
     )
-    p.add_argument("--connect-timeout", type=float, default=120.0, help="Roles' --connect-timeout.")
+    p.add_argument(
+        "--connect-timeout", type=float, default=120.0, help="Agents' and roles' --connect-timeout."
+    )
     p.add_argument("--ssh", default="ssh", help="ssh client command.")
     p.add_argument("--dry-run", action="store_true", help="Print every command and exit.")
     p.add_argument(
@@ -757,15 +902,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             port=args.port,
             keys=args.keys,
             insecure=args.insecure,
+            run_dir=args.run_dir,
+            log_dir=args.log_dir,
             python=args.python,
             log_level=args.log_level,
             grace=args.grace,
+            head_grace=args.head_grace,
             broker_timeout=args.broker_timeout,
             connect_timeout=args.connect_timeout,
             ssh=args.ssh,
             ssh_options=ssh_options,
         )
-        plan = Plan(opts, resolve_config(opts))
+        plan = Plan(opts)
     except (HostsFileError, LaunchError, ValueError) as exc:  # zrl's ConfigError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,9 +1,11 @@
 """The Kubernetes manifests and the Slurm script: they parse, the manifests match the Kubernetes
-API schemas, they start the right `zrl start` commands with the right broker address, and the
-broker Service covers the broker's ports."""
+API schemas, they start the right commands (the head, `zrl host` agents; `zrl start` in the
+Slurm script) with the right broker address, and the broker Service covers the broker's
+ports."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -85,7 +87,7 @@ def test_every_manifest_parses_and_kustomize_lists_them() -> None:
     assert sorted(resources) == sorted(n for n in docs if n != "kustomization.yaml")
 
 
-def test_every_workload_runs_zrl_start_against_the_service(tmp_path: Path) -> None:
+def test_every_workload_runs_zrl_against_the_service(tmp_path: Path) -> None:
     roles = {}
     for w in _workloads():
         role = w["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -98,15 +100,16 @@ def test_every_workload_runs_zrl_start_against_the_service(tmp_path: Path) -> No
             )
             assert spec["strategy"]["type"] == "Recreate"  # never two processes with one id
         c = _container(w)
-        assert f"zrl start {role}" in " ".join(c["command"] + c["args"])
+        command = "zrl start broker" if role == "broker" else "zrl host"  # the head, the agents
+        assert command in " ".join(c["command"] + c["args"])
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         assert mounts["keys"] == "/keys"
         if role == "broker":
             continue
         argv = _run_entrypoint(c, tmp_path, {"JOB_COMPLETION_INDEX": "3"})
         index = "3" if role == "actor" else "0"
-        assert argv == ["start", role, "--broker", BROKER, "--index", index,
-                        "--connect-timeout", "600"]  # fmt: skip
+        assert argv == ["host", f"{role}=1@{index}", "--broker", BROKER, "--connect-timeout",
+                        "600", "--log-dir", "/tmp/zrl-logs"]  # fmt: skip
         keys = tmp_path / "keys"
         keys.mkdir(exist_ok=True)
         (keys / "server.key").write_text("")
@@ -120,8 +123,9 @@ def test_broker_binds_the_base_port_and_the_service_covers_the_layout(tmp_path: 
     service = _one("Service", "zrl-broker")
     container = _container(deployment)
     argv = _run_entrypoint(container, tmp_path, {})
-    assert argv == ["start", "broker", "--bind", "tcp://0.0.0.0:5555",
-                    "--config", "/config/config.yaml", "--insecure"]  # fmt: skip
+    assert argv == ["start", "broker", "--run-dir", "/runs/cartpole_apex_dqn",
+                    "--config", "/config/config.yaml", "--bind", "tcp://0.0.0.0:5555",
+                    "--insecure"]  # fmt: skip
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "server.key").write_text("")
@@ -153,17 +157,55 @@ def test_config_map_is_a_valid_config_matching_the_workloads() -> None:
     for role, key in (("replay", "replay"), ("learner", "learners"), ("params", "params"),
                       ("evaluator", "evaluator")):  # fmt: skip
         assert _one("Deployment", f"zrl-{role}")["spec"]["replicas"] == getattr(config.roles, key)
+    # relative: under every role pod's working directory, its default checkpoint root
+    assert config.checkpoint.dir is not None and not Path(config.checkpoint.dir).is_absolute()
 
 
-def test_keys_secret_is_optional_and_rebuilds_the_key_directory() -> None:
-    for w in _workloads():
-        volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
-        secret = volumes["keys"]["secret"]
-        assert secret["secretName"] == "zrl-keys" and secret["optional"] is True
-        paths = {item["path"] for item in secret["items"]}
-        # what zrl.transport.security.load_keys and the authenticator read
-        assert paths == {"server.key", "server.key_secret", "client.key", "client.key_secret",
-                         "authorized/client.key"}  # fmt: skip
+HEAD = ["--bind", "tcp://0.0.0.0:5555", "--insecure"]
+
+
+@pytest.mark.parametrize(
+    ("before", "expected"),
+    [
+        ({}, ["start", "broker", "--run-dir", "RUN", "--config", "/config/config.yaml", *HEAD]),
+        ({"config.yaml": "name: x\n"}, ["start", "broker", "--resume", "RUN", *HEAD]),
+        ({"config.yaml": "", "summary.json": '{\n  "stop_reason": "interrupted"\n}'},
+         ["start", "broker", "--resume", "RUN", *HEAD]),
+        ({"config.yaml": "", "summary.json": '{\n  "stop_reason": "eval_return"\n}'},
+         ["sleep", "infinity"]),
+        ({"config.yaml": "", "summary.json": json.dumps(
+            {"stop_reason": "eval_return", "segments": [{"stop_reason": "interrupted"}]},
+            indent=2)}, ["sleep", "infinity"]),
+    ],
+    ids=["new-run", "head-restarted", "interrupted", "over", "over-after-a-resume"],
+)  # fmt: skip
+def test_the_head_starts_resumes_or_keeps_a_finished_run(
+    tmp_path: Path, before: dict[str, str], expected: list[str]
+) -> None:
+    """The broker Deployment's head and its run directory on the `runs` volume: a new run, a
+    resumed one after a restart mid-run, and a finished one it leaves alone (a Deployment
+    restarts even a clean exit)."""
+    deployment = _one("Deployment", "zrl-broker")
+    container = _container(deployment)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["ZRL_RUN_DIR"].startswith(mounts["runs"] + "/")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["runs"] or "persistentVolumeClaim" in volumes["runs"]
+
+    run = tmp_path / "runs" / "exp"
+    run.mkdir(parents=True)
+    for name, text in before.items():
+        (run / name).write_text(text)
+    here = {**container, "env": [*container["env"], {"name": "ZRL_RUN_DIR", "value": str(run)}]}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sleep").write_text('#!/bin/sh\necho sleep; for a in "$@"; do echo "$a"; done\n')
+    (bin_dir / "sleep").chmod(0o755)
+    argv = _run_entrypoint(here, tmp_path, {})
+    want = [str(run) if a == "RUN" else a for a in expected]
+    assert argv[-len(want) :] == want, argv
+    assert ("start" in argv) == (want[0] == "start")
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")

@@ -1,8 +1,11 @@
-"""launchers/ssh.py: the hosts file, the exact commands, the remote watchdog, and a real
-launch over a real sshd on loopback (two "hosts" on one sshd) that must leave nothing behind."""
+"""launchers/ssh.py: the hosts file, the exact commands, the remote watchdog, a real launch
+over a real sshd on loopback (two "hosts" on one sshd) stopped with Ctrl-C, and a real run on
+hosts that are network namespaces (an sshd each) that ends at its target. No launch may leave
+anything behind."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,14 +16,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import psutil
 import pytest
 import yaml
 
-from tests.launchers.conftest import Sshd
+from tests.launchers.conftest import NetnsSshd, Sshd
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids
 
@@ -74,14 +79,29 @@ def test_hosts_file_errors_name_the_line(
     assert fragment in str(err.value)
 
 
-def test_plan_starts_the_broker_first_with_global_indices(ssh_launcher: ModuleType) -> None:
+def test_plan_starts_the_head_then_one_agent_per_host_with_global_indices(
+    ssh_launcher: ModuleType,
+) -> None:
     plan = ssh_launcher.plan_launches(ssh_launcher.parse_hosts(HOSTS))
-    labels = [launch.label for launch in plan]
-    assert labels[0] == "node1 broker"
-    actors = [label for label in labels if "actor" in label]
-    assert actors == [f"node2 actor-{i}" for i in range(4)] + ["node3 actor-4", "node3 actor-5"]
-    assert set(labels[1:5]) == {"node1 params-0", "node1 learner-0", "node1 replay-0",
-                                "node2 evaluator-0"}  # fmt: skip
+    assert [(launch.label, launch.specs) for launch in plan] == [
+        ("node1 head", ()),
+        ("node1 host", ("params=1@0", "replay=1@0", "learner=1@0")),
+        ("node2 host", ("evaluator=1@0", "actor=4@0")),
+        ("node3 host", ("actor=2@4",)),
+    ]
+
+
+def test_a_broker_only_host_runs_no_agent(ssh_launcher: ModuleType) -> None:
+    hosts = ssh_launcher.parse_hosts("n1 h1 broker\nn2 h2 actor=2 learner\nn3 h3 actor\n")
+    assert [(launch.label, launch.specs) for launch in ssh_launcher.plan_launches(hosts)] == [
+        ("n1 head", ()),
+        ("n2 host", ("learner=1@0", "actor=2@0")),
+        ("n3 host", ("actor=1@2",)),
+    ]
+    assert json.loads(ssh_launcher.placement_json(hosts)) == [
+        {"name": "n2", "roles": {"actors": 2, "learners": 1}},
+        {"name": "n3", "roles": {"actors": 1}},
+    ]
 
 
 def test_split_ssh_options_takes_everything_after_it(ssh_launcher: ModuleType) -> None:
@@ -122,38 +142,62 @@ def _commands(output: str) -> list[list[str]]:
 def test_dry_run_prints_the_exact_commands(ssh_launcher: ModuleType, tmp_path: Path) -> None:
     code, output = _dry_run(
         ssh_launcher, tmp_path, "--insecure", "--set", "env.num_envs=2", "--python",
-        "/opt/venv/bin/python", "--ssh-option", "-p", "2222", "-i", "/keys/id",
+        "/opt/venv/bin/python", "--run-dir", "runs/exp1",
+        "--ssh-option", "-p", "2222", "-i", "/keys/id",
     )  # fmt: skip
     assert code == 0, output
     commands = _commands(output)
-    # broker, its status check, 3 central roles + evaluator, 6 actors, the kill template
-    assert len(commands) == 1 + 1 + 4 + 6 + 1
+    # the head, its status check, one agent per host (3), the kill template
+    assert len(commands) == 1 + 1 + 3 + 1
     for argv in commands:
         assert argv[:5] == ["ssh", "-p", "2222", "-i", "/keys/id"]  # the user's options win
         assert "BatchMode=yes" in argv
-    broker, status, *roles, kill = commands
-    assert broker[-2] == "root@10.0.0.1"
-    script = broker[-1]
+    head, status, *agents, kill = commands
+    assert head[-2] == "root@10.0.0.1"
+    script = head[-1]
     assert (
-        "/opt/venv/bin/python -m zrl start broker --bind tcp://0.0.0.0:5555 "
+        "/opt/venv/bin/python -m zrl start broker --run-dir runs/exp1 --bind tcp://0.0.0.0:5555 "
         '--config "$cfg" --log-level INFO --insecure' in script
     )
+    assert "sleep 60;" in script  # --head-grace: the head has time to stop the run everywhere
     config_text = script.split("<<\\ZRL_CONFIG_EOF\n", 1)[1].split("\nZRL_CONFIG_EOF\n", 1)[0]
     config = yaml.safe_load(config_text)
     assert config["env"]["num_envs"] == 2  # --set applied before shipping
     assert config["roles"] == {  # the counts of the hosts file
         "actors": 6, "replay": 1, "params": 1, "learners": 1, "evaluator": 1, "league": 0
     }  # fmt: skip
+    assert config["hosts"] == [  # and its placement, so the head names the hosts
+        {"name": "node1", "address": None, "roles": {"params": 1, "learners": 1, "replay": 1}},
+        {"name": "node2", "address": None, "roles": {"actors": 4, "evaluator": 1}},
+        {"name": "node3", "address": None, "roles": {"actors": 2}},
+    ]
+    assert config["broker"]["advertise"] == "10.0.0.1"
+    # relative: under every role's working directory, whatever the host's login directory
+    assert config["checkpoint"]["dir"] == "runs/exp1/checkpoints"
     assert status[-1] == (
         "/opt/venv/bin/python -m zrl status --broker tcp://10.0.0.1:5555 --timeout 2"
     )
-    actor5 = [argv for argv in roles if "--index 5" in argv[-1]]
-    assert len(actor5) == 1 and actor5[0][-2] == "10.0.0.3"
+    assert [argv[-2] for argv in agents] == ["root@10.0.0.1", "root@10.0.0.2", "10.0.0.3"]
     assert (
-        "PYTHONUNBUFFERED=1 /opt/venv/bin/python -m zrl start actor --broker "
-        "tcp://10.0.0.1:5555 --index 5 --connect-timeout 120 --log-level INFO" in actor5[0][-1]
+        "PYTHONUNBUFFERED=1 /opt/venv/bin/python -m zrl host --broker tcp://10.0.0.1:5555 "
+        "--connect-timeout 120 --log-dir zrl-logs/exp1/node3 --checkpoint-root "
+        "runs/exp1/checkpoints --log-level INFO actor=2@4 </dev/null" in agents[2][-1]
     )
+    assert "evaluator=1@0 actor=4@0 </dev/null" in agents[1][-1]
+    assert "sleep 10;" in agents[1][-1]  # --grace
     assert kill[-2:] == ["TARGET", "kill -KILL PID"]
+
+
+def test_default_run_dir_is_named_after_the_config_and_the_time(
+    ssh_launcher: ModuleType, tmp_path: Path
+) -> None:
+    code, output = _dry_run(ssh_launcher, tmp_path, "--insecure", "--log-dir", "/var/log/zrl")
+    assert code == 0, output
+    run_dir = re.search(r"^# run directory (\S+) on node1", output, re.M)
+    assert run_dir is not None, output
+    assert re.fullmatch(r"runs/cartpole_apex_dqn-\d{8}-\d{6}", run_dir[1])
+    assert f"--run-dir {run_dir[1]} " in output
+    assert "--log-dir /var/log/zrl/node2 " in output
 
 
 def test_dry_run_passes_keys_to_every_role(ssh_launcher: ModuleType, tmp_path: Path) -> None:
@@ -190,12 +234,25 @@ def test_a_bad_config_fails_before_any_ssh(
 
 def test_remote_config_is_passed_with_overrides(ssh_launcher: ModuleType, tmp_path: Path) -> None:
     code, output = _dry_run(
-        ssh_launcher, tmp_path, "--insecure", "--remote-config", "--set", "seed=3"
-    )
+        ssh_launcher, tmp_path, "--insecure", "--remote-config", "--set", "seed=3",
+        "--run-dir", "/data/run1",
+    )  # fmt: skip
     assert code == 0, output
-    script = _commands(output)[0][-1]
+    head, _, *agents, _ = _commands(output)
+    script = head[-1]
     assert "ZRL_CONFIG_EOF" not in script
     assert f"--config {CONFIG} --set=seed=3 --set=roles.actors=6 " in script
+    assert "'--set=hosts=[{" in script and "--set=broker.advertise=10.0.0.1 " in script
+    assert "--set=checkpoint.dir=/data/run1/checkpoints " in script
+    assert all("--checkpoint-root /data/run1/checkpoints " in a[-1] for a in agents)
+    # a checkpoint.dir of the user's own is kept, and is every agent's checkpoint root
+    code, output = _dry_run(
+        ssh_launcher, tmp_path, "--insecure", "--remote-config", "--set", "checkpoint.dir=/ckpt"
+    )
+    head, _, *agents, _ = _commands(output)
+    assert "--set=checkpoint.dir=/ckpt " in head[-1]
+    assert "--set=checkpoint.dir=runs/" not in head[-1]
+    assert all("--checkpoint-root /ckpt " in a[-1] for a in agents)
 
 
 def test_runs_as_a_script(tmp_path: Path) -> None:
@@ -252,6 +309,9 @@ def test_watchdog_stops_the_role_when_stdin_closes(
 
 
 # --- a real launch over a real sshd --------------------------------------------------------
+# ssh gives the remote commands a fresh environment: `env PYTHONPATH=REPO python` makes the
+# hosts run this checkout's zrl, whatever is installed.
+REMOTE_PYTHON = f"env PYTHONPATH={REPO} {sys.executable}"
 
 
 def _port(broker_addr: str) -> int:
@@ -259,22 +319,19 @@ def _port(broker_addr: str) -> int:
 
 
 def _remote_processes(port: int) -> list[psutil.Process]:
-    """Every process of the launch: ssh clients, remote shells, `zrl start` (not this test)."""
-    needle = f"127.0.0.1:{port}"
+    """Every process of the launch: ssh clients, remote shells, head, agents, roles (whose
+    command lines name the broker's port), not this test."""
+    needles = (f"127.0.0.1:{port}", f"tcp://0.0.0.0:{port}")
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] != os.getpid() and needle in cmd and "zrl" in cmd:
+        if p.info["pid"] != os.getpid() and any(n in cmd for n in needles) and "zrl" in cmd:
             found.append(p)
     return found
 
 
 def _kill_leftovers(port: int) -> None:
-    for p in _remote_processes(port):
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_pids([p.pid for p in _remote_processes(port)])
 
 
 def _start_launcher(
@@ -286,28 +343,35 @@ def _start_launcher(
     with open(out, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, str(LAUNCHER), str(hosts_file), "--config", str(CONFIG),
-             "--port", str(port), "--python", sys.executable, "--grace", "5", *extra,
-             "--ssh-option", *sshd.ssh_options],
+             "--port", str(port), "--python", REMOTE_PYTHON, "--grace", "5",
+             "--head-grace", "15", "--run-dir", str(tmp_path / "run"),
+             "--log-dir", str(tmp_path / "logs"), *extra, "--ssh-option", *sshd.ssh_options],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
         )  # fmt: skip
     return proc, out
 
 
-def _status(broker_addr: str) -> dict[str, str]:
-    """`zrl status --json`: role id -> state ({} while the broker does not answer)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", broker_addr, "--json",
-         "--timeout", "2"],
-        capture_output=True, timeout=60,
-    )  # fmt: skip
+def _status(broker_addr: str, run: Callable[..., subprocess.CompletedProcess[str]] | None = None
+            ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """`zrl status --json`: role id -> its row ({} while the broker does not answer); ``run``
+    runs the command elsewhere (inside a namespace)."""
+    argv = [sys.executable, "-m", "zrl", "status", "--broker", broker_addr, "--json",
+            "--timeout", "2"]  # fmt: skip
+    if run is None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    else:
+        done = run(*argv, timeout=60)
     if done.returncode != 0:
         return {}
-    return {r["id"]: r["state"] for r in json.loads(done.stdout)["roles"]}
+    return {r["id"]: r for r in json.loads(done.stdout)["roles"]}
+
+
+ROLE_IDS = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.slow
-def test_launch_over_ssh_registers_streams_and_stops_everything(
+def test_launch_over_ssh_runs_a_head_and_agents_and_ctrl_c_stops_everything(
     sshd: Sshd, tmp_path: Path, broker_addr: str
 ) -> None:
     port = _port(broker_addr)
@@ -318,18 +382,18 @@ def test_launch_over_ssh_registers_streams_and_stops_everything(
     launcher, out = _start_launcher(
         sshd, tmp_path, hosts, port, "--set", "env.num_envs=2", "--set", "evaluator.episodes=1"
     )
-    expected = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}
     try:
 
         def all_alive() -> bool:
             assert launcher.poll() is None, out.read_text(errors="replace")
-            states = _status(broker_addr)
-            return set(states) == expected and set(states.values()) == {"alive"}
+            rows = _status(broker_addr)
+            return set(ROLE_IDS) <= set(rows) and all(rows[r]["state"] == "alive" for r in ROLE_IDS)
 
         wait_for(all_alive, timeout=90, interval=0.5)
+        agents = [r for r in _status(broker_addr).values() if r["role"] == "host"]
+        assert len(agents) == 2, agents  # one agent per host, registered as role `host`
 
-        labels = ["node1 broker", "node1 params-0", "node1 replay-0", "node1 learner-0",
-                  "node1 actor-0", "node2 actor-1", "node2 evaluator-0"]  # fmt: skip
+        labels = ["node1 head", "node1 host", "node2 host"]
 
         def streamed() -> bool:
             text = out.read_text(errors="replace")
@@ -337,15 +401,22 @@ def test_launch_over_ssh_registers_streams_and_stops_everything(
 
         wait_for(streamed, timeout=30)
         text = out.read_text(errors="replace")
-        assert re.search(r"^\[node2 actor-1\] .*registered as actor-1", text, re.M), text
         assert "@zrl-launch" not in text  # the wrapper's PID line is for the launcher only
+        # each agent says where its roles log; the roles log to files on their host
+        assert re.search(rf"^\[node2 host\] .*{re.escape(str(tmp_path / 'logs' / 'node2'))}",
+                         text, re.M), text  # fmt: skip
+        log = tmp_path / "logs" / "node2" / "actor-1.log"
+        wait_for(lambda: "registered as actor-1" in log.read_text(errors="replace"), timeout=10)
 
         launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=60) == 0, out.read_text(errors="replace")
         wait_for(lambda: not _remote_processes(port), timeout=15, interval=0.2)
-        assert launcher.wait(timeout=15) == 0
         text = out.read_text(errors="replace")
-        for label in labels:
-            assert f"[launcher] {label} stopped (code" in text, text
+        assert "[launcher] stop requested: stopping the head" in text, text
+        assert re.search(r"^\[launcher\] node1 head (stopped|exited) \(code 0\)$", text, re.M), text
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["stop_reason"] == "interrupted"
+        assert set(summary["roles"]["took_part"]) >= ROLE_IDS
     finally:
         kill_pids([launcher.pid])
         _kill_leftovers(port)
@@ -362,7 +433,105 @@ def test_remote_processes_die_when_the_launcher_is_killed(
         assert _remote_processes(port)
         launcher.kill()  # no chance to clean up: the remote watchdogs must see the end
         launcher.wait()
-        wait_for(lambda: not _remote_processes(port), timeout=15, interval=0.2)
+        wait_for(lambda: not _remote_processes(port), timeout=30, interval=0.2)
     finally:
         kill_pids([launcher.pid])
         _kill_leftovers(port)
+
+
+# --- a real run on hosts that are network namespaces ----------------------------------------
+
+
+def _in_namespaces(hosts: Any, skip: Collection[int]) -> list[int]:
+    """PIDs of every process inside the namespaces of ``hosts``, but ``skip``."""
+    inodes = set()
+    for ns in [hosts.switch, *hosts.names]:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/run/netns/{ns}").st_ino)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
+    netns_sshd: NetnsSshd, tmp_path: Path
+) -> None:
+    """The launcher on h0 (no sshd), the head and the central roles on node1 = h1, two actors
+    and the evaluator on node2 = h2, each reached over ssh at its own address. An actor killed
+    with -9 comes back (its agent restarts it); the head stops the run at the target; the
+    agents exit by themselves; the launcher exits 0; nothing is left in any namespace."""
+    hosts = netns_sshd.hosts
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text(
+        f"node1 {netns_sshd.target(1)} broker params replay learner\n"
+        f"node2 {netns_sshd.target(2)} actor=2 evaluator\n"
+    )
+    run_dir = tmp_path / "run"
+    out = tmp_path / "launcher.out"
+    broker = f"tcp://{hosts.addrs[1]}:5555"  # a namespace of our own: no port can clash
+    launcher = hosts.exec(
+        0, sys.executable, str(LAUNCHER), str(hosts_file), "--config", str(CONFIG),
+        "--insecure", "--run-dir", str(run_dir), "--log-dir", str(tmp_path / "logs"),
+        "--python", REMOTE_PYTHON, "--grace", "5", "--head-grace", "30",
+        "--set", "stop.eval_return=100", "--set", "stop.eval_window=1",
+        "--set", "stop.wall_time=150", "--ssh-option", *netns_sshd.ssh_options, log=out,
+    )  # fmt: skip
+    try:
+
+        def status() -> dict[str, dict[str, Any]]:
+            assert launcher.poll() is None, out.read_text(errors="replace")[-3000:]
+            return _status(broker, lambda *argv, timeout: hosts.run(0, *argv, timeout=timeout))
+
+        victim = "actor-1"
+        wait_for(lambda: status().get(victim, {}).get("state") == "alive", timeout=90,
+                 message=f"{victim} never came up on node2")  # fmt: skip
+        first_pid = status()[victim]["pid"]
+        assert hosts.netns_of(first_pid) == hosts.names[2]
+        os.kill(first_pid, signal.SIGKILL)
+
+        def back() -> bool:
+            row = status().get(victim, {})
+            return row.get("state") == "alive" and row.get("pid") != first_pid
+
+        wait_for(back, timeout=60, message="the host agent did not bring the actor back")
+        try:
+            code = launcher.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            pytest.fail(out.read_text(errors="replace")[-3000:])
+        text = out.read_text(errors="replace")
+        assert code == 0, text[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["reached_target"], (summary, text[-3000:])
+        took_part = summary["roles"]["took_part"]
+        assert summary["roles"]["never_came"] == []
+        placed = {rid: r["placed"] for rid, r in took_part.items() if rid in ROLE_IDS}
+        assert placed == {
+            "params-0": "node1",
+            "replay-0": "node1",
+            "learner-0": "node1",
+            "actor-0": "node2",
+            "actor-1": "node2",
+            "evaluator-0": "node2",
+        }
+        assert summary["restarts"].get(victim, 0) >= 1, summary["restarts"]
+        # The head ended the run; the agents heard the stop and ended by themselves.
+        for line in ("[launcher] node1 head exited (code 0)",
+                     "[launcher] node1 host exited (code 0)",
+                     "[launcher] node2 host exited (code 0)"):  # fmt: skip
+            assert line in text, text[-3000:]
+        assert "killing what is left" not in text
+        wait_for(lambda: not _in_namespaces(hosts, netns_sshd.sshd_pids), timeout=10,
+                 message="processes of the launch are left in the namespaces")  # fmt: skip
+    finally:
+        kill_pids([launcher.pid])
+        kill_pids(_in_namespaces(hosts, netns_sshd.sshd_pids))
