@@ -75,7 +75,8 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     assert line.startswith(f"zrl host --broker {broker}"), line
     broker = shlex.split(line)[3]
     argv = shlex.split(line)
-    agent = hosts.exec(1, sys.executable, "-m", "zrl", *argv[1:], log=tmp_path / "agent.out")
+    agent = hosts.exec(1, sys.executable, "-m", "zrl", *argv[1:], "--log-dir",
+                       str(tmp_path / "h1-logs"), log=tmp_path / "agent.out")  # fmt: skip
 
     remote = "actor-1"  # local roles take the first indices, then each host in order
     wait_for(lambda: status_rows(hosts, broker).get(remote, {}).get("state") == "alive",
