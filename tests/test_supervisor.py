@@ -553,7 +553,9 @@ def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Pa
     """A time limit comes before the restart budget is spent: the run still fails, and the
     first crash put the role's last log lines in the terminal."""
     cfg = crash_config().model_dump(mode="json")
-    cfg["stop"] = {"eval_return": None, "wall_time": 8}
+    # Long enough for the first crash on a slow start (the zygote imports torch first; 8 s
+    # was missed once in CI), short of the budget's back-off (1+2+4+8+15 s).
+    cfg["stop"] = {"eval_return": None, "wall_time": 14}
     script = tmp_path / "crash.py"
     script.write_text(
         f"import json\nimport zrl\n\nexperiment = zrl.Experiment(\n"

@@ -238,7 +238,7 @@ def fake_shard(cfg: ExperimentConfig) -> Any:
     return SimpleNamespace(
         config=cfg, table=table, _table_for=lambda items: table, last_insert=0,
         limiter=SimpleNamespace(on_insert=lambda n: None), trajectories=0,
-        trajectories_received=0, steps_received=0, weights_versions=[],
+        trajectories_received=0, steps_received=0, weights_versions=[], incarnation=1,
         acks=SimpleNamespace(send=lambda *a, **k: None),
     )  # fmt: skip
 
