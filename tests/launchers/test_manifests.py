@@ -328,6 +328,7 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
         "PYTHON": str(bin_dir / "python"),
         "ACTORS_PER_NODE": "2",
         "EXTRA_SET": "env.num_envs=4 seed=7",
+        "AGENT_GRACE": "1",  # the stub agents never end by themselves
         "HOME": str(tmp_path),
         **({"KEYS": keys} if keys else {}),
     }
