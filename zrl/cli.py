@@ -23,8 +23,8 @@ from zrl.cli_common import (
     LogOpt,
     SetOpt,
     UserError,
-    head_experiment,
     load_keys,
+    run_head,
 )
 from zrl.cli_config import config_app
 from zrl.cli_host import host
@@ -228,23 +228,11 @@ def run(
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run an experiment locally: broker and every role, live status, run directory."""
-    from zrl.run import Supervisor
-
-    cfg, factories, run_dir, keys = head_experiment(
-        config,
-        overrides,
-        run_dir,
-        resume,
-        keys,
+    run_head(
+        config, overrides, run_dir, resume, keys,
         "give a CONFIG (YAML or script), or --resume RUN_DIR",
-    )
-    sup = Supervisor(
-        cfg, run_dir=run_dir, inproc=inproc, port=port, log_level=log_level, keys_dir=keys,
-        factories=factories, insecure=insecure, resume=resume is not None,
+        inproc=inproc, port=port, log_level=log_level, insecure=insecure,
     )  # fmt: skip
-    summary = sup.run()
-    if summary.get("failed"):  # roles kept crashing: summary.json says which and why
-        raise typer.Exit(1)
 
 
 @app.command("eval")

@@ -70,28 +70,38 @@ def load_keys(directory: Path | None, name: str = "client") -> Any:
     return load(directory, name)
 
 
-def head_experiment(
+def run_head(
     config: Path | None,
     overrides: list[str] | None,
     run_dir: Path | None,
     resume: Path | None,
     keys: Path | None,
     missing_config: str,
-) -> tuple[Any, Any, Path | None, Path | None]:
-    """(config, factories, run directory, keys) of a head (``zrl run``, ``zrl start broker
-    --run-dir``): from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has
-    some). ``missing_config``: the error when neither is given."""
+    **supervisor: Any,
+) -> None:
+    """Run a head (``zrl run``, ``zrl start broker --run-dir``) to its end: its experiment
+    from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has some);
+    ``missing_config``: the error when neither is given; ``supervisor``: the rest of the
+    ``Supervisor``'s arguments. Exit code 1 when the run failed (summary.json says why)."""
+    from zrl.run import Supervisor
+
     if resume is None:
         if config is None:
             raise UserError(missing_config)
         cfg, factories = load_experiment(config, overrides)
-        return cfg, factories, run_dir, keys
-    if config is not None or run_dir is not None:
-        raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
-    cfg, factories = load_resumable(resume, overrides)
-    if keys is None and (resume / "keys").is_dir():
-        keys = resume / "keys"
-    return cfg, factories, resume, keys
+    else:
+        if config is not None or run_dir is not None:
+            raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
+        cfg, factories = load_resumable(resume, overrides)
+        run_dir = resume
+        if keys is None and (resume / "keys").is_dir():
+            keys = resume / "keys"
+    summary = Supervisor(
+        cfg, run_dir=run_dir, keys_dir=keys, factories=factories, resume=resume is not None,
+        **supervisor,
+    ).run()  # fmt: skip
+    if summary.get("failed"):
+        raise typer.Exit(1)
 
 
 def load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:

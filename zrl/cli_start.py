@@ -19,9 +19,9 @@ from zrl.cli_common import (
     LogOpt,
     SetOpt,
     fail,
-    head_experiment,
     load_experiment,
     load_keys,
+    run_head,
 )
 
 start_app = typer.Typer(
@@ -157,24 +157,12 @@ def _start_head(
 ) -> None:
     """``zrl start broker --run-dir``: the head of an experiment whose roles all start on
     other hosts (or by hand), with ``zrl run``'s run directory and behaviour."""
-    from zrl.run import Supervisor
-
-    cfg, factories, run_dir, keys = head_experiment(
-        config,
-        overrides,
-        run_dir,
-        resume,
-        keys,
+    run_head(
+        config, overrides, run_dir, resume, keys,
         "--run-dir needs --config: the experiment this head runs",
-    )
-    sup = Supervisor(
-        cfg, run_dir=run_dir, log_level=log_level, keys_dir=keys, factories=factories,
-        insecure=insecure, resume=resume is not None, bind=bind, elsewhere=True,
+        log_level=log_level, insecure=insecure, bind=bind, elsewhere=True,
         preflight=not no_preflight,
     )  # fmt: skip
-    summary = sup.run()
-    if summary.get("failed"):
-        raise typer.Exit(1)
 
 
 def role_options(
