@@ -117,8 +117,13 @@ def start_broker(
     from zrl.transport.sockets import is_loopback
 
     if run_dir is not None or resume is not None:
-        _start_head(bind, config, overrides, run_dir, resume, keys, insecure, no_preflight,
-                    log_level)  # fmt: skip
+        # The head: zrl run's supervisor, with every role of the config started elsewhere.
+        run_head(
+            config, overrides, run_dir, resume, keys,
+            "--run-dir needs --config: the experiment this head runs",
+            log_level=log_level, insecure=insecure, bind=bind, elsewhere=True,
+            preflight=not no_preflight,
+        )  # fmt: skip
         return
     setup_logging(log_level)
     if not is_loopback(bind) and keys is None and not insecure:
@@ -142,27 +147,6 @@ def start_broker(
                     stop_token=os.environ.get("ZRL_STOP_TOKEN") or None)  # fmt: skip
     install_stop_signals(broker.stop)
     broker.run()
-
-
-def _start_head(
-    bind: str,
-    config: Path | None,
-    overrides: list[str] | None,
-    run_dir: Path | None,
-    resume: Path | None,
-    keys: Path | None,
-    insecure: bool,
-    no_preflight: bool,
-    log_level: str,
-) -> None:
-    """``zrl start broker --run-dir``: the head of an experiment whose roles all start on
-    other hosts (or by hand), with ``zrl run``'s run directory and behaviour."""
-    run_head(
-        config, overrides, run_dir, resume, keys,
-        "--run-dir needs --config: the experiment this head runs",
-        log_level=log_level, insecure=insecure, bind=bind, elsewhere=True,
-        preflight=not no_preflight,
-    )  # fmt: skip
 
 
 def role_options(

@@ -75,7 +75,7 @@ class BrokerAccess:
             else:
                 host = cfg.broker.host
                 base = port or free_port_range(
-                    n_endpoints, "127.0.0.1" if host == "0.0.0.0" else host
+                    n_endpoints, "127.0.0.1" if host in WILDCARDS else host
                 )
             bind_addr = f"tcp://{host}:{base}"
             # Local children and our own sockets reach a wildcard bind over loopback.

@@ -12,9 +12,10 @@ started, by hand, by ``zrl host`` or by a launcher.
 
 ``Supervisor`` wires the parts together and runs the monitor loop; the jobs are theirs:
 ``placement`` (the broker's addresses, where each role runs, the security policy),
-``roster`` (which roles were placed where, which took part, which never came), ``rundir`` (the run directory, summary.json, model.pt), ``children`` (starting, restarting
-and stopping the broker and the roles, the zygote), ``aggregator`` (the figures of the live
-status and progress.csv) and ``stop_rule`` (the target and the limits).
+``roster`` (which roles were placed where, which took part, which never came), ``rundir``
+(the run directory, summary.json, model.pt), ``children`` (starting, restarting and stopping
+the broker and the roles, the zygote), ``aggregator`` (the figures of the live status and
+progress.csv) and ``stop_rule`` (the target and the limits).
 
 Sockets: a SUB on the topic bus (``metrics``, ``eval``) and throwaway DEALERs for
 STATUS and STOP_RUN; ``rundir`` owns the LOOKUP and the final GET_WEIGHTS.
