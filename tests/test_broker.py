@@ -706,8 +706,9 @@ def test_stop_run_with_the_token_stops_every_role_and_refuses_new_ones(make_brok
     assert ack.kind == P.HEARTBEAT_ACK and "stop" not in ack.meta
     wrong = head.request(P.STOP_RUN, token="guess", reason="eval_return")
     assert wrong.kind == P.REFUSED
+    assert head.request(P.STOP_RUN, token="s3crét", reason="eval_return").kind == P.REFUSED
     assert role.request(P.HEARTBEAT, id=rid).meta.get("stop") is None
-    assert status(b.ctx, b.bind_address)["broker"]["rejected"]["bad stop token"] == 1
+    assert status(b.ctx, b.bind_address)["broker"]["rejected"]["bad stop token"] == 2
     assert head.request(P.STOP_RUN, token="s3cret", reason="eval_return").kind == P.STOP_RUN
     assert role.request(P.HEARTBEAT, id=rid).meta["stop"] == "eval_return"
     refused = late.hello(role="actor", index=1)

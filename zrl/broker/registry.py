@@ -362,7 +362,10 @@ class Registry:
     def _on_stop_run(self, ident: bytes, msg: P.Message) -> None:
         P.require_meta(msg, {"token": str, "reason": str})
         token, reason = msg.meta["token"], msg.meta["reason"]
-        if self.stop_token is None or not hmac.compare_digest(token, self.stop_token):
+        # As bytes: compare_digest raises on a str that is not ASCII, and tokens come off the wire.
+        if self.stop_token is None or not hmac.compare_digest(
+            token.encode(), self.stop_token.encode()
+        ):
             self._reply(ident, P.REFUSED, reason="stop_run: wrong stop token")
             self._reject(msg.sender, "bad stop token", "a STOP_RUN without this broker's token")
             return
