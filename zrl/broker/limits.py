@@ -54,17 +54,18 @@ def info_fits(info: dict[str, Any], max_bytes: int, within_bytes: int | None = N
     the item count bounds the Python objects (16 KiB of tiny items is ~100x that in RAM).
     ``within_bytes``: the size of the header the info was decoded from, which bounds its
     packed size; when that fits, packing it again to measure it is skipped."""
-    # Counted per container (its keys and values, or its elements), walking only nested
-    # containers: a flat info of 20 figures costs one pass (this runs for every heartbeat).
-    items = 1
+    items = 0
     stack: list[Any] = [info]
     while stack:
         obj = stack.pop()
-        children = [*obj.keys(), *obj.values()] if isinstance(obj, dict) else list(obj)
-        items += len(children)
+        items += 1
         if items > MAX_INFO_ITEMS:
             return False
-        stack.extend(c for c in children if isinstance(c, dict | list | tuple))
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple):
+            stack.extend(obj)
     if within_bytes is not None and within_bytes <= max_bytes:
         return True
     try:
