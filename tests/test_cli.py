@@ -53,6 +53,16 @@ def _invocations() -> dict[str, tuple[str, ...]]:
         "unknown_role": ("start", "foo", "--broker", _dead_address()),
         "status_dead": ("status", "--broker", _dead_address(), "--timeout", "0.5"),
         "public_bind": ("start", "broker", "--bind", f"tcp://0.0.0.0:{port}"),
+        "head_with_factory_flag": (
+            "start",
+            "broker",
+            "--run-dir",
+            "runs/never-made",
+            "--config",
+            CONFIG,
+            "--env-factory",
+            "my_envs:make",
+        ),  # fmt: skip
         "config_show_ppo": ("config", "show", "configs/cartpole_ppo.yaml"),
         "config_show_ppo_all": ("config", "show", "configs/cartpole_ppo.yaml", "--all"),
         "config_show_typo": ("config", "show", CONFIG, "--set", "learner.learning_rate=0.1"),
@@ -147,6 +157,7 @@ def test_config_show_applies_override(cli):
         ("bad_override", "replay.capacity: "),
         ("status_dead", "no answer from a broker at tcp://127.0.0.1:"),
         ("public_bind", "is reachable from other hosts"),
+        ("head_with_factory_flag", "--run-dir takes the env and model factories from the config"),
     ],
 )
 def test_bad_input_is_one_error_line(cli, name, expected):

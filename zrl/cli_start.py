@@ -18,6 +18,7 @@ from zrl.cli_common import (
     KeysOpt,
     LogOpt,
     SetOpt,
+    UserError,
     fail,
     load_experiment,
     load_keys,
@@ -118,6 +119,12 @@ def start_broker(
 
     if run_dir is not None or resume is not None:
         # The head: zrl run's supervisor, with every role of the config started elsewhere.
+        # Like zrl run, it takes factories from an experiment script only.
+        if factories_file is not None or env_factory or model_factory:
+            raise UserError(
+                "--run-dir takes the env and model factories from the config: give an "
+                "experiment script as --config, not --factories/--env-factory/--model-factory"
+            )
         run_head(
             config, overrides, run_dir, resume, keys,
             "--run-dir needs --config: the experiment this head runs",
