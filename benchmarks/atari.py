@@ -301,7 +301,8 @@ def run_zrl(
     cmd = [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)}  # fmt: skip
     run = Run(ZRL, time.time())
     log = tmp / "zrl.log"
     with open(log, "w") as f:

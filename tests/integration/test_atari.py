@@ -95,6 +95,8 @@ def test_pong_frames_stay_uint8_from_env_to_learner(inproc, monkeypatch):
     wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
     info = learner.heartbeat_info()
     assert info["updates"] >= 4
+    # Each update trained one batch of 16 distinct transitions (progress.csv sums this).
+    assert info["samples_trained"] >= 16 * 4 and info["samples_trained"] % 16 == 0
 
 
 def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypatch):
@@ -133,6 +135,8 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
     }
     assert {s[:2] for k, d, s in seen if k == "obs"} == {(4, 16)}  # 4 unrolls of 16 steps
     wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
+    # Each batch's valid steps count once, whatever the minibatches (progress.csv sums this).
+    assert learner.heartbeat_info()["samples_trained"] >= 64
 
 
 def test_pong_with_two_env_groups_sends_uint8_unrolls_of_every_env(inproc):

@@ -354,6 +354,7 @@ class Learner(Role):
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "updates": self.updates,
+            "samples_trained": self.samples_trained,
             "weights_version": self.weights_version,
             "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
             "checkpoints": self.checkpoints,
