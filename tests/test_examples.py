@@ -89,6 +89,7 @@ def transition_batch(rng: np.random.Generator, obs_space: Any, action: np.ndarra
         "reward": rng.normal(size=B).astype(np.float32),
         "discount": np.full(B, 0.9, np.float32),
         "next_obs": observations(rng, obs_space, B),
+        "weights_version": np.zeros(B, np.int64),
         "weight": rng.uniform(0.5, 1.0, size=B).astype(np.float32),
         "key": np.arange(B, dtype=np.int64),
     }

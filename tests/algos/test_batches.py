@@ -10,6 +10,7 @@ from zrl.algos.batches import (
     DeviceError,
     PendingBatches,
     learner_device,
+    policy_lags,
     resolve_device,
     to_device,
 )
@@ -21,6 +22,7 @@ def batch(i: int, shard: str = "replay-0") -> P.Message:
         "obs": np.full((3, 4, 8, 8), i, np.uint8),
         "reward": np.full(3, i, np.float32),
         "key": np.arange(3, dtype=np.int64) + 10 * i,
+        "weights_version": np.array([i, i, -1], np.int64),
     }
     for a in arrays.values():
         a.flags.writeable = False  # as decoded from a message
@@ -65,6 +67,7 @@ def test_pending_batches_come_out_in_order_on_the_device(background):
             assert got is not None
             assert got.shard == f"replay-{i % 2}"
             np.testing.assert_array_equal(got.keys, np.arange(3) + 10 * i)
+            np.testing.assert_array_equal(got.versions, [i, i, -1])  # host-side, for the lag
             assert set(got.tensors) == {"obs", "reward"}
             assert got.tensors["obs"].dtype == torch.uint8  # frames stay uint8 until the model
             assert int(got.tensors["obs"][0, 0, 0, 0]) == i
@@ -79,3 +82,10 @@ def test_a_batch_without_a_shard_is_a_protocol_error():
     msg.meta.pop("shard")
     with pytest.raises(P.ProtocolError, match="without a shard id"):
         PendingBatches().add(msg)
+
+
+def test_policy_lags_leave_out_unknown_versions():
+    lags = policy_lags(np.array([7, 5, -1, 7, 0], np.int64), 7)
+    assert lags.dtype == np.float64 and lags.tolist() == [0.0, 2.0, 0.0, 7.0]
+    assert policy_lags(np.full(3, -1, np.int64), 7).size == 0
+    assert policy_lags(np.zeros(0, np.int64), 7).size == 0

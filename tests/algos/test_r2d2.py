@@ -123,6 +123,26 @@ def test_sequences_match_the_definition(lengths, L, burn_in, chunk):
             np.testing.assert_array_equal(g[name], w[name], err_msg=f"sequence {k}: {name}")
 
 
+def test_a_sequence_carries_the_oldest_weights_version_that_acted_in_it():
+    """Sequences span trajectories: one trajectory of 4 steps per weights version (10, 11, ...),
+    each sequence stamped with the version of its earliest real step."""
+    data = stream([21], [True])  # one episode: step i is at stream position i
+    cutter = SequenceCutter(1, 6, 2, (OBS,), np.dtype(np.float32), STATE, 3)
+    got = []
+    for t in range(0, len(data["valid"]), 4):
+        part = {k: v[None, t : t + 4] for k, v in data.items()}
+        seqs = cutter.add(
+            *(part[k] for k in ("obs", "action", "reward", "terminated", "valid", "first",
+                                "state", "q")), version=10 + t // 4,
+        )  # fmt: skip
+        got += zip(seqs.weights_version.tolist(), seqs.obs[..., 0], seqs.mask, strict=True)
+    assert len(got) == 6  # trained parts of 4 steps tile the 21 (the first's burn-in: padding)
+    for version, obs, mask in got:
+        earliest = int(obs[:-1][mask].min()) % 1000  # the episode step = the stream position
+        assert version == 10 + earliest // 4
+    assert {v for v, _, _ in got} == {10, 11, 12, 13, 14}
+
+
 def test_trained_parts_tile_every_episode_once():
     lengths, L, burn_in = [37, 9, 80], 12, 5
     seqs = cut(stream(lengths, [True, False, True]), L, burn_in, 6)
@@ -247,7 +267,9 @@ def sequence_message(n: int = 4, **changes: np.ndarray) -> P.Message:
 
 def test_replay_takes_sequences_and_refuses_malformed_ones():
     items, priorities = assemble_sequences(sequence_message())
-    assert set(items) == {"obs", "action", "reward", "terminated", "mask", "first", "state"}
+    assert set(items) == {
+        "obs", "action", "reward", "terminated", "mask", "first", "state", "weights_version"
+    }  # fmt: skip
     assert priorities.shape == (4,)
     short = {"obs": np.zeros((4, 6, 2), np.float32), "first": np.zeros((4, 6), bool)}
     with pytest.raises(P.ProtocolError, match="6 observations, not 7"):

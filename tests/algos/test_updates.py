@@ -68,6 +68,7 @@ def transitions(rng: np.random.Generator, obs_dim: int, action: np.ndarray) -> d
         "reward": rng.normal(size=B).astype(np.float32),
         "discount": np.full(B, 0.9, np.float32),
         "next_obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
         "weight": rng.uniform(0.5, 1.0, size=B).astype(np.float32),
         "key": np.arange(100, 100 + B, dtype=np.int64),
     }

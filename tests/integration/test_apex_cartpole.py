@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from zrl.testing.processes import RANDOM_POLICY_RETURN, REPO, kill_pids, run_zrl, zrl_processes
 
@@ -28,6 +30,18 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
                  "learning_curve.png", "broker_address"):  # fmt: skip
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
+    # The learner's training figures reach TensorBoard and train_metrics.csv, the policy lag
+    # of its replay items among them.
+    learner_tags = {"learner/loss", "learner/td_error", "learner/policy_lag",
+                    "learner/policy_lag_max"}  # fmt: skip
+    with open(run_dir / "train_metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert learner_tags <= {r["tag"] for r in rows}, sorted({r["tag"] for r in rows})
+    lags = [float(r["value"]) for r in rows if r["tag"] == "learner/policy_lag"]
+    assert all(lag >= 0 for lag in lags) and max(lags) > 0, lags
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert learner_tags <= set(events.Tags()["scalars"])
     logs = {p.name for p in (run_dir / "logs").iterdir()}
     assert {"broker.log", "actor-0.log", "actor-1.log", "replay-0.log", "params-0.log",
             "learner-0.log", "evaluator-0.log"} <= logs  # fmt: skip

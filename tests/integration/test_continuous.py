@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,10 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     assert summary["updates"] > 500, summary
     logs = {p.name for p in (run_dir / "logs").iterdir()}
     assert {"actor-0.log", "replay-0.log", "learner-0.log", "evaluator-0.log"} <= logs
+    # The policy lag of the replay items the learner trains on reaches train_metrics.csv.
+    with open(run_dir / "train_metrics.csv", newline="") as f:
+        tags = {row["tag"] for row in csv.DictReader(f)}
+    assert {"learner/policy_lag", "learner/policy_lag_max"} <= tags, sorted(tags)
     # Nothing non-finite happened on the way.
     for name in ("actor-0.log", "learner-0.log"):
         log = (run_dir / "logs" / name).read_text()

@@ -451,6 +451,7 @@ def batch_arrays(B: int = 8, **changes: Any) -> dict[str, np.ndarray]:
         "reward": np.ones(B, np.float32),
         "discount": np.full(B, 0.97, np.float32),
         "next_obs": rng.standard_normal((B, 4)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
         "weight": np.ones(B, np.float32),
         "key": np.arange(B, dtype=np.int64),
     }

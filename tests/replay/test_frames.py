@@ -25,6 +25,7 @@ from zrl.replay.frames import (
 from zrl.replay.snapshot import load_state, save_state
 from zrl.replay.tables import make_table
 from zrl.roles.replay import assemble_transitions
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 CONTINUE, TERMINATE, TRUNCATE = 0, 1, 2
@@ -367,12 +368,40 @@ def test_state_dict_round_trip_samples_identically(kind, tmp_path):
         other.load_state_dict(table.state_dict())
 
 
+def test_weights_versions_pass_through_and_an_old_state_holds_unknown_ones():
+    """Items keep the weights version the shard stamps on them (``weights_version`` comes out
+    of ``sample`` beside the rebuilt stacks); a state from before items had one loads, and
+    its items read ``UNKNOWN_VERSION``."""
+    E, T, k = 2, 5, 4
+    table = FrameTable(make_table("prioritized", 40), 3 * E * (T + k), SHAPE, k, "zero")
+    collector = Collector(E, k, "zero", seed=1)
+    rng = np.random.default_rng(0)
+    insert(table, collector.collect(rng.choice(3, size=(T, E))), 3)  # no version column
+    restored = FrameTable.from_state_dict(table.state_dict())
+    assert restored.table.fill_missing_column("weights_version", M.UNKNOWN_VERSION, np.int64)
+    first_new = restored.inserts
+    traj = collector.collect(rng.choice(3, size=(T, E)))
+    frames = frames_of(traj["obs"], traj["final_obs"])
+    items, priorities = assemble_frame_transitions(
+        frames, *(traj[name] for name in STEP_KEYS), n_step=3, gamma=GAMMA
+    )
+    items["weights_version"] = np.full(len(priorities), 7, np.int64)
+    restored.insert_trajectory(frames, items, priorities)
+    batch = restored.sample(64, rng)
+    assert set(batch.items) == {"obs", "action", "reward", "discount", "next_obs",
+                                "weights_version"}  # fmt: skip
+    np.testing.assert_array_equal(
+        batch.items["weights_version"], np.where(batch.keys >= first_new, 7, M.UNKNOWN_VERSION)
+    )
+    assert (batch.keys < first_new).any() and (batch.keys >= first_new).any()
+
+
 # ---------------------------------------------------------------------------- memory
 def test_memory_per_transition_is_about_one_frame():
     E, T, k, shape = 4, 16, 4, (84, 84)
     frame_bytes = math.prod(shape)
     per_item = bytes_per_transition(shape, k, T)
-    assert per_item == frame_bytes * (T + k) / T + 56
+    assert per_item == frame_bytes * (T + k) / T + 64  # 48 bytes of item, 16 of key/priority
     budget = int(200 * per_item)
     table = FrameTable.for_budget("prioritized", 10_000, budget, shape, k, T, num_envs=E)
     assert table.capacity == 200 and table.nbytes <= budget + 2048  # + sum tree padding

@@ -403,6 +403,25 @@ def test_state_dict_of_empty_table_round_trips():
     assert restored.sample(2, np.random.default_rng(0)).keys.tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_column_an_old_state_lacks_is_filled_and_new_items_carry_theirs(kind):
+    """A table from before items kept their weights version (a snapshot of zrl < 0.3, say)
+    takes the items that now carry one: the old items hold the fill value."""
+    old = build(kind)
+    table = make_table(kind, 16)
+    table.load_state_dict(old.state_dict())
+    assert table.fill_missing_column("weights_version", -1, np.int64)
+    assert not table.fill_missing_column("weights_version", -2, np.int64)  # it has it now
+    assert table.schema["weights_version"] == (np.dtype(np.int64), ())
+    first_new = table.inserts
+    table.insert({**transitions(100, 3), "weights_version": np.full(3, 7, np.int64)})
+    batch = table.sample(table.size if kind == "fifo" else 64, np.random.default_rng(0))
+    np.testing.assert_array_equal(
+        batch.items["weights_version"], np.where(batch.keys >= first_new, 7, -1)
+    )
+    assert not make_table(kind, 16).fill_missing_column("weights_version", -1, np.int64)
+
+
 def test_load_state_dict_rejects_other_kind_or_capacity():
     state = build("uniform").state_dict()
     with pytest.raises(ValueError, match="'uniform'"):

@@ -34,7 +34,7 @@ from zrl.durable import temporary_path
 from zrl.envs import EpisodeTracker
 from zrl.factories import Factories
 from zrl.models import QNetwork, model_to_arrays
-from zrl.replay.snapshot import SnapshotError, load_state
+from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.roles.actor import Actor
 from zrl.roles.base import Role, RoleError
 from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
@@ -44,14 +44,16 @@ from zrl.roles.trust import load_checkpoint_file
 from zrl.testing.fakes import sequences, trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
 
 FAST_BROKER = {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0}
 # One replay item of a 4-wide observation: obs + next_obs (float32), action (int64), reward and
-# discount (float32), plus 16 bytes the shard charges for the key and the priority.
-ITEM_BYTES = 2 * 4 * 4 + 8 + 4 + 4 + 16
+# discount (float32), weights version (int64), plus 16 bytes the shard charges for the key and
+# the priority.
+ITEM_BYTES = 2 * 4 * 4 + 8 + 4 + 4 + 8 + 16
 
 
 def make_config(tmp: Path | None = None, **sections: Any) -> ExperimentConfig:
@@ -229,6 +231,26 @@ def test_replay_snapshot_round_trip_of_r2d2_sequences_and_their_states(inproc, t
     assert stored["state"].shape == (8, 16) and stored["first"].shape == (8, 7)
     states = np.concatenate([arrays["state"] for arrays in sent])
     assert {tuple(s) for s in stored["state"]} <= {tuple(s) for s in states}
+    assert set(stored["weights_version"].tolist()) == {1}  # as the sequences carried it
+
+    # A snapshot from before items kept their weights version loads; its items' is unknown
+    # (-1, left out of the learners' policy lag), and new sequences keep theirs.
+    path = ckpt / "replay-0.snapshot"
+    old = load_state(path)
+    del old["table"]["columns"]["weights_version"]
+    save_state(path, old)
+    upgraded = inproc.start(ReplayServer, index=0)
+    assert isinstance(upgraded, ReplayServer) and upgraded.table is not None
+    assert upgraded.table.size == 8
+    new = sequences(2, seed=9)
+    new["weights_version"] = np.full(2, 4, np.int64)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=new))
+    assert len(collect(acks, until=1, timeout=10)) == 1
+    inproc.stop_role(upgraded)
+    batch = upgraded.table.sample(64, np.random.default_rng(0))
+    np.testing.assert_array_equal(
+        batch.items["weights_version"], np.where(batch.keys >= 8, 4, M.UNKNOWN_VERSION)
+    )
 
 
 def test_replay_without_checkpoint_dir_writes_nothing(inproc, tmp_path, monkeypatch):
@@ -286,6 +308,7 @@ def batch(rng: np.random.Generator, first_key: int = 0) -> dict[str, np.ndarray]
         "reward": rng.uniform(0, 3, B).astype(np.float32),
         "discount": np.full(B, 0.99**3, np.float32),
         "next_obs": rng.standard_normal((B, 4)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
         "weight": rng.uniform(0.1, 1.0, B).astype(np.float32),
         "key": np.arange(first_key, first_key + B, dtype=np.int64),
     }

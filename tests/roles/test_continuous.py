@@ -389,6 +389,7 @@ def batch(rng: np.random.Generator, first_key: int = 0, **changes: Any) -> P.Mes
         "reward": rng.uniform(-10, 0, B).astype(np.float32),
         "discount": np.where(rng.random(B) < 0.1, 0.0, 0.9**3).astype(np.float32),
         "next_obs": rng.standard_normal((B, 3)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
         "weight": rng.uniform(0.1, 1.0, B).astype(np.float32),
         "key": np.arange(first_key, first_key + B, dtype=np.int64),
         **changes,

@@ -51,6 +51,7 @@ def batch(rng: np.random.Generator, first_key: int, **changes: Any) -> dict[str,
         "reward": rng.uniform(0, 3, B).astype(np.float32),
         "discount": np.where(rng.random(B) < 0.1, 0.0, 0.99**3).astype(np.float32),
         "next_obs": rng.standard_normal((B, 4)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
         "weight": rng.uniform(0.1, 1.0, B).astype(np.float32),
         "key": np.arange(first_key, first_key + B, dtype=np.int64),
     }

@@ -116,17 +116,18 @@ def reference_transitions(a: dict[str, np.ndarray], n: int, gamma: float) -> lis
 def test_assemble_transitions_matches_reference_loop(n_step):
     a = handmade()
     gamma = 0.9
-    items, priorities = assemble_transitions(as_message(a), n_step, gamma)
+    items, priorities = assemble_transitions(as_message(a, weights_version=4), n_step, gamma)
     ref = reference_transitions(a, n_step, gamma)
     assert len(ref) == 8  # 10 steps, 2 invalid
-    assert set(items) == {"obs", "action", "reward", "discount", "next_obs"}
     assert {k: v.dtype for k, v in items.items()} == {
         "obs": np.float32,
         "action": np.int64,
         "reward": np.float32,
         "discount": np.float32,
         "next_obs": np.float32,
+        "weights_version": np.int64,
     }
+    assert items["weights_version"].tolist() == [4] * 8  # the trajectory's, on every item
     assert items["obs"].shape == (8, 3) and items["next_obs"].shape == (8, 3)
     assert priorities.shape == (8,)
     for i, r in enumerate(ref):
@@ -267,7 +268,7 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
         assert b.meta["shard"] == "replay-0"
         assert b.meta["table_size"] == 50
         assert set(b.arrays) == {
-            "obs", "action", "reward", "discount", "next_obs", "weight", "key",
+            "obs", "action", "reward", "discount", "next_obs", "weights_version", "weight", "key",
         }  # fmt: skip
         keys, w = b.arrays["key"], b.arrays["weight"]
         assert keys.dtype == np.int64 and keys.shape == (16,)

@@ -25,7 +25,7 @@ from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.train_stats import TrainStats
-from zrl.testing.fakes import unroll_trajectory
+from zrl.testing.fakes import sequences, unroll_trajectory
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -114,13 +114,16 @@ def bare_actor(cfg: ExperimentConfig, index: int, seed: int = 1) -> Actor:
     return actor
 
 
-def transitions(rng: np.random.Generator, obs_dim: int, act: np.ndarray) -> P.Message:
+def transitions(
+    rng: np.random.Generator, obs_dim: int, act: np.ndarray, versions: Any = 0
+) -> P.Message:
     arrays = {
         "obs": rng.standard_normal((B, obs_dim)).astype(np.float32),
         "action": act,
         "reward": rng.uniform(0, 1, B).astype(np.float32),
         "discount": np.full(B, 0.97, np.float32),
         "next_obs": rng.standard_normal((B, obs_dim)).astype(np.float32),
+        "weights_version": np.broadcast_to(np.asarray(versions, np.int64), (B,)).copy(),
         "weight": np.ones(B, np.float32),
         "key": np.arange(B, dtype=np.int64),
     }
@@ -200,6 +203,50 @@ def test_continuous_learner_reports(algo):
           "grad_norm", "actor_grad_norm", "update_ms", "lr", "actor_lr")  # fmt: skip
     if algo == "sac":
         check(report, "alpha", "alpha_loss", "entropy")
+
+
+def replay_batch(algo: str, rng: np.random.Generator, versions: np.ndarray) -> P.Message:
+    """A BATCH as a replay shard sends it to ``algo``'s learner, its items collected with
+    ``versions``."""
+    if algo == "r2d2":
+        arrays = sequences(B, obs_dim=2, state_width=16)  # CartPoleNoVel: 2 observations
+        del arrays["priority"]
+        arrays.update(weights_version=versions, weight=np.ones(B, np.float32),
+                      key=np.arange(B, dtype=np.int64))  # fmt: skip
+        return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays, sender="replay-0")
+    if algo == "apex_dqn":
+        return transitions(rng, 4, rng.integers(0, 2, B).astype(np.int64), versions)
+    return transitions(rng, 3, rng.uniform(-2, 2, (B, 1)).astype(np.float32), versions)
+
+
+REPLAY_LEARNERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "apex_dqn": ("CartPole-v1", {}),
+    "apex_ddpg": ("Pendulum-v1", {}),
+    "sac": ("Pendulum-v1", {}),
+    "r2d2": ("zrl/CartPoleNoVel-v1", {"model": {"core": "lstm", "core_size": 8},
+                                      "r2d2": {"sequence_length": 6, "burn_in": 2}}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", list(REPLAY_LEARNERS))
+def test_replay_learners_report_policy_lag_from_the_items_versions(algo):
+    """The learner at version 5 trains on items collected with versions 1..5 and some of
+    unknown version (-1: before items kept theirs), which are left out."""
+    env, sections = REPLAY_LEARNERS[algo]
+    learner = bare_learner(config(algo, env=env, **sections))
+    rng = np.random.default_rng(0)
+    first = np.array([5, 5, 4, 4, 3, 1, -1, -1] * (B // 8), np.int64)
+    train_on(learner, replay_batch(algo, rng, first), version=5)
+    train_on(learner, replay_batch(algo, rng, np.full(B, -1, np.int64)), version=6)
+    train_on(learner, replay_batch(algo, rng, np.full(B, 6, np.int64)), version=6)
+    report = learner.train_metrics()
+    check(report, "policy_lag", "policy_lag_max")
+    # Per batch with a known version, mean and max: (1.0 + 0.0) / 2 and 4.
+    assert report["policy_lag"] == pytest.approx((np.mean([0, 0, 1, 1, 2, 4]) + 0.0) / 2)
+    assert report["policy_lag_max"] == 4.0
+    # A report with nothing known holds no lag at all (not a 0 that reads as fresh data).
+    train_on(learner, replay_batch(algo, rng, np.full(B, -1, np.int64)), version=6)
+    assert "policy_lag" not in learner.train_metrics()
 
 
 @pytest.mark.parametrize("algo", ["impala", "appo"])

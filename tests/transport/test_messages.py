@@ -262,9 +262,15 @@ def test_finiteness_as_the_receivers_check_it():
 
 def test_replay_batches_fit_the_batch_schemas():
     """``ReplayServer.sample_batch`` over the items ``assemble_*`` stores: exactly the arrays
-    of the batch schema a learner validates against."""
+    of the batch schema a learner validates against, each item's ``weights_version`` that of
+    the trajectory (or sequence) it came from."""
     from zrl.replay.tables import make_table
-    from zrl.roles.replay import ReplayServer, assemble_transitions, assemble_unrolls
+    from zrl.roles.replay import (
+        ReplayServer,
+        assemble_sequences,
+        assemble_transitions,
+        assemble_unrolls,
+    )
 
     cases: list[tuple[M.Schema, M.Schema, Any]] = [
         (M.TRANSITIONS, M.TRANSITION_BATCH, lambda m: assemble_transitions(m, 3, 0.9)[0]),
@@ -275,14 +281,19 @@ def test_replay_batches_fit_the_batch_schemas():
         ),
         (M.UNROLL, M.UNROLL_BATCH, assemble_unrolls),
         (M.RECURRENT_UNROLL, M.RECURRENT_UNROLL_BATCH, lambda m: assemble_unrolls(m, True)),
+        (M.SEQUENCES, M.SEQUENCE_BATCH, lambda m: assemble_sequences(m)[0]),
     ]
     for trajectory, batch, assemble in cases:
-        arrays = good_arrays(trajectory)
+        arrays = good_arrays(trajectory)  # sequences: P = T + 1 already
+        if trajectory is M.SEQUENCES:
+            arrays["weights_version"] = np.full(SIZES["E"], 3, np.int64)  # per sequence
         if "action" in arrays and arrays["action"].dtype == np.int64:
             arrays["action"] = np.ones_like(arrays["action"])
         for flag in ("terminated", "truncated"):
-            arrays[flag] = np.zeros_like(arrays[flag])
-        arrays["valid"] = np.ones_like(arrays["valid"])
+            if flag in arrays:
+                arrays[flag] = np.zeros_like(arrays[flag])
+        if "valid" in arrays:
+            arrays["valid"] = np.ones_like(arrays["valid"])
         msg = P.Message(P.TRAJECTORY, meta={"weights_version": 3}, arrays=arrays, sender="a")
         M.validate(msg, trajectory)
         for table_kind in ("uniform", "prioritized", "fifo"):
@@ -298,6 +309,32 @@ def test_replay_batches_fit_the_batch_schemas():
             sampled = ReplayServer.sample_batch(shard)  # type: ignore[arg-type]
             sizes = M.validate(roundtrip(sampled), batch, O=SIZES["O"])
             assert sizes["B"] == 2
+            assert sampled.arrays["weights_version"].tolist() == [3, 3], batch.name
+    # A trajectory of transitions without a version: its items' is unknown.
+    arrays = good_arrays(M.TRANSITIONS)
+    items, _ = assemble_transitions(P.Message(P.TRAJECTORY, arrays=arrays, sender="a"), 3, 0.9)
+    assert set(items["weights_version"].tolist()) == {M.UNKNOWN_VERSION}
+
+
+@pytest.mark.parametrize(
+    ("meta", "required", "expected"),
+    [
+        ({"weights_version": 0}, True, 0),
+        ({"weights_version": 12}, False, 12),
+        ({}, False, M.UNKNOWN_VERSION),
+        ({}, True, "is not an int"),
+        ({"weights_version": -1}, False, "is not an int"),
+        ({"weights_version": True}, False, "is not an int"),
+        ({"weights_version": 1.0}, False, "is not an int"),
+        ({"weights_version": M.MAX_VERSION + 1}, False, "is not an int"),
+    ],
+)
+def test_trajectory_version(meta, required, expected):
+    if isinstance(expected, int):
+        assert M.trajectory_version(meta, required) == expected
+    else:
+        with pytest.raises(P.ProtocolError, match=expected):
+            M.trajectory_version(meta, required)
 
 
 # --- a replay shard's incarnation -----------------------------------------------------------

@@ -190,7 +190,9 @@ class Trajectory:
 
     ``valid[e, t]`` is False for the step after an episode end (it only reset the env);
     ``final_obs`` is the observation after the last step (the bootstrap state of an unroll);
-    ``extras`` holds what ``ActorPolicy.act`` asked to record, in the same layout."""
+    ``extras`` holds what ``ActorPolicy.act`` asked to record, in the same layout;
+    ``weights_version`` is the version of the weights that acted (the message's meta carries
+    it too; a policy that sends data spanning trajectories, R2D2's, keeps it per step)."""
 
     obs: np.ndarray
     next_obs: np.ndarray | None
@@ -201,6 +203,7 @@ class Trajectory:
     valid: np.ndarray
     final_obs: np.ndarray
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    weights_version: int = 0
 
     def transitions(self, priority: np.ndarray) -> dict[str, np.ndarray]:
         """The arrays of a ``transitions`` TRAJECTORY (``zrl.transport.messages``)."""

@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from zrl.algos.api import BaseUpdate, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.batches import PendingBatches, policy_lags
 
 if TYPE_CHECKING:
-    from zrl.algos.batches import PendingBatches
     from zrl.roles.train_stats import TrainStats
 
 
@@ -33,8 +33,10 @@ class BatchStep(NamedTuple):
 class BatchUpdate(BaseUpdate):
     """A learner update whose ``receive`` keeps batches in ``pending`` and whose ``train``
     takes one ``step`` on the oldest: it names the batch's shard in a NonFiniteLossError,
-    counts the update, records the figures and the TD errors, updates the targets when due
-    and returns the new priorities for the shard."""
+    counts the update, records the figures, the TD errors and the policy lag of the batch's
+    items (``policy_lag``, ``policy_lag_max``: versions between the weights each item was
+    collected with and the learner's, as the unroll learners report it), updates the
+    targets when due and returns the new priorities for the shard."""
 
     pending: PendingBatches
     train_stats: TrainStats
@@ -64,6 +66,7 @@ class BatchUpdate(BaseUpdate):
         self.updates += 1
         self.train_stats.add(**result.figures, update_ms=(time.perf_counter() - started) * 1e3)
         self.train_stats.add_array("td_error", result.td)
+        self.train_stats.add_array("policy_lag", policy_lags(sampled.versions, version))
         if result.targets_due:
             self.update_targets()
         priorities = (

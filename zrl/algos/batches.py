@@ -69,12 +69,24 @@ def to_device(arrays: Mapping[str, np.ndarray], device: torch.device) -> dict[st
     return out
 
 
+def policy_lags(item_versions: np.ndarray, learner_version: int) -> np.ndarray:
+    """How many weights versions each item's policy is behind the learner's
+    (``learner_version - item_version``, as float64 for the training figures), for the items
+    whose version is known: those at ``M.UNKNOWN_VERSION`` (negative) are left out."""
+    versions = np.asarray(item_versions, dtype=np.int64).reshape(-1)
+    return (learner_version - versions[versions >= 0]).astype(np.float64)
+
+
 class SampledBatch(NamedTuple):
     shard: str
     """The replay shard that sampled it: the new priorities of ``keys`` go back there."""
     keys: np.ndarray
     tensors: dict[str, Tensor]
-    """Every array but ``key``, as (writable) tensors on the learner's device."""
+    """Every array but ``key`` and ``weights_version``, as (writable) tensors on the
+    learner's device."""
+    versions: np.ndarray
+    """Each item's ``weights_version`` (host memory: only the policy lag reads it); empty
+    for a batch without one."""
 
 
 class PendingBatches:
@@ -85,7 +97,7 @@ class PendingBatches:
 
     def __init__(self, device: torch.device | str = "cpu", background: bool | None = None) -> None:
         self.device = torch.device(device)
-        self._queue: deque[tuple[str, np.ndarray, Future[dict[str, Tensor]]]] = deque()
+        self._queue: deque[tuple[str, np.ndarray, np.ndarray, Future[dict[str, Tensor]]]] = deque()
         if background is None:
             background = self.device.type != "cpu"
         self._mover = (
@@ -100,20 +112,21 @@ class PendingBatches:
         shard = msg.meta.get("shard")
         if not isinstance(shard, str):
             raise P.ProtocolError("batch without a shard id")
-        arrays = {k: v for k, v in msg.arrays.items() if k != "key"}
+        arrays = {k: v for k, v in msg.arrays.items() if k not in ("key", "weights_version")}
+        versions = msg.arrays.get("weights_version", np.zeros(0, np.int64))
         if self._mover is not None:
             moved = self._mover.submit(to_device, arrays, self.device)
         else:
             moved = Future()
             moved.set_result(to_device(arrays, self.device))
-        self._queue.append((shard, np.ascontiguousarray(msg.arrays["key"]), moved))
+        self._queue.append((shard, np.ascontiguousarray(msg.arrays["key"]), versions, moved))
 
     def pop(self) -> SampledBatch | None:
         """The oldest batch (taken out: a batch whose update raises is dropped, not retried)."""
         if not self._queue:
             return None
-        shard, keys, moved = self._queue.popleft()
-        return SampledBatch(shard, keys, moved.result())
+        shard, keys, versions, moved = self._queue.popleft()
+        return SampledBatch(shard, keys, moved.result(), versions)
 
     def close(self) -> None:
         if self._mover is not None:

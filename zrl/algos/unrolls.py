@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.batches import to_device
+from zrl.algos.batches import policy_lags, to_device
 from zrl.algos.optim import make_adam
 from zrl.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import messages as M
@@ -117,7 +117,7 @@ class UnrollUpdate(BaseUpdate):
         self.stale_unrolls += len(a["weights_version"]) - len(rows)
         if len(rows) == 0:
             return None
-        lags = (version - a["weights_version"][rows]).astype(np.float64)
+        lags = policy_lags(a["weights_version"][rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
         batch = to_device({name: a[name][rows] for name in self.trained_arrays}, self.device)
         try:

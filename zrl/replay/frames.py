@@ -3,14 +3,14 @@
 An Atari observation is a uint8 stack ``[k, H, W]`` of the last ``k`` frames, newest last.
 Storing ``obs`` and ``next_obs`` per transition costs ``2k`` frames; consecutive stacks share
 ``k - 1`` frames, so a :class:`FrameTable` keeps single frames in a ring and small transition
-items (action, n-step return, discount, three frame indices) in an inner
+items (action, n-step return, discount, three frame indices, weights version) in an inner
 :class:`~zrl.replay.tables.UniformTable` or :class:`~zrl.replay.tables.PrioritizedTable`, and
 rebuilds the stacks when it samples. Sizes for Pong (84x84, k = 4, frame = 7056 bytes), per
 transition / for 1M transitions (bytes from :func:`bytes_per_transition`):
 
 * obs + next_obs stacks as uint8:      56 464 B / 56.5 GB (float32 as today: 225.8 GB);
-* FrameTable, T = 32 steps per trajectory: 7 994 B /  8.0 GB (T + k frames per T steps);
-* FrameTable, T = 64:                  7 553 B /  7.6 GB.
+* FrameTable, T = 32 steps per trajectory: 8 002 B /  8.0 GB (T + k frames per T steps);
+* FrameTable, T = 64:                  7 561 B /  7.6 GB.
 
 **Wire format** of one trajectory, E envs x T steps (``frames_of`` builds it): ``frames``
 ``[E, T + k, H, W]``; ``frames[e, :k-1]`` are the k - 1 older frames of obs_0 and
@@ -63,7 +63,7 @@ from zrl.replay.tables import (
 
 Padding = Literal["zero", "reset"]
 FRAME_REFS = ("obs_frame", "next_frame", "first_frame")
-ITEM_BYTES = 8 + 4 + 4 + 3 * 8  # action, reward, discount, three int64 frame indices
+ITEM_BYTES = 8 + 4 + 4 + 3 * 8 + 8  # action, reward, discount, 3 frame indices, weights version
 KEY_BYTES = 16  # per item in the inner table beyond its columns: key and priority (as replay)
 
 
@@ -290,7 +290,8 @@ class FrameTable:
         return self.table.insert(arrays, priorities if prioritized else None)
 
     def _rebuild(self, small: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Small items -> ``obs, action, reward, discount, next_obs`` with one gather."""
+        """Small items -> ``obs, action, reward, discount, next_obs`` with one gather, and
+        the other columns the items carry (``weights_version``) as they are."""
         first = small["first_frame"]
         if first.size and first.min() < self.oldest_frame:
             raise RuntimeError("a live transition reads an overwritten frame")  # a bug, not data
@@ -301,13 +302,8 @@ class FrameTable:
         stacks = self._frames[np.maximum(index, lowest) % self.frame_capacity]
         if self.padding == "zero":
             stacks[index < lowest] = 0
-        return {
-            "obs": stacks[:b],
-            "action": small["action"],
-            "reward": small["reward"],
-            "discount": small["discount"],
-            "next_obs": stacks[b:],
-        }
+        rest = {name: col for name, col in small.items() if name not in FRAME_REFS}
+        return {"obs": stacks[:b], **rest, "next_obs": stacks[b:]}
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledBatch:
         batch = self.table.sample(batch_size, rng)

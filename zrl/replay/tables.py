@@ -181,6 +181,16 @@ class Table(ABC):
         """Hook for :meth:`evict_oldest`: drop per-slot state of ``keys`` (still live)."""
         return None
 
+    def fill_missing_column(self, name: str, value: int | float, dtype: Any) -> bool:
+        """Give the items a scalar column ``name`` holding ``value`` when they lack it: a table
+        loaded from a snapshot written before its items carried that field takes the items
+        that now do. False (nothing changed) if the column exists or nothing was inserted yet
+        (the first insert fixes the schema)."""
+        if not self._columns or name in self._columns:
+            return False
+        self._columns[name] = np.full(self.capacity, value, dtype=dtype)
+        return True
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact resume (storage is copied whole, slots included)."""
         return {

@@ -315,6 +315,7 @@ class Actor(Role):
             return None
         self.obs = obs
         trajectory = self.end_trajectory(first_needs_reset, buf)
+        trajectory.weights_version = version
         out = policy.finish(trajectory)
         self.trajectories += 1
         meta = {"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps}

@@ -60,7 +60,8 @@ INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to
 def assemble_transitions(
     msg: P.Message, n_step: int, gamma: float, continuous: bool = False
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A TRAJECTORY message -> (n-step transition items, their initial priorities).
+    """A TRAJECTORY message -> (n-step transition items, their initial priorities). Each item
+    keeps the trajectory's weights version (``M.UNKNOWN_VERSION`` if it carried none).
 
     ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
     int64 ``[E, T]`` indices."""
@@ -75,6 +76,7 @@ def assemble_transitions(
         "reward": ns.returns.astype(np.float32),
         "discount": ns.discounts.astype(np.float32),
         "next_obs": a["next_obs"][ns.env, ns.end],
+        "weights_version": np.full(len(ns.env), M.trajectory_version(msg.meta), np.int64),
     }
     priorities = a["priority"][ns.env, ns.start]
     if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
@@ -92,16 +94,18 @@ def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.nd
     schema = M.RECURRENT_UNROLL if recurrent else M.UNROLL
     E = M.validate(msg, schema)["E"]
     a = msg.arrays
-    version = msg.meta.get("weights_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise P.ProtocolError("unroll without a weights version (needed to bound its lag)")
+    try:
+        version = M.trajectory_version(msg.meta, required=True)
+    except P.ProtocolError as exc:  # a FIFO learner drops unrolls by their lag: it needs one
+        raise P.ProtocolError(f"unroll without a valid weights version: {exc}") from None
     items = {name: a[name] for name in schema.arrays}  # and its weights version:
     items["weights_version"] = np.full(E, version, np.int64)
     return items
 
 
 def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """An R2D2 TRAJECTORY of sequences -> (one item per sequence, their initial priorities)."""
+    """An R2D2 TRAJECTORY of sequences -> (one item per sequence, with its weights version,
+    and their initial priorities)."""
     sizes = M.validate(msg, M.SEQUENCES)
     if sizes["P"] != sizes["T"] + 1:
         raise P.ProtocolError(
@@ -110,6 +114,9 @@ def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarra
     priorities = msg.arrays["priority"]
     if np.any(priorities < 0):
         raise P.ProtocolError("sequences carry negative priorities")
+    versions = msg.arrays["weights_version"]
+    if np.any((versions < 0) | (versions > M.MAX_VERSION)):
+        raise P.ProtocolError(f"sequence weights versions outside [0, {M.MAX_VERSION}]")
     return {k: v for k, v in msg.arrays.items() if k != "priority"}, priorities
 
 
@@ -221,6 +228,9 @@ class ReplayServer(Role):
             )  # fmt: skip
         except ValueError as exc:
             raise P.ProtocolError(str(exc)) from None
+        items["weights_version"] = np.full(
+            len(priorities), M.trajectory_version(msg.meta), np.int64
+        )
         table.insert_trajectory(a["frames"], items, priorities)
         return len(items["reward"])
 
@@ -262,6 +272,13 @@ class ReplayServer(Role):
             else:
                 table = self._make_table(int(state["capacity"]))
                 table.load_state_dict(state["table"])
+            # Snapshots before zrl kept each item's weights version lack the column: those
+            # items' policy is unknown (not 0, which would count them as the initial weights and
+            # inflate the lag), and learners leave them out of the policy lag.
+            inner = table.table if isinstance(table, FrameTable) else table
+            if inner.fill_missing_column("weights_version", M.UNKNOWN_VERSION, np.int64):
+                self.log.info("%s predates weights versions: its items' are unknown (-1)",
+                              self.snapshot_path)  # fmt: skip
             limiter, rng = copy.copy(self.limiter), copy.deepcopy(self.rng)
             limiter.load_state_dict(state["limiter"])
             rng.bit_generator.state = state["rng"]

@@ -77,7 +77,7 @@ def sequences(
     n: int = 4, length: int = 6, obs_dim: int = 2, state_width: int = 16, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """``n`` R2D2 sequences of ``length`` steps (``length + 1`` observations), every step real,
-    random observations and stored states, priority 1."""
+    random observations and stored states, priority 1, collected with weights version 1."""
     rng = np.random.default_rng(seed)
     return {
         "obs": rng.normal(size=(n, length + 1, obs_dim)).astype(np.float32),
@@ -88,6 +88,7 @@ def sequences(
         "first": np.zeros((n, length + 1), bool),
         "state": rng.normal(size=(n, state_width)).astype(np.float32),
         "priority": np.ones(n, np.float32),
+        "weights_version": np.ones(n, np.int64),
     }
 
 

@@ -42,14 +42,17 @@ Data paths:
 
 - ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
   replay FIFO (impala, appo, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
-  Meta ``weights_version``, ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
+  Meta ``weights_version`` (the version the steps acted with, :func:`trajectory_version`),
+  ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
   (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac), :data:`SEQUENCES`
   (r2d2), :data:`UNROLL` (impala, appo, ppo) or :data:`RECURRENT_UNROLL` (impala, appo and ppo
   with ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table), :data:`RECURRENT_UNROLL_BATCH`
-  (impala, appo with ``model.core``) or :data:`SEQUENCE_BATCH` (r2d2).
+  (impala, appo with ``model.core``) or :data:`SEQUENCE_BATCH` (r2d2). Every batch carries
+  each item's ``weights_version`` (:data:`UNKNOWN_VERSION` where the shard does not know it):
+  learners report the policy lag from it.
 - ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
   No meta. Arrays: :data:`PRIORITIES`.
 - ``ack``: replay shard -> actor on topic ``acks/<actor id>/`` (meta ``seq`` of the
@@ -267,6 +270,25 @@ def validate(msg: P.Message, schema: Schema, **sizes: Size) -> dict[str, Any]:
 MAX_VERSION = P.MAX_SEQ
 """The largest weights version a WEIGHTS message may carry (every version is a sequence)."""
 
+UNKNOWN_VERSION = -1
+"""The ``weights_version`` of a replay item whose producing policy is unknown: a trajectory
+that carried none, or an item restored from a snapshot written before items had versions.
+Learners leave such items out of the policy lag."""
+
+
+def trajectory_version(meta: Mapping[str, Any], required: bool = False) -> int:
+    """The ``weights_version`` of a TRAJECTORY: an int in [0, MAX_VERSION] (0: the initial
+    weights, before the actor received any). Missing: :data:`UNKNOWN_VERSION`, or
+    ProtocolError when ``required``; anything else is a ProtocolError."""
+    version = meta.get("weights_version")
+    if version is None and not required:
+        return UNKNOWN_VERSION
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_VERSION:
+        raise P.ProtocolError(
+            f"trajectory weights_version {str(version)[:40]!r} is not an int in [0, {MAX_VERSION}]"
+        )
+    return version
+
 
 def weights_version(meta: Mapping[str, Any]) -> int | None:
     """The ``version`` of a WEIGHTS message if it is an integer in [1, MAX_VERSION], else None."""
@@ -374,15 +396,19 @@ UNROLL = _schema(
 )
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
+_VERSION = Array("int64", ("B",))
+"""Each item's weights version (:data:`UNKNOWN_VERSION` where not known)."""
 TRANSITION_BATCH = _schema(
     P.BATCH,
     "transition_batch",
-    "replay -> Ape-X DQN learner: B n-step transitions, importance weights and table keys.",
+    "replay -> Ape-X DQN learner: B n-step transitions, importance weights, table keys and "
+    "the weights version each transition was collected with.",
     obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
     action=Array("int64", ("B",)),
     reward=_ROW_F32,
     discount=_ROW_F32,
     next_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
+    weights_version=_VERSION,
     weight=_ROW_F32,
     key=_KEY,
 )
@@ -406,7 +432,7 @@ UNROLL_BATCH = _schema(
     truncated=_UNROLL_BOOL,
     valid=_UNROLL_BOOL,
     bootstrap_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
-    weights_version=Array("int64", ("B",)),
+    weights_version=_VERSION,
     weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
     key=_KEY,
 )
@@ -423,16 +449,19 @@ SEQUENCES = _schema(
     first=Array("bool", ("E", "P")),
     state=Array("float32", ("E", "R"), finite=True),
     priority=Array("float32", ("E",), finite=True),
+    weights_version=Array("int64", ("E",)),
 )
 """Sequences of ``T`` steps (``r2d2.sequence_length``), ``E`` of them (possibly 0): ``obs`` has
 ``P = T + 1`` positions, the last the observation after the last step (what its n-step targets
 bootstrap from). ``mask`` marks real steps (padding before an episode's start and after its
 end is False); ``first`` the positions where an episode starts (the state is zeroed before
-them); ``state`` the recurrent state before position 0; ``priority`` the initial priority."""
+them); ``state`` the recurrent state before position 0; ``priority`` the initial priority;
+``weights_version`` the oldest weights version that acted in its real steps (a sequence can
+span trajectories, so the message's one version is not enough)."""
 SEQUENCE_BATCH = _schema(
     P.BATCH,
     "sequence_batch",
-    "replay -> R2D2 learner: B sequences, importance weights and table keys.",
+    "replay -> R2D2 learner: B sequences, importance weights, table keys and weights versions.",
     obs=Array(OBS_DTYPES, ("B", "P", OBS), finite=True),
     action=Array("int64", ("B", "T")),
     reward=Array("float32", ("B", "T"), finite=True),
@@ -440,6 +469,7 @@ SEQUENCE_BATCH = _schema(
     mask=Array("bool", ("B", "T")),
     first=Array("bool", ("B", "P")),
     state=Array("float32", ("B", "R"), finite=True),
+    weights_version=_VERSION,
     weight=_ROW_F32,
     key=_KEY,
 )

@@ -91,8 +91,9 @@ class R2D2Policy(EpsilonGreedyPolicy):
     def finish(self, trajectory: Trajectory) -> Outgoing:
         tr, x = trajectory, trajectory.extras
         seqs = self.cutter.add(
-            tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"]
-        )
+            tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"],
+            version=tr.weights_version,
+        )  # fmt: skip
         c, rc = self.config.r2d2, self.config.replay
         priority = actor_priorities(
             seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon

@@ -37,6 +37,8 @@ class Sequences:
     first: np.ndarray
     state: np.ndarray
     q: np.ndarray
+    weights_version: np.ndarray
+    """``[N]`` int64: the oldest weights version that acted in each sequence's real steps."""
 
     def __len__(self) -> int:
         return len(self.action)
@@ -46,6 +48,7 @@ class Sequences:
             "obs": self.obs, "action": self.action, "reward": self.reward,
             "terminated": self.terminated, "mask": self.mask, "first": self.first,
             "state": self.state, "priority": priority.astype(np.float32),
+            "weights_version": self.weights_version,
         }  # fmt: skip
 
 
@@ -57,6 +60,7 @@ class _Step:
     terminated: bool
     state: np.ndarray
     q: np.ndarray
+    version: int  # the weights version that acted
 
 
 @dataclass
@@ -89,11 +93,12 @@ class SequenceCutter:
 
     def add(
         self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-        valid: np.ndarray, first: np.ndarray, state: np.ndarray, q: np.ndarray,
+        valid: np.ndarray, first: np.ndarray, state: np.ndarray, q: np.ndarray, version: int = 0,
     ) -> Sequences:  # fmt: skip
         """The steps of one trajectory, ``[E, T, ...]`` as the actor recorded them (``first``:
         the policy zeroed the state before this step; ``state``: the state before each step;
-        ``q``: the Q-values it acted on) -> the sequences they completed."""
+        ``q``: the Q-values it acted on; ``version``: the weights version that acted) -> the
+        sequences they completed."""
         built: list[dict[str, np.ndarray]] = []
         E, T = valid.shape
         for e in range(E):
@@ -121,7 +126,7 @@ class SequenceCutter:
                     episode.offset += drop
                 episode.steps.append(
                     _Step(obs[e, t], int(action[e, t]), float(reward[e, t]),
-                          bool(terminated[e, t]), state[e, t], q[e, t])
+                          bool(terminated[e, t]), state[e, t], q[e, t], version)
                 )  # fmt: skip
         return self.stack(built)
 
@@ -141,6 +146,7 @@ class SequenceCutter:
             "state": np.zeros(self.state_size, np.float32),
             "q": np.zeros((L + 1, self.num_actions), np.float32),
         }
+        versions = []
         for j in range(L):
             i = episode.start + j  # the episode step at position j
             if i < 0:
@@ -152,6 +158,9 @@ class SequenceCutter:
             seq["action"][j], seq["reward"][j] = step.action, step.reward
             seq["terminated"][j], seq["mask"][j] = step.terminated, True
             seq["first"][j] = i == 0
+            versions.append(step.version)
+        # The oldest policy in it: its lag is what the oldest of its steps saw.
+        seq["weights_version"] = np.array(min(versions), np.int64)
         last = min(L, episode.length - episode.start)  # the position after the last real step
         seq["obs"][last], seq["q"][last] = next_obs, next_q
         if episode.start >= 0:
@@ -168,5 +177,6 @@ class SequenceCutter:
                 first=np.zeros((0, L + 1), bool),
                 state=np.zeros((0, self.state_size), np.float32),
                 q=np.zeros((0, L + 1, self.num_actions), np.float32),
+                weights_version=np.zeros(0, np.int64),
             )  # fmt: skip
         return Sequences(**{k: np.stack([s[k] for s in built]) for k in built[0]})
