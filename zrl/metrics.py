@@ -56,6 +56,13 @@ class ScalarWriter:
 
         self.writer = EventFileWriter(str(logdir))
 
+    @staticmethod
+    def preload() -> None:
+        """Import what writing events takes (0.3 s of CPU), while the caller waits anyway."""
+        from tensorboard.compat.proto.event_pb2 import Event  # noqa: F401
+        from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: F401
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: F401
+
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary

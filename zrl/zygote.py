@@ -6,8 +6,16 @@ that once, then forks a child per role. Fork shares the imported modules copy-on
 a role (or a restart of one) starts in milliseconds. This is Android's zygote and
 multiprocessing's forkserver, specialised to ``zrl start``.
 
-Protocol, one JSON object per line: the supervisor writes ``{"argv": [...], "log": PATH}``
-on the zygote's stdin; the zygote answers ``{"pid": N}`` (or ``{"error": "..."}``) on stdout.
+``zrl run`` starts the zygote first thing, before it imports its own modules and reads the
+config (``--log-later``: the run directory, where its log goes, does not exist yet), so the
+two import side by side. A config that turns out bad kills it (:meth:`Zygote.kill`).
+
+Protocol, one JSON object per line: the zygote writes ``{"ready": true}`` once it has
+imported everything; the supervisor writes ``{"argv": [...], "log": PATH, "env": {NAME:
+VALUE}}`` (``env``: variables added to the role's environment, e.g. the broker's stop token;
+optional) on the zygote's stdin, and the zygote answers ``{"pid": N}`` (or ``{"error":
+"..."}``) on stdout. ``{"log": PATH}`` alone (no answer) names the zygote's own log file with
+``--log-later``: what it wrote to stderr until then is copied there first.
 
 The role runs in a *grandchild*: the zygote forks an intermediate that forks the role and
 exits at once. The orphaned role is re-parented to the supervisor, which made itself a
@@ -19,11 +27,17 @@ creates a thread or a ZeroMQ context, so forking it is safe.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("zrl.supervisor")  # the client's lines, as they have always been named
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -50,7 +64,7 @@ def preload() -> None:
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    import zrl.cli  # noqa: F401
+    import zrl.cli
     from zrl.algos import ALGORITHMS, get_algorithm
     from zrl.roles import ROLE_MODULES
 
@@ -62,13 +76,16 @@ def preload() -> None:
     import zrl.envs  # noqa: F401
     import zrl.evaluation  # noqa: F401
 
+    zrl.cli.command()  # every role parses its arguments with it
+
 
 def _algorithm_parts(algorithm: Any) -> list[str]:
     return [ref for ref in (algorithm.policy, algorithm.update, algorithm.model) if ref]
 
 
-def _run_role(argv: list[str], log_path: str, subreaper: int) -> None:
-    """In the grandchild: wait to be adopted by the supervisor, then run ``zrl <argv>``."""
+def _run_role(argv: list[str], log_path: str, subreaper: int, env: dict[str, str]) -> None:
+    """In the grandchild: wait to be adopted by the supervisor, then run ``zrl <argv>`` with
+    ``env`` added to the environment."""
     deadline = time.monotonic() + 5.0
     while os.getppid() != subreaper and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -85,6 +102,7 @@ def _run_role(argv: list[str], log_path: str, subreaper: int) -> None:
     os.close(null)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.update(env)
     try:
         # `ps` (and anything that finds a run's processes by command line) sees the role,
         # not the zygote it was forked from.
@@ -114,7 +132,7 @@ def _run_role(argv: list[str], log_path: str, subreaper: int) -> None:
             os._exit(code)
 
 
-def spawn(argv: list[str], log_path: str, subreaper: int) -> int:
+def spawn(argv: list[str], log_path: str, subreaper: int, env: dict[str, str] | None = None) -> int:
     """Double-fork a role; returns its PID once it is re-parented to ``subreaper``."""
     read_fd, write_fd = os.pipe()
     intermediate = os.fork()
@@ -123,7 +141,7 @@ def spawn(argv: list[str], log_path: str, subreaper: int) -> int:
         role = os.fork()
         if role == 0:
             os.close(write_fd)
-            _run_role(argv, log_path, subreaper)
+            _run_role(argv, log_path, subreaper, env or {})
         os.write(write_fd, f"{role}\n".encode())
         os._exit(0)
     os.close(write_fd)
@@ -133,11 +151,27 @@ def spawn(argv: list[str], log_path: str, subreaper: int) -> int:
     return int(line)
 
 
-def serve() -> None:
-    """The zygote's loop: preload, then one spawn per request line until stdin closes."""
+def _log_to(path: str, early: IO[bytes] | None) -> None:
+    """Send stderr to ``path`` from now on, after what ``early`` kept of it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if early is not None:
+        early.seek(0)
+        os.write(fd, early.read())
+        early.close()
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def serve(log_later: bool = False) -> None:
+    """The zygote's loop: preload, then one spawn per request line until stdin closes.
+    ``log_later``: keep stderr in a temporary file until a ``{"log": PATH}`` line."""
     subreaper = os.getppid()
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    early = tempfile.TemporaryFile() if log_later else None  # noqa: SIM115 - closed in _log_to
+    if early is not None:
+        os.dup2(early.fileno(), 2)
     preload()
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
@@ -146,11 +180,106 @@ def serve() -> None:
         reply: dict[str, Any]
         try:
             req = json.loads(line)
-            reply = {"pid": spawn([str(a) for a in req["argv"]], str(req["log"]), subreaper)}
+            if "argv" not in req and "log" in req:
+                _log_to(str(req["log"]), early)
+                early = None
+                continue
+            env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
+            reply = {"pid": spawn([str(a) for a in req["argv"]], str(req["log"]), subreaper, env)}
         except Exception as exc:  # noqa: BLE001 - answered, the supervisor falls back
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+
+
+def set_parent_death_signal() -> None:
+    # Children die with the supervisor even if it is SIGKILLed: nothing is left running.
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Zygote:
+    """The client of ``python -m zrl.zygote``: roles forked from one pre-imported process."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready = False
+
+    def start(self, log_path: Path | None) -> None:
+        """Start importing torch & co. in the zygote (see the module docstring); its stderr
+        goes to ``log_path``, or, if None, to the file :meth:`set_log` names later. Without
+        a subreaper (not Linux) roles are plain subprocesses."""
+        if os.environ.get("ZRL_NO_ZYGOTE") or not become_subreaper():
+            return
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zrl.zygote", *([] if log_path else ["--log-later"])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(log_path, "ab") if log_path else subprocess.DEVNULL,  # noqa: SIM115
+            text=True,
+            bufsize=1,
+            preexec_fn=set_parent_death_signal,
+        )
+
+    def set_log(self, log_path: Path) -> None:
+        """The zygote's log file, for one started without it (read after its imports)."""
+        if self.proc is not None and self.proc.stdin:
+            try:
+                self.proc.stdin.write(json.dumps({"log": str(log_path)}) + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # it died: the first fork finds out and falls back
+
+    def _call(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        try:
+            if request is not None:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            return json.loads(line) if line else None
+        except (OSError, ValueError):
+            return None
+
+    def fork(
+        self, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> ForkedRole | None:
+        """``zrl ARGV`` in a child forked from the zygote, with ``env`` added to its
+        environment (it travels on the zygote's stdin pipe, seen by no other process); None
+        if there is no zygote or it failed."""
+        if self.proc is None:
+            return None
+        if not self.ready:
+            self.ready = (self._call(None) or {}).get("ready") is True
+        request = {"argv": argv, "log": str(log_path), "env": env or {}}
+        reply = self._call(request) if self.ready else None
+        if reply is None or "pid" not in reply:
+            log.warning("the zygote failed (%s): starting roles as plain processes", reply)
+            self.stop()
+            return None
+        return ForkedRole(int(reply["pid"]))
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+            self.proc = None
+
+    def kill(self) -> None:
+        """Stop it at once, mid-import too (a config found bad after it started)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe:
+                    pipe.close()
+            self.proc = None
 
 
 class ForkedRole:
@@ -197,4 +326,4 @@ class ForkedRole:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(log_later="--log-later" in sys.argv[1:])

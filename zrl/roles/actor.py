@@ -318,6 +318,10 @@ class Actor(Role):
         trajectory.weights_version = version
         out = policy.finish(trajectory)
         self.trajectories += 1
+        if self.trajectories == 1:
+            # Report the first env steps at the next tick, not up to a second later: the
+            # head times the start-up (seconds_to_first_env_step) by that report.
+            self._next_heartbeat = self._next_metrics = 0.0
         meta = {"weights_version": version, "actor": self.actor_index, "env_steps": self.env_steps}
         return P.Message(out.kind, meta={**meta, **out.meta}, arrays=out.arrays)
 

@@ -17,7 +17,6 @@ driven over its stdin and stdout (one JSON line a request).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -39,7 +38,7 @@ from zrl.roles.base import RoleError, registry_request
 from zrl.run.placement import BrokerAccess, factory_args, role_trust_args
 from zrl.run.rundir import RunDir, log_tail
 from zrl.transport import protocol as P
-from zrl.zygote import ForkedRole, become_subreaper
+from zrl.zygote import ForkedRole, Zygote, set_parent_death_signal
 
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 
@@ -85,93 +84,23 @@ class Child:
         return 1 if self.error is not None else 0
 
 
-def set_parent_death_signal() -> None:
-    # Children die with the supervisor even if it is SIGKILLed: nothing is left running.
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-class Zygote:
-    """The client of ``python -m zrl.zygote``: roles forked from one pre-imported process."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[str] | None = None
-        self.ready = False
-
-    def start(self, log_path: Path) -> None:
-        """Start importing torch & co. in the zygote while the broker starts (see zrl.zygote).
-        Without a subreaper (not Linux) roles are plain subprocesses."""
-        if os.environ.get("ZRL_NO_ZYGOTE") or not become_subreaper():
-            return
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zrl.zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=open(log_path, "ab"),  # noqa: SIM115
-            text=True,
-            bufsize=1,
-            preexec_fn=set_parent_death_signal,
-        )
-
-    def _call(self, request: dict[str, Any] | None) -> dict[str, Any] | None:
-        assert self.proc is not None and self.proc.stdin and self.proc.stdout
-        try:
-            if request is not None:
-                self.proc.stdin.write(json.dumps(request) + "\n")
-                self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-            return json.loads(line) if line else None
-        except (OSError, ValueError):
-            return None
-
-    def fork(self, argv: list[str], log_path: Path) -> ForkedRole | None:
-        """``zrl ARGV`` in a child forked from the zygote, or None (no zygote, or it failed)."""
-        if self.proc is None:
-            return None
-        if not self.ready:
-            self.ready = (self._call(None) or {}).get("ready") is True
-        reply = self._call({"argv": argv, "log": str(log_path)}) if self.ready else None
-        if reply is None or "pid" not in reply:
-            log.warning("the zygote failed (%s): starting roles as plain processes", reply)
-            self.stop()
-            return None
-        return ForkedRole(int(reply["pid"]))
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-            if self.proc.stdout:
-                self.proc.stdout.close()
-            self.proc = None
-
-
 def launch(
     argv: list[str],
     log_path: Path,
     zygote: Zygote | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes] | ForkedRole:
-    """``zrl ARGV`` with its output appended to ``log_path``: forked from ``zygote`` when it
-    has one (``env`` is then the zygote's), else a plain process. Either dies with us."""
+    """``zrl ARGV`` with its output appended to ``log_path`` and ``env`` added to its
+    environment: forked from ``zygote`` when it has one, else a plain process. Either dies
+    with us."""
     if zygote is not None:
-        forked = zygote.fork(argv, log_path)
+        forked = zygote.fork(argv, log_path, env)
         if forked is not None:
             return forked
     with open(log_path, "ab") as logf:  # the child holds its own copy from here
         return subprocess.Popen(
             [sys.executable, "-m", "zrl", *argv],
-            env=env,
+            env={**os.environ, **env} if env else None,
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -310,7 +239,12 @@ class ChildPool:
     """What our STOP_RUN carries: only this process and the broker it started know it."""
 
     def start_zygote(self) -> None:
-        if not self.inproc:
+        """Start the zygote, or give the one ``zrl run`` started early its log file."""
+        if self.inproc:
+            return
+        if self.zygote.proc is not None:
+            self.zygote.set_log(self.rundir.log_path("zygote"))
+        else:
             self.zygote.start(self.rundir.log_path("zygote"))
 
     def spawn(self, child: Child) -> None:
@@ -341,11 +275,10 @@ class ChildPool:
         if acc.keys_dir is not None:
             cmd += ["--keys", str(acc.keys_dir)]
         argv = [*cmd, "--log-level", self.log_level]
-        if child.role == "broker":
-            env = {**os.environ, "ZRL_STOP_TOKEN": self.stop_token}
-            child.proc = launch(argv, child.log_path, env=env)
-        else:
-            child.proc = launch(argv, child.log_path, self.zygote)
+        # The broker too is forked from the zygote: as a process of its own it spent 1 to 2 s
+        # importing the config and the CLI before it bound, and every role waited on it.
+        env = {"ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else None
+        child.proc = launch(argv, child.log_path, self.zygote, env)
 
     def _spawn_thread(self, child: Child) -> None:
         from zrl.roles import role_class

@@ -39,10 +39,11 @@ import zmq
 from zrl.broker.limits import info_fits
 from zrl.roles import ROLE_MODULES
 from zrl.roles.base import Role, RoleError
-from zrl.run.children import Child, RestartPolicy, Zygote, launch, show_tail, stop_in_order
+from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, make_socket, split_tcp
+from zrl.zygote import Zygote
 
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 STATUS_INTERVAL_S = 1.0

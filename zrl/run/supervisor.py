@@ -39,7 +39,7 @@ import zmq
 from zrl.config import ConfigError, ExperimentConfig
 from zrl.durable import atomic_write_text
 from zrl.factories import FACTORIES_FILE, Factories
-from zrl.metrics import MetricsWriter, require_backends
+from zrl.metrics import MetricsWriter, ScalarWriter, require_backends
 from zrl.roles.base import RoleError, registry_request
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.children import Child, ChildPool
@@ -55,6 +55,7 @@ from zrl.transport.sockets import (
     connect_topics,
     make_socket,
 )
+from zrl.zygote import Zygote
 
 log = logging.getLogger("zrl.supervisor")
 
@@ -85,6 +86,7 @@ class Supervisor:
         bind: str | None = None,
         elsewhere: bool = False,
         preflight: bool = True,
+        zygote: Zygote | None = None,
     ) -> None:
         self.resume = resume
         self.elsewhere = elsewhere
@@ -106,6 +108,8 @@ class Supervisor:
                                       elsewhere=elsewhere)  # fmt: skip
         self.pool = ChildPool(cfg, self.factories, self.rundir, self.access, self.ctx,
                               inproc=inproc, log_level=log_level)  # fmt: skip
+        if zygote is not None:  # started by the caller while it read the config: ours now
+            self.pool.zygote = zygote
         self.agg = Aggregator()
         self.target = StopRule(cfg)
         self.status_rows: list[dict[str, Any]] = []
@@ -369,6 +373,8 @@ class Supervisor:
         # here imports torch too (the TensorBoard writer does), so the two overlap.
         self.pool.start_zygote()
         try:
+            # While the zygote imports torch on one core, import the writer on the other.
+            ScalarWriter.preload()
             if spaces is not None:
                 self._check_model(spaces)
         except BaseException:
