@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from zrl.algos.api import Trajectory
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
@@ -20,6 +21,7 @@ from zrl.config import ExperimentConfig
 from zrl.recurrent import recurrent_q_network_for
 from zrl.roles.replay import assemble_sequences
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 OBS = 2  # observation width of the synthetic streams
@@ -247,6 +249,31 @@ def test_stored_state_replay_reproduces_the_actors_q_values():
         real = np.concatenate([seqs.mask, seqs.mask[:, -1:]], axis=1)  # and the last obs
         real[:, 1:] |= seqs.mask  # the observation after a sequence's last real step
         np.testing.assert_allclose(q.numpy()[real], seqs.q[real], rtol=0, atol=1e-6)
+
+
+def test_the_actors_sequences_carry_the_version_that_acted():
+    """``R2D2Policy.finish`` sends a ``sequences`` TRAJECTORY whose sequences are stamped
+    with the weights version of the trajectory they came from."""
+    cfg = config()
+    torch.manual_seed(0)
+    policy = policy_for(cfg, recurrent_q_network_for(*spaces(), cfg.model))
+    E, T = 3, 8
+    rng = np.random.default_rng(2)
+    obs = rng.normal(size=(E, T, 2)).astype(np.float32)
+    policy.begin(T, 0)
+    acted = [policy.act(obs[:, t], t) for t in range(T)]
+    term, valid = np.zeros((E, T), bool), np.ones((E, T), bool)
+    term[:, 3], valid[:, 4] = True, False  # every env's episode ends at step 3
+    trajectory = Trajectory(
+        obs=obs, next_obs=None, action=np.stack([a for a, _ in acted], 1),
+        reward=np.ones((E, T), np.float32), terminated=term, truncated=np.zeros_like(term),
+        valid=valid, final_obs=obs[:, -1],
+        extras={n: np.stack([x[n] for _, x in acted], 1) for n in ("first", "state", "q")},
+        weights_version=7,
+    )  # fmt: skip
+    out = policy.finish(trajectory)
+    sizes = M.validate(as_message(out.arrays), M.SEQUENCES)
+    assert sizes["E"] == E and out.arrays["weights_version"].tolist() == [7] * E
 
 
 def test_actor_priorities_are_the_eta_mix_of_its_own_td_errors():
