@@ -180,9 +180,12 @@ def serve(log_later: bool = False) -> None:
         reply: dict[str, Any]
         try:
             req = json.loads(line)
-            if "argv" not in req and "log" in req:
-                _log_to(str(req["log"]), early)
-                early = None
+            if "argv" not in req and "log" in req:  # never answered, so never an error reply
+                try:
+                    _log_to(str(req["log"]), early)
+                    early = None
+                except OSError:
+                    pass  # stderr stays where it was
                 continue
             env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
             reply = {"pid": spawn([str(a) for a in req["argv"]], str(req["log"]), subreaper, env)}
