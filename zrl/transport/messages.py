@@ -92,6 +92,7 @@ Data paths:
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -483,6 +484,35 @@ def member_name(value: Any) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= P.MAX_NAME_CHARS:
         raise P.ProtocolError(f"league member name {str(value)[:40]!r} is not a short string")
     return value
+
+
+POLICY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+"""A policy (weights stream) name: it lands in topics and metric names."""
+
+
+def policy_name(meta: Mapping[str, Any]) -> str:
+    """The ``policy`` of a message (``weights``, ``get_weights``, ``reset``, ``match``,
+    ``results``, an ``ack`` of weights): the default policy when absent; ProtocolError unless
+    a name of the form ``[a-z][a-z0-9_]{0,63}``."""
+    name = meta.get("policy", P.DEFAULT_POLICY)
+    if not isinstance(name, str) or not POLICY_NAME.fullmatch(name):
+        raise P.ProtocolError(f"policy {str(name)[:40]!r} is not a name [a-z][a-z0-9_]{{0,63}}")
+    return name
+
+
+def policy_meta(policy: str) -> dict[str, str]:
+    """The meta that names ``policy`` on the wire: none for the default policy, so a run with
+    one policy sends what it always sent."""
+    return {} if policy == P.DEFAULT_POLICY else {"policy": policy}
+
+
+def reset_count(meta: Mapping[str, Any]) -> int:
+    """The ``resets`` of a ``reset`` (or of an ``ack`` of weights): how many times the league
+    has reset the policy so far, an int in [0, MAX_VERSION]."""
+    count = meta.get("resets", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_VERSION:
+        raise P.ProtocolError(f"resets {count!r} is not an int in [0, 2**53]")
+    return count
 
 
 def match_count(meta: Mapping[str, Any]) -> int:

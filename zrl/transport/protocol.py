@@ -62,6 +62,7 @@ RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
 GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
 STOP_RUN = "stop_run"  # head -> broker registry: the experiment is over; every role stops
 INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard>/): it restarted?
+RESET = "reset"  # league -> params rpc: a named policy's learner restarts from its initial weights
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -93,6 +94,7 @@ KINDS: tuple[str, ...] = (
     GET_SNAPSHOT,
     STOP_RUN,
     INCARNATION,
+    RESET,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from
@@ -103,6 +105,18 @@ EVAL_TOPIC = "eval"
 ROLLOUTS_TOPIC = "rollouts/"  # PPO actors -> every PPO learner
 ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per minibatch step
 INCARNATIONS_TOPIC = "incarnations/"  # replay shards -> actors: each shard's incarnation
+
+
+DEFAULT_POLICY = "main"
+"""The weights stream (policy) of a run with one learning policy; a run with several (a league
+with exploiters) names the others, and each has its own versions, learners and actors."""
+
+
+def policy_topic(topic: str, policy: str) -> str:
+    """``topic`` of one policy's stream: the default policy's is ``topic`` itself (so a run
+    with one policy speaks as before); another's is ``policy/<name>/<topic>``, which no
+    subscription to a default topic prefix-matches."""
+    return topic if policy == DEFAULT_POLICY else f"policy/{policy}/{topic}"
 
 
 def priority_topic(shard_id: str) -> str:
