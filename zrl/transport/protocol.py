@@ -107,18 +107,6 @@ ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per mi
 INCARNATIONS_TOPIC = "incarnations/"  # replay shards -> actors: each shard's incarnation
 
 
-DEFAULT_POLICY = "main"
-"""The weights stream (policy) of a run with one learning policy; a run with several (a league
-with exploiters) names the others, and each has its own versions, learners and actors."""
-
-
-def policy_topic(topic: str, policy: str) -> str:
-    """``topic`` of one policy's stream: the default policy's is ``topic`` itself (so a run
-    with one policy speaks as before); another's is ``policy/<name>/<topic>``, which no
-    subscription to a default topic prefix-matches."""
-    return topic if policy == DEFAULT_POLICY else f"policy/{policy}/{topic}"
-
-
 def priority_topic(shard_id: str) -> str:
     """Priority updates for the keys one replay shard sampled."""
     return f"priorities/{shard_id}/"
