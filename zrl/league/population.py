@@ -63,6 +63,7 @@ class League:
         self._marks = {p: (now, 0.0) for p in self.players}
         self._since_snapshot = dict.fromkeys(self.players, 0)
         self.resets = dict.fromkeys(self.players, 0)
+        self.player_games = dict.fromkeys(self.players, 0)  # self-play included
 
     # --- the population ---------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class League:
         check_outcome(outcome)
         self._check_player(player)
         if opponent == player:
+            self.player_games[player] += 1
             self.games += 1
             self.self_play_games += 1
             return True
@@ -179,6 +181,7 @@ class League:
         self.payoff.record(player, opponent, outcome)
         self.elo.record(player, opponent, outcome)
         self.games += 1
+        self.player_games[player] += 1
         self._since_snapshot[player] += 1
         return True
 
@@ -294,6 +297,7 @@ class League:
             figures[f"elo_{player}"] = self.elo.rating(player)
             figures[f"{player}_snapshots"] = float(len(self.snapshots_of(player)))
             figures[f"{player}_resets"] = float(self.resets[player])
+            figures[f"{player}_games"] = float(self.player_games[player])
         for name in self.cfg.fixed_opponents:
             figures[f"elo_{name}"] = self.elo.rating(name)
         return figures
@@ -314,6 +318,7 @@ class League:
                     "since_snapshot_s": self.since_snapshot_s(p),
                     "games_since_snapshot": self._since_snapshot[p],
                     "resets": self.resets[p],
+                    "games": self.player_games[p],
                 }
                 for p in self.players
             },
@@ -337,6 +342,7 @@ class League:
                 self._marks[player] = (now, float(saved["since_snapshot_s"]))
                 self._since_snapshot[player] = int(saved.get("games_since_snapshot", 0))
                 self.resets[player] = int(saved.get("resets", 0))
+                self.player_games[player] = int(saved.get("games", 0))
         self._rng.bit_generator.state = _rng_state_from_json(state["rng"])
 
 

@@ -268,6 +268,7 @@ class LeagueRole(Role):
                     "elo": round(self.league.elo.rating(p), 1),
                     "snapshots": len(self.league.snapshots_of(p)),
                     "resets": self.league.resets[p],
+                    "games": self.league.player_games[p],
                     "weights_version": self.followers[p].version,
                 }
                 for p in self.league.players
