@@ -547,6 +547,8 @@ class Actor(Role):
         }
         if self.matchmaker is not None:
             info.update(self.matchmaker.heartbeat_info())
+        if len(self.config.policies) > 1:
+            info["policy"] = self.policy_name
         if isinstance(self.envs, MultiAgentVectorEnv):
             info.update(self.envs.heartbeat_info())
         recent = self.episodes.recent_mean()
