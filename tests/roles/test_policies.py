@@ -5,6 +5,7 @@ weights follower of a named policy."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -208,3 +209,82 @@ def test_follower_of_a_named_policy_takes_only_its_stream(inproc, params, rpc) -
         assert late.fetch_latest() and late.version == 1  # GET_WEIGHTS names the policy
     finally:
         role.close()
+
+
+# --- the learner's reset -------------------------------------------------------------------------
+
+
+class FakeUpdate:
+    """A model, its optimizer and a counter, saved and restored as a learner's update is."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(3, 2)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
+        self.rounds = 0
+
+    def train_once(self) -> None:
+        self.optimizer.zero_grad()
+        self.model(torch.ones(1, 3)).sum().backward()
+        self.optimizer.step()
+        self.rounds += 1
+
+    def state_dict(self) -> dict:
+        return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "rounds": self.rounds}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rounds = state["rounds"]
+
+
+class FakeParams:
+    """The learner's params channel: queued ACKs, and what was dropped."""
+
+    def __init__(self, *acks: dict) -> None:
+        self.acks = [(b"", P.Message(P.ACK, meta=meta)) for meta in acks]
+        self.dropped: list[str] = []
+
+    def recv(self, block: bool = True) -> Any:
+        return self.acks.pop(0) if self.acks else None
+
+    def _drop(self, sender: str, why: str) -> None:
+        self.dropped.append(why)
+
+
+def test_learner_resets_to_its_initial_weights_when_an_ack_says_so() -> None:
+    import copy
+    import logging
+
+    from zrl.roles.learner import Learner
+
+    learner = Learner("inproc://unused")
+    learner.log = logging.getLogger("test")
+    update = FakeUpdate()
+    learner.update = update  # type: ignore[assignment]
+    learner.policy = EXPLOITER
+    learner.initial_state = copy.deepcopy(update.state_dict())
+    initial = {k: v.clone() for k, v in update.model.state_dict().items()}
+    sent: list[int] = []
+    learner.send_weights = lambda: sent.append(learner.resets)  # type: ignore[method-assign]
+    for _ in range(3):
+        update.train_once()
+    assert not torch.equal(update.model.weight, initial["weight"])
+
+    learner.params = FakeParams({"version": 7}, {"version": 8, "resets": "x"})  # type: ignore[assignment]
+    learner.read_acks()
+    assert learner.resets == 0 and sent == []  # no reset asked; a bad count is dropped
+    assert learner.weights_version == 8 and len(learner.params.dropped) == 1  # type: ignore[union-attr]
+
+    learner.params = FakeParams({"version": 9, "resets": 1})  # type: ignore[assignment]
+    learner.read_acks()
+    assert learner.resets == 1 and sent == [1]  # weights sent at once, with resets 1
+    for name, value in initial.items():
+        assert torch.equal(update.model.state_dict()[name], value), name
+    assert update.optimizer.state_dict()["state"] == {}  # Adam's moments are gone too
+    assert update.rounds == 3  # counters go on
+
+    learner.params = FakeParams({"version": 10, "resets": 1})  # type: ignore[assignment]
+    update.train_once()
+    learner.read_acks()  # the same count again: nothing to do
+    assert sent == [1] and not torch.equal(update.model.weight, initial["weight"])
