@@ -125,9 +125,17 @@ class LeagueRole(Role):
             self.next_reset = 0.0
 
     def reset_pending(self, player: str) -> bool:
-        """Whether the league reset ``player`` and its weights stream does not show it yet."""
+        """Whether the league reset ``player`` and its weights stream does not show it yet.
+
+        A stream that shows more resets than the league counts (a league restarted without
+        its checkpoint) sets the count: the next reset must be a number its learner has not
+        applied yet, or the learner would take it for one it has."""
         shown = self.followers[player].meta.get("resets", 0)
-        return isinstance(shown, int) and shown < self.league.resets[player]
+        if not isinstance(shown, int):
+            return False
+        if shown > self.league.resets[player]:
+            self.league.resets[player] = shown
+        return shown < self.league.resets[player]
 
     def send_resets(self) -> None:
         """RESET to params for every player whose reset its stream does not show yet (the
