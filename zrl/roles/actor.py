@@ -168,6 +168,7 @@ class Actor(Role):
         self.matchmaker: Any = None  # the league's client, in a run with a league
         self.policy_name = M.DEFAULT_POLICY
         self.live: dict[str, WeightsFollower] = {}  # other learning players we play against
+        self.build_opponent: Any = None  # a fresh model for an opponent (multi-agent envs)
 
     def setup(self) -> None:
         cfg = self.config

@@ -110,13 +110,14 @@ class LeagueRole(Role):
             return
         win_rate = self.league.win_rate(player)
         name = self.league.add_snapshot(follower.version, player)
-        if name not in self.snapshots:
-            self.snapshots[name] = follower.arrays
-            self.log.info(
-                "snapshot %s (%s: %s's win rate %.2f, Elo %.0f); %d in the league",
-                name, reason, player, win_rate, self.league.elo.rating(player),
-                len(self.league.snapshots),
-            )  # fmt: skip
+        if name in self.snapshots:
+            return  # the weights did not move since: only the clock restarted, no reset
+        self.snapshots[name] = follower.arrays
+        self.log.info(
+            "snapshot %s (%s: %s's win rate %.2f, Elo %.0f); %d in the league",
+            name, reason, player, win_rate, self.league.elo.rating(player),
+            len(self.league.snapshots),
+        )  # fmt: skip
         for evicted in set(self.snapshots) - set(self.league.snapshots):
             del self.snapshots[evicted]
         if self.league.reset_after_snapshot(player):
