@@ -58,8 +58,9 @@ class LeagueConfig(Section):
     snapshot_interval_s: float = Field(120.0, gt=0)
     """Or snapshot main once this long has passed since the last snapshot."""
     max_snapshots: int = Field(50, ge=1)
-    """Beyond this many snapshots the oldest is dropped (never the newest), with its payoff
-    and Elo."""
+    """Beyond this many snapshots of one learning player its oldest is dropped (never the
+    newest), with its payoff and Elo. Per player, so exploiters that snapshot and reset
+    often never push the main agent's history out."""
     main_exploiters: int = Field(0, ge=0, le=16)
     """Main exploiters, each a learning player with its own learner and weights stream
     (``main_exploiter_<i>``): they play the main agent (its snapshots, PFSP-weighted by

@@ -241,9 +241,9 @@ class League:
     def add_snapshot(self, version: int, player: str = MAIN) -> str:
         """Freeze ``player`` at weights ``version``: returns the new member's id. The snapshot
         starts at the player's Elo and without games; the player's interval clock and games
-        count restart; beyond max_snapshots the oldest snapshot leaves, with its payoff and
-        Elo. A version already snapshot (the weights did not move since) only restarts the
-        clock."""
+        count restart; beyond max_snapshots of the player its oldest snapshot leaves, with its
+        payoff and Elo. A version already snapshot (the weights did not move since) only
+        restarts the clock."""
         self._check_player(player)
         name = snapshot_id(version, player)
         self._marks[player] = (self._clock(), 0.0)
@@ -252,8 +252,9 @@ class League:
             return name
         self._snapshots.append(name)
         self.elo.set_rating(name, self.elo.rating(player))
-        while len(self._snapshots) > self.cfg.max_snapshots:
-            self._evict(self._snapshots[0])
+        history = self.snapshots_of(player)
+        for oldest in history[: max(0, len(history) - self.cfg.max_snapshots)]:
+            self._evict(oldest)
         return name
 
     def reset_after_snapshot(self, player: str) -> bool:
