@@ -45,3 +45,22 @@ def test_the_summary_shows_the_rule_the_first_env_step_and_a_failed_roles_log(tm
     assert lines[2:4] == ["  | Traceback (most recent call last):", "  | RuntimeError: [no] sim"]
     assert "best eval return 500.0, last 190.0" in lines[4]
     assert lines[4].endswith("first env step after 2.3 s")
+
+
+def test_the_league_line_names_each_exploiters_win_rate_elo_snapshots_and_resets():
+    from zrl.display import league_line
+
+    info = {
+        "games": 120, "snapshots": 3, "main_win_rate": 0.61, "elo_top": {"main": 1040.2},
+        "players": {
+            "main": {"win_rate": 0.61, "elo": 1040.2, "snapshots": 1, "resets": 0},
+            "main_exploiter_0": {"win_rate": 0.72, "elo": 1012.4, "snapshots": 2, "resets": 2},
+        },
+    }  # fmt: skip
+    line = league_line(info)
+    assert line.startswith("120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040")
+    assert line.endswith("; main_exploiter_0 win 0.72 Elo 1012 (2 snapshots, 2 resets)")
+    del info["players"]  # a league without exploiters: the line as before
+    assert league_line(info) == (
+        "120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040"
+    )

@@ -29,7 +29,7 @@ from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.sac.config import SACConfig
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
-from zrl.league.config import LeagueConfig
+from zrl.league.config import MAIN, LeagueConfig
 from zrl.multiagent.config import MultiAgentConfig, is_multiagent
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
@@ -371,6 +371,74 @@ class ExperimentConfig(Section):
                 f"(pettingzoo/<game>), not in {self.env.id!r}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _exploiters_fit(self) -> ExperimentConfig:
+        lc, r = self.league, self.roles
+        if not lc.main_exploiters and not lc.league_exploiters:
+            return self
+        keys = (
+            f"league.main_exploiters ({lc.main_exploiters}) + league.league_exploiters "
+            f"({lc.league_exploiters})"
+        )
+        players = len(lc.players)
+        if not r.league:
+            raise ValueError(f"{keys}: exploiters are league players; set roles.league: 1")
+        if r.learners != players:
+            raise ValueError(
+                f"roles.learners ({r.learners}) must be 1 + {keys} = {players}: each learning "
+                "player has its own learner"
+            )
+        if r.actors < players:
+            raise ValueError(
+                f"roles.actors ({r.actors}) must be at least 1 + {keys} = {players}: each "
+                "learning player needs an actor"
+            )
+        wiring = get_algorithm(self.algo).wiring
+        if wiring.learner_input != "rollouts":
+            # A replay shard's table holds one policy's experience, so its batches could
+            # not tell the learners apart.
+            raise ValueError(
+                f"{keys}: algo {self.algo!r} sends experience through replay, which carries "
+                "one policy; exploiters need an algorithm whose actors publish rollouts to "
+                "the learners (ppo)"
+            )
+        return self
+
+    # --- learning policies (weights streams) ---------------------------------------------
+
+    @property
+    def policies(self) -> list[str]:
+        """The learning policies, each a weights stream with its own versions, learners and
+        actors: the league's players when it has exploiters, else the one default policy."""
+        if self.roles.league and (self.league.main_exploiters or self.league.league_exploiters):
+            return self.league.players
+        return [MAIN]
+
+    def learner_policy(self, index: int) -> str:
+        """The policy learner ``index`` trains: learner i trains policies[i] in a run with
+        several (one learner each), every learner the default one otherwise (DD-PPO)."""
+        policies = self.policies
+        return policies[index] if len(policies) > 1 else MAIN
+
+    def learners_per_policy(self) -> int:
+        """Learners training each policy together (DD-PPO when more than one)."""
+        return max(1, self.roles.learners) // len(self.policies)
+
+    def learner_rank(self, index: int) -> int:
+        """Learner ``index``'s place among its policy's learners (0: the DD-PPO leader)."""
+        return index if len(self.policies) == 1 else 0
+
+    def actor_policy(self, index: int) -> str:
+        """The policy actor ``index`` acts for: round-robin over the policies. Fixed for the
+        actor's life, as each AlphaStar agent has its own actors: an actor's envs, model and
+        trajectories all belong to one policy, and its rollouts form that policy's rounds."""
+        policies = self.policies
+        return policies[index % len(policies)]
+
+    def policy_actors(self, policy: str) -> int:
+        """How many actors act for ``policy`` (a PPO round is one rollout from each)."""
+        return sum(self.actor_policy(i) == policy for i in range(max(1, self.roles.actors)))
 
     @field_validator("algo")
     @classmethod

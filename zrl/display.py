@@ -47,10 +47,19 @@ def league_line(info: dict[str, Any]) -> str:
     if not isinstance(elo, dict):
         return ""
     ratings = ", ".join(f"{name} {rating:.0f}" for name, rating in elo.items())
-    return (
+    line = (
         f"{info.get('games', 0)} games, {info.get('snapshots', 0)} snapshots, main's win rate "
         f"over them {info.get('main_win_rate', 0):.2f}; Elo: {ratings}"
     )
+    players = info.get("players")
+    if isinstance(players, dict):  # a league with exploiters: each learning player's figures
+        line += "; " + ", ".join(
+            f"{name} win {p.get('win_rate', 0):.2f} Elo {p.get('elo', 0):.0f} "
+            f"({p.get('snapshots', 0)} snapshots, {p.get('resets', 0)} resets)"
+            for name, p in players.items()
+            if isinstance(p, dict) and name != "main"
+        )
+    return line
 
 
 def role_note(info: dict[str, Any]) -> str:

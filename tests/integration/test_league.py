@@ -69,3 +69,37 @@ def test_connect_four_learns_to_beat_random(tmp_path: Path) -> None:
     )  # fmt: skip
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
     assert best["random_win_rate"] >= 0.75, best
+
+
+@pytest.mark.slow
+def test_main_exploiter_trains_and_joins_the_population(tmp_path: Path) -> None:
+    """configs/tictactoe_league.yaml cut to the main agent and one main exploiter (2 learners,
+    2 actors, no evaluator: what is checked is the league's and the learners' state, and one
+    process fewer keeps it short): both learners train on their own streams, the exploiter is
+    snapshot, reset, and its snapshots are in the population the main agent plays."""
+    summary = run_zrl(
+        tmp_path, "tictactoe_league.yaml", "league.league_exploiters=0", "roles.learners=2",
+        "roles.actors=2", "roles.evaluator=0", "league.snapshot_interval_s=4",
+        "league.min_games=20", "checkpoint.interval=2",
+        # Cheaper rounds (16 games x 16 moves, 4 epochs): more weights versions, and so more
+        # ACKs that can carry a reset, in the 20 s on a loaded machine.
+        "env.num_envs=16", "ppo.epochs=4", "ppo.minibatch_size=128",
+        wall_time=20, beats=None,
+    )  # fmt: skip
+    run_dir = summary["dir"]
+    import torch
+
+    for index, player in enumerate(["main", "main_exploiter_0"]):
+        state = torch.load(
+            run_dir / "checkpoints" / f"learner-{index}.pt", map_location="cpu", weights_only=False
+        )
+        assert state["updates"] > 0, (player, state["updates"])
+    assert state["resets"] >= 1  # the main exploiter restarted after a snapshot
+    league = league_state(run_dir)["league"]
+    exploiter_snapshots = [s for s in league["snapshots"] if s.startswith("main_exploiter_0@")]
+    assert exploiter_snapshots, league["snapshots"]
+    assert league["players"]["main_exploiter_0"]["resets"] >= 1
+    assert league["players"]["main_exploiter_0"]["games"] > 100
+    # The main agent played the exploiter's snapshots (PFSP and verification).
+    pairs = {(p, o) for p, o, *_ in league["payoff"]["pairs"]}
+    assert any(p == "main" and o in exploiter_snapshots for p, o in pairs), sorted(pairs)

@@ -287,7 +287,7 @@ def test_a3c_worker_and_parameter_server_report(monkeypatch):
     monkeypatch.setattr(params, "open_pull", lambda *a, **k: Recorder())
     monkeypatch.setattr(params, "open_publisher", lambda *a, **k: Recorder())
     params.publisher = Recorder()
-    params.version, params.served = 0, 0
+    params.served = 0  # the version starts at 0 (the default stream, made in __init__)
     params.setup_gradient_server()
     assert params.version == 1
 

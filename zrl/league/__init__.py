@@ -1,5 +1,6 @@
-"""A self-play league (AlphaStar, DI-engine): the population of the learning player, its
-snapshots and fixed opponents, and the rules that pick opponents and take snapshots.
+"""A self-play league (AlphaStar, DI-engine): the learning players (the main agent, main
+exploiters, league exploiters), their snapshots and fixed opponents, and the rules that pick
+opponents, take snapshots and reset exploiters.
 
 Pure logic (numpy, stdlib, pydantic): no sockets, no torch.
 
@@ -12,14 +13,17 @@ Pure logic (numpy, stdlib, pydantic): no sockets, no torch.
 
 from __future__ import annotations
 
-from zrl.league.config import LeagueConfig
+from zrl.league.config import KINDS, LEAGUE_EXPLOITER, MAIN_EXPLOITER, LeagueConfig, player_kind
 from zrl.league.elo import Elo
 from zrl.league.payoff import Payoff, check_outcome
 from zrl.league.pfsp import WEIGHTINGS, pfsp_weights
-from zrl.league.population import MAIN, League, snapshot_id, snapshot_version
+from zrl.league.population import MAIN, League, snapshot_id, snapshot_parent, snapshot_version
 
 __all__ = [
+    "KINDS",
+    "LEAGUE_EXPLOITER",
     "MAIN",
+    "MAIN_EXPLOITER",
     "WEIGHTINGS",
     "Elo",
     "League",
@@ -27,6 +31,8 @@ __all__ = [
     "Payoff",
     "check_outcome",
     "pfsp_weights",
+    "player_kind",
     "snapshot_id",
+    "snapshot_parent",
     "snapshot_version",
 ]

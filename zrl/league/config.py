@@ -12,13 +12,22 @@ from pydantic import Field, model_validator
 from zrl.config_base import Section
 from zrl.multiagent.config import FIXED_PLAYERS
 
-RESERVED_NAMES = ("main",)
-"""Member names the league gives itself: the learning player; snapshots are ``main@<version>``."""
+MAIN = "main"
+"""The main agent: the learning player every run has (the default weights stream)."""
+MAIN_EXPLOITER = "main_exploiter"
+LEAGUE_EXPLOITER = "league_exploiter"
+KINDS = (MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER)
+"""The kinds of learning player (AlphaStar): the main agent, main exploiters (they hunt the
+main agent's weaknesses) and league exploiters (they hunt the whole population's)."""
+
+RESERVED_NAMES = ("main", "self")
+"""Names the league and actors give themselves: the learning players are ``main``,
+``main_exploiter_<i>`` and ``league_exploiter_<j>``, snapshots ``<player>@<version>``."""
 
 
 class LeagueConfig(Section):
-    """A self-play league: the learning player ("main"), frozen snapshots of it, and fixed
-    opponents. Each episode's opponent is drawn from three branches: self-play (the learning
+    """A self-play league: the learning players (the main agent, optionally main and league
+    exploiters), frozen snapshots of them, and fixed opponents. Each main-agent episode's opponent is drawn from three branches: self-play (the learning
     policy's current weights), verification (snapshots that main has "forgotten" how to beat)
     and prioritized fictitious self-play (PFSP) over all snapshots and fixed opponents, weighted
     by main's win rate against each (Vinyals et al. 2019)."""
@@ -49,8 +58,24 @@ class LeagueConfig(Section):
     snapshot_interval_s: float = Field(120.0, gt=0)
     """Or snapshot main once this long has passed since the last snapshot."""
     max_snapshots: int = Field(50, ge=1)
-    """Beyond this many snapshots the oldest is dropped (never the newest), with its payoff
-    and Elo."""
+    """Beyond this many snapshots of one learning player its oldest is dropped (never the
+    newest), with its payoff and Elo. Per player, so exploiters that snapshot and reset
+    often never push the main agent's history out."""
+    main_exploiters: int = Field(0, ge=0, le=16)
+    """Main exploiters, each a learning player with its own learner and weights stream
+    (``main_exploiter_<i>``): they play the main agent (its snapshots, PFSP-weighted by
+    variance, while they beat it less than exploiter_min_win_rate), snapshot on the rules
+    above against the main agent and then restart from their initial weights."""
+    league_exploiters: int = Field(0, ge=0, le=16)
+    """League exploiters (``league_exploiter_<j>``): PFSP over every snapshot and fixed
+    player; they snapshot on the rules above against those, and restart from their initial
+    weights with probability league_exploiter_reset after each snapshot."""
+    exploiter_min_win_rate: float = Field(0.1, ge=0, le=1)
+    """A main exploiter plays the main agent's current weights while its win rate against
+    them is above this (AlphaStar 0.1), else the main agent's snapshots."""
+    league_exploiter_reset: float = Field(0.25, ge=0, le=1)
+    """Chance that a league exploiter restarts from its initial weights after a snapshot
+    (AlphaStar 0.25)."""
     elo_k: float = Field(16.0, ge=0)
     """Elo K factor: the most one game moves a rating."""
     elo_initial: float = 1000.0
@@ -58,6 +83,16 @@ class LeagueConfig(Section):
     fixed_opponents: list[str] = ["random"]
     """Non-learning opponents (``random``, ``scripted``): members of the pool like snapshots (PFSP
     picks them too, besides fixed_share), rated by Elo, never forgotten or evicted."""
+
+    @property
+    def players(self) -> list[str]:
+        """The learning players: main, then the main exploiters, then the league exploiters
+        (learner i trains players[i])."""
+        return (
+            [MAIN]
+            + [f"{MAIN_EXPLOITER}_{i}" for i in range(self.main_exploiters)]
+            + [f"{LEAGUE_EXPLOITER}_{j}" for j in range(self.league_exploiters)]
+        )
 
     @model_validator(mode="after")
     def _shares_fit(self) -> LeagueConfig:
@@ -98,4 +133,14 @@ class LeagueConfig(Section):
         return self
 
 
-__all__ = ["LeagueConfig"]
+def player_kind(player: str) -> str:
+    """The kind (``KINDS``) of a learning player's name."""
+    if player == MAIN:
+        return MAIN
+    kind, _, index = player.rpartition("_")
+    if kind in (MAIN_EXPLOITER, LEAGUE_EXPLOITER) and index.isdigit():
+        return kind
+    raise ValueError(f"{player!r} is not a learning player's name")
+
+
+__all__ = ["KINDS", "LEAGUE_EXPLOITER", "MAIN", "MAIN_EXPLOITER", "LeagueConfig", "player_kind"]

@@ -1,5 +1,7 @@
-"""The opponents an actor's model plays: the learning policy's current weights (``self``) and
-any other weights by name (league snapshots), besides the fixed random and scripted players.
+"""The opponents an actor's model plays: the learning policy's current weights (``self``),
+another learning policy's current weights (``live``: a league's main agent for its main
+exploiters) and any other weights by name (league snapshots), besides the fixed random and
+scripted players.
 
 A model opponent samples its moves from its policy (masked logits), as the learning policy
 does while it collects, so self-play meets a varied opponent rather than one deterministic line.
@@ -44,11 +46,15 @@ class ModelOpponents:
         model: nn.Module,
         build: Callable[[], nn.Module],
         matchmaker: Matchmaker | None = None,
+        live: Callable[[str], nn.Module | None] | None = None,
     ) -> None:
         self.fixed = fixed
         self.model = model
         self.build = build
         self.matchmaker = matchmaker
+        # Other learning policies at their newest weights (a league's main agent, against a
+        # main exploiter): models the caller keeps current, never cached here by name.
+        self.live = live
         self.models: OrderedDict[str, nn.Module] = OrderedDict()
 
     def choose(self) -> str:
@@ -62,7 +68,11 @@ class ModelOpponents:
     def act(self, name: str, obs: np.ndarray) -> np.ndarray:
         if name in FIXED_PLAYERS:
             return self.fixed.act(name, obs)
-        model = self.model if name == "self" else self.snapshot(name)
+        live = None if self.live is None or name == "self" else self.live(name)
+        if name == "self":
+            model = self.model
+        else:
+            model = live if live is not None else self.snapshot(name)
         with torch.no_grad():
             logp = torch.log_softmax(policy_logits(model, torch.from_numpy(obs)), dim=1).numpy()
         # Gumbel-max, as the learning policy samples its own moves.

@@ -30,6 +30,13 @@ Sockets (where the algorithm's ``wiring.experience`` says):
 - DEALER -> the league's rpc (found with LOOKUP "league"), only in a run with a league
   (``roles.league``): MATCH, RESULTS, GET_SNAPSHOT (``zrl.roles.league_client``).
 
+An actor acts for one learning policy for its whole life, ``config.actor_policy(index)``:
+the default one, or in a league with exploiters one of its players (round-robin over the
+actor indices). It follows that policy's weights stream and publishes its rollouts on that
+policy's topic (``M.policy_topic``), which only that policy's learner reads. When the league
+matches it against another learning player at its current weights (a main exploiter against
+the main agent), the actor follows that player's stream too (``live_opponent``).
+
 Multi-agent envs (``zrl.multiagent``): the vector env's slots are the learning policy's agents;
 the actor lends it who plays the others (``make_opponents``: its own model for ``self``, league
 snapshots by id, the random and scripted players), and is otherwise unchanged.
@@ -159,10 +166,14 @@ class Actor(Role):
         self.shard_restarts = 0
         self.started = time.monotonic()
         self.matchmaker: Any = None  # the league's client, in a run with a league
+        self.policy_name = M.DEFAULT_POLICY
+        self.live: dict[str, WeightsFollower] = {}  # other learning players we play against
+        self.build_opponent: Any = None  # a fresh model for an opponent (multi-agent envs)
 
     def setup(self) -> None:
         cfg = self.config
         algorithm = get_algorithm(cfg.algo)
+        self.policy_name = cfg.actor_policy(self.actor_index)
         self.open_outputs(algorithm.wiring.experience)
         limit_torch_threads(cfg.actor.torch_threads)
         self.seed = actor_seed(cfg.seed, self.actor_index)
@@ -178,7 +189,7 @@ class Actor(Role):
         spaces = (self.envs.single_observation_space, self.envs.single_action_space)
         self.model = self.make_model(*spaces)
         self.model.eval()
-        self.weights = WeightsFollower(self, self.model)
+        self.weights = WeightsFollower(self, self.model, self.policy_name)
         self.policy: ActorPolicy = self.make_policy(spaces)
         if isinstance(self.envs, MultiAgentVectorEnv):
             self.envs.opponents = self.make_opponents(self.envs, spaces)
@@ -222,8 +233,9 @@ class Actor(Role):
         def build() -> Any:
             return self.make_model(*spaces).eval()
 
+        self.build_opponent = build
         self.matchmaker = self.make_matchmaker()
-        return ModelOpponents(fixed, self.model, build, self.matchmaker)
+        return ModelOpponents(fixed, self.model, build, self.matchmaker, self.live_opponent)
 
     def make_matchmaker(self) -> Any:
         """The league's client when the run has a league (``roles.league``), else None."""
@@ -231,7 +243,19 @@ class Actor(Role):
             return None
         from zrl.roles.league_client import LeagueClient
 
-        return LeagueClient(self)
+        return LeagueClient(self, self.policy_name, self.live_opponent)
+
+    def live_opponent(self, policy: str) -> Any:
+        """The model of another learning policy at its newest weights, following its stream
+        from the first call on; None for a name that is no other learning policy, or while
+        its weights have not come."""
+        if policy == self.policy_name or policy not in self.config.policies:
+            return None
+        follower = self.live.get(policy)
+        if follower is None:
+            follower = self.live[policy] = WeightsFollower(self, self.build_opponent(), policy)
+            follower.fetch_latest(timeout=0.5)
+        return follower.model if follower.version > 0 else None
 
     def open_outputs(self, experience: str) -> None:
         """The sockets trajectories leave by, for the algorithm's ``wiring.experience``."""
@@ -243,7 +267,7 @@ class Actor(Role):
             self.output = self.open_push("experience", hwm=2)
         elif experience == "rollouts":
             self.output = self.open_publisher("rollouts", hwm=1000)
-            self.output_topic = P.ROLLOUTS_TOPIC
+            self.output_topic = M.policy_topic(P.ROLLOUTS_TOPIC, self.policy_name)
         else:
             self.output = self.open_push("gradients", hwm=2)
 
@@ -464,6 +488,8 @@ class Actor(Role):
                 return
         if self.pending is None:
             self.weights.update()
+            for follower in self.live.values():
+                follower.update()
             if not self.policy.may_collect(self.weights.version):
                 self.wait_for_weights()
                 return
@@ -527,6 +553,8 @@ class Actor(Role):
         }
         if self.matchmaker is not None:
             info.update(self.matchmaker.heartbeat_info())
+        if len(self.config.policies) > 1:
+            info["policy"] = self.policy_name
         if isinstance(self.envs, MultiAgentVectorEnv):
             info.update(self.envs.heartbeat_info())
         recent = self.episodes.recent_mean()

@@ -1,21 +1,27 @@
-"""``LeagueRole``: the self-play league (``zrl start league``): the population of the learning
-player, its frozen snapshots and the fixed opponents; it picks each actor episode's opponent
-and takes the snapshots (the rules are ``zrl.league``).
+"""``LeagueRole``: the self-play league (``zrl start league``): the learning players (the main
+agent, and ``league.main_exploiters`` / ``league.league_exploiters`` exploiters), their frozen
+snapshots and the fixed opponents; it picks each actor episode's opponent, takes the
+snapshots and resets exploiters (the rules are ``zrl.league``).
 
 Sockets:
 
-- ROUTER ``rpc`` (own endpoint, found with LOOKUP "league"): MATCH {count} from an actor ->
-  MATCHES {opponents}; RESULTS {opponents, outcomes} from an actor (not answered): the
-  payoff table and Elo ratings; GET_SNAPSHOT {id} -> WEIGHTS {id, version} with the
-  snapshot's arrays (or NO_WEIGHTS for a name it does not hold).
-- SUB ``weights`` (topic bus) plus GET_WEIGHTS at start (``zrl.roles.weights``): the learning
-  policy's newest weights, which a snapshot freezes when ``zrl.league.League`` says (main's
-  win rate over the snapshots reached ``league.snapshot_win_rate``, or
+- ROUTER ``rpc`` (own endpoint, found with LOOKUP "league"): MATCH {count, policy} from an
+  actor -> MATCHES {opponents} for that learning player; RESULTS {opponents, outcomes,
+  policy} from an actor (not answered): the payoff table and Elo ratings; GET_SNAPSHOT {id}
+  -> WEIGHTS {id, version} with the snapshot's arrays (or NO_WEIGHTS for a name it does not
+  hold).
+- SUB ``weights`` (topic bus, one per learning player: ``M.policy_topic``) plus GET_WEIGHTS
+  at start (``zrl.roles.weights``): each player's newest weights, which a snapshot freezes
+  when ``zrl.league.League`` says (a win rate reached ``league.snapshot_win_rate``, or
   ``league.snapshot_interval_s`` passed).
+- DEALER -> the parameter server's rpc (LOOKUP "params"), only with exploiters: RESET
+  {policy, resets} after an exploiter's snapshot when the league resets it, repeated every
+  ``RESET_REPEAT_S`` until that player's weights stream carries the count (its learner
+  restarted from its initial weights). No snapshot of a player is taken meanwhile.
 
 Checkpoint (``<checkpoint.dir>/league.json`` and ``league_snapshots.npz``, written every
-``checkpoint.interval`` and on stop, atomically): the payoff, Elo ratings, counters and the
-snapshots' weights; a restart resumes them. Results come from actors and are trusted as far
+``checkpoint.interval`` and on stop, atomically): the payoff, Elo ratings, counters, each
+player's snapshot clock and resets, and the snapshots' weights; a restart resumes them. Results come from actors and are trusted as far
 as their form: a peer that can reach the league can bias its payoff (see the README's
 security section).
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 from zrl.durable import atomic_write, atomic_write_text
 from zrl.league import MAIN, League, snapshot_version
@@ -40,14 +47,15 @@ STATE_FILE = "league.json"
 SNAPSHOTS_FILE = "league_snapshots.npz"
 TRACKED_SNAPSHOTS = 8  # newest snapshots whose Elo goes into the training metrics
 SEPARATOR = "/"  # between a snapshot's id and a parameter name in the npz file
+RESET_REPEAT_S = 1.0  # a RESET not yet seen on the player's stream is sent again
 
 
 class LatestArrays(WeightsFollower):
     """A weights follower that keeps the newest arrays instead of loading them into a model
     (the league builds no network: it only stores and serves weights)."""
 
-    def __init__(self, role: Role) -> None:
-        super().__init__(role)
+    def __init__(self, role: Role, policy: str = MAIN) -> None:
+        super().__init__(role, policy=policy)
         self.arrays: dict[str, np.ndarray] = {}
 
     def _apply(self, msg: P.Message, version: int) -> bool:
@@ -68,6 +76,9 @@ class LeagueRole(Role):
         self.matches_served = 0
         self.checkpoint_dir: Path | None = None
         self.next_checkpoint = 0.0
+        self.followers: dict[str, LatestArrays] = {}
+        self.params: Any = None  # DEALER to params for RESET, opened on the first one
+        self.next_reset = 0.0
 
     def bind(self) -> None:
         self.rpc = self.bind_rpc()
@@ -75,33 +86,76 @@ class LeagueRole(Role):
     def setup(self) -> None:
         cfg = self.config
         self.league = League(cfg.league, seed=cfg.seed)
-        self.weights = LatestArrays(self)
+        self.followers = {p: LatestArrays(self, p) for p in self.league.players}
+        self.weights = self.followers[MAIN]
         if cfg.checkpoint.dir:
             self.checkpoint_dir = Path(cfg.checkpoint.dir)
             self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
             self.load_checkpoint()
-        self.weights.fetch_latest()
+        for follower in self.followers.values():
+            follower.fetch_latest()
 
     # --- snapshots ------------------------------------------------------------------------
 
     def maybe_snapshot(self) -> None:
-        """Freeze the newest weights when the league's rule says so."""
-        if not self.weights.arrays:
-            return
-        reason = self.league.snapshot_reason()
+        """Freeze each learning player's newest weights when the league's rule says so, and
+        reset an exploiter when it says so."""
+        for player, follower in self.followers.items():
+            if follower.arrays and not self.reset_pending(player):
+                self.snapshot(player, follower)
+
+    def snapshot(self, player: str, follower: LatestArrays) -> None:
+        reason = self.league.snapshot_reason(player)
         if reason is None:
             return
-        win_rate = self.league.main_win_rate()
-        name = self.league.add_snapshot(self.weights.version)
-        if name not in self.snapshots:
-            self.snapshots[name] = self.weights.arrays
-            self.log.info(
-                "snapshot %s (%s: main's win rate over the snapshots %.2f, Elo %.0f); %d in the league",
-                name, reason, win_rate, self.league.elo.rating(MAIN),
-                len(self.league.snapshots),
-            )  # fmt: skip
+        win_rate = self.league.win_rate(player)
+        name = self.league.add_snapshot(follower.version, player)
+        if name in self.snapshots:
+            return  # the weights did not move since: only the clock restarted, no reset
+        self.snapshots[name] = follower.arrays
+        self.log.info(
+            "snapshot %s (%s: %s's win rate %.2f, Elo %.0f); %d in the league",
+            name, reason, player, win_rate, self.league.elo.rating(player),
+            len(self.league.snapshots),
+        )  # fmt: skip
         for evicted in set(self.snapshots) - set(self.league.snapshots):
             del self.snapshots[evicted]
+        if self.league.reset_after_snapshot(player):
+            self.log.info("%s restarts from its initial weights (reset %d)",
+                          player, self.league.resets[player])  # fmt: skip
+            self.next_reset = 0.0
+
+    def reset_pending(self, player: str) -> bool:
+        """Whether the league reset ``player`` and its weights stream does not show it yet.
+
+        A stream that shows more resets than the league counts (a league restarted without
+        its checkpoint) sets the count: the next reset must be a number its learner has not
+        applied yet, or the learner would take it for one it has."""
+        shown = self.followers[player].meta.get("resets", 0)
+        if not isinstance(shown, int):
+            return False
+        if shown > self.league.resets[player]:
+            self.league.resets[player] = shown
+        return shown < self.league.resets[player]
+
+    def send_resets(self) -> None:
+        """RESET to params for every player whose reset its stream does not show yet (the
+        first at once, then every RESET_REPEAT_S: a params or learner restart loses none)."""
+        now = time.monotonic()
+        pending = [p for p in self.league.players if self.reset_pending(p)]
+        if not pending or now < self.next_reset:
+            return
+        self.next_reset = now + RESET_REPEAT_S
+        if self.params is None:
+            services = self.lookup("params", timeout=1.0)
+            if not services:
+                return
+            sock = self._sock(zmq.DEALER, sndhwm=16, sndtimeo_ms=0)
+            sock.connect(services[0]["rpc"])
+            self.params = self._channel(sock, "params-rpc")
+        for player in pending:
+            meta = {"resets": self.league.resets[player], **M.policy_meta(player)}
+            self.params.send(P.Message(P.RESET, meta=meta), block=False)
 
     @property
     def versions(self) -> dict[str, int]:
@@ -111,8 +165,10 @@ class LeagueRole(Role):
     # --- requests -------------------------------------------------------------------------
 
     def step(self) -> None:
-        self.weights.update()
+        for follower in self.followers.values():
+            follower.update()
         self.maybe_snapshot()
+        self.send_resets()
         if self.checkpoint_dir is not None and time.monotonic() >= self.next_checkpoint:
             self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
             self.save_checkpoint()
@@ -121,14 +177,16 @@ class LeagueRole(Role):
     def on_request(self, ident: bytes, msg: P.Message) -> None:
         if msg.kind == P.MATCH:
             count = M.match_count(msg.meta)
-            opponents = [self.league.choose_opponent() for _ in range(count)]
+            player = self.player(msg.meta)
+            opponents = [self.league.choose_opponent(player) for _ in range(count)]
             self.matches_served += count
             self.rpc.send(
                 P.Message(P.MATCHES, meta={"opponents": opponents}), to=ident, block=False
             )
         elif msg.kind == P.RESULTS:
+            player = self.player(msg.meta)
             for opponent, outcome in M.league_results(msg.meta):
-                self.league.record(opponent, outcome)
+                self.league.record(opponent, outcome, player=player)
         elif msg.kind == P.GET_SNAPSHOT:
             name = M.member_name(msg.meta.get("id"))
             arrays = self.snapshots.get(name)
@@ -139,6 +197,14 @@ class LeagueRole(Role):
                 self.rpc.send(P.Message(P.WEIGHTS, meta=meta, arrays=arrays), to=ident, block=False)
         else:
             raise P.ProtocolError(f"the league does not serve {msg.kind!r}")
+
+    def player(self, meta: dict[str, Any]) -> str:
+        """The learning player a MATCH or RESULTS names (``policy``); ProtocolError unless one
+        of the league's."""
+        player = M.policy_name(meta)
+        if player not in self.followers:
+            raise P.ProtocolError(f"{player!r} is not a learning player of {self.league.players}")
+        return player
 
     # --- checkpoint -----------------------------------------------------------------------
 
@@ -194,7 +260,7 @@ class LeagueRole(Role):
     def heartbeat_info(self) -> dict[str, Any]:
         info = self.league.info()
         ratings = sorted(self.league.elo.ratings().items(), key=lambda kv: -kv[1])
-        return {
+        out: dict[str, Any] = {
             "games": int(info["games"]),
             "snapshots": int(info["snapshots"]),
             "main_win_rate": round(info["main_win_rate"], 3),
@@ -203,3 +269,17 @@ class LeagueRole(Role):
             "matches_served": self.matches_served,
             "weights_version": self.weights.version,
         }
+        if len(self.league.players) > 1:
+            # Each learning player's win rate (by its snapshot rule), Elo, snapshots, resets.
+            out["players"] = {
+                p: {
+                    "win_rate": round(self.league.win_rate(p), 3),
+                    "elo": round(self.league.elo.rating(p), 1),
+                    "snapshots": len(self.league.snapshots_of(p)),
+                    "resets": self.league.resets[p],
+                    "games": self.league.player_games[p],
+                    "weights_version": self.followers[p].version,
+                }
+                for p in self.league.players
+            }
+        return out

@@ -6,23 +6,26 @@ the queue runs dry, so an episode start rarely waits; RESULTS carries the outcom
 episodes, at least every ``RESULTS_INTERVAL_S``; GET_SNAPSHOT fetches a snapshot's weights the
 first time an opponent names it (they never change, so they are kept).
 
+MATCH and RESULTS name the learning player the actor acts for (``policy``; absent for the main
+agent). An opponent that is another learning player at its current weights (the main agent,
+for a main exploiter) is played with the actor's ``live`` model of it (``Actor.live_opponent``).
+
 When the league does not answer within ``WAIT_S``, the episode is played against the current
 weights (self-play) and counted in ``fallbacks``: a league that restarts holds no actor back.
-A snapshot whose weights cannot be fetched is replaced the same way, so the env never meets
-an opponent it cannot play.
+A snapshot or live player whose weights cannot be had is replaced the same way, so the env
+never meets an opponent it cannot play.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import zmq
 
-from zrl.league import MAIN
 from zrl.multiagent.config import FIXED_PLAYERS
 from zrl.roles.base import Role, RoleError
 from zrl.transport import messages as M
@@ -34,14 +37,21 @@ WAIT_S = 1.0
 RESULTS_INTERVAL_S = 0.5
 LOOKUP_INTERVAL_S = 2.0
 KEPT_SNAPSHOTS = 64
-SELF = "self"  # the opponents' name of the current weights; the league calls it "main"
+SELF = "self"  # the opponents' name of the actor's own weights; the league names its player
 
 
 class LeagueClient:
     """The actor's :class:`~zrl.multiagent.model_opponents.Matchmaker` backed by the league."""
 
-    def __init__(self, role: Role) -> None:
+    def __init__(
+        self,
+        role: Role,
+        player: str = M.DEFAULT_POLICY,
+        live: Callable[[str], Any] | None = None,
+    ) -> None:
         self.role = role
+        self.player = player
+        self.live = live
         self.channel: Channel | None = None
         self.queue: deque[str] = deque()
         self.asked = False
@@ -128,7 +138,7 @@ class LeagueClient:
         if len(self.queue) < MATCH_BATCH // 2 and not self.asked:
             channel = self._connect()
             if channel is not None and channel.send(
-                P.Message(P.MATCH, meta={"count": MATCH_BATCH})
+                P.Message(P.MATCH, meta={"count": MATCH_BATCH, **M.policy_meta(self.player)})
             ):
                 self.asked = True
         if not self.queue:
@@ -141,15 +151,20 @@ class LeagueClient:
                 return SELF
         name = self.queue.popleft()
         self.games += 1
-        if name == MAIN:
+        if name == self.player:
             return SELF
+        if "@" not in name and name not in FIXED_PLAYERS:  # another learning player, live
+            if self.live is None or self.live(name) is None:
+                self.fallbacks += 1
+                return SELF
+            return name
         if name not in FIXED_PLAYERS and self.weights(name) is None:
             self.fallbacks += 1
             return SELF
         return name
 
     def finished(self, name: str, outcome: int) -> None:
-        self.results.append((MAIN if name == SELF else name, outcome))
+        self.results.append((self.player if name == SELF else name, outcome))
 
     def weights(self, name: str) -> Mapping[str, np.ndarray] | None:
         if name in self.snapshots:
@@ -176,7 +191,11 @@ class LeagueClient:
         channel = self._connect()
         if channel is not None:
             batch = self.results[: M.MAX_RESULTS]
-            meta = {"opponents": [n for n, _ in batch], "outcomes": [o for _, o in batch]}
+            meta = {
+                "opponents": [n for n, _ in batch],
+                "outcomes": [o for _, o in batch],
+                **M.policy_meta(self.player),
+            }
             if channel.send(P.Message(P.RESULTS, meta=meta)):
                 del self.results[: len(batch)]
         # Kept until the league is back, at most one message's worth: the oldest go first.

@@ -15,7 +15,14 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
   open more sockets through the learner (DD-PPO's ``allreduce/`` topic).
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates (or when the update says so), answered with
-  ACK {version}.
+  ACK {version, resets}.
+
+Learner i trains the learning policy ``config.learner_policy(i)`` (the default one unless a
+league has exploiters): its WEIGHTS name that policy and its rollouts come from that policy's
+topic. When an ACK carries more ``resets`` than this learner has applied (the league reset its
+player after a snapshot), the update goes back to the state it had before its first step
+(model, optimizer: the initial weights) and the weights are sent at once; versions go on
+increasing. Each WEIGHTS carries ``resets`` so the league sees the reset done.
 
 A message the update rejects is dropped and counted. A NaN/inf loss or gradient raises
 before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
@@ -25,6 +32,7 @@ good checkpoint and published weights.
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,7 @@ from zrl.roles.base import Role, RoleError
 from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
@@ -78,10 +87,14 @@ class Learner(Role):
         self.batch_acks: Channel | None = None
         self.priority_pub: Channel | None = None
         self.last_sender = "?"  # of the last message received: named when its update fails
+        self.policy = M.DEFAULT_POLICY
+        self.resets = 0  # the league's resets of our policy applied so far
+        self.initial_state: dict[str, Any] = {}
 
     def setup(self) -> None:
         cfg = self.config
         algorithm = get_algorithm(cfg.algo)
+        self.policy = cfg.learner_policy(self.index or 0)
         limit_torch_threads(cfg.learner.torch_threads)
         torch.manual_seed(cfg.seed)
         probe = self.make_envs(num_envs=1)  # only for the spaces
@@ -90,6 +103,8 @@ class Learner(Role):
         self.open_input(algorithm.wiring.learner_input)
         self.device = learner_device(cfg.learner.device, algorithm.wiring.learner_input)
         self.update: LearnerUpdate = self.make_update(spaces)
+        if len(cfg.policies) > 1:  # only a league's players are ever reset
+            self.initial_state = copy.deepcopy(self.update.state_dict())
         self.checkpoint = self.checkpoint_path()
         self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
         self.load_checkpoint()
@@ -122,7 +137,8 @@ class Learner(Role):
     def open_input(self, learner_input: str) -> None:
         """The learner's input for the algorithm's ``wiring.learner_input``."""
         if learner_input == "rollouts":
-            self.input = self.open_subscriber([P.ROLLOUTS_TOPIC], "rollouts", hwm=1000)
+            topic = M.policy_topic(P.ROLLOUTS_TOPIC, self.policy)
+            self.input = self.open_subscriber([topic], "rollouts", hwm=1000)
             return
         self.input = self.open_pull("batches", hwm=2)
         self.batch_acks = self.open_publisher("batch-acks")
@@ -130,7 +146,7 @@ class Learner(Role):
 
     def follow_weights(self, model: nn.Module) -> WeightsFollower:
         """For updates that follow another learner's published weights (DD-PPO)."""
-        return WeightsFollower(self, model)
+        return WeightsFollower(self, model, self.policy)
 
     # --- parameter server -------------------------------------------------------------
 
@@ -162,6 +178,8 @@ class Learner(Role):
                 "updates": self.updates,
                 "min_version": self.weights_version + 1,
                 **self.update.weights_meta(),
+                **M.policy_meta(self.policy),
+                **({"resets": self.resets} if self.resets else {}),
             },
             arrays=model_to_arrays(self.online),
         )
@@ -179,6 +197,13 @@ class Learner(Role):
                 self.weights_version = got[1].meta["version"]
                 self._unacked_since = None
                 self.params_acked = True
+                try:
+                    resets = M.reset_count(got[1].meta)
+                except P.ProtocolError as exc:
+                    self.params._drop(got[1].sender or "?", str(exc))
+                    continue
+                if resets > self.resets:
+                    self.reset(resets)
         if (
             self._unacked_since is not None
             and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S
@@ -191,6 +216,26 @@ class Learner(Role):
             self._channels.remove(self.params)
             self.params = None
             self._unacked_since = None
+
+    def reset(self, resets: int) -> None:
+        """The league reset our player: back to the update's weights and optimizer before its
+        first step."""
+        if not self.initial_state:
+            self.log.warning(
+                "reset %d asked of %s, which no league resets: ignored", resets, self.policy
+            )
+            self.resets = resets
+            return
+        # Weights and optimizer restart; counters go on (a PPO round already trained stays
+        # trained, so rollouts of the weights before the reset are not trained on again).
+        counters = {k: v for k, v in self.update.state_dict().items() if isinstance(v, int)}
+        self.update.load_state_dict({**copy.deepcopy(self.initial_state), **counters})
+        self.resets = resets
+        self.log.info(
+            "%s reset to its initial weights (reset %d, after weights v%d)",
+            self.policy, resets, self.weights_version,
+        )  # fmt: skip
+        self.send_weights()
 
     # --- updates ----------------------------------------------------------------------
 
@@ -257,6 +302,7 @@ class Learner(Role):
             "updates": self.updates,
             "samples_trained": self.samples_trained,
             "weights_version": self.weights_version,
+            "resets": self.resets,
             "torch_rng": torch.get_rng_state(),
             "time": time.time(),
         }
@@ -272,6 +318,7 @@ class Learner(Role):
         self.update.load_state_dict(state)
         self.updates = int(state["updates"])
         self.weights_version = int(state["weights_version"])
+        self.resets = int(state.get("resets", 0))
         torch.set_rng_state(state["torch_rng"])
         self.resumed_from = self.updates
         self.log.info(
@@ -359,6 +406,9 @@ class Learner(Role):
             "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
             "checkpoints": self.checkpoints,
         }
+        if len(self.config.policies) > 1:
+            info["policy"] = self.policy
+            info["resets"] = self.resets
         if self.waiting_since is not None:
             info["waiting_for_batches_s"] = round(time.monotonic() - self.waiting_since, 1)
         info.update(self.update.heartbeat_info())

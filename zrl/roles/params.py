@@ -1,13 +1,21 @@
-"""``ParameterServer``: the latest weights with a version number.
+"""``ParameterServer``: the latest weights of each learning policy, with a version number.
+
+A run has one weights stream (the default policy, ``main``) unless a league with exploiters
+trains several players: then each policy (named by ``policy`` in the meta, absent for the
+default) is a stream of its own, with its own versions and topic (``M.policy_topic``).
 
 Sockets:
 
 - ROUTER ``rpc`` (own endpoint, announced in HELLO, found with LOOKUP "params"):
-  WEIGHTS from a learner -> stored as version v+1, answered with ACK {version};
-  GET_WEIGHTS from anyone -> WEIGHTS {version} (or NO_WEIGHTS before the first).
-- PUB ``weights`` -> topic bus, topic ``weights``: every new version, so actors and
-  the evaluator pick it up without asking. A late joiner asks GET_WEIGHTS once,
-  because PUB/SUB delivers nothing sent before the subscription.
+  WEIGHTS {policy} from a learner -> stored as that policy's version v+1, answered with ACK
+  {version, resets}; GET_WEIGHTS {policy} from anyone -> WEIGHTS {policy, version} (or
+  NO_WEIGHTS before the first); RESET {policy, resets} from the league (not answered): the
+  count goes back to that policy's learner in its next ACK, which restarts it from its
+  initial weights (an exploiter after a snapshot).
+- PUB ``weights`` -> topic bus, topic ``weights`` (``policy/<name>/weights`` for a named
+  policy): every new version, so actors and the evaluator pick it up without asking. A late
+  joiner asks GET_WEIGHTS once, because PUB/SUB delivers nothing sent before the
+  subscription.
 - PULL ``gradients`` (only for an algorithm that names a ``gradient_server``, A3C) <- the
   workers: GRADIENTS computed on a weights version. This server reads them, counts the ones
   its gradient server rejects as dropped, and stores and publishes the model as the next
@@ -20,6 +28,7 @@ Sockets:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,18 @@ from zrl.transport.sockets import Channel
 MAX_VERSION_STEP = 10_000
 
 
+@dataclass
+class Stream:
+    """One policy's weights: the newest arrays, their version and the learner's meta, and
+    how many resets the league asked for."""
+
+    version: int = 0
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    updated_at: float = 0.0
+    resets: int = 0
+
+
 def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(
         a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a
@@ -52,16 +73,28 @@ class ParameterServer(Role):
 
     def __init__(self, broker: str, **kwargs: Any) -> None:
         super().__init__(broker, **kwargs)
-        self.version = 0
-        self.arrays: dict[str, np.ndarray] = {}
-        self.weights_meta: dict[str, Any] = {}
-        self.updated_at = 0.0
+        self.streams: dict[str, Stream] = {M.DEFAULT_POLICY: Stream()}
         self.served = 0
         # Only for an algorithm that names a gradient server (its actors send gradients).
         self.gradient_server: GradientServer | None = None
         self.gradients: Channel | None = None
         self.checkpoint: Path | None = None
         self.next_checkpoint = 0.0
+
+    @property
+    def version(self) -> int:
+        """The default policy's newest version."""
+        return self.streams[M.DEFAULT_POLICY].version
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The default policy's newest weights."""
+        return self.streams[M.DEFAULT_POLICY].arrays
+
+    @property
+    def weights_meta(self) -> dict[str, Any]:
+        """The meta of the default policy's newest weights (the learner's integers)."""
+        return self.streams[M.DEFAULT_POLICY].meta
 
     def setup(self) -> None:
         self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
@@ -108,7 +141,8 @@ class ParameterServer(Role):
             return  # a first start: the fresh model becomes v1
         state = load_checkpoint_file(self.checkpoint)
         self.gradient_server.load_state_dict(state)
-        self.version = int(state["version"]) - 1  # store_model_weights stores it again
+        # store_model_weights stores it again
+        self.streams[M.DEFAULT_POLICY].version = int(state["version"]) - 1
         self.log.info("resumed from %s: update %d, weights v%d",
                       self.checkpoint, self.gradient_server.updates, self.version + 1)  # fmt: skip
 
@@ -127,11 +161,12 @@ class ParameterServer(Role):
         from zrl.models import model_to_arrays
 
         assert self.gradient_server is not None
-        self.arrays = model_to_arrays(self.gradient_server.model)
-        self.version += 1
-        self.updated_at = time.time()
-        self.weights_meta = {"updates": self.gradient_server.updates}
-        self.publish_weights()
+        stream = self.streams[M.DEFAULT_POLICY]
+        stream.arrays = model_to_arrays(self.gradient_server.model)
+        stream.version += 1
+        stream.updated_at = time.time()
+        stream.meta = {"updates": self.gradient_server.updates}
+        self.publish_weights(M.DEFAULT_POLICY)
 
     def on_gradients(self, msg: P.Message) -> None:
         """One message of the ``gradients`` stream (ProtocolError: dropped and counted)."""
@@ -168,51 +203,77 @@ class ParameterServer(Role):
                 f"{self.config.algo}: the parameter server owns the weights; send gradients"
             )
         if msg.kind == P.WEIGHTS:
-            if not msg.arrays:
-                raise P.ProtocolError("weights message without arrays")
-            if not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
-                raise P.ProtocolError("weights with NaN or inf values")
-            if self.arrays and not same_layout(msg.arrays, self.arrays):
-                raise P.ProtocolError(
-                    "weights whose parameter names, shapes or dtypes differ from the current ones"
-                )
-            floor = msg.meta.get("min_version", 0)
-            if not isinstance(floor, int) or isinstance(floor, bool) or floor > M.MAX_VERSION:
-                raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")
-            if self.arrays and floor > self.version + MAX_VERSION_STEP:
-                # A resumed learner's floor is a jump only into a fresh server (no arrays yet);
-                # later, a far jump would only lock every follower onto a forged version.
-                raise P.ProtocolError(
-                    f"weights with min_version {floor}, more than {MAX_VERSION_STEP} past "
-                    f"the current v{self.version}"
-                )
-            # The arrays are views on the received frames; holding them keeps the frames alive,
-            # so storing a version costs no copy.
-            self.arrays = msg.arrays
-            # A resumed learner asks to continue its numbering; versions never go backwards.
-            self.version = max(self.version + 1, floor)
-            self.updated_at = time.time()
-            self.weights_meta = {
-                k: v for k, v in msg.meta.items() if isinstance(v, int | float | str)
-            }
-            self.publish_weights()
-            self.rpc.send(P.Message(P.ACK, meta={"version": self.version}), to=ident, block=False)
+            self.on_weights(ident, msg)
         elif msg.kind == P.GET_WEIGHTS:
             self.served += 1
-            if not self.arrays:
-                self.rpc.send(P.Message(P.NO_WEIGHTS), to=ident, block=False)
+            policy = self.known_policy(msg.meta)
+            if not self.streams[policy].arrays:
+                self.rpc.send(
+                    P.Message(P.NO_WEIGHTS, meta=M.policy_meta(policy)), to=ident, block=False
+                )
             else:
-                self.rpc.send(self.weights_message(), to=ident, block=False)
+                self.rpc.send(self.weights_message(policy), to=ident, block=False)
+        elif msg.kind == P.RESET:
+            stream = self.streams[self.known_policy(msg.meta)]
+            stream.resets = max(stream.resets, M.reset_count(msg.meta))
         else:
             raise P.ProtocolError(f"params does not serve {msg.kind!r}")
 
-    def weights_message(self) -> P.Message:
-        return P.Message(
-            P.WEIGHTS, meta={**self.weights_meta, "version": self.version}, arrays=self.arrays
-        )
+    def known_policy(self, meta: dict[str, Any]) -> str:
+        """The message's policy, one of the run's (``ExperimentConfig.policies``): a stream
+        is only made for those, so no peer can grow this server's memory with names."""
+        policy = M.policy_name(meta)
+        if policy not in self.config.policies:
+            raise P.ProtocolError(f"policy {policy!r} is not one of {self.config.policies}")
+        self.streams.setdefault(policy, Stream())
+        return policy
 
-    def publish_weights(self) -> None:
-        self.publisher.send(self.weights_message(), topic=P.WEIGHTS_TOPIC, block=False)
+    def on_weights(self, ident: bytes, msg: P.Message) -> None:
+        """A learner's new weights for its policy: stored as the next version, published and
+        acked with the version and the league's resets of that policy."""
+        policy = self.known_policy(msg.meta)
+        stream = self.streams[policy]
+        if not msg.arrays:
+            raise P.ProtocolError("weights message without arrays")
+        if not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
+            raise P.ProtocolError("weights with NaN or inf values")
+        if stream.arrays and not same_layout(msg.arrays, stream.arrays):
+            raise P.ProtocolError(
+                "weights whose parameter names, shapes or dtypes differ from the current ones"
+            )
+        floor = msg.meta.get("min_version", 0)
+        if not isinstance(floor, int) or isinstance(floor, bool) or floor > M.MAX_VERSION:
+            raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")
+        if stream.arrays and floor > stream.version + MAX_VERSION_STEP:
+            # A resumed learner's floor is a jump only into a fresh server (no arrays yet);
+            # later, a far jump would only lock every follower onto a forged version.
+            raise P.ProtocolError(
+                f"weights with min_version {floor}, more than {MAX_VERSION_STEP} past "
+                f"the current v{stream.version}"
+            )
+        # The arrays are views on the received frames; holding them keeps the frames alive,
+        # so storing a version costs no copy.
+        stream.arrays = msg.arrays
+        # A resumed learner asks to continue its numbering; versions never go backwards.
+        stream.version = max(stream.version + 1, floor)
+        stream.updated_at = time.time()
+        stream.meta = {
+            k: v for k, v in msg.meta.items() if isinstance(v, int | float | str) and k != "policy"
+        }
+        self.publish_weights(policy)
+        ack = {"version": stream.version, **M.policy_meta(policy)}
+        if stream.resets:
+            ack["resets"] = stream.resets
+        self.rpc.send(P.Message(P.ACK, meta=ack), to=ident, block=False)
+
+    def weights_message(self, policy: str = M.DEFAULT_POLICY) -> P.Message:
+        stream = self.streams[policy]
+        meta = {**stream.meta, "version": stream.version, **M.policy_meta(policy)}
+        return P.Message(P.WEIGHTS, meta=meta, arrays=stream.arrays)
+
+    def publish_weights(self, policy: str = M.DEFAULT_POLICY) -> None:
+        topic = M.policy_topic(P.WEIGHTS_TOPIC, policy)
+        self.publisher.send(self.weights_message(policy), topic=topic, block=False)
 
     def teardown(self) -> None:
         if self.gradient_server is not None:
@@ -226,6 +287,9 @@ class ParameterServer(Role):
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
+        for policy, stream in self.streams.items():
+            if policy != M.DEFAULT_POLICY:
+                info[f"weights_version_{policy}"] = stream.version
         if self.gradient_server is not None:
             info.update(self.gradient_server.heartbeat_info())
         return info

@@ -1,7 +1,9 @@
 """Following the parameter server: the newest weights from the topic bus, and late join.
 
-Used by every role that acts with the current policy (actors, the evaluator).
-Sockets: SUB on topic ``weights``; a throwaway DEALER to the params rpc endpoint
+Used by every role that acts with the current policy (actors, the evaluator). A follower
+follows one policy's stream (``M.DEFAULT_POLICY`` unless named: a league's exploiters each
+have one). Sockets: SUB on topic ``weights`` (``policy/<name>/weights`` for a named policy;
+a message naming another policy is dropped); a throwaway DEALER to the params rpc endpoint
 (found with LOOKUP "params") for GET_WEIGHTS: once when a late joiner starts, and again
 to resynchronise (below). The registry's LOOKUP answer also names the sender ids that
 may publish weights.
@@ -39,8 +41,9 @@ from torch import nn
 from zrl.models import load_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.params import MAX_VERSION_STEP
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.messages import weights_version
+from zrl.transport.messages import policy_meta, weights_version
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -55,10 +58,14 @@ log = logging.getLogger(__name__)
 class WeightsFollower:
     """Keeps a model at the newest weights version the parameter server published or served."""
 
-    def __init__(self, role: Role, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, role: Role, model: nn.Module | None = None, policy: str = M.DEFAULT_POLICY
+    ) -> None:
         self.role = role
         self.model = model
-        self.sub = role.open_subscriber([P.WEIGHTS_TOPIC], "weights")
+        self.policy = policy
+        self.sub = role.open_subscriber([M.policy_topic(P.WEIGHTS_TOPIC, policy)], "weights")
+        self.meta: dict[str, Any] = {}  # of the weights adopted last
         self.version = 0
         self.params_ids: set[str] = set()
         self._next_lookup = 0.0
@@ -123,7 +130,9 @@ class WeightsFollower:
                 self.sub._drop(sender, f"weights from {sender!r}, not a registered params role")
                 continue
             version = weights_version(msg.meta)
-            if version is None:
+            if msg.meta.get("policy", M.DEFAULT_POLICY) != self.policy:
+                self.sub._drop(sender, f"weights of policy {msg.meta.get('policy')!r}")
+            elif version is None:
                 self.sub._drop(
                     sender, f"weights version {msg.meta.get('version')!r} is not in [1, 2**53]"
                 )
@@ -138,6 +147,7 @@ class WeightsFollower:
         # Newest first; fall back to an older one if the newest does not fit.
         for version, msg in sorted(candidates, key=lambda c: c[0], reverse=True):
             if self._apply(msg, version):
+                self.meta = dict(msg.meta)
                 return True
         changed = bool(jumps or behind) and self.resync()
         for version, sender in jumps:
@@ -167,8 +177,9 @@ class WeightsFollower:
         self._next_lookup = 0.0  # this one LOOKUP is not the flood the rate limit is for
         services = self._refresh_params(timeout)
         msg = request_latest_weights(
-            self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys
-        )
+            self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys,
+            self.policy,
+        )  # fmt: skip
         if msg is None or msg.kind != P.WEIGHTS:
             return False
         version = weights_version(msg.meta)
@@ -182,7 +193,10 @@ class WeightsFollower:
                 "the parameter server is at weights v%d, behind our v%d (it restarted?): "
                 "following it", version, self.version,
             )  # fmt: skip
-        return self._apply(msg, version)
+        if not self._apply(msg, version):
+            return False
+        self.meta = dict(msg.meta)
+        return True
 
 
 def request_latest_weights(
@@ -191,15 +205,17 @@ def request_latest_weights(
     max_message_bytes: int,
     timeout: float = 2.0,
     keys: Keys | None = None,
+    policy: str = M.DEFAULT_POLICY,
 ) -> P.Message | None:
-    """GET_WEIGHTS from the first parameter server in ``services`` (a LOOKUP answer) that has them."""
+    """GET_WEIGHTS of ``policy`` from the first parameter server in ``services`` (a LOOKUP
+    answer) that has them."""
     for svc in services:
         sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000),
                            max_message_bytes=max_message_bytes, keys=keys)  # fmt: skip
         try:
             sock.connect(svc["rpc"])
             ch = Channel(sock, "params-rpc", "weights-client", TransportStats())
-            ch.send(P.Message(P.GET_WEIGHTS))
+            ch.send(P.Message(P.GET_WEIGHTS, meta=policy_meta(policy)))
             got = ch.recv()
         finally:
             sock.close(linger=0)

@@ -64,13 +64,18 @@ Data paths:
   a restarted shard lost sends nothing, so it hears no ack of the new incarnation: this is
   how it learns of the restart anyway.
 - ``weights``: learner -> params over rpc (meta ``updates``, ``min_version``, the
-  algorithm's integers); params -> everyone on PUB topic ``weights`` and as the answer to
-  ``get_weights`` (meta ``version`` plus the learner's integers). Arrays: the model's
+  algorithm's integers, ``policy`` and ``resets`` for a named policy); params -> everyone on
+  PUB topic ``weights`` (``policy_topic``) and as the answer to ``get_weights`` (meta
+  ``version`` plus the learner's integers, ``policy``). Arrays: the model's
   state_dict, parameter name -> array (model-dependent: checked by ``load_arrays`` and the
   params server, not a schema here).
-- ``get_weights``: actor/evaluator (late join), supervisor (final model) -> params rpc,
-  throwaway DEALER. No meta, no arrays; answered with ``weights`` or ``no_weights``.
-- ``no_weights``: params -> asker (nothing stored yet). No meta, no arrays.
+- ``get_weights``: actor/evaluator (late join), supervisor (final model), league -> params
+  rpc, throwaway DEALER. Meta ``policy`` (absent: the default). No arrays; answered with
+  ``weights`` or ``no_weights``.
+- ``no_weights``: params -> asker (nothing stored yet). Meta ``policy`` for a named one.
+- ``reset``: league -> params rpc (DEALER). Meta ``policy``, ``resets`` (how many times the
+  league reset it): params returns the count in the ``ack`` of that policy's next weights,
+  and its learner restarts from its initial weights. Not answered. No arrays.
 - ``metrics``: every role -> topic ``metrics`` (meta ``id``, ``role``, ``time``, the role's
   heartbeat info, ``train``); evaluator -> topic ``eval`` (meta ``kind`` = "eval",
   ``weights_version``, ``mean``, ``std``, ``min``, ``max``, ``episodes``, ``seconds``). No
@@ -83,18 +88,20 @@ Data paths:
 - ``ready``: DD-PPO learner -> learners, PUB topic ``allreduce/``. Meta ``learner``
   (index), ``heard`` (indices it heard). No arrays.
 - ``match``: actor -> the league's rpc (DEALER). Meta ``count`` (1..``MAX_MATCHES``): opponents
-  for that many episodes; answered with ``matches``. No arrays.
+  for that many episodes, ``policy`` (the learning player it acts for; absent: main);
+  answered with ``matches``. No arrays.
 - ``matches``: league -> actor. Meta ``opponents``: member names (``main``, ``main@<version>``,
   ``random``, ``scripted``), at most ``MAX_MATCHES``. No arrays.
 - ``results``: actor -> the league's rpc. Meta ``opponents`` (names) and ``outcomes`` (+1 win,
-  0 draw, -1 loss of the learning policy), the same length, at most ``MAX_RESULTS``. Not
-  answered. No arrays.
+  0 draw, -1 loss of the learning player), the same length, at most ``MAX_RESULTS``;
+  ``policy`` as in ``match``. Not answered. No arrays.
 - ``get_snapshot``: actor -> the league's rpc. Meta ``id`` (a snapshot's name); answered with
   ``weights`` (meta ``id``, ``version``; arrays as for params) or ``no_weights``.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -513,6 +520,47 @@ def member_name(value: Any) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= P.MAX_NAME_CHARS:
         raise P.ProtocolError(f"league member name {str(value)[:40]!r} is not a short string")
     return value
+
+
+DEFAULT_POLICY = "main"
+"""The weights stream (policy) of a run with one learning policy; a run with several (a league
+with exploiters) names the others, and each has its own versions, learners and actors."""
+
+
+def policy_topic(topic: str, policy: str) -> str:
+    """``topic`` of one policy's stream: the default policy's is ``topic`` itself (so a run
+    with one policy speaks as before); another's is ``policy/<name>/<topic>``, which no
+    subscription to a default topic prefix-matches."""
+    return topic if policy == DEFAULT_POLICY else f"policy/{policy}/{topic}"
+
+
+POLICY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+"""A policy (weights stream) name: it lands in topics and metric names."""
+
+
+def policy_name(meta: Mapping[str, Any]) -> str:
+    """The ``policy`` of a message (``weights``, ``get_weights``, ``reset``, ``match``,
+    ``results``, an ``ack`` of weights): the default policy when absent; ProtocolError unless
+    a name of the form ``[a-z][a-z0-9_]{0,63}``."""
+    name = meta.get("policy", DEFAULT_POLICY)
+    if not isinstance(name, str) or not POLICY_NAME.fullmatch(name):
+        raise P.ProtocolError(f"policy {str(name)[:40]!r} is not a name [a-z][a-z0-9_]{{0,63}}")
+    return name
+
+
+def policy_meta(policy: str) -> dict[str, str]:
+    """The meta that names ``policy`` on the wire: none for the default policy, so a run with
+    one policy sends what it always sent."""
+    return {} if policy == DEFAULT_POLICY else {"policy": policy}
+
+
+def reset_count(meta: Mapping[str, Any]) -> int:
+    """The ``resets`` of a ``reset`` (or of an ``ack`` of weights): how many times the league
+    has reset the policy so far, an int in [0, MAX_VERSION]."""
+    count = meta.get("resets", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_VERSION:
+        raise P.ProtocolError(f"resets {count!r} is not an int in [0, 2**53]")
+    return count
 
 
 def match_count(meta: Mapping[str, Any]) -> int:

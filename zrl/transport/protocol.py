@@ -62,6 +62,7 @@ RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
 GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answered WEIGHTS)
 STOP_RUN = "stop_run"  # head -> broker registry: the experiment is over; every role stops
 INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard>/): it restarted?
+RESET = "reset"  # league -> params rpc: a named policy's learner restarts from its initial weights
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -93,6 +94,7 @@ KINDS: tuple[str, ...] = (
     GET_SNAPSHOT,
     STOP_RUN,
     INCARNATION,
+    RESET,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from

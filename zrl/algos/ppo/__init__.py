@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    r, mb = cfg.roles, cfg.ppo.minibatch_size
+    mb = cfg.ppo.minibatch_size
+    learners = cfg.learners_per_policy()  # DD-PPO's, per learning policy
     if cfg.model.core == "none":
-        if r.learners > 1 and mb % r.learners:
+        if learners > 1 and mb % learners:
             raise ValueError(
-                f"ppo.minibatch_size ({mb}) must split evenly across {r.learners} learners"
+                f"ppo.minibatch_size ({mb}) must split evenly across {learners} learners"
             )
         return
     if cfg.actor.env_groups != 1:
@@ -37,11 +38,11 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
     # Recurrent minibatches are whole env rows of actor.trajectory_length steps.
     rows = max(1, mb // cfg.actor.trajectory_length)
-    if r.learners > 1 and rows % r.learners:
+    if learners > 1 and rows % learners:
         raise ValueError(
             f"recurrent DD-PPO splits each minibatch's {rows} env rows (ppo.minibatch_size "
             f"{mb} // actor.trajectory_length {cfg.actor.trajectory_length}) across "
-            f"roles.learners ({r.learners}): make the rows a multiple of the learners"
+            f"roles.learners ({learners}): make the rows a multiple of the learners"
         )
 
 

@@ -77,8 +77,10 @@ class PPOUpdate(BaseUpdate):
         if self.recurrent:
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr)
-        self.learners = max(1, cfg.roles.learners)
-        self.learner_index = setup.index
+        # DD-PPO among the learners of this learner's policy (one each in a league with
+        # exploiters: they train different players and must not average their gradients).
+        self.learners = cfg.learners_per_policy()
+        self.learner_index = cfg.learner_rank(setup.index)
         self.leader = self.learner_index == 0
         # DD-PPO: gradients and READY messages between the learners.
         self.allreduce_pub: Channel | None = None
@@ -97,7 +99,8 @@ class PPOUpdate(BaseUpdate):
         self.follow: Any = None if self.leader else self.services.follow_weights(self.model)
         self.weight_drift = 0.0
         c = cfg.ppo
-        self.buffer = RoundBuffer(c.mode, max(1, cfg.roles.actors), c.max_lag, c.round_timeout)
+        policy = cfg.learner_policy(setup.index)
+        self.buffer = RoundBuffer(c.mode, cfg.policy_actors(policy), c.max_lag, c.round_timeout)
         self.rounds = 0
         self.updates = 0  # minibatch steps taken by this process (the summary line)
         self.last_loss = float("nan")
