@@ -55,3 +55,13 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
 
     yield start
     kill_pids([p.pid for p in procs])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n 2 --dist loadgroup`` (CI) the tests that train through real processes
+    run one after another on one worker, while the other worker takes everything else: two
+    trainings side by side on 2 cores would each get half the CPU their time limits assume."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("waits"):
+            item.add_marker(pytest.mark.xdist_group("trains"))

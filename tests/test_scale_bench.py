@@ -43,6 +43,7 @@ def test_registry_floor_answers_every_role_and_status_grows_with_them() -> None:
     assert 4 * small["status_bytes"] < big["status_bytes"] < 6 * small["status_bytes"]
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_registry_section_with_ten_roles_gives_sane_rows() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="zrl-scale-test-"))

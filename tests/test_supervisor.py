@@ -455,6 +455,7 @@ def processes_of(addr: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_supervisor_restarts_a_killed_actor(tmp_path: Path):
     cfg = crash_config()
@@ -548,6 +549,7 @@ def make_env_crashing_in_actors() -> Any:
 CRASHING_ENV = "tests.test_supervisor:make_env_crashing_in_actors"
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Path):
     """A time limit comes before the restart budget is spent: the run still fails, and the
@@ -582,6 +584,7 @@ def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Pa
     assert any("crash-test-sim" in line for line in summary["error_log_tail"])
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_experiment_run_raises_when_the_restart_budget_is_spent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

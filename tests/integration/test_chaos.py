@@ -276,6 +276,7 @@ def test_supervisor_stops_the_actors_before_the_replay(tmp_path: Path) -> None:
 # --- a broker restart under running roles ------------------------------------------------------
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_roles_reregister_with_a_restarted_broker(spawn, broker_addr, zmq_ctx) -> None:
     broker_args = (

@@ -477,6 +477,7 @@ def test_keys_keep_outsiders_out(make_hosts: Callable[[int], Hosts], tmp_path: P
 # --- 3. a host that vanishes is shown dead within the heartbeat window -----------------------
 
 
+@pytest.mark.waits
 @pytest.mark.timeout(150)
 def test_vanished_host_is_marked_dead(make_hosts: Callable[[int], Hosts], tmp_path: Path) -> None:
     timeout = 2.0

@@ -9,10 +9,14 @@ import pytest
 
 from zrl.testing.processes import run_zrl
 
+# Each run stops at the first evaluation of 200 (the configs' 475 takes twice as long): well
+# above run_zrl's bar of five times a random policy, and what these tests check is the wiring.
+STOP = "stop.eval_return=200"
+
 
 @pytest.mark.slow
 def test_ppo_sync_rounds_never_mix_versions(tmp_path: Path) -> None:
-    summary = run_zrl(tmp_path, "cartpole_ppo.yaml")
+    summary = run_zrl(tmp_path, "cartpole_ppo.yaml", STOP)
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "mixed-version rounds" in line]
     assert closing, log[-2000:]
@@ -25,7 +29,7 @@ def test_ppo_sync_rounds_never_mix_versions(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ppo_async_and_dd_ppo_learners_stay_in_lockstep(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "cartpole_ppo.yaml", "ppo.mode=async", "roles.learners=2", wall_time=45
+        tmp_path, "cartpole_ppo.yaml", "ppo.mode=async", "roles.learners=2", STOP, wall_time=45
     )
     logs = summary["dir"] / "logs"
     leader = [ln for ln in (logs / "learner-0.log").read_text().splitlines() if "rounds (" in ln]
@@ -40,7 +44,7 @@ def test_ppo_async_and_dd_ppo_learners_stay_in_lockstep(tmp_path: Path) -> None:
 def test_impala_learns_through_the_fifo_queue(tmp_path: Path) -> None:
     # APPO shares this wiring and its learner base (zrl.algos.unrolls); its loss is tested
     # against a reference loop, and tests/integration/test_atari.py trains it on Pong frames.
-    summary = run_zrl(tmp_path, "cartpole_impala.yaml")
+    summary = run_zrl(tmp_path, "cartpole_impala.yaml", STOP)
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "stale unrolls dropped" in line]
     assert closing, log[-2000:]
@@ -49,7 +53,7 @@ def test_impala_learns_through_the_fifo_queue(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a3c_workers_gradients_applied_by_params(tmp_path: Path) -> None:
-    summary = run_zrl(tmp_path, "cartpole_a3c.yaml", wall_time=60)
+    summary = run_zrl(tmp_path, "cartpole_a3c.yaml", STOP, wall_time=60)
     log = (summary["dir"] / "logs" / "params-0.log").read_text()
     closing = [line for line in log.splitlines() if "gradients," in line and "updates from" in line]
     assert closing, log[-2000:]

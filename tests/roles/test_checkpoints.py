@@ -114,6 +114,7 @@ def assert_same(a: Any, b: Any, path: str = "state") -> None:
 # --- replay snapshots ---------------------------------------------------------------------------
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_replay_snapshot_round_trip(inproc, tmp_path):
     ckpt = tmp_path / "ckpt"

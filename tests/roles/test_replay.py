@@ -350,6 +350,7 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
     assert inproc.alive(replay) and inproc.error_of(replay) is None
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_inserts_wait_for_samples_then_resume(inproc):
     """Without a consumer for batches the shard stops reading experience (back-pressure on
