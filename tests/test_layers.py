@@ -26,14 +26,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.config",
             "zrl.config_base",  # the base of every config section (pydantic only)
             "zrl.config_help",  # did-you-mean for a config that does not validate
-            # The config sections of the algorithms, which zrl.config imports (pydantic only).
-            "zrl.algos.a3c.config",
-            "zrl.algos.apex_ddpg.config",
-            "zrl.algos.appo.config",
-            "zrl.algos.impala.config",
-            "zrl.algos.ppo.config",
-            "zrl.algos.r2d2.config",
-            "zrl.algos.sac.config",
             "zrl.multiagent.config",  # env.multiagent (pydantic only)
             "zrl.league.config",  # the league: section (pydantic only)
             "zrl.runtime",

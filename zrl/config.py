@@ -6,27 +6,33 @@ by pydantic with ``extra="forbid"``, so a typo is an error naming the key path,
 never a silently ignored setting.
 
 The sections only one algorithm reads are defined in its package
-(``zrl/algos/<name>/config.py``); the did-you-mean help for a config that does not
-validate is ``zrl.config_help``.
+(``zrl/algos/<name>/config.py``) and named by its ``Algorithm.config``: ``ExperimentConfig``
+validates them under their YAML keys beside its own fields, from the registry, so adding an
+algorithm adds nothing here; the algorithm reads its section with ``cfg.section(PPOConfig)``.
+The did-you-mean help for a config that does not validate is ``zrl.config_help``.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
-from zrl.algos import algorithm_names, get_algorithm
-from zrl.algos.a3c.config import A3CConfig
-from zrl.algos.apex_ddpg.config import DDPGConfig
-from zrl.algos.appo.config import AppoConfig
-from zrl.algos.impala.config import ImpalaConfig
-from zrl.algos.ppo.config import PPOConfig
-from zrl.algos.r2d2.config import R2D2Config
-from zrl.algos.sac.config import SACConfig
+from zrl.algos import algorithm_names, algorithm_sections, get_algorithm
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
 from zrl.league.config import MAIN, LeagueConfig
@@ -35,10 +41,16 @@ from zrl.multiagent.config import MultiAgentConfig, is_multiagent
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
 
 
+ALGORITHM_SECTIONS_AFTER = "learner"
+"""The algorithms' own sections stand after this one in a dumped config (``zrl config show``)."""
+
+S = TypeVar("S", bound=Section)
+
+
 def algo_sections() -> dict[str, tuple[str, ...]]:
     """The algorithm-specific sections each ``algo`` reads (the keys are the algorithms); every
     other section applies to all of them. ``zrl config show`` prints only what ``algo`` uses."""
-    return {name: get_algorithm(name).sections for name in algorithm_names()}
+    return {name: get_algorithm(name).reads for name in algorithm_names()}
 
 
 class ConfigError(ValueError):
@@ -323,13 +335,7 @@ class ExperimentConfig(Section):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    impala: ImpalaConfig = Field(default_factory=ImpalaConfig)
-    appo: AppoConfig = Field(default_factory=AppoConfig)
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
-    a3c: A3CConfig = Field(default_factory=A3CConfig)
-    ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
-    sac: SACConfig = Field(default_factory=SACConfig)
-    r2d2: R2D2Config = Field(default_factory=R2D2Config)
+    # Here, in a dumped config: the algorithms' own sections (``section``).
     league: LeagueConfig = Field(default_factory=LeagueConfig)
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
@@ -338,6 +344,62 @@ class ExperimentConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     hosts: list[HostConfig] = Field(default_factory=list)
     """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
+    _algorithm_sections: dict[str, Section] = PrivateAttr(default_factory=dict)
+    """Every section of ``zrl.algos.algorithm_sections()``, by YAML key (defaults where the
+    config has none), whichever algorithm runs: ``--all`` shows them, a config keeps them."""
+
+    def section(self, model: type[S]) -> S:
+        """The algorithm config section of class ``model``: ``cfg.section(PPOConfig).clip``."""
+        for section in self._algorithm_sections.values():
+            if isinstance(section, model):
+                return section
+        raise KeyError(f"no algorithm this process knows defines the section {model.__name__}")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _algorithm_sections_and_checks(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ExperimentConfig]
+    ) -> ExperimentConfig:
+        # Validating an instance (an assignment) keeps its sections.
+        cfg = cls._with_sections(data, handler) if isinstance(data, dict) else handler(data)
+        get_algorithm(cfg.algo).check(cfg)  # after the sections: the checks read them
+        return cfg
+
+    @classmethod
+    def _with_sections(
+        cls, data: dict[str, Any], handler: ModelWrapValidatorHandler[ExperimentConfig]
+    ) -> ExperimentConfig:
+        """Validate the algorithms' sections of ``data`` with their models and the rest with
+        the fields; the errors of both together, located as if the sections were fields."""
+        models = algorithm_sections()
+        clash = models.keys() & cls.model_fields.keys()
+        if clash:
+            raise ValueError(f"an algorithm defines the config section(s) {sorted(clash)}")
+        errors: list[InitErrorDetails] = []
+        sections: dict[str, Section] = {}
+        for key, model in models.items():
+            try:
+                sections[key] = model.model_validate(data.get(key, {}))
+            except ValidationError as err:
+                errors += _located(err, key)
+        try:
+            cfg = handler({k: v for k, v in data.items() if k not in models})
+        except ValidationError as err:
+            errors += _located(err)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        cfg._algorithm_sections = sections
+        return cfg
+
+    @model_serializer(mode="wrap")
+    def _dump_algorithm_sections(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        sections = {k: s.model_dump(mode=info.mode) for k, s in self._algorithm_sections.items()}
+        at = list(data).index(ALGORITHM_SECTIONS_AFTER) + 1
+        items = list(data.items())
+        return dict([*items[:at], *sections.items(), *items[at:]])
 
     @model_validator(mode="after")
     def _placement_fits(self) -> ExperimentConfig:
@@ -446,10 +508,24 @@ class ExperimentConfig(Section):
         get_algorithm(algo)  # ValueError naming the known algorithms
         return algo
 
-    @model_validator(mode="after")
-    def _roles_fit_algo(self) -> ExperimentConfig:
-        get_algorithm(self.algo).check(self)
-        return self
+
+def _located(err: ValidationError, *prefix: str) -> list[InitErrorDetails]:
+    """The errors of ``err``, their locations under ``prefix``, to raise again together."""
+    return [
+        InitErrorDetails(
+            type=e["type"], loc=(*prefix, *e["loc"]), input=e["input"], ctx=e.get("ctx", {})
+        )
+        for e in err.errors()
+    ]
+
+
+def config_schema() -> dict[str, Any]:
+    """Every top-level key of a config, in the order a dumped config has them, and its type (a
+    section model for a section): ``ExperimentConfig``'s fields, and the algorithms' own
+    sections after ``learner``."""
+    fields = [(k, f.annotation) for k, f in ExperimentConfig.model_fields.items()]
+    at = [k for k, _ in fields].index(ALGORITHM_SECTIONS_AFTER) + 1
+    return dict([*fields[:at], *algorithm_sections().items(), *fields[at:]])
 
 
 def sections_used(algo: str) -> list[str]:
@@ -457,7 +533,7 @@ def sections_used(algo: str) -> list[str]:
     sections = algo_sections()
     specific = {s for used in sections.values() for s in used}
     return [
-        k for k in ExperimentConfig.model_fields
+        k for k in config_schema()
         if k not in specific or k in sections.get(algo, ())
     ]  # fmt: skip
 
@@ -504,7 +580,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
     except ValidationError as err:
         algo = data.get("algo")
         algo = algo if algo in algorithm_names() else "apex_dqn"
-        why = format_validation_error(err, ExperimentConfig, algo, sections_used(algo))
+        why = format_validation_error(err, config_schema(), algo, sections_used(algo))
         raise ConfigError(f"invalid config: {why}") from None
 
 

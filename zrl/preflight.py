@@ -139,13 +139,11 @@ def check_model(
     there is one); a ConfigError says why it does not build."""
     import gymnasium as gym
 
-    from zrl.models import build_model
+    from zrl.models import experiment_model
 
     model_fn = _factory(factories or Factories(), "model")
     try:
-        build_model(
-            observation_space, action_space, cfg.model, cfg.algo, model_fn, twin=cfg.ddpg.twin
-        )
+        experiment_model(cfg, observation_space, action_space, model_fn)
     except Exception as exc:  # noqa: BLE001 - a user's model may raise anything
         spaces = f"observations {describe_space(observation_space)}, actions {describe_space(action_space)}"
         why = f"{type(exc).__name__}: {_one_line(exc)}"

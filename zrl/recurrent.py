@@ -192,10 +192,7 @@ def is_recurrent(model: Any) -> bool:
 
 
 def recurrent_q_network_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> RecurrentQNetwork:
     """zrl's network for R2D2 (``Algorithm.model``): ``model.core`` (lstm unless set) of
     ``model.core_size`` after the encoder."""
@@ -229,10 +226,7 @@ def greedy_step(model: Any, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]
 
 
 def actor_critic_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> ActorCritic | AgentActorCritic | RecurrentActorCritic:
     """zrl's network for PPO (``Algorithm.model``): the recurrent actor-critic when
     ``model.core`` is set, else the feed-forward one."""

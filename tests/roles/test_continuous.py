@@ -25,8 +25,10 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from zrl.algos import get_algorithm
+from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.api import ActorSetup
 from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
+from zrl.algos.sac.config import SACConfig
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
 from zrl.continuous_models import DDPGModel, SACModel
 from zrl.envs import EpisodeTracker, make_vector_env
@@ -526,7 +528,11 @@ def test_learner_stops_on_repeated_non_finite_losses_without_changing_weights(al
 
 def test_config_sections_and_validation():
     cfg = config("apex_ddpg")
-    assert cfg.ddpg.policy_delay == 1 and cfg.ddpg.twin is False and cfg.sac.target_entropy is None
+    assert (
+        cfg.section(DDPGConfig).policy_delay == 1
+        and cfg.section(DDPGConfig).twin is False
+        and cfg.section(SACConfig).target_entropy is None
+    )
     base = cfg.model_dump(mode="json")
     with pytest.raises(ConfigError, match="roles.replay"):
         config_from_dict(base, ["roles.replay=0"])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.a3c.server import A3CGradientServer
 from zrl.algos.impala.vtrace import categorical_entropy
@@ -205,16 +206,19 @@ class LocalServer:
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         self.model = initial_model(cfg)
-        self.optimizer = make_adam(self.model.parameters(), cfg.a3c.lr)
+        self.optimizer = make_adam(self.model.parameters(), cfg.section(A3CConfig).lr)
 
     def step(self, *grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         combined = reduce_gradients(
-            [{k: torch.from_numpy(v) for k, v in g.items()} for g in grads], self.cfg.a3c.reduce
+            [{k: torch.from_numpy(v) for k, v in g.items()} for g in grads],
+            self.cfg.section(A3CConfig).reduce,
         )
         for name, p in self.model.named_parameters():
             p.grad = combined[name].clone()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.a3c.grad_clip)
-        assert float(norm) > self.cfg.a3c.grad_clip  # the clip is exercised
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.section(A3CConfig).grad_clip
+        )
+        assert float(norm) > self.cfg.section(A3CConfig).grad_clip  # the clip is exercised
         self.optimizer.step()
         return model_to_arrays(self.model)
 
@@ -531,7 +535,7 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     assert np.isfinite(msg.meta["loss"])
     # Its loss is the A2C loss of some rollout under these weights: the reported parts are
     # consistent with each other (loss = policy + value_coef * value - entropy_coef * entropy).
-    c = cfg.a3c
+    c = cfg.section(A3CConfig)
     want = msg.meta["policy_loss"] + c.value_coef * msg.meta["value_loss"]
     want -= c.entropy_coef * msg.meta["entropy"]
     assert msg.meta["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)

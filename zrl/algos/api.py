@@ -15,6 +15,7 @@ which algorithm runs; they ask the ``Algorithm``:
   parameter server (:class:`GradientServerSetup` in); it receives each gradient, validated,
   and steps the model it owns (:class:`GradientServer`).
 - ``model``: the network zrl builds for it when the user gives none.
+- ``config``: the config sections it defines (its pydantic models, by YAML key).
 - ``check_config``: the checks of a config that only this algorithm needs.
 
 The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are ``"module:attribute"`` references,
@@ -27,7 +28,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from zrl.config import ExperimentConfig
+    from zrl.config_base import Section
     from zrl.roles.train_stats import TrainStats
     from zrl.transport.protocol import Message
     from zrl.transport.sockets import Channel
@@ -89,7 +91,7 @@ class Algorithm:
     ("" when it has no learner)."""
     model: str
     """``module:function`` building zrl's network for it:
-    ``f(observation_space, action_space, config) -> nn.Module``."""
+    ``f(observation_space, action_space, model_cfg, **model_options(config)) -> nn.Module``."""
     gradient_server: str = ""
     """``module:Class`` of its :class:`GradientServer`, called with a
     :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
@@ -98,23 +100,45 @@ class Algorithm:
     """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
     random_actions: bool = False
     """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
+    config: Mapping[str, type[Section]] = field(default_factory=dict)
+    """The config sections it defines, YAML key -> section model (``{"ppo": PPOConfig}``):
+    ``ExperimentConfig`` validates them beside its own, and the algorithm reads its section
+    with ``cfg.section(PPOConfig)``."""
     sections: tuple[str, ...] = ()
-    """The algorithm-specific config sections it reads (``zrl config show`` prints only
-    these of them; the common sections apply to every algorithm)."""
+    """The shared config sections it reads that not every algorithm does (``replay``,
+    ``learner``): ``zrl config show`` prints these and its own (:attr:`reads`)."""
     check_config: Callable[[ExperimentConfig], None] | None = None
     """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
+    model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None
+    """Keyword arguments of ``model`` that its own config section sets (Ape-X DDPG: twin
+    critics)."""
 
     @classmethod
-    def box_off_policy(cls, name: str, summary: str, *, model: str, section: str) -> Algorithm:
+    def box_off_policy(
+        cls,
+        name: str,
+        summary: str,
+        *,
+        model: str,
+        config: Mapping[str, type[Section]],
+        model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None,
+    ) -> Algorithm:
         """An algorithm for Box actions on the policy and update of ``zrl.algos.continuous``
         (Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``, the config sections replay,
-        learner and its own ``section``."""
+        learner and its own ``config``."""
         continuous = "zrl.algos.continuous"
         return cls(
             name=name, summary=summary, wiring=Wiring.off_policy("box"),
             policy=f"{continuous}:ContinuousPolicy", update=f"{continuous}:ContinuousUpdate",
-            model=model, sections=("replay", "learner", section),
+            model=model, config=config, sections=("replay", "learner"),
+            model_options=model_options,
         )  # fmt: skip
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The config sections it reads beyond those every algorithm reads: the shared
+        ``sections`` and its own ``config``."""
+        return (*self.sections, *self.config)
 
     def check(self, cfg: ExperimentConfig) -> None:
         """Raise ValueError (naming the key) on a config this algorithm cannot run: what its

@@ -219,12 +219,11 @@ class Role(RoleSockets):
         return make_vector_env(self.config.env, num_envs, self.factories.env_fn(), evaluation)
 
     def make_model(self, observation_space: Any, action_space: Any) -> Any:
-        from zrl.models import build_model
+        from zrl.models import experiment_model
 
-        return build_model(
-            observation_space, action_space, self.config.model, self.config.algo,
-            self.factories.model_fn(), twin=self.config.ddpg.twin,
-        )  # fmt: skip
+        return experiment_model(
+            self.config, observation_space, action_space, self.factories.model_fn()
+        )
 
     def connect(self) -> None:
         """Register with the broker, retrying with capped back-off until ``connect_timeout``."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.ppo.config import PPOConfig
 
 if TYPE_CHECKING:
     from zrl.config import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    mb = cfg.ppo.minibatch_size
+    mb = cfg.section(PPOConfig).minibatch_size
     learners = cfg.learners_per_policy()  # DD-PPO's, per learning policy
     if cfg.model.core == "none":
         if learners > 1 and mb % learners:
@@ -54,6 +55,7 @@ ALGORITHM = Algorithm(
     update="zrl.algos.ppo.update:PPOUpdate",
     model="zrl.recurrent:actor_critic_for",
     recurrent=True,
-    sections=("learner", "ppo"),
+    config={"ppo": PPOConfig},
+    sections=("learner",),
     check_config=check_config,
 )

@@ -37,6 +37,7 @@ from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateRe
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
+from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
 from zrl.models import ActorCritic, load_arrays, model_to_arrays
 from zrl.recurrent import RecurrentActorCritic, is_recurrent
@@ -98,7 +99,7 @@ class PPOUpdate(BaseUpdate):
         # Followers take the leader's weights (through the parameter server) every round.
         self.follow: Any = None if self.leader else self.services.follow_weights(self.model)
         self.weight_drift = 0.0
-        c = cfg.ppo
+        c = cfg.section(PPOConfig)
         policy = cfg.learner_policy(setup.index)
         self.buffer = RoundBuffer(c.mode, cfg.policy_actors(policy), c.max_lag, c.round_timeout)
         self.rounds = 0
@@ -252,7 +253,7 @@ class PPOUpdate(BaseUpdate):
 
     def train_round(self, chosen: list[Rollout], current: int) -> int:
         """Train one round; the minibatch steps taken."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         versions = sorted({r.version for r in chosen})
         if c.mode == "sync" and len(versions) > 1:
             self.mixed_rounds += 1
@@ -316,7 +317,7 @@ class PPOUpdate(BaseUpdate):
 
     def sample_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The PPO loss of this learner's part of a feed-forward minibatch of samples."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
         if self.learners > 1:
             # Each learner takes its slice of the (identically ordered) minibatch.
@@ -338,7 +339,7 @@ class PPOUpdate(BaseUpdate):
         over the valid steps. Advantages are normalized over the whole minibatch's valid
         steps; with DD-PPO each learner's loss is weighted by its share of them, so the
         averaged gradient is the whole minibatch's."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         adv, total = mb["advantage"], int(mb["valid"].sum())
         if c.normalize_advantages:
             adv = adv.masked_scatter(mb["valid"], normalize(adv[mb["valid"]]))
@@ -477,7 +478,7 @@ class PPOUpdate(BaseUpdate):
         drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
         timeouts = f", allreduce timeouts {self.allreduce_timeouts}" if self.learners > 1 else ""
         return (
-            f"{self.rounds} rounds ({self.config.ppo.mode}), {self.updates} updates, "
+            f"{self.rounds} rounds ({self.config.section(PPOConfig).mode}), {self.updates} updates, "
             f"mixed-version rounds {self.mixed_rounds}, stale rollouts {self.buffer.stale}, "
             f"short rounds {self.buffer.short_rounds}{drift}{timeouts}, "
             f"{self.training_s:.1f} s training of {time.monotonic() - self.started:.1f} s"

@@ -17,6 +17,7 @@ import torch
 
 from zrl.algos.apex_dqn.policy import EpsilonGreedyPolicy
 from zrl.algos.api import ActorSetup, Outgoing, Trajectory
+from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     inverse_value_rescale,
     nstep_double_q_targets,
@@ -58,7 +59,7 @@ class R2D2Policy(EpsilonGreedyPolicy):
         self.state: np.ndarray = model.initial_state(E).numpy()
         self.fresh = np.ones(E, bool)  # the actor's first observations start episodes
         self.cutter = SequenceCutter(
-            E, cfg.r2d2.sequence_length, cfg.r2d2.burn_in,
+            E, cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in,
             M.obs_shape(setup.observation_space), M.obs_dtype(setup.observation_space),
             self.state.shape[1], self.num_actions,
         )  # fmt: skip
@@ -66,7 +67,7 @@ class R2D2Policy(EpsilonGreedyPolicy):
         setup.log.info(
             "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
             setup.actor_index, E, cfg.env.id, float(self.epsilons.max()),
-            float(self.epsilons.min()), cfg.r2d2.sequence_length, cfg.r2d2.burn_in, setup.seed,
+            float(self.epsilons.min()), cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in, setup.seed,
         )  # fmt: skip
 
     def episodes_started(self, envs: np.ndarray) -> None:
@@ -94,7 +95,7 @@ class R2D2Policy(EpsilonGreedyPolicy):
             tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"],
             version=tr.weights_version,
         )  # fmt: skip
-        c, rc = self.config.r2d2, self.config.replay
+        c, rc = self.config.section(R2D2Config), self.config.replay
         priority = actor_priorities(
             seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon
         )
