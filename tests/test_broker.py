@@ -906,14 +906,14 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
     try:
         for sender in ("evaluator-7", "actor-0", ""):  # not an evaluator of this run
             sup.monitor.drain(Monitor(sender, 999.0), writer, 1.0)
-        assert sup.agg.evals == [] and sup.evals_dropped == 3 and len(dropped) == 3
+        assert sup.agg.evals == [] and sup.monitor.evals_dropped == 3 and len(dropped) == 3
         # Under the live evaluator's name it is recorded, but stops the run only once the
         # evaluator's own heartbeat (tied to its registry connection) reports the return too.
         sup.monitor.drain(Monitor("evaluator-0", 999.0), writer, 1.0)
         sup._confirm_target()
         assert not sup._stop.is_set() and sup.target_time is None
         sup.monitor.drain(Monitor("evaluator-0", 500.5), writer, 2.0)
-        sup.status_rows[0]["info"] = {"eval_return": 500.5}
+        sup.monitor.status_rows[0]["info"] = {"eval_return": 500.5}
         sup._confirm_target()
         assert sup._stop.is_set() and sup.target_time == 2.0  # the real one's time
     finally:

@@ -174,7 +174,7 @@ def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
 
 def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool = False) -> None:
     """Evals as the evaluator sends them: on the topic bus, then in its own heartbeat."""
-    info = sup.status_rows[0]["info"]
+    info = sup.monitor.status_rows[0]["info"]
     for mean in means:
         t = len(sup.agg.evals) + 1.0
         sup.monitor.drain(EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import zmq
@@ -48,32 +49,23 @@ class TopicSource(Protocol):
     def _drop(self, sender: str, reason: str) -> None: ...
 
 
+@dataclass(eq=False)
 class RunMonitor:
     """The head's view of its run: the registry's rows, and the metrics and evals heard."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        ctx: zmq.Context,
-        access: BrokerAccess,
-        pool: ChildPool,
-        roster: Roster,
-        agg: Aggregator,
-        target: StopRule,
-    ) -> None:
-        self.cfg = cfg
-        self.ctx = ctx
-        self.access = access
-        self.pool = pool
-        self.roster = roster
-        self.agg = agg
-        self.target = target
-        self.status_rows: list[dict[str, Any]] = []
-        """The registry's rows at the last STATUS that got an answer."""
-        self.evals_dropped = 0
-        """Evals published under a name that is no registered evaluator of this run."""
-        self.first_env_step: float | None = None
-        """Seconds from the head's start to the first actor report of an env step."""
+    cfg: ExperimentConfig
+    ctx: zmq.Context
+    access: BrokerAccess
+    pool: ChildPool
+    roster: Roster
+    agg: Aggregator
+    target: StopRule
+    status_rows: list[dict[str, Any]] = field(default_factory=list, init=False)
+    """The registry's rows at the last STATUS that got an answer."""
+    evals_dropped: int = field(default=0, init=False)
+    """Evals published under a name that is no registered evaluator of this run."""
+    first_env_step: float | None = field(default=None, init=False)
+    """Seconds from the head's start to the first actor report of an env step."""
 
     def open(self) -> Channel:
         """The SUB on the topic bus for ``metrics`` and ``eval``."""

@@ -145,14 +145,6 @@ class Supervisor:
         return self.target.confirming_return
 
     @property
-    def status_rows(self) -> list[dict[str, Any]]:
-        return self.monitor.status_rows
-
-    @property
-    def evals_dropped(self) -> int:
-        return self.monitor.evals_dropped
-
-    @property
     def broker_child(self) -> Child | None:
         return self.pool.broker
 
