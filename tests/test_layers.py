@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl",  # __version__ (Experiment, RunFailed and Factories are lazy)
             "zrl.config",
             "zrl.config_base",  # the base of every config section (pydantic only)
+            "zrl.config_sections",  # the sections every algorithm shares (pydantic only)
             "zrl.config_help",  # did-you-mean for a config that does not validate
             "zrl.multiagent.config",  # env.multiagent (pydantic only)
             "zrl.league.config",  # the league: section (pydantic only)
