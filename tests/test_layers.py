@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.metrics",
             "zrl.algos",  # the algorithm registry and its API, which import nothing of zrl
             "zrl.algos.api",
+            "zrl.algos.api.*",
             "zrl.transport",
             "zrl.transport.*",
             "zrl.replay",
