@@ -82,14 +82,12 @@ from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_s
 from zrl.config import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
 from zrl.roles.registry_client import registry_request  # noqa: E402
 from zrl.transport import protocol as P  # noqa: E402
-from zrl.transport.sockets import (  # noqa: E402
-    Channel,
-    TransportStats,
+from zrl.transport.endpoints import (  # noqa: E402
     broker_endpoints,
     connect_topics,
     free_port_range,
-    make_socket,
 )
+from zrl.transport.sockets import Channel, TransportStats, make_socket  # noqa: E402
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 BROKER_START_TIMEOUT_S = 30.0

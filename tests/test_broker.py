@@ -30,13 +30,8 @@ from zrl.roles.base import Role, RoleError, registry_request
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    broker_endpoints,
-    connect_topics,
-    make_socket,
-)
+from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 MAX_MSG = 65_536  # the brokers' max_message_bytes here, so "oversized" is cheap to send

@@ -20,8 +20,8 @@ from zrl import __version__
 from zrl.cli import app
 from zrl.config import DEFAULT_STREAMS, ExperimentConfig, config_schema
 from zrl.testing.processes import REPO, kill_pids
+from zrl.transport.endpoints import broker_endpoints, free_port_range
 from zrl.transport.protocol import PROTOCOL_VERSION
-from zrl.transport.sockets import broker_endpoints, free_port_range
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys", "host"}

@@ -31,7 +31,7 @@ from zrl.run import Aggregator, Supervisor
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 torch.set_num_threads(1)
 

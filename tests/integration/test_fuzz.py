@@ -67,7 +67,8 @@ from zrl.testing.processes import (
     zrl_status_json,
 )
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 # --- decode under hypothesis --------------------------------------------------------------------
 

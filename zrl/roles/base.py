@@ -41,14 +41,9 @@ from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
 from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
 from zrl.transport import protocol as P
+from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
 from zrl.transport.security import Keys
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    connect_address,
-    make_socket,
-    usable_ipc_endpoints,
-)
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0

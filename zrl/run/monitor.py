@@ -27,13 +27,8 @@ from zrl.run.pool import ChildPool
 from zrl.run.roster import Roster
 from zrl.run.stop_rule import StopRule
 from zrl.transport import protocol as P
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    broker_endpoints,
-    connect_topics,
-    make_socket,
-)
+from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 log = logging.getLogger("zrl.supervisor")
 
