@@ -615,14 +615,15 @@ def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
     inproc.wait_for_subscriber(P.ALLREDUCE_TOPIC, pub=intruder)
     intruder.send(P.Message(P.READY, meta={"learner": 7, "heard": [0]}), topic=P.ALLREDUCE_TOPIC)
     settle(lambda: not leader.peers_ready and params.version == 0, 0.8)
-    assert leader.heard == set()
-    assert leader.allreduce_sub is not None and leader.allreduce_sub.stats.dropped >= 1
+    assert leader.peers is not None and leader.peers.heard == set()
+    assert leader.peers.sub.stats.dropped >= 1
 
     follower_role = inproc.start(Learner, index=1)
     assert isinstance(follower_role, Learner)
     follower = follower_role.update
     assert isinstance(follower, PPOUpdate)
     wait_for(lambda: leader.peers_ready and follower.peers_ready, timeout=10)
-    assert leader.heard == leader.confirmed == {1}
-    assert follower.heard == follower.confirmed == {0}
+    assert follower.peers is not None
+    assert leader.peers.heard == leader.peers.confirmed == {1}
+    assert follower.peers.heard == follower.peers.confirmed == {0}
     wait_for(lambda: params.version >= 1, timeout=10)  # now the first weights go out
