@@ -339,7 +339,7 @@ def start_broker(
     procs: Procs, log_dir: str, hwm: int, kbuf: int, transport: str
 ) -> tuple[subprocess.Popen, dict[str, str]]:
     """A broker process with these stream settings; its endpoints over ``transport``."""
-    from zrl.config import DEFAULT_STREAMS
+    from zrl.config_sections import DEFAULT_STREAMS
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
     from zrl.transport.endpoints import broker_endpoints, ipc_broker_endpoints
@@ -745,7 +745,7 @@ def main() -> None:
     args.sizes = int_list(args.sizes)
 
     import zrl
-    from zrl.config import BrokerConfig
+    from zrl.config_sections import BrokerConfig
 
     bc = BrokerConfig()
     hwm, kbuf = bc.stream_hwm, bc.stream_buffer_bytes

@@ -25,7 +25,8 @@ import zmq
 
 from zrl import __version__
 from zrl.broker import Broker
-from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.roles.base import Role, RoleError, registry_request
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json

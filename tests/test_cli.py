@@ -18,7 +18,8 @@ import yaml
 
 from zrl import __version__
 from zrl.cli import app
-from zrl.config import DEFAULT_STREAMS, ExperimentConfig, config_schema
+from zrl.config import ExperimentConfig, config_schema
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.testing.processes import REPO, kill_pids
 from zrl.transport.endpoints import broker_endpoints, free_port_range
 from zrl.transport.protocol import PROTOCOL_VERSION

@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from zrl.config import (
-    DEFAULT_STREAMS,
     ConfigError,
     ExperimentConfig,
     config_from_dict,
@@ -19,6 +18,7 @@ from zrl.config import (
     load_config,
     parse_override,
 )
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.testing.processes import REPO
 
 CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"

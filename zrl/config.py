@@ -6,7 +6,7 @@ the broker (the experiment spec) and reads its own section. Validation is done
 by pydantic with ``extra="forbid"``, so a typo is an error naming the key path,
 never a silently ignored setting.
 
-The sections every algorithm shares are ``zrl.config_sections`` (re-exported here). The
+The sections every algorithm shares are ``zrl.config_sections``. The
 sections only one algorithm reads are defined in its package
 (``zrl/algos/<name>/config.py``) and named by its ``Algorithm.config``: ``ExperimentConfig``
 validates them under their YAML keys beside its own fields, from the registry, so adding an
@@ -38,10 +38,8 @@ from zrl.algos import algorithm_names, algorithm_sections, get_algorithm
 from zrl.config_base import Section
 from zrl.config_help import format_validation_error
 from zrl.config_sections import (
-    DEFAULT_STREAMS,
     ROLE_COUNT_KEYS,
     ActorConfig,
-    AtariConfig,
     BrokerConfig,
     CheckpointConfig,
     EnvConfig,
@@ -367,24 +365,8 @@ def config_to_yaml(cfg: ExperimentConfig, all_sections: bool = True) -> str:
 
 
 __all__ = [
-    "DEFAULT_STREAMS",
-    "ROLE_COUNT_KEYS",
-    "ActorConfig",
-    "AtariConfig",
-    "BrokerConfig",
-    "CheckpointConfig",
     "ConfigError",
-    "EnvConfig",
-    "EvaluatorConfig",
     "ExperimentConfig",
-    "HostConfig",
-    "LearnerConfig",
-    "LimitsConfig",
-    "LoggingConfig",
-    "ModelConfig",
-    "ReplayConfig",
-    "RolesConfig",
-    "StopConfig",
     "algo_sections",
     "apply_overrides",
     "config_from_dict",

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import mlp
 
 _LOG_2PI = math.log(2.0 * math.pi)

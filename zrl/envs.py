@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from zrl import pomdp
-from zrl.config import EnvConfig
+from zrl.config_sections import EnvConfig
 
 pomdp.register()
 

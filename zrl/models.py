@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from zrl.algos import get_algorithm
-from zrl.config import ExperimentConfig, ModelConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import ACTIVATIONS, MLPEncoder, NatureCNN, build_encoder, resolve_encoder
 from zrl.encoders import mlp as mlp  # re-exported: zrl.models.mlp predates zrl.encoders
 from zrl.multiagent.spaces import AgentObservationSpace

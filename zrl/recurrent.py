@@ -22,7 +22,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import MLPEncoder, build_encoder, resolve_encoder
 from zrl.models import ActorCritic, AgentActorCritic, build_actor_critic, check_discrete_spaces
 from zrl.multiagent.spaces import AgentObservationSpace

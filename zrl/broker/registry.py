@@ -48,7 +48,7 @@ from zrl.broker.limits import (
     valid_name,
     valid_text,
 )
-from zrl.config import BrokerConfig
+from zrl.config_sections import BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import STAT_COUNTERS, Channel, make_socket
