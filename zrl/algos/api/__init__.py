@@ -15,12 +15,14 @@ which algorithm runs; they ask the ``Algorithm``:
   parameter server (:class:`GradientServerSetup` in); it receives each gradient, validated,
   and steps the model it owns (:class:`GradientServer`).
 - ``model``: the network zrl builds for it when the user gives none.
+- ``model_options``: options of that network its own config sets (Ape-X DDPG: ``ddpg.twin``).
 - ``config``: the config sections it defines (its pydantic models, by YAML key).
 - ``check_config``: the checks of a config that only this algorithm needs.
 
-The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are ``"module:attribute"`` references,
-imported only by the process that uses them: the config and the CLI never import torch.
-This package imports nothing from zrl at run time, so every layer may use it. Its modules:
+The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are
+``"module:attribute"`` references, imported only by the process that uses them: the config
+and the CLI never import torch.
+It imports nothing else from zrl at run time, so every layer may use it. Its modules:
 ``algorithm`` (:class:`Algorithm`, :class:`Wiring`), ``actor`` (what the actor and its policy
 exchange) and ``learner`` (what the learner or the parameter server and the algorithm's update
 or gradient server exchange); everything is imported from here.
