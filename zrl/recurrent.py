@@ -19,6 +19,7 @@ import math
 from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -215,6 +216,38 @@ def recurrent_actor_critic(
     torso, obs_shape, features = _torso(observation_space, model_cfg, model_cfg.activation)
     core = RecurrentCore(model_cfg.core, features, model_cfg.core_size)
     return RecurrentActorCritic(torso, obs_shape, core, int(action_space.n))
+
+
+class EnvStates:
+    """What an actor policy of a recurrent model keeps per env slot: the state ``[E, S]`` it
+    acts from, and which envs start an episode at their next observation. The actor says so
+    (``episodes_started``: its first observations, after an end, after an env error); the
+    state is zeroed there before the model acts on that observation, and ``take_starts``
+    says where it was (the ``first`` a learner unrolls with)."""
+
+    state: np.ndarray
+    starts: np.ndarray
+
+    def init_states(self, model: Any, num_envs: int) -> None:
+        self.state = model.initial_state(num_envs).numpy()
+        self.starts = np.ones(num_envs, bool)  # the actor's first observations start episodes
+
+    def episodes_started(self, envs: np.ndarray) -> None:
+        self.starts[envs] = True
+
+    def zero_starts(self) -> None:
+        """Zero the state where an episode starts, keeping the marks for ``take_starts``."""
+        self.state[self.starts] = 0.0
+
+    def take_starts(self, rows: slice | None) -> np.ndarray:
+        """Before acting: zero the state where an episode starts and clear the marks; the
+        envs ``[E]`` where it did. All envs act at once (``actor.env_groups: 1``)."""
+        if rows is not None:
+            raise ValueError("a recurrent policy acts on all envs at once: actor.env_groups: 1")
+        first = self.starts.copy()
+        self.starts[:] = False
+        self.state[first] = 0.0
+        return first
 
 
 @torch.no_grad()
