@@ -73,6 +73,9 @@ class ConfigError(ValueError):
 
 
 class ExperimentConfig(Section):
+    """A whole experiment: the sections every algorithm shares as fields, and the sections
+    the registered algorithms define beside them (``section``), under their own YAML keys."""
+
     name: str = "experiment"
     algo: str = "apex_dqn"
     """One of ``zrl.algos.ALGORITHMS`` (or an algorithm a script registered)."""
@@ -146,8 +149,9 @@ class ExperimentConfig(Section):
     ) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         sections = {k: s.model_dump(mode=info.mode) for k, s in self._algorithm_sections.items()}
-        at = list(data).index(ALGORITHM_SECTIONS_AFTER) + 1
         items = list(data.items())
+        keys = [k for k, _ in items]
+        at = keys.index(ALGORITHM_SECTIONS_AFTER) + 1 if ALGORITHM_SECTIONS_AFTER in keys else 0
         return dict([*items[:at], *sections.items(), *items[at:]])
 
     @model_validator(mode="after")
