@@ -162,7 +162,7 @@ class ChildPool:
         """Restart crashed children with back-off, the broker included (roles re-register
         with a restarted broker by themselves). Past the restart budget the run stops: True,
         with ``fatal`` saying why. ``registered``: the broker's row of a role of this run
-        (see Supervisor._registered); ``show``: where a crashed role's last lines go."""
+        (see RunMonitor.registered); ``show``: where a crashed role's last lines go."""
         watched = [*self.children]
         if self.broker is not None and self.broker.proc is not None:
             watched.append(self.broker)
