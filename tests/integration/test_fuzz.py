@@ -223,7 +223,7 @@ def test_replay_survives_an_unhashable_dtype(inproc):
 # --- receivers that accept what they should count as malformed ----------------------------------
 
 
-# Regression (found here, since fixed): actor.py Actor.read_acks: any message on acks/<id>/ with
+# Regression (found here, since fixed): insert_acks.py InsertAcks.read: any message on acks/<id>/ with
 # an int `seq` counts as an ack (any kind, any sender, seqs never sent), so one forged ack (or an
 # ack meant for the actor's previous incarnation) opens the credit window for as many trajectories
 def test_actor_ignores_forged_acks(inproc):
@@ -301,7 +301,7 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
 
 # Regression (found here, since fixed): sockets.py Channel.recv returns None for a dropped
 # malformed message as for an empty queue, so every drain loop (weights.py WeightsFollower.update,
-# actor.py read_acks, replay.py _drain, learner.py read_acks, run/monitor.py drain) stops
+# insert_acks.py read, replay.py _drain, learner.py read_acks, run/monitor.py drain) stops
 # at the first malformed message: N of them delay an actor's newest weights by N trajectories
 def test_one_malformed_message_does_not_hide_newer_weights(zmq_ctx):
     addr = "inproc://zrl-test-fuzz-drain"

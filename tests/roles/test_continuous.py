@@ -36,13 +36,13 @@ from zrl.evaluation import greedy_returns
 from zrl.models import build_model
 from zrl.roles import RoleError, role_class
 from zrl.roles.actor import Actor
+from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
 from zrl.roles.replay import assemble_transitions
 from zrl.roles.train_stats import TrainStats
 from zrl.testing.fakes import as_message
 from zrl.testing.inproc import InProc
 from zrl.transport import protocol as P
-from zrl.transport.credit import CreditWindow
 
 torch.set_num_threads(1)
 
@@ -168,7 +168,7 @@ def bare_actor(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 
     actor.episodes = EpisodeTracker(actor.num_envs)
     actor.env_steps = actor.trajectories = actor.env_errors = 0
     # The credit window's state, for heartbeat_info (nothing is ever sent).
-    actor.window = CreditWindow(cfg.actor.max_in_flight, 10.0)
+    actor.credit = InsertAcks(cfg.actor.max_in_flight, actor.log, lambda: 0)
     actor.blocked_since = None
     return actor
 
