@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.preflight",
             "zrl.algos.*",
             "zrl.replay.frames",  # n-step transitions over stored frames (zrl.algos.returns)
+            "zrl.replay.assemble",  # a TRAJECTORY's table items (zrl.algos.returns)
         ],
     ),
     ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker", "zrl.broker.*"]),  # a run's processes

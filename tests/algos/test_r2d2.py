@@ -20,7 +20,7 @@ from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
 from zrl.config import ExperimentConfig
 from zrl.recurrent import recurrent_q_network_for
-from zrl.roles.replay import assemble_sequences
+from zrl.replay.assemble import assemble_sequences
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import messages as M
 from zrl.transport import protocol as P

@@ -34,11 +34,11 @@ from zrl.continuous_models import DDPGModel, SACModel
 from zrl.envs import EpisodeTracker, make_vector_env
 from zrl.evaluation import greedy_returns
 from zrl.models import build_model
+from zrl.replay.assemble import assemble_transitions
 from zrl.roles import RoleError, role_class
 from zrl.roles.actor import Actor
 from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
-from zrl.roles.replay import assemble_transitions
 from zrl.roles.train_stats import TrainStats
 from zrl.testing.fakes import as_message
 from zrl.testing.inproc import InProc

@@ -22,10 +22,10 @@ from zrl.algos.returns import rollout_gae
 from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_arrays
+from zrl.replay.assemble import assemble_unrolls
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.replay import assemble_unrolls
 from zrl.roles.weights import request_latest_weights
 from zrl.testing.fakes import Rpc, as_message, unroll_trajectory
 from zrl.testing.inproc import InProc, collect
