@@ -198,19 +198,25 @@ def as_obs(obs: Any, num_envs: int, dtype: np.dtype) -> np.ndarray:
 
 
 _OBS = Array(OBS_DTYPES, ("E", "T", OBS), finite=True)
+_ACTION = Array("int64", ("E", "T"))
 _STEP_F32 = Array("float32", ("E", "T"), finite=True)
 _STEP_BOOL = Array("bool", ("E", "T"))
+_OUTCOMES = {
+    "reward": _STEP_F32,
+    "terminated": _STEP_BOOL,
+    "truncated": _STEP_BOOL,
+    "valid": _STEP_BOOL,
+}
+"""What each env step returned, as every trajectory of T steps of E envs carries it (``valid``:
+False for the step after an episode end, which only reset the env)."""
 
 TRANSITIONS = schema(
     P.TRAJECTORY,
     "transitions",
     "Ape-X DQN actor -> replay: T steps of E envs, discrete actions, initial priorities.",
     obs=_OBS,
-    action=Array("int64", ("E", "T")),
-    reward=_STEP_F32,
-    terminated=_STEP_BOOL,
-    truncated=_STEP_BOOL,
-    valid=_STEP_BOOL,
+    action=_ACTION,
+    **_OUTCOMES,
     next_obs=_OBS,
     priority=_STEP_F32,
 )
@@ -235,12 +241,9 @@ UNROLL = schema(
     "unroll",
     "impala/ppo actor -> replay FIFO or PPO learners: T steps of E envs, behaviour log-probs.",
     obs=_OBS,
-    action=Array("int64", ("E", "T")),
+    action=_ACTION,
     logp=_STEP_F32,
-    reward=_STEP_F32,
-    terminated=_STEP_BOOL,
-    truncated=_STEP_BOOL,
-    valid=_STEP_BOOL,
+    **_OUTCOMES,
     bootstrap_obs=Array(OBS_DTYPES, ("E", OBS), finite=True),
 )
 _ROW_F32 = Array("float32", ("B",), finite=True)
@@ -336,8 +339,7 @@ RECURRENT_UNROLL_BATCH = schema(
     "replay FIFO -> recurrent IMPALA/APPO learner: the unroll batch with each unroll's "
     "recurrent state and episode starts.",
     **UNROLL_BATCH.arrays,
-    state=Array("float32", ("B", "R"), finite=True),
-    first=Array("bool", ("B", "T")),
+    **_rows(RECURRENT_UNROLL.arrays, drop=tuple(UNROLL.arrays)),  # state and first
 )
 """What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
 ``first [B, T]`` as the actor recorded them (the same convention)."""
