@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -103,19 +103,20 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
     NEXT_STEP bookkeeping and the opponents."""
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    turn_based: ClassVar[bool]
+    """Whether the games take turns (PettingZoo's AEC API) or all agents act at once."""
 
     def __init__(
         self,
         make: Callable[[], Any],
         num_games: int,
         cfg: MultiAgentConfig,
-        opponents: Opponents | None,
-        board: BoardGame | None,
-        turn_based: bool,
+        opponents: Opponents | None = None,
+        board: BoardGame | None = None,
     ) -> None:
         self.games = [make() for _ in range(num_games)]
         self.agents = agents = list(self.games[0].possible_agents)
-        self.mapping = seat_policies(cfg, agents, turn_based)
+        self.mapping = seat_policies(cfg, agents, self.turn_based)
         probe = self.games[0]
         spaces = {a: probe.observation_space(a) for a in agents}
         actions = {a: probe.action_space(a) for a in agents}
@@ -145,6 +146,11 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         self.over = np.zeros(num_games, bool)
         self.episodes = np.zeros(num_games, np.int64)
         self.seed: int | None = None
+        self._take_seats(num_games)
+
+    def _take_seats(self, num_games: int) -> None:
+        """Which agents the learning policy plays, and the slots and state that follow."""
+        raise NotImplementedError
 
     def set_num_envs(self, num_envs: int) -> None:
         """The slot count, and the batched spaces that follow from it."""
@@ -179,15 +185,9 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
 class TurnBasedVectorEnv(MultiAgentVectorEnv):
     """One slot per game of a turn-based (AEC) PettingZoo env; see the module docstring."""
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        num_games: int,
-        cfg: MultiAgentConfig,
-        opponents: Opponents | None = None,
-        board: BoardGame | None = None,
-    ) -> None:
-        super().__init__(make, num_games, cfg, opponents, board, turn_based=True)
+    turn_based = True
+
+    def _take_seats(self, num_games: int) -> None:
         agents = self.agents
         learning = [a for a in agents if self.mapping[a] == "main"]
         if len(learning) > 1:
@@ -346,15 +346,9 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
     """Every agent mapped to main is a slot; all agents act at once (PettingZoo's parallel
     API). Agents mapped to random or scripted play inside ``step``."""
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        num_games: int,
-        cfg: MultiAgentConfig,
-        opponents: Opponents | None = None,
-        board: BoardGame | None = None,
-    ) -> None:
-        super().__init__(make, num_games, cfg, opponents, board, turn_based=False)
+    turn_based = False
+
+    def _take_seats(self, num_games: int) -> None:
         if "opponent" in self.mapping.values():
             raise MultiAgentEnvError(
                 "env.multiagent.policy_mapping: opponent seats are for turn-based games; map "
