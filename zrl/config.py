@@ -107,42 +107,6 @@ class ExperimentConfig(Section):
                 return section
         raise KeyError(f"no algorithm this process knows defines the section {model.__name__}")
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _algorithm_sections_and_checks(
-        cls, data: Any, handler: ModelWrapValidatorHandler[ExperimentConfig]
-    ) -> ExperimentConfig:
-        # Validating an instance (an assignment) keeps its sections.
-        cfg = cls._with_sections(data, handler) if isinstance(data, dict) else handler(data)
-        get_algorithm(cfg.algo).check(cfg)  # after the sections: the checks read them
-        return cfg
-
-    @classmethod
-    def _with_sections(
-        cls, data: dict[str, Any], handler: ModelWrapValidatorHandler[ExperimentConfig]
-    ) -> ExperimentConfig:
-        """Validate the algorithms' sections of ``data`` with their models and the rest with
-        the fields; the errors of both together, located as if the sections were fields."""
-        models = algorithm_sections()
-        clash = models.keys() & cls.model_fields.keys()
-        if clash:
-            raise ValueError(f"an algorithm defines the config section(s) {sorted(clash)}")
-        errors: list[InitErrorDetails] = []
-        sections: dict[str, Section] = {}
-        for key, model in models.items():
-            try:
-                sections[key] = model.model_validate(data.get(key, {}))
-            except ValidationError as err:
-                errors += _located(err, key)
-        try:
-            cfg = handler({k: v for k, v in data.items() if k not in models})
-        except ValidationError as err:
-            errors += _located(err)
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        cfg._algorithm_sections = sections
-        return cfg
-
     @model_serializer(mode="wrap")
     def _dump_algorithm_sections(
         self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
@@ -260,6 +224,44 @@ class ExperimentConfig(Section):
     def _known_algo(cls, algo: str) -> str:
         get_algorithm(algo)  # ValueError naming the known algorithms
         return algo
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _algorithm_sections_and_checks(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ExperimentConfig]
+    ) -> ExperimentConfig:
+        # Defined last, so it wraps every validator above: the algorithm's checks come after
+        # the common ones, as they read what those checked. Validating an instance (an
+        # assignment) keeps its sections.
+        cfg = cls._with_sections(data, handler) if isinstance(data, dict) else handler(data)
+        get_algorithm(cfg.algo).check(cfg)  # after the sections: the checks read them
+        return cfg
+
+    @classmethod
+    def _with_sections(
+        cls, data: dict[str, Any], handler: ModelWrapValidatorHandler[ExperimentConfig]
+    ) -> ExperimentConfig:
+        """Validate the algorithms' sections of ``data`` with their models and the rest with
+        the fields; the errors of both together, located as if the sections were fields."""
+        models = algorithm_sections()
+        clash = models.keys() & cls.model_fields.keys()
+        if clash:
+            raise ValueError(f"an algorithm defines the config section(s) {sorted(clash)}")
+        errors: list[InitErrorDetails] = []
+        sections: dict[str, Section] = {}
+        for key, model in models.items():
+            try:
+                sections[key] = model.model_validate(data.get(key, {}))
+            except ValidationError as err:
+                errors += _located(err, key)
+        try:
+            cfg = handler({k: v for k, v in data.items() if k not in models})
+        except ValidationError as err:
+            errors += _located(err)
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        cfg._algorithm_sections = sections
+        return cfg
 
 
 def _located(err: ValidationError, *prefix: str) -> list[InitErrorDetails]:
