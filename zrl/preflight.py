@@ -34,7 +34,7 @@ def check_env_id(env_id: str) -> None:
 
     from zrl.envs import ENV_NAMESPACE_PACKAGES, register_env_namespace
     from zrl.multiagent.config import is_multiagent
-    from zrl.multiagent.envs import MultiAgentEnvError, env_module
+    from zrl.multiagent.pettingzoo import MultiAgentEnvError, env_module
 
     if is_multiagent(env_id):
         try:

@@ -2,8 +2,8 @@
 
 ``env.id: pettingzoo/<name>`` (``pettingzoo/tictactoe_v3``, ``pettingzoo/connect_four_v3``:
 PettingZoo's families are searched) or ``<package>/<name>`` for another package of PettingZoo
-envs (``mpe2/simple_spread_v3``). ``env.multiagent`` maps each agent to a policy
-(``zrl.multiagent.config``).
+envs (``mpe2/simple_spread_v3``), found by ``zrl.multiagent.pettingzoo``. ``env.multiagent``
+maps each agent to a policy (``zrl.multiagent.config``).
 
 Both vector envs keep the runtime's contract: gymnasium's NEXT_STEP autoreset (the step after
 a slot's episode ended only starts a new game, reward 0), float32 slot observations
@@ -20,7 +20,6 @@ a slot's episode ended only starts a new game, reward 0), float32 slot observati
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -32,48 +31,8 @@ from gymnasium.vector import AutoresetMode
 from zrl.multiagent.config import MultiAgentConfig
 from zrl.multiagent.games import BoardGame, board_game
 from zrl.multiagent.opponents import FixedOpponents, Opponents
+from zrl.multiagent.pettingzoo import MultiAgentEnvError, env_module, env_name, uses_parallel_api
 from zrl.multiagent.spaces import AgentObservationSpace, agent_space, encode
-
-PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
-
-
-class MultiAgentEnvError(ValueError):
-    """A multi-agent env or mapping zrl cannot run; user-facing."""
-
-
-def env_module(env_id: str) -> Any:
-    """The module of a PettingZoo env id (``pettingzoo/tictactoe_v3`` ->
-    ``pettingzoo.classic.tictactoe_v3``, ``mpe2/simple_spread_v3`` -> ``mpe2.simple_spread_v3``)."""
-    package, _, name = env_id.partition("/")
-    candidates = (
-        [f"pettingzoo.{family}.{name}" for family in PETTINGZOO_FAMILIES]
-        if package == "pettingzoo"
-        else [f"{package}.{name}"]
-    )
-    for module in candidates:
-        try:
-            return importlib.import_module(module)
-        except ImportError as exc:
-            if exc.name is not None and not module.startswith(exc.name):
-                raise MultiAgentEnvError(f"{env_id}: importing {module} failed: {exc}") from None
-    hint = "pip install 'zrl[multiagent]'"
-    raise MultiAgentEnvError(
-        f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})"
-    )
-
-
-def env_name(env_id: str) -> str:
-    return env_id.partition("/")[2]
-
-
-def uses_parallel_api(cfg: MultiAgentConfig, module: Any) -> bool:
-    if cfg.api == "auto":
-        return hasattr(module, "parallel_env")
-    if cfg.api == "parallel" and not hasattr(module, "parallel_env"):
-        raise MultiAgentEnvError(
-            f"env.multiagent.api: parallel: {module.__name__} has no parallel_env"
-        )
-    return cfg.api == "parallel"
 
 
 def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) -> dict[str, str]:
