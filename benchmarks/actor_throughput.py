@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 TARGET = 0.8
 REPO = Path(__file__).resolve().parent.parent
@@ -207,7 +207,8 @@ def measure_actor(
 
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
-    from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+    from zrl.transport.endpoints import broker_endpoints
+    from zrl.transport.sockets import Channel, TransportStats, make_socket
 
     cfg_streams = ["experience", "batches", "priorities", "gradients"]
     base = free_port_range(3 + 2 * len(cfg_streams))

@@ -78,10 +78,11 @@ STREAM_END = r"""
 import json, os, sys, time
 import numpy as np
 import zmq
-from zrl.config import DEFAULT_STREAMS, BrokerConfig
+from zrl.config_sections import DEFAULT_STREAMS, BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import load_keys
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 side, broker, keydir, size, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
 keys = load_keys(keydir) if keydir != "-" else None

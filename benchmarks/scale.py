@@ -79,17 +79,15 @@ from tests.integration.netns import Hosts, kill_procs, netns_available  # noqa: 
 from zrl import __version__  # noqa: E402
 from zrl.broker.limits import DropLog  # noqa: E402
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_socket  # noqa: E402
-from zrl.config import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
+from zrl.config_sections import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
 from zrl.roles.registry_client import registry_request  # noqa: E402
 from zrl.transport import protocol as P  # noqa: E402
-from zrl.transport.sockets import (  # noqa: E402
-    Channel,
-    TransportStats,
+from zrl.transport.endpoints import (  # noqa: E402
     broker_endpoints,
     connect_topics,
     free_port_range,
-    make_socket,
 )
+from zrl.transport.sockets import Channel, TransportStats, make_socket  # noqa: E402
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 BROKER_START_TIMEOUT_S = 30.0

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 TARGET_RATIO = 0.9
 TARGET_MIN_SIZE = 65536
@@ -261,7 +261,8 @@ def worker(cmds: Any, results: Any, stop: Any) -> None:
 
 
 def weights_subscriber(endpoints: dict[str, str], index: int, out: Any) -> None:
-    from zrl.transport.sockets import Channel, TransportStats, connect_topics, make_socket
+    from zrl.transport.endpoints import connect_topics
+    from zrl.transport.sockets import Channel, TransportStats, make_socket
 
     ctx = zmq.Context()
     # As Role.open_subscriber: SUB, receive HWM 1000, topic "weights", both lanes of the bus.
@@ -338,10 +339,10 @@ def start_broker(
     procs: Procs, log_dir: str, hwm: int, kbuf: int, transport: str
 ) -> tuple[subprocess.Popen, dict[str, str]]:
     """A broker process with these stream settings; its endpoints over ``transport``."""
-    from zrl.config import DEFAULT_STREAMS
+    from zrl.config_sections import DEFAULT_STREAMS
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
-    from zrl.transport.sockets import broker_endpoints, ipc_broker_endpoints
+    from zrl.transport.endpoints import broker_endpoints, ipc_broker_endpoints
 
     base = free_port_range(3 + 2 * len(DEFAULT_STREAMS))
     addr = f"tcp://127.0.0.1:{base}"
@@ -744,7 +745,7 @@ def main() -> None:
     args.sizes = int_list(args.sizes)
 
     import zrl
-    from zrl.config import BrokerConfig
+    from zrl.config_sections import BrokerConfig
 
     bc = BrokerConfig()
     hwm, kbuf = bc.stream_hwm, bc.stream_buffer_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from zrl.config import DEFAULT_STREAMS
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.testing.probes import wait_for  # noqa: F401 - old import path; use zrl.testing
 from zrl.testing.processes import (  # noqa: F401 - old import path; use zrl.testing
     REPO,
@@ -20,7 +20,7 @@ from zrl.testing.processes import (  # noqa: F401 - old import path; use zrl.tes
     status_rows,
     zrl_status_json,
 )
-from zrl.transport.sockets import broker_endpoints, free_port_range
+from zrl.transport.endpoints import broker_endpoints, free_port_range
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from gymnasium.wrappers import AtariPreprocessing
 from pydantic import ValidationError
 
 from zrl import atari
-from zrl.config import AtariConfig, ConfigError, EnvConfig, config_from_dict
+from zrl.config import ConfigError, config_from_dict
+from zrl.config_sections import AtariConfig, EnvConfig
 from zrl.envs import EnvError, make_vector_env
 
 BACKENDS = ["native", "sync"]

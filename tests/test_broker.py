@@ -25,18 +25,14 @@ import zmq
 
 from zrl import __version__
 from zrl.broker import Broker
-from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.roles.base import Role, RoleError, registry_request
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    broker_endpoints,
-    connect_topics,
-    make_socket,
-)
+from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 MAX_MSG = 65_536  # the brokers' max_message_bytes here, so "oversized" is cheap to send
@@ -887,7 +883,9 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
     cfg.stop.eval_window = 1  # any single eval may stop: the forging is what is tested here
     sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
     (tmp_path / "run").mkdir()
-    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}]
+    sup.monitor.status_rows = [
+        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
+    ]
     writer = MetricsWriter(tmp_path / "run")
     dropped: list[str] = []
 
@@ -903,15 +901,15 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
 
     try:
         for sender in ("evaluator-7", "actor-0", ""):  # not an evaluator of this run
-            sup._drain_monitor(Monitor(sender, 999.0), writer, 1.0)
-        assert sup.agg.evals == [] and sup.evals_dropped == 3 and len(dropped) == 3
+            sup.monitor.drain(Monitor(sender, 999.0), writer, 1.0)
+        assert sup.agg.evals == [] and sup.monitor.evals_dropped == 3 and len(dropped) == 3
         # Under the live evaluator's name it is recorded, but stops the run only once the
         # evaluator's own heartbeat (tied to its registry connection) reports the return too.
-        sup._drain_monitor(Monitor("evaluator-0", 999.0), writer, 1.0)
+        sup.monitor.drain(Monitor("evaluator-0", 999.0), writer, 1.0)
         sup._confirm_target()
         assert not sup._stop.is_set() and sup.target_time is None
-        sup._drain_monitor(Monitor("evaluator-0", 500.5), writer, 2.0)
-        sup.status_rows[0]["info"] = {"eval_return": 500.5}
+        sup.monitor.drain(Monitor("evaluator-0", 500.5), writer, 2.0)
+        sup.monitor.status_rows[0]["info"] = {"eval_return": 500.5}
         sup._confirm_target()
         assert sup._stop.is_set() and sup.target_time == 2.0  # the real one's time
     finally:

@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.ppo.config import PPOConfig
 from zrl.config import (
-    DEFAULT_STREAMS,
     ConfigError,
     ExperimentConfig,
     config_from_dict,
+    config_schema,
     config_to_yaml,
     load_config,
     parse_override,
 )
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.testing.processes import REPO
 
 CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"
@@ -55,7 +58,7 @@ def test_config_survives_yaml_and_spec_round_trips():
 def test_config_to_yaml_keeps_field_order():
     text = config_to_yaml(load_config(CARTPOLE))
     top = [line.split(":")[0] for line in text.splitlines() if line and not line[0].isspace()]
-    assert top == list(ExperimentConfig.model_fields)
+    assert top == list(config_schema())
 
 
 @pytest.mark.parametrize(
@@ -216,6 +219,55 @@ def test_sections_validate_assignment():
         cfg.replay.capacityy = 3  # type: ignore[attr-defined]
 
 
+def test_algorithm_sections_are_typed_validated_and_kept():
+    cfg = config_from_dict({"algo": "ppo", "roles": {"replay": 0}, "ppo": {"epochs": 7}})
+    assert cfg.section(PPOConfig).epochs == 7 and cfg.section(PPOConfig).clip == 0.2
+    assert cfg.section(DDPGConfig) == DDPGConfig()  # every known section, whatever runs
+    again = ExperimentConfig.model_validate(cfg.model_dump(mode="json"))
+    assert again == cfg and again.section(PPOConfig).epochs == 7
+    with pytest.raises(ValueError):
+        cfg.section(PPOConfig).epochs = 0  # sections validate assignment as fields do
+    with pytest.raises(ConfigError, match=r"ppo\.epochs: Input should be greater"):
+        config_from_dict({"ppo": {"epochs": 0}, "lerner": {}})
+    with pytest.raises(ConfigError, match=r"lerner: unknown key"):  # both errors, together
+        config_from_dict({"ppo": {"epochs": 0}, "lerner": {}})
+
+
+def test_assigning_a_field_runs_the_algorithms_checks():
+    cfg = config_from_dict({"algo": "apex_dqn"})
+    with pytest.raises(ValueError, match="set roles.replay: 0"):
+        cfg.algo = "ppo"  # ppo has no replay server; roles.replay is 1
+
+
+def test_an_algorithm_section_may_not_shadow_a_common_one():
+    from zrl.algos import register, unregister
+    from zrl.algos.api import Algorithm, Wiring
+    from zrl.config_sections import ReplayConfig
+
+    clash = Algorithm(
+        name="clash", summary="", wiring=Wiring.off_policy("discrete"), policy="", update="",
+        model="", config={"replay": ReplayConfig},
+    )  # fmt: skip
+    register(clash)
+    try:
+        with pytest.raises(ConfigError, match=r"section\(s\) \['replay'\]"):
+            config_from_dict({})
+    finally:
+        unregister("clash")
+    twice = Algorithm(
+        name="twice", summary="", wiring=Wiring.off_policy("discrete"), policy="", update="",
+        model="", config={"ppo": ReplayConfig},
+    )  # fmt: skip
+    register(twice)
+    try:
+        with pytest.raises(ValueError, match="'ppo' is already PPOConfig, not ReplayConfig"):
+            config_from_dict({})
+    finally:
+        unregister("twice")
+    with pytest.raises(KeyError, match="ReplayConfig"):
+        ExperimentConfig().section(ReplayConfig)
+
+
 @pytest.mark.parametrize(
     ("algo", "override", "expected"),
     [
@@ -296,7 +348,7 @@ def test_algo_sections_cover_every_algo():
     sections_by_algo = algo_sections()
     assert set(sections_by_algo) == set(ALGORITHMS)
     for sections in sections_by_algo.values():
-        assert set(sections) <= set(ExperimentConfig.model_fields)
+        assert set(sections) <= set(config_schema())
 
 
 @pytest.mark.parametrize(
@@ -325,11 +377,15 @@ def test_sections_used_per_algo(algo, present, absent):
     shown = yaml.safe_load(config_to_yaml(cfg, all_sections=False))
     assert list(shown) == sections_used(algo)  # schema order kept
     assert f"# not used by {algo}: " in config_to_yaml(cfg, all_sections=False)
-    assert list(yaml.safe_load(config_to_yaml(cfg))) == list(ExperimentConfig.model_fields)
+    assert list(yaml.safe_load(config_to_yaml(cfg))) == list(config_schema())
 
 
 def test_the_config_and_the_cli_import_no_torch():
-    # zrl.config imports every algorithm's config section (zrl/algos/<name>/config.py), and
-    # `zrl --help` imports the CLI: neither may pull in torch.
-    code = "import sys, zrl.cli, zrl.config; assert 'torch' not in sys.modules"
+    # Validating a config imports every algorithm package for its config sections
+    # (zrl/algos/<name>/__init__.py and config.py), and `zrl --help` imports the CLI: neither
+    # may pull in torch.
+    code = (
+        "import sys, zrl.cli, zrl.config; zrl.config.ExperimentConfig(); "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

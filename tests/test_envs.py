@@ -9,7 +9,7 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from zrl.config import EnvConfig
+from zrl.config_sections import EnvConfig
 from zrl.envs import EnvError, EpisodeTracker, flat_obs_dim, make_vector_env
 
 torch.set_num_threads(1)

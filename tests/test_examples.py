@@ -19,7 +19,7 @@ from zrl.algos.api import UpdateResult
 from zrl.config import ExperimentConfig
 from zrl.experiment import Experiment, load_experiment
 from zrl.factories import Factories
-from zrl.models import build_model, greedy_actions
+from zrl.models import build_model, experiment_model, greedy_actions
 from zrl.testing.fakes import actor_setup, learner_setup
 from zrl.transport import protocol as P
 
@@ -57,9 +57,7 @@ def load(script: str) -> tuple[Experiment, ExperimentConfig, Any, Any, Any]:
 
 def make_model(cfg: ExperimentConfig, obs_space: Any, act_space: Any, model_fn: Any) -> Any:
     torch.manual_seed(0)
-    model = build_model(
-        obs_space, act_space, cfg.model, cfg.algo, model_fn=model_fn, twin=cfg.ddpg.twin
-    )
+    model = experiment_model(cfg, obs_space, act_space, model_fn)
     default = build_model(obs_space, act_space, cfg.model, cfg.algo)  # zrl's own network
     assert type(model) is not type(default)
     return model

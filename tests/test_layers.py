@@ -25,15 +25,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl",  # __version__ (Experiment, RunFailed and Factories are lazy)
             "zrl.config",
             "zrl.config_base",  # the base of every config section (pydantic only)
+            "zrl.config_sections",  # the sections every algorithm shares (pydantic only)
             "zrl.config_help",  # did-you-mean for a config that does not validate
-            # The config sections of the algorithms, which zrl.config imports (pydantic only).
-            "zrl.algos.a3c.config",
-            "zrl.algos.apex_ddpg.config",
-            "zrl.algos.appo.config",
-            "zrl.algos.impala.config",
-            "zrl.algos.ppo.config",
-            "zrl.algos.r2d2.config",
-            "zrl.algos.sac.config",
             "zrl.multiagent.config",  # env.multiagent (pydantic only)
             "zrl.league.config",  # the league: section (pydantic only)
             "zrl.runtime",
@@ -42,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.metrics",
             "zrl.algos",  # the algorithm registry and its API, which import nothing of zrl
             "zrl.algos.api",
+            "zrl.algos.api.*",
             "zrl.transport",
             "zrl.transport.*",
             "zrl.replay",
@@ -66,6 +60,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "zrl.preflight",
             "zrl.algos.*",
             "zrl.replay.frames",  # n-step transitions over stored frames (zrl.algos.returns)
+            "zrl.replay.assemble",  # a TRAJECTORY's table items (zrl.algos.returns)
         ],
     ),
     ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker", "zrl.broker.*"]),  # a run's processes

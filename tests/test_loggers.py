@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zrl.config import ExperimentConfig, LoggingConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import LoggingConfig
 from zrl.metrics import MetricsWriter, MissingExtraError, read_csv
 from zrl.run import Aggregator
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.recurrent import (
     RecurrentActorCritic,
     RecurrentCore,

@@ -31,7 +31,7 @@ from zrl.run import Aggregator, Supervisor
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 torch.set_num_threads(1)
 
@@ -166,16 +166,18 @@ def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
     cfg = ExperimentConfig.model_validate({"stop": {"eval_return": 475, **stop}})
     sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
     (tmp_path / "run").mkdir()
-    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}]
+    sup.monitor.status_rows = [
+        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
+    ]
     return sup
 
 
 def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool = False) -> None:
     """Evals as the evaluator sends them: on the topic bus, then in its own heartbeat."""
-    info = sup.status_rows[0]["info"]
+    info = sup.monitor.status_rows[0]["info"]
     for mean in means:
         t = len(sup.agg.evals) + 1.0
-        sup._drain_monitor(EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]),
+        sup.monitor.drain(EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]),
                            writer, t)  # fmt: skip
         info["recent_returns"] = [*info.get("recent_returns", []), round(mean, 2)][-32:]
         info["eval_return"] = round(mean, 2)
@@ -217,7 +219,7 @@ def test_the_stop_rule_needs_the_evaluators_heartbeat_for_every_eval_in_the_wind
         feed(sup, writer, [480.0, 490.0])
         # A forged third eval under the evaluator's name completes the window on the topic
         # bus, but the evaluator's heartbeat never reported it: no stop.
-        sup._drain_monitor(EvalFeed("evaluator-0", [{"mean": 600.0}]), writer, 3.0)
+        sup.monitor.drain(EvalFeed("evaluator-0", [{"mean": 600.0}]), writer, 3.0)
         sup._confirm_target()
         assert not sup._stop.is_set()
         # The real evals go on; the forged one leaves the window and the rule is met.

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from zrl.config import AtariConfig, EnvConfig
+from zrl.config_sections import AtariConfig, EnvConfig
 from zrl.envs import EnvError, register_env_namespace
 
 _NO_FRAMESKIP = re.compile(r"^(?P<game>[A-Z][A-Za-z0-9]*)NoFrameskip-v\d+$")

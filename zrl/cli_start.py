@@ -115,7 +115,7 @@ def start_broker(
     from zrl.broker import Broker
     from zrl.factories import Factories
     from zrl.runtime import install_stop_signals, setup_logging
-    from zrl.transport.sockets import is_loopback
+    from zrl.transport.endpoints import is_loopback
 
     if run_dir is not None or resume is not None:
         # The head: zrl run's supervisor, with every role of the config started elsewhere.

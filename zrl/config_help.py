@@ -1,15 +1,15 @@
 """Help for a user whose config does not validate: one line per error, and for an unknown
 key the key it was most likely meant to be (``did you mean learner.lr?``).
 
-It reads the schema it is given (``zrl.config.ExperimentConfig``) and imports nothing from
-zrl, so ``zrl.config`` can use it.
+It reads the schema it is given (``zrl.config.config_schema()``: each top-level key of a
+config and its type) and imports nothing from zrl, so ``zrl.config`` can use it.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection
-from typing import get_args, get_origin
+from collections.abc import Collection, Mapping
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -103,23 +103,26 @@ KEY_ALIASES: dict[str, dict[str, str]] = {
 }  # fmt: skip
 
 
-def fields_at(schema: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
+Schema = Mapping[str, Any]
+"""A config's top-level keys and their types (a section's pydantic model, or a plain type)."""
+
+
+def fields_at(schema: Schema, loc: tuple[int | str, ...]) -> list[str] | None:
     """The keys of the section of ``schema`` at ``loc`` (list indices skipped), or None where
     ``loc`` is no section (a free-form mapping such as env.kwargs)."""
-    model = schema
+    fields: Schema = schema
     for part in loc:
         if isinstance(part, int):
             continue
-        field = model.model_fields.get(part)
-        if field is None:
+        if part not in fields:
             return None
-        annotation = field.annotation
+        annotation = fields[part]
         if get_origin(annotation) is list:
             annotation = get_args(annotation)[0]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
-        model = annotation
-    return list(model.model_fields)
+        fields = {k: f.annotation for k, f in annotation.model_fields.items()}
+    return list(fields)
 
 
 def _close(word: str, candidates: list[str], cutoff: float) -> str | None:
@@ -129,7 +132,7 @@ def _close(word: str, candidates: list[str], cutoff: float) -> str | None:
 
 def suggest_key(
     loc: tuple[int | str, ...],
-    schema: type[BaseModel],
+    schema: Schema,
     algo: str = "apex_dqn",
     used: Collection[str] = (),
 ) -> str | None:
@@ -155,7 +158,7 @@ def suggest_key(
     if near is not None:
         return ".".join([*here, near])
     ranked = []
-    for section in schema.model_fields:
+    for section in schema:
         for name in fields_at(schema, (section,)) or []:
             score = difflib.SequenceMatcher(None, key, name).ratio()
             if score >= 0.8 and f"{section}.{name}" != ".".join(map(str, loc)):
@@ -165,7 +168,7 @@ def suggest_key(
 
 def format_validation_error(
     err: ValidationError,
-    schema: type[BaseModel],
+    schema: Schema,
     algo: str = "apex_dqn",
     used: Collection[str] = (),
 ) -> str:
@@ -186,4 +189,4 @@ def format_validation_error(
     return "; ".join(lines)
 
 
-__all__ = ["KEY_ALIASES", "fields_at", "format_validation_error", "suggest_key"]
+__all__ = ["KEY_ALIASES", "Schema", "fields_at", "format_validation_error", "suggest_key"]

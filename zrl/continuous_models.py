@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import mlp
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -361,17 +361,15 @@ def ddpg_model_for(
     model_cfg: ModelConfig,
     twin: bool = False,
 ) -> nn.Module:
-    """zrl's network for Ape-X DDPG (``Algorithm.model``; ``twin``: TD3's second critic)."""
+    """zrl's network for Ape-X DDPG (``Algorithm.model``; ``twin``: TD3's second critic,
+    ``ddpg.twin``)."""
     return build_continuous_model(
         observation_space, action_space, "apex_ddpg", model_cfg.hidden, twin
     )
 
 
 def sac_model_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> nn.Module:
     """zrl's network for SAC (``Algorithm.model``; always twin critics)."""
     return build_continuous_model(observation_space, action_space, "sac", model_cfg.hidden, True)

@@ -142,7 +142,7 @@ class StatusDisplay:
             self._next_plain = time.monotonic() + 5.0
             # Out of the roles the run placed: one that never came counts as not alive.
             planned = self.sup.roster.planned
-            alive = sum(1 for r in self.sup.status_rows
+            alive = sum(1 for r in self.sup.monitor.status_rows
                         if r["state"] == "alive" and r.get("id") in planned)  # fmt: skip
             self.console.print(
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
@@ -182,7 +182,7 @@ class StatusDisplay:
         for col in ("id", "host", "pid", "state", "heartbeat", "restarts", "in", "out",
                     "dropped", "gaps", "rss MB", "note"):  # fmt: skip
             roles.add_column(col)
-        for row in self.sup.status_rows:
+        for row in self.sup.monitor.status_rows:
             info = row.get("info", {})
             rss = info.get("rss_mb")
             state = row["state"]

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from zrl import pomdp
-from zrl.config import EnvConfig
+from zrl.config_sections import EnvConfig
 
 pomdp.register()
 
@@ -72,13 +72,14 @@ def make_vector_env(
         except Exception as exc:
             raise EnvError(f"the env factory failed: {type(exc).__name__}: {exc}") from None
     from zrl import atari  # it imports this module
-    from zrl.multiagent import envs as multiagent
     from zrl.multiagent.config import is_multiagent
+    from zrl.multiagent.envs import make_multiagent_vector_env
+    from zrl.multiagent.pettingzoo import MultiAgentEnvError
 
     if is_multiagent(cfg.id):
         try:
-            slots = multiagent.make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
-        except multiagent.MultiAgentEnvError as exc:
+            slots = make_multiagent_vector_env(cfg.id, cfg.kwargs, cfg.multiagent, n)
+        except MultiAgentEnvError as exc:
             raise EnvError(str(exc)) from None
         slots.opponents = opponents
         return slots

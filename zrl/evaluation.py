@@ -17,7 +17,7 @@ from zrl.config import ExperimentConfig
 from zrl.continuous_models import clip_to_bounds
 from zrl.envs import make_vector_env
 from zrl.factories import FACTORIES_FILE, Factories
-from zrl.models import build_model, greedy_actions, load_arrays
+from zrl.models import experiment_model, greedy_actions, load_arrays
 from zrl.recurrent import greedy_step, is_recurrent
 from zrl.transport import messages as M
 
@@ -90,10 +90,9 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     if pickled.is_file():  # written by our own supervisor into the user's run directory
         factories = Factories.from_wire(factories.references, pickled.read_bytes())
     probe = make_vector_env(cfg.env, 1, factories.env_fn())
-    model = build_model(
-        probe.single_observation_space, probe.single_action_space, cfg.model, cfg.algo,
-        factories.model_fn(), twin=cfg.ddpg.twin,
-    )  # fmt: skip
+    model = experiment_model(
+        cfg, probe.single_observation_space, probe.single_action_space, factories.model_fn()
+    )
     probe.close()
     load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})
     model.eval()

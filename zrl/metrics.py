@@ -15,7 +15,7 @@ from zrl.config import ConfigError
 from zrl.multiagent.config import FIXED_PLAYERS
 
 if TYPE_CHECKING:
-    from zrl.config import LoggingConfig
+    from zrl.config_sections import LoggingConfig
 
 log = _logging.getLogger("zrl.metrics")
 
@@ -273,7 +273,7 @@ class MetricsWriter:
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
-        from zrl.config import LoggingConfig
+        from zrl.config_sections import LoggingConfig
 
         self.run_dir = Path(run_dir)
         opts = logging or LoggingConfig()

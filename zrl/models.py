@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from zrl.algos import get_algorithm
-from zrl.config import ModelConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import ACTIVATIONS, MLPEncoder, NatureCNN, build_encoder, resolve_encoder
 from zrl.encoders import mlp as mlp  # re-exported: zrl.models.mlp predates zrl.encoders
 from zrl.multiagent.spaces import AgentObservationSpace
@@ -369,10 +371,7 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def q_network_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> QNetwork:
     """zrl's network for Q-learning algorithms (``Algorithm.model``)."""
     if isinstance(observation_space, AgentObservationSpace) and observation_space.mask:
@@ -385,10 +384,7 @@ def q_network_for(
 
 
 def actor_critic_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> ActorCritic | AgentActorCritic:
     """zrl's network for the actor-critics (``Algorithm.model``)."""
     return build_actor_critic(
@@ -402,15 +398,17 @@ def build_model(
     model_cfg: ModelConfig,
     algo: str = "apex_dqn",
     model_fn: Callable[..., nn.Module] | None = None,
-    twin: bool = False,
+    **options: Any,
 ) -> nn.Module:
     """The user's model (``model_fn(observation_space, action_space)``) or zrl's network for
     ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, appo, a3c and ppo, a DDPGModel
-    (with a second critic if ``twin``, i.e. ``ddpg.twin``) for apex_ddpg, a SACModel for sac."""
+    (with a second critic if ``twin=True`` is among ``options``) for apex_ddpg, a SACModel for
+    sac. ``options``: keyword arguments of the algorithm's builder (``experiment_model``
+    takes them from the config)."""
     if model_fn is None:
         algorithm = get_algorithm(algo)
         return algorithm.load(algorithm.model)(  # type: ignore[no-any-return]
-            observation_space, action_space, model_cfg, twin
+            observation_space, action_space, model_cfg, **options
         )
     model = model_fn(observation_space, action_space)
     if not isinstance(model, nn.Module):
@@ -418,3 +416,16 @@ def build_model(
             f"the model factory returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def experiment_model(
+    cfg: ExperimentConfig,
+    observation_space: gym.spaces.Space,
+    action_space: gym.spaces.Space,
+    model_fn: Callable[..., nn.Module] | None = None,
+) -> nn.Module:
+    """The model of experiment ``cfg``, as every role builds it: :func:`build_model` with the
+    builder options the algorithm's own config section sets (``Algorithm.model_options``)."""
+    model_options = get_algorithm(cfg.algo).model_options
+    options = model_options(cfg) if model_options is not None and model_fn is None else {}
+    return build_model(observation_space, action_space, cfg.model, cfg.algo, model_fn, **options)

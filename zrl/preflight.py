@@ -34,7 +34,7 @@ def check_env_id(env_id: str) -> None:
 
     from zrl.envs import ENV_NAMESPACE_PACKAGES, register_env_namespace
     from zrl.multiagent.config import is_multiagent
-    from zrl.multiagent.envs import MultiAgentEnvError, env_module
+    from zrl.multiagent.pettingzoo import MultiAgentEnvError, env_module
 
     if is_multiagent(env_id):
         try:
@@ -139,13 +139,11 @@ def check_model(
     there is one); a ConfigError says why it does not build."""
     import gymnasium as gym
 
-    from zrl.models import build_model
+    from zrl.models import experiment_model
 
     model_fn = _factory(factories or Factories(), "model")
     try:
-        build_model(
-            observation_space, action_space, cfg.model, cfg.algo, model_fn, twin=cfg.ddpg.twin
-        )
+        experiment_model(cfg, observation_space, action_space, model_fn)
     except Exception as exc:  # noqa: BLE001 - a user's model may raise anything
         spaces = f"observations {describe_space(observation_space)}, actions {describe_space(action_space)}"
         why = f"{type(exc).__name__}: {_one_line(exc)}"

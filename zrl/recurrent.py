@@ -19,10 +19,11 @@ import math
 from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.encoders import MLPEncoder, build_encoder, resolve_encoder
 from zrl.models import ActorCritic, AgentActorCritic, build_actor_critic, check_discrete_spaces
 from zrl.multiagent.spaces import AgentObservationSpace
@@ -192,10 +193,7 @@ def is_recurrent(model: Any) -> bool:
 
 
 def recurrent_q_network_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> RecurrentQNetwork:
     """zrl's network for R2D2 (``Algorithm.model``): ``model.core`` (lstm unless set) of
     ``model.core_size`` after the encoder."""
@@ -220,6 +218,38 @@ def recurrent_actor_critic(
     return RecurrentActorCritic(torso, obs_shape, core, int(action_space.n))
 
 
+class EnvStates:
+    """What an actor policy of a recurrent model keeps per env slot: the state ``[E, S]`` it
+    acts from, and which envs start an episode at their next observation. The actor says so
+    (``episodes_started``: its first observations, after an end, after an env error); the
+    state is zeroed there before the model acts on that observation, and ``take_starts``
+    says where it was (the ``first`` a learner unrolls with)."""
+
+    state: np.ndarray
+    starts: np.ndarray
+
+    def init_states(self, model: Any, num_envs: int) -> None:
+        self.state = model.initial_state(num_envs).numpy()
+        self.starts = np.ones(num_envs, bool)  # the actor's first observations start episodes
+
+    def episodes_started(self, envs: np.ndarray) -> None:
+        self.starts[envs] = True
+
+    def zero_starts(self) -> None:
+        """Zero the state where an episode starts, keeping the marks for ``take_starts``."""
+        self.state[self.starts] = 0.0
+
+    def take_starts(self, rows: slice | None) -> np.ndarray:
+        """Before acting: zero the state where an episode starts and clear the marks; the
+        envs ``[E]`` where it did. All envs act at once (``actor.env_groups: 1``)."""
+        if rows is not None:
+            raise ValueError("a recurrent policy acts on all envs at once: actor.env_groups: 1")
+        first = self.starts.copy()
+        self.starts[:] = False
+        self.state[first] = 0.0
+        return first
+
+
 @torch.no_grad()
 def greedy_step(model: Any, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     """The greedy actions ``[B]`` of a recurrent model and its next state: the argmax of a
@@ -229,10 +259,7 @@ def greedy_step(model: Any, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]
 
 
 def actor_critic_for(
-    observation_space: gym.spaces.Space,
-    action_space: gym.spaces.Space,
-    model_cfg: ModelConfig,
-    twin: bool = False,
+    observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> ActorCritic | AgentActorCritic | RecurrentActorCritic:
     """zrl's network for PPO (``Algorithm.model``): the recurrent actor-critic when
     ``model.core`` is set, else the feed-forward one."""

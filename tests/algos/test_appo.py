@@ -271,7 +271,7 @@ def test_appo_is_registered_with_impala_wiring():
     appo, impala = get_algorithm("appo"), get_algorithm("impala")
     assert appo.wiring == impala.wiring
     assert appo.policy == impala.policy and appo.model == impala.model
-    assert appo.sections == ("replay", "learner", "appo")
+    assert appo.reads == ("replay", "learner", "appo")
     with pytest.raises(ValueError, match="appo.minibatches"):
         harness.config("appo", appo={"minibatches": 9}, replay={"batch_size": 8})
 

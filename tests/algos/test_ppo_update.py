@@ -263,7 +263,8 @@ def test_state_dict_round_trip():
 def test_dd_ppo_leader_publishes_only_after_the_handshake():
     channels = {"pub": FakeChannel(), "sub": FakeChannel()}
     up = make_update(make_config(learners=2), FakeServices(channels), index=0)
-    assert up.allreduce_pub is channels["pub"] and up.allreduce_sub is channels["sub"]
+    assert up.peers is not None
+    assert up.peers.pub is channels["pub"] and up.peers.sub is channels["sub"]
     assert not up.may_publish()
     assert up.train(0) is None
     ready = [m for m, topic in channels["pub"].sent if m.kind == P.READY]
@@ -273,5 +274,5 @@ def test_dd_ppo_leader_publishes_only_after_the_handshake():
     channels["sub"].inbox.append(P.Message(P.READY, meta={"learner": 1, "heard": [0]}))
     assert up.train(0) is None
     assert up.peers_ready and up.may_publish()
-    assert up.heard == {1} and up.confirmed == {1}
+    assert up.peers.heard == {1} and up.peers.confirmed == {1}
     assert up.heartbeat_info()["allreduce_timeouts"] == 0

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from zrl.algos.api import Trajectory
+from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
 from zrl.config import ExperimentConfig
 from zrl.recurrent import recurrent_q_network_for
-from zrl.roles.replay import assemble_sequences
+from zrl.replay.assemble import assemble_sequences
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -285,7 +286,7 @@ def test_actor_priorities_are_the_eta_mix_of_its_own_td_errors():
         "obs", "action", "reward", "terminated", "valid", "first", "state", "q")))  # fmt: skip
     assert len(seqs) == len(seqs_list) == 3
     prio = actor_priorities(seqs, 2, 0.9, 2, 0.9, 1e-3)
-    assert prio.shape == (3,) and np.all(prio > 0) and cfg.r2d2.priority_eta == 0.9
+    assert prio.shape == (3,) and np.all(prio > 0) and cfg.section(R2D2Config).priority_eta == 0.9
 
 
 def sequence_message(n: int = 4, **changes: np.ndarray) -> P.Message:

@@ -21,6 +21,7 @@ import torch
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import Trajectory, UpdateResult
+from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
 from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
@@ -260,7 +261,9 @@ def test_learner_values_replay_what_the_actor_computed_across_episode_starts():
         [False, False, False],  # env 1's step 6 reset it; step 7 started its episode
     ]
     for i, r in enumerate(rollouts[:2]):
-        data = recurrent_round_tensors(model, [r], cfg.ppo.gamma, cfg.ppo.gae_lambda)
+        data = recurrent_round_tensors(
+            model, [r], cfg.section(PPOConfig).gamma, cfg.section(PPOConfig).gae_lambda
+        )
         logp, values, final = step_by_step(model, r.arrays)
         np.testing.assert_allclose(data["value"].numpy(), values, atol=1e-6)
         np.testing.assert_allclose(r.arrays["logp"], logp, atol=1e-6)
@@ -274,7 +277,7 @@ def test_learner_values_replay_what_the_actor_computed_across_episode_starts():
         _, boot = step_by_step(model, nxt)[:2]
         adv, ret = rollout_gae(
             r.arrays["reward"], values, r.arrays["terminated"], r.arrays["truncated"],
-            r.arrays["valid"], boot[:, 0], cfg.ppo.gamma, cfg.ppo.gae_lambda,
+            r.arrays["valid"], boot[:, 0], cfg.section(PPOConfig).gamma, cfg.section(PPOConfig).gae_lambda,
         )  # fmt: skip
         np.testing.assert_allclose(data["advantage"].numpy(), adv, atol=1e-5)
         np.testing.assert_allclose(data["return"].numpy(), ret, atol=1e-5)
@@ -410,7 +413,7 @@ def test_trains_a_recurrent_round_of_whole_env_rows():
     result = up.train(1)
     assert isinstance(result, UpdateResult) and result.publish
     rows_per_epoch = 2 * E // 2  # round rows (2 actors x E envs) // rows per minibatch
-    assert result.updates == cfg.ppo.epochs * rows_per_epoch
+    assert result.updates == cfg.section(PPOConfig).epochs * rows_per_epoch
     assert math.isfinite(result.loss)
     assert result.samples == 2 * (E * T - 1)  # env 0's reset step is not a sample
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())

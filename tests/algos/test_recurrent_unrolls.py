@@ -34,8 +34,9 @@ from zrl.algos.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_out
 from zrl.config import ExperimentConfig
 from zrl.models import build_model
 from zrl.recurrent import RecurrentActorCritic
+from zrl.replay.assemble import assemble_unrolls
 from zrl.replay.tables import make_table
-from zrl.roles.replay import ReplayServer, assemble_unrolls
+from zrl.roles.replay import ReplayServer
 from zrl.testing.fakes import actor_setup, cue_recall, learner_setup
 from zrl.transport import messages as M
 from zrl.transport import protocol as P

@@ -18,7 +18,7 @@ from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.unrolls import UnrollUpdate
 from zrl.config import ExperimentConfig
-from zrl.models import build_model
+from zrl.models import experiment_model
 from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 
@@ -53,7 +53,7 @@ def setup(cfg: ExperimentConfig, seed: int = 0) -> LearnerSetup:
     env = gym.make(cfg.env.id)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    model = build_model(obs_space, act_space, cfg.model, algo=cfg.algo, twin=cfg.ddpg.twin)
+    model = experiment_model(cfg, obs_space, act_space)
     return learner_setup(cfg, model, obs_space, act_space)
 
 

@@ -67,7 +67,8 @@ from zrl.testing.processes import (
     zrl_status_json,
 )
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 # --- decode under hypothesis --------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ def test_replay_survives_an_unhashable_dtype(inproc):
 # --- receivers that accept what they should count as malformed ----------------------------------
 
 
-# Regression (found here, since fixed): actor.py Actor.read_acks: any message on acks/<id>/ with
+# Regression (found here, since fixed): insert_acks.py InsertAcks.read: any message on acks/<id>/ with
 # an int `seq` counts as an ack (any kind, any sender, seqs never sent), so one forged ack (or an
 # ack meant for the actor's previous incarnation) opens the credit window for as many trajectories
 def test_actor_ignores_forged_acks(inproc):
@@ -270,7 +271,7 @@ def test_supervisor_aggregator_survives_malformed_metrics():
     assert row["env_steps"] == 100
 
 
-# Regression (found here, since fixed): supervisor.py Supervisor._drain_monitor/metrics.py
+# Regression (found here, since fixed): run/monitor.py RunMonitor.drain/metrics.py
 # MetricsWriter.write_eval: an `eval` message with a numeric mean but no std (or a non-numeric
 # one) raises KeyError/TypeError out of the supervisor's loop and ends the run
 def test_supervisor_survives_an_eval_message_without_std(tmp_path):
@@ -278,7 +279,7 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
     (tmp_path / "run").mkdir()
     writer = MetricsWriter(tmp_path / "run")
 
-    sup.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive"}]
+    sup.monitor.status_rows = [{"id": "evaluator-0", "role": "evaluator", "state": "alive"}]
 
     class Monitor:
         def __init__(self, metas: list[dict[str, Any]]) -> None:
@@ -291,8 +292,8 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
             pass
 
     try:
-        sup._drain_monitor(Monitor([{"kind": "eval", "mean": 30.0}]), writer, 1.0)
-        sup._drain_monitor(Monitor([{"kind": "eval", "mean": 31.0, "std": "x"}]), writer, 1.0)
+        sup.monitor.drain(Monitor([{"kind": "eval", "mean": 30.0}]), writer, 1.0)
+        sup.monitor.drain(Monitor([{"kind": "eval", "mean": 31.0, "std": "x"}]), writer, 1.0)
     finally:
         writer.close()
     assert len(sup.agg.evals) == 2
@@ -300,7 +301,7 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
 
 # Regression (found here, since fixed): sockets.py Channel.recv returns None for a dropped
 # malformed message as for an empty queue, so every drain loop (weights.py WeightsFollower.update,
-# actor.py read_acks, replay.py _drain, learner.py read_acks, supervisor.py _drain_monitor) stops
+# insert_acks.py read, replay.py _drain, learner.py read_acks, run/monitor.py drain) stops
 # at the first malformed message: N of them delay an actor's newest weights by N trajectories
 def test_one_malformed_message_does_not_hide_newer_weights(zmq_ctx):
     addr = "inproc://zrl-test-fuzz-drain"

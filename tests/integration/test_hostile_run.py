@@ -36,7 +36,8 @@ from zrl.testing.processes import (
     zrl_status_json,
 )
 from zrl.transport import protocol as P
-from zrl.transport.sockets import broker_endpoints, make_socket
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import make_socket
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 ROLE_IDS = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}

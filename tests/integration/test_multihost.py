@@ -69,11 +69,12 @@ import numpy as np
 import zmq, zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 from zrl import __version__
-from zrl.config import DEFAULT_STREAMS
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 from zrl.transport.security import load_keys
-from zrl.transport.sockets import Channel, TransportStats, broker_endpoints, make_socket
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 broker, keydir, mode = sys.argv[1:4]
 fake_version, fake_count = int(sys.argv[4]), int(sys.argv[5])

@@ -1,8 +1,9 @@
 """The plug-in surface: an algorithm defined here, registered, trains CartPole through the
 real generic roles (broker, actor, replay, params, learner, evaluator as threads).
 
-``tiny_q`` is one-step Q-learning without a target network: an epsilon-greedy actor policy
-and a learner update of a dozen lines each. Nothing in ``zrl/roles`` knows it exists.
+``tiny_q`` is one-step Q-learning with a target network: an epsilon-greedy actor policy and a
+learner update of a dozen lines each, and its own config section ``tiny_q:``. Nothing in
+``zrl/roles`` or ``zrl/config.py`` knows it exists.
 docs/adding_an_algorithm.md walks through the same code.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pydantic import Field
 
 import zrl
 from zrl.algos import register, unregister
@@ -29,11 +31,19 @@ from zrl.algos.api import (
     Wiring,
 )
 from zrl.algos.optim import checked_step, make_adam
+from zrl.config import ConfigError, config_from_dict, config_to_yaml
+from zrl.config_base import Section
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
-EPSILON = 0.1
-TARGET_EVERY = 200
+
+class TinyQConfig(Section):
+    """The ``tiny_q:`` section of an experiment config."""
+
+    epsilon: float = Field(0.1, ge=0, le=1)
+    """Chance of a uniform random action."""
+    target_every: int = Field(200, ge=1)
+    """Updates between copies of the model into the target network."""
 
 
 class TinyQPolicy(BasePolicy):
@@ -47,13 +57,14 @@ class TinyQPolicy(BasePolicy):
         self.model: Any = setup.model
         self.rng = setup.rng
         self.num_actions = int(setup.action_space.n)
+        self.epsilon = setup.config.section(TinyQConfig).epsilon
 
     @torch.no_grad()
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         greedy = self.model(torch.from_numpy(obs)).argmax(dim=1).numpy()
-        explore = self.rng.random(len(obs)) < EPSILON
+        explore = self.rng.random(len(obs)) < self.epsilon
         return np.where(explore, self.rng.integers(0, self.num_actions, len(obs)), greedy), {}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
@@ -63,12 +74,13 @@ class TinyQPolicy(BasePolicy):
 
 class TinyQUpdate(BaseUpdate):
     """``Q(s, a) <- r + discount * max_a' Q_target(s', a')`` by one Adam step per batch; the
-    target network is a copy of the model every ``TARGET_EVERY`` updates."""
+    target network is a copy of the model every ``tiny_q.target_every`` updates."""
 
     def __init__(self, setup: LearnerSetup) -> None:
         self.model = setup.model
         self.target = copy.deepcopy(self.model)
         self.optimizer = make_adam(self.model.parameters(), setup.config.learner.lr)
+        self.target_every = setup.config.section(TinyQConfig).target_every
         self.pending: list[P.Message] = []
         self.updates = 0
 
@@ -86,7 +98,7 @@ class TinyQUpdate(BaseUpdate):
         loss = torch.nn.functional.smooth_l1_loss(q, target)
         checked_step(self.optimizer, loss, list(self.model.parameters()), grad_clip=10.0)
         self.updates += 1
-        if self.updates % TARGET_EVERY == 0:
+        if self.updates % self.target_every == 0:
             self.target.load_state_dict(self.model.state_dict())
         return UpdateResult(updates=1, loss=float(loss.detach()))
 
@@ -112,28 +124,50 @@ TINY_Q = Algorithm(
     policy=f"{__name__}:TinyQPolicy",
     update=f"{__name__}:TinyQUpdate",
     model="zrl.models:q_network_for",
+    config={"tiny_q": TinyQConfig},
     sections=("replay", "learner"),
 )
 
 
-@pytest.mark.slow
-def test_a_registered_algorithm_trains_cartpole_through_the_generic_roles(tmp_path):
+@pytest.fixture
+def tiny_q():
     register(TINY_Q)
-    try:
-        experiment = zrl.Experiment(
-            {
-                "algo": "tiny_q",
-                "env": {"id": "CartPole-v1", "num_envs": 4},
-                "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 1},
-                "replay": {"table": "uniform", "n_step": 1, "gamma": 0.95, "min_size": 1000},
-                "learner": {"lr": 1e-3, "publish_interval": 20},
-                "evaluator": {"interval": 2.0, "episodes": 5},
-                "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
-            }
-        )
-        summary = experiment.run(inproc=True, run_dir=tmp_path / "run")
-    finally:
-        unregister("tiny_q")  # the registry is per process: leave it as the other tests expect
+    yield TINY_Q
+    unregister("tiny_q")  # the registry is per process: leave it as the other tests expect
+
+
+def test_a_registered_algorithm_brings_its_config_section(tiny_q):
+    base = {"algo": "tiny_q", "replay": {"table": "uniform"}}
+    cfg = config_from_dict(base, ["tiny_q.epsilon=0.25"])
+    assert cfg.section(TinyQConfig) == TinyQConfig(epsilon=0.25)
+    shown = config_to_yaml(cfg, all_sections=False)
+    assert "tiny_q:\n  epsilon: 0.25\n" in shown and "\nppo:" not in shown
+    with pytest.raises(
+        ConfigError, match=r"tiny_q\.epsilonn: unknown key \(did you mean tiny_q\.epsilon\?\)"
+    ):
+        config_from_dict(base, ["tiny_q.epsilonn=0.2"])
+    with pytest.raises(ConfigError, match=r"tiny_q\.target_every: Input should be greater"):
+        config_from_dict(base, ["tiny_q.target_every=0"])
+    unregister("tiny_q")
+    with pytest.raises(ConfigError, match="tiny_q: unknown key"):
+        config_from_dict({"tiny_q": {"epsilon": 0.2}})
+
+
+@pytest.mark.slow
+def test_a_registered_algorithm_trains_cartpole_through_the_generic_roles(tiny_q, tmp_path):
+    experiment = zrl.Experiment(
+        {
+            "algo": "tiny_q",
+            "env": {"id": "CartPole-v1", "num_envs": 4},
+            "roles": {"actors": 1, "replay": 1, "params": 1, "learners": 1, "evaluator": 1},
+            "replay": {"table": "uniform", "n_step": 1, "gamma": 0.95, "min_size": 1000},
+            "learner": {"lr": 1e-3, "publish_interval": 20},
+            "tiny_q": {"epsilon": 0.1, "target_every": 200},
+            "evaluator": {"interval": 2.0, "episodes": 5},
+            "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
+        }
+    )
+    summary = experiment.run(inproc=True, run_dir=tmp_path / "run")
     random_policy_return = 25
     assert summary["best_eval_return"] > 3 * random_policy_return, summary
     assert summary["updates"] > 100, summary

@@ -16,9 +16,10 @@ import psutil
 import pytest
 import yaml
 
-from zrl.config import DEFAULT_STREAMS, config_from_dict
+from zrl.config import config_from_dict
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.testing.processes import REPO
-from zrl.transport.sockets import broker_endpoints
+from zrl.transport.endpoints import broker_endpoints
 
 K8S = REPO / "launchers" / "k8s"
 SBATCH = REPO / "launchers" / "slurm.sbatch"

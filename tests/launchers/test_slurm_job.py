@@ -17,7 +17,7 @@ import zmq
 from zrl.testing import slurm
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, status_rows, zrl_processes
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 SBATCH = REPO / "launchers" / "slurm.sbatch"
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"

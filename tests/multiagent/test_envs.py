@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 
 from zrl.multiagent.config import MultiAgentConfig, is_multiagent
-from zrl.multiagent.envs import (
-    MultiAgentEnvError,
-    ParallelVectorEnv,
-    TurnBasedVectorEnv,
-    env_module,
-    make_multiagent_vector_env,
-    uses_parallel_api,
-)
+from zrl.multiagent.envs import ParallelVectorEnv, TurnBasedVectorEnv, make_multiagent_vector_env
 from zrl.multiagent.games import GAMES, BoardGame
 from zrl.multiagent.opponents import FixedOpponents
+from zrl.multiagent.pettingzoo import MultiAgentEnvError, env_module, uses_parallel_api
 from zrl.multiagent.spaces import AgentObservationSpace
 
 TICTACTOE = "pettingzoo/tictactoe_v3"

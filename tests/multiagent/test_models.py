@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config import ModelConfig
+from zrl.config_sections import ModelConfig
 from zrl.models import (
     ILLEGAL_LOGIT,
     ActorCritic,

@@ -16,6 +16,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from zrl.algos.returns import nstep_transitions
+from zrl.replay.assemble import assemble_transitions
 from zrl.replay.frames import (
     FrameTable,
     assemble_frame_transitions,
@@ -24,7 +25,6 @@ from zrl.replay.frames import (
 )
 from zrl.replay.snapshot import load_state, save_state
 from zrl.replay.tables import make_table
-from zrl.roles.replay import assemble_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 

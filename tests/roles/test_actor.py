@@ -16,13 +16,13 @@ from zrl.algos.apex_dqn.policy import ApexDQNPolicy
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
 from zrl.envs import EnvGroups, EpisodeTracker, make_vector_env
 from zrl.models import build_model, build_q_network, model_to_arrays
-from zrl.roles.actor import ACK_TIMEOUT_S, Actor
+from zrl.roles.actor import Actor
+from zrl.roles.insert_acks import ACK_TIMEOUT_S, InsertAcks
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
-from zrl.transport.credit import CreditWindow
 from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
@@ -160,7 +160,7 @@ def test_experience_taken_off_the_stream_is_counted_lost(inproc):
     thief = inproc.pull("experience")
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor)
-    actor.window.timeout_s = 0.5
+    actor.credit.window.timeout_s = 0.5
     pub = inproc.pub("replay-0")
     inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
     acked: list[P.Message] = []
@@ -176,7 +176,7 @@ def test_experience_taken_off_the_stream_is_counted_lost(inproc):
         return len(stolen) >= 3 and len(acked) >= 3
 
     wait_for(progressed, timeout=30, interval=0)
-    led = actor.window.ledger
+    led = actor.credit.window.ledger
     wait_for(lambda: led.lost >= len(stolen), timeout=5)
     assert led.delivered >= len(acked) - 1  # the last ack may still be on its way
     assert led.sent == led.delivered + led.lost - led.late + actor.in_flight
@@ -200,55 +200,57 @@ def announcement(incarnation: Any, sender: str = "replay-0") -> P.Message:
 def window_actor(limit: int) -> Actor:
     """An actor with no sockets: its credit window and its ack handling only."""
     actor = Actor("inproc://zrl-test-unused", index=0)
-    actor.window = CreditWindow(limit, ACK_TIMEOUT_S)
+    actor.credit = InsertAcks(limit, actor.log, lambda: actor.output.next_seq)
     actor.output = SimpleNamespace(next_seq=0)  # type: ignore[assignment]
     return actor
 
 
 def send(actor: Actor, n: int) -> None:
     for _ in range(n):
-        actor.window.sent(actor.output.next_seq, 10)
+        actor.credit.window.sent(actor.output.next_seq, 10)
         actor.output.next_seq += 1  # type: ignore[misc]
 
 
 def balanced(actor: Actor) -> bool:
-    led = actor.window.ledger
+    led = actor.credit.window.ledger
     return led.sent == led.delivered + led.lost - led.late + actor.in_flight
 
 
 def test_an_ack_from_a_restarted_shard_frees_what_it_lost_at_once():
     actor = window_actor(limit=3)
     send(actor, 2)  # 0, 1
-    actor.on_ack(shard_ack(0, incarnation=7))
+    actor.credit.on_ack(shard_ack(0, incarnation=7))
     send(actor, 2)  # 2, 3: the window (1, 2, 3) is full
-    assert actor.window.full
+    assert actor.credit.window.full
     # The shard restarted holding 1; its new incarnation's first ack names 2. Nothing is
     # expired (no time passed): 1 is counted lost because of the new incarnation alone.
-    actor.on_ack(shard_ack(2, incarnation=8))
-    assert actor.shard_restarts == 1 and actor.window.timeouts == 0
-    assert actor.window.ledger.lost == 1 and actor.in_flight == 1  # 3 was sent after 2
-    assert not actor.window.full and balanced(actor)
+    actor.credit.on_ack(shard_ack(2, incarnation=8))
+    assert actor.credit.shard_restarts == 1 and actor.credit.window.timeouts == 0
+    assert actor.credit.window.ledger.lost == 1 and actor.in_flight == 1  # 3 was sent after 2
+    assert not actor.credit.window.full and balanced(actor)
     # The new incarnation's later acks are no restart; a straggler of the old one (it did
     # insert 1 before it died) is a late delivery, and no restart either.
-    actor.on_ack(shard_ack(3, incarnation=8))
-    actor.on_ack(shard_ack(1, incarnation=7))
-    assert actor.shard_restarts == 1 and actor.in_flight == 0
-    assert actor.window.ledger.late == 1 and balanced(actor)
+    actor.credit.on_ack(shard_ack(3, incarnation=8))
+    actor.credit.on_ack(shard_ack(1, incarnation=7))
+    assert actor.credit.shard_restarts == 1 and actor.in_flight == 0
+    assert actor.credit.window.ledger.late == 1 and balanced(actor)
 
 
 def test_an_announced_incarnation_frees_a_window_full_of_what_the_dead_shard_held():
     actor = window_actor(limit=2)
-    actor.on_ack(announcement(7))
-    actor.on_ack(announcement(5, sender="replay-1"))  # first heard of: no restart
+    actor.credit.on_ack(announcement(7))
+    actor.credit.on_ack(announcement(5, sender="replay-1"))  # first heard of: no restart
     send(actor, 2)
-    assert actor.window.full and actor.window.ledger.lost == 0
-    actor.on_ack(announcement(7))  # the same incarnation again: nothing happens
-    assert actor.window.full and actor.shard_restarts == 0
+    assert actor.credit.window.full and actor.credit.window.ledger.lost == 0
+    actor.credit.on_ack(announcement(7))  # the same incarnation again: nothing happens
+    assert actor.credit.window.full and actor.credit.shard_restarts == 0
     # A full window sends nothing, so no ack of the new incarnation could ever come: its
     # announcement alone frees the window.
-    actor.on_ack(announcement(9))
-    assert actor.in_flight == 0 and actor.window.ledger.lost == 2
-    assert actor.shard_restarts == 1 and actor.window.timeouts == 0 and balanced(actor)
+    actor.credit.on_ack(announcement(9))
+    assert actor.in_flight == 0 and actor.credit.window.ledger.lost == 2
+    assert (
+        actor.credit.shard_restarts == 1 and actor.credit.window.timeouts == 0 and balanced(actor)
+    )
 
 
 class FakeAcks:
@@ -275,12 +277,12 @@ def test_a_malformed_incarnation_is_counted_and_dropped(incarnation):
         for m in bad:
             del m.meta["incarnation"]
     acks = FakeAcks([*bad, announcement(3, sender="learner-0"), shard_ack(1, 3)])
-    actor.read_acks(acks)  # type: ignore[arg-type]
+    actor.credit.read(acks)  # type: ignore[arg-type]
     assert len(acks.dropped) == 3, acks.dropped
     assert all("incarnation" in reason for reason in acks.dropped)
     # The malformed ack released nothing; the good one after it did.
-    assert actor.in_flight == 1 and actor.window.ledger.delivered == 1
-    assert actor.shard_restarts == 0 and balanced(actor)
+    assert actor.in_flight == 1 and actor.credit.window.ledger.delivered == 1
+    assert actor.credit.shard_restarts == 0 and balanced(actor)
 
 
 def test_a_restarted_shard_reopens_the_window_well_before_the_ack_timeout(inproc):
@@ -291,23 +293,25 @@ def test_a_restarted_shard_reopens_the_window_well_before_the_ack_timeout(inproc
     first = inproc.start(ReplayServer, index=0)
     actor = inproc.start(Actor, index=0)
     assert isinstance(first, ReplayServer) and isinstance(actor, Actor)
-    wait_for(lambda: actor.window.ledger.delivered >= 3, timeout=30)
+    wait_for(lambda: actor.credit.window.ledger.delivered >= 3, timeout=30)
     first.can_insert = lambda: False  # type: ignore[method-assign]
-    wait_for(lambda: actor.window.full, timeout=10)
+    wait_for(lambda: actor.credit.window.full, timeout=10)
     inproc.stop_role(first)
     assert actor.in_flight > 0  # what the dead shard held
-    delivered = actor.window.ledger.delivered
+    delivered = actor.credit.window.ledger.delivered
 
     second = inproc.start(ReplayServer, index=0)
     assert isinstance(second, ReplayServer) and second.incarnation != first.incarnation
     started = time.monotonic()
     wait_for(
-        lambda: actor.shard_restarts == 1 and actor.window.ledger.delivered > delivered,
+        lambda: (
+            actor.credit.shard_restarts == 1 and actor.credit.window.ledger.delivered > delivered
+        ),
         timeout=ACK_TIMEOUT_S / 2,
         message="the actor waited for its ack timeout",
     )
     assert time.monotonic() - started < ACK_TIMEOUT_S / 2
-    assert actor.window.timeouts == 0 and actor.window.ledger.lost > 0
+    assert actor.credit.window.timeouts == 0 and actor.credit.window.ledger.lost > 0
     assert second.trajectories_received > 0
     assert actor.heartbeat_info()["shard_restarts"] == 1
     assert actor.stats.snapshot()["acks"]["dropped"] == 0

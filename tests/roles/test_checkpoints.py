@@ -29,7 +29,7 @@ import torch
 from zrl.algos.apex_dqn.losses import dqn_update
 from zrl.algos.api import BasePolicy, NonFiniteLossError
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig
+from zrl.config import ExperimentConfig, config_from_dict
 from zrl.durable import temporary_path
 from zrl.envs import EpisodeTracker
 from zrl.factories import Factories
@@ -203,13 +203,11 @@ def test_replay_snapshot_round_trip_of_r2d2_sequences_and_their_states(inproc, t
     cfg = make_config(
         ckpt, replay={"table": "prioritized", "min_size": 1000}, env={"id": "zrl/CartPoleNoVel-v1"}
     )
-    cfg = cfg.model_copy(
-        update={
-            "algo": "r2d2",
-            "model": cfg.model.model_copy(update={"core": "lstm", "core_size": 8}),
-            "r2d2": cfg.r2d2.model_copy(update={"sequence_length": 6, "burn_in": 2}),
-        }
-    )
+    cfg = config_from_dict(
+        cfg.model_dump(mode="json"),
+        ["algo=r2d2", "model.core=lstm", "model.core_size=8", "r2d2.sequence_length=6",
+         "r2d2.burn_in=2"],
+    )  # fmt: skip
     inproc.start_broker(cfg)
     acks = inproc.sub(P.ack_topic("actor-0"))
     replay = inproc.start(ReplayServer, index=0)

@@ -25,22 +25,24 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from zrl.algos import get_algorithm
+from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.api import ActorSetup
 from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
+from zrl.algos.sac.config import SACConfig
 from zrl.config import ConfigError, ExperimentConfig, config_from_dict
 from zrl.continuous_models import DDPGModel, SACModel
 from zrl.envs import EpisodeTracker, make_vector_env
 from zrl.evaluation import greedy_returns
 from zrl.models import build_model
+from zrl.replay.assemble import assemble_transitions
 from zrl.roles import RoleError, role_class
 from zrl.roles.actor import Actor
+from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
-from zrl.roles.replay import assemble_transitions
 from zrl.roles.train_stats import TrainStats
 from zrl.testing.fakes import as_message
 from zrl.testing.inproc import InProc
 from zrl.transport import protocol as P
-from zrl.transport.credit import CreditWindow
 
 torch.set_num_threads(1)
 
@@ -166,7 +168,7 @@ def bare_actor(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 
     actor.episodes = EpisodeTracker(actor.num_envs)
     actor.env_steps = actor.trajectories = actor.env_errors = 0
     # The credit window's state, for heartbeat_info (nothing is ever sent).
-    actor.window = CreditWindow(cfg.actor.max_in_flight, 10.0)
+    actor.credit = InsertAcks(cfg.actor.max_in_flight, actor.log, lambda: 0)
     actor.blocked_since = None
     return actor
 
@@ -526,7 +528,11 @@ def test_learner_stops_on_repeated_non_finite_losses_without_changing_weights(al
 
 def test_config_sections_and_validation():
     cfg = config("apex_ddpg")
-    assert cfg.ddpg.policy_delay == 1 and cfg.ddpg.twin is False and cfg.sac.target_entropy is None
+    assert (
+        cfg.section(DDPGConfig).policy_delay == 1
+        and cfg.section(DDPGConfig).twin is False
+        and cfg.section(SACConfig).target_entropy is None
+    )
     base = cfg.model_dump(mode="json")
     with pytest.raises(ConfigError, match="roles.replay"):
         config_from_dict(base, ["roles.replay=0"])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.a3c.server import A3CGradientServer
 from zrl.algos.impala.vtrace import categorical_entropy
@@ -21,10 +22,10 @@ from zrl.algos.returns import rollout_gae
 from zrl.config import ExperimentConfig
 from zrl.envs import make_vector_env
 from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_arrays
+from zrl.replay.assemble import assemble_unrolls
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.replay import assemble_unrolls
 from zrl.roles.weights import request_latest_weights
 from zrl.testing.fakes import Rpc, as_message, unroll_trajectory
 from zrl.testing.inproc import InProc, collect
@@ -205,16 +206,19 @@ class LocalServer:
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         self.model = initial_model(cfg)
-        self.optimizer = make_adam(self.model.parameters(), cfg.a3c.lr)
+        self.optimizer = make_adam(self.model.parameters(), cfg.section(A3CConfig).lr)
 
     def step(self, *grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         combined = reduce_gradients(
-            [{k: torch.from_numpy(v) for k, v in g.items()} for g in grads], self.cfg.a3c.reduce
+            [{k: torch.from_numpy(v) for k, v in g.items()} for g in grads],
+            self.cfg.section(A3CConfig).reduce,
         )
         for name, p in self.model.named_parameters():
             p.grad = combined[name].clone()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.a3c.grad_clip)
-        assert float(norm) > self.cfg.a3c.grad_clip  # the clip is exercised
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.section(A3CConfig).grad_clip
+        )
+        assert float(norm) > self.cfg.section(A3CConfig).grad_clip  # the clip is exercised
         self.optimizer.step()
         return model_to_arrays(self.model)
 
@@ -531,7 +535,7 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
     assert np.isfinite(msg.meta["loss"])
     # Its loss is the A2C loss of some rollout under these weights: the reported parts are
     # consistent with each other (loss = policy + value_coef * value - entropy_coef * entropy).
-    c = cfg.a3c
+    c = cfg.section(A3CConfig)
     want = msg.meta["policy_loss"] + c.value_coef * msg.meta["value_loss"]
     want -= c.entropy_coef * msg.meta["entropy"]
     assert msg.meta["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -611,14 +615,15 @@ def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
     inproc.wait_for_subscriber(P.ALLREDUCE_TOPIC, pub=intruder)
     intruder.send(P.Message(P.READY, meta={"learner": 7, "heard": [0]}), topic=P.ALLREDUCE_TOPIC)
     settle(lambda: not leader.peers_ready and params.version == 0, 0.8)
-    assert leader.heard == set()
-    assert leader.allreduce_sub is not None and leader.allreduce_sub.stats.dropped >= 1
+    assert leader.peers is not None and leader.peers.heard == set()
+    assert leader.peers.sub.stats.dropped >= 1
 
     follower_role = inproc.start(Learner, index=1)
     assert isinstance(follower_role, Learner)
     follower = follower_role.update
     assert isinstance(follower, PPOUpdate)
     wait_for(lambda: leader.peers_ready and follower.peers_ready, timeout=10)
-    assert leader.heard == leader.confirmed == {1}
-    assert follower.heard == follower.confirmed == {0}
+    assert follower.peers is not None
+    assert leader.peers.heard == leader.peers.confirmed == {1}
+    assert follower.peers.heard == follower.peers.confirmed == {0}
     wait_for(lambda: params.version >= 1, timeout=10)  # now the first weights go out

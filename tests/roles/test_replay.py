@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from zrl.config import ExperimentConfig
-from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer, assemble_transitions
+from zrl.replay.assemble import assemble_transitions
+from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer
 from zrl.testing.fakes import as_message, trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for

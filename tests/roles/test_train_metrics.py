@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from zrl.algos.a3c.policy import A3CPolicy
+from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
 from zrl.algos.continuous import ContinuousPolicy
 from zrl.algos.ppo.rounds import Rollout
@@ -337,4 +338,4 @@ def test_ddpg_actor_reports_its_noise_scale():
     assert isinstance(actor.policy, ContinuousPolicy)
     report = actor.train_metrics()
     check(report, "noise_sigma_min", "noise_sigma_max", "warming_up")
-    assert report["noise_sigma_max"] == pytest.approx(cfg.ddpg.noise_sigma)
+    assert report["noise_sigma_max"] == pytest.approx(cfg.section(DDPGConfig).noise_sigma)

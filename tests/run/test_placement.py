@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zrl.config import ExperimentConfig, HostConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import HostConfig
 from zrl.factories import Factories
 from zrl.run import placement as placement_module
 from zrl.run.placement import BrokerAccess, advertised_host, host_specs, remote_commands

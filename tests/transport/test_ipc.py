@@ -20,14 +20,14 @@ from zrl.config import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
-from zrl.transport.security import init_keys, load_keys
-from zrl.transport.sockets import (
+from zrl.transport.endpoints import (
     host_identity,
     ipc_broker_endpoints,
     ipc_dir_name,
     split_tcp,
     usable_ipc_endpoints,
 )
+from zrl.transport.security import init_keys, load_keys
 
 
 class PlainRole(Role):

@@ -13,16 +13,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
+from zrl.transport.endpoints import broker_endpoints, connect_address, is_loopback, split_tcp
 from zrl.transport.sockets import (
     MAX_TRACKED_SENDERS,
     Channel,
     StreamStats,
     TransportStats,
-    broker_endpoints,
-    connect_address,
-    is_loopback,
     make_socket,
-    split_tcp,
 )
 
 # --- make_socket -------------------------------------------------------------------------

@@ -7,8 +7,12 @@ and one line here. ``register`` adds one for the roles of one process (tests, ``
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from zrl.algos.api import Algorithm
+
+if TYPE_CHECKING:
+    from zrl.config_base import Section
 
 ALGORITHMS: dict[str, str] = {
     "apex_dqn": "zrl.algos.apex_dqn",
@@ -51,10 +55,26 @@ def get_algorithm(name: str) -> Algorithm:
     return algorithm
 
 
+def algorithm_sections() -> dict[str, type[Section]]:
+    """The config sections the algorithms define (``Algorithm.config``), YAML key -> model, in
+    registry order: ``ExperimentConfig`` validates every one of them beside its own sections.
+    ValueError where two algorithms give one key different models."""
+    sections: dict[str, type[Section]] = {}
+    for name in algorithm_names():
+        for key, model in get_algorithm(name).config.items():
+            if sections.setdefault(key, model) is not model:
+                raise ValueError(
+                    f"algorithm {name}: config section {key!r} is already "
+                    f"{sections[key].__name__}, not {model.__name__}"
+                )
+    return sections
+
+
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "algorithm_names",
+    "algorithm_sections",
     "get_algorithm",
     "register",
     "unregister",

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
 from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.api import ActorSetup, BasePolicy, LearnerSetup, Outgoing, Trajectory
@@ -41,6 +42,7 @@ from zrl.algos.batch_update import BatchStep, BatchUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.algos.returns import nstep_transitions
+from zrl.algos.sac.config import SACConfig
 from zrl.algos.sac.losses import default_target_entropy, sac_update
 from zrl.continuous_models import DDPGModel, SACModel, clip_to_bounds
 from zrl.transport import messages as M
@@ -71,7 +73,7 @@ class ContinuousUpdate(BatchUpdate):
         self.model: nn.Module = model
         self.online: DDPGModel | SACModel = model
         self.sac = isinstance(model, SACModel)
-        algo_cfg = cfg.sac if self.sac else cfg.ddpg
+        algo_cfg = cfg.section(SACConfig) if self.sac else cfg.section(DDPGConfig)
         self.target: DDPGModel | SACModel = copy.deepcopy(model)
         self.target.requires_grad_(False)
         self.actor_optimizer = make_adam(model.policy.parameters(), algo_cfg.actor_lr)
@@ -88,9 +90,9 @@ class ContinuousUpdate(BatchUpdate):
         self.online_params: list[Tensor] = [
             p for m in online_modules if m is not None for p in m.parameters()
         ]
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.sac.init_alpha)))
-        self.alpha_optimizer = make_adam([self.log_alpha], cfg.sac.alpha_lr)
-        te = cfg.sac.target_entropy
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.section(SACConfig).init_alpha)))
+        self.alpha_optimizer = make_adam([self.log_alpha], cfg.section(SACConfig).alpha_lr)
+        te = cfg.section(SACConfig).target_entropy
         self.target_entropy = default_target_entropy(model.act_dim) if te is None else te
         self.send_priorities = cfg.replay.table == "prioritized"
         self.updates = 0
@@ -119,7 +121,7 @@ class ContinuousUpdate(BatchUpdate):
         grad_clip = self.config.learner.grad_clip
         if isinstance(online, SACModel):
             assert isinstance(target, SACModel)
-            c = self.config.sac
+            c = self.config.section(SACConfig)
             r = sac_update(
                 online, target, self.actor_optimizer, self.critic_optimizer,
                 self.alpha_optimizer, self.log_alpha, batch,
@@ -134,7 +136,7 @@ class ContinuousUpdate(BatchUpdate):
             }  # fmt: skip
         else:
             assert isinstance(target, DDPGModel)
-            d = self.config.ddpg
+            d = self.config.section(DDPGConfig)
             targets_due = (self.updates + 1) % d.policy_delay == 0
             r2 = ddpg_update(
                 online, target, self.actor_optimizer, self.critic_optimizer, batch,
@@ -152,7 +154,9 @@ class ContinuousUpdate(BatchUpdate):
         return BatchStep(loss, td, {"loss": loss, "critic_loss": loss, **figures}, targets_due)
 
     def update_targets(self) -> None:
-        tau = self.config.sac.tau if self.sac else self.config.ddpg.tau
+        tau = (
+            self.config.section(SACConfig).tau if self.sac else self.config.section(DDPGConfig).tau
+        )
         polyak(self.target_params, self.online_params, tau)
 
     # --- the rest of the protocol -----------------------------------------------------
@@ -211,7 +215,9 @@ class ContinuousPolicy(BasePolicy):
         self.act_dim = int(space.shape[0])
         self.action_shape = (self.act_dim,)
         self.half_range = (self.high - self.low) / 2
-        self.warmup_steps = (cfg.sac if self.sac else cfg.ddpg).warmup_steps
+        self.warmup_steps = (
+            cfg.section(SACConfig) if self.sac else cfg.section(DDPGConfig)
+        ).warmup_steps
         self.env_steps = 0
         self.prioritized = cfg.replay.table == "prioritized"
         self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
@@ -220,7 +226,9 @@ class ContinuousPolicy(BasePolicy):
         self.sigmas = np.zeros(setup.num_envs, np.float32)
         if not self.sac:
             slots = max(cfg.roles.actors, setup.actor_index + 1) * setup.num_envs
-            all_sigmas = apex_epsilons(slots, cfg.ddpg.noise_sigma, cfg.ddpg.noise_alpha)
+            all_sigmas = apex_epsilons(
+                slots, cfg.section(DDPGConfig).noise_sigma, cfg.section(DDPGConfig).noise_alpha
+            )
             first = setup.actor_index * setup.num_envs
             self.sigmas = all_sigmas[first : first + setup.num_envs].astype(np.float32)
         setup.log.info(

@@ -24,7 +24,7 @@ import torch
 
 from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.models import policy_logits, sample_categorical
-from zrl.recurrent import is_recurrent
+from zrl.recurrent import EnvStates, is_recurrent
 from zrl.transport import protocol as P
 
 
@@ -69,7 +69,7 @@ class CategoricalPolicy(BasePolicy):
         return Outgoing(P.TRAJECTORY, trajectory.unroll())
 
 
-class RecurrentCategoricalPolicy(CategoricalPolicy):
+class RecurrentCategoricalPolicy(EnvStates, CategoricalPolicy):
     """The categorical policy of a recurrent actor-critic: ``model.step(obs, state)`` per step.
 
     Resets: ``episodes_started`` marks envs whose next observation starts an episode; their
@@ -86,18 +86,13 @@ class RecurrentCategoricalPolicy(CategoricalPolicy):
         super().__init__(setup)
         if self.random:
             raise ValueError("actor.random_policy: a recurrent policy always runs its model")
-        E = setup.num_envs
-        self.state: np.ndarray = self.model.initial_state(E).numpy()
+        self.init_states(self.model, setup.num_envs)
         self.start_state = self.state.copy()  # the state before step 0 of this trajectory
-        self.pending = np.ones(E, bool)  # the actor's first observations start episodes
 
     def begin(self, steps: int, env_steps: int) -> None:
         super().begin(steps, env_steps)
-        self.state[self.pending] = 0.0
+        self.zero_starts()
         self.start_state = self.state.copy()
-
-    def episodes_started(self, envs: np.ndarray) -> None:
-        self.pending[envs] = True
 
     @torch.no_grad()
     def act(
@@ -105,11 +100,7 @@ class RecurrentCategoricalPolicy(CategoricalPolicy):
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions sampled from ``model.step`` on the envs' states (zeroed first where an
         episode starts), their log-probabilities and whether the state was zeroed."""
-        if rows is not None:
-            raise ValueError("a recurrent policy acts on all envs at once: actor.env_groups: 1")
-        first = self.pending.copy()
-        self.pending[:] = False
-        self.state[first] = 0.0
+        first = self.take_starts(rows)
         logits, _, state = self.model.step(torch.from_numpy(obs), torch.from_numpy(self.state))
         self.state = state.numpy()
         logp = torch.log_softmax(logits, dim=1)

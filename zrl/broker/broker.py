@@ -41,18 +41,18 @@ from zrl.broker.devices import Devices
 from zrl.broker.limits import DropLog
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, RoleEntry, registry_socket
 from zrl.broker.topic_bus import TopicBus, topic_sockets
-from zrl.config import DEFAULT_STREAMS, ExperimentConfig
+from zrl.config import ExperimentConfig
+from zrl.config_sections import DEFAULT_STREAMS
 from zrl.factories import Factories
 from zrl.transport import protocol as P
-from zrl.transport.security import Keys, stop_authenticator
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
+from zrl.transport.endpoints import (
     broker_endpoints,
     host_identity,
     ipc_broker_endpoints,
     is_private_dir,
 )
+from zrl.transport.security import Keys, stop_authenticator
+from zrl.transport.sockets import Channel, TransportStats
 
 log = logging.getLogger("zrl.broker")
 

@@ -20,6 +20,9 @@ Stopping an experiment: the head that owns the run sends STOP_RUN with the broke
 token (``ZRL_STOP_TOKEN``, which only the head and the broker know). From then on every
 HEARTBEAT_ACK carries ``stop`` (the reason), so every role, wherever it runs, stops; a HELLO
 is REFUSED with ``stopped``. A broker started without a token refuses every STOP_RUN.
+
+The table itself (entries, id numbering, which HELLO may take over an id, liveness and
+forgetting) is ``zrl.broker.role_table``.
 """
 
 from __future__ import annotations
@@ -29,14 +32,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from zrl import __version__
 from zrl.broker.limits import (
-    COUNTER_MAX,
     MAX_FIELD_CHARS,
     MAX_ID_CHARS,
     MAX_INFO_ITEMS,
@@ -48,10 +49,11 @@ from zrl.broker.limits import (
     valid_name,
     valid_text,
 )
-from zrl.config import BrokerConfig
+from zrl.broker.role_table import RoleEntry, RoleTable, may_replace
+from zrl.config_sections import BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
-from zrl.transport.sockets import STAT_COUNTERS, Channel, make_socket
+from zrl.transport.sockets import Channel, make_socket
 
 log = logging.getLogger("zrl.broker")
 
@@ -67,67 +69,12 @@ REGISTRY_MAX_MESSAGE_BYTES = 2**20
 # Per connection: a peer that asks and never reads holds at most this many replies.
 REGISTRY_SNDHWM = 16
 REGISTRY_RCVHWM = 64
-MAX_DEAD_LOGGED = 10  # per liveness pass; 2,000 fake HELLOs going dead at once are one summary
 
 
 def registry_socket(ctx: zmq.Context, max_message_bytes: int, keys: Keys | None) -> zmq.Socket:
     """The registry's ROUTER, unbound."""
     return make_socket(ctx, zmq.ROUTER, sndhwm=REGISTRY_SNDHWM, rcvhwm=REGISTRY_RCVHWM,
                        max_message_bytes=max_message_bytes, keys=keys, server=True)  # fmt: skip
-
-
-@dataclass
-class RoleEntry:
-    """What the registry knows about one registered role."""
-
-    id: str
-    role: str
-    host: str
-    pid: int
-    rpc: str
-    routing_id: bytes
-    address: str = ""
-    instance: str = ""
-    """A random name the role object picked (see _earlier_hello)."""
-    state: str = "starting"  # starting | alive | dead | stopped
-    registered: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.monotonic)
-    restarts: int = 0
-    ended: float = 0.0  # monotonic time it went dead or stopped: forgotten forget_after later
-    stats: dict[str, dict[str, int]] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    totals: tuple[int, ...] = (0, 0, 0, 0)
-    """``stats`` summed over streams, per STAT_COUNTERS (sent, received, dropped, gaps)."""
-
-    def set_stats(self, stats: dict[str, dict[str, int]]) -> None:
-        # Summed once per heartbeat, not once per row of every STATUS (a STATUS of 1,000
-        # roles is built in the registry's loop, and heartbeats wait behind it).
-        self.stats = stats
-        totals = [0] * len(STAT_COUNTERS)
-        for counters in stats.values():
-            for i, key in enumerate(STAT_COUNTERS):
-                totals[i] += counters.get(key, 0)
-        self.totals = tuple(min(t, COUNTER_MAX) for t in totals)
-
-    def row(self, now: float) -> dict[str, Any]:
-        sent, received, dropped, gaps = self.totals
-        return {
-            "id": self.id,
-            "role": self.role,
-            "host": self.host,
-            "pid": self.pid,
-            "address": self.address,
-            "rpc": self.rpc,
-            "state": self.state,
-            "age": round(now - self.last_seen, 2),
-            "restarts": self.restarts,
-            "msgs_in": received,
-            "msgs_out": sent,
-            "dropped": dropped,
-            "gaps": gaps,
-            "streams": self.stats,
-            "info": self.info,
-        }
 
 
 class Registry:
@@ -155,19 +102,9 @@ class Registry:
         self.drops = drops
         self.welcome = welcome
         self.broker_status = broker_status
-        self.roles: dict[str, RoleEntry] = {}
-        self._counters: dict[str, int] = {}
+        self.table = RoleTable(limits)
         self._header_bytes: int | None = None
         """The header size of the message being handled (it bounds its metadata's size)."""
-
-    def _new_id(self, role: str, index: Any) -> tuple[str, int | None]:
-        """(id, next number for ``role``; None when the id came from ``index``)."""
-        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
-            return f"{role}-{index}", None
-        n = self._counters.get(role, 0)
-        while f"{role}-{n}" in self.roles and self.roles[f"{role}-{n}"].state == "alive":
-            n += 1
-        return f"{role}-{n}", n + 1
 
     @staticmethod
     def _hello_problem(m: dict[str, Any]) -> str | None:
@@ -186,37 +123,13 @@ class Registry:
             return f"role ids are 1 to {MAX_ID_CHARS} printable characters"
         return None
 
-    @staticmethod
-    def _may_replace(old: RoleEntry, ident: bytes, m: dict[str, Any]) -> bool:
-        """Whether a HELLO for ``old``'s id may take the id over. A live entry belongs to the
-        connection that registered it; a restarted role waits until the old one is dead."""
-        if old.state in ("dead", "stopped") or old.routing_id == ident:
-            return True
-        # Before its first heartbeat a role retries HELLO on a new socket when the reply to
-        # the first came late; it tells the same pid and host.
-        return old.state == "starting" and old.pid == m["pid"] and old.host == m["host"]
+    @property
+    def roles(self) -> dict[str, RoleEntry]:
+        """The entries by id (``RoleTable.entries``)."""
+        return self.table.entries
 
-    def _earlier_hello(self, role: str, m: dict[str, Any]) -> RoleEntry | None:
-        """The ``starting`` entry that this HELLO's role object already holds: its earlier
-        HELLO, sent on another socket before the broker answered."""
-        instance = m.get("instance")
-        if not instance:
-            return None
-        for e in self.roles.values():
-            if (e.role, e.state, e.pid, e.host, e.instance) == (
-                role, "starting", m["pid"], m["host"], instance
-            ):  # fmt: skip
-                return e
-        return None
-
-    def _forget_oldest_ended(self) -> bool:
-        ended = [e for e in self.roles.values() if e.state in ("dead", "stopped")]
-        if not ended:
-            return False
-        oldest = min(ended, key=lambda e: e.ended)
-        del self.roles[oldest.id]
-        log.info("forgot %s (registry full)", oldest.id)
-        return True
+    def status_rows(self) -> list[dict[str, Any]]:
+        return self.table.status_rows()
 
     def _reply(self, to: bytes, kind: str, **meta: Any) -> None:
         self.channel.send(P.Message(kind, meta=meta), to=to, block=False)
@@ -248,21 +161,21 @@ class Registry:
         role = m["role"]
         next_n = None
         earlier = None if wanted is not None or m.get("index") is not None else (
-            self._earlier_hello(role, m)
+            self.table.earlier_hello(role, m)
         )  # fmt: skip
         if isinstance(wanted, str) and wanted.startswith(role + "-"):
             rid = wanted
         elif earlier is not None:
             rid = earlier.id
         else:
-            rid, next_n = self._new_id(role, m.get("index"))
+            rid, next_n = self.table.new_id(role, m.get("index"))
         if not valid_name(rid):
             reason = f"role ids are 1 to {MAX_ID_CHARS} printable characters"
             self._reply(ident, P.REFUSED, reason=f"bad HELLO: {reason}")
             self._reject(msg.sender, "bad hello", reason)
             return
         old = self.roles.get(rid)
-        if old is not None and not self._may_replace(old, ident, m):
+        if old is not None and not may_replace(old, ident, m):
             # No answer, not REFUSED: a legitimately restarted role keeps saying HELLO with
             # back-off, and is welcome once the old entry misses its heartbeats (marked dead).
             self._reject(rid, "hello for a live id", (
@@ -273,16 +186,14 @@ class Registry:
         if (
             old is None
             and len(self.roles) >= self.limits.max_roles
-            and not self._forget_oldest_ended()
+            and not self.table.forget_oldest_ended()
         ):
             reason = f"the registry is full: {len(self.roles)} roles (broker.max_roles)"
             self._reply(ident, P.REFUSED, reason=reason)
             self._reject(msg.sender, "registry full", reason)
             return
         if next_n is not None:
-            if role not in self._counters and len(self._counters) >= self.limits.max_roles:
-                self._counters.clear()  # numbering only skips live ids; it may start over
-            self._counters[role] = next_n
+            self.table.numbered(role, next_n)
         restarts = 0
         if old is not None:
             # Same id from a new process: a restart. From the same process: a reconnect.
@@ -351,13 +262,9 @@ class Registry:
         entry.set_stats(clean_stats(msg.meta.get("stats"), entry.stats))
         log.info("%s said bye", rid)
 
-    def status_rows(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        return [e.row(now) for e in sorted(self.roles.values(), key=lambda e: (e.role, e.id))]
-
     def _on_status(self, ident: bytes, msg: P.Message) -> None:
         broker = {**self.broker_status(), "stopped": self.stopped}
-        self._reply(ident, P.STATUS_REPLY, roles=self.status_rows(), broker=broker)
+        self._reply(ident, P.STATUS_REPLY, roles=self.table.status_rows(), broker=broker)
 
     def _on_stop_run(self, ident: bytes, msg: P.Message) -> None:
         P.require_meta(msg, {"token": str, "reason": str})
@@ -377,12 +284,7 @@ class Registry:
 
     def _on_lookup(self, ident: bytes, msg: P.Message) -> None:
         role = msg.meta.get("role")
-        services = [
-            {"id": e.id, "rpc": e.rpc, "host": e.host}
-            for e in self.roles.values()
-            if e.role == role and e.state in ("starting", "alive") and e.rpc
-        ]
-        self._reply(ident, P.LOOKUP_REPLY, role=role, services=services)
+        self._reply(ident, P.LOOKUP_REPLY, role=role, services=self.table.services(role))
 
     def _handle(self, ident: bytes, msg: P.Message) -> None:
         handler = {
@@ -396,29 +298,6 @@ class Registry:
         if handler is None:
             raise P.ProtocolError(f"registry does not serve {msg.kind!r}")
         handler(ident, msg)
-
-    def _check_liveness(self) -> None:
-        now = time.monotonic()
-        died = 0
-        for e in list(self.roles.values()):
-            # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
-            window = (
-                self.limits.setup_grace if e.state == "starting" else self.limits.heartbeat_timeout
-            )
-            if e.state in ("starting", "alive") and now - e.last_seen > window:
-                e.state = "dead"
-                e.ended = now
-                died += 1
-                if died <= MAX_DEAD_LOGGED:
-                    log.warning(
-                        "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
-                        e.id, for_log(e.host), e.pid, now - e.last_seen,
-                    )  # fmt: skip
-            elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
-                del self.roles[e.id]
-                log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
-        if died > MAX_DEAD_LOGGED:
-            log.warning("%d more missed their heartbeats: marked dead", died - MAX_DEAD_LOGGED)
 
     def _recv(self) -> tuple[bytes, P.Message] | None:
         try:
@@ -467,5 +346,5 @@ class Registry:
                         log.exception("registry failed on %s from %s", got[1].kind, got[1].sender)
                         self.channel._drop(got[1].sender or "?", f"handler error: {exc!r}")
             if time.monotonic() >= next_check:
-                self._check_liveness()
+                self.table.check_liveness()
                 next_check = time.monotonic() + LIVENESS_CHECK_S

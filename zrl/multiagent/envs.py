@@ -2,8 +2,8 @@
 
 ``env.id: pettingzoo/<name>`` (``pettingzoo/tictactoe_v3``, ``pettingzoo/connect_four_v3``:
 PettingZoo's families are searched) or ``<package>/<name>`` for another package of PettingZoo
-envs (``mpe2/simple_spread_v3``). ``env.multiagent`` maps each agent to a policy
-(``zrl.multiagent.config``).
+envs (``mpe2/simple_spread_v3``), found by ``zrl.multiagent.pettingzoo``. ``env.multiagent``
+maps each agent to a policy (``zrl.multiagent.config``).
 
 Both vector envs keep the runtime's contract: gymnasium's NEXT_STEP autoreset (the step after
 a slot's episode ended only starts a new game, reward 0), float32 slot observations
@@ -20,10 +20,9 @@ a slot's episode ended only starts a new game, reward 0), float32 slot observati
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -32,48 +31,8 @@ from gymnasium.vector import AutoresetMode
 from zrl.multiagent.config import MultiAgentConfig
 from zrl.multiagent.games import BoardGame, board_game
 from zrl.multiagent.opponents import FixedOpponents, Opponents
+from zrl.multiagent.pettingzoo import MultiAgentEnvError, env_module, env_name, uses_parallel_api
 from zrl.multiagent.spaces import AgentObservationSpace, agent_space, encode
-
-PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
-
-
-class MultiAgentEnvError(ValueError):
-    """A multi-agent env or mapping zrl cannot run; user-facing."""
-
-
-def env_module(env_id: str) -> Any:
-    """The module of a PettingZoo env id (``pettingzoo/tictactoe_v3`` ->
-    ``pettingzoo.classic.tictactoe_v3``, ``mpe2/simple_spread_v3`` -> ``mpe2.simple_spread_v3``)."""
-    package, _, name = env_id.partition("/")
-    candidates = (
-        [f"pettingzoo.{family}.{name}" for family in PETTINGZOO_FAMILIES]
-        if package == "pettingzoo"
-        else [f"{package}.{name}"]
-    )
-    for module in candidates:
-        try:
-            return importlib.import_module(module)
-        except ImportError as exc:
-            if exc.name is not None and not module.startswith(exc.name):
-                raise MultiAgentEnvError(f"{env_id}: importing {module} failed: {exc}") from None
-    hint = "pip install 'zrl[multiagent]'"
-    raise MultiAgentEnvError(
-        f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})"
-    )
-
-
-def env_name(env_id: str) -> str:
-    return env_id.partition("/")[2]
-
-
-def uses_parallel_api(cfg: MultiAgentConfig, module: Any) -> bool:
-    if cfg.api == "auto":
-        return hasattr(module, "parallel_env")
-    if cfg.api == "parallel" and not hasattr(module, "parallel_env"):
-        raise MultiAgentEnvError(
-            f"env.multiagent.api: parallel: {module.__name__} has no parallel_env"
-        )
-    return cfg.api == "parallel"
 
 
 def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) -> dict[str, str]:
@@ -103,19 +62,20 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
     NEXT_STEP bookkeeping and the opponents."""
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    turn_based: ClassVar[bool]
+    """Whether the games take turns (PettingZoo's AEC API) or all agents act at once."""
 
     def __init__(
         self,
         make: Callable[[], Any],
         num_games: int,
         cfg: MultiAgentConfig,
-        opponents: Opponents | None,
-        board: BoardGame | None,
-        turn_based: bool,
+        opponents: Opponents | None = None,
+        board: BoardGame | None = None,
     ) -> None:
         self.games = [make() for _ in range(num_games)]
         self.agents = agents = list(self.games[0].possible_agents)
-        self.mapping = seat_policies(cfg, agents, turn_based)
+        self.mapping = seat_policies(cfg, agents, self.turn_based)
         probe = self.games[0]
         spaces = {a: probe.observation_space(a) for a in agents}
         actions = {a: probe.action_space(a) for a in agents}
@@ -145,6 +105,11 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         self.over = np.zeros(num_games, bool)
         self.episodes = np.zeros(num_games, np.int64)
         self.seed: int | None = None
+        self._take_seats(num_games)
+
+    def _take_seats(self, num_games: int) -> None:
+        """Which agents the learning policy plays, and the slots and state that follow."""
+        raise NotImplementedError
 
     def set_num_envs(self, num_envs: int) -> None:
         """The slot count, and the batched spaces that follow from it."""
@@ -179,15 +144,9 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
 class TurnBasedVectorEnv(MultiAgentVectorEnv):
     """One slot per game of a turn-based (AEC) PettingZoo env; see the module docstring."""
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        num_games: int,
-        cfg: MultiAgentConfig,
-        opponents: Opponents | None = None,
-        board: BoardGame | None = None,
-    ) -> None:
-        super().__init__(make, num_games, cfg, opponents, board, turn_based=True)
+    turn_based = True
+
+    def _take_seats(self, num_games: int) -> None:
         agents = self.agents
         learning = [a for a in agents if self.mapping[a] == "main"]
         if len(learning) > 1:
@@ -346,15 +305,9 @@ class ParallelVectorEnv(MultiAgentVectorEnv):
     """Every agent mapped to main is a slot; all agents act at once (PettingZoo's parallel
     API). Agents mapped to random or scripted play inside ``step``."""
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        num_games: int,
-        cfg: MultiAgentConfig,
-        opponents: Opponents | None = None,
-        board: BoardGame | None = None,
-    ) -> None:
-        super().__init__(make, num_games, cfg, opponents, board, turn_based=False)
+    turn_based = False
+
+    def _take_seats(self, num_games: int) -> None:
         if "opponent" in self.mapping.values():
             raise MultiAgentEnvError(
                 "env.multiagent.policy_mapping: opponent seats are for turn-based games; map "

@@ -96,7 +96,7 @@ def assemble_frame_transitions(
     stack: int | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """One trajectory -> (n-step transition items, their initial priorities), row-major like
-    ``zrl.roles.replay.assemble_transitions``. Frame indices in the items are positions in
+    ``zrl.replay.assemble.assemble_transitions``. Frame indices in the items are positions in
     ``frames.reshape(E * (T + k), H, W)``; :meth:`FrameTable.insert_trajectory` makes them
     global. ``stack``: the k the table rebuilds (ValueError if the trajectory's differs)."""
     frames = np.asarray(frames)

@@ -11,15 +11,16 @@ Sockets (where the algorithm's ``wiring.experience`` says):
   (arrays [E, T, ...]). A full stream blocks the send (back-pressure): the actor retries the
   same message and collects nothing new meanwhile, so nothing is dropped and memory stays
   bounded. SUB ``acks/<id>/`` (topic bus): the shard's ACK of each insert. At most
-  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window), which bounds
-  how stale replay's data can get; on stop the actor waits for the last acks (end of stream)
-  instead of trusting LINGER. An ack releases exactly the trajectory it names; one no ack names
-  within ``ACK_TIMEOUT_S`` is counted lost (``trajectories_lost``/``steps_lost`` in
-  heartbeats), so experience taken off the stream by anyone but a shard is reported, never
-  hidden by the acks of later trajectories. SUB ``incarnations/`` (topic bus): each shard's
-  incarnation, which its acks carry too. When a shard the actor knows speaks with a new one
-  it restarted, and what it held is counted lost at once (``shard_restarts``; the rule is
-  ``CreditWindow.lose_before``'s), so the window reopens without waiting ``ACK_TIMEOUT_S``.
+  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window,
+  ``zrl.roles.insert_acks``), which bounds how stale replay's data can get; on stop the actor
+  waits for the last acks (end of stream) instead of trusting LINGER. An ack releases exactly
+  the trajectory it names; one no ack names within ``ACK_TIMEOUT_S`` is counted lost
+  (``trajectories_lost``/``steps_lost`` in heartbeats), so experience taken off the stream by
+  anyone but a shard is reported, never hidden by the acks of later trajectories. SUB
+  ``incarnations/`` (topic bus): each shard's incarnation, which its acks carry too. When a
+  shard the actor knows speaks with a new one it restarted, and what it held is counted lost
+  at once (``shard_restarts``; the rule is ``CreditWindow.lose_before``'s), so the window
+  reopens without waiting ``ACK_TIMEOUT_S``.
 - **rollouts**: PUB topic ``rollouts/`` -> every learner (PPO). The policy may hold the actor
   back until newer weights arrive (``may_collect``); meanwhile the actor asks the parameter
   server for them once a second.
@@ -54,9 +55,7 @@ same way: envs reset, trajectory dropped. Seeds derive from the run seed and the
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,72 +67,20 @@ from zrl.envs import EnvGroups, EpisodeTracker
 from zrl.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
 from zrl.multiagent.model_opponents import ModelOpponents
 from zrl.roles.base import Role
+from zrl.roles.insert_acks import InsertAcks
+from zrl.roles.step_buffers import ALL_ENVS, StepBuffers, env_major
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.credit import CreditWindow, Incarnations
 from zrl.transport.sockets import Channel
 
-ACK_TIMEOUT_S = 10.0  # then a lost ack, or a shard that died unheard of, no longer holds us back
 EOS_TIMEOUT_S = 5.0
 WEIGHTS_WAIT_FETCH_S = 1.0  # waiting this long for a new version: ask the parameter server
 
 
 class NonFiniteEnvError(FloatingPointError):
     """The env returned a NaN/inf observation or reward."""
-
-
-def env_major(x: np.ndarray) -> np.ndarray:
-    """Time-major ``[T, E, ...]`` collection buffers -> the ``[E, T, ...]`` message layout."""
-    return np.ascontiguousarray(x.swapaxes(0, 1))
-
-
-ALL_ENVS = slice(None)
-
-
-@dataclass
-class StepBuffers:
-    """Time-major buffers of one trajectory ``[T, E, ...]``: each step writes one row (or the
-    rows of one env group)."""
-
-    obs: np.ndarray
-    next_obs: np.ndarray | None  # only for policies that record it
-    action: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    extras: dict[str, np.ndarray]
-
-    @classmethod
-    def empty(cls, steps: int, obs: np.ndarray, policy: ActorPolicy) -> StepBuffers:
-        E = len(obs)
-        return cls(
-            obs=np.empty((steps, *obs.shape), obs.dtype),
-            next_obs=np.empty((steps, *obs.shape), obs.dtype) if policy.records_next_obs else None,
-            action=np.empty((steps, E, *policy.action_shape), policy.action_dtype),
-            reward=np.empty((steps, E), np.float32),
-            terminated=np.empty((steps, E), bool),
-            truncated=np.empty((steps, E), bool),
-            extras={},
-        )
-
-    def acted(self, t: int, rows: slice, action: np.ndarray, extras: dict[str, np.ndarray]) -> None:
-        self.action[t, rows] = action
-        for name, value in extras.items():
-            if name not in self.extras:
-                shape = (len(self.obs), self.reward.shape[1], *value.shape[1:])
-                self.extras[name] = np.empty(shape, value.dtype)
-            self.extras[name][t, rows] = value
-
-    def stepped(
-        self, t: int, rows: slice, next_obs: np.ndarray, reward: Any, term: Any, trunc: Any
-    ) -> None:
-        if self.next_obs is not None:
-            self.next_obs[t, rows] = next_obs
-        self.reward[t, rows] = reward
-        self.terminated[t, rows] = term
-        self.truncated[t, rows] = trunc
 
 
 class Actor(Role):
@@ -160,10 +107,8 @@ class Actor(Role):
         self.blocked_since: float | None = None
         self.waiting_since: float | None = None
         self.next_fetch = 0.0
-        self.window = CreditWindow(1, ACK_TIMEOUT_S)
         self.acks: Channel | None = None
-        self.incarnations = Incarnations()
-        self.shard_restarts = 0
+        self.credit = InsertAcks(1, self.log, lambda: self.output.next_seq)
         self.started = time.monotonic()
         self.matchmaker: Any = None  # the league's client, in a run with a league
         self.policy_name = M.DEFAULT_POLICY
@@ -202,7 +147,7 @@ class Actor(Role):
         # Credit window: a trajectory counts as in flight until a replay shard acknowledges
         # its insertion. Bounding it bounds how stale the data in replay can be, whatever
         # the socket buffers between here and the shard could hold.
-        self.window = CreditWindow(cfg.actor.max_in_flight, ACK_TIMEOUT_S)
+        self.credit = InsertAcks(cfg.actor.max_in_flight, self.log, lambda: self.output.next_seq)
 
     def make_policy(self, spaces: tuple[Any, Any]) -> ActorPolicy:
         """The algorithm's policy over this actor's model, envs, seed and random stream, for
@@ -274,12 +219,7 @@ class Actor(Role):
     def on_reregistered(self) -> None:
         # Trajectories in flight through a broker that died are gone: say how many, and
         # reopen the window instead of waiting for acks that cannot come.
-        if self.in_flight > 0:
-            lost = self.window.lose_all()
-            self.log.warning(
-                "%d trajectories were unacknowledged when the broker went away: counted as lost (%d in total)",
-                lost, self.window.ledger.lost,
-            )  # fmt: skip
+        self.credit.lose_all("were unacknowledged when the broker went away")
 
     # --- collection -------------------------------------------------------------------
 
@@ -392,96 +332,31 @@ class Actor(Role):
     def end_trajectory(self, first_needs_reset: np.ndarray, buf: StepBuffers) -> Trajectory:
         """Bookkeeping after T steps: which steps were real transitions, the episode returns,
         the env-step count and which envs reset first next time; the env-major trajectory."""
-        done_t = buf.terminated | buf.truncated
-        self.needs_reset = done_t[-1].copy()
-        rewards, terminated, truncated = (
-            env_major(buf.reward), env_major(buf.terminated), env_major(buf.truncated)
-        )  # fmt: skip
+        done = env_major(buf.terminated | buf.truncated)
+        self.needs_reset = done[:, -1].copy()
         # NEXT_STEP autoreset: the step after an episode end only resets that env.
-        valid = np.empty(rewards.shape, bool)
+        valid = np.empty(done.shape, bool)
         valid[:, 0] = ~first_needs_reset
-        valid[:, 1:] = ~env_major(done_t)[:, :-1]
-        self.episodes.update_trajectory(rewards, terminated | truncated, valid)
+        valid[:, 1:] = ~done[:, :-1]
+        trajectory = buf.trajectory(valid, self.obs)
+        self.episodes.update_trajectory(trajectory.reward, done, valid)
         self.pending_steps = int(valid.sum())
         self.env_steps += self.pending_steps
-        return Trajectory(
-            obs=env_major(buf.obs),
-            next_obs=None if buf.next_obs is None else env_major(buf.next_obs),
-            action=env_major(buf.action),
-            reward=rewards,
-            terminated=terminated,
-            truncated=truncated,
-            valid=valid,
-            final_obs=self.obs,
-            extras={name: env_major(x) for name, x in buf.extras.items()},
-        )
+        return trajectory
 
     # --- acks -------------------------------------------------------------------------
 
     @property
     def in_flight(self) -> int:
-        return self.window.in_flight
-
-    def read_acks(self, acks: Channel) -> None:
-        while True:
-            got = acks.recv(block=False)
-            if got is None:
-                return
-            try:
-                self.on_ack(got[1])
-            except P.ProtocolError as exc:
-                acks._drop(got[1].sender or "?", str(exc))
-
-    def on_ack(self, msg: P.Message) -> None:
-        """A replay shard's ACK of an insert, or its INCARNATION. Raises ProtocolError for
-        anything else, which the caller counts and drops."""
-        if msg.kind == P.INCARNATION:
-            if not msg.sender.startswith("replay-"):
-                raise P.ProtocolError(f"incarnation from {msg.sender}, not a replay shard")
-            self.on_shard_incarnation(msg.sender, M.incarnation(msg.meta), None)
-            return
-        # Only a replay shard's ack of a trajectory we actually sent, and still count as
-        # in flight (or lost), releases it; a duplicate is dropped like a forgery.
-        seq = P.acked_seq(msg, "replay-", self.output.next_seq, "trajectory")
-        incarnation = M.incarnation(msg.meta)
-        if not self.window.ack(seq):
-            raise P.ProtocolError(f"ack of trajectory {seq} that is not in flight")
-        self.on_shard_incarnation(msg.sender, incarnation, seq)
-
-    def on_shard_incarnation(self, shard: str, incarnation: int, seq: int | None) -> None:
-        """``shard`` spoke as ``incarnation``, in its ack of trajectory ``seq`` or (None) in its
-        announcement. If it restarted since we last heard it, what it held is gone: count it
-        lost now (``CreditWindow.lose_before`` says which and why) and reopen the window."""
-        if not self.incarnations.restarted(shard, incarnation):
-            return
-        self.shard_restarts += 1
-        lost = self.window.lose_before(seq)
-        self.log.info(
-            "%s restarted: %d trajectories in flight counted as lost (%d in total)",
-            shard, lost, self.window.ledger.lost,
-        )  # fmt: skip
-
-    def expire_window(self) -> None:
-        """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a lost
-        ack, or a shard that died before we ever heard of it, must not deadlock the window."""
-        lost = self.window.expire()
-        if lost:
-            # Before the first ack this is start-up (the shards may be slower to come up than
-            # we are, and their late acks count as delivered), not a fault: a debug line, and
-            # the count in ack_timeouts.
-            self.log.log(
-                logging.WARNING if self.window.ledger.delivered else logging.DEBUG,
-                "%d trajectories unacknowledged by replay for %.0fs: counted as lost (%d in total)",
-                lost, ACK_TIMEOUT_S, self.window.ledger.lost,
-            )  # fmt: skip
+        return self.credit.in_flight
 
     # --- loop -------------------------------------------------------------------------
 
     def step(self) -> None:
         if self.acks is not None:
-            self.read_acks(self.acks)
-            self.expire_window()
-            if self.pending is None and self.window.full:
+            self.credit.read(self.acks)
+            self.credit.expire()
+            if self.pending is None and self.credit.window.full:
                 if self.blocked_since is None:
                     self.blocked_since = time.monotonic()
                 self.acks.sock.poll(100)
@@ -500,7 +375,7 @@ class Actor(Role):
         # Blocks at most the socket's send timeout; on a full stream we retry next step.
         if self.output.send(self.pending, topic=self.output_topic):
             if self.acks is not None:
-                self.window.sent(self.pending.seq, self.pending_steps)
+                self.credit.window.sent(self.pending.seq, self.pending_steps)
             self.policy.sent(int(self.pending.meta["weights_version"]))
             self.pending = None
             self.blocked_since = None
@@ -543,12 +418,9 @@ class Actor(Role):
             "env_steps": self.env_steps,
             "episodes": self.episodes.episodes,
             "weights_version": self.weights.version,
-            "in_flight": self.in_flight,
-            "ack_timeouts": self.window.timeouts,
-            "shard_restarts": self.shard_restarts,
             "env_errors": self.env_errors,
             "non_finite_env": self.non_finite_env,
-            **self.window.report(),
+            **self.credit.report(),
             **self.policy.heartbeat_info(),
         }
         if self.matchmaker is not None:
@@ -573,12 +445,8 @@ class Actor(Role):
             deadline = time.monotonic() + self.eos_timeout_s
             while self.in_flight > 0 and time.monotonic() < deadline:
                 self.acks.sock.poll(50)
-                self.read_acks(self.acks)
-            if self.in_flight > 0:
-                self.log.warning(
-                    "stopping with %d trajectories sent but not acknowledged by replay: counted as lost",
-                    self.window.lose_all(),
-                )
+                self.credit.read(self.acks)
+            self.credit.lose_all("sent but not acknowledged by replay at the stop")
         if self.matchmaker is not None:
             self.matchmaker.close()
         if self.envs is not None:

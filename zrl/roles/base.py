@@ -41,14 +41,9 @@ from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
 from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
 from zrl.transport import protocol as P
+from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
 from zrl.transport.security import Keys
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    connect_address,
-    make_socket,
-    usable_ipc_endpoints,
-)
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
@@ -219,12 +214,11 @@ class Role(RoleSockets):
         return make_vector_env(self.config.env, num_envs, self.factories.env_fn(), evaluation)
 
     def make_model(self, observation_space: Any, action_space: Any) -> Any:
-        from zrl.models import build_model
+        from zrl.models import experiment_model
 
-        return build_model(
-            observation_space, action_space, self.config.model, self.config.algo,
-            self.factories.model_fn(), twin=self.config.ddpg.twin,
-        )  # fmt: skip
+        return experiment_model(
+            self.config, observation_space, action_space, self.factories.model_fn()
+        )
 
     def connect(self) -> None:
         """Register with the broker, retrying with capped back-off until ``connect_timeout``."""

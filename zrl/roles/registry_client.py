@@ -14,8 +14,9 @@ import zmq
 
 from zrl.roles.errors import RoleError
 from zrl.transport import protocol as P
+from zrl.transport.endpoints import split_tcp
 from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, TransportStats, make_socket, split_tcp
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 
 def advertise_host_for(broker: str) -> str:

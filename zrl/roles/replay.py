@@ -3,7 +3,8 @@
 Sockets:
 
 - PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
-  into n-step transitions (R2D2: the sequences the actor cut, one item each; IMPALA/APPO:
+  (``zrl.replay.assemble``) into n-step transitions (R2D2: the sequences the actor cut, one
+  item each; IMPALA/APPO:
   each env's whole unroll, with its recurrent state and episode starts when ``model.core``
   is set) and inserted (``frame_transitions`` of Atari frame stacks into a
   ``FrameTable``, which stores each frame once and rebuilds the stacks when it samples). Read only while the rate limiter allows
@@ -42,7 +43,7 @@ import numpy as np
 import zmq
 
 from zrl.algos import get_algorithm
-from zrl.algos.returns import nstep_transitions
+from zrl.replay.assemble import assemble_sequences, assemble_transitions, assemble_unrolls
 from zrl.replay.frames import FrameTable, assemble_frame_transitions
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
@@ -55,69 +56,6 @@ INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
 INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to the actors
-
-
-def assemble_transitions(
-    msg: P.Message, n_step: int, gamma: float, continuous: bool = False
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A TRAJECTORY message -> (n-step transition items, their initial priorities). Each item
-    keeps the trajectory's weights version (``M.UNKNOWN_VERSION`` if it carried none).
-
-    ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
-    int64 ``[E, T]`` indices."""
-    sizes = M.validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
-    if continuous and sizes["A"] < 1:
-        raise P.ProtocolError("trajectory actions have no dimensions")
-    a = msg.arrays
-    ns = nstep_transitions(a["reward"], a["terminated"], a["truncated"], a["valid"], n_step, gamma)
-    items = {
-        "obs": a["obs"][ns.env, ns.start],
-        "action": a["action"][ns.env, ns.start],
-        "reward": ns.returns.astype(np.float32),
-        "discount": ns.discounts.astype(np.float32),
-        "next_obs": a["next_obs"][ns.env, ns.end],
-        "weights_version": np.full(len(ns.env), M.trajectory_version(msg.meta), np.int64),
-    }
-    priorities = a["priority"][ns.env, ns.start]
-    if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
-        raise P.ProtocolError("trajectory carries non-finite or negative priorities")
-    return items, priorities
-
-
-def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.ndarray]:
-    """An IMPALA/APPO TRAJECTORY message -> one queue item per env: its whole ``[T, ...]``
-    unroll with the behaviour log-probs and the weights version it was collected with.
-
-    ``recurrent`` (the experiment's ``model.core`` is set): the message must be a
-    ``recurrent_unroll``, and each item keeps its ``state [R]`` and ``first [T]`` too; else a
-    plain ``unroll``. The other kind raises ProtocolError (lacks / unexpected array)."""
-    schema = M.RECURRENT_UNROLL if recurrent else M.UNROLL
-    E = M.validate(msg, schema)["E"]
-    a = msg.arrays
-    try:
-        version = M.trajectory_version(msg.meta, required=True)
-    except P.ProtocolError as exc:  # a FIFO learner drops unrolls by their lag: it needs one
-        raise P.ProtocolError(f"unroll without a valid weights version: {exc}") from None
-    items = {name: a[name] for name in schema.arrays}  # and its weights version:
-    items["weights_version"] = np.full(E, version, np.int64)
-    return items
-
-
-def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """An R2D2 TRAJECTORY of sequences -> (one item per sequence, with its weights version,
-    and their initial priorities)."""
-    sizes = M.validate(msg, M.SEQUENCES)
-    if sizes["P"] != sizes["T"] + 1:
-        raise P.ProtocolError(
-            f"sequences of {sizes['T']} steps carry {sizes['P']} observations, not {sizes['T'] + 1}"
-        )
-    priorities = msg.arrays["priority"]
-    if np.any(priorities < 0):
-        raise P.ProtocolError("sequences carry negative priorities")
-    versions = msg.arrays["weights_version"]
-    if np.any((versions < 0) | (versions > M.MAX_VERSION)):
-        raise P.ProtocolError(f"sequence weights versions outside [0, {M.MAX_VERSION}]")
-    return {k: v for k, v in msg.arrays.items() if k != "priority"}, priorities
 
 
 class ReplayServer(Role):

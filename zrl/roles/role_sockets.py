@@ -21,8 +21,9 @@ import zmq
 
 from zrl.config import ExperimentConfig
 from zrl.roles.errors import RoleError
+from zrl.transport.endpoints import connect_topics
 from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, TransportStats, connect_topics, make_socket
+from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 
 class RoleSockets:

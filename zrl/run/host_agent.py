@@ -42,7 +42,8 @@ from zrl.roles.base import Role, RoleError
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel, make_socket, split_tcp
+from zrl.transport.endpoints import split_tcp
+from zrl.transport.sockets import Channel, make_socket
 from zrl.zygote import Zygote
 
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from zrl.config import ExperimentConfig
 from zrl.factories import Factories
+from zrl.transport.endpoints import broker_endpoints, free_port_range, is_loopback, split_tcp
 from zrl.transport.security import Keys, init_keys, load_keys
-from zrl.transport.sockets import broker_endpoints, free_port_range, is_loopback, split_tcp
 
 
 @dataclass

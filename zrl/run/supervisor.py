@@ -13,12 +13,13 @@ started, by hand, by ``zrl host`` or by a launcher.
 ``Supervisor`` wires the parts together and runs the monitor loop; the jobs are theirs:
 ``placement`` (the broker's addresses, where each role runs, the security policy),
 ``roster`` (which roles were placed where, which took part, which never came), ``rundir``
-(the run directory, summary.json, model.pt), ``children`` (starting, restarting and stopping
-the broker and the roles, the zygote), ``aggregator`` (the figures of the live status and
-progress.csv) and ``stop_rule`` (the target and the limits).
+(the run directory, summary.json, model.pt), ``pool`` and ``children`` (starting,
+restarting and stopping the broker and the roles, the zygote), ``monitor`` (what the head
+hears: metrics and evals, the registry's rows, STOP_RUN), ``aggregator`` (the figures of the
+live status and progress.csv) and ``stop_rule`` (the target and the limits).
 
-Sockets: a SUB on the topic bus (``metrics``, ``eval``) and throwaway DEALERs for
-STATUS and STOP_RUN; ``rundir`` owns the LOOKUP and the final GET_WEIGHTS.
+Sockets: none of its own; ``monitor`` owns the SUB on the topic bus and the DEALERs for
+STATUS and STOP_RUN, ``rundir`` the LOOKUP and the final GET_WEIGHTS.
 """
 
 from __future__ import annotations
@@ -40,21 +41,14 @@ from zrl.config import ConfigError, ExperimentConfig
 from zrl.durable import atomic_write_text
 from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import MetricsWriter, ScalarWriter, require_backends
-from zrl.roles.base import RoleError, registry_request
-from zrl.run.aggregator import Aggregator, count, number
-from zrl.run.children import Child, ChildPool
+from zrl.run.aggregator import Aggregator
+from zrl.run.children import Child
+from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
+from zrl.run.pool import ChildPool
 from zrl.run.roster import ANY_HOST, Roster
 from zrl.run.rundir import RunDir
 from zrl.run.stop_rule import StopRule
-from zrl.transport import protocol as P
-from zrl.transport.sockets import (
-    Channel,
-    TransportStats,
-    broker_endpoints,
-    connect_topics,
-    make_socket,
-)
 from zrl.zygote import Zygote
 
 log = logging.getLogger("zrl.supervisor")
@@ -63,8 +57,6 @@ MONITOR_INTERVAL_S = 0.5
 PLAIN_STATUS_INTERVAL_S = 5.0
 MISSING_NOTICE_S = 15.0
 """How often the head names the placed roles that have not registered yet."""
-REMOTE_STOP_WAIT_S = 20.0
-"""How long the head keeps the broker up for roles elsewhere to hear the stop and say BYE."""
 
 
 class Supervisor:
@@ -112,15 +104,14 @@ class Supervisor:
             self.pool.zygote = zygote
         self.agg = Aggregator()
         self.target = StopRule(cfg)
-        self.status_rows: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self.stop_reason = ""
         self._finishing = False  # roles being stopped and the run directory written
         self.started = time.monotonic()
-        self.first_env_step: float | None = None  # seconds from our start
         self._display: Any = None
-        self.evals_dropped = 0
         self.roster = Roster.of(*self.placement(), wait_s=cfg.broker.wait_for_roles)
+        self.monitor = RunMonitor(cfg, self.ctx, self.access, self.pool, self.roster, self.agg,
+                                  self.target)  # fmt: skip
         self._next_missing_notice = 0.0
 
     # What the display, the CLI and the tests read; the parts own it.
@@ -195,66 +186,16 @@ class Supervisor:
 
     # --- monitoring -------------------------------------------------------------------
 
-    def _open_monitor(self) -> Channel:
-        endpoints = broker_endpoints(self.broker_addr, self.cfg.broker.streams)
-        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0, keys=self.access.keys,
-                           max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
-        for topic in (P.METRICS_TOPIC, P.EVAL_TOPIC):
-            sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        connect_topics(sock, endpoints)
-        return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
-
-    def _drain_monitor(self, monitor: Channel, writer: MetricsWriter, elapsed: float) -> None:
-        while True:
-            got = monitor.recv(block=False)
-            if got is None:
-                return
-            meta = got[1].meta
-            if meta.get("kind") == "eval":
-                sender = got[1].sender
-                if self._registered(sender, "evaluator") is None:
-                    # Anyone who reaches the topic bus can publish an eval; only our own
-                    # evaluators, registered with the broker, report results.
-                    self.evals_dropped += 1
-                    monitor._drop(sender or "?", "eval from no registered evaluator of this run")
-                    continue
-                if number(meta.get("mean")) is None:
-                    monitor._drop(got[1].sender or "?", "eval result without a numeric mean")
-                    continue
-                row = self.agg.on_eval(meta, elapsed)
-                writer.write_eval(row)
-                self.target.on_eval(row, sender)
-            else:
-                self.agg.on_metrics(meta)
-                if (
-                    self.first_env_step is None
-                    and meta.get("role") == "actor"
-                    and count(meta.get("env_steps")) > 0
-                ):
-                    # Actors report once a second: this is when we heard of the first step.
-                    self.first_env_step = round(elapsed, 2)
+    def _stop_experiment(self) -> None:
+        """STOP_RUN, while the broker is still up (``ChildPool.stop``'s ``before_broker``)."""
+        self.monitor.stop_run(self.stop_reason or "stopped", time.monotonic() - self.started)
 
     def _confirm_target(self) -> None:
         """Stop at the target once the evaluator's own heartbeat reports the evaluations that
         met the rule too (see StopRule.confirm)."""
-        if self.target.confirm(lambda sender: self._registered(sender, "evaluator")):
+        if self.target.confirm(lambda sender: self.monitor.registered(sender, "evaluator")):
             self.stop_reason = "eval_return"
             self._stop.set()
-
-    def _registered(self, rid: Any, role: str) -> dict[str, Any] | None:
-        """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
-        (when we started it here) run by the process we started; else None."""
-        if not isinstance(rid, str) or not rid.startswith(f"{role}-"):
-            return None
-        if rid not in self.roster.planned:
-            return None
-        row = next((r for r in self.status_rows if r.get("id") == rid), None)
-        if row is None or row.get("role") != role or row.get("state") not in ("starting", "alive"):
-            return None
-        child = next((c for c in self.children if c.name == rid), None)
-        if child is not None and child.proc is not None and row.get("pid") != child.proc.pid:
-            return None
-        return row
 
     def _check_limits(self, row: dict[str, Any]) -> None:
         reason = self.target.limit_reached(row)
@@ -264,7 +205,7 @@ class Supervisor:
 
     def _check_roster(self, elapsed: float, display: Any) -> None:
         """Name the placed roles that have not registered; fail the run past the wait."""
-        self.roster.update(self.status_rows, elapsed)
+        self.roster.update(self.monitor.status_rows, elapsed)
         missing = self.roster.missing()
         if not missing:
             return
@@ -282,70 +223,18 @@ class Supervisor:
                 f"waiting for {len(missing)} role(s) to register: {self.roster.describe_missing()}"
             )
 
-    def _stop_experiment(self) -> None:
-        """Tell every role, wherever it runs, that the experiment is over (STOP_RUN), and keep
-        the broker up until the roles elsewhere have said BYE or REMOTE_STOP_WAIT_S passed."""
-        reason = self.stop_reason or "stopped"
-        try:
-            reply = registry_request(
-                self.ctx, self.broker_addr,
-                P.Message(P.STOP_RUN, meta={"token": self.pool.stop_token, "reason": reason}),
-                2.0, self.access.keys,
-            )  # fmt: skip
-        except RoleError as exc:
-            log.warning("could not tell the broker to stop the experiment: %s", exc)
-            return
-        if reply.kind != P.STOP_RUN:
-            log.warning("the broker refused to stop the experiment: %s", reply.meta.get("reason"))
-            return
-        deadline = time.monotonic() + REMOTE_STOP_WAIT_S
-        elapsed = time.monotonic() - self.started
-        while True:
-            self._refresh_status()
-            self.roster.update(self.status_rows, elapsed)
-            running = self.roster.still_running_elsewhere()
-            if not running:
-                return
-            if time.monotonic() >= deadline:
-                log.warning("still running elsewhere after the stop: %s", ", ".join(running))
-                return
-            time.sleep(0.2)
-
     def _check_children(self) -> None:
         """Restart crashed children (see ChildPool.check); stop the run past the budget."""
         show = self._display.message if self._display is not None else None
-        if self.pool.check(self._registered, show):
+        if self.pool.check(self.monitor.registered, show):
             self.stop_reason = "error"
             self._stop.set()
 
-    def _refresh_status(self) -> bool:
-        """Fetch the registry's rows; False when the broker did not answer in time (the
-        rows are the previous ones)."""
-        try:
-            reply = registry_request(
-                self.ctx, self.broker_addr, P.Message(P.STATUS), 0.5, self.access.keys
-            )
-        except RoleError:
-            return False
-        self.status_rows = reply.meta.get("roles", [])
-        return True
-
     # --- finish -----------------------------------------------------------------------
-
-    def _final_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The figures at the stop, from the roles' last heartbeats: metrics come once a
-        second, so a run stopped between two of them would under-report what its roles did."""
-        self._refresh_status()
-        for r in self.status_rows:
-            info = r.get("info")
-            if isinstance(info, dict) and isinstance(r.get("id"), str) and r.get("state") != "dead":
-                previous = self.agg.latest.get(r["id"], {})
-                self.agg.on_metrics({**previous, **info, "id": r["id"], "role": r.get("role")})
-        return self.agg.row(time.monotonic() - self.started) if self.status_rows else row
 
     def _save_model(self) -> int | None:
         return self.rundir.save_model(
-            self.ctx, self.access, lambda rid: bool(self._registered(rid, "params"))
+            self.ctx, self.access, lambda rid: bool(self.monitor.registered(rid, "params"))
         )
 
     # --- main -------------------------------------------------------------------------
@@ -403,21 +292,21 @@ class Supervisor:
                 )
                 self._announce_remote(display)
             self.pool.start_roles(self.placement()[0])
-            monitor = self._open_monitor()
+            monitor = self.monitor.open()
             display.start()
             next_row = time.monotonic()
             next_confirm = 0.0
             while not self._stop.is_set():
                 elapsed = time.monotonic() - self.started
-                self._drain_monitor(monitor, writer, elapsed)
+                self.monitor.drain(monitor, writer, elapsed)
                 if self.target.candidates and time.monotonic() >= next_confirm:
                     # The evaluator's next heartbeat is at most heartbeat_interval away.
                     next_confirm = time.monotonic() + 0.25
-                    self._refresh_status()
+                    self.monitor.refresh()
                     self._confirm_target()
                 if time.monotonic() >= next_row:
                     next_row += 1.0
-                    fresh = self._refresh_status()
+                    fresh = self.monitor.refresh()
                     self._check_children()
                     if fresh:  # never call a role missing on rows the broker did not send
                         self._check_roster(elapsed, display)
@@ -458,7 +347,7 @@ class Supervisor:
         try:
             try:
                 if self.broker_child is not None:
-                    row = self._final_row(row)
+                    row = self.monitor.final_row(row, time.monotonic() - self.started)
                     version = self._save_model()
                 self._finishing = True
             except KeyboardInterrupt:
@@ -549,8 +438,8 @@ class Supervisor:
             target=self.target,
             agg=self.agg,
             started=self.started,
-            first_env_step=self.first_env_step,
-            evals_dropped=self.evals_dropped,
+            first_env_step=self.monitor.first_env_step,
+            evals_dropped=self.monitor.evals_dropped,
             roster=self.roster,
             restarts_here=self.pool.restarts(),
         )

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from zrl.testing.processes import kill_pids
-from zrl.transport.sockets import free_port_range
+from zrl.transport.endpoints import free_port_range
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"

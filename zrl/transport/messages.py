@@ -3,7 +3,7 @@
 This docstring is the contract; ``docs/protocol.md`` section 4 says the same at more length.
 Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
 array schemas of the data kinds are the :class:`Schema` constants below, checked by
-:func:`validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
+:func:`validate` (both from :mod:`zrl.transport.schema`, used through this module). Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
 width (continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames, ``P`` a
 sequence's observation positions (its steps + 1), ``R`` the recurrent state's width. "Registry" is the broker's ROUTER
 (roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
@@ -104,175 +104,17 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from zrl.transport import protocol as P
 
-ANY = "*"
-OBS = "O"
-"""The observation dim: it spans every trailing axis of the observation's shape (one axis,
-the width, for vector observations; ``(4, 84, 84)`` for an Atari frame stack), so it must be
-the last dim of an array. Its size is a tuple; ``validate(..., O=n)`` means ``(n,)``."""
-
-
-@dataclass(frozen=True)
-class Array:
-    """One array frame of a message kind."""
-
-    dtype: str | tuple[str, ...] | None  # numpy dtype name(s); None: any the protocol carries
-    dims: tuple[str, ...]  # a name per axis, the same name the same size message-wide; "*": any
-    finite: bool = False  # every value finite (float arrays)
-
-    @property
-    def dtypes(self) -> tuple[str, ...]:
-        """The dtype names allowed; empty: any."""
-        return (self.dtype,) if isinstance(self.dtype, str) else self.dtype or ()
-
-    @property
-    def dtype_text(self) -> str:
-        return " or ".join(self.dtypes) or "any"
-
-    def dtype_ok(self, dtype: np.dtype) -> bool:
-        return not self.dtypes or any(dtype == np.dtype(name) for name in self.dtypes)
-
-
-@dataclass(frozen=True)
-class Schema:
-    """The array frames one message kind carries on one path (exactly these, no others)."""
-
-    kind: str
-    name: str
-    arrays: Mapping[str, Array]
-    doc: str
-
-
-def _schema(kind: str, name: str, doc: str, **arrays: Array) -> Schema:
-    return Schema(kind, name, MappingProxyType(arrays), doc)
-
-
-# What differs when a dim's sizes differ between two arrays, for the error message.
-_DIM_WORDS = {
-    "E": "env counts",
-    "T": "lengths",
-    "O": "widths",
-    "A": "action widths",
-    "B": "batch sizes",
-    "N": "lengths",
-    "S": "frame counts",
-    "P": "positions",
-    "R": "state widths",
-}
-
-
-Size = int | tuple[int, ...]  # a tuple for the observation dim
-
-
-def _size(size: Size) -> str:
-    """``4`` for a width, ``(4, 84, 84)`` for an image shape."""
-    return str(size[0]) if isinstance(size, tuple) and len(size) == 1 else str(size)
-
-
-def _shape(dims: tuple[str, ...], sizes: Mapping[str, Size]) -> str:
-    return "(" + ", ".join(f"{d}={_size(sizes[d])}" if d in sizes else d for d in dims) + ")"
-
-
-def _dim_sizes(name: str, spec: Array, arr: np.ndarray, what: str) -> list[tuple[str, Size]]:
-    """(dim, size) per dim of ``spec`` for ``arr``; ProtocolError on a wrong rank."""
-    variadic = spec.dims[-1:] == (OBS,)
-    if arr.ndim < len(spec.dims) or (not variadic and arr.ndim != len(spec.dims)):
-        expected = f"at least {len(spec.dims)}" if variadic else str(len(spec.dims))
-        raise P.ProtocolError(
-            f"{what} array {name!r} has rank {arr.ndim}, expected {expected} "
-            f"{_shape(spec.dims, {})}"
-        )
-    head = len(spec.dims) - 1 if variadic else len(spec.dims)
-    out: list[tuple[str, Size]] = list(zip(spec.dims[:head], arr.shape[:head], strict=True))
-    if variadic:
-        out.append((OBS, tuple(arr.shape[head:])))
-    return out
-
-
-def validate(msg: P.Message, schema: Schema, **sizes: Size) -> dict[str, Any]:
-    """Check ``msg`` against ``schema``: its kind, exactly the schema's arrays, each one's
-    dtype, rank and finiteness, and one size per dim name across the arrays (and equal to
-    ``sizes[name]`` where given, e.g. ``O=obs_shape``). Returns the dim sizes {name: size}
-    (the observation dim ``O`` as a shape tuple).
-
-    A dim the arrays disagree on is blamed on the array(s) in the minority (the first
-    array's size wins a tie). Raises :class:`~zrl.transport.protocol.ProtocolError` naming
-    the array, what was expected and what came."""
-    unknown = set(sizes) - {d for a in schema.arrays.values() for d in a.dims} - {ANY}
-    if unknown:
-        raise TypeError(f"schema {schema.name!r} has no dims {sorted(unknown)}")
-    if isinstance(sizes.get(OBS), int):
-        sizes[OBS] = (int(sizes[OBS]),)  # type: ignore[arg-type]
-    what = f"{msg.kind} ({schema.name}) from {msg.sender or '?'}"
-    if msg.kind != schema.kind:
-        raise P.ProtocolError(f"{what}: kind {msg.kind!r}, expected {schema.kind!r}")
-    for name in schema.arrays:
-        if name not in msg.arrays:
-            raise P.ProtocolError(f"{what} lacks array {name!r}")
-    for name in msg.arrays:
-        if name not in schema.arrays:
-            raise P.ProtocolError(
-                f"{what} carries unexpected array {name!r}, expected only {sorted(schema.arrays)}"
-            )
-    # Every (dim, size) seen, in schema order: the reference size of a dim is the given one,
-    # else the one most arrays agree on.
-    seen: dict[str, list[tuple[str, Size]]] = {}
-    shapes: dict[str, list[tuple[str, Size]]] = {}
-    for name, spec in schema.arrays.items():
-        arr = msg.arrays[name]
-        if not spec.dtype_ok(arr.dtype):
-            raise P.ProtocolError(
-                f"{what} array {name!r} has dtype {arr.dtype}, expected {spec.dtype_text}"
-            )
-        shapes[name] = _dim_sizes(name, spec, arr, what)
-        for dim, size in shapes[name]:
-            if dim != ANY:
-                seen.setdefault(dim, []).append((name, size))
-    bound: dict[str, Size] = {}
-    for dim, uses in seen.items():
-        if dim in sizes:
-            bound[dim] = sizes[dim]
-        else:
-            counts = [size for _, size in uses]
-            bound[dim] = max(counts, key=lambda n: (counts.count(n), -counts.index(n)))
-    for name, spec in schema.arrays.items():
-        arr = msg.arrays[name]
-        for dim, size in shapes[name]:
-            if dim == ANY or size == bound[dim]:
-                continue
-            expected = f"{what} array {name!r} has shape {arr.shape}, expected " + _shape(
-                spec.dims, bound
-            )
-            if dim in sizes:
-                raise P.ProtocolError(
-                    f"{expected}: dim {dim} must be {_size(sizes[dim])}, not {_size(size)}"
-                )
-            ref = next(other for other, n in seen[dim] if n == bound[dim])
-            raise P.ProtocolError(
-                f"{expected}: {ref} and {name} {_DIM_WORDS.get(dim, 'sizes')} differ "
-                f"(dim {dim}: {_size(bound[dim])} vs {_size(size)})"
-            )
-    for name, spec in schema.arrays.items():
-        arr = msg.arrays[name]
-        if spec.finite and arr.dtype.kind in "fc":
-            ok = np.isfinite(arr)
-            if not ok.all():
-                bad = ~ok
-                where = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise P.ProtocolError(
-                    f"{what} array {name!r} holds NaN or inf, expected finite values "
-                    f"({int(bad.sum())} of {arr.size} are not; the first, {arr[where]}, "
-                    f"at {list(where)})"
-                )
-    return bound
-
+# The validator and the schema types are used through this module (``M.validate``): re-exported.
+from zrl.transport.schema import ANY as ANY
+from zrl.transport.schema import OBS, Array, Schema, schema
+from zrl.transport.schema import Size as Size
+from zrl.transport.schema import validate as validate
 
 MAX_VERSION = P.MAX_SEQ
 """The largest weights version a WEIGHTS message may carry (every version is a sequence)."""
@@ -356,23 +198,29 @@ def as_obs(obs: Any, num_envs: int, dtype: np.dtype) -> np.ndarray:
 
 
 _OBS = Array(OBS_DTYPES, ("E", "T", OBS), finite=True)
+_ACTION = Array("int64", ("E", "T"))
 _STEP_F32 = Array("float32", ("E", "T"), finite=True)
 _STEP_BOOL = Array("bool", ("E", "T"))
+_OUTCOMES = {
+    "reward": _STEP_F32,
+    "terminated": _STEP_BOOL,
+    "truncated": _STEP_BOOL,
+    "valid": _STEP_BOOL,
+}
+"""What each env step returned, as every trajectory of T steps of E envs carries it (``valid``:
+False for the step after an episode end, which only reset the env)."""
 
-TRANSITIONS = _schema(
+TRANSITIONS = schema(
     P.TRAJECTORY,
     "transitions",
     "Ape-X DQN actor -> replay: T steps of E envs, discrete actions, initial priorities.",
     obs=_OBS,
-    action=Array("int64", ("E", "T")),
-    reward=_STEP_F32,
-    terminated=_STEP_BOOL,
-    truncated=_STEP_BOOL,
-    valid=_STEP_BOOL,
+    action=_ACTION,
+    **_OUTCOMES,
     next_obs=_OBS,
     priority=_STEP_F32,
 )
-FRAME_TRANSITIONS = _schema(
+FRAME_TRANSITIONS = schema(
     P.TRAJECTORY,
     "frame_transitions",
     "Ape-X DQN actor on frame stacks -> replay: the transitions layout with each frame once.",
@@ -382,30 +230,27 @@ FRAME_TRANSITIONS = _schema(
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the first
 observation, then the newest frame of each later one (the last is the final observation's).
 The replay server rebuilds the stacks (``zrl.replay.frames``); 1/8 of the transitions' bytes."""
-CONTINUOUS_TRANSITIONS = _schema(
+CONTINUOUS_TRANSITIONS = schema(
     P.TRAJECTORY,
     "continuous_transitions",
     "apex_ddpg/sac actor -> replay: the transitions layout with float32 [E, T, A] actions.",
     **{**TRANSITIONS.arrays, "action": Array("float32", ("E", "T", "A"), finite=True)},
 )
-UNROLL = _schema(
+UNROLL = schema(
     P.TRAJECTORY,
     "unroll",
     "impala/ppo actor -> replay FIFO or PPO learners: T steps of E envs, behaviour log-probs.",
     obs=_OBS,
-    action=Array("int64", ("E", "T")),
+    action=_ACTION,
     logp=_STEP_F32,
-    reward=_STEP_F32,
-    terminated=_STEP_BOOL,
-    truncated=_STEP_BOOL,
-    valid=_STEP_BOOL,
+    **_OUTCOMES,
     bootstrap_obs=Array(OBS_DTYPES, ("E", OBS), finite=True),
 )
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
 """Each item's weights version (:data:`UNKNOWN_VERSION` where not known)."""
-TRANSITION_BATCH = _schema(
+TRANSITION_BATCH = schema(
     P.BATCH,
     "transition_batch",
     "replay -> Ape-X DQN learner: B n-step transitions, importance weights, table keys and "
@@ -419,31 +264,34 @@ TRANSITION_BATCH = _schema(
     weight=_ROW_F32,
     key=_KEY,
 )
-CONTINUOUS_TRANSITION_BATCH = _schema(
+CONTINUOUS_TRANSITION_BATCH = schema(
     P.BATCH,
     "continuous_transition_batch",
     "replay -> apex_ddpg/sac learner: the transition batch with float32 [B, A] actions.",
     **{**TRANSITION_BATCH.arrays, "action": Array("float32", ("B", "A"), finite=True)},
 )
-_UNROLL_F32 = Array("float32", ("B", "T"), finite=True)
-_UNROLL_BOOL = Array("bool", ("B", "T"))
-UNROLL_BATCH = _schema(
+
+
+def _rows(arrays: Mapping[str, Array], drop: tuple[str, ...] = ()) -> dict[str, Array]:
+    """A TRAJECTORY's arrays as a BATCH carries them: a shard stores each env's unroll (or
+    each sequence) as one item, so a sampled batch has the same arrays with dim E become B."""
+    return {
+        name: Array(a.dtype, tuple("B" if d == "E" else d for d in a.dims), a.finite)
+        for name, a in arrays.items()
+        if name not in drop
+    }
+
+
+UNROLL_BATCH = schema(
     P.BATCH,
     "unroll_batch",
     "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
-    obs=Array(OBS_DTYPES, ("B", "T", OBS), finite=True),
-    action=Array("int64", ("B", "T")),
-    logp=_UNROLL_F32,
-    reward=_UNROLL_F32,
-    terminated=_UNROLL_BOOL,
-    truncated=_UNROLL_BOOL,
-    valid=_UNROLL_BOOL,
-    bootstrap_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
+    **_rows(UNROLL.arrays),
     weights_version=_VERSION,
     weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
     key=_KEY,
 )
-SEQUENCES = _schema(
+SEQUENCES = schema(
     P.TRAJECTORY,
     "sequences",
     "R2D2 actor -> replay: E fixed-length sequences the actor cut, each with the recurrent "
@@ -465,22 +313,15 @@ end is False); ``first`` the positions where an episode starts (the state is zer
 them); ``state`` the recurrent state before position 0; ``priority`` the initial priority;
 ``weights_version`` the oldest weights version that acted in its real steps (a sequence can
 span trajectories, so the message's one version is not enough)."""
-SEQUENCE_BATCH = _schema(
+SEQUENCE_BATCH = schema(
     P.BATCH,
     "sequence_batch",
     "replay -> R2D2 learner: B sequences, importance weights, table keys and weights versions.",
-    obs=Array(OBS_DTYPES, ("B", "P", OBS), finite=True),
-    action=Array("int64", ("B", "T")),
-    reward=Array("float32", ("B", "T"), finite=True),
-    terminated=Array("bool", ("B", "T")),
-    mask=Array("bool", ("B", "T")),
-    first=Array("bool", ("B", "P")),
-    state=Array("float32", ("B", "R"), finite=True),
-    weights_version=_VERSION,
+    **_rows(SEQUENCES.arrays, drop=("priority",)),
     weight=_ROW_F32,
     key=_KEY,
 )
-RECURRENT_UNROLL = _schema(
+RECURRENT_UNROLL = schema(
     P.TRAJECTORY,
     "recurrent_unroll",
     "recurrent impala/appo/ppo actor -> replay FIFO or PPO learners: the unroll, the recurrent "
@@ -492,18 +333,17 @@ RECURRENT_UNROLL = _schema(
 """``state`` is the recurrent state step 0 acted from; ``first[e, t]`` is True where the actor
 zeroed the state before step t (an episode starts there: ``first[:, t + 1] == ~valid[:, t]``).
 A learner unrolling ``model.unroll(obs, state, first)`` computes what the actor computed."""
-RECURRENT_UNROLL_BATCH = _schema(
+RECURRENT_UNROLL_BATCH = schema(
     P.BATCH,
     "recurrent_unroll_batch",
     "replay FIFO -> recurrent IMPALA/APPO learner: the unroll batch with each unroll's "
     "recurrent state and episode starts.",
     **UNROLL_BATCH.arrays,
-    state=Array("float32", ("B", "R"), finite=True),
-    first=_UNROLL_BOOL,
+    **_rows(RECURRENT_UNROLL.arrays, drop=tuple(UNROLL.arrays)),  # state and first
 )
 """What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
 ``first [B, T]`` as the actor recorded them (the same convention)."""
-PRIORITIES = _schema(
+PRIORITIES = schema(
     P.PRIORITIES,
     "priorities",
     "learner -> the replay shard that sampled: new priorities of N of its keys.",

@@ -7,6 +7,7 @@ its own rollout and pushes it to the parameter server, which applies it (no lear
   applies the gradients with Adam).
 """
 
+from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api import Algorithm, Wiring
 
 ALGORITHM = Algorithm(
@@ -18,5 +19,6 @@ ALGORITHM = Algorithm(
     gradient_server="zrl.algos.a3c.server:A3CGradientServer",
     model="zrl.models:actor_critic_for",
     # learner: the parameter server takes learner.torch_threads
-    sections=("learner", "a3c"),
+    config={"a3c": A3CConfig},
+    sections=("learner",),
 )

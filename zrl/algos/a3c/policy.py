@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api import ActorSetup, Outgoing, Trajectory
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.policy_gradient import a2c_loss
@@ -29,7 +30,7 @@ class A3CPolicy(CategoricalPolicy):
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         """The gradient of the actor-critic loss on this rollout, by parameter name."""
-        c = self.config.a3c
+        c = self.config.section(A3CConfig)
         tr = trajectory
         E, T = tr.reward.shape
         logits, values = self.model(torch.from_numpy(tr.obs.reshape(E * T, *tr.obs.shape[2:])))

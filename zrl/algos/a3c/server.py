@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api import GradientServerSetup
 from zrl.algos.optim import make_adam
 from zrl.algos.policy_gradient import reduce_gradients
@@ -31,7 +32,7 @@ from zrl.transport import protocol as P
 
 class A3CGradientServer:
     def __init__(self, setup: GradientServerSetup) -> None:
-        self.config = setup.config.a3c
+        self.config = setup.config.section(A3CConfig)
         self.log = setup.log
         self.train_stats = setup.train_stats
         self.model = setup.model

@@ -6,11 +6,26 @@ n-step transitions in replay.
 - ``zrl.algos.continuous``: the actor side and the learner side, shared with SAC.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.api import Algorithm
+
+if TYPE_CHECKING:
+    from zrl.config import ExperimentConfig
+
+
+def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
+    """``ddpg.twin``: TD3's second critic is part of the network."""
+    return {"twin": cfg.section(DDPGConfig).twin}
+
 
 ALGORITHM = Algorithm.box_off_policy(
     "apex_ddpg",
     "Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
     model="zrl.continuous_models:ddpg_model_for",
-    section="ddpg",
+    config={"ddpg": DDPGConfig},
+    model_options=model_options,
 )

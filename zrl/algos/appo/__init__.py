@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from zrl.algos import impala
+from zrl.algos.appo.config import AppoConfig
 
 if TYPE_CHECKING:
     from zrl.config import ExperimentConfig
@@ -22,9 +23,9 @@ if TYPE_CHECKING:
 
 def check_config(cfg: ExperimentConfig) -> None:
     impala.check_recurrent(cfg)
-    if cfg.appo.minibatches > cfg.replay.batch_size:
+    if cfg.section(AppoConfig).minibatches > cfg.replay.batch_size:
         raise ValueError(
-            f"appo.minibatches ({cfg.appo.minibatches}) must be at most replay.batch_size "
+            f"appo.minibatches ({cfg.section(AppoConfig).minibatches}) must be at most replay.batch_size "
             f"({cfg.replay.batch_size}): a minibatch holds whole unrolls"
         )
 
@@ -35,6 +36,6 @@ ALGORITHM = replace(
     name="appo",
     summary="APPO: asynchronous actors, unrolls through a FIFO queue, PPO clip on V-trace",
     update="zrl.algos.appo.update:AppoUpdate",
-    sections=("replay", "learner", "appo"),
+    config={"appo": AppoConfig},
     check_config=check_config,
 )

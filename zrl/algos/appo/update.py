@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.api import LearnerSetup, UpdateResult
+from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
 from zrl.algos.optim import checked_step
@@ -32,20 +33,20 @@ class AppoUpdate(UnrollUpdate):
     """The actor-critic and its Adam; ``appo.epochs x appo.minibatches`` steps per batch."""
 
     def __init__(self, setup: LearnerSetup) -> None:
-        super().__init__(setup, setup.config.appo.max_lag)
+        super().__init__(setup, setup.config.section(AppoConfig).max_lag)
         self.rng = torch.Generator().manual_seed(setup.config.seed)  # the minibatch shuffles
 
     def old_values(self, batch: dict[str, Tensor]) -> Tensor | None:
         """``V(x_t)`` before this batch's first step, ``[T, B]``: what ``appo.value_clip``
         clips against (None without it)."""
-        if self.config.appo.value_clip is None:
+        if self.config.section(AppoConfig).value_clip is None:
             return None
         with torch.no_grad():
             _, values, _ = unroll_outputs(self.model, batch)
         return values.T
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
-        c = self.config.appo
+        c = self.config.section(AppoConfig)
         n = batch["reward"].shape[0]
         old_values = self.old_values(batch)
         groups = min(c.minibatches, n)

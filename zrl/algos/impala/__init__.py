@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.impala.config import ImpalaConfig
 
 if TYPE_CHECKING:
     from zrl.config import ExperimentConfig
@@ -55,6 +56,7 @@ ALGORITHM = Algorithm(
     model="zrl.recurrent:actor_critic_for",
     recurrent=True,
     random_actions=True,
-    sections=("replay", "learner", "impala"),
+    config={"impala": ImpalaConfig},
+    sections=("replay", "learner"),
     check_config=check_recurrent,
 )

@@ -23,6 +23,7 @@ import time
 from torch import Tensor
 
 from zrl.algos.api import LearnerSetup, UpdateResult
+from zrl.algos.impala.config import ImpalaConfig
 from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.unrolls import UnrollUpdate
 
@@ -31,10 +32,10 @@ class ImpalaUpdate(UnrollUpdate):
     """The actor-critic and its Adam; ``impala.epochs`` updates per batch of fresh unrolls."""
 
     def __init__(self, setup: LearnerSetup) -> None:
-        super().__init__(setup, setup.config.impala.max_lag)
+        super().__init__(setup, setup.config.section(ImpalaConfig).max_lag)
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
-        c = self.config.impala
+        c = self.config.section(ImpalaConfig)
         loss = math.nan
         for _ in range(c.epochs):
             started = time.perf_counter()

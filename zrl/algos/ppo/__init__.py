@@ -4,7 +4,7 @@ each round on one weights version, ``async`` on rollouts up to ``ppo.max_lag`` v
 
 - ``zrl.algos.policy_gradient``: the pure math (clipped surrogate, gradient averaging).
 - ``rounds``: which rollouts form a round (``RoundBuffer``) and the round's tensors.
-- ``update``: the learner side (``PPOUpdate``), with the DD-PPO allreduce.
+- ``update``: the learner side (``PPOUpdate``); ``peers``: the DD-PPO handshake and allreduce.
 - ``policy``: the actor side (``PPOPolicy``: the categorical policy, one round at a time).
 
 With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.recurrent``): actors
@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.ppo.config import PPOConfig
 
 if TYPE_CHECKING:
     from zrl.config import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    mb = cfg.ppo.minibatch_size
+    mb = cfg.section(PPOConfig).minibatch_size
     learners = cfg.learners_per_policy()  # DD-PPO's, per learning policy
     if cfg.model.core == "none":
         if learners > 1 and mb % learners:
@@ -54,6 +55,7 @@ ALGORITHM = Algorithm(
     update="zrl.algos.ppo.update:PPOUpdate",
     model="zrl.recurrent:actor_critic_for",
     recurrent=True,
-    sections=("learner", "ppo"),
+    config={"ppo": PPOConfig},
+    sections=("learner",),
     check_config=check_config,
 )

@@ -12,6 +12,7 @@ env's state and sends ``recurrent_unroll`` rollouts.
 from __future__ import annotations
 
 from zrl.algos.api import ActorSetup
+from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.sampling import CategoricalPolicy, RecurrentCategoricalPolicy
 from zrl.recurrent import is_recurrent
 
@@ -21,7 +22,7 @@ KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind th
 class PPOPolicy(CategoricalPolicy):
     def __init__(self, setup: ActorSetup) -> None:
         super().__init__(setup)
-        c = setup.config.ppo
+        c = setup.config.section(PPOConfig)
         self.allowed = 1 if c.mode == "sync" else c.max_lag + 1
         self.sent_per_version: dict[int, int] = {}
 

@@ -8,14 +8,12 @@ role to publish the weights after it.
 
 With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
 
-- PUB / SUB ``allreduce/``: every learner holds the same round, cuts every minibatch into
-  ``learners`` equal slices, computes the gradient of its slice, publishes it and averages it
-  with the others' before the optimizer step, so all learners apply the same update. Learner 0
-  publishes the weights; the others follow them at the start of each round (and count any
-  drift, which should stay 0). Before the first round the learners exchange READY messages
-  there until each has heard every other one hear it: only then does learner 0 publish the
-  first weights (:meth:`PPOUpdate.may_publish`), which start the actors. Otherwise a learner
-  still starting up misses the first rollouts and the others wait for it in every allreduce.
+- PUB / SUB ``allreduce/`` (``zrl.algos.ppo.peers.DDPPOPeers``): every learner holds the same
+  round, cuts every minibatch into ``learners`` equal slices, computes the gradient of its
+  slice and averages it with the others' before the optimizer step, so all learners apply the
+  same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
+  learners' start-up handshake there is done); the others follow them at the start of each
+  round (and count any drift, which should stay 0).
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts: its
@@ -36,7 +34,9 @@ from torch import nn
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
-from zrl.algos.policy_gradient import normalize, ppo_loss, reduce_gradients
+from zrl.algos.policy_gradient import normalize, ppo_loss
+from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.ppo.peers import DDPPOPeers
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
 from zrl.models import ActorCritic, load_arrays, model_to_arrays
 from zrl.recurrent import RecurrentActorCritic, is_recurrent
@@ -49,12 +49,7 @@ from zrl.transport.messages import (
     validate,
     weights_version,
 )
-from zrl.transport.sockets import Channel
 
-ALLREDUCE_TIMEOUT_S = 10.0
-READY_INTERVAL_S = 0.05  # DD-PPO start-up: READY repeated until every peer confirms
-HANDSHAKE_TIMEOUT_S = 30.0  # then start anyway; allreduce timeouts count what is missing
-HANDSHAKE_POLL_MS = 20  # one handshake step waits at most this long for a peer's message
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
 
 
@@ -83,22 +78,15 @@ class PPOUpdate(BaseUpdate):
         self.learner_index = cfg.learner_rank(setup.index)
         self.leader = self.learner_index == 0
         # DD-PPO: gradients and READY messages between the learners.
-        self.allreduce_pub: Channel | None = None
-        self.allreduce_sub: Channel | None = None
-        if self.learners > 1:
-            self.allreduce_pub = self.services.open_publisher("allreduce")
-            self.allreduce_sub = self.services.open_subscriber([P.ALLREDUCE_TOPIC], "allreduce")
-        self.peer_grads: dict[tuple[int, int], dict[int, dict[str, np.ndarray]]] = {}
-        self.allreduce_timeouts = 0
-        self.heard: set[int] = set()  # DD-PPO peers whose READY reached us
-        self.confirmed: set[int] = set()  # ... and who said they heard ours
-        self.peers_ready = self.learners == 1
-        self.handshake_started = time.monotonic()
-        self.next_ready = 0.0
+        self.peers = (
+            DDPPOPeers(self.services, self.learners, self.learner_index, self.model, self.log)
+            if self.learners > 1
+            else None
+        )
         # Followers take the leader's weights (through the parameter server) every round.
         self.follow: Any = None if self.leader else self.services.follow_weights(self.model)
         self.weight_drift = 0.0
-        c = cfg.ppo
+        c = cfg.section(PPOConfig)
         policy = cfg.learner_policy(setup.index)
         self.buffer = RoundBuffer(c.mode, cfg.policy_actors(policy), c.max_lag, c.round_timeout)
         self.rounds = 0
@@ -110,60 +98,6 @@ class PPOUpdate(BaseUpdate):
         self.last_parts: dict[str, float] = {}
         self.rng = torch.Generator().manual_seed(cfg.seed)
         self.started = time.monotonic()
-
-    # --- DD-PPO start-up handshake ------------------------------------------------------
-
-    def _pub(self) -> Channel:
-        assert self.allreduce_pub is not None, "allreduce is only open with several learners"
-        return self.allreduce_pub
-
-    def _sub(self) -> Channel:
-        assert self.allreduce_sub is not None, "allreduce is only open with several learners"
-        return self.allreduce_sub
-
-    def send_ready(self) -> None:
-        self._pub().send(
-            P.Message(P.READY, meta={"learner": self.learner_index, "heard": sorted(self.heard)}),
-            topic=P.ALLREDUCE_TOPIC, block=False,
-        )  # fmt: skip
-
-    def on_ready(self, msg: P.Message) -> None:
-        who, heard = msg.meta.get("learner"), msg.meta.get("heard")
-        if not isinstance(heard, list):
-            self._sub()._drop(msg.sender or "?", "READY without the peers it heard")
-            return
-        assert isinstance(who, int)  # checked by read_peer_grads
-        newly_heard = who not in self.heard
-        self.heard.add(who)
-        if self.learner_index in heard:
-            self.confirmed.add(who)
-        if newly_heard or self.learner_index not in heard:
-            # Tell it at once that we hear it (it may be new, or waiting only for that).
-            self.send_ready()
-
-    def handshake(self) -> None:
-        """One step of: until every other learner is heard and has heard us, READY at 20 Hz."""
-        now = time.monotonic()
-        if now >= self.next_ready:
-            self.next_ready = now + READY_INTERVAL_S
-            self.send_ready()
-        self.read_peer_grads()
-        others = set(range(self.learners)) - {self.learner_index}
-        if self.heard >= others and self.confirmed >= others:
-            self.peers_ready = True
-            self.log.info(
-                "DD-PPO: all %d learners hear each other (%.2f s)",
-                self.learners, now - self.handshake_started,
-            )  # fmt: skip
-        elif now - self.handshake_started > HANDSHAKE_TIMEOUT_S:
-            self.peers_ready = True
-            self.log.warning(
-                "DD-PPO: learners %s not heard within %.0f s; starting without them "
-                "(their allreduce steps will time out)",
-                sorted(others - (self.heard & self.confirmed)), HANDSHAKE_TIMEOUT_S,
-            )  # fmt: skip
-        else:
-            self._sub().sock.poll(HANDSHAKE_POLL_MS)
 
     # --- receiving --------------------------------------------------------------------
 
@@ -196,9 +130,14 @@ class PPOUpdate(BaseUpdate):
 
     # --- training ---------------------------------------------------------------------
 
+    @property
+    def peers_ready(self) -> bool:
+        """Whether every DD-PPO learner hears every other (always, for a single learner)."""
+        return self.peers is None or self.peers.ready
+
     def train(self, version: int) -> UpdateResult | None:
-        if not self.peers_ready:
-            self.handshake()
+        if self.peers is not None and not self.peers.ready:
+            self.peers.handshake()
             return None
         if self.follow is not None:
             self.follow_leader()
@@ -252,7 +191,7 @@ class PPOUpdate(BaseUpdate):
 
     def train_round(self, chosen: list[Rollout], current: int) -> int:
         """Train one round; the minibatch steps taken."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         versions = sorted({r.version for r in chosen})
         if c.mode == "sync" and len(versions) > 1:
             self.mixed_rounds += 1
@@ -301,8 +240,8 @@ class PPOUpdate(BaseUpdate):
         loss, parts = self.sequence_loss(mb) if self.recurrent else self.sample_loss(mb)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.learners > 1:
-            self.allreduce(step)
+        if self.peers is not None:
+            self.peers.average(self.rounds, step)
         grad_norm = clipped_gradients(
             loss, list(self.model.parameters()), self.config.learner.grad_clip
         )
@@ -316,7 +255,7 @@ class PPOUpdate(BaseUpdate):
 
     def sample_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The PPO loss of this learner's part of a feed-forward minibatch of samples."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         adv = normalize(mb["advantage"]) if c.normalize_advantages else mb["advantage"]
         if self.learners > 1:
             # Each learner takes its slice of the (identically ordered) minibatch.
@@ -338,7 +277,7 @@ class PPOUpdate(BaseUpdate):
         over the valid steps. Advantages are normalized over the whole minibatch's valid
         steps; with DD-PPO each learner's loss is weighted by its share of them, so the
         averaged gradient is the whole minibatch's."""
-        c = self.config.ppo
+        c = self.config.section(PPOConfig)
         adv, total = mb["advantage"], int(mb["valid"].sum())
         if c.normalize_advantages:
             adv = adv.masked_scatter(mb["valid"], normalize(adv[mb["valid"]]))
@@ -360,73 +299,6 @@ class PPOUpdate(BaseUpdate):
             c.entropy_coef, c.value_coef, normalize_advantages=False,
         )  # fmt: skip
         return loss * (count * self.learners / total), parts
-
-    def allreduce(self, step: int) -> None:
-        """Average this step's gradients with the other learners' (DD-PPO)."""
-        key = (self.rounds, step)
-        own = {
-            name: p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32)
-            for name, p in self.model.named_parameters()
-        }
-        self._pub().send(
-            P.Message(P.GRADIENTS, meta={"round": key[0], "step": key[1], "learner": self.learner_index}, arrays=own),
-            topic=P.ALLREDUCE_TOPIC, block=False,
-        )  # fmt: skip
-        deadline = time.monotonic() + ALLREDUCE_TIMEOUT_S
-        while len(self.peer_grads.get(key, {})) < self.learners - 1:
-            if self.services.stop_event.is_set():
-                break  # stopping: the other learners may be gone already
-            if time.monotonic() > deadline:
-                self.allreduce_timeouts += 1
-                self.log.warning(
-                    "allreduce of round %d step %d: peers missing; using own gradient", *key
-                )
-                break
-            if self._sub().sock.poll(50):
-                self.read_peer_grads()
-            else:
-                self.services.tick()
-        grads = {**self.peer_grads.pop(key, {}), self.learner_index: own}
-        for old in [k for k in self.peer_grads if k <= key]:
-            del self.peer_grads[old]
-        # Summed in learner order on every learner, so all get bit-identical means.
-        mean = reduce_gradients(
-            [{k: torch.from_numpy(v) for k, v in grads[i].items()} for i in sorted(grads)], "mean"
-        )
-        for name, p in self.model.named_parameters():
-            p.grad = mean[name].clone()
-
-    def read_peer_grads(self) -> None:
-        sub = self._sub()
-        names = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
-        while True:
-            got = sub.recv(block=False)
-            if got is None:
-                return
-            msg = got[1]
-            r, s, who = msg.meta.get("round"), msg.meta.get("step"), msg.meta.get("learner")
-            if who == self.learner_index:
-                continue  # our own publication comes back through the bus
-            if not isinstance(who, int) or not 0 <= who < self.learners:
-                sub._drop(msg.sender or "?", f"allreduce from learner {who!r}")
-                continue
-            if msg.kind == P.READY:
-                self.on_ready(msg)
-                continue
-            if (
-                msg.kind != P.GRADIENTS
-                or not isinstance(r, int)
-                or not isinstance(s, int)
-                or set(msg.arrays) != set(names)
-                or any(msg.arrays[k].shape != names[k] for k in names)
-                or not all(np.all(np.isfinite(v)) for v in msg.arrays.values())
-            ):
-                sub._drop(msg.sender or "?", "malformed allreduce gradients")
-                continue
-            # Copies: the received frames are read-only, and torch wants writable arrays.
-            self.peer_grads.setdefault((r, s), {})[who] = {
-                k: np.array(v) for k, v in msg.arrays.items()
-            }
 
     # --- what the role asks -------------------------------------------------------------
 
@@ -464,8 +336,8 @@ class PPOUpdate(BaseUpdate):
             "round_versions": self.round_versions,
             "busy": round(self.training_s / max(1e-9, time.monotonic() - self.started), 3),
         }
-        if self.learners > 1:
-            info["allreduce_timeouts"] = self.allreduce_timeouts
+        if self.peers is not None:
+            info["allreduce_timeouts"] = self.peers.timeouts
         if not self.leader:
             info["weight_drift"] = self.weight_drift
         for k in ("approx_kl", "clip_fraction", "entropy"):
@@ -475,9 +347,9 @@ class PPOUpdate(BaseUpdate):
 
     def summary(self) -> str:
         drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
-        timeouts = f", allreduce timeouts {self.allreduce_timeouts}" if self.learners > 1 else ""
+        timeouts = f", allreduce timeouts {self.peers.timeouts}" if self.peers is not None else ""
         return (
-            f"{self.rounds} rounds ({self.config.ppo.mode}), {self.updates} updates, "
+            f"{self.rounds} rounds ({self.config.section(PPOConfig).mode}), {self.updates} updates, "
             f"mixed-version rounds {self.mixed_rounds}, stale rollouts {self.buffer.stale}, "
             f"short rounds {self.buffer.short_rounds}{drift}{timeouts}, "
             f"{self.training_s:.1f} s training of {time.monotonic() - self.started:.1f} s"

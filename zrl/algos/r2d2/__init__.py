@@ -16,16 +16,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.r2d2.config import R2D2Config
 
 if TYPE_CHECKING:
     from zrl.config import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    if cfg.replay.n_step > cfg.r2d2.sequence_length - cfg.r2d2.burn_in:
+    if (
+        cfg.replay.n_step
+        > cfg.section(R2D2Config).sequence_length - cfg.section(R2D2Config).burn_in
+    ):
         raise ValueError(
             f"replay.n_step ({cfg.replay.n_step}) must be at most r2d2.sequence_length - "
-            f"r2d2.burn_in ({cfg.r2d2.sequence_length - cfg.r2d2.burn_in})"
+            f"r2d2.burn_in ({cfg.section(R2D2Config).sequence_length - cfg.section(R2D2Config).burn_in})"
         )
     if cfg.actor.env_groups > 1:
         raise ValueError("r2d2 actors run with actor.env_groups: 1")
@@ -45,6 +49,7 @@ ALGORITHM = Algorithm(
     update="zrl.algos.r2d2.update:R2D2Update",
     model="zrl.recurrent:recurrent_q_network_for",
     recurrent=True,
-    sections=("replay", "learner", "r2d2"),
+    config={"r2d2": R2D2Config},
+    sections=("replay", "learner"),
     check_config=check_config,
 )

@@ -1,6 +1,7 @@
 """The ``r2d2:`` section of an experiment config (R2D2).
 
-Pydantic only (no torch, no numpy): ``zrl.config`` imports it, and the CLI stays fast.
+Pydantic only (no torch, no numpy): the package's ``ALGORITHM`` names it (``Algorithm.config``),
+so ``zrl.config`` validates it, and the CLI stays fast.
 """
 
 from __future__ import annotations

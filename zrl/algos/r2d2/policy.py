@@ -17,6 +17,7 @@ import torch
 
 from zrl.algos.apex_dqn.policy import EpsilonGreedyPolicy
 from zrl.algos.api import ActorSetup, Outgoing, Trajectory
+from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     inverse_value_rescale,
     nstep_double_q_targets,
@@ -24,6 +25,7 @@ from zrl.algos.r2d2.losses import (
     value_rescale,
 )
 from zrl.algos.r2d2.sequences import SequenceCutter, Sequences
+from zrl.recurrent import EnvStates
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -45,7 +47,7 @@ def actor_priorities(
     return sequence_priority(td, torch.from_numpy(seqs.mask)[:, burn_in:], eta).numpy()
 
 
-class R2D2Policy(EpsilonGreedyPolicy):
+class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
     records_next_obs = False
 
     def __init__(self, setup: ActorSetup) -> None:
@@ -54,11 +56,9 @@ class R2D2Policy(EpsilonGreedyPolicy):
         self.config = cfg
         self.model: Any = setup.model
         E = setup.num_envs
-        model: Any = setup.model
-        self.state: np.ndarray = model.initial_state(E).numpy()
-        self.fresh = np.ones(E, bool)  # the actor's first observations start episodes
+        self.init_states(setup.model, E)
         self.cutter = SequenceCutter(
-            E, cfg.r2d2.sequence_length, cfg.r2d2.burn_in,
+            E, cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in,
             M.obs_shape(setup.observation_space), M.obs_dtype(setup.observation_space),
             self.state.shape[1], self.num_actions,
         )  # fmt: skip
@@ -66,25 +66,18 @@ class R2D2Policy(EpsilonGreedyPolicy):
         setup.log.info(
             "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
             setup.actor_index, E, cfg.env.id, float(self.epsilons.max()),
-            float(self.epsilons.min()), cfg.r2d2.sequence_length, cfg.r2d2.burn_in, setup.seed,
+            float(self.epsilons.min()), cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in, setup.seed,
         )  # fmt: skip
-
-    def episodes_started(self, envs: np.ndarray) -> None:
-        self.fresh[envs] = True
 
     @torch.no_grad()
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        if rows is not None:
-            raise ValueError("an r2d2 policy acts on all envs at once: actor.env_groups: 1")
-        fresh = self.fresh.copy()
-        self.state[fresh] = 0.0
+        fresh = self.take_starts(rows)
         state = self.state.copy()
         q, next_state = self.model.step(torch.from_numpy(obs), torch.from_numpy(state))
         q = q.numpy()
         self.state = next_state.numpy()
-        self.fresh[:] = False
         a = self.epsilon_greedy(q, t)
         return a, {"first": fresh, "state": state, "q": q.astype(np.float32, copy=False)}
 
@@ -94,7 +87,7 @@ class R2D2Policy(EpsilonGreedyPolicy):
             tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"],
             version=tr.weights_version,
         )  # fmt: skip
-        c, rc = self.config.r2d2, self.config.replay
+        c, rc = self.config.section(R2D2Config), self.config.replay
         priority = actor_priorities(
             seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon
         )

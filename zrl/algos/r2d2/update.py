@@ -30,6 +30,7 @@ from zrl.algos.api import LearnerSetup
 from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import checked_step, make_adam
+from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     burn_in_unroll,
     inverse_value_rescale,
@@ -59,7 +60,7 @@ class R2D2Update(QTargetUpdate):
         self.send_priorities = self.config.replay.table == "prioritized"
 
     def receive(self, msg: P.Message, version: int) -> None:
-        c = self.config.r2d2
+        c = self.config.section(R2D2Config)
         dims = M.validate(
             msg, M.SEQUENCE_BATCH, O=self.obs_shape, R=self.state_size, T=c.sequence_length,
             P=c.sequence_length + 1,
@@ -70,7 +71,7 @@ class R2D2Update(QTargetUpdate):
         self.pending.add(msg)
 
     def step(self, batch: dict[str, Tensor]) -> BatchStep:
-        c, rc, lc = self.config.r2d2, self.config.replay, self.config.learner
+        c, rc, lc = self.config.section(R2D2Config), self.config.replay, self.config.learner
         obs, first, state = batch["obs"], batch["first"], batch["state"]
         if c.zero_state:
             state = torch.zeros_like(state)

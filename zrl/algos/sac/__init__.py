@@ -6,10 +6,11 @@ Ape-X way: actors sample the squashed-Gaussian policy, n-step transitions in rep
 """
 
 from zrl.algos.api import Algorithm
+from zrl.algos.sac.config import SACConfig
 
 ALGORITHM = Algorithm.box_off_policy(
     "sac",
     "SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
     model="zrl.continuous_models:sac_model_for",
-    section="sac",
+    config={"sac": SACConfig},
 )

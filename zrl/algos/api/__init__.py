@@ -1,0 +1,62 @@
+"""What an algorithm package gives the generic roles, and what they give it.
+
+An algorithm is a package ``zrl/algos/<name>/`` whose ``__init__.py`` defines ``ALGORITHM``,
+an :class:`Algorithm`, and one line in ``zrl.algos.ALGORITHMS`` names it. The roles never ask
+which algorithm runs; they ask the ``Algorithm``:
+
+- ``wiring``: where actors send (a replay shard, every learner, or the parameter server), what
+  a replay shard stores, what the learner reads, and the action space it is for.
+- ``policy``: built once by the actor after WELCOME (:class:`ActorSetup` in); given a batch of
+  observations it returns actions plus the extras the actor must record, and at the end of a
+  trajectory it turns the recorded steps into the message to send (:class:`ActorPolicy`).
+- ``update``: built once by the learner after WELCOME (:class:`LearnerSetup` in); it receives
+  the messages of the learner's input, validated, and trains on them (:class:`LearnerUpdate`).
+- ``gradient_server``: for an algorithm whose actors send gradients (A3C), built once by the
+  parameter server (:class:`GradientServerSetup` in); it receives each gradient, validated,
+  and steps the model it owns (:class:`GradientServer`).
+- ``model``: the network zrl builds for it when the user gives none.
+- ``model_options``: options of that network its own config sets (Ape-X DDPG: ``ddpg.twin``).
+- ``config``: the config sections it defines (its pydantic models, by YAML key).
+- ``check_config``: the checks of a config that only this algorithm needs.
+
+The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are
+``"module:attribute"`` references, imported only by the process that uses them: the config
+and the CLI never import torch.
+It imports nothing else from zrl at run time, so every layer may use it. Its modules:
+``algorithm`` (:class:`Algorithm`, :class:`Wiring`), ``actor`` (what the actor and its policy
+exchange) and ``learner`` (what the learner or the parameter server and the algorithm's update
+or gradient server exchange); everything is imported from here.
+"""
+
+from zrl.algos.api.actor import ActorPolicy, ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.learner import (
+    BaseUpdate,
+    GradientServer,
+    GradientServerSetup,
+    LearnerServices,
+    LearnerSetup,
+    LearnerUpdate,
+    NonFiniteLossError,
+    Priorities,
+    UpdateResult,
+)
+
+__all__ = [
+    "ActorPolicy",
+    "ActorSetup",
+    "Algorithm",
+    "BasePolicy",
+    "BaseUpdate",
+    "GradientServer",
+    "GradientServerSetup",
+    "LearnerServices",
+    "LearnerSetup",
+    "LearnerUpdate",
+    "NonFiniteLossError",
+    "Outgoing",
+    "Priorities",
+    "Trajectory",
+    "UpdateResult",
+    "Wiring",
+]

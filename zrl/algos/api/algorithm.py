@@ -1,0 +1,159 @@
+"""The record of an algorithm (:class:`Algorithm`) and how its data moves between the generic
+roles (:class:`Wiring`); ``zrl.algos.api`` says what each field means to the roles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from zrl.config import ExperimentConfig
+    from zrl.config_base import Section
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How an algorithm's data moves between the generic roles."""
+
+    actions: Literal["discrete", "box"]
+    """The env action space it is for: ``Discrete`` or a 1-D ``Box``."""
+    experience: Literal["replay", "rollouts", "gradients"]
+    """Where actors send what ``ActorPolicy.finish`` builds: PUSH ``experience`` to a replay
+    shard (credit window of acknowledged inserts), PUB ``rollouts/`` to every learner, or PUSH
+    ``gradients`` to the parameter server, whose :class:`GradientServer` (the algorithm's
+    ``gradient_server``) applies them (A3C)."""
+    replay_item: Literal["transitions", "unroll", "sequences", ""] = ""
+    """What a replay shard stores of a TRAJECTORY: n-step transitions, whole unrolls (FIFO),
+    or the fixed-length sequences the actor cut (R2D2); "" when the algorithm has no replay
+    server."""
+    replay_tables: tuple[str, ...] = ()
+    """The ``replay.table`` values it works with."""
+    learner_input: Literal["batches", "rollouts", ""] = "batches"
+    """The learner's input: BATCH messages from replay shards, or the actors' rollouts; ""
+    when it has no learner (the parameter server applies the actors' gradients)."""
+
+    @classmethod
+    def off_policy(cls, actions: Literal["discrete", "box"]) -> Wiring:
+        """Ape-X's: actors -> replay shards of n-step transitions (uniform or prioritized)
+        -> learners."""
+        return cls(
+            actions=actions,
+            experience="replay",
+            replay_item="transitions",
+            replay_tables=("uniform", "prioritized"),
+            learner_input="batches",
+        )
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    wiring: Wiring
+    policy: str
+    """``module:attribute`` of its :class:`ActorPolicy` class, or of a function choosing one
+    (PPO: feed-forward or recurrent), called with an :class:`ActorSetup`."""
+    update: str
+    """``module:Class`` of its :class:`LearnerUpdate`, called with a :class:`LearnerSetup`
+    ("" when it has no learner)."""
+    model: str
+    """``module:function`` building zrl's network for it:
+    ``f(observation_space, action_space, model_cfg, **model_options(config)) -> nn.Module``."""
+    gradient_server: str = ""
+    """``module:Class`` of its :class:`GradientServer`, called with a
+    :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
+    otherwise)."""
+    recurrent: bool = False
+    """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
+    random_actions: bool = False
+    """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
+    config: Mapping[str, type[Section]] = field(default_factory=dict)
+    """The config sections it defines, YAML key -> section model (``{"ppo": PPOConfig}``):
+    ``ExperimentConfig`` validates them beside its own, and the algorithm reads its section
+    with ``cfg.section(PPOConfig)``."""
+    sections: tuple[str, ...] = ()
+    """The shared config sections it reads that not every algorithm does (``replay``,
+    ``learner``): ``zrl config show`` prints these and its own (:attr:`reads`)."""
+    check_config: Callable[[ExperimentConfig], None] | None = None
+    """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
+    model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None
+    """Keyword arguments of ``model`` that its own config section sets (Ape-X DDPG: twin
+    critics)."""
+
+    @classmethod
+    def box_off_policy(
+        cls,
+        name: str,
+        summary: str,
+        *,
+        model: str,
+        config: Mapping[str, type[Section]],
+        model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None,
+    ) -> Algorithm:
+        """An algorithm for Box actions on the policy and update of ``zrl.algos.continuous``
+        (Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``, the config sections replay,
+        learner and its own ``config``."""
+        continuous = "zrl.algos.continuous"
+        return cls(
+            name=name, summary=summary, wiring=Wiring.off_policy("box"),
+            policy=f"{continuous}:ContinuousPolicy", update=f"{continuous}:ContinuousUpdate",
+            model=model, config=config, sections=("replay", "learner"),
+            model_options=model_options,
+        )  # fmt: skip
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The config sections it reads beyond those every algorithm reads: the shared
+        ``sections`` and its own ``config``."""
+        return (*self.sections, *self.config)
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        """Raise ValueError (naming the key) on a config this algorithm cannot run: what its
+        wiring implies, then its own ``check_config``."""
+        w, r = self.wiring, cfg.roles
+        if cfg.actor.random_policy and not self.random_actions:
+            raise ValueError(
+                f"actor.random_policy: {self.name}'s actors have no random mode (impala and "
+                "appo have)"
+            )
+        core = cfg.model.core
+        if core != "none" and not self.recurrent:
+            raise ValueError(
+                f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala "
+                "and appo have); set model.core: none"
+            )
+        if not w.replay_item and r.replay > 0:
+            raise ValueError(
+                f"{self.name} sends its experience past the replay server: set roles.replay: 0"
+            )
+        if w.replay_item and r.replay == 0 and (r.actors > 0 or r.learners > 0):
+            raise ValueError(f"{self.name} learns from replay: set roles.replay >= 1")
+        if w.replay_tables and r.replay > 0 and cfg.replay.table not in w.replay_tables:
+            raise ValueError(
+                f"{self.name} needs replay.table: {' or '.join(w.replay_tables)}, "
+                f"not {cfg.replay.table}"
+            )
+        if not w.learner_input and r.learners > 0:
+            raise ValueError(
+                f"{self.name} has no learner (the parameter server applies the actors' "
+                "gradients): set roles.learners: 0"
+            )
+        if (w.experience == "gradients") != bool(self.gradient_server):
+            raise ValueError(
+                f"algorithm {self.name}: gradient_server must name the class that applies the "
+                "actors' gradients exactly when wiring.experience is 'gradients'"
+            )
+        if w.experience == "gradients" and r.params == 0:
+            raise ValueError(
+                f"{self.name} needs the parameter server (roles.params: 1) to apply gradients"
+            )
+        if self.check_config is not None:
+            self.check_config(cfg)
+
+    def load(self, ref: str) -> Any:
+        """The object a ``module:attribute`` reference of this algorithm names."""
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,169 @@
+"""The registry's role table: one entry per registered role id, how ids are numbered, which
+HELLO may take over an id, and liveness (a role silent too long is marked dead; dead and
+stopped entries are forgotten). The registry (``zrl.broker.registry``) speaks the protocol
+around it.
+
+Sockets: none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from zrl.broker.limits import COUNTER_MAX, for_log
+from zrl.config_sections import BrokerConfig
+from zrl.transport.sockets import STAT_COUNTERS
+
+log = logging.getLogger("zrl.broker")
+
+MAX_DEAD_LOGGED = 10  # per liveness pass; 2,000 fake HELLOs going dead at once are one summary
+
+
+@dataclass
+class RoleEntry:
+    """What the registry knows about one registered role."""
+
+    id: str
+    role: str
+    host: str
+    pid: int
+    rpc: str
+    routing_id: bytes
+    address: str = ""
+    instance: str = ""
+    """A random name the role object picked (see RoleTable.earlier_hello)."""
+    state: str = "starting"  # starting | alive | dead | stopped
+    registered: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    ended: float = 0.0  # monotonic time it went dead or stopped: forgotten forget_after later
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    totals: tuple[int, ...] = (0, 0, 0, 0)
+    """``stats`` summed over streams, per STAT_COUNTERS (sent, received, dropped, gaps)."""
+
+    def set_stats(self, stats: dict[str, dict[str, int]]) -> None:
+        # Summed once per heartbeat, not once per row of every STATUS (a STATUS of 1,000
+        # roles is built in the registry's loop, and heartbeats wait behind it).
+        self.stats = stats
+        totals = [0] * len(STAT_COUNTERS)
+        for counters in stats.values():
+            for i, key in enumerate(STAT_COUNTERS):
+                totals[i] += counters.get(key, 0)
+        self.totals = tuple(min(t, COUNTER_MAX) for t in totals)
+
+    def row(self, now: float) -> dict[str, Any]:
+        sent, received, dropped, gaps = self.totals
+        return {
+            "id": self.id,
+            "role": self.role,
+            "host": self.host,
+            "pid": self.pid,
+            "address": self.address,
+            "rpc": self.rpc,
+            "state": self.state,
+            "age": round(now - self.last_seen, 2),
+            "restarts": self.restarts,
+            "msgs_in": received,
+            "msgs_out": sent,
+            "dropped": dropped,
+            "gaps": gaps,
+            "streams": self.stats,
+            "info": self.info,
+        }
+
+
+def may_replace(old: RoleEntry, ident: bytes, m: dict[str, Any]) -> bool:
+    """Whether a HELLO for ``old``'s id may take the id over. A live entry belongs to the
+    connection that registered it; a restarted role waits until the old one is dead."""
+    if old.state in ("dead", "stopped") or old.routing_id == ident:
+        return True
+    # Before its first heartbeat a role retries HELLO on a new socket when the reply to
+    # the first came late; it tells the same pid and host.
+    return old.state == "starting" and old.pid == m["pid"] and old.host == m["host"]
+
+
+class RoleTable:
+    """The entries by id, within the ``broker`` section's limits (``max_roles``,
+    ``heartbeat_timeout``, ``setup_grace``, ``forget_after``)."""
+
+    def __init__(self, limits: BrokerConfig) -> None:
+        self.limits = limits
+        self.entries: dict[str, RoleEntry] = {}
+        self.counters: dict[str, int] = {}
+        """The next number of each role name's automatic ids."""
+
+    def new_id(self, role: str, index: Any) -> tuple[str, int | None]:
+        """(id, next number for ``role``; None when the id came from ``index``)."""
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return f"{role}-{index}", None
+        n = self.counters.get(role, 0)
+        while f"{role}-{n}" in self.entries and self.entries[f"{role}-{n}"].state == "alive":
+            n += 1
+        return f"{role}-{n}", n + 1
+
+    def numbered(self, role: str, next_n: int) -> None:
+        """An id numbered by ``new_id`` was given: the next one of ``role`` is ``next_n``."""
+        if role not in self.counters and len(self.counters) >= self.limits.max_roles:
+            self.counters.clear()  # numbering only skips live ids; it may start over
+        self.counters[role] = next_n
+
+    def earlier_hello(self, role: str, m: dict[str, Any]) -> RoleEntry | None:
+        """The ``starting`` entry that this HELLO's role object already holds: its earlier
+        HELLO, sent on another socket before the broker answered."""
+        instance = m.get("instance")
+        if not instance:
+            return None
+        for e in self.entries.values():
+            if (e.role, e.state, e.pid, e.host, e.instance) == (
+                role, "starting", m["pid"], m["host"], instance
+            ):  # fmt: skip
+                return e
+        return None
+
+    def forget_oldest_ended(self) -> bool:
+        ended = [e for e in self.entries.values() if e.state in ("dead", "stopped")]
+        if not ended:
+            return False
+        oldest = min(ended, key=lambda e: e.ended)
+        del self.entries[oldest.id]
+        log.info("forgot %s (registry full)", oldest.id)
+        return True
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [e.row(now) for e in sorted(self.entries.values(), key=lambda e: (e.role, e.id))]
+
+    def services(self, role: Any) -> list[dict[str, Any]]:
+        """The rpc endpoints of the live ``role`` roles (a LOOKUP's answer)."""
+        return [
+            {"id": e.id, "rpc": e.rpc, "host": e.host}
+            for e in self.entries.values()
+            if e.role == role and e.state in ("starting", "alive") and e.rpc
+        ]
+
+    def check_liveness(self) -> None:
+        now = time.monotonic()
+        died = 0
+        for e in list(self.entries.values()):
+            # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
+            window = (
+                self.limits.setup_grace if e.state == "starting" else self.limits.heartbeat_timeout
+            )
+            if e.state in ("starting", "alive") and now - e.last_seen > window:
+                e.state = "dead"
+                e.ended = now
+                died += 1
+                if died <= MAX_DEAD_LOGGED:
+                    log.warning(
+                        "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
+                        e.id, for_log(e.host), e.pid, now - e.last_seen,
+                    )  # fmt: skip
+            elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
+                del self.entries[e.id]
+                log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
+        if died > MAX_DEAD_LOGGED:
+            log.warning("%d more missed their heartbeats: marked dead", died - MAX_DEAD_LOGGED)

@@ -1,0 +1,230 @@
+"""The children of ``zrl run``: the broker and every local role, started, watched, restarted
+and stopped (``ChildPool``, with the pieces of ``zrl.run.children``).
+
+A crashed child restarts with back-off, the broker at once; past ``RESTART_BUDGET``
+restarts, or when a role keeps crashing before it comes up, the run fails
+(``ChildPool.fatal``). Children die with the supervisor, even when it is SIGKILLed.
+
+Sockets: throwaway DEALERs for the STATUS that tells when the broker is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+import zmq
+
+from zrl.config import ExperimentConfig
+from zrl.factories import FACTORIES_FILE, Factories
+from zrl.roles.base import RoleError, registry_request
+from zrl.run.children import (
+    STOP_GRACE_S,
+    Child,
+    RestartPolicy,
+    launch,
+    stop_in_order,
+    wait_child,
+)
+from zrl.run.placement import BrokerAccess, factory_args, role_trust_args
+from zrl.run.rundir import RunDir, log_tail
+from zrl.transport import protocol as P
+from zrl.zygote import Zygote
+
+
+@dataclass(eq=False)
+class ChildPool:
+    """The broker and the local roles of one run, and why the run failed if they did."""
+
+    cfg: ExperimentConfig
+    factories: Factories
+    rundir: RunDir
+    access: BrokerAccess
+    ctx: zmq.Context
+    _: KW_ONLY
+    inproc: bool
+    log_level: str
+    children: list[Child] = field(default_factory=list, init=False)
+    broker: Child | None = field(default=None, init=False)
+    inproc_broker: Any = field(default=None, init=False)
+    zygote: Zygote = field(default_factory=Zygote, init=False)
+    fatal: str = field(default="", init=False)
+    """Why the run failed, for the summary."""
+    fatal_tail: list[str] = field(default_factory=list, init=False)
+    """The last lines of the failed role's log."""
+    stop_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
+    """What our STOP_RUN carries: only this process and the broker it started know it."""
+
+    def start_zygote(self) -> None:
+        """Start the zygote, or give the one ``zrl run`` started early its log file."""
+        if self.inproc:
+            return
+        if self.zygote.proc is not None:
+            self.zygote.set_log(self.rundir.log_path("zygote"))
+        else:
+            self.zygote.start(self.rundir.log_path("zygote"))
+
+    def spawn(self, child: Child) -> None:
+        child.started = time.monotonic()
+        if self.inproc:
+            self._spawn_thread(child)
+            return
+        acc, run_dir = self.access, self.rundir.path
+        if child.role == "broker":
+            cmd = [
+                "start",
+                "broker",
+                "--bind",
+                acc.bind_addr,
+                "--config",
+                str(run_dir / "config.yaml"),
+                "--no-preflight",  # run() made the same checks before it started the broker
+            ]
+            if self.factories.needs_pickle():
+                cmd += ["--factories", str(run_dir / FACTORIES_FILE)]
+            if acc.insecure:
+                cmd += ["--insecure"]
+            cmd += factory_args(self.factories)
+        else:
+            trust = role_trust_args(self.cfg, self.factories)
+            cmd = ["start", child.role, "--broker", acc.broker_addr, "--index", str(child.index),
+                   "--connect-timeout", "30", *trust]  # fmt: skip
+        if acc.keys_dir is not None:
+            cmd += ["--keys", str(acc.keys_dir)]
+        argv = [*cmd, "--log-level", self.log_level]
+        # The broker too is forked from the zygote: as a process of its own it spent 1 to 2 s
+        # importing the config and the CLI before it bound, and every role waited on it.
+        env = {"ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else None
+        child.proc = launch(argv, child.log_path, self.zygote, env)
+
+    def _spawn_thread(self, child: Child) -> None:
+        from zrl.roles import role_class
+
+        child.stop_event = threading.Event()
+        child.error = None
+        role = role_class(child.role)(
+            self.access.broker_addr, index=child.index, ctx=self.ctx, stop_event=child.stop_event
+        )
+
+        def target() -> None:
+            try:
+                role.run()
+            except BaseException as exc:  # noqa: BLE001 - reported by the supervisor
+                child.error = exc
+                logging.getLogger("zrl").exception("%s crashed", child.name)
+
+        child.thread = threading.Thread(target=target, name=child.name, daemon=True)
+        child.thread.start()
+
+    def start_broker(self) -> None:
+        """Start the broker and wait until it answers STATUS."""
+        addr, log_path = self.access.broker_addr, self.rundir.log_path("broker")
+        if self.inproc:
+            from zrl.broker import Broker
+
+            self.inproc_broker = Broker(addr, self.cfg, ctx=self.ctx, factories=self.factories,
+                                        stop_token=self.stop_token)  # fmt: skip
+            t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
+            t.start()
+            self.broker = Child("broker", 0, log_path, thread=t)
+        else:
+            self.broker = Child("broker", 0, log_path)
+            self.spawn(self.broker)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.broker.proc is not None and self.broker.proc.poll() is not None:
+                tail = self.broker.log_path.read_text(errors="replace")[-2000:]
+                raise RoleError(f"the broker exited at start:\n{tail}")
+            try:
+                registry_request(self.ctx, addr, P.Message(P.STATUS), 1.0, self.access.keys)
+                return
+            except RoleError:
+                continue
+        raise RoleError(f"the broker at {addr} did not answer within 30 s")
+
+    def start_roles(self, plan: list[tuple[str, int]]) -> None:
+        for role, index in plan:
+            child = Child(role, index, self.rundir.log_path(f"{role}-{index}"))
+            self.children.append(child)
+            self.spawn(child)
+
+    def check(
+        self,
+        registered: Callable[[str, str], dict[str, Any] | None],
+        show: Callable[[str], None] | None,
+    ) -> bool:
+        """Restart crashed children with back-off, the broker included (roles re-register
+        with a restarted broker by themselves). Past the restart budget the run stops: True,
+        with ``fatal`` saying why. ``registered``: the broker's row of a role of this run
+        (see RunMonitor.registered); ``show``: where a crashed role's last lines go."""
+        watched = [*self.children]
+        if self.broker is not None and self.broker.proc is not None:
+            watched.append(self.broker)
+        now = time.monotonic()
+        policy = RestartPolicy.default()
+
+        def came_up(child: Child) -> bool:
+            row = registered(child.name, child.role)
+            return row is not None and row.get("state") == "alive"
+
+        for child in watched:
+            code = policy.tend(child, now, self.spawn, came_up)
+            # Everyone waits on the broker: bring it back at once.
+            if code is not None and policy.crashed(
+                child, now, show, 0.2 if child is self.broker else None
+            ):
+                self.fatal = (
+                    f"{child.name} crashed {child.restarts + 1} times (exit code {code}); "
+                    f"see {child.log_path}"
+                )
+                self.fatal_tail = log_tail(child.log_path)
+                return True
+        if self.broker is not None and self.broker.proc is None:
+            if not self.broker.alive():  # in-process broker thread died: a bug, stop
+                self.fatal = "the in-process broker stopped; see the log"
+                return True
+        return False
+
+    def keeps_crashing(self, target_met: bool) -> None:
+        """At the stop: a role whose latest lives all crashed before they came up fails the
+        run, also when a time limit stopped it before the restart budget ran out (not when
+        the run met its target)."""
+        if self.fatal or target_met:
+            return
+        for child in self.children:
+            if child.setup_crashes and not child.came_up:
+                self.fatal = (
+                    f"{child.name} crashed {child.setup_crashes} time(s) while starting (last "
+                    f"exit code {child.last_exit_code}) and was not running at the stop; see "
+                    f"{child.log_path}"
+                )
+                self.fatal_tail = log_tail(child.log_path)
+                return
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts per child that restarted, for the summary."""
+        return {
+            c.name: c.restarts
+            for c in [*self.children, *([self.broker] if self.broker else [])]
+            if c.restarts
+        }
+
+    def stop(self, before_broker: Callable[[], None] | None = None) -> None:
+        """Stop the roles (``stop_in_order``), then the broker (BYEs go through it).
+        ``before_broker`` runs while the broker is still up (the head stops the roles that
+        run elsewhere there)."""
+        stop_in_order(self.children)
+        if before_broker is not None and self.broker is not None and self.broker.alive():
+            before_broker()
+        if self.broker is not None:
+            if self.broker.proc is not None and self.broker.proc.poll() is None:
+                self.broker.proc.send_signal(signal.SIGTERM)
+            if self.inproc_broker is not None:
+                self.inproc_broker.stop()
+            wait_child(self.broker, time.monotonic() + STOP_GRACE_S)
