@@ -59,6 +59,7 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     assert mean > 2 * RANDOM_POLICY_RETURN, ev.stdout
 
 
+@pytest.mark.waits  # every role in one process trains on one core (the GIL)
 @pytest.mark.slow
 def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -369,6 +369,7 @@ def _status(broker_addr: str, run: Callable[..., subprocess.CompletedProcess[str
 ROLE_IDS = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}
 
 
+@pytest.mark.waits  # mostly waits: roles starting over ssh, then stopping after the Ctrl-C
 @pytest.mark.timeout(150)
 @pytest.mark.slow
 def test_launch_over_ssh_runs_a_head_and_agents_and_ctrl_c_stops_everything(
