@@ -9,14 +9,7 @@ import numpy as np
 import pytest
 
 from zrl.league import MAIN, League, LeagueConfig
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from zrl.testing.fakes import FakeClock
 
 
 def league(**overrides: object) -> tuple[League, FakeClock]:

@@ -40,19 +40,12 @@ import numpy as np
 import pytest
 
 from zrl.league import MAIN, League, LeagueConfig
+from zrl.testing.fakes import FakeClock
 
 A = np.array([[3.0, -2.0], [-2.0, 1.0]])
 NASH = np.array([0.375, 0.625])
 TOLERANCE = 0.05
 ROW, COL = 0, 1
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -18,7 +18,6 @@ from zrl.roles.weights import (
     WeightsFollower,
     request_latest_weights,
 )
-from zrl.testing.fakes import Rpc
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
@@ -61,15 +60,6 @@ def params(inproc) -> ParameterServer:
     ps = inproc.start(ParameterServer, index=0)
     assert isinstance(ps, ParameterServer)
     return ps
-
-
-@pytest.fixture
-def rpc(zmq_ctx, params) -> Iterator[Rpc]:
-    r = Rpc(zmq_ctx, params.rpc_endpoint)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:

@@ -16,7 +16,6 @@ from zrl.league.config import MAIN
 from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
 from zrl.roles.weights import WeightsFollower
-from zrl.testing.fakes import Rpc
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
 from zrl.transport import messages as M
@@ -129,15 +128,6 @@ def params(inproc) -> ParameterServer:
     ps = inproc.start(ParameterServer, index=0)
     assert isinstance(ps, ParameterServer)
     return ps
-
-
-@pytest.fixture
-def rpc(zmq_ctx, params) -> Iterator[Rpc]:
-    r = Rpc(zmq_ctx, params.rpc_endpoint)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def test_params_keeps_one_stream_per_policy(inproc, params, rpc) -> None:

@@ -11,8 +11,8 @@
   ``zrl_status_json``, ``status_rows``, ``REPO``.
 - :mod:`zrl.testing.slurm`: ``slurm_cluster``, a real one-node Slurm cluster (munged, slurmctld,
   slurmd) in a directory of the caller's, for the sbatch launcher; ``missing`` says why not here.
-- :mod:`zrl.testing.fakes`: ``Rpc`` (a learner's rpc to the parameter server), ``trajectory``
-  and ``as_message`` (an actor's experience).
+- :mod:`zrl.testing.fakes`: ``Rpc`` (a learner's rpc to the parameter server), ``FakeClock``
+  (a clock the test moves), ``trajectory`` and ``as_message`` (an actor's experience).
 
 Import from the submodules; this package imports none of them (``inproc`` pulls in the broker
 and the roles).

@@ -2,6 +2,7 @@
 an actor's experience for a replay shard.
 
 - :class:`Rpc`: a DEALER to a parameter server's rpc ROUTER, as the learner opens it.
+- :class:`FakeClock`: a clock that stands still until the test sets ``t`` (a league's).
 - :func:`trajectory`: a TRAJECTORY's arrays, all steps valid, with recognisable observations.
 - :func:`sequences`: an R2D2 TRAJECTORY's arrays: sequences with stored states, all steps real.
 - :func:`cue_recall`: one episode of a task that needs memory, acted by a policy.
@@ -24,6 +25,16 @@ from zrl.config import ExperimentConfig
 from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+
+class FakeClock:
+    """A ``time.monotonic`` stand-in: returns ``t``, which only the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 class Rpc:
