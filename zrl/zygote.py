@@ -128,8 +128,27 @@ def _run_role(argv: list[str], log_path: str, subreaper: int, env: dict[str, str
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            _flush_zmq()
         finally:
             os._exit(code)
+
+
+def _flush_zmq(timeout: float = 1.0) -> None:
+    """Let the role's ZeroMQ context send what its closed sockets still hold before
+    ``os._exit`` kills the context's I/O thread: a role that fails in setup closes its registry
+    socket with its BYE queued (linger 500 ms), and without the BYE the broker keeps its entry
+    ``starting`` and ignores the restarted role's HELLO until ``setup_grace`` ends. Bounded,
+    since a socket left open with an unbounded linger would hold ``term`` for ever."""
+    import threading
+
+    import zmq
+
+    ctx = zmq.Context._instance  # the role's context; None if it never made one
+    if ctx is None or ctx.closed:
+        return
+    term = threading.Thread(target=ctx.term, daemon=True)
+    term.start()
+    term.join(timeout)
 
 
 def spawn(argv: list[str], log_path: str, subreaper: int, env: dict[str, str] | None = None) -> int:
