@@ -57,6 +57,9 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
 ) -> None:
     hosts = make_hosts(2)
     cfg = yaml.safe_load(CONFIG.read_text())
+    # The only actor is remote: while it is dead no data arrives and the rate limiter holds
+    # the learner, so the target cannot be reached before the restart registers.
+    cfg["roles"]["actors"] = 1
     cfg["hosts"] = [{"name": "h1", "roles": {"actors": 1}}]
     config = tmp_path / "two_hosts.yaml"
     config.write_text(yaml.safe_dump(cfg))
@@ -78,7 +81,7 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     agent = hosts.exec(1, sys.executable, "-m", "zrl", *argv[1:], "--log-dir",
                        str(tmp_path / "h1-logs"), log=tmp_path / "agent.out")  # fmt: skip
 
-    remote = "actor-1"  # local roles take the first indices, then each host in order
+    remote = "actor-0"
     wait_for(lambda: status_rows(hosts, broker).get(remote, {}).get("state") == "alive",
              timeout=120, message=f"{remote} never came up on h1")  # fmt: skip
     first_pid = status_rows(hosts, broker)[remote]["pid"]
@@ -86,6 +89,10 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     os.kill(first_pid, signal.SIGKILL)
 
     def back() -> bool:
+        # The run may reach its target moments after the restart registers, before a status
+        # probe sees it alive: then the summary's restart count below is the evidence.
+        if head.poll() is not None:
+            return True
         row = status_rows(hosts, broker).get(remote, {})
         return row.get("state") == "alive" and row.get("pid") != first_pid
 
@@ -103,7 +110,7 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     assert roles["took_part"][remote]["placed"] == "h1"
     assert summary["restarts"].get(remote, 0) >= 1, summary["restarts"]
     assert {rid for rid, r in roles["took_part"].items() if r["placed"] != "unplanned"} == {
-        "params-0", "replay-0", "learner-0", "evaluator-0", "actor-0", "actor-1",
+        "params-0", "replay-0", "learner-0", "evaluator-0", "actor-0",
     }  # fmt: skip
     # The stop reached h1: the agent and its roles ended by themselves, cleanly.
     assert agent.wait(timeout=60) == 0, (tmp_path / "agent.out").read_text()[-3000:]
