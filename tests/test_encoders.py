@@ -4,6 +4,8 @@ from an image observation space (weights round trip, a gradient step reaches the
 
 from __future__ import annotations
 
+import copy
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from zrl.encoders import (
     NatureCNN,
     build_encoder,
     scale_obs,
+    use_channels_last,
 )
 from zrl.models import (
     ActorCritic,
@@ -205,3 +208,36 @@ def test_models_reject_a_mismatched_or_bare_encoder():
         ActorCritic(None, 0, encoder=NatureCNN((4, 84, 84)))
     with pytest.raises(ValueError, match="obs_shape and out_features"):
         QNetwork(None, 6, encoder=torch.nn.Linear(3, 4))
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_resnet"])
+def test_channels_last_computes_the_same_outputs_gradients_and_weights(encoder: str) -> None:
+    torch.manual_seed(0)
+    plain = build_actor_critic(ATARI, gym.spaces.Discrete(6), encoder=encoder)
+    fast = copy.deepcopy(plain)
+    assert use_channels_last(fast)
+    conv = next(m for m in fast.torso.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    obs = frames(5)
+    outputs = []
+    for net in (plain, fast):
+        logits, values = net(obs)
+        (logits.square().mean() + values.square().mean()).backward()
+        outputs.append(
+            (logits.detach(), values.detach(), {n: p.grad for n, p in net.named_parameters()})
+        )
+    (l0, v0, g0), (l1, v1, g1) = outputs
+    torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-5)
+    for name, grad in g0.items():
+        torch.testing.assert_close(g1[name], grad, rtol=1e-3, atol=1e-5, msg=name)
+    # What the learner publishes is laid out as the actors' contiguous models expect.
+    arrays = model_to_arrays(fast)
+    for name, tensor in plain.state_dict().items():
+        assert arrays[name].flags.c_contiguous
+        np.testing.assert_array_equal(arrays[name], tensor.numpy(), err_msg=name)
+
+
+def test_channels_last_leaves_an_mlp_alone() -> None:
+    assert not use_channels_last(build_actor_critic(VECTOR, gym.spaces.Discrete(3)))

@@ -13,6 +13,7 @@ from zrl.algos.batches import (
     policy_lags,
     resolve_device,
     to_device,
+    wants_channels_last,
 )
 from zrl.transport import protocol as P
 
@@ -42,6 +43,13 @@ def test_rollout_learners_stay_on_the_cpu():
     assert learner_device("auto", "rollouts") == torch.device("cpu")
     with pytest.raises(DeviceError, match="learners of rollouts train on the CPU"):
         learner_device("cuda", "rollouts")
+
+
+def test_cnns_go_channels_last_on_the_cpu_unless_the_config_says_otherwise():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert wants_channels_last("auto", cpu) and not wants_channels_last("auto", cuda)
+    assert wants_channels_last("channels_last", cuda)
+    assert not wants_channels_last("contiguous", cpu)
 
 
 def test_to_device_keeps_dtypes_and_copies_only_read_only_arrays():

@@ -55,6 +55,13 @@ def learner_device(name: str, learner_input: str) -> torch.device:
     return torch.device("cpu")
 
 
+def wants_channels_last(memory_format: str, device: torch.device) -> bool:
+    """Whether a learner on ``device`` lays its CNNs out channels-last for
+    ``learner.memory_format`` (``auto``: on the CPU only, where oneDNN's convolutions are
+    faster that way; on a GPU in float32 they are not reliably so)."""
+    return memory_format == "channels_last" or (memory_format == "auto" and device.type == "cpu")
+
+
 def to_device(arrays: Mapping[str, np.ndarray], device: torch.device) -> dict[str, Tensor]:
     """Tensors of ``arrays`` on ``device``. On the CPU they wrap the arrays (copied only when
     read-only, as arrays decoded from a message are); on a GPU they are copied through pinned

@@ -44,8 +44,9 @@ from torch import nn
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
-from zrl.algos.batches import learner_device
+from zrl.algos.batches import learner_device, wants_channels_last
 from zrl.durable import atomic_write
+from zrl.encoders import use_channels_last
 from zrl.models import model_to_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.trust import load_checkpoint_file
@@ -119,7 +120,7 @@ class Learner(Role):
         return algorithm.load(algorithm.update)(
             LearnerSetup(
                 config=self.config,
-                model=self.make_model(*spaces).to(self.device),
+                model=self.learner_model(spaces),
                 observation_space=spaces[0],
                 action_space=spaces[1],
                 index=self.index or 0,
@@ -129,6 +130,13 @@ class Learner(Role):
                 device=self.device,
             )
         )
+
+    def learner_model(self, spaces: tuple[Any, Any]) -> nn.Module:
+        """A new model for ``spaces`` on the learner's device, in ``learner.memory_format``."""
+        model = self.make_model(*spaces).to(self.device)
+        if wants_channels_last(self.config.learner.memory_format, self.device):
+            use_channels_last(model)
+        return model
 
     @property
     def online(self) -> nn.Module:
