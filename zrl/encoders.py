@@ -181,7 +181,7 @@ def use_channels_last(model: nn.Module) -> bool:
     layout; whether it has any. Outputs, ``state_dict`` keys and shapes are unchanged."""
     encoders = [m for m in model.modules() if isinstance(m, ImageEncoder)]
     for encoder in encoders:
-        encoder.to(memory_format=torch.channels_last)
+        encoder.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         encoder.channels_last = True
     return bool(encoders)
 
