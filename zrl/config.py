@@ -119,25 +119,30 @@ class ExperimentConfig(Section):
         return dict([*items[:at], *sections.items(), *items[at:]])
 
     @model_validator(mode="after")
-    def _placement_fits(self) -> ExperimentConfig:
+    def _sections_agree(self) -> ExperimentConfig:
+        """The rules that span sections: each method raises ValueError if its rule is broken,
+        in this order."""
+        self._placement_fits()
+        self._env_groups_divide()
+        self._multiagent_fits()
+        self._exploiters_fit()
+        return self
+
+    def _placement_fits(self) -> None:
         for key in ROLE_COUNT_KEYS:
             placed = sum(h.roles.get(key, 0) for h in self.hosts)
             total = getattr(self.roles, key)
             if placed > total:
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
-        return self
 
-    @model_validator(mode="after")
-    def _env_groups_divide(self) -> ExperimentConfig:
+    def _env_groups_divide(self) -> None:
         if self.env.num_envs % self.actor.env_groups:
             raise ValueError(
                 f"env.num_envs ({self.env.num_envs}) must be a multiple of actor.env_groups "
                 f"({self.actor.env_groups})"
             )
-        return self
 
-    @model_validator(mode="after")
-    def _multiagent_fits(self) -> ExperimentConfig:
+    def _multiagent_fits(self) -> None:
         multiagent = is_multiagent(self.env.id)
         if multiagent and self.actor.env_groups > 1:
             raise ValueError(
@@ -149,13 +154,11 @@ class ExperimentConfig(Section):
                 f"roles.league: the league picks opponents in multi-agent envs "
                 f"(pettingzoo/<game>), not in {self.env.id!r}"
             )
-        return self
 
-    @model_validator(mode="after")
-    def _exploiters_fit(self) -> ExperimentConfig:
+    def _exploiters_fit(self) -> None:
         lc, r = self.league, self.roles
         if not lc.main_exploiters and not lc.league_exploiters:
-            return self
+            return
         keys = (
             f"league.main_exploiters ({lc.main_exploiters}) + league.league_exploiters "
             f"({lc.league_exploiters})"
@@ -182,7 +185,6 @@ class ExperimentConfig(Section):
                 "one policy; exploiters need an algorithm whose actors publish rollouts to "
                 "the learners (ppo)"
             )
-        return self
 
     # --- learning policies (weights streams) ---------------------------------------------
 

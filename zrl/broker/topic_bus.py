@@ -22,6 +22,8 @@ or queues gigabytes of large ones.
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass, field
+
 import zmq
 
 from zrl.broker.devices import Devices
@@ -52,22 +54,16 @@ def topic_sockets(
     return xsub, xpub, bulk
 
 
+@dataclass(eq=False)
 class TopicBus:
     """The forwarder between XSUB ``topics_in`` and the two XPUB lanes."""
 
-    def __init__(
-        self,
-        bulk: zmq.Socket,
-        *,
-        small_message_bytes: int,
-        max_message_bytes: int,
-        drops: DropLog,
-    ) -> None:
-        self.bulk = bulk
-        self.small_message_bytes = small_message_bytes
-        self.max_message_bytes = max_message_bytes
-        self.drops = drops
-        self.dropped = 0  # messages over the frame or byte limit
+    bulk: zmq.Socket
+    _: KW_ONLY
+    small_message_bytes: int
+    max_message_bytes: int
+    drops: DropLog
+    dropped: int = field(default=0, init=False)  # messages over the frame or byte limit
 
     def forward(self, xsub: zmq.Socket, xpub: zmq.Socket, ctrl: zmq.Socket) -> None:
         """The topic bus: messages down (XSUB -> the small or the bulk XPUB by size, checked),

@@ -95,16 +95,21 @@ class LeagueConfig(Section):
         )
 
     @model_validator(mode="after")
-    def _shares_fit(self) -> LeagueConfig:
+    def _rules_hold(self) -> LeagueConfig:
+        """Each method raises ValueError if its rule is broken, in this order."""
+        self._shares_fit()
+        self._min_games_reachable()
+        self._fixed_names()
+        return self
+
+    def _shares_fit(self) -> None:
         if self.self_play + self.verification + self.fixed_share > 1:
             raise ValueError(
                 f"self_play ({self.self_play}) + verification ({self.verification}) + "
                 f"fixed_share ({self.fixed_share}) must be at most 1 (the rest is the PFSP share)"
             )
-        return self
 
-    @model_validator(mode="after")
-    def _min_games_reachable(self) -> LeagueConfig:
+    def _min_games_reachable(self) -> None:
         # n decayed games count (1 - d^n) / (1 - d) < 1 / (1 - d): a larger min_games never
         # comes (the 1e-9 absorbs rounding in 1 - d).
         if self.payoff_decay < 1 and self.min_games * (1 - self.payoff_decay) >= 1 - 1e-9:
@@ -112,10 +117,8 @@ class LeagueConfig(Section):
                 f"min_games ({self.min_games}) is never reached with payoff_decay "
                 f"({self.payoff_decay}): decayed games stay below {1 / (1 - self.payoff_decay):g}"
             )
-        return self
 
-    @model_validator(mode="after")
-    def _fixed_names(self) -> LeagueConfig:
+    def _fixed_names(self) -> None:
         names = self.fixed_opponents
         if len(set(names)) != len(names):
             raise ValueError(f"fixed_opponents has duplicates: {names}")
@@ -130,7 +133,6 @@ class LeagueConfig(Section):
                     f"fixed_opponents: {name!r} is not one of the players actors have "
                     f"({', '.join(FIXED_PLAYERS)})"
                 )
-        return self
 
 
 def player_kind(player: str) -> str:

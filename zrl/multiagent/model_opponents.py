@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -36,26 +37,19 @@ class Matchmaker(Protocol):
         """The weights of the snapshot ``name`` (None: not available)."""
 
 
+@dataclass(eq=False)
 class ModelOpponents:
     """``self``, named snapshots and the fixed players; opponents chosen by ``matchmaker``
     (a league) or always ``fixed.opponent``."""
 
-    def __init__(
-        self,
-        fixed: FixedOpponents,
-        model: nn.Module,
-        build: Callable[[], nn.Module],
-        matchmaker: Matchmaker | None = None,
-        live: Callable[[str], nn.Module | None] | None = None,
-    ) -> None:
-        self.fixed = fixed
-        self.model = model
-        self.build = build
-        self.matchmaker = matchmaker
-        # Other learning policies at their newest weights (a league's main agent, against a
-        # main exploiter): models the caller keeps current, never cached here by name.
-        self.live = live
-        self.models: OrderedDict[str, nn.Module] = OrderedDict()
+    fixed: FixedOpponents
+    model: nn.Module
+    build: Callable[[], nn.Module]
+    matchmaker: Matchmaker | None = None
+    # Other learning policies at their newest weights (a league's main agent, against a
+    # main exploiter): models the caller keeps current, never cached here by name.
+    live: Callable[[str], nn.Module | None] | None = None
+    models: OrderedDict[str, nn.Module] = field(default_factory=OrderedDict, init=False)
 
     def choose(self) -> str:
         return self.fixed.opponent if self.matchmaker is None else self.matchmaker.choose()

@@ -47,6 +47,7 @@ frames are exactly the oldest keys: they are evicted first (``Table.evict_oldest
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -140,6 +141,12 @@ def bytes_per_transition(frame_shape: tuple[int, int], stack: int, trajectory_le
     return frame_bytes * (trajectory_length + stack) / trajectory_length + ITEM_BYTES + KEY_BYTES
 
 
+def _table_count(name: str) -> property:
+    """A read-only property of :class:`FrameTable`: the inner table's ``name`` (counted in
+    transitions, not frames)."""
+    return property(attrgetter(f"table.{name}"), doc=f"The inner table's ``{name}``.")
+
+
 class FrameTable:
     """A transition table over a ring of single frames; samples full ``obs``/``next_obs``.
 
@@ -203,25 +210,11 @@ class FrameTable:
         return cls(make_table(kind, items, **table_kwargs), frames, frame_shape, k, padding)
 
     # ------------------------------------------------------------------ bookkeeping
-    @property
-    def size(self) -> int:
-        return self.table.size
-
-    @property
-    def capacity(self) -> int:
-        return self.table.capacity
-
-    @property
-    def inserts(self) -> int:
-        return self.table.inserts
-
-    @property
-    def samples(self) -> int:
-        return self.table.samples
-
-    @property
-    def evicted(self) -> int:
-        return self.table.evicted
+    size = _table_count("size")
+    capacity = _table_count("capacity")
+    inserts = _table_count("inserts")
+    samples = _table_count("samples")
+    evicted = _table_count("evicted")
 
     @property
     def oldest_frame(self) -> int:

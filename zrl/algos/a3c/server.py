@@ -29,6 +29,9 @@ from zrl.algos.optim import make_adam
 from zrl.algos.policy_gradient import reduce_gradients
 from zrl.transport import protocol as P
 
+COUNTERS = ("updates", "applied_gradients", "stale_gradients", "future_gradients")
+"""The server's counters, as its heartbeat reports them (``heartbeat_info``)."""
+
 
 class A3CGradientServer:
     def __init__(self, setup: GradientServerSetup) -> None:
@@ -113,12 +116,7 @@ class A3CGradientServer:
         return {"lr": float(self.optimizer.param_groups[0]["lr"])}
 
     def heartbeat_info(self) -> dict[str, Any]:
-        return {
-            "updates": self.updates,
-            "applied_gradients": self.applied_gradients,
-            "stale_gradients": self.stale_gradients,
-            "future_gradients": self.future_gradients,
-        }
+        return {name: getattr(self, name) for name in COUNTERS}
 
     def summary(self) -> str:
         return (
