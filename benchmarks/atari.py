@@ -330,18 +330,13 @@ def run_zrl(
             row = _last_csv_row(run_dir / "progress.csv")
             if row is None:
                 continue
-            updates = int(float(row.get("updates") or 0))
-            # TODO(lead): a learner counter of samples trained (each once) in progress.csv.
-            trained = int(float(row["samples_trained"])) if row.get("samples_trained") else (
-                updates * s.batch)  # fmt: skip
+            trained = int(float(row.get("samples_trained") or 0))
             lag = row.get("max_version_lag")
             run.samples.append(Sample(time.time(), int(float(row.get("env_steps") or 0)), trained,
                                       learner, total, float(lag) if lag else None))  # fmt: skip
         if proc.poll() is None:
             run.notes.append("did not stop by itself: killed")
         _stop_group(proc)
-    if run.samples and not (_last_csv_row(run_dir / "progress.csv") or {}).get("samples_trained"):
-        run.notes.append(f"samples trained assumed = updates x {s.batch} (one update per batch)")
     run.episodes = _zrl_episodes(run_dir, run.launched)
     if not run.samples:
         run.failed = f"no figures (log: {log})\n" + log.read_text()[-2000:]
