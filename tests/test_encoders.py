@@ -14,9 +14,12 @@ import torch
 from zrl.config_sections import ModelConfig
 from zrl.encoders import (
     ImpalaResNet,
+    InputNormalizer,
     MLPEncoder,
     NatureCNN,
+    add_input_normalizers,
     build_encoder,
+    observe_inputs,
     scale_obs,
     use_channels_last,
 )
@@ -241,3 +244,59 @@ def test_channels_last_computes_the_same_outputs_gradients_and_weights(encoder: 
 
 def test_channels_last_leaves_an_mlp_alone() -> None:
     assert not use_channels_last(build_actor_critic(VECTOR, gym.spaces.Discrete(3)))
+
+
+def test_input_normalizer_statistics_are_those_of_everything_it_observed() -> None:
+    rng = np.random.default_rng(0)
+    batches = [rng.uniform(0, 1, (n, 2, 3, 3)).astype(np.float32) for n in (5, 1, 12)]
+    norm = InputNormalizer((2, 3, 3))
+    for b in batches:
+        norm.observe(torch.from_numpy(b))
+    norm.observe(torch.zeros((0, 2, 3, 3)))  # an empty batch changes nothing
+    seen = np.concatenate(batches)
+    np.testing.assert_allclose(norm.mean.numpy(), seen.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(norm.var.numpy(), seen.var(axis=0), rtol=1e-4, atol=1e-6)
+    assert float(norm.count) == 18
+    x = torch.from_numpy(seen[:4])
+    expected = (seen[:4] - seen.mean(axis=0)) / np.sqrt(seen.var(axis=0) + 1e-5)
+    np.testing.assert_allclose(norm(x).numpy(), np.clip(expected, -5, 5), rtol=1e-4, atol=1e-4)
+
+
+def test_a_constant_pixel_is_clipped_not_divided_by_zero() -> None:
+    norm = InputNormalizer((1, 1, 2))
+    norm.observe(torch.tensor([[[[0.5, 0.0]]], [[[0.5, 1.0]]]]))
+    out = norm(torch.tensor([[[[0.9, 1.0]]]]))
+    assert out[0, 0, 0, 0] == 5.0  # (0.9 - 0.5) / sqrt(1e-5) clipped
+    assert out[0, 0, 0, 1] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_input_normalizers_travel_with_the_weights_and_only_observe_updates_them() -> None:
+    torch.manual_seed(0)
+    learner = build_actor_critic(ATARI, gym.spaces.Discrete(6))
+    actor = build_actor_critic(ATARI, gym.spaces.Discrete(6))
+    assert add_input_normalizers(learner) and add_input_normalizers(actor)
+    assert not add_input_normalizers(build_actor_critic(VECTOR, gym.spaces.Discrete(3)))
+    unrolls = frames(6).reshape(2, 3, 4, 84, 84)  # [B, T, C, H, W], as a batch of unrolls
+    before = model_to_arrays(learner)
+    learner(frames(2))  # a forward pass does not touch the statistics
+    assert all(np.array_equal(a, model_to_arrays(learner)[k]) for k, a in before.items())
+    observe_inputs(learner, unrolls)
+    normalizer = learner.torso.normalizer
+    assert normalizer is not None and float(normalizer.count) == 6
+    expected_mean = unrolls.reshape(6, 4, 84, 84).float().div(255).mean(dim=0)
+    torch.testing.assert_close(normalizer.mean, expected_mean)
+    load_arrays(actor, model_to_arrays(learner))
+    obs = frames(3, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(actor(obs)[0], learner(obs)[0])
+
+
+@pytest.mark.parametrize("algo", ["apex_dqn", "r2d2", "ppo"])
+def test_normalize_input_is_refused_where_no_learner_updates_the_statistics(algo: str) -> None:
+    from zrl.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=f"model.normalize_input: {algo}'s learner does not"):
+        config_from_dict({"algo": algo, "model": {"normalize_input": True}})
+    config_from_dict(
+        {"algo": "appo", "model": {"normalize_input": True}, "replay": {"table": "fifo"}}
+    )

@@ -74,6 +74,10 @@ class ModelConfig(Section):
     """Observation encoder of the discrete-action models: auto is nature_cnn for [C, H, W]
     image observations (uint8 pixels are scaled to [0, 1] in the model) and the hidden MLP
     otherwise; impala_resnet is the IMPALA deep ResNet. The CNNs ignore hidden."""
+    normalize_input: bool = False
+    """Normalize image observations per pixel by running mean and variance (Sample Factory's
+    normalize_input), updated by the learner and sent with the weights. Learners of unrolls
+    (impala, appo) update them."""
     core: Literal["none", "lstm", "gru"] = "none"
     """A recurrent core after the encoder (r2d2, and the recurrent actor-critic of ppo, impala
     and appo): its state is carried per env by the actors, sent with every sequence or unroll

@@ -88,10 +88,62 @@ def _as_images(obs: Tensor, shape: tuple[int, int, int], channels_last: bool) ->
     return scale_obs(images)
 
 
+class InputNormalizer(nn.Module):
+    """Per-pixel running mean and variance of the scaled images (Sample Factory's
+    ``normalize_input``): ``((x - mean) / sqrt(var + eps))`` clipped to ``[-clip, clip]``.
+
+    On Atari most pixels are a constant background; normalized, the few that move (ball,
+    paddles) dominate the first layer's input instead of drowning in it. The statistics are
+    buffers, so they travel with the weights: only the learner updates them, once per batch
+    (:func:`observe_inputs`), and every other role uses the learner's.
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(self, shape: Sequence[int], eps: float = 1e-5, clip: float = 5.0) -> None:
+        super().__init__()
+        self.eps, self.clip = eps, clip
+        self.register_buffer("mean", torch.zeros(tuple(shape)))
+        self.register_buffer("var", torch.ones(tuple(shape)))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def observe(self, x: Tensor) -> None:
+        """Fold the images ``x [N, *shape]`` into the statistics (Chan et al.'s parallel
+        update of the mean and the sum of squared deviations)."""
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        old, new = float(self.count / total), float(n / total)
+        self.mean += delta * new
+        self.var.copy_(self.var * old + batch_var * new + delta.square() * old * new)
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ((x - self.mean) * torch.rsqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+
 class ImageEncoder(nn.Module):
-    """A CNN over ``[C, H, W]`` images; ``channels_last`` is set by :func:`use_channels_last`."""
+    """A CNN over ``[C, H, W]`` images; ``channels_last`` is set by :func:`use_channels_last`,
+    ``normalizer`` by :func:`add_input_normalizers`."""
 
     channels_last = False
+    obs_shape: tuple[int, int, int]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.normalizer: InputNormalizer | None = None
+
+    def images(self, obs: Tensor) -> Tensor:
+        """``obs`` as the float images the first convolution takes."""
+        x = _as_images(obs, self.obs_shape, self.channels_last)
+        return x if self.normalizer is None else self.normalizer(x)
 
 
 class NatureCNN(ImageEncoder):
@@ -124,7 +176,7 @@ class NatureCNN(ImageEncoder):
 
     def forward(self, obs: Tensor) -> Tensor:
         """``[B, C, H, W]`` (uint8 pixels or float) -> ``[B, out_features]``."""
-        x = self.convs(_as_images(obs, self.obs_shape, self.channels_last))
+        x = self.convs(self.images(obs))
         return torch.relu(self.fc(x.flatten(start_dim=1)))
 
 
@@ -172,7 +224,7 @@ class ImpalaResNet(ImageEncoder):
 
     def forward(self, obs: Tensor) -> Tensor:
         """``[B, C, H, W]`` (uint8 pixels or float) -> ``[B, out_features]``."""
-        x = torch.relu(self.sections(_as_images(obs, self.obs_shape, self.channels_last)))
+        x = torch.relu(self.sections(self.images(obs)))
         return torch.relu(self.fc(x.flatten(start_dim=1)))
 
 
@@ -184,6 +236,24 @@ def use_channels_last(model: nn.Module) -> bool:
         encoder.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         encoder.channels_last = True
     return bool(encoders)
+
+
+def add_input_normalizers(model: nn.Module) -> bool:
+    """Give ``model``'s image encoders an :class:`InputNormalizer` (``model.normalize_input``);
+    whether it has any. Every role must do the same, as the statistics are in the weights."""
+    encoders = [m for m in model.modules() if isinstance(m, ImageEncoder)]
+    for encoder in encoders:
+        encoder.normalizer = InputNormalizer(encoder.obs_shape)
+    return bool(encoders)
+
+
+def observe_inputs(model: nn.Module, obs: Tensor) -> None:
+    """Update ``model``'s input normalizers with a training batch's observations (any leading
+    axes: ``[B, T, C, H, W]`` unrolls too); nothing without normalizers."""
+    for encoder in model.modules():
+        if isinstance(encoder, ImageEncoder) and encoder.normalizer is not None:
+            images = scale_obs(obs.reshape(-1, *encoder.obs_shape))
+            encoder.normalizer.observe(images)
 
 
 def resolve_encoder(kind: str, obs_shape: Sequence[int]) -> str:

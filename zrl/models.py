@@ -14,7 +14,14 @@ from torch import Tensor, nn
 from zrl.algos import get_algorithm
 from zrl.config import ExperimentConfig
 from zrl.config_sections import ModelConfig
-from zrl.encoders import ACTIVATIONS, MLPEncoder, NatureCNN, build_encoder, resolve_encoder
+from zrl.encoders import (
+    ACTIVATIONS,
+    MLPEncoder,
+    NatureCNN,
+    add_input_normalizers,
+    build_encoder,
+    resolve_encoder,
+)
 from zrl.encoders import mlp as mlp  # re-exported: zrl.models.mlp predates zrl.encoders
 from zrl.multiagent.spaces import AgentObservationSpace
 
@@ -428,4 +435,7 @@ def experiment_model(
     builder options the algorithm's own config section sets (``Algorithm.model_options``)."""
     model_options = get_algorithm(cfg.algo).model_options
     options = model_options(cfg) if model_options is not None and model_fn is None else {}
-    return build_model(observation_space, action_space, cfg.model, cfg.algo, model_fn, **options)
+    model = build_model(observation_space, action_space, cfg.model, cfg.algo, model_fn, **options)
+    if cfg.model.normalize_input:
+        add_input_normalizers(model)
+    return model

@@ -134,6 +134,10 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
         ("bootstrap_obs", np.dtype(np.uint8), (4, 84, 84)),
     }
     assert {s[:2] for k, d, s in seen if k == "obs"} == {(4, 16)}  # 4 unrolls of 16 steps
+    # A CPU learner trains its CNN channels-last (learner.memory_format: auto); the actor
+    # below still loads the weights it publishes.
+    conv = next(m for m in learner.online.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     wait_for(lambda: actor.weights.version >= 1, timeout=60, interval=0.2)
     # Each batch's valid steps count once, whatever the minibatches (progress.csv sums this).
     assert learner.heartbeat_info()["samples_trained"] >= 64

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import policy_lags, to_device
 from zrl.algos.optim import make_adam
+from zrl.encoders import observe_inputs
 from zrl.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -120,6 +121,7 @@ class UnrollUpdate(BaseUpdate):
         lags = policy_lags(a["weights_version"][rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
         batch = to_device({name: a[name][rows] for name in self.trained_arrays}, self.device)
+        observe_inputs(self.model, batch["obs"])  # once per batch, whatever the epochs
         try:
             result = self.train_unrolls(batch)
         except NonFiniteLossError as exc:

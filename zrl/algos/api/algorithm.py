@@ -125,6 +125,11 @@ class Algorithm:
                 f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala "
                 "and appo have); set model.core: none"
             )
+        if cfg.model.normalize_input and w.replay_item != "unroll":
+            raise ValueError(
+                f"model.normalize_input: {self.name}'s learner does not update the statistics "
+                "(the learners of unrolls do: impala and appo); set model.normalize_input: false"
+            )
         if not w.replay_item and r.replay > 0:
             raise ValueError(
                 f"{self.name} sends its experience past the replay server: set roles.replay: 0"
