@@ -228,10 +228,15 @@ class ImpalaResNet(ImageEncoder):
         return torch.relu(self.fc(x.flatten(start_dim=1)))
 
 
+def image_encoders(model: nn.Module) -> list[ImageEncoder]:
+    """The image encoders (CNNs) inside ``model``."""
+    return [m for m in model.modules() if isinstance(m, ImageEncoder)]
+
+
 def use_channels_last(model: nn.Module) -> bool:
     """Put ``model``'s image encoders, their weights and their inputs, in channels-last
     layout; whether it has any. Outputs, ``state_dict`` keys and shapes are unchanged."""
-    encoders = [m for m in model.modules() if isinstance(m, ImageEncoder)]
+    encoders = image_encoders(model)
     for encoder in encoders:
         encoder.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         encoder.channels_last = True
@@ -241,7 +246,7 @@ def use_channels_last(model: nn.Module) -> bool:
 def add_input_normalizers(model: nn.Module) -> bool:
     """Give ``model``'s image encoders an :class:`InputNormalizer` (``model.normalize_input``);
     whether it has any. Every role must do the same, as the statistics are in the weights."""
-    encoders = [m for m in model.modules() if isinstance(m, ImageEncoder)]
+    encoders = image_encoders(model)
     for encoder in encoders:
         encoder.normalizer = InputNormalizer(encoder.obs_shape)
     return bool(encoders)
@@ -250,8 +255,8 @@ def add_input_normalizers(model: nn.Module) -> bool:
 def observe_inputs(model: nn.Module, obs: Tensor) -> None:
     """Update ``model``'s input normalizers with a training batch's observations (any leading
     axes: ``[B, T, C, H, W]`` unrolls too); nothing without normalizers."""
-    for encoder in model.modules():
-        if isinstance(encoder, ImageEncoder) and encoder.normalizer is not None:
+    for encoder in image_encoders(model):
+        if encoder.normalizer is not None:
             images = scale_obs(obs.reshape(-1, *encoder.obs_shape))
             encoder.normalizer.observe(images)
 
