@@ -340,11 +340,13 @@ def _start_launcher(
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(hosts.format(target=sshd.target))
     out = tmp_path / "launcher.out"
+    # --head-grace 40: under CI load the head's own stop (every role, summary.json, the
+    # learning curve) took over 15 s, and the watchdog's SIGKILL made it exit 137.
     with open(out, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, str(LAUNCHER), str(hosts_file), "--config", str(CONFIG),
              "--port", str(port), "--python", REMOTE_PYTHON, "--grace", "5",
-             "--head-grace", "15", "--run-dir", str(tmp_path / "run"),
+             "--head-grace", "40", "--run-dir", str(tmp_path / "run"),
              "--log-dir", str(tmp_path / "logs"), *extra, "--ssh-option", *sshd.ssh_options],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
         )  # fmt: skip
