@@ -81,19 +81,42 @@ class ExperimentConfig(Section):
     """One of ``zrl.algos.ALGORITHMS`` (or an algorithm a script registered)."""
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
+    """The environments: a gymnasium or PettingZoo id, how many one actor steps and how they
+    are stepped together (``vectorization``), Atari preprocessing, multi-agent seats."""
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """zrl's network for ``algo``: MLP torso, image encoder, recurrent core. The actors, the
+    learners, the parameter server and the evaluator each build it from this section."""
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    """The broker's address, role liveness (heartbeats), its streams and topic bus (queue
+    depths, socket buffers, message sizes) and its registry's bounds."""
     roles: RolesConfig = Field(default_factory=RolesConfig)
+    """How many of each role the experiment runs; ``hosts`` places some on other hosts."""
     actor: ActorConfig = Field(default_factory=ActorConfig)
+    """The actors: trajectory length, Ape-X exploration, unacknowledged trajectories in
+    flight, torch threads and double-buffered sampling (``env_groups``)."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """The replay shards, for the algorithms that replay: table kind, capacity, priorities,
+    n-step returns, batches and the sample-to-insert ratio."""
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """The learners: learning rate, DQN's loss and target network, gradient clipping, how
+    often weights are published, threads and device."""
     # Here, in a dumped config: the algorithms' own sections (``section``).
     league: LeagueConfig = Field(default_factory=LeagueConfig)
+    """Self-play for multi-agent games when ``roles.league`` is 1: the learning players,
+    snapshots of them and how each episode's opponent is drawn."""
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    """How often the evaluator plays and how many episodes an evaluation has."""
     stop: StopConfig = Field(default_factory=StopConfig)
+    """When the experiment ends: an evaluation return (confirmed by a window of evaluations
+    or by fresh episodes), env steps or wall time, whichever comes first."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Where and how often the learners and replay shards save, and whether the replay
+    tables are saved with them."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Resource limits of every role process (resident memory)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Where `zrl run` writes its scalars (TensorBoard, CSV, W&B, MLflow) and under which
+    project and run name."""
     hosts: list[HostConfig] = Field(default_factory=list)
     """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
     _algorithm_sections: dict[str, Section] = PrivateAttr(default_factory=dict)

@@ -70,7 +70,6 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         make: Callable[[], Any],
         num_games: int,
         cfg: MultiAgentConfig,
-        opponents: Opponents | None = None,
         board: BoardGame | None = None,
     ) -> None:
         self.games = [make() for _ in range(num_games)]
@@ -99,7 +98,9 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
         )
         self.single_action_space = actions[first]
         self.num_actions = int(actions[first].n)
-        self.opponents = opponents
+        self.opponents: Opponents | None = None
+        """Who plays the agents the learning policy does not (None: random legal moves). Set
+        after construction: opponents are made for the env's spaces (``fixed_opponents``)."""
         self.board = board
         """The game's scripted player (None: the game has none)."""
         self.over = np.zeros(num_games, bool)
@@ -400,10 +401,10 @@ def make_multiagent_vector_env(
     kwargs: dict[str, Any],
     cfg: MultiAgentConfig,
     num_games: int,
-    opponents: Opponents | None = None,
 ) -> MultiAgentVectorEnv:
     """``num_games`` games of ``env_id`` as one vector env of the learning policy's slots.
-    ``opponents`` plays the other agents (None: random legal moves, for probes and tests)."""
+    Its ``opponents``, set once it exists, play the other agents (until then random legal
+    moves, enough for probes and tests)."""
     module = env_module(env_id)
     parallel = uses_parallel_api(cfg, module)
     factory = module.parallel_env if parallel else module.env
@@ -417,7 +418,7 @@ def make_multiagent_vector_env(
             ) from None
 
     cls = ParallelVectorEnv if parallel else TurnBasedVectorEnv
-    return cls(make, num_games, cfg, opponents, board_game(env_name(env_id)))
+    return cls(make, num_games, cfg, board_game(env_name(env_id)))
 
 
 def fixed_opponents(env: MultiAgentVectorEnv, opponent: str, seed: int) -> FixedOpponents:

@@ -36,16 +36,27 @@ class Wiring:
     when it has no learner (the parameter server applies the actors' gradients)."""
 
     @classmethod
-    def off_policy(cls, actions: Literal["discrete", "box"]) -> Wiring:
-        """Ape-X's: actors -> replay shards of n-step transitions (uniform or prioritized)
-        -> learners."""
+    def replayed(
+        cls,
+        actions: Literal["discrete", "box"],
+        item: Literal["transitions", "unroll", "sequences"],
+        tables: tuple[str, ...],
+    ) -> Wiring:
+        """Actors -> replay shards that store ``item`` in one of ``tables`` -> learners, which
+        PULL batches from the shards (Ape-X, IMPALA, R2D2)."""
         return cls(
             actions=actions,
             experience="replay",
-            replay_item="transitions",
-            replay_tables=("uniform", "prioritized"),
+            replay_item=item,
+            replay_tables=tables,
             learner_input="batches",
         )
+
+    @classmethod
+    def off_policy(cls, actions: Literal["discrete", "box"]) -> Wiring:
+        """Ape-X's: actors -> replay shards of n-step transitions (uniform or prioritized)
+        -> learners."""
+        return cls.replayed(actions, "transitions", ("uniform", "prioritized"))
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,7 @@ def check_recurrent(cfg: ExperimentConfig) -> None:
 ALGORITHM = Algorithm(
     name="impala",
     summary="IMPALA: asynchronous actors, unrolls through a FIFO queue, V-trace learner",
-    wiring=Wiring(
-        actions="discrete",
-        experience="replay",
-        replay_item="unroll",
-        replay_tables=("fifo",),
-        learner_input="batches",
-    ),
+    wiring=Wiring.replayed("discrete", "unroll", ("fifo",)),
     policy="zrl.algos.sampling:make_categorical_policy",
     update="zrl.algos.impala.update:ImpalaUpdate",
     model="zrl.recurrent:actor_critic_for",

@@ -41,10 +41,11 @@ def vtrace(
     discounts: Tensor,
     values: Tensor,
     bootstrap_value: Tensor,
+    valid: Tensor | None = None,
+    *,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     pg_rho_bar: float | None = None,
-    valid: Tensor | None = None,
     lambda_: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, Sec. 4).

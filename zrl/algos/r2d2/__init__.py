@@ -38,13 +38,7 @@ def check_config(cfg: ExperimentConfig) -> None:
 ALGORITHM = Algorithm(
     name="r2d2",
     summary="R2D2: recurrent Ape-X, stored-state sequences with burn-in, value rescaling",
-    wiring=Wiring(
-        actions="discrete",
-        experience="replay",
-        replay_item="sequences",
-        replay_tables=("prioritized", "uniform"),
-        learner_input="batches",
-    ),
+    wiring=Wiring.replayed("discrete", "sequences", ("prioritized", "uniform")),
     policy="zrl.algos.r2d2.policy:R2D2Policy",
     update="zrl.algos.r2d2.update:R2D2Update",
     model="zrl.recurrent:recurrent_q_network_for",
