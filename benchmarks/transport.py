@@ -10,7 +10,8 @@ producer and consumer in separate processes, per message size:
 
 (b) and (c) run ``--pairs`` times interleaved (b, c, b, c, ...), so a drift in the machine's
 load hits both alike; the table gives the median msg/s and MB/s of each, and the median and
-min-max of the per-pair ratios c/b. Each cell also counts the CPU seconds (user + system, all
+min-max of the per-pair ratios c/b, with a bootstrap 95% confidence interval of that median
+(``--pairs`` 10 or more for an interval worth reading). Each cell also counts the CPU seconds (user + system, all
 threads) that its producer, device and consumer processes spent in the consumer's window: on
 a 2-core machine six busy threads (three processes and their I/O threads) share two cores, so
 msg/s swings with the scheduler, while messages per CPU-second (what a path costs) is steady;
@@ -653,6 +654,17 @@ def cell(results: list[dict[str, Any]], per_cpu: bool = False) -> str:
     return f"{'error':>22}" if r is None else f"{r[0]:>11,.0f} {r[1]:>10,.1f}"
 
 
+def median_ci(values: list[float], level: float = 0.95, draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap confidence interval of the median (nan with fewer than 3 values)."""
+    if len(values) < 3:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(0)
+    v = np.asarray(values)
+    medians = np.median(rng.choice(v, size=(draws, len(v)), replace=True), axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
 def target_met(rows: list[dict[str, Any]], per_cpu: bool = False) -> bool:
     """Median pair ratio >= TARGET_RATIO at every size from TARGET_MIN_SIZE up."""
     checked = [r for r in rows if r["size"] >= TARGET_MIN_SIZE]
@@ -663,7 +675,7 @@ def print_table(rows: list[dict[str, Any]], direct: bool, per_cpu: bool = False)
     unit = "/cpu-s" if per_cpu else "/s"
     head = (f"{'size':>8} | " + (f"{'(a) direct':^22} | " if direct else "")
             + f"{'(b) zmq.proxy':^22} | {'(c) zrl broker':^22} | {'c/b med':>7} | "
-            f"{'c/b min-max':>11} | target")  # fmt: skip
+            f"{'95% CI':>11} | {'c/b min-max':>11} | target")  # fmt: skip
     sub = (f"{'':>8} | "
            + " | ".join(f"{'msg' + unit:>11} {'MB' + unit:>10}" for _ in range(2 + direct))
            + " |")  # fmt: skip
@@ -672,12 +684,14 @@ def print_table(rows: list[dict[str, Any]], direct: bool, per_cpu: bool = False)
     print("-" * len(head))
     for row in rows:
         med, lo, hi = ratio_summary(row, per_cpu)
+        ci_lo, ci_hi = median_ci(pair_ratios(row, per_cpu))
         mark = ""
         if row["size"] >= TARGET_MIN_SIZE:
             mark = "met" if med >= TARGET_RATIO else "NOT met"
         a = f"{cell(row['a'], per_cpu)} | " if direct else ""
         print(f"{human(row['size']):>8} | {a}{cell(row['b'], per_cpu)} | "
-              f"{cell(row['c'], per_cpu)} | {med:7.2f} | {lo:5.2f}-{hi:5.2f} | {mark}")  # fmt: skip
+              f"{cell(row['c'], per_cpu)} | {med:7.2f} | {ci_lo:5.2f}-{ci_hi:5.2f} | "
+              f"{lo:5.2f}-{hi:5.2f} | {mark}")  # fmt: skip
     if per_cpu:
         return  # the errors and drops are listed under the wall-time table
     for row in rows:
