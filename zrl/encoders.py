@@ -80,12 +80,17 @@ def _image_shape(name: str, obs_shape: Sequence[int]) -> tuple[int, int, int]:
 
 
 def _as_images(obs: Tensor, shape: tuple[int, int, int], channels_last: bool) -> Tensor:
-    """``[B, C, H, W]`` or ``[B, C*H*W]`` -> float ``[B, C, H, W]`` (channels-last in memory
-    when ``channels_last``)."""
+    """``[B, C, H, W]`` or ``[B, C*H*W]`` -> ``[B, C, H, W]`` of the same dtype (channels-last
+    in memory when ``channels_last``)."""
     images = obs.reshape(obs.shape[0], *shape)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    return scale_obs(images)
+    return images
+
+
+def _pixel_scale(obs: Tensor) -> float:
+    """What :func:`scale_obs` multiplies ``obs`` by."""
+    return 1.0 / 255.0 if obs.dtype == torch.uint8 else 1.0
 
 
 class InputNormalizer(nn.Module):
@@ -110,14 +115,19 @@ class InputNormalizer(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     @torch.no_grad()
-    def observe(self, x: Tensor) -> None:
-        """Fold the images ``x [N, *shape]`` into the statistics (Chan et al.'s parallel
-        update of the mean and the sum of squared deviations)."""
+    def observe(self, x: Tensor, scale: float = 1.0) -> None:
+        """Fold the images ``x * scale`` (``x [N, *shape]``) into the statistics (Chan et
+        al.'s parallel update of the mean and the sum of squared deviations). The scale is
+        applied to the statistics, not to every pixel: one pass over the batch fewer."""
         n = x.shape[0]
         if n == 0:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
+        # E[x^2] - E[x]^2: two fast reductions instead of var_mean's slow single pass; its
+        # float32 rounding (about 1e-7 of a [0, 1] pixel's variance) is far below ``eps``.
+        xf = x.to(torch.float32, copy=True)
+        raw_mean = xf.mean(dim=0)
+        raw_var = (xf.mul_(xf).mean(dim=0) - raw_mean.square()).clamp_(min=0.0)
+        batch_mean, batch_var = raw_mean * scale, raw_var * (scale * scale)
         total = self.count + n
         delta = batch_mean - self.mean
         old, new = float(self.count / total), float(n / total)
@@ -125,8 +135,18 @@ class InputNormalizer(nn.Module):
         self.var.copy_(self.var * old + batch_var * new + delta.square() * old * new)
         self.count.copy_(total)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return ((x - self.mean) * torch.rsqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+    def forward(self, x: Tensor, scale: float = 1.0) -> Tensor:
+        """The normalized images ``x * scale``, as ``x * a + b`` (a float32 tensor of ``x``'s
+        memory layout)."""
+        inv_std = torch.rsqrt(self.var + self.eps)
+        a, b = inv_std * scale, -self.mean * inv_std
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+            # Per-pixel factors in x's layout keep the pass streaming through memory.
+            a = a.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+            b = b.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+        # In place on a float copy of x: a fresh tensor per step costs its page faults.
+        xf = x.to(torch.float32, copy=True)
+        return torch.addcmul(b, xf, a, out=xf).clamp_(-self.clip, self.clip)
 
 
 class ImageEncoder(nn.Module):
@@ -143,7 +163,9 @@ class ImageEncoder(nn.Module):
     def images(self, obs: Tensor) -> Tensor:
         """``obs`` as the float images the first convolution takes."""
         x = _as_images(obs, self.obs_shape, self.channels_last)
-        return x if self.normalizer is None else self.normalizer(x)
+        if self.normalizer is None:
+            return scale_obs(x)
+        return self.normalizer(x, _pixel_scale(x))
 
 
 class NatureCNN(ImageEncoder):
@@ -257,8 +279,8 @@ def observe_inputs(model: nn.Module, obs: Tensor) -> None:
     axes: ``[B, T, C, H, W]`` unrolls too); nothing without normalizers."""
     for encoder in image_encoders(model):
         if encoder.normalizer is not None:
-            images = scale_obs(obs.reshape(-1, *encoder.obs_shape))
-            encoder.normalizer.observe(images)
+            images = obs.reshape(-1, *encoder.obs_shape)
+            encoder.normalizer.observe(images, _pixel_scale(images))
 
 
 def resolve_encoder(kind: str, obs_shape: Sequence[int]) -> str:
