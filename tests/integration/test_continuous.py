@@ -9,12 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import run_zrl, tensorboard_tags
 
 # A uniformly random policy scores about -1200 to -1500 on Pendulum-v1; an untrained
 # deterministic one (torque ~0) about -1200. Both configs reach -200 in ~20 s unloaded.
 BEATS_RANDOM = {"sac": -900.0, "apex_ddpg": -900.0}
 CONFIGS = {"sac": "pendulum_sac.yaml", "apex_ddpg": "pendulum_apex_ddpg.yaml"}
+# What the README's metrics table lists for each, beside every learner's and actor's figures.
+TAGS = {
+    "sac": {"learner/critic_loss", "learner/actor_loss", "learner/actor_grad_norm",
+            "learner/alpha", "learner/alpha_loss", "learner/entropy", "actor/warming_up"},
+    "apex_ddpg": {"learner/critic_loss", "learner/actor_loss", "learner/actor_grad_norm",
+                  "actor/noise_sigma_min", "actor/noise_sigma_max", "actor/warming_up"},
+}  # fmt: skip
+COMMON_TAGS = {"learner/loss", "learner/grad_norm", "learner/update_ms", "learner/lr",
+               "learner/td_error", "learner/q_mean", "learner/policy_lag",
+               "actor/episode_return", "actor/episode_length", "eval/return_mean"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -34,6 +44,8 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     with open(run_dir / "train_metrics.csv", newline="") as f:
         tags = {row["tag"] for row in csv.DictReader(f)}
     assert {"learner/policy_lag", "learner/policy_lag_max"} <= tags, sorted(tags)
+    tb = tensorboard_tags(run_dir)
+    assert TAGS[algo] | COMMON_TAGS <= tb, sorted(TAGS[algo] | COMMON_TAGS - tb)
     # Nothing non-finite happened on the way.
     for name in ("actor-0.log", "learner-0.log"):
         log = (run_dir / "logs" / name).read_text()

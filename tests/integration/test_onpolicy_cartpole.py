@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import run_zrl, tensorboard_tags
 
 # The PPO and A3C runs stop at the first evaluation of 200 (the configs' 475 takes twice as
 # long): well above run_zrl's bar of five times a random policy, and these tests check wiring.
@@ -16,15 +16,24 @@ STOP = "stop.eval_return=200"
 
 @pytest.mark.slow
 def test_ppo_sync_rounds_never_mix_versions(tmp_path: Path) -> None:
-    summary = run_zrl(tmp_path, "cartpole_ppo.yaml", STOP)
+    # 12 s, not a stop at the first evaluation of 200: that came after one second of
+    # training, before the learner's first report of its training figures.
+    summary = run_zrl(tmp_path, "cartpole_ppo.yaml", "stop.eval_return=null", wall_time=12)
     log = (summary["dir"] / "logs" / "learner-0.log").read_text()
     closing = [line for line in log.splitlines() if "mixed-version rounds" in line]
     assert closing, log[-2000:]
     assert "(sync)" in closing[-1]
     assert "mixed-version rounds 0," in closing[-1], closing[-1]
     rounds = int(re.search(r": (\d+) rounds", closing[-1]).group(1))  # type: ignore[union-attr]
-    # Every round after the first follows a weight change; a lucky run reaches 200 in 9.
-    assert rounds >= 3, closing[-1]
+    assert rounds >= 3, closing[-1]  # every round after the first follows a weight change
+    # PPO's training figures, as the README's table lists them, in TensorBoard.
+    ppo_tags = {"learner/loss", "learner/grad_norm", "learner/update_ms", "learner/lr",
+                "learner/policy_loss", "learner/value_loss", "learner/entropy",
+                "learner/approx_kl", "learner/clip_fraction", "learner/round_s",
+                "learner/policy_lag", "learner/policy_lag_max", "actor/episode_return",
+                "actor/episode_length", "eval/return_mean"}  # fmt: skip
+    tb = tensorboard_tags(summary["dir"])
+    assert ppo_tags <= tb, sorted(ppo_tags - tb)
 
 
 @pytest.mark.slow

@@ -403,6 +403,10 @@ class Role(RoleSockets):
         """Register, then loop ``step()`` + ``tick()`` until asked to stop."""
         self.bind()
         self.connect()
+        if self._metrics_pub is None:
+            # Now, not at the first report: a PUB drops what it sends before the broker's
+            # subscriptions reach it, and a short run may have only a report or two.
+            self._metrics_pub = self.open_publisher(P.METRICS_TOPIC)
         try:
             self.setup()
             self.state = "running"

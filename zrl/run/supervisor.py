@@ -316,6 +316,8 @@ class Supervisor:
                     self._check_limits(row)
                     display.update(row)
                 self._stop.wait(MONITOR_INTERVAL_S / 5)
+            # What the roles reported since the last pass: a short run's only training figures.
+            self.monitor.drain(monitor, writer, time.monotonic() - self.started)
             monitor.close()
         except KeyboardInterrupt:
             interrupted = True
@@ -361,6 +363,7 @@ class Supervisor:
                 # The stop's figures, so progress.csv ends where the summary does (and a
                 # --resume counts on from there).
                 writer.write_progress(row)
+            writer.write_train(row["env_steps"], self.agg.train_row(), row["time"])
         finally:
             self.pool.stop(before_broker=self._stop_experiment)
             self.roster.ended_here({c.name: c.exit_code() for c in self.children})

@@ -11,6 +11,7 @@ never by a broad name match: other zrl runs on the machine are left alone.
 - :func:`run_broker_address`, :func:`zrl_status_json`, :func:`status_rows`: a running run's
   broker address, and its role table as ``zrl status --json`` and straight from the registry.
 - :func:`run_zrl`: a whole ``zrl run`` of a shipped config that must learn and clean up.
+- :func:`tensorboard_tags`: the scalar tags a run directory's TensorBoard files hold.
 """
 
 from __future__ import annotations
@@ -151,3 +152,12 @@ def run_zrl(
     assert not left, [p.cmdline() for p in left]
     summary["dir"] = run_dir
     return summary
+
+
+def tensorboard_tags(run_dir: Path) -> set[str]:
+    """The scalar tags in ``run_dir``'s TensorBoard event files, read as TensorBoard does."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return set(events.Tags()["scalars"])
