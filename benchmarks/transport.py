@@ -11,11 +11,12 @@ producer and consumer in separate processes, per message size:
 (b) and (c) run ``--pairs`` times interleaved (b, c, b, c, ...), so a drift in the machine's
 load hits both alike; the table gives the median msg/s and MB/s of each, and the median and
 min-max of the per-pair ratios c/b, with a bootstrap 95% confidence interval of that median
-(``--pairs`` 10 or more for an interval worth reading). Each cell also counts the CPU seconds (user + system, all
-threads) that its producer, device and consumer processes spent in the consumer's window: on
-a 2-core machine six busy threads (three processes and their I/O threads) share two cores, so
-msg/s swings with the scheduler, while messages per CPU-second (what a path costs) is steady;
-the second table gives c/b of that. Every socket of (a), (b) and (c) uses the broker's stream
+(``--pairs`` 10 or more for an interval worth reading). Each cell also counts the CPU seconds
+(user + system, all threads) that its producer, device and consumer processes spent in the
+consumer's window: on a 2-core machine six busy threads (three processes and their I/O
+threads) share two cores, so msg/s swings with the scheduler. Messages per CPU-second (what a
+path costs) do not depend on who waited for a core, though kernel time still varies between
+runs; the second table gives c/b of that, the third each process's share. Every socket of (a), (b) and (c) uses the broker's stream
 settings (``broker.stream_hwm`` messages, ``broker.stream_buffer_bytes`` kernel buffers) so
 c/b isolates zrl's own cost. ``--hwm`` / ``--buffer`` sweep those two settings (a broker and a
 proxy per point) at ``--sweep-sizes``. Then: a 10 MiB weights dict through the broker's topic

@@ -345,10 +345,13 @@ class Role(RoleSockets):
             )
         return round(rss_mb, 1)
 
-    def publish_metrics(self, info: dict[str, Any]) -> None:
+    def _metrics_channel(self) -> Channel:
         if self._metrics_pub is None:
             self._metrics_pub = self.open_publisher(P.METRICS_TOPIC)
-        self._metrics_pub.send(
+        return self._metrics_pub
+
+    def publish_metrics(self, info: dict[str, Any]) -> None:
+        self._metrics_channel().send(
             P.Message(
                 P.METRICS,
                 meta=P.plain_meta({"id": self.id, "role": self.role, "time": time.time(), **info}),
@@ -403,10 +406,9 @@ class Role(RoleSockets):
         """Register, then loop ``step()`` + ``tick()`` until asked to stop."""
         self.bind()
         self.connect()
-        if self._metrics_pub is None:
-            # Now, not at the first report: a PUB drops what it sends before the broker's
-            # subscriptions reach it, and a short run may have only a report or two.
-            self._metrics_pub = self.open_publisher(P.METRICS_TOPIC)
+        # Now, not at the first report: a PUB drops what it sends before the broker's
+        # subscriptions reach it, and a short run may have only a report or two.
+        self._metrics_channel()
         try:
             self.setup()
             self.state = "running"
