@@ -147,7 +147,8 @@ class Settings:
 def settings_from_config(config: Path, envs_per_core: int) -> Settings:
     """The shared settings, read from the zrl config's YAML (not validated: zrl is not
     imported here). Batch: ``appo.batch_size`` (samples) if set, else ``replay.batch_size``
-    unrolls x the rollout length; minibatch ``appo.minibatch_size``; epochs ``appo.epochs``."""
+    unrolls x the rollout length; minibatch: the batch over ``appo.minibatches``; epochs
+    ``appo.epochs``."""
     import yaml
 
     raw = yaml.safe_load(config.read_text()) or {}
@@ -169,7 +170,7 @@ def settings_from_config(config: Path, envs_per_core: int) -> Settings:
         raise SystemExit(f"{envs_per_core * n} envs do not split over {actors} zrl actors")
     return Settings(
         envs_per_core=envs_per_core, cores=n, actors=actors, rollout=rollout, batch=batch,
-        minibatch=int(get(f"{algo}.minibatch_size", batch)), epochs=int(get(f"{algo}.epochs", 1)),
+        minibatch=batch // int(get(f"{algo}.minibatches", 1)), epochs=int(get(f"{algo}.epochs", 1)),
         atari=dict(get("env.atari", {}) or {}),
     )  # fmt: skip
 

@@ -216,6 +216,8 @@ class ReplayConfig(Section):
 
 class LearnerConfig(Section):
     lr: float = Field(1e-3, gt=0)
+    adam_eps: float = Field(1e-8, gt=0)
+    """Adam's epsilon (torch's default; Sample Factory and CleanRL use 1e-5 on Atari)."""
     double: bool = True
     target_update_interval: int = Field(500, ge=1)
     """Updates between hard target-network copies."""

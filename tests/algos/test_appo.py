@@ -24,6 +24,7 @@ from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.returns import rollout_gae
 from zrl.algos.unrolls import TRAINED_ARRAYS
+from zrl.algos.value_normalizer import ValueNormalizer
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -321,6 +322,60 @@ def test_appo_value_clip_trains() -> None:
     update = AppoUpdate(harness.setup(appo_config(value_clip=0.2, epochs=2, minibatches=2)))
     result = train_on(update, [0] * 4, seed=3)
     assert result.updates == 4 and np.isfinite(result.loss)
+
+
+def test_unroll_forward_bootstraps_from_denormalized_values() -> None:
+    """With a normalizer, V-trace runs on the denormalized values: the same targets as a model
+    whose head outputs raw values; ``values`` stays the (normalized) head output."""
+    model = harness.setup(appo_config()).model
+    arrays = harness.unroll_batch(np.random.default_rng(4), [0] * 3)
+    arrays["reward"] = np.random.default_rng(5).normal(size=arrays["reward"].shape) * 10
+    arrays["terminated"][1, 3] = True
+    batch = {k: torch.as_tensor(arrays[k]) for k in TRAINED_ARRAYS}
+    batch["reward"] = batch["reward"].float()
+    norm = ValueNormalizer()
+    norm.update(torch.tensor([30.0, -10.0, 80.0]))
+
+    class Raw(nn.Module):
+        def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits, values = model(obs)
+            return logits, norm.denormalize(values)
+
+    kw: dict[str, Any] = {"gamma": 0.9, "rho_bar": 1.0, "c_bar": 1.0, "lambda_": 0.95}
+    f = unroll_forward(model, batch, value_normalizer=norm, **kw)
+    g = unroll_forward(Raw(), batch, **kw)
+    assert torch.allclose(f.returns.vs, g.returns.vs, atol=1e-4)
+    assert torch.allclose(f.returns.pg_advantages, g.returns.pg_advantages, atol=1e-4)
+    assert torch.allclose(norm.denormalize(f.values), g.values, atol=1e-4)
+    assert not torch.allclose(f.returns.vs, unroll_forward(model, batch, **kw).returns.vs)
+
+
+def test_appo_normalize_returns_counts_each_target_once_and_checkpoints() -> None:
+    update = AppoUpdate(harness.setup(appo_config(normalize_returns=True, epochs=3, minibatches=2)))
+    arrays = harness.unroll_batch(np.random.default_rng(6), [0] * 4)
+    arrays["reward"] *= 100.0  # targets of order 1e3: the statistics must say so
+    arrays["valid"][0, -2:] = False
+    result = harness.trained(update, harness.batch(arrays))
+    norm = update.value_normalizer
+    assert norm is not None and result.updates == 6
+    assert norm.count == int(arrays["valid"].sum())  # once per batch, not once per epoch
+    assert norm.mean > 100 and norm.std > 1
+    info = update.train_info()
+    assert info["return_mean"] == norm.mean and info["return_std"] == norm.std
+    again = AppoUpdate(harness.setup(appo_config(normalize_returns=True)))
+    again.load_state_dict(update.state_dict())
+    assert again.value_normalizer is not None
+    assert again.value_normalizer.state_dict() == norm.state_dict()
+    plain = AppoUpdate(harness.setup(appo_config()))
+    assert plain.value_normalizer is None and "return_mean" not in plain.train_info()
+    plain.load_state_dict(update.state_dict())  # a normalized run's checkpoint loads
+
+
+def test_learner_adam_eps_reaches_the_optimizer() -> None:
+    cfg = harness.config("appo", replay={"batch_size": 8}, learner={"adam_eps": 1e-5})
+    update = AppoUpdate(harness.setup(cfg))
+    assert update.optimizer.param_groups[0]["eps"] == 1e-5
+    assert AppoUpdate(harness.setup(appo_config())).optimizer.param_groups[0]["eps"] == 1e-8
 
 
 class ImageActorCritic(nn.Module):

@@ -76,8 +76,9 @@ class ContinuousUpdate(BatchUpdate):
         algo_cfg = cfg.section(SACConfig) if self.sac else cfg.section(DDPGConfig)
         self.target: DDPGModel | SACModel = copy.deepcopy(model)
         self.target.requires_grad_(False)
-        self.actor_optimizer = make_adam(model.policy.parameters(), algo_cfg.actor_lr)
-        self.critic_optimizer = make_adam(critic_parameters(model), algo_cfg.critic_lr)
+        eps = cfg.learner.adam_eps
+        self.actor_optimizer = make_adam(model.policy.parameters(), algo_cfg.actor_lr, eps)
+        self.critic_optimizer = make_adam(critic_parameters(model), algo_cfg.critic_lr, eps)
         # Polyak pairs: SAC has no target policy (a' is sampled from the online policy).
         target_modules: list[nn.Module | None] = [self.target.q1, self.target.q2]
         online_modules: list[nn.Module | None] = [model.q1, model.q2]
@@ -91,7 +92,7 @@ class ContinuousUpdate(BatchUpdate):
             p for m in online_modules if m is not None for p in m.parameters()
         ]
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.section(SACConfig).init_alpha)))
-        self.alpha_optimizer = make_adam([self.log_alpha], cfg.section(SACConfig).alpha_lr)
+        self.alpha_optimizer = make_adam([self.log_alpha], cfg.section(SACConfig).alpha_lr, eps)
         te = cfg.section(SACConfig).target_entropy
         self.target_entropy = default_target_entropy(model.act_dim) if te is None else te
         self.send_priorities = cfg.replay.table == "prioritized"

@@ -11,13 +11,13 @@ from torch import Tensor, nn
 from zrl.algos.api import NonFiniteLossError
 
 
-def make_adam(params: Iterable[Any], lr: float) -> torch.optim.Optimizer:
+def make_adam(params: Iterable[Any], lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
     """Adam, fused where this torch supports it on the CPU (fewer kernel launches per step)."""
     params = list(params)
     try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
     except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr)
+        return torch.optim.Adam(params, lr=lr, eps=eps)
 
 
 def clipped_gradients(loss: Tensor, parameters: Sequence[Tensor], grad_clip: float) -> Tensor:

@@ -76,7 +76,9 @@ class UnrollUpdate(BaseUpdate):
         self.config = setup.config
         self.train_stats = setup.train_stats
         self.model = setup.model
-        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.optimizer = make_adam(
+            self.model.parameters(), self.config.learner.lr, self.config.learner.adam_eps
+        )
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.device = torch.device(setup.device)

@@ -39,7 +39,9 @@ class A3CGradientServer:
         self.log = setup.log
         self.train_stats = setup.train_stats
         self.model = setup.model
-        self.optimizer = make_adam(self.model.parameters(), self.config.lr)
+        self.optimizer = make_adam(
+            self.model.parameters(), self.config.lr, setup.config.learner.adam_eps
+        )
         self.grad_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         self.accumulated: list[dict[str, np.ndarray]] = []
         self.applied_gradients = 0

@@ -39,7 +39,9 @@ class ApexDQNUpdate(QTargetUpdate):
         self.train_stats = setup.train_stats
         self.model = setup.model
         self.target = copy.deepcopy(self.model)
-        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.optimizer = make_adam(
+            self.model.parameters(), self.config.learner.lr, self.config.learner.adam_eps
+        )
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.updates = 0

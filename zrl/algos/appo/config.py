@@ -31,6 +31,9 @@ class AppoConfig(Section):
     """Weight of the entropy bonus."""
     value_coef: float = Field(0.5, ge=0)
     """Weight of the value loss 0.5 * (v_s - V)^2."""
+    normalize_returns: bool = False
+    """The value head learns V-trace targets normalized by their running mean and std (Sample
+    Factory's Atari default), denormalized to bootstrap: one value-loss scale for any rewards."""
     normalize_advantages: bool = True
     """Normalize the advantages of each minibatch to mean 0, std 1 (over its valid steps)."""
     epochs: int = Field(1, ge=1)

@@ -17,6 +17,8 @@ before that step's optimizer step; the batch is dropped, never retried.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,6 +29,7 @@ from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
 from zrl.algos.optim import checked_step
 from zrl.algos.unrolls import UnrollUpdate, unroll_outputs
+from zrl.algos.value_normalizer import ValueNormalizer
 
 
 class AppoUpdate(UnrollUpdate):
@@ -35,6 +38,26 @@ class AppoUpdate(UnrollUpdate):
     def __init__(self, setup: LearnerSetup) -> None:
         super().__init__(setup, setup.config.section(AppoConfig).max_lag)
         self.rng = torch.Generator().manual_seed(setup.config.seed)  # the minibatch shuffles
+        normalize = setup.config.section(AppoConfig).normalize_returns
+        self.value_normalizer = ValueNormalizer() if normalize else None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.value_normalizer is not None:
+            state["value_normalizer"] = self.value_normalizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.value_normalizer is not None and "value_normalizer" in state:
+            self.value_normalizer.load_state_dict(state["value_normalizer"])
+
+    def train_info(self) -> dict[str, float]:
+        info = super().train_info()
+        if self.value_normalizer is not None:
+            info["return_mean"] = self.value_normalizer.mean
+            info["return_std"] = self.value_normalizer.std
+        return info
 
     def old_values(self, batch: dict[str, Tensor]) -> Tensor | None:
         """``V(x_t)`` before this batch's first step, ``[T, B]``: what ``appo.value_clip``
@@ -53,16 +76,22 @@ class AppoUpdate(UnrollUpdate):
         steps = 0
         loss = torch.tensor(float("nan"))
         parts: dict[str, Tensor] = {}
-        for _ in range(c.epochs):
+        for epoch in range(c.epochs):
             order = torch.randperm(n, generator=self.rng).to(batch["reward"].device)
             for rows in order.tensor_split(groups):
                 started = time.perf_counter()
                 f = unroll_forward(
                     self.model, {k: v[rows] for k, v in batch.items()}, gamma=c.gamma,
                     rho_bar=c.rho_bar, c_bar=c.c_bar, lambda_=c.vtrace_lambda,
+                    value_normalizer=self.value_normalizer,
                 )  # fmt: skip
+                returns = f.returns
+                if self.value_normalizer is not None:
+                    if epoch == 0:  # each target once in the statistics, as Sample Factory
+                        self.value_normalizer.update(returns.vs, f.valid)
+                    returns = replace(returns, vs=self.value_normalizer.normalize(returns.vs))
                 loss, parts = appo_loss(
-                    f.logits, f.values, f.actions, f.behaviour_logp, f.returns, clip=c.clip,
+                    f.logits, f.values, f.actions, f.behaviour_logp, returns, clip=c.clip,
                     entropy_coef=c.entropy_coef, value_coef=c.value_coef,
                     value_clip=c.value_clip, valid=f.valid,
                     old_values=None if old_values is None else old_values[:, rows],
@@ -78,4 +107,4 @@ class AppoUpdate(UnrollUpdate):
                     **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
                 )
         self.mean_rho = float(parts["mean_rho"])
-        return UpdateResult(updates=steps, loss=float(loss))
+        return UpdateResult(updates=steps, loss=float(loss.detach()))

@@ -18,6 +18,7 @@ from zrl.algos.optim import checked_step
 from zrl.algos.policy_gradient import loss_parts
 from zrl.algos.returns import check_nonnegative
 from zrl.algos.unrolls import unroll_outputs
+from zrl.algos.value_normalizer import ValueNormalizer
 
 
 @dataclass
@@ -248,6 +249,7 @@ def unroll_forward(
     rho_bar: float,
     c_bar: float,
     lambda_: float = 1.0,
+    value_normalizer: ValueNormalizer | None = None,
 ) -> UnrollForward:
     """The model's outputs over a batch of unrolls and their bootstrap observations
     (:func:`zrl.algos.unrolls.unroll_outputs`: one forward pass, or a recurrent model's unroll
@@ -259,7 +261,9 @@ def unroll_forward(
     and ``bootstrap_obs [B, *obs_shape]`` (and ``state [B, R]``, ``first [B, T]`` for a
     recurrent model). ``model(obs) -> (logits, values)``. Discounts are
     ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
-    Everything stays on the batch's device.
+    Everything stays on the batch's device. With a ``value_normalizer`` the model's values are
+    normalized ones: V-trace bootstraps from them denormalized, and ``returns.vs`` is raw
+    (``values`` stays the head's output, with gradients).
     """
     logits_bt, values_bt, bootstrap = unroll_outputs(model, batch)
     logits = logits_bt.transpose(0, 1)
@@ -270,9 +274,13 @@ def unroll_forward(
     behaviour_logp = batch["logp"].T.to(values.dtype)
     target_logp = F.log_softmax(logits.detach(), dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
     discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
+    raw_values = values.detach()
+    if value_normalizer is not None:
+        raw_values = value_normalizer.denormalize(raw_values)
+        bootstrap = value_normalizer.denormalize(bootstrap)
     returns = vtrace(
         behaviour_logp, target_logp, batch["reward"].T.to(values.dtype) * valid, discounts,
-        values.detach(), bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
+        raw_values, bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
     )  # fmt: skip
     return UnrollForward(logits, values, actions, behaviour_logp, target_logp, valid, returns)
 

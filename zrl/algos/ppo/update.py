@@ -71,7 +71,7 @@ class PPOUpdate(BaseUpdate):
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
         if self.recurrent:
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
-        self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr)
+        self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)
         # DD-PPO among the learners of this learner's policy (one each in a league with
         # exploiters: they train different players and must not average their gradients).
         self.learners = cfg.learners_per_policy()

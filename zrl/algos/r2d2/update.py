@@ -51,7 +51,9 @@ class R2D2Update(QTargetUpdate):
         self.train_stats = setup.train_stats
         self.model: Any = setup.model
         self.target: Any = copy.deepcopy(self.model)
-        self.optimizer = make_adam(self.model.parameters(), self.config.learner.lr)
+        self.optimizer = make_adam(
+            self.model.parameters(), self.config.learner.lr, self.config.learner.adam_eps
+        )
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.state_size: int = setup.model.state_size  # type: ignore[assignment]
