@@ -270,29 +270,38 @@ def test_a_constant_pixel_is_clipped_not_divided_by_zero() -> None:
     assert out[0, 0, 0, 1] == pytest.approx(1.0, abs=1e-4)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_an_encoder_normalizes_uint8_frames_as_the_definition_says(channels_last: bool) -> None:
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize(
+    ("channels_last", "device"),
+    [(False, "cpu"), (True, "cpu"), pytest.param(False, "cuda", marks=CUDA)],
+)
+def test_an_encoder_normalizes_uint8_frames_as_the_definition_says(
+    channels_last: bool, device: str
+) -> None:
     # The encoder folds the /255 into the normalizer's factors; the result must be that of
     # scaling first: clip((x / 255 - mean) / sqrt(var + eps), -5, 5).
     torch.manual_seed(0)
     cnn = NatureCNN((4, 84, 84))
     add_input_normalizers(cnn)
+    cnn.to(device)
     if channels_last:
         use_channels_last(cnn)
-    seen = frames(8)
+    seen = frames(8).to(device)
     observe_inputs(cnn, seen)
     scaled = seen.double() / 255
     mean, var = scaled.mean(dim=0), scaled.var(dim=0, unbiased=False)
     assert cnn.normalizer is not None
     torch.testing.assert_close(cnn.normalizer.mean.double(), mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cnn.normalizer.var.double(), var, rtol=1e-4, atol=1e-6)
-    obs = frames(3, seed=1)
+    obs = frames(3, seed=1).to(device)
     expected = (obs.double() / 255 - cnn.normalizer.mean) / torch.sqrt(cnn.normalizer.var + 1e-5)
     got = cnn.images(obs)
-    assert got.dtype == torch.float32
+    assert got.dtype == torch.float32 and got.device.type == device
     assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
     torch.testing.assert_close(got.double(), expected.clamp(-5, 5), rtol=1e-4, atol=1e-4)
-    assert torch.equal(seen, frames(8))  # observe worked on a copy
+    assert torch.equal(seen.cpu(), frames(8))  # observe worked on a copy
 
 
 def test_input_normalizers_travel_with_the_weights_and_only_observe_updates_them() -> None:

@@ -420,8 +420,11 @@ def test_appo_trains_on_image_observations() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_appo_trains_a_batch_on_the_gpu() -> None:
-    s = harness.setup(appo_config(epochs=2, minibatches=2, value_clip=0.2))
+@pytest.mark.parametrize("normalize_returns", [False, True])
+def test_appo_trains_a_batch_on_the_gpu(normalize_returns: bool) -> None:
+    s = harness.setup(
+        appo_config(epochs=2, minibatches=2, value_clip=0.2, normalize_returns=normalize_returns)
+    )
     update = AppoUpdate(s)
     update.model.cuda()
     update.optimizer = torch.optim.Adam(update.model.parameters(), lr=1e-3)
@@ -430,3 +433,8 @@ def test_appo_trains_a_batch_on_the_gpu() -> None:
     result = update.train_unrolls(tensors)
     assert result.updates == 4 and np.isfinite(result.loss)
     assert next(update.model.parameters()).is_cuda
+    if normalize_returns:
+        assert (
+            update.value_normalizer is not None
+            and update.value_normalizer.count == arrays["valid"].sum()
+        )
