@@ -40,6 +40,7 @@ from zrl.roles.registry_client import advertise_host_for, registry_request
 from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
 from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
+from zrl.runtime import keep_freed_memory
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
 from zrl.transport.security import Keys
@@ -406,6 +407,8 @@ class Role(RoleSockets):
         """Register, then loop ``step()`` + ``tick()`` until asked to stop."""
         self.bind()
         self.connect()
+        if threading.current_thread() is threading.main_thread():  # a role process, not --inproc
+            keep_freed_memory(self.config.limits.heap_keep_mb)
         # Now, not at the first report: a PUB drops what it sends before the broker's
         # subscriptions reach it, and a short run may have only a report or two.
         self._metrics_channel()
