@@ -16,9 +16,9 @@ min-max of the per-pair ratios c/b, with a bootstrap 95% confidence interval of 
 consumer's window: on a 2-core machine six busy threads (three processes and their I/O
 threads) share two cores, so msg/s swings with the scheduler. Messages per CPU-second (what a
 path costs) do not depend on who waited for a core, though kernel time still varies between
-runs; the second table gives c/b of that, the third each process's share. Every socket of (a), (b) and (c) uses the broker's stream
-settings (``broker.stream_hwm`` messages, ``broker.stream_buffer_bytes`` kernel buffers) so
-c/b isolates zrl's own cost. ``--hwm`` / ``--buffer`` sweep those two settings (a broker and a
+runs; the second table gives c/b of that, the third each process's share. Every socket of
+(a), (b) and (c) uses the broker's stream settings (``broker.stream_hwm`` messages,
+``broker.stream_buffer_bytes`` kernel buffers) so c/b isolates zrl's own cost. ``--hwm`` / ``--buffer`` sweep those two settings (a broker and a
 proxy per point) at ``--sweep-sizes``. Then: a 10 MiB weights dict through the broker's topic
 bus to 4 subscriber processes, and the cost of ``encode()`` + ``decode()`` against
 ``arr.copy()``. Run from the repo root::

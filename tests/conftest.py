@@ -62,12 +62,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n 2 --dist loadgroup`` (CI) the tests that train through real processes
     run one after another on one worker, while the other worker takes everything else: two
     trainings side by side on 2 cores would each get half the CPU their time limits assume."""
-    trains = []
+    trains, rest = [], []
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("waits"):
             item.add_marker(pytest.mark.xdist_group("trains"))
             trains.append(item)
+        else:
+            rest.append(item)
     # First in the order, so the group (CI's critical path) starts at once rather than
     # after the scopes collected before it.
-    chosen = {id(item) for item in trains}
-    items[:] = trains + [item for item in items if id(item) not in chosen]
+    items[:] = trains + rest

@@ -12,9 +12,9 @@ batches.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import torch
 from torch import Tensor
 
 
@@ -52,8 +52,9 @@ class ValueNormalizer:
         n = int(x.numel())
         if n == 0:
             return
-        mean, m2 = float(x.mean()), float((x - x.mean()).square().sum())
-        if not (torch.isfinite(torch.tensor([mean, m2])).all()):
+        batch_mean = x.mean()
+        mean, m2 = float(batch_mean), float((x - batch_mean).square().sum())
+        if not (math.isfinite(mean) and math.isfinite(m2)):
             raise ValueError("value targets are not finite")
         total = self.count + n
         delta = mean - self.mean
