@@ -25,13 +25,20 @@ import zmq
 
 from zrl import __version__
 from zrl.broker import Broker
+from zrl.broker.limits import (
+    MAX_ENTRIES_PER_CONNECTION,
+    STATUS_PAGE_BYTES,
+    STATUS_REPLY_TOTAL_BYTES,
+)
 from zrl.config import ExperimentConfig
 from zrl.config_sections import DEFAULT_STREAMS
 from zrl.roles.base import Role, RoleError, registry_request
+from zrl.roles.registry_client import read_status
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
@@ -42,7 +49,8 @@ MAX_MSG = 65_536  # the brokers' max_message_bytes here, so "oversized" is cheap
 
 
 def status(ctx: zmq.Context, addr: str, timeout: float = 2.0) -> dict[str, Any]:
-    return registry_request(ctx, addr, P.Message(P.STATUS), timeout).meta
+    """Every page of the broker's STATUS listing."""
+    return read_status(ctx, addr, timeout)
 
 
 def broker_up(ctx: zmq.Context, addr: str) -> bool:
@@ -564,29 +572,54 @@ def test_hello_flood_is_capped_and_the_broker_stays_small(spawn, zmq_ctx, broker
     proc = start_broker(spawn, zmq_ctx, broker_addr)
     import psutil
 
-    cap = ExperimentConfig().broker.max_roles
-    flood = make_socket(zmq_ctx, zmq.DEALER, sndtimeo_ms=5000)
-    flood.connect(broker_addr)
+    cap = ExperimentConfig().broker.max_roles  # a broker without a config plans no roles
+    per_conn = MAX_ENTRIES_PER_CONNECTION
+    connections = 2600 // per_conn  # 10,400 HELLOs, far past the cap
+    floods = []
     try:
-        ch = Channel(flood, "registry", "flood", TransportStats())
-        for i in range(10_000):
-            meta = {"role": "fake", "index": i, "host": "h", "pid": 1, "zrl_version": __version__}
-            assert ch.send(P.Message(P.HELLO, meta=meta))  # replies are never read
+        for c in range(connections):
+            flood = make_socket(zmq_ctx, zmq.DEALER, sndtimeo_ms=5000)
+            flood.connect(broker_addr)
+            floods.append(flood)
+            ch = Channel(flood, "registry", "flood", TransportStats())
+            for i in range(4 * per_conn):  # replies are never read
+                meta = {"role": "fake", "index": c * 4 * per_conn + i, "host": "h", "pid": 1,
+                        "zrl_version": __version__}  # fmt: skip
+                assert ch.send(P.Message(P.HELLO, meta=meta))
+        sent = connections * 4 * per_conn
 
         def all_handled() -> bool:
             rejected = status(zmq_ctx, broker_addr)["broker"]["rejected"]
-            return rejected.get("registry full", 0) == 10_000 - cap
+            refused = rejected.get("registry full", 0)
+            return refused + rejected.get("too many roles on one connection", 0) == sent - cap
 
-        wait_for(all_handled, timeout=60, interval=0.5)
+        wait_for(all_handled, timeout=120, interval=0.5)
     finally:
-        flood.close(linger=0)
+        for flood in floods:
+            flood.close(linger=0)
     st = status(zmq_ctx, broker_addr)
     assert len(st["roles"]) == cap
+    assert len(zrl_status_json(broker_addr)["roles"]) == cap  # `zrl status` reads every page
+    assert st["broker"]["rejected"]["too many roles on one connection"] >= 3 * per_conn
     c = RegistryClient(zmq_ctx, broker_addr)
     clients.append(c)
     reply = c.hello(role="actor")
     assert reply.kind == P.REFUSED and "broker.max_roles" in reply.meta["reason"]
     assert psutil.Process(proc.pid).memory_info().rss < 300 * 2**20
+
+
+def test_one_connection_holds_a_few_live_entries(make_broker, clients):
+    """Observation 11: one connection registered thousands of entries."""
+    b = make_broker()
+    c = RegistryClient(b.ctx, b.bind_address)
+    clients.append(c)
+    kinds = [c.hello(index=i).kind for i in range(MAX_ENTRIES_PER_CONNECTION + 3)]
+    assert kinds == [P.WELCOME] * MAX_ENTRIES_PER_CONNECTION + [P.REFUSED] * 3
+    wait_for(lambda: b.rejected.get("too many roles on one connection") == 3)
+    # An entry that stopped frees its place on the connection.
+    c.ch.send(P.Message(P.BYE, meta={"id": "fake-0"}))
+    wait_for(lambda: rows_by_id(status(b.ctx, b.bind_address))["fake-0"]["state"] == "stopped")
+    assert c.hello(index=99).kind == P.WELCOME
 
 
 def test_oversized_heartbeat_info_is_dropped_and_the_heartbeat_counts(make_broker, clients):
@@ -890,6 +923,9 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
     sup.monitor.status_rows = [
         {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
     ]
+    # The broker's answer to a STATUS about one role (what the head confirms with).
+    rows = sup.monitor.status_rows
+    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
     writer = MetricsWriter(tmp_path / "run")
     dropped: list[str] = []
 
@@ -918,3 +954,191 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
         assert sup._stop.is_set() and sup.target_time == 2.0  # the real one's time
     finally:
         writer.close()
+
+
+# --- issue 27: a full registry of fakes with large info -------------------------------------
+
+
+def broker_listing(ctx: zmq.Context, addr: str) -> dict[str, Any] | None:
+    try:
+        return read_status(ctx, addr, 2.0)
+    except RoleError:
+        return None
+
+
+def fake_info(nbytes: int) -> dict[str, str]:
+    """Heartbeat info of ``nbytes`` in items of 1 KiB (a listing keeps what fits of them)."""
+    return {f"k{j}": "x" * 1024 for j in range(nbytes // 1024)}
+
+
+def fill_registry(zmq_ctx: zmq.Context, addr: str, n: int, info_bytes: int) -> list[zmq.Socket]:
+    """``n`` fake roles ``fake-<i>``, MAX_ENTRIES_PER_CONNECTION per connection, each with a
+    heartbeat of ``info_bytes`` of info; replies are never read. Returns the sockets."""
+    socks = []
+    for c in range(0, n, MAX_ENTRIES_PER_CONNECTION):
+        sock = make_socket(zmq_ctx, zmq.DEALER, sndtimeo_ms=5000)
+        sock.connect(addr)
+        socks.append(sock)
+        ch = Channel(sock, "registry", "fake", TransportStats())
+        for i in range(c, min(c + MAX_ENTRIES_PER_CONNECTION, n)):
+            meta = {"role": "fake", "index": i, "host": "h", "pid": 1, "zrl_version": __version__}
+            assert ch.send(P.Message(P.HELLO, meta=meta))
+            info = {**fake_info(info_bytes), "n": i}
+            assert ch.send(P.Message(P.HEARTBEAT, meta={"id": f"fake-{i}", "info": info}))
+    return socks
+
+
+def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes(
+    make_broker, zmq_ctx, clients, tmp_path
+):
+    """Observations 3 and 11: 1,000 fakes with 7 KiB of info made STATUS 7-15 MB (no client
+    could read it, the head never stopped at its target) and filled the registry."""
+    from dataclasses import replace
+
+    from zrl.metrics import MetricsWriter
+    from zrl.run import Supervisor
+
+    cfg = ExperimentConfig()
+    planned = planned_ids(cfg.roles.model_dump())
+    fakes = 1000
+    b = make_broker(max_roles=fakes + len(planned))
+    socks = fill_registry(zmq_ctx, b.bind_address, fakes, 7 * 1024)
+    try:
+        wait_for(lambda: sum(r["info"].get("n") is not None for r in status(
+            zmq_ctx, b.bind_address, 10)["roles"]) == fakes, timeout=60, interval=0.5)  # fmt: skip
+        # One STATUS is one page, far under every client's header cap.
+        page = registry_request(zmq_ctx, b.bind_address, P.Message(P.STATUS), 5).meta
+        assert page["more"] and 0 < len(page["roles"]) < fakes
+        assert len(msgpack.packb(page)) <= STATUS_PAGE_BYTES < P.MAX_HEADER_BYTES
+        listing = status(zmq_ctx, b.bind_address, 10)
+        assert sorted(r["id"] for r in listing["roles"]) == sorted(
+            f"fake-{i}" for i in range(fakes)
+        )
+        assert all(r["info"]["truncated"] > 7 * 1024 for r in listing["roles"])
+        # A STATUS about one role: its whole row.
+        one = read_status(zmq_ctx, b.bind_address, 5, role_id="fake-7")["roles"]
+        assert len(one) == 1 and one[0]["info"] == {**fake_info(7 * 1024), "n": 7}
+        # The registry is full for anyone else, but the run's own roles keep their slots.
+        other = RegistryClient(zmq_ctx, b.bind_address)
+        clients.append(other)
+        assert other.hello(index=fakes).kind == P.REFUSED
+        evaluator = RegistryClient(zmq_ctx, b.bind_address)
+        clients.append(evaluator)
+        welcome = evaluator.hello(role="evaluator", index=0)
+        assert welcome.kind == P.WELCOME and welcome.meta["id"] == "evaluator-0"
+        actor = RegistryClient(zmq_ctx, b.bind_address)
+        clients.append(actor)
+        assert actor.hello(role="actor", index=0).meta["id"] == "actor-0"
+        # The head reads the whole listing and stops at its target: the evaluator's own
+        # heartbeat confirms the eval, read with a STATUS about the evaluator alone.
+        cfg.stop.eval_return = 475.0
+        cfg.stop.eval_window = 1
+        sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
+        (tmp_path / "run").mkdir()
+        sup.monitor.ctx = zmq_ctx
+        sup.monitor.access = replace(sup.access, broker_addr=b.bind_address)
+        assert sup.monitor.refresh() and len(sup.monitor.status_rows) == fakes + 2
+        info = {"eval_return": 500.0, "recent_returns": [500.0], "blob": "y" * 6000}
+        assert evaluator.request(P.HEARTBEAT, id="evaluator-0", info=info).kind == (
+            P.HEARTBEAT_ACK
+        )  # fmt: skip
+        writer = MetricsWriter(tmp_path / "run")
+        try:
+            msgs = [
+                P.Message(P.METRICS, meta={"kind": "eval", "mean": 500.0}, sender="evaluator-0")
+            ]
+
+            class Feed:
+                def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
+                    return (None, msgs.pop()) if msgs else None
+
+                def _drop(self, sender: str, reason: str) -> None:
+                    raise AssertionError(reason)
+
+            sup.monitor.drain(Feed(), writer, 1.0)
+            sup._confirm_target()
+            assert sup._stop.is_set() and sup.stop_reason == "eval_return"
+        finally:
+            writer.close()
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+
+
+def test_peers_that_never_read_status_replies_cannot_grow_the_broker(make_broker, zmq_ctx):
+    """Observation 6: ten peers asking STATUS of a full registry and never reading took the
+    broker from 222 MB to 2.2 GB. Replies are pages, and the bytes queued for peers are
+    bounded per peer and in total (``ReplyBudget``); one-role queries still answer."""
+    import psutil
+
+    b = make_broker()
+    socks = fill_registry(zmq_ctx, b.bind_address, 1000, 7 * 1024)
+    peers = []
+    me = psutil.Process()
+    try:
+        wait_for(lambda: len(status(zmq_ctx, b.bind_address, 10)["roles"]) == 1000, timeout=60,
+                 interval=0.5)  # fmt: skip
+        rss_before = me.memory_info().rss
+        budget = b._registry.status_budget
+        sent_before = b.registry.stats.sent
+        asks = 60
+        for _ in range(10):
+            peer = make_socket(zmq_ctx, zmq.DEALER, sndtimeo_ms=5000)
+            peer.connect(b.bind_address)
+            peers.append(peer)
+            ch = Channel(peer, "registry", "greedy", TransportStats())
+            for _ in range(asks):
+                assert ch.send(P.Message(P.STATUS))
+
+        def handled() -> int:
+            rejected = b.rejected
+            return (
+                b.registry.stats.sent - sent_before
+                + rejected.get("status reply over budget", 0)
+                + rejected.get("status reply queue full", 0)
+            )  # fmt: skip
+
+        most_queued = 0
+        deadline = time.monotonic() + 120
+        while handled() < 10 * asks and time.monotonic() < deadline:
+            most_queued = max(most_queued, budget.queued)
+            time.sleep(0.01)
+        assert most_queued <= STATUS_REPLY_TOTAL_BYTES
+        assert budget.dropped > 0  # 600 pages of ~0.5 MB: most were not sent
+        # Each peer holds at most its budget; without it 60 pages each would be ~300 MB.
+        grown = me.memory_info().rss - rss_before
+        print(f"queued at most {most_queued / 2**20:.0f} MiB, grew {grown / 2**20:.0f} MiB, "
+              f"{budget.dropped} listings not sent")  # fmt: skip
+        assert grown < STATUS_REPLY_TOTAL_BYTES + 64 * 2**20, f"grew {grown / 2**20:.0f} MiB"
+        # Asking about one role is answered meanwhile.
+        row = read_status(zmq_ctx, b.bind_address, 5, role_id="fake-1")["roles"]
+        assert row[0]["info"]["n"] == 1
+        # Listings are read again once the unread ones count as drained (STATUS_REPLY_DRAIN_S),
+        # the greedy peers still connected.
+        wait_for(lambda: broker_listing(zmq_ctx, b.bind_address) is not None, timeout=30)
+        listing = broker_listing(zmq_ctx, b.bind_address)
+        assert listing is not None and listing["broker"]["status_replies"]["dropped"] > 0
+    finally:
+        for sock in [*peers, *socks]:
+            sock.close(linger=0)
+
+
+def test_the_head_warns_once_for_many_failed_status_refreshes(
+    tmp_path, zmq_ctx, caplog, monkeypatch
+):
+    """The head refreshes STATUS several times a second: failures are counted, and logged at
+    the first and then at most once per STATUS_WARN_INTERVAL_S."""
+    import logging
+    from dataclasses import replace
+
+    from zrl.run import Supervisor
+    from zrl.run import monitor as run_monitor
+
+    monkeypatch.setattr(run_monitor, "STATUS_TIMEOUT_S", 0.05)
+    sup = Supervisor(ExperimentConfig(), run_dir=tmp_path / "run", show_status=False)
+    sup.monitor.ctx = zmq_ctx
+    sup.monitor.access = replace(sup.access, broker_addr=f"inproc://nobody-{os.getpid()}")
+    caplog.set_level(logging.WARNING, logger="zrl.supervisor")
+    assert not any(sup.monitor.refresh() for _ in range(20))
+    assert sup.monitor.status_failures == 20
+    assert len([r for r in caplog.records if r.name == "zrl.supervisor"]) == 1

@@ -389,3 +389,243 @@ def test_the_config_and_the_cli_import_no_torch():
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# --- hostile configs (issue 27, observation 13) ------------------------------------------------
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The 1 KB "billion laughs" as a flow mapping: each anchor a list of ten aliases of the
+    one before."""
+    items = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        items.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]")
+    return "{" + ", ".join(items) + "}"
+
+
+def merge_bomb(levels: int = 40) -> str:
+    """The same with merge keys: each mapping merges the one before twice."""
+    items = ["m0: &m0 {a: 1, b: 2}"]
+    for i in range(1, levels):
+        items.append(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}")
+    return "{" + ", ".join(items) + "}"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (alias_bomb(), "expands to more than 100000 values"),
+        (merge_bomb(), "expands to more than 100000 values"),
+        ("&k {a: [1, *k]}", "an alias inside the value it names"),
+        ("{a: " + "[" * 500 + "]" * 500 + "}", "nested deeper than 64"),
+    ],
+    ids=["alias-bomb", "merge-bomb", "recursive", "deep"],
+)
+def test_yaml_bombs_are_refused_at_once_in_little_memory(tmp_path, kwargs, match):
+    import time
+    import tracemalloc
+
+    path = write(tmp_path, f"env:\n  kwargs: {kwargs}\n")
+    assert path.stat().st_size < 2048
+    load_config(CARTPOLE)  # the imports done, not timed
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError, match=match) as info:
+            load_config(path)
+        took = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert took < 0.5 and peak < 16 * 2**20, (took, peak)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=match):  # the same through --set
+        load_config(CARTPOLE, [f"env.kwargs={kwargs}"])
+
+
+def test_aliases_within_the_bound_still_load(tmp_path):
+    cfg = load_config(write(tmp_path, f"env:\n  kwargs: {alias_bomb(4)}\n"))  # 11,110 values
+    assert cfg.env.kwargs["l3"][9][9][9] == ["x"] * 10
+
+
+def test_an_oversized_config_file_is_refused_unread(tmp_path):
+    from zrl.config import MAX_CONFIG_FILE_BYTES
+
+    path = write(tmp_path, "# " + "x" * MAX_CONFIG_FILE_BYTES + "\n")
+    with pytest.raises(
+        ConfigError, match=f"more than a config may have \\({MAX_CONFIG_FILE_BYTES}"
+    ):
+        load_config(path)
+
+
+def float_fields(model: type, prefix: str = "") -> list[str]:
+    """The dotted keys of every float field of ``model`` and of the sections inside it."""
+    from typing import get_args
+
+    from zrl.config_base import Section
+
+    keys = []
+    for name, field in model.model_fields.items():
+        types = get_args(field.annotation) or (field.annotation,)
+        if float in types:
+            keys.append(f"{prefix}{name}")
+        for t in types:
+            if isinstance(t, type) and issubclass(t, Section):
+                keys += float_fields(t, f"{prefix}{name}.")
+    return keys
+
+
+FLOAT_KEYS = [
+    k
+    for section, model in config_schema().items()
+    if isinstance(model, type) and hasattr(model, "model_fields")
+    for k in float_fields(model, f"{section}.")
+]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_every_float_field_must_be_finite(value):
+    yaml_value = {"inf": ".inf", "-inf": "-.inf", "nan": ".nan"}[value]
+    assert {
+        "learner.lr",
+        "stop.wall_time",
+        "ppo.clip",
+        "env.atari.repeat_action_probability",
+    } <= set(FLOAT_KEYS)
+    for key in FLOAT_KEYS:
+        with pytest.raises(ConfigError) as info:
+            load_config(CARTPOLE, [f"{key}={yaml_value}"])
+        assert f"{key}: Input should be a finite number" in str(info.value), key
+
+
+def test_learner_lr_inf_in_a_file_names_the_key_and_value(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"learner\.lr: Input should be a finite number \(got inf\)"
+    ):
+        load_config(write(tmp_path, "learner:\n  lr: .inf\n"))
+    cfg = ExperimentConfig()
+    with pytest.raises(ValueError, match="finite"):
+        cfg.learner.lr = float("nan")  # assignment too
+
+
+@pytest.mark.parametrize(
+    "name", ["../../x", "/tmp/x", "a/b", "..", ".", "", ".hidden", "-rf", "a\x00b", "x" * 101, " a"]
+)
+def test_name_must_be_one_path_component(name):
+    from zrl.experiment import Experiment
+
+    with pytest.raises(ConfigError, match=r"name: .*is not one path component") as info:
+        config_from_dict({"name": name})
+    assert repr(name) in str(info.value)
+    with pytest.raises(ConfigError, match="is not one path component"):
+        Experiment(config={"name": name}).resolved_config()
+    with pytest.raises(ValueError, match="is not one path component"):
+        ExperimentConfig().name = name
+
+
+@pytest.mark.parametrize("name", ["cartpole_apex_dqn", "my run", "run.v2+seed-3", "_x"])
+def test_plain_names_are_kept(name):
+    assert config_from_dict({"name": name}).name == name
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "bound"),
+    [
+        ("roles.actors=100000", "roles.actors", "16384"),
+        ("env.num_envs=1000000000000", "env.num_envs", "16384"),
+        ("replay.capacity=1000000000000", "replay.capacity", str(2**32)),
+        ("replay.batch_size=1000000000", "replay.batch_size", str(2**20)),
+        ("model.hidden=[64, 1000000000]", "model.hidden.1", "65536"),
+        ("actor.trajectory_length=10000000", "actor.trajectory_length", "65536"),
+        ("evaluator.episodes=10000000", "evaluator.episodes", "100000"),
+    ],
+)
+def test_sizes_have_ceilings_naming_key_value_and_bound(override, key, bound):
+    value = override.split("=", 1)[1].split(", ")[-1].rstrip("]")
+    with pytest.raises(ConfigError) as info:
+        load_config(CARTPOLE, [override])
+    msg = str(info.value)
+    assert f"{key}: Input should be less than or equal to {bound} (got {value})" in msg, msg
+
+
+def test_planned_roles_must_fit_the_registry():
+    with pytest.raises(
+        ConfigError, match=r"3004 roles planned .*roles\.actors: 3000.*max_roles: 2048"
+    ):
+        config_from_dict({"roles": {"actors": 3000}})
+    assert config_from_dict({"roles": {"actors": 3000}, "broker": {"max_roles": 4096}})
+
+
+def test_the_roles_of_this_host_must_fit_its_cores_and_memory():
+    from zrl.config import check_fits_machine
+
+    gib = 2**30
+    cfg = config_from_dict({"roles": {"actors": 100}})
+    with pytest.raises(ConfigError, match=r"104 role processes on this host \(roles\.actors: 100"):
+        check_fits_machine(cfg, cores=2, memory_bytes=64 * gib)
+    check_fits_machine(cfg, cores=16, memory_bytes=64 * gib)  # 128 fit 16 cores
+    with pytest.raises(ConfigError, match=r"exceed 13, what this host's 16 cores and 2\.0 GiB"):
+        check_fits_machine(cfg, cores=16, memory_bytes=2 * gib)  # but not 2 GiB
+    # Roles placed on other hosts do not count here.
+    placed = config_from_dict(
+        {"roles": {"actors": 100}, "hosts": [{"name": "big", "roles": {"actors": 96}}]}
+    )
+    check_fits_machine(placed, cores=2, memory_bytes=64 * gib)
+    envs = config_from_dict({"env": {"num_envs": 4096}})
+    with pytest.raises(
+        ConfigError, match=r"env\.num_envs: 4096 x 2 actors on this host = 8192 envs exceed 2048"
+    ):
+        check_fits_machine(envs, cores=2, memory_bytes=64 * gib)
+    big = config_from_dict({"replay": {"capacity_bytes": 100 * gib}})
+    with pytest.raises(
+        ConfigError, match=r"replay\.capacity_bytes: 107374182400 x 1 replay shards"
+    ):
+        check_fits_machine(big, cores=2, memory_bytes=64 * gib)
+
+
+def test_the_preflight_refuses_what_does_not_fit_this_machine():
+    from zrl.config import machine_size
+    from zrl.preflight import check_env
+
+    cores, _ = machine_size()
+    cfg = config_from_dict({"env": {"num_envs": 8192}, "roles": {"actors": cores}})
+    with pytest.raises(ConfigError, match=r"env\.num_envs: 8192 x"):
+        check_env(cfg)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_fit_a_small_machine(path):
+    from zrl.config import check_fits_machine
+
+    check_fits_machine(load_config(path), cores=2, memory_bytes=8 * 2**30)
+
+
+def test_a_role_refuses_a_forged_spec_past_a_ceiling(zmq_ctx):
+    """What a rogue broker's WELCOME could send: env.num_envs 10**12 was a MemoryError crash
+    loop in every actor; now the spec does not validate, naming the key and the value."""
+    from pydantic import ValidationError
+
+    from zrl.roles.actor import Actor
+    from zrl.transport import protocol as P
+
+    spec = ExperimentConfig().model_dump(mode="json")
+    spec["env"]["num_envs"] = 10**12
+    welcome = P.Message(
+        P.WELCOME,
+        meta={
+            "id": "actor-0",
+            "spec": spec,
+            "factories": {},
+            "endpoints": {},
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 3.0,
+            "max_message_bytes": 2**20,
+        },
+    )
+    actor = Actor("tcp://127.0.0.1:1", index=0, ctx=zmq_ctx)
+    try:
+        with pytest.raises(ValidationError, match=r"env\.num_envs[\s\S]*1000000000000"):
+            actor._on_welcome(welcome)
+    finally:
+        actor.close()
+    assert actor.config.env.num_envs == ExperimentConfig().env.num_envs

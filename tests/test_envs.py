@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -178,3 +183,120 @@ def test_no_velocity_envs_hide_the_velocities():
     envs = make_vector_env(EnvConfig(id="zrl/CartPoleNoVel-v1", vectorization="sync"), 3)
     assert envs.single_observation_space.shape == (2,) and envs.num_envs == 3
     envs.close()
+
+
+# --- env ids that import a module (issue 27, observation 9) ------------------------------------
+
+PROBE = "zrl_env_id_probe"
+PROBE_ID = f"{PROBE}:ProbeCartPole-v0"
+
+
+@pytest.fixture
+def probe_module(tmp_path, monkeypatch):
+    """A module on sys.path that, once imported, writes the file it yields and registers
+    ProbeCartPole-v0 (gymnasium imports the module of an id ``module:Env-v0``)."""
+    marker = tmp_path / "imported"
+    (tmp_path / f"{PROBE}.py").write_text(
+        "import pathlib\nimport gymnasium\n"
+        f"pathlib.Path({str(marker)!r}).write_text('imported')\n"
+        "gymnasium.register('ProbeCartPole-v0', "
+        "entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    sys.modules.pop(PROBE, None)
+    gym.registry.pop("ProbeCartPole-v0", None)
+
+
+@contextlib.contextmanager
+def broker_naming(addr, env_id, ctx):
+    """A broker (unkeyed unless ``addr`` is inproc) whose config names ``env_id``, as a rogue
+    broker's would, in a thread stopped on exit."""
+    from zrl.broker import Broker
+    from zrl.config import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate({"name": "env-id-test", "env": {"id": env_id}})
+    broker = Broker(addr, cfg, ctx=ctx)
+    thread = threading.Thread(target=broker.run, name="test-broker", daemon=True)
+    thread.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        thread.join(5)
+
+
+def test_unkeyed_broker_naming_a_module_env_id_is_refused_unimported(
+    probe_module, zmq_ctx, broker_addr
+):
+    from zrl.roles.actor import Actor
+    from zrl.roles.errors import RoleError
+    from zrl.testing.probes import wait_for
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            actor.run()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+
+    with broker_naming(broker_addr, PROBE_ID, zmq_ctx):
+        actor = Actor(broker_addr, index=0, ctx=zmq_ctx, connect_timeout=10)
+        thread = threading.Thread(target=run, name="test-actor", daemon=True)
+        thread.start()
+        try:
+            # Refused at WELCOME; without the rule the actor's setup imports the probe.
+            wait_for(lambda: errors or probe_module.exists(), timeout=60)
+        finally:
+            actor.request_stop()
+            thread.join(10)
+            actor.close()
+    assert not probe_module.exists() and PROBE not in sys.modules  # never imported
+    assert len(errors) == 1 and isinstance(errors[0], RoleError)
+    message = str(errors[0])
+    assert "unauthenticated" in message and repr(PROBE_ID) in message and "--env-id" in message
+    assert actor.config.env.id == "CartPole-v1"  # the refused config was not taken
+
+
+def test_module_env_id_given_locally_or_by_an_authenticated_broker_is_made(
+    probe_module, zmq_ctx, broker_addr
+):
+    from zrl.roles.actor import Actor
+
+    # Given the same id on its command line (`zrl start actor --env-id`; zrl run passes it).
+    with broker_naming(broker_addr, PROBE_ID, zmq_ctx):
+        actor = Actor(broker_addr, index=0, ctx=zmq_ctx, connect_timeout=10, local_env_id=PROBE_ID)
+        try:
+            actor.connect()
+            assert not probe_module.exists()  # taken, not yet imported
+            envs = actor.make_envs(num_envs=1)
+            envs.close()
+        finally:
+            actor.close()
+    assert actor.config.env.id == PROBE_ID and probe_module.exists()
+    # An id without a module never needed one; an inproc broker is this process's own.
+    inproc = f"inproc://zrl-env-id-{os.getpid()}"
+    with broker_naming(inproc, PROBE_ID, zmq_ctx):
+        actor = Actor(inproc, index=0, ctx=zmq_ctx, connect_timeout=10)
+        try:
+            actor.connect()
+        finally:
+            actor.close()
+    assert actor.config.env.id == PROBE_ID
+
+
+def test_zrl_run_passes_a_module_env_id_to_its_roles():
+    from zrl.cli_start import role_options
+    from zrl.config import ExperimentConfig
+    from zrl.factories import Factories, env_id_module
+    from zrl.run.placement import role_trust_args
+
+    assert env_id_module(PROBE_ID) == PROBE and env_id_module("ALE/Pong-v5") is None
+    module_cfg = ExperimentConfig.model_validate({"env": {"id": PROBE_ID}})
+    assert f"--env-id={PROBE_ID}" in role_trust_args(module_cfg, Factories())
+    assert not any(
+        a.startswith("--env-id") for a in role_trust_args(ExperimentConfig(), Factories())
+    )
+    options = role_options(30.0, None, "client", None, None, None, PROBE_ID)
+    assert options["local_env_id"] == PROBE_ID

@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,23 @@ import pytest
 import zmq
 from typer.testing import CliRunner
 
+from zrl import __version__
 from zrl.broker.limits import info_fits
 from zrl.cli import app
 from zrl.cli_common import UserError
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.base import (
+    MAX_ROLE_INDEX,
+    PARENT_REPORT_ENV,
+    Role,
+    RoleError,
+    registry_request,
+    write_parent_report,
+)
+from zrl.run import host_agent
 from zrl.run.children import RestartPolicy
 from zrl.run.host_agent import (
     HostAgent,
+    HostChild,
     RoleSpec,
     default_log_dir,
     find_child_report,
@@ -34,6 +45,7 @@ from zrl.run.host_agent import (
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import kill_pids, status_rows, zrl_processes
 from zrl.transport import protocol as P
+from zrl.transport.sockets import make_socket
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
 CRASHING_ENV = "tests.test_host_agent:make_env_crashing_in_actors"
@@ -115,35 +127,62 @@ class FakeProc:
         self.code = -signal.SIGKILL
 
 
-def make_agent(tmp_path: Path, *tokens: str, budget: int = 2) -> HostAgent:
+class Launched:
+    """The agent's real ``spawn`` with ``launch`` replaced: each life a ``FakeProc`` (pids
+    from 1000 on), its command line and environment kept."""
+
+    def __init__(self) -> None:
+        self.pids = iter(range(1000, 2000))
+        self.argvs: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
+
+    def __call__(self, argv: list[str], log_path: Path, zygote: Any = None,
+                 env: dict[str, str] | None = None) -> FakeProc:  # fmt: skip
+        self.argvs.append(argv)
+        self.envs.append(dict(env or {}))
+        return FakeProc(next(self.pids))
+
+
+def make_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *tokens: str, budget: int = 2,
+    broker: str = "tcp://127.0.0.1:1", **options: Any,
+) -> tuple[HostAgent, Launched]:  # fmt: skip
     agent = HostAgent(
-        "tcp://127.0.0.1:1",
+        broker,
         parse_role_specs(list(tokens)),
         log_dir=tmp_path,
         role_args=[],
         restart=RestartPolicy((0.0,), budget),
+        **options,
     )
-    pids = iter(range(1000, 2000))
-
-    def spawn(child: Any) -> None:
-        child.proc = FakeProc(next(pids))
-
-    agent.spawn = spawn  # type: ignore[method-assign]
+    launched = Launched()
+    monkeypatch.setattr(host_agent, "launch", launched)
+    agent.open_reports()
     for child in agent.children:
-        spawn(child)
-    return agent
+        agent.spawn(child)
+    return agent, launched
 
 
-def test_agent_learns_ids_restarts_crashes_and_gives_up(tmp_path):
-    agent = make_agent(tmp_path, "actor=1", "replay=1@0", "params")
+def child_says(child: HostChild, rid: str, state: str, pid: int | None = None) -> None:
+    """What the child's ``Role`` writes to the file its agent named (PARENT_REPORT_ENV)."""
+    assert child.proc is not None and child.report_path is not None
+    write_parent_report(child.report_path, rid, child.proc.pid if pid is None else pid, state)
+
+
+def test_agent_learns_ids_from_its_children_restarts_crashes_and_gives_up(tmp_path, monkeypatch):
+    agent, launched = make_agent(tmp_path, monkeypatch, "actor=1", "replay=1@0", "params")
     actor, replay, params = agent.children
-    rows = [
-        {"id": "actor-7", "role": "actor", "host": agent.host, "pid": 1000, "state": "alive"},
-        {"id": "replay-0", "role": "replay", "host": agent.host, "pid": 1001, "state": "starting"},
-        # Same pid on another host: not ours.
-        {"id": "params-3", "role": "params", "host": "elsewhere", "pid": 1002, "state": "alive"},
+    # Each life is told where to report, in a directory of the agent's own.
+    assert (
+        agent.reports_dir is not None and oct(agent.reports_dir.stat().st_mode & 0o777) == "0o700"
+    )
+    assert [e[PARENT_REPORT_ENV] for e in launched.envs] == [
+        str(c.report_path) for c in agent.children
     ]
-    agent._learn_ids(rows)
+    child_says(actor, "actor-7", "running")
+    child_says(replay, "replay-0", "starting")
+    child_says(params, "params-3", "running", pid=4242)  # not the pid we started: not ours
+    agent.read_reports()
     assert (actor.name, actor.index, replay.name, params.name) == (
         "actor-7", 7, "replay-0", "params.0"
     )  # fmt: skip
@@ -156,6 +195,9 @@ def test_agent_learns_ids_restarts_crashes_and_gives_up(tmp_path):
     assert (actor.state, replay.state, params.state) == ("restarting", "ended", "running")
     agent._tend(2.0)  # the back-off is over: a new life, same id
     assert (actor.state, actor.restarts, actor.proc.pid) == ("running", 1, 1003)  # type: ignore[union-attr]
+    assert launched.argvs[-1][:5] == ["start", "actor", "--broker", "tcp://127.0.0.1:1", "--index"]
+    assert launched.argvs[-1][5] == "7"
+    assert not actor.report_path.exists()  # type: ignore[union-attr]  # the last life's report
     for life in range(2):
         actor.proc.code = 1  # type: ignore[union-attr]
         agent._tend(3.0 + life)
@@ -169,6 +211,114 @@ def test_agent_learns_ids_restarts_crashes_and_gives_up(tmp_path):
     params.proc.code = 0  # type: ignore[union-attr]
     agent._tend(10.0)
     assert not all(c.ended for c in agent.children)  # a given-up role is still reported
+    reports = agent.reports_dir
+    agent.teardown()
+    assert not reports.exists()
+
+
+@pytest.mark.parametrize(
+    "rid", ["actor-" + "9" * 50, "actor-07", "actor--1", "replay-0", "actor-x"]
+)
+def test_a_child_report_with_a_bad_id_teaches_the_agent_nothing(tmp_path, monkeypatch, rid):
+    agent, _ = make_agent(tmp_path, monkeypatch, "actor=1")
+    (actor,) = agent.children
+    child_says(actor, rid, "running")
+    agent.read_reports()
+    assert (actor.index, actor.running) == (None, False)
+    for junk in (b"{" * 100_000, b"[" * 100_000, b"\xff" * 10, b'{"id": "actor-1", "pid": 1000}'):
+        actor.report_path.write_bytes(junk)  # type: ignore[union-attr]
+        agent.read_reports()
+        assert (actor.index, actor.running) == (None, False)
+
+
+def test_a_role_index_is_bounded_so_a_role_never_dies_encoding_its_hello(zmq_ctx):
+    """Issue 27, observation 7: an index of 50 digits made the child crash encoding its own
+    HELLO. A role refuses it when made, naming it; every index it accepts encodes."""
+    for bad in (10**50, -1, MAX_ROLE_INDEX + 1):
+        with pytest.raises(RoleError, match=f"bad role index {bad}"):
+            Role("tcp://127.0.0.1:1", index=bad, ctx=zmq_ctx)
+    with pytest.raises(ValueError, match="role indices go from 0 to"):
+        parse_role_specs([f"actor=2@{MAX_ROLE_INDEX}"])
+    role = Role("tcp://127.0.0.1:1", index=MAX_ROLE_INDEX, ctx=zmq_ctx, connect_timeout=0.1)
+    role._open_registry()
+    try:
+        role._hello()  # encodes (the broker is not there: nothing is sent)
+    finally:
+        role.close()
+
+
+def forge_rows(ctx: zmq.Context, broker: str, host: str, pid: int, *ids: str) -> list[zmq.Socket]:
+    """Registry rows naming ``host`` and ``pid`` (a child of the agent) under ``ids``, as
+    anyone who reaches the broker can register them, kept alive by heartbeats."""
+    socks = []
+    for k, rid in enumerate(ids):
+        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=2000, sndtimeo_ms=2000)
+        sock.connect(broker)
+        hello = {"role": rid.split("-")[0], "id": rid, "index": None, "host": host, "pid": pid,
+                 "address": "127.0.0.1", "rpc": "", "instance": f"forged{k}",
+                 "zrl_version": __version__}  # fmt: skip
+        sock.send_multipart(P.encode(P.Message(P.HELLO, meta=hello)))
+        assert P.decode(sock.recv_multipart()).kind == P.WELCOME
+        socks.append(sock)
+    return socks
+
+
+def test_forged_status_rows_cannot_make_the_agent_give_up_its_role(zmq_ctx, tmp_path, monkeypatch):
+    """Issue 27, observation 7: a STATUS row with this host's name and the child's pid, under
+    another id (actor-7, or an index of 50 digits), made the agent restart its actor as that
+    id, which the forger held: every restart was refused until the role was given up. The
+    agent's real loop (step and tick, registered with a real broker) learns the id from its
+    child only, and the restarted child is actor-0 again."""
+    from zrl.broker import Broker
+    from zrl.config import ExperimentConfig
+
+    addr = f"inproc://zrl-test-host-agent-{os.getpid()}"
+    cfg = ExperimentConfig.model_validate(
+        {"name": "forged-rows", "broker": {"heartbeat_interval": 0.1, "heartbeat_timeout": 30}}
+    )
+    broker = Broker(addr, cfg, ctx=zmq_ctx)
+    thread = threading.Thread(target=broker.run, name="test-broker", daemon=True)
+    thread.start()
+    forgers: list[zmq.Socket] = []
+    agent, launched = make_agent(tmp_path, monkeypatch, "actor=1", broker=addr, ctx=zmq_ctx,
+                                 connect_timeout=10)  # fmt: skip
+    try:
+        agent.connect()
+        (actor,) = agent.children
+        assert actor.proc is not None
+        forgers = forge_rows(zmq_ctx, addr, agent.host, actor.proc.pid,
+                             "actor-7", "actor-" + "9" * 50)  # fmt: skip
+
+        def loop(until: Any) -> Any:
+            def once() -> Any:
+                agent.step()
+                agent.tick()
+                return until()
+
+            return wait_for(once, timeout=30)
+
+        # The forged rows are there for anyone who reads STATUS.
+        rows = registry_request(zmq_ctx, addr, P.Message(P.STATUS), 5.0).meta["roles"]
+        assert {"actor-7", "actor-" + "9" * 50} <= {r["id"] for r in rows}
+        for _ in range(5):  # the agent's own loop, while the child has not said anything
+            agent.step()
+            agent.tick()
+        assert actor.index is None
+        child_says(actor, "actor-0", "running")  # what the broker told the real child
+        loop(lambda: actor.came_up)
+        assert actor.name == "actor-0"
+        actor.proc.code = 1  # type: ignore[union-attr]  # one crash
+        loop(lambda: actor.restarts == 1 and actor.state == "running")
+        assert launched.argvs[-1][-2:] == ["--index", "0"]
+        child_says(actor, "actor-0", "running")
+        loop(lambda: actor.came_up)
+        assert (actor.name, actor.given_up, actor.restarts) == ("actor-0", False, 1)
+    finally:
+        for sock in forgers:
+            sock.close(linger=0)
+        agent.close()
+        broker.stop()
+        thread.join(10)
 
 
 def test_heartbeat_info_drops_tails_then_children_to_fit(tmp_path):

@@ -8,6 +8,7 @@ their command line), and the test checks that none is left afterwards.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,27 @@ def test_aggregator_versions_replay_and_eval():
     assert agg.row(4.0)["eval_return"] == 80.5
 
 
+def test_the_aggregator_keeps_figures_of_its_roster_only_and_a_bounded_set_of_tags():
+    from zrl.run.aggregator import MAX_TRAIN_TAGS
+
+    agg = Aggregator(roles=["actor-0", "learner-0"])
+    for k in range(1000):
+        agg.on_metrics(actor(100 + k, 3_000_000_000))  # ids the roster does not plan
+        agg.on_train(f"learner-{k + 1}", "learner", {"loss": 9.0})
+    assert set(agg.latest) == set() and agg.dropped == 2000 and agg.train_row() == {}
+    agg.on_metrics(actor(0, 500))
+    for k in range(10):  # new names every report: at most MAX_TRAIN_TAGS kept for learners
+        agg.on_train("learner-0", "learner", {f"tag_{k}_{j}": 1.0 for j in range(20)})
+        agg.train_row()
+    agg.on_train("learner-0", "learner", {"tag_0_0": 2.0, "new_name": 3.0})
+    assert agg.train_row() == {"learner/tag_0_0": 2.0}
+    assert (
+        len(agg._tags["learner"]) == MAX_TRAIN_TAGS
+        and agg.train_dropped == 200 - MAX_TRAIN_TAGS + 1
+    )
+    assert set(agg.latest) == {"actor-0"} and agg.row(1.0)["env_steps"] == 500
+
+
 # --- the stop rule on evaluations -----------------------------------------------------------
 
 
@@ -169,6 +192,9 @@ def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
     sup.monitor.status_rows = [
         {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
     ]
+    # The broker's answer to a STATUS about one role (the head confirms with it).
+    rows = sup.monitor.status_rows
+    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
     return sup
 
 
@@ -628,3 +654,169 @@ def test_a_scripts_relative_config_path_is_relative_to_the_script(tmp_path, monk
     # A path that exists from where the script is run keeps its meaning.
     (elsewhere / "local.yaml").write_text("name: local\n")
     assert zrl.Experiment("local.yaml").resolved_config().name == "local"
+
+
+# --- forged metrics (issue 27, observation 4) ---------------------------------------------------
+
+
+class ReportingActor(zrl.roles.base.Role):
+    """actor-0 of the run as the head hears it: its heartbeats (and metrics) say 500 steps."""
+
+    role = "actor"
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"env_steps": 500, "weights_version": 0}
+
+
+class StartedHere:
+    """The process the head started for params-0 (pid 4242): running until signalled."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.code = 0
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+def forge_registrations(ctx: zmq.Context, addr: str, ids: list[str], pid: int) -> list[zmq.Socket]:
+    """Registry entries under ``ids`` (one connection each), heartbeating a huge counter."""
+    from zrl.transport.sockets import make_socket
+
+    socks = []
+    for k, rid in enumerate(ids):
+        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=5000, sndtimeo_ms=1000)
+        sock.connect(addr)
+        hello = {"role": rid.rsplit("-", 1)[0], "id": rid, "index": None, "host": "forger",
+                 "pid": pid, "address": "127.0.0.1", "rpc": "", "instance": f"forged-{k}",
+                 "zrl_version": zrl.__version__}  # fmt: skip
+        sock.send_multipart(P.encode(P.Message(P.HELLO, meta=hello)))
+        assert P.decode(sock.recv_multipart()).kind == P.WELCOME
+        socks.append(sock)
+    return socks
+
+
+def heartbeat(socks: list[zmq.Socket], ids: list[str]) -> None:
+    info = {"env_steps": 3_000_000_000, "weights_version": 10**9, "updates": 10**9}
+    for sock, rid in zip(socks, ids, strict=True):
+        meta = {"id": rid, "state": "running", "stats": {}, "info": info}
+        sock.send_multipart(P.encode(P.Message(P.HEARTBEAT, meta=meta)), flags=zmq.NOBLOCK)
+
+
+def test_forged_metrics_neither_stop_the_run_nor_grow_the_head(tmp_path, monkeypatch):
+    """Issue 27, observation 4: a forged METRICS ``env_steps: 3e9`` stopped a run at its
+    ``stop.env_steps``, and new ids and tags grew the head (204 -> 794 MB), train_metrics.csv
+    and summary.json (52,919 roles). Replayed on a real head (its broker, its monitor loop on
+    the topic bus) with a real actor-0 heartbeating 500 env steps: thousands of forged METRICS
+    under new ids, under actor-0's id (3e9 env steps) and learner-0's (thousands of tags), and
+    forged registry entries (unplanned ids, and params-0 from a pid the head did not start).
+    The run counts the real 500 steps, does not stop on env_steps, and keeps state for its
+    roster's 6 roles only."""
+    from zrl.run.aggregator import MAX_TRAIN_TAGS, TRAIN_ROLES
+    from zrl.run.children import Child
+    from zrl.run.roster import MAX_UNPLANNED
+
+    cfg = ExperimentConfig.model_validate({
+        "name": "forged-metrics", "env": {"id": "CartPole-v1", "num_envs": 1},
+        "model": {"hidden": [8]}, "logging": {"backends": ["csv"]},
+        "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 1.0},
+        "stop": {"eval_return": None, "env_steps": 1000, "wall_time": 120},
+    })  # fmt: skip
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", inproc=True, show_status=False)
+    planned = set(sup.roster.planned)
+    assert planned == {"actor-0", "actor-1", "replay-0", "params-0", "learner-0", "evaluator-0"}
+    params = Child("params", 0, tmp_path / "params-0.log", proc=StartedHere())  # type: ignore[arg-type]
+    monkeypatch.setattr(sup.pool, "start_roles", lambda plan: sup.pool.children.append(params))
+    monkeypatch.setattr(sup.pool, "check", lambda registered, show: False)
+    ctx = zmq.Context.instance()
+    done: dict[str, Any] = {}
+    head = threading.Thread(target=lambda: done.update(summary=sup.run()), daemon=True)
+    head.start()
+    socks: list[zmq.Socket] = []
+    actor0 = None
+    try:
+        wait_for(lambda: (sup.run_dir / "broker_address").is_file(), timeout=60)
+        broker = sup.pool.inproc_broker
+        assert broker is not None
+        actor0 = ReportingActor(sup.broker_addr, index=0, ctx=ctx, connect_timeout=10)
+        threading.Thread(target=actor0.run, daemon=True).start()
+        unplanned = [f"actor-{100 + k}" for k in range(MAX_UNPLANNED + 8)]
+        socks = forge_registrations(ctx, sup.broker_addr, ["params-0", *unplanned], pid=999)
+        pub = make_socket_pub(ctx, broker.endpoints["topics_in"])
+        socks.append(pub)
+        seen_at: list[float] = []
+        k = 0
+
+        def flood() -> bool:
+            nonlocal k
+            heartbeat(socks[:-1], ["params-0", *unplanned])
+            for _ in range(200):
+                k += 1
+                for meta in (
+                    {"id": f"actor-{1000 + k}", "role": "actor", "env_steps": 3_000_000_000,
+                     "train": {f"t{k}_{j}": 1.0 for j in range(8)}},
+                    {"id": "actor-0", "role": "actor", "env_steps": 3_000_000_000},
+                    {"id": "learner-0", "role": "learner",
+                     "train": {f"tag_{k}_{j}": 1.0 for j in range(60)}},
+                    {"id": "evaluator-0", "role": "learner", "train": {"loss": 1.0}},
+                ):  # fmt: skip
+                    msg = P.Message(P.METRICS, meta=meta, sender=str(meta["id"]))
+                    pub.send_multipart([P.METRICS_TOPIC.encode(), *P.encode(msg)])
+            if not seen_at and sup.monitor.metrics_dropped > 2000 and sup.agg.train_dropped:
+                seen_at.append(time.monotonic())
+            # Past a progress row (the env_steps limit is checked on each, once a second)
+            # after the flood reached the head, with actor-0's real heartbeat counted.
+            counted = sup.agg.latest.get("actor-0", {}).get("env_steps")
+            return bool(seen_at) and time.monotonic() > seen_at[0] + 1.5 and counted == 500
+
+        wait_for(flood, timeout=60, interval=0.05)
+        assert not sup._stop.is_set(), sup.stop_reason  # the forged 3e9 steps stopped nothing
+        for sock in socks:  # the forgers leave (the head waits for roles elsewhere to end)
+            sock.close(linger=0)
+        sup._on_signal(signal.SIGINT, None)
+        head.join(60)
+        assert not head.is_alive()
+    finally:
+        if actor0 is not None:
+            actor0.request_stop()
+        for sock in socks:
+            sock.close(linger=0)
+        if head.is_alive():
+            sup._on_signal(signal.SIGINT, None)
+            head.join(60)
+    summary = done["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["env_steps"] == 500
+    # params-0's row was the forger's (pid 999, not the process the head started): not counted.
+    assert "params-0" not in sup.agg.latest and summary["weights_version"] is None
+    # The head keeps state for its roster only: 6 roles, not thousands.
+    assert set(sup.agg.latest) <= planned and sup.agg.dropped == 0
+    assert summary["metrics_dropped"] == sup.monitor.metrics_dropped > 2000
+    assert summary["train_figures_dropped"] == sup.agg.train_dropped > 0
+    tags = sum(len(t) for t in sup.agg._tags.values())
+    assert tags <= MAX_TRAIN_TAGS * len(TRAIN_ROLES) and sup.agg._tags.keys() == {"learner"}
+    took_part = summary["roles"]["took_part"]
+    assert len(took_part) <= len(planned) + MAX_UNPLANNED
+    assert summary["roles"]["unplanned_not_listed"] >= 8
+    assert (tmp_path / "run" / "summary.json").stat().st_size < 64 * 1024
+    with open(tmp_path / "run" / "train_metrics.csv", newline="") as f:
+        tags_written = {row["tag"] for row in csv.DictReader(f)}
+    assert 0 < len(tags_written) <= MAX_TRAIN_TAGS
+    assert all(tag.startswith("learner/") for tag in tags_written)
+
+
+def make_socket_pub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    from zrl.transport.sockets import make_socket
+
+    sock = make_socket(ctx, zmq.PUB, sndhwm=100_000)
+    sock.connect(endpoint)
+    return sock

@@ -81,30 +81,32 @@ def status(
     from rich.table import Table
 
     from zrl.display import league_line, make_console
-    from zrl.roles.base import RoleError, registry_request
-    from zrl.transport import protocol as P
+    from zrl.roles.registry_client import NoAnswer, read_status, refuses_handshake
 
+    ctx: zmq.Context = zmq.Context.instance()
+    client_keys = load_keys(keys, key_name)
     try:
-        reply = registry_request(
-            zmq.Context.instance(), broker, P.Message(P.STATUS), timeout,
-            load_keys(keys, key_name),
-        )  # fmt: skip
-    except RoleError as exc:
-        if keys is not None:
+        reply = read_status(ctx, broker, timeout, client_keys)
+    except NoAnswer as exc:
+        # CURVE gives a client without (the right) keys no answer at all, not a refusal:
+        # say so, but only when the broker is there and refused the handshake.
+        if not refuses_handshake(ctx, broker, min(timeout, 2.0), client_keys):
             raise
-        # CURVE gives a client without keys no answer at all, not a refusal: say so.
-        raise RoleError(
-            f"{exc}; a broker started with --keys does not answer clients without keys: "
-            "pass --keys DIR (the directory from `zrl keys init`)"
-        ) from None
-    roles: list[dict[str, Any]] = reply.meta.get("roles", [])
+        cure = (
+            "a broker started with --keys does not answer clients without keys: pass --keys "
+            "DIR (the directory from `zrl keys init`)"
+            if keys is None
+            else f"the broker refused the keys in {keys}: they are not the ones it allows"
+        )
+        raise NoAnswer(f"{exc}; {cure}") from None
+    roles: list[dict[str, Any]] = reply.get("roles", [])
     if logs is not None:
         _print_logs(roles, logs)
         return
     if as_json:
-        typer.echo(json.dumps(reply.meta, indent=2, default=str))
+        typer.echo(json.dumps(reply, indent=2, default=str))
         return
-    b = reply.meta.get("broker", {})
+    b = reply.get("broker", {})
     table = Table(
         title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
         f"(up {b.get('uptime', 0):.0f}s)"

@@ -11,6 +11,7 @@ from zrl.cli_common import BrokerOpt, KeyNameOpt, KeysOpt, LogOpt
 from zrl.cli_start import (
     CheckpointRootOpt,
     EnvFactoryOpt,
+    EnvIdOpt,
     ModelFactoryOpt,
     TimeoutOpt,
     role_options,
@@ -47,6 +48,7 @@ def host(
     checkpoint_root: CheckpointRootOpt = None,
     env_factory: EnvFactoryOpt = None,
     model_factory: ModelFactoryOpt = None,
+    env_id: EnvIdOpt = None,
     connect_timeout: TimeoutOpt = 60.0,
     log_level: LogOpt = "INFO",
     restart_backoff: Annotated[
@@ -76,12 +78,18 @@ def host(
             role_args += [option, str(value.resolve())]
     if keys is not None:
         role_args += ["--key-name", key_name]
-    for option, ref in (("--env-factory", env_factory), ("--model-factory", model_factory)):
+    refs = (
+        ("--env-factory", env_factory),
+        ("--model-factory", model_factory),
+        ("--env-id", env_id),
+    )
+    for option, ref in refs:
         if ref:
             role_args += [option, ref]
     role_args += ["--log-level", log_level]
-    options = role_options(connect_timeout, keys, key_name, checkpoint_root, env_factory,
-                           model_factory)  # fmt: skip
+    options = role_options(
+        connect_timeout, keys, key_name, checkpoint_root, env_factory, model_factory, env_id
+    )
     agent = HostAgent(
         broker,
         specs,

@@ -56,6 +56,14 @@ EnvFactoryOpt = Annotated[
         "without keys.",
     ),
 ]
+EnvIdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--env-id",
+        help="An env.id naming a module (package.module:Env-v0) this role may import when "
+        "the broker names it without keys.",
+    ),
+]
 ModelFactoryOpt = Annotated[
     str | None,
     typer.Option(
@@ -163,6 +171,7 @@ def role_options(
     checkpoint_root: Path | None,
     env_factory: str | None,
     model_factory: str | None,
+    env_id: str | None = None,
 ) -> dict[str, Any]:
     """The ``Role`` arguments a role process takes from its own command line."""
     return {
@@ -172,6 +181,7 @@ def role_options(
         "local_factories": {
             kind: ref for kind, ref in (("env", env_factory), ("model", model_factory)) if ref
         },
+        "local_env_id": env_id,
     }
 
 
@@ -201,12 +211,15 @@ def _start_role(
     checkpoint_root: Path | None = None,
     env_factory: str | None = None,
     model_factory: str | None = None,
+    env_id: str | None = None,
 ) -> None:
     from zrl.roles import role_class
     from zrl.runtime import setup_logging
 
     setup_logging(log_level)
-    options = role_options(timeout, keys, key_name, checkpoint_root, env_factory, model_factory)
+    options = role_options(
+        timeout, keys, key_name, checkpoint_root, env_factory, model_factory, env_id
+    )
     run_role(role_class(name)(broker, index=index, advertise=advertise, **options))
 
 
@@ -221,11 +234,12 @@ def _add_role_command(name: str, help_text: str) -> None:
         checkpoint_root: CheckpointRootOpt = None,
         env_factory: EnvFactoryOpt = None,
         model_factory: ModelFactoryOpt = None,
+        env_id: EnvIdOpt = None,
         log_level: LogOpt = "INFO",
     ) -> None:
         _start_role(
             name, broker, index, log_level, connect_timeout, advertise, keys, key_name,
-            checkpoint_root, env_factory, model_factory,
+            checkpoint_root, env_factory, model_factory, env_id,
         )  # fmt: skip
 
     command.__doc__ = help_text

@@ -12,11 +12,18 @@ sections only one algorithm reads are defined in its package
 validates them under their YAML keys beside its own fields, from the registry, so adding an
 algorithm adds nothing here; the algorithm reads its section with ``cfg.section(PPOConfig)``.
 The did-you-mean help for a config that does not validate is ``zrl.config_help``.
+
+A config is input like any other: YAML is read with ``BoundedLoader`` (no alias expansion
+bombs), every float is finite (``zrl.config_base``), ``name`` is one path component and every
+size has a ceiling (``zrl.config_sections``), and ``check_fits_machine`` measures the roles
+this host runs against its cores and memory before anything starts (``zrl.preflight``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails
+from yaml.composer import ComposerError
 
 from zrl.algos import algorithm_names, algorithm_sections, get_algorithm
 from zrl.config_base import Section
@@ -56,6 +64,22 @@ from zrl.config_sections import (
 from zrl.league.config import MAIN, LeagueConfig
 from zrl.multiagent.config import is_multiagent
 
+MAX_CONFIG_FILE_BYTES = 2**20
+"""A config file bigger than this is refused unread (the shipped ones are under 4 KB)."""
+MAX_CONFIG_VALUES = 100_000
+"""Values (scalars, lists, mappings) a YAML document may hold with its aliases expanded: a
+1 KB alias bomb, each anchor a list of ten aliases of the one before, expands to billions."""
+MAX_CONFIG_DEPTH = 64
+"""Lists and mappings nested deeper than this are refused."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.+ -]{0,98}[A-Za-z0-9_.+-])?")
+"""``name``: one path component (the run directory is ``runs/<name>-<time>-<pid>``)."""
+ROLES_PER_CORE = 8
+"""Role processes a host may run per core (``check_fits_machine``)."""
+ROLE_PROCESS_BYTES = 150 * 2**20
+"""Resident memory a role process needs at least (Python, numpy, torch, ZeroMQ)."""
+ENVS_PER_CORE = 1024
+"""Environments the actors of a host may step per core (``env.num_envs`` x its actors)."""
+
 ALGORITHM_SECTIONS_AFTER = "learner"
 """The algorithms' own sections stand after this one in a dumped config (``zrl config show``)."""
 
@@ -77,6 +101,9 @@ class ExperimentConfig(Section):
     the registered algorithms define beside them (``section``), under their own YAML keys."""
 
     name: str = "experiment"
+    """The experiment's name: one path component (letters, digits, ``_.+-`` and inner spaces;
+    not starting with a dot), as the run directory ``runs/<name>-<time>-<pid>`` is named
+    after it."""
     algo: str = "apex_dqn"
     """One of ``zrl.algos.ALGORITHMS`` (or an algorithm a script registered)."""
     seed: int = 0
@@ -146,6 +173,7 @@ class ExperimentConfig(Section):
         """The rules that span sections: each method raises ValueError if its rule is broken,
         in this order."""
         self._placement_fits()
+        self._roles_fit_registry()
         self._env_groups_divide()
         self._multiagent_fits()
         self._exploiters_fit()
@@ -157,6 +185,15 @@ class ExperimentConfig(Section):
             total = getattr(self.roles, key)
             if placed > total:
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
+
+    def _roles_fit_registry(self) -> None:
+        planned = {key: getattr(self.roles, key) for key in ROLE_COUNT_KEYS}
+        if sum(planned.values()) > self.broker.max_roles:
+            counts = ", ".join(f"roles.{k}: {n}" for k, n in planned.items() if n)
+            raise ValueError(
+                f"{sum(planned.values())} roles planned ({counts}) but the registry holds at "
+                f"most broker.max_roles: {self.broker.max_roles}"
+            )
 
     def _env_groups_divide(self) -> None:
         if self.env.num_envs % self.actor.env_groups:
@@ -244,6 +281,17 @@ class ExperimentConfig(Section):
         """How many actors act for ``policy`` (a PPO round is one rollout from each)."""
         return sum(self.actor_policy(i) == policy for i in range(max(1, self.roles.actors)))
 
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str) -> str:
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(
+                f"name {name!r} is not one path component: 1 to 100 letters, digits, '_.+-' "
+                "or inner spaces, not starting with '.' or '-' (the run directory is named "
+                "after it)"
+            )
+        return name
+
     @field_validator("algo")
     @classmethod
     def _known_algo(cls, algo: str) -> str:
@@ -322,6 +370,61 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that refuses, while it composes and before anything is built, a
+    document of more than ``MAX_CONFIG_VALUES`` values once its aliases are expanded (an alias
+    bomb: each value is counted with the size of what it expands to, so this costs one pass),
+    nested deeper than ``MAX_CONFIG_DEPTH``, or with an alias inside what it names."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded: dict[int, int] = {}  # id(node) -> values it expands to
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        alias = self.check_event(yaml.AliasEvent)
+        mark = self.peek_event().start_mark
+        self._depth += 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                raise ComposerError(
+                    problem=f"nested deeper than {MAX_CONFIG_DEPTH} levels", problem_mark=mark
+                )
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if node is None:
+            return None
+        if alias:
+            if id(node) not in self._expanded:
+                raise ComposerError(
+                    problem="an alias inside the value it names (a recursive value)",
+                    problem_mark=mark,
+                )
+            return node
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            size += sum(self._expanded[id(item)] for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            size += sum(self._expanded[id(k)] + self._expanded[id(v)] for k, v in node.value)
+        if size > MAX_CONFIG_VALUES:
+            raise ComposerError(
+                problem=f"expands to more than {MAX_CONFIG_VALUES} values (aliases repeat "
+                "what they name: an alias bomb?)",
+                problem_mark=mark,
+            )
+        self._expanded[id(node)] = size
+        return node
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML with ``BoundedLoader``; a yaml.YAMLError for anything it refuses."""
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], value parsed as YAML, so types survive)."""
     if "=" not in item:
@@ -331,7 +434,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not path:
         raise ConfigError(f"override {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"override {item!r}: value is not valid YAML ({_one_line(exc)})"
@@ -369,8 +472,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(
+            f"{p}: {size} bytes, more than a config may have ({MAX_CONFIG_FILE_BYTES})"
+        )
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {_one_line(exc)}") from None
     if not isinstance(data, dict):
@@ -379,6 +487,53 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         return config_from_dict(data, overrides)
     except ConfigError as err:
         raise ConfigError(f"{p}: {err}") from None
+
+
+def machine_size() -> tuple[int, int]:
+    """This host's cores (those this process may run on) and memory in bytes."""
+    import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1, int(psutil.virtual_memory().total)
+
+
+def check_fits_machine(
+    cfg: ExperimentConfig, cores: int | None = None, memory_bytes: int | None = None
+) -> None:
+    """ConfigError naming the key, its value and the bound unless the roles this host runs (the
+    config's roles less those ``hosts`` places elsewhere) fit its cores and memory (default:
+    ``machine_size()``): ``ROLES_PER_CORE`` role processes per core, each of at least
+    ``ROLE_PROCESS_BYTES``; ``ENVS_PER_CORE`` envs per core over its actors; its replay shards'
+    ``replay.capacity_bytes`` within its memory. Made where a config is started (``zrl run``,
+    ``zrl start broker``, ``zrl config check``), not by roles validating the broker's spec."""
+    if cores is None or memory_bytes is None:
+        measured = machine_size()
+        cores, memory_bytes = cores or measured[0], memory_bytes or measured[1]
+    local = {
+        key: getattr(cfg.roles, key) - sum(h.roles.get(key, 0) for h in cfg.hosts)
+        for key in ROLE_COUNT_KEYS
+    }
+    machine = f"this host's {cores} cores and {memory_bytes / 2**30:.1f} GiB"
+    processes = sum(local.values())
+    most = min(ROLES_PER_CORE * cores, memory_bytes // ROLE_PROCESS_BYTES)
+    if processes > most:
+        counts = ", ".join(f"roles.{k}: {n}" for k, n in local.items() if n)
+        raise ConfigError(
+            f"{processes} role processes on this host ({counts}) exceed {most}, what "
+            f"{machine} run ({ROLES_PER_CORE} per core, {ROLE_PROCESS_BYTES // 2**20} MiB each)"
+        )
+    envs = cfg.env.num_envs * local["actors"]
+    if envs > ENVS_PER_CORE * cores:
+        raise ConfigError(
+            f"env.num_envs: {cfg.env.num_envs} x {local['actors']} actors on this host = {envs} "
+            f"envs exceed {ENVS_PER_CORE * cores} ({ENVS_PER_CORE} per core of {machine})"
+        )
+    capacity_bytes = cfg.replay.capacity_bytes
+    if capacity_bytes is not None and capacity_bytes * local["replay"] > memory_bytes:
+        raise ConfigError(
+            f"replay.capacity_bytes: {capacity_bytes} x {local['replay']} replay shards on this "
+            f"host exceed the memory of {machine} ({memory_bytes} bytes)"
+        )
 
 
 def config_to_yaml(cfg: ExperimentConfig, all_sections: bool = True) -> str:
@@ -396,14 +551,18 @@ def config_to_yaml(cfg: ExperimentConfig, all_sections: bool = True) -> str:
 
 
 __all__ = [
+    "BoundedLoader",
     "ConfigError",
     "ExperimentConfig",
     "algo_sections",
     "apply_overrides",
+    "check_fits_machine",
     "config_from_dict",
     "config_schema",
     "config_to_yaml",
     "load_config",
+    "load_yaml",
+    "machine_size",
     "parse_override",
     "sections_used",
 ]

@@ -8,7 +8,7 @@ every section and the ``multiagent`` section, so the CLI stays fast.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,30 @@ from zrl.config_base import Section
 from zrl.multiagent.config import MultiAgentConfig
 
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
+
+# Ceilings of the sizes, whatever the machine: a config (or a forged spec) cannot make a role
+# allocate past them. ``zrl.config.check_fits_machine`` measures a config against the cores and
+# memory of the host that starts it.
+MAX_ROLES = 16_384
+"""Roles of an experiment (and registry entries, ``broker.max_roles``)."""
+MAX_NUM_ENVS = 16_384
+"""Environments one actor steps (``env.num_envs``)."""
+MAX_THREADS = 1024
+"""Threads of one role (torch, ale-py)."""
+MAX_LAYER_WIDTH = 65_536
+"""Units of one layer of the model (``model.hidden``, ``model.core_size``)."""
+MAX_LAYERS = 64
+"""Hidden layers of the model's MLP torso."""
+MAX_STEPS = 65_536
+"""Steps of one trajectory (``actor.trajectory_length``), n-step returns."""
+MAX_ITEMS = 2**32
+"""Items of one replay shard (``replay.capacity``, ``replay.min_size``)."""
+MAX_BATCH = 2**20
+"""Items of one sampled batch (``replay.batch_size``)."""
+MAX_QUEUE = 4096
+"""Messages a role queues or keeps in flight (``actor.max_in_flight``, ``replay.prefetch``)."""
+MAX_EPISODES = 100_000
+"""Episodes of one evaluation."""
 
 
 class AtariConfig(Section):
@@ -41,7 +65,7 @@ class AtariConfig(Section):
     """Sticky actions: the chance each frame repeats the previous action (0: NoFrameskip-v4's)."""
     max_episode_frames: int = Field(108_000, ge=1)
     """Emulator frames after which an episode is truncated (108000 = 30 minutes at 60 fps)."""
-    num_threads: int = Field(0, ge=0)
+    num_threads: int = Field(0, ge=0, le=MAX_THREADS)
     """Threads of ale-py's AtariVectorEnv (vectorization auto/native); 0: its default."""
 
 
@@ -49,7 +73,7 @@ class EnvConfig(Section):
     id: str = "CartPole-v1"
     """gymnasium environment id, or a PettingZoo env: ``pettingzoo/<name>`` (the classic
     games, ...) or ``mpe2/<name>`` (see ``multiagent``)."""
-    num_envs: int = Field(16, ge=1)
+    num_envs: int = Field(16, ge=1, le=MAX_NUM_ENVS)
     """Environments stepped together by one actor (one batched forward pass per step)."""
     vectorization: Literal["auto", "native", "sync", "async", "envpool"] = "auto"
     """auto: the env's native vectorized form where it has one, else sync (Atari: ale-py's
@@ -64,7 +88,9 @@ class EnvConfig(Section):
 
 
 class ModelConfig(Section):
-    hidden: list[int] = Field(default_factory=lambda: [64, 64])
+    hidden: list[Annotated[int, Field(le=MAX_LAYER_WIDTH)]] = Field(
+        default_factory=lambda: [64, 64], max_length=MAX_LAYERS
+    )
     """Hidden layer sizes of the MLP torso."""
     dueling: bool = True
     """Dueling value/advantage heads (Q-networks)."""
@@ -82,7 +108,7 @@ class ModelConfig(Section):
     """A recurrent core after the encoder (r2d2, and the recurrent actor-critic of ppo, impala
     and appo): its state is carried per env by the actors, sent with every sequence or unroll
     and replayed by the learners. r2d2 always has one (an lstm when this is none)."""
-    core_size: int = Field(128, ge=1)
+    core_size: int = Field(128, ge=1, le=MAX_LAYER_WIDTH)
     """Units of the LSTM/GRU core."""
 
 
@@ -130,7 +156,7 @@ class BrokerConfig(Section):
     at a slow subscriber loses nothing it needs."""
     topic_buffer_bytes: int = Field(2**20, ge=4096)
     """Kernel socket buffer (SO_SNDBUF/SO_RCVBUF) of the topic bus sockets."""
-    max_roles: int = Field(2048, ge=1)
+    max_roles: int = Field(2048, ge=1, le=MAX_ROLES)
     """Registry entries at most (live, dead and stopped); a HELLO beyond them is refused."""
     max_info_bytes: int = Field(8192, ge=256)
     """Largest heartbeat `info` (msgpack bytes) the registry stores; a bigger one is dropped
@@ -140,10 +166,10 @@ class BrokerConfig(Section):
 
 
 class RolesConfig(Section):
-    actors: int = Field(2, ge=0)
-    replay: int = Field(1, ge=0)
+    actors: int = Field(2, ge=0, le=MAX_ROLES)
+    replay: int = Field(1, ge=0, le=MAX_ROLES)
     params: int = Field(1, ge=0, le=1)
-    learners: int = Field(1, ge=0)
+    learners: int = Field(1, ge=0, le=MAX_ROLES)
     evaluator: int = Field(1, ge=0, le=1)
     league: int = Field(0, ge=0, le=1)
     """1: a league role picks the opponents of multi-agent games and snapshots the learning
@@ -174,26 +200,26 @@ class HostConfig(Section):
 
 
 class ActorConfig(Section):
-    trajectory_length: int = Field(32, ge=1)
+    trajectory_length: int = Field(32, ge=1, le=MAX_STEPS)
     """Steps per env in one pushed trajectory."""
     epsilon: float = Field(0.4, ge=0, le=1)
     """Ape-X base epsilon: slot i of N explores with epsilon ** (1 + alpha * i / (N - 1))."""
     epsilon_alpha: float = Field(7.0, ge=0)
     """Ape-X epsilon exponent spread."""
-    max_in_flight: int = Field(2, ge=1)
+    max_in_flight: int = Field(2, ge=1, le=MAX_QUEUE)
     """Trajectories sent but not yet acknowledged by a replay shard; bounds data staleness."""
     random_policy: bool = False
     """Uniform random actions without the model (impala, appo): measures the pipeline without
     inference (benchmarks/atari.py section c)."""
-    torch_threads: int = Field(1, ge=1)
-    env_groups: int = Field(1, ge=1)
+    torch_threads: int = Field(1, ge=1, le=MAX_THREADS)
+    env_groups: int = Field(1, ge=1, le=MAX_NUM_ENVS)
     """2: double-buffered sampling, the envs as two vector envs of env.num_envs / 2 each; the
     actor computes one group's actions while the other steps (Atari: ale-py's threads)."""
 
 
 class ReplayConfig(Section):
     table: Literal["uniform", "prioritized", "fifo"] = "prioritized"
-    capacity: int = Field(100_000, ge=1)
+    capacity: int = Field(100_000, ge=1, le=MAX_ITEMS)
     """Items per replay shard; the oldest is evicted first."""
     capacity_bytes: int | None = Field(None, ge=1)
     """Also cap a shard by memory: capacity = min(capacity, capacity_bytes / item size)."""
@@ -201,16 +227,16 @@ class ReplayConfig(Section):
     """Priority exponent (prioritized table)."""
     beta: float = Field(0.4, ge=0, le=1)
     """Importance-sampling exponent (prioritized table)."""
-    n_step: int = Field(3, ge=1)
+    n_step: int = Field(3, ge=1, le=MAX_STEPS)
     gamma: float = Field(0.99, ge=0, le=1)
-    batch_size: int = Field(64, ge=1)
-    min_size: int = Field(1000, ge=1)
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH)
+    min_size: int = Field(1000, ge=1, le=MAX_ITEMS)
     """Items a shard must hold before it samples."""
     samples_per_insert: float = Field(8.0, ge=0)
     """Target sampled items per inserted item (0 disables the ratio limit)."""
     samples_per_insert_tolerance: float = Field(4096.0, ge=0)
     """Error buffer of the ratio, in sampled items (Reverb's error_buffer)."""
-    prefetch: int = Field(4, ge=1)
+    prefetch: int = Field(4, ge=1, le=MAX_QUEUE)
     """Sampled batches queued ahead of the learners (send high-water mark)."""
 
 
@@ -225,7 +251,7 @@ class LearnerConfig(Section):
     huber_delta: float = Field(1.0, gt=0)
     publish_interval: int = Field(20, ge=1)
     """Updates between sending weights to the parameter server."""
-    torch_threads: int = Field(1, ge=1)
+    torch_threads: int = Field(1, ge=1, le=MAX_THREADS)
     """Threads torch may use in the learner (the actors have actor.torch_threads): keep the
     sum over a host's roles at most its cores, or they fight."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -239,7 +265,7 @@ class LearnerConfig(Section):
 class EvaluatorConfig(Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between evaluations (only when a new weights version exists)."""
-    episodes: int = Field(20, ge=1)
+    episodes: int = Field(20, ge=1, le=MAX_EPISODES)
 
 
 class CheckpointConfig(Section):
@@ -283,9 +309,9 @@ class StopConfig(Section):
     """window: the mean of the last `eval_window` evaluations reaches eval_return. fresh: an
     evaluation reaches it, then the evaluator at once plays `eval_episodes` new episodes with
     the same weights, and their mean reaches it too. One lucky evaluation stops neither."""
-    eval_window: int = Field(3, ge=1)
+    eval_window: int = Field(3, ge=1, le=MAX_EPISODES)
     """Evaluations averaged by confirm: window (1: any single evaluation stops the run)."""
-    eval_episodes: int = Field(100, ge=1)
+    eval_episodes: int = Field(100, ge=1, le=MAX_EPISODES)
     """Episodes of the confirming evaluation of confirm: fresh (on seeds no evaluation used)."""
     env_steps: int | None = Field(None, ge=1)
     wall_time: float | None = Field(600.0, gt=0)
@@ -300,6 +326,16 @@ class StopConfig(Section):
 
 __all__ = [
     "DEFAULT_STREAMS",
+    "MAX_BATCH",
+    "MAX_EPISODES",
+    "MAX_ITEMS",
+    "MAX_LAYERS",
+    "MAX_LAYER_WIDTH",
+    "MAX_NUM_ENVS",
+    "MAX_QUEUE",
+    "MAX_ROLES",
+    "MAX_STEPS",
+    "MAX_THREADS",
     "ROLE_COUNT_KEYS",
     "ActorConfig",
     "AtariConfig",

@@ -82,10 +82,14 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
         raise FileNotFoundError(
             f"{path} does not exist: was the run stopped before saving a model?"
         )
-    # Tensors, strings and dicts only (the config is JSON): nothing in model.pt runs code.
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
-    factories = Factories(**saved.get("factory_refs", {}))
+    try:
+        # Tensors, strings and dicts only (the config is JSON): nothing in model.pt runs code.
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
+        weights = {k: v.numpy() for k, v in saved["weights"].items()}
+        factories = Factories(**saved.get("factory_refs", {}))
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which one
+        raise ValueError(f"{path} is not a model zrl saved: {_first_line(exc)}") from None
     pickled = Path(run_dir) / FACTORIES_FILE
     if pickled.is_file():  # written by our own supervisor into the user's run directory
         factories = Factories.from_wire(factories.references, pickled.read_bytes())
@@ -94,9 +98,18 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
         cfg, probe.single_observation_space, probe.single_action_space, factories.model_fn()
     )
     probe.close()
-    load_arrays(model, {k: v.numpy() for k, v in saved["weights"].items()})
+    try:
+        load_arrays(model, weights)
+    except ValueError as exc:
+        raise ValueError(f"{path} does not fit its run's model: {_first_line(exc)}") from None
     model.eval()
     return model, cfg, factories
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: the first line of its message`` (torch's run on for pages)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 VIDEO_INSTALL = "pip install 'zrl[video]' (moviepy, which gymnasium's RecordVideo writes with)"

@@ -12,6 +12,11 @@ authenticated (``--keys``) or in its own process, or when the role was given the
 reference locally: ``zrl start ROLE --env-factory REF --model-factory REF``. ``zrl run``
 passes its script's references to the roles it starts (and prints them in the commands
 for other hosts); otherwise the role refuses to start with a ``RoleError`` saying this.
+
+An ``env.id`` of the form ``"package.module:Env-v0"`` is a reference too: gymnasium imports
+the module to register the env (``env_id_module``). The same rule holds for it: a role makes
+it only from an authenticated broker, or when it was given the same id locally: ``zrl start
+ROLE --env-id ID`` (``zrl run`` passes its config's).
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ from typing import Any
 import cloudpickle
 
 FACTORIES_FILE = "factories.pkl"  # pickled script factories in a run directory
+
+
+def env_id_module(env_id: str) -> str | None:
+    """The module gymnasium imports to make ``env_id`` (``"package.module:Env-v0"``: the module
+    registers the env), or None for an id it looks up in its registry without importing."""
+    module, sep, _ = env_id.partition(":")
+    return module if sep else None
 
 
 class FactoryError(ValueError):

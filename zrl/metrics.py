@@ -325,10 +325,16 @@ class MetricsWriter:
 
 
 def read_csv(path: Path) -> list[dict[str, float]]:
+    """The rows of a CSV zrl wrote (``progress.csv``, ``eval.csv``), every value a float;
+    ValueError naming the file and line of one that is not."""
     rows: list[dict[str, float]] = []
     with open(path, newline="") as f:
-        for raw in csv.DictReader(f):
-            rows.append({k: float(v) for k, v in raw.items() if v not in ("", None)})
+        reader = csv.DictReader(f)
+        for raw in reader:
+            try:
+                rows.append({k: float(v) for k, v in raw.items() if v not in ("", None)})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}, line {reader.line_num}: {exc}") from None
     return rows
 
 

@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 from zrl.algos import get_algorithm
-from zrl.config import ConfigError, ExperimentConfig
+from zrl.config import ConfigError, ExperimentConfig, check_fits_machine
 from zrl.factories import Factories, FactoryError
 
 
@@ -84,9 +84,11 @@ def _factory(factories: Factories, kind: str) -> Any:
 
 def check_env(cfg: ExperimentConfig, factories: Factories | None = None) -> tuple[Any, Any]:
     """Make one env of the experiment as the roles do (the user's env factory if there is
-    one), reset it and close it; return its (observation space, action space)."""
+    one), reset it and close it; return its (observation space, action space). First, the
+    roles this host runs must fit its cores and memory (``check_fits_machine``)."""
     from zrl.envs import make_vector_env
 
+    check_fits_machine(cfg)
     env_fn = _factory(factories or Factories(), "env")
     if env_fn is None:
         check_env_id(cfg.env.id)

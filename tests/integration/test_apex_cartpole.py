@@ -40,7 +40,7 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     # of its replay items among them.
     learner_tags = {"learner/loss", "learner/td_error", "learner/policy_lag",
                     "learner/policy_lag_max"}  # fmt: skip
-    # ... and the rest of what the README's table lists for Ape-X DQN, in TensorBoard.
+    # ... and the rest of what docs/running.md's table lists for Ape-X DQN, in TensorBoard.
     apex_tags = {"learner/grad_norm", "learner/update_ms", "learner/lr", "learner/td_error_max",
                  "learner/q_mean", "actor/episode_return", "actor/episode_length",
                  "actor/epsilon_min", "actor/epsilon_max", "eval/return_mean",

@@ -15,7 +15,7 @@ from zrl.testing.processes import run_zrl, tensorboard_tags
 # deterministic one (torque ~0) about -1200. Both configs reach -200 in ~20 s unloaded.
 BEATS_RANDOM = {"sac": -900.0, "apex_ddpg": -900.0}
 CONFIGS = {"sac": "pendulum_sac.yaml", "apex_ddpg": "pendulum_apex_ddpg.yaml"}
-# What the README's metrics table lists for each, beside every learner's and actor's figures.
+# What docs/running.md's metrics table lists for each, beside every learner's and actor's figures.
 TAGS = {
     "sac": {"learner/critic_loss", "learner/actor_loss", "learner/actor_grad_norm",
             "learner/alpha", "learner/alpha_loss", "learner/entropy", "actor/warming_up"},

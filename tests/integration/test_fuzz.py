@@ -214,7 +214,8 @@ def test_replay_survives_an_unhashable_dtype(inproc):
     experience = inproc.push("experience", sender="actor-0")
     inproc.wait_subscribed(acks)
     experience.sock.send_multipart(UNHASHABLE_DTYPE)
-    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
+    # Of the config's layout: num_envs 2, trajectory_length 4.
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(T=4)))
     got = collect(acks, until=1, timeout=3)
     assert inproc.error_of(replay) is None, repr(inproc.error_of(replay))
     assert [m.meta["seq"] for m in got] == [0]
@@ -689,7 +690,8 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
                     break
 
         # Sentinels: each receiver that answers has read everything sent before them.
-        sentinel_traj = fuzz.head("experience", P.TRAJECTORY, traj())
+        # Of the run's layout (env.num_envs=8, the config's 32 steps): the shard takes no other.
+        sentinel_traj = fuzz.head("experience", P.TRAJECTORY, trajectory(8, 32))
         send_all(pushes["experience"], [sentinel_traj], deadline)
         sentinel_batch = fuzz.head("batches", P.BATCH, batch_arrays(), {"shard": "fuzz-shard"})
         send_all(pushes["batches"], [sentinel_batch], deadline)

@@ -6,7 +6,7 @@ reaches: the greedy policy of weights v1 wins about half its games against rando
 game, and loses about 90% of its tic-tac-toe games against the scripted player.
 The issue's full bars (tic-tac-toe: >= 95% wins against random, <= 5% losses against scripted;
 connect four: >= 90% wins against random) are measured by benchmarks/league.py, with the wall
-times in the README."""
+times in docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -235,14 +235,14 @@ def test_lookup_and_status_through_registry_request(running, inproc_addr):
 # --- what a WELCOME may name (issue 12): checkpoint paths and factory references ---------------
 
 
-def welcome(checkpoint_dir: str | None = None, **factories: str) -> P.Message:
+def welcome(checkpoint_dir: str | None = None, rid: str = "fake-0", **factories: str) -> P.Message:
     """A WELCOME as the broker sends it (or as a forger would)."""
     spec = make_config().model_dump(mode="json")
     spec["checkpoint"]["dir"] = checkpoint_dir
     return P.Message(
         P.WELCOME,
         meta={
-            "id": "fake-0",
+            "id": rid,
             "spec": spec,
             "factories": factories,
             "endpoints": {},
@@ -330,3 +330,83 @@ def test_unauthenticated_broker_naming_os_abort_is_refused_end_to_end(running, b
     finally:
         r.close()
     assert r.factories.env is None  # never taken, never imported
+
+
+# --- a role's id names its files (issue 27, observation 5) ------------------------------------
+
+ESCAPING_IDS = ["/abs/x/pwn-replay", "replay-0/../../../x/pwn-replay", "replay-0/x", "replay-07",
+                "replay-" + "9" * 50, "actor-0", "replay-", "replay-0\x00", ""]  # fmt: skip
+
+
+def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading.Thread:
+    """A broker that answers the first HELLO with a WELCOME giving the id ``rid``."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(addr)
+
+    def answer() -> None:
+        try:
+            if sock.poll(10_000):
+                ident, *_ = sock.recv_multipart()
+                meta = {"id": rid, "spec": spec, "factories": {}, "endpoints": {},
+                        "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
+                        "max_message_bytes": 2**20}  # fmt: skip
+                sock.send_multipart([ident, *P.encode(P.Message(P.WELCOME, meta=meta))])
+        finally:
+            sock.close(linger=1000)
+
+    t = threading.Thread(target=answer, name="rogue-broker", daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("rid", ["/abs/x/pwn-replay", "replay-0/../../../x/pwn-replay"])
+def test_a_replay_shard_refuses_an_id_that_would_put_its_snapshot_outside_the_root(
+    zmq_ctx, tmp_path, rid
+):
+    """A rogue broker's WELCOME id made a shard write its snapshot outside the checkpoint root:
+    the real shard, run against such a broker, refuses the id and writes nothing anywhere."""
+    from zrl.roles.replay import ReplayServer
+
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True)
+    spec = make_config().model_dump(mode="json")
+    spec["checkpoint"].update(dir=str(root), replay=True, interval=0.01)
+    addr = f"inproc://zrl-rogue-broker-{os.getpid()}-{next(_names)}"
+    t = rogue_broker(zmq_ctx, addr, spec, rid.replace("/abs", str(tmp_path / "abs")))
+    shard = ReplayServer(addr, ctx=zmq_ctx, connect_timeout=10, checkpoint_root=root)
+    try:
+        with pytest.raises(RoleError, match="refusing it") as info:
+            shard.run()
+    finally:
+        shard.close()
+    t.join(10)
+    assert "replay-<n>" in str(info.value) and shard.id == ""
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("role_name", ["replay", "learner", "params"])
+def test_the_checkpoint_files_of_every_role_lie_under_its_root(zmq_ctx, tmp_path, role_name):
+    """What the learner, params and a replay shard read and write: ``checkpoint_file``, one
+    checked function (``checked_file``) for all three."""
+    from zrl.roles import role_class
+
+    root = tmp_path / "checkpoints"
+    r = role_class(role_name)(TCP, ctx=zmq_ctx, checkpoint_root=root)
+    suffix = ".snapshot" if role_name == "replay" else ".pt"
+    for rid in ESCAPING_IDS:
+        with pytest.raises(RoleError, match="refusing it"):
+            r._on_welcome(welcome(str(root), rid=rid.replace("replay", role_name)))
+    r._on_welcome(welcome(str(root), rid=f"{role_name}-3"))
+    assert (r.id, r.index) == (f"{role_name}-3", 3)
+    assert r.checkpoint_file(suffix) == root.resolve() / f"{role_name}-3{suffix}"
+    r.id = f"{role_name}-0/../../x"  # however a bad id came to be held: no file for it
+    with pytest.raises(RoleError, match="no checkpoint file"):
+        r.checkpoint_file(suffix)
+    # A link in the directory that leads out of the root: the final path is checked.
+    r.id = f"{role_name}-4"
+    root.mkdir(parents=True)
+    (root / f"{role_name}-4{suffix}").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RoleError, match="would leave"):
+        r.checkpoint_file(suffix)
+    with pytest.raises(RoleError, match="would leave"):
+        base.checked_file(root, "../x")

@@ -14,9 +14,11 @@ which stops every thread and closes every socket at teardown.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import pickle
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,9 @@ def make_config(tmp: Path | None = None, **sections: Any) -> ExperimentConfig:
     data: dict[str, Any] = {
         "name": "checkpoint-test",
         "seed": 3,
-        "env": {"id": "CartPole-v1", "num_envs": 1},
+        # The layout of ``trajectory()`` at a replay shard: 2 CartPole envs, 5 steps.
+        "env": {"id": "CartPole-v1", "num_envs": 2},
+        "actor": {"trajectory_length": 5},
         "model": {"hidden": [16]},
         "broker": FAST_BROKER,
         "replay": {
@@ -279,9 +283,12 @@ def test_replay_capacity_bytes(inproc, capacity, capacity_bytes, expected):
     )
     replay = inproc.start(ReplayServer, index=0)
     assert isinstance(replay, ReplayServer)
-    # The item size is known only at the first insert.
-    assert replay.table is None and replay.heartbeat_info()["capacity"] is None
-    assert replay.size == 0
+    # The item size follows from the env's spaces: the table is allocated at setup.
+    assert replay.table.capacity == expected and replay.heartbeat_info()["capacity"] == expected
+    schema = replay.table.schema
+    assert replay.size == 0 and sum(d.itemsize * np.prod(s) for d, s in schema.values()) == (
+        ITEM_BYTES - 16
+    )
     acks = inproc.sub(P.ack_topic("actor-0"))
     inproc.pull("batches")
     experience = inproc.push("experience", sender="actor-0")
@@ -752,7 +759,8 @@ def test_replay_snapshot_that_is_a_pickle_is_not_executed(inproc, tmp_path, capl
     assert isinstance(replay, ReplayServer)
     assert not marker.exists()
     assert replay.size == 0 and replay.trajectories == 0
-    assert not path.exists() and (ckpt / "replay-0.snapshot.refused").is_file()
+    (aside,) = ckpt.glob("replay-0.snapshot.refused-*")
+    assert not path.exists() and replay.heartbeat_info()["snapshot_refused"] == str(aside)
     assert "cannot restore" in caplog.text and "replay-0.snapshot" in caplog.text
     experience = inproc.push("experience", sender="actor-0")
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
@@ -795,6 +803,194 @@ def test_saved_model_loads_without_pickle_and_a_pickle_is_not_executed(tmp_path)
 
     marker = tmp_path / "pwned"
     torch.save({"weights": Exploit(marker), "config": "{}"}, tmp_path / "model.pt")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(ValueError, match="model.pt is not a model zrl saved: Unpickling"):
         load_policy(tmp_path)
     assert not marker.exists()
+
+
+# --- never overwrite what could not be read; bounded loading (issue 27) -------------------------
+
+
+def npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": descr, "fortran_order": False, "shape": shape}
+    )
+    return out.getvalue()
+
+
+def npz_with(path: Path, state: str, arrays: dict[str, tuple[bytes, int]]) -> None:
+    """An .npz of a ``__state__`` string and raw entries: name -> (npy header, data bytes of
+    zeros), compressed (a zip bomb when the zeros are many)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        buf = io.BytesIO()
+        np.save(buf, np.array(state))
+        zf.writestr("__state__.npy", buf.getvalue())
+        for name, (header, zeros) in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                f.write(header)
+                chunk = bytes(1 << 20)
+                for start in range(0, zeros, len(chunk)):
+                    f.write(chunk[: min(len(chunk), zeros - start)])
+
+
+def valid_snapshot_state(capacity: int = 60) -> dict[str, Any]:
+    from zrl.replay.rate_limiter import RateLimiter
+    from zrl.replay.tables import make_table
+
+    table = make_table("prioritized", capacity)
+    return {
+        "capacity": capacity,
+        "table": table.state_dict(),
+        "limiter": RateLimiter(50, 4.0, 64.0).state_dict(),
+        "rng": np.random.default_rng(0).bit_generator.state,
+        "trajectories": 0,
+    }
+
+
+ZEROS_MB = 128
+
+
+def write_hostile_snapshot(path: Path, kind: str) -> None:
+    if kind == "deep":  # JSON a hundred thousand lists deep: a RecursionError to parse
+        npz_with(path, "[" * 100_000 + "]" * 100_000, {})
+    elif kind == "zip bomb":  # 128 MB of zeros in a few hundred KB
+        n = ZEROS_MB << 20
+        npz_with(path, '{"table": {"__array__": "a0"}}', {"a0": (npy_header((n,), "|u1"), n)})
+    elif kind == "huge header":  # 8 bytes of data, a header that declares 8 TB
+        npz_with(path, '{"table": {"__array__": "a0"}}', {"a0": (npy_header((10**12,)), 8)})
+    elif kind == "capacity":  # a few bytes that ask for a table of a billion items
+        state = valid_snapshot_state()
+        state["capacity"] = state["table"]["capacity"] = 10**9
+        save_state(path, state)
+    elif kind == "frames":  # another layout: a frame table on a CartPole shard
+        from zrl.replay.frames import FrameTable
+
+        frames = FrameTable.for_budget("uniform", 20, None, (8, 8), 4, 5)
+        save_state(path, {**valid_snapshot_state(), "table": frames.state_dict()})
+    elif kind == "truncated":
+        save_state(path, valid_snapshot_state())
+        path.write_bytes(path.read_bytes()[:300])
+
+
+@pytest.mark.parametrize(
+    "kind", ["deep", "zip bomb", "huge header", "capacity", "frames", "truncated"]
+)
+def test_a_replay_snapshot_it_cannot_load_is_moved_aside_never_overwritten(inproc, tmp_path, kind):
+    """A hostile or damaged snapshot costs no more memory than the table the config allows,
+    is moved aside (not written over at teardown), the heartbeat names it, and the shard
+    starts empty and serves."""
+    import tracemalloc
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    path = ckpt / "replay-0.snapshot"
+    write_hostile_snapshot(path, kind)
+    original = path.read_bytes()
+    inproc.start_broker(make_config(ckpt))
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    tracemalloc.start()
+    try:
+        replay = inproc.start(ReplayServer, index=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(replay, ReplayServer) and inproc.error_of(replay) is None
+    assert peak < 16 << 20, f"loading the {kind} snapshot took {peak / 2**20:.0f} MB"
+    (aside,) = ckpt.glob("replay-0.snapshot.refused-*")
+    assert aside.read_bytes() == original and not path.exists()
+    assert replay.heartbeat_info()["snapshot_refused"] == str(aside)
+    assert replay.size == 0 and replay.trajectories == 0
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
+    assert len(collect(acks, until=1, timeout=10)) == 1
+    inproc.stop_role(replay)  # teardown snapshots the new table to the path, not the aside
+    assert aside.read_bytes() == original
+    assert load_state(path)["trajectories"] == 1
+    restored = inproc.start(ReplayServer, index=0)
+    assert isinstance(restored, ReplayServer) and restored.size == 10
+    assert "snapshot_refused" not in restored.heartbeat_info()
+
+
+def write_hostile_checkpoint(path: Path, kind: str) -> None:
+    if kind == "truncated":
+        torch.save({"updates": 3, "w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:700])
+    elif kind == "zip bomb":
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            with zf.open("learner-0/data.pkl", "w", force_zip64=True) as f:
+                for _ in range(ZEROS_MB):
+                    f.write(bytes(1 << 20))
+    elif kind == "not ours":  # loads without running code, but is no learner's checkpoint
+        torch.save({"updates": 3}, path)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "zip bomb", "not ours"])
+def test_a_learner_checkpoint_it_cannot_load_is_kept_and_refused_again(inproc, tmp_path, kind):
+    """The learner stops naming the file, saves nothing over it at teardown, and a restart
+    refuses it again: the run fails instead of training afresh from update 0."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    path = ckpt / "learner-0.pt"
+    write_hostile_checkpoint(path, kind)
+    original = path.read_bytes()
+    inproc.start_broker(learner_config(ckpt))
+    for _ in range(2):  # the first start, and the supervisor's restart
+        learner = Learner(inproc.addr, index=0, ctx=inproc.ctx, connect_timeout=10)
+        with pytest.raises(RoleError, match="learner-0.pt") as err:
+            learner.run()
+        assert "move it away" in str(err.value)
+        assert path.read_bytes() == original and learner.checkpoints == 0
+        assert list(ckpt.iterdir()) == [path]
+
+
+def test_a_truncated_model_and_a_bad_progress_row_name_their_file(tmp_path):
+    from zrl.evaluation import load_policy
+    from zrl.metrics import read_csv
+
+    model = tmp_path / "model.pt"
+    torch.save({"weights": {"w": torch.zeros(1000)}, "config": "{}"}, model)
+    model.write_bytes(model.read_bytes()[:600])
+    with pytest.raises(ValueError, match=f"{model} is not a model zrl saved"):
+        load_policy(tmp_path)
+    progress = tmp_path / "progress.csv"
+    progress.write_text("time,env_steps\n1.0,100\n2.0,lots\n")
+    with pytest.raises(ValueError, match=f"{progress}, line 3: could not convert"):
+        read_csv(progress)
+
+
+A3C = ["algo=a3c", "roles.replay=0", "roles.learners=0"]
+
+
+def test_an_a3c_parameter_server_keeps_a_checkpoint_it_cannot_load(inproc, tmp_path):
+    """A3C's params owns the model: the same rule as the learner's."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    path = ckpt / "params-0.pt"
+    write_hostile_checkpoint(path, "truncated")
+    original = path.read_bytes()
+    inproc.start_broker(config_from_dict(make_config(ckpt).model_dump(mode="json"), A3C))
+    params = ParameterServer(inproc.addr, index=0, ctx=inproc.ctx, connect_timeout=10)
+    with pytest.raises(RoleError, match="params-0.pt is not a checkpoint zrl can load"):
+        params.run()
+    assert path.read_bytes() == original and list(ckpt.iterdir()) == [path]
+
+
+def test_a_snapshot_taken_before_the_first_insert_restores_into_the_layout(inproc, tmp_path):
+    """A snapshot of an empty table written before tables were allocated at setup (no
+    columns): restored, its table takes the layout's columns and then real trajectories."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_state(ckpt / "replay-0.snapshot", valid_snapshot_state())
+    inproc.start_broker(make_config(ckpt))
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer) and replay.snapshot_refused is None
+    assert replay.table.capacity == 60 and set(replay.table.schema) == {
+        "obs", "action", "reward", "discount", "next_obs", "weights_version",
+    }  # fmt: skip
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
+    assert len(collect(acks, until=1, timeout=10)) == 1 and replay.size == 10

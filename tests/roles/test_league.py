@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from zrl.config import ExperimentConfig
+from zrl.roles.base import Role
 from zrl.roles.league import LeagueRole
 from zrl.roles.league_client import SELF, LeagueClient
 from zrl.roles.params import ParameterServer
-from zrl.testing.fakes import Rpc
+from zrl.testing.fakes import Rpc, model_weights
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
@@ -32,7 +33,8 @@ def make_config(tmp: Path, **league: Any) -> ExperimentConfig:
             "algo": "ppo",
             "seed": 5,
             "env": {"id": "pettingzoo/tictactoe_v3", "num_envs": 2},
-            "roles": {"actors": 0, "replay": 0, "learners": 0, "evaluator": 0, "league": 1},
+            # One planned learner (its weights reach params) and actor (its results count).
+            "roles": {"actors": 1, "replay": 0, "learners": 1, "evaluator": 0, "league": 1},
             "broker": FAST_BROKER,
             "league": {"snapshot_interval_s": 1e6, **league},
             "checkpoint": {"dir": str(tmp), "interval": 1e6},
@@ -50,12 +52,31 @@ def inproc(zmq_ctx: Any) -> Iterator[InProc]:
 
 
 def weights(value: float) -> dict[str, np.ndarray]:
-    return {"w": np.full((3, 2), value, np.float32), "b": np.arange(2, dtype=np.float32)}
+    """Weights in the layout of the config's model (tictactoe's PPO), every value ``value``."""
+    layout = model_weights(make_config(Path("unused")), 0)
+    return {k: np.full(a.shape, value, a.dtype) for k, a in layout.items()}
+
+
+W = "policy_head.weight"  # the parameter the tests compare
+
+
+class FakeActor(Role):
+    """A registered actor lending its context to a ``LeagueClient``, heartbeating its key."""
+
+    role = "actor"
+
+    def __init__(self, broker: str, ctx: Any, index: int = 0) -> None:
+        super().__init__(broker, index=index, ctx=ctx, connect_timeout=10)
+        self.client: LeagueClient | None = None
+        self.connect()
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return self.client.heartbeat_info() if self.client is not None else {}
 
 
 def publish(h: InProc, value: float) -> None:
     params = next(r for r, _, _ in h.roles if isinstance(r, ParameterServer))
-    rpc = Rpc(h.ctx, params.rpc_endpoint)
+    rpc = Rpc(h.ctx, params.rpc_endpoint, broker=h.addr)
     try:
         assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(value))).kind == P.ACK
     finally:
@@ -70,7 +91,7 @@ def force_snapshot(league: LeagueRole, name: str) -> None:
 
 
 def league_rpc(h: InProc, league: LeagueRole) -> Rpc:
-    return Rpc(h.ctx, league.rpc_endpoint, sender="actor-0")
+    return Rpc(h.ctx, league.rpc_endpoint, sender="actor-0", broker=h.addr, server="league")
 
 
 def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Path) -> None:
@@ -93,7 +114,7 @@ def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Pa
 
         served = rpc.request(P.Message(P.GET_SNAPSHOT, meta={"id": "main@1"}))
         assert served.kind == P.WEIGHTS and served.meta == {"id": "main@1", "version": 1}
-        np.testing.assert_array_equal(served.arrays["w"], weights(1.0)["w"])
+        np.testing.assert_array_equal(served.arrays[W], weights(1.0)[W])
         missing = rpc.request(P.Message(P.GET_SNAPSHOT, meta={"id": "main@99"}))
         assert missing.kind == P.NO_WEIGHTS
 
@@ -163,7 +184,7 @@ def test_checkpoint_resumes_payoff_elo_and_snapshots(inproc: InProc, tmp_path: P
     assert resumed.league.payoff.state_dict() == state["payoff"]
     assert resumed.league.elo.state_dict() == state["elo"]
     assert resumed.league.games == 4 and resumed.league.snapshots == ["main@1"]
-    np.testing.assert_array_equal(resumed.snapshots["main@1"]["w"], weights(3.0)["w"])
+    np.testing.assert_array_equal(resumed.snapshots["main@1"][W], weights(3.0)[W])
     assert resumed.versions == {"main@1": 1}
 
 
@@ -178,12 +199,13 @@ def test_client_chooses_reports_and_fetches_snapshots(inproc: InProc, tmp_path: 
     wait_for(lambda: league.weights.version == 1)
     force_snapshot(league, "main@1")
 
-    client = LeagueClient(league)  # any registered role can lend its context and lookups
+    actor = FakeActor(inproc.addr, inproc.ctx)
+    client = actor.client = LeagueClient(actor)
     try:
         names = [client.choose() for _ in range(200)]
         assert set(names) <= {SELF, "random", "main@1"} and {SELF, "random", "main@1"} <= set(names)
         assert client.fallbacks == 0
-        np.testing.assert_array_equal(client.weights("main@1")["w"], weights(4.0)["w"])
+        np.testing.assert_array_equal(client.weights("main@1")[W], weights(4.0)[W])
         for name in names[:50]:
             client.finished(name, 1)
         client._flush(force=True)
@@ -191,6 +213,7 @@ def test_client_chooses_reports_and_fetches_snapshots(inproc: InProc, tmp_path: 
         assert league.league.self_play_games == names[:50].count(SELF)
     finally:
         client.close()
+        actor.close()
 
 
 def test_client_plays_self_when_no_league_answers(inproc: InProc, tmp_path: Path) -> None:

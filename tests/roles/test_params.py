@@ -18,6 +18,7 @@ from zrl.roles.weights import (
     WeightsFollower,
     request_latest_weights,
 )
+from zrl.testing.fakes import config_model, model_weights
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
@@ -30,19 +31,16 @@ def config() -> ExperimentConfig:
     return ExperimentConfig.model_validate(
         {
             "name": "params-test",
+            # CartPole's model with one small layer: torso.0 (8, 4), advantage_head (2, 8).
+            "model": {"hidden": [8], "dueling": False},
             "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
         }
     )
 
 
 def weights(seed: int, **extra: np.ndarray) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "torso.0.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "torso.0.bias": rng.standard_normal(8).astype(np.float32),
-        "head.weight": rng.standard_normal((2, 8)).astype(np.float32),
-        **extra,
-    }
+    """Random values in the layout of ``config()``'s model, plus ``extra`` arrays."""
+    return {**model_weights(config(), seed), **extra}
 
 
 @pytest.fixture
@@ -110,7 +108,12 @@ def test_versions_acks_publishing_and_late_join(inproc, params, rpc, zmq_ctx):
     assert helped is not None and helped.meta["version"] == 3
     assert_same_arrays(helped.arrays, sent[2])
     assert params.served == 4  # every GET_WEIGHTS, answered or not
-    assert params.heartbeat_info() == {"weights_version": 3, "late_join_requests": 4}
+    assert params.heartbeat_info() == {
+        "weights_version": 3,
+        "late_join_requests": 4,
+        "weights_refused": 0,
+        "replies_dropped": 0,
+    }
 
 
 def test_bad_weights_are_dropped_and_version_unchanged(params, rpc):
@@ -119,7 +122,7 @@ def test_bad_weights_are_dropped_and_version_unchanged(params, rpc):
     dropped0 = params.stats.snapshot()["rpc"]["dropped"]
     bad = [
         P.Message(P.WEIGHTS, arrays=weights(2, extra=np.zeros(3, np.float32))),  # extra name
-        P.Message(P.WEIGHTS, arrays={k: v for k, v in weights(3).items() if k != "head.weight"}),
+        P.Message(P.WEIGHTS, arrays={k: v for k, v in weights(3).items() if "head" not in k}),
         P.Message(P.WEIGHTS, arrays={"other": np.zeros(3, np.float32)}),
         P.Message(P.WEIGHTS),  # no arrays at all
         P.Message(P.ACK, meta={"version": 99}),  # not a request params serves
@@ -147,13 +150,9 @@ def test_weights_with_other_shapes_are_dropped(params, rpc):
     assert params.version == 1
 
 
-class TinyModel(torch.nn.Module):
-    """Parameters named and shaped like ``weights()``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.torso = torch.nn.Sequential(torch.nn.Linear(4, 8))
-        self.head = torch.nn.Linear(8, 2, bias=False)
+def TinyModel() -> torch.nn.Module:  # noqa: N802 - a model class to its callers
+    """The model of ``config()``: parameters named and shaped like ``weights()``."""
+    return config_model(config())
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -239,7 +238,7 @@ def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
 
 def nan_weights(seed: int) -> dict[str, np.ndarray]:
     w = weights(seed)
-    w["head.weight"][0, 0] = np.nan
+    w["advantage_head.weight"][0, 0] = np.nan
     return w
 
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.roles.test_params import TinyModel, assert_same_arrays, model_arrays, weights
+from tests.roles.test_params import assert_same_arrays, model_arrays
 from zrl.config import ConfigError, ExperimentConfig, load_config
 from zrl.league.config import MAIN
 from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
 from zrl.roles.weights import WeightsFollower
+from zrl.testing.fakes import Rpc, config_model, model_weights
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import wait_for
 from zrl.transport import messages as M
@@ -113,6 +114,25 @@ def test_exploiters_refused_with_the_keys_named(tmp_path, override, words) -> No
 # --- the parameter server ------------------------------------------------------------------------
 
 
+def weights(seed: int) -> Any:
+    """Random weights in the layout of ``league_config()``'s model (tictactoe's PPO)."""
+    return model_weights(league_config(), seed)
+
+
+def TinyModel() -> torch.nn.Module:  # noqa: N802 - a model class to its callers
+    return config_model(league_config())
+
+
+@pytest.fixture
+def exploiter_rpc(zmq_ctx, params: ParameterServer) -> Iterator[Rpc]:
+    """The connection of learner 1, which trains the exploiter (``learner_policy(1)``)."""
+    r = Rpc(zmq_ctx, params.rpc_endpoint, sender="learner-1", broker=params.broker)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
 @pytest.fixture
 def inproc(zmq_ctx) -> Iterator[InProc]:
     h = InProc(zmq_ctx, "policies")
@@ -130,7 +150,7 @@ def params(inproc) -> ParameterServer:
     return ps
 
 
-def test_params_keeps_one_stream_per_policy(inproc, params, rpc) -> None:
+def test_params_keeps_one_stream_per_policy(inproc, params, rpc, exploiter_rpc) -> None:
     main_sub = inproc.sub(P.WEIGHTS_TOPIC)
     named_sub = inproc.sub(M.policy_topic(P.WEIGHTS_TOPIC, EXPLOITER))
     inproc.wait_subscribed(main_sub)
@@ -138,7 +158,7 @@ def test_params_keeps_one_stream_per_policy(inproc, params, rpc) -> None:
     named = {"policy": EXPLOITER}
     assert rpc.request(P.Message(P.GET_WEIGHTS, meta=named)).kind == P.NO_WEIGHTS
     for i in (1, 2):
-        ack = rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(10 + i)))
+        ack = exploiter_rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(10 + i)))
         assert ack.kind == P.ACK and ack.meta == {"version": i, "policy": EXPLOITER}
     ack = rpc.request(P.Message(P.WEIGHTS, arrays=weights(1)))
     assert ack.meta == {"version": 1}  # main counts its own versions
@@ -158,22 +178,34 @@ def test_params_keeps_one_stream_per_policy(inproc, params, rpc) -> None:
     dropped = params.stats.snapshot()["rpc"]["dropped"]
     rpc.send(P.Message(P.WEIGHTS, meta={"policy": "main_exploiter_9"}, arrays=weights(5)))
     rpc.send(P.Message(P.GET_WEIGHTS, meta={"policy": "Bad/Name"}))
-    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] == dropped + 2, timeout=5)
+    # Nor may a learner send another policy's weights (learner 0 trains main).
+    rpc.send(P.Message(P.WEIGHTS, meta=named, arrays=weights(6)))
+    wait_for(lambda: params.stats.snapshot()["rpc"]["dropped"] == dropped + 3, timeout=5)
     assert set(params.streams) == {"main", EXPLOITER}
+    assert params.streams[EXPLOITER].version == 2 and params.weights_refused == 1
 
 
-def test_reset_reaches_the_policys_learner_in_its_next_ack(params, rpc) -> None:
+def test_reset_reaches_the_policys_learner_in_its_next_ack(params, rpc, exploiter_rpc) -> None:
     named = {"policy": EXPLOITER}
-    assert "resets" not in rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(1))).meta
-    rpc.send(P.Message(P.RESET, meta={**named, "resets": 2}))
-    rpc.send(P.Message(P.RESET, meta={**named, "resets": 1}))  # late repeat: never goes back
-    wait_for(lambda: params.streams[EXPLOITER].resets == 2, timeout=5)
-    ack = rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(2)))
+    ack = exploiter_rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(1)))
+    assert "resets" not in ack.meta
+    league = Rpc(params.ctx, params.rpc_endpoint, sender="league-0", broker=params.broker)
+    try:
+        rpc.send(P.Message(P.RESET, meta={**named, "resets": 5}))  # a learner may not reset
+        league.send(P.Message(P.RESET, meta={**named, "resets": 2}))
+        league.send(P.Message(P.RESET, meta={**named, "resets": 1}))  # late repeat: not back
+        wait_for(lambda: params.streams[EXPLOITER].resets == 2, timeout=5)
+        wait_for(lambda: params.weights_refused == 1, timeout=5)
+    finally:
+        league.close()
+    ack = exploiter_rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(2)))
     assert ack.meta["resets"] == 2
     assert "resets" not in rpc.request(P.Message(P.WEIGHTS, arrays=weights(3))).meta  # main's
 
 
-def test_follower_of_a_named_policy_takes_only_its_stream(inproc, params, rpc) -> None:
+def test_follower_of_a_named_policy_takes_only_its_stream(
+    inproc, params, rpc, exploiter_rpc
+) -> None:
     role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
     try:
         role.connect()
@@ -182,7 +214,7 @@ def test_follower_of_a_named_policy_takes_only_its_stream(inproc, params, rpc) -
         topic = M.policy_topic(P.WEIGHTS_TOPIC, EXPLOITER)
         inproc.wait_for_subscriber(topic)
         rpc.request(P.Message(P.WEIGHTS, arrays=weights(1)))  # main's v1: not ours
-        rpc.request(P.Message(P.WEIGHTS, meta={"policy": EXPLOITER}, arrays=weights(7)))
+        exploiter_rpc.request(P.Message(P.WEIGHTS, meta={"policy": EXPLOITER}, arrays=weights(7)))
         wait_for(follower.update, timeout=5)
         assert follower.version == 1 and follower.meta["policy"] == EXPLOITER
         assert_same_arrays(model_arrays(model), weights(7))

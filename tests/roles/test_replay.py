@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from zrl.config import ExperimentConfig
+from zrl.config import ExperimentConfig, config_from_dict, load_config
 from zrl.replay.assemble import assemble_transitions
+from zrl.replay.frames import FrameTable
+from zrl.roles.actor import Actor
 from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer
 from zrl.testing.fakes import as_message, trajectory
 from zrl.testing.inproc import InProc, collect, collect_acking
@@ -33,6 +36,9 @@ def replay_config(**replay: Any) -> ExperimentConfig:
             "name": "replay-test",
             "seed": 3,
             "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            # The layout of ``trajectory()``: 2 CartPole envs, 5 steps.
+            "env": {"id": "CartPole-v1", "num_envs": 2},
+            "actor": {"trajectory_length": 5},
             "replay": {
                 "capacity": 500,
                 "min_size": 50,
@@ -487,3 +493,111 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
     assert [b.seq for b in collect(batches, until=2, timeout=5)] == [5, 6]
     assert replay.batch_ack_timeouts == 1
     assert inproc.alive(replay) and inproc.error_of(replay) is None
+
+
+# --- the layout is the config's, never a message's (issue 27) -------------------------------
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+FAST = ["broker.heartbeat_interval=0.2", "broker.heartbeat_timeout=10", "replay.min_size=100000"]
+
+
+@pytest.mark.parametrize(
+    ("config_file", "overrides"),
+    [
+        ("cartpole_apex_dqn.yaml", ["env.num_envs=4", "actor.env_groups=2"]),
+        ("cartpole_novel_r2d2.yaml", ["env.num_envs=2", "r2d2.sequence_length=8",
+                                      "r2d2.burn_in=2", "actor.trajectory_length=4"]),
+        ("cartpole_impala.yaml", ["env.num_envs=2", "model.core=gru", "model.core_size=8"]),
+        ("pendulum_sac.yaml", ["env.num_envs=2"]),
+        ("tictactoe_impala.yaml", ["env.num_envs=2", "roles.league=0"]),
+    ],
+    ids=["apex_dqn-env-groups", "r2d2", "impala-recurrent", "sac", "multiagent-impala"],
+)  # fmt: skip
+def test_real_actors_send_the_layout_the_shard_fixed_at_setup(inproc, config_file, overrides):
+    """Each algorithm's actor, as it runs: every trajectory fits the layout the shard derived
+    from the config and the env's spaces alone (nothing refused), and is stored."""
+    cfg = load_config(CONFIGS / config_file, [*overrides, *FAST])
+    inproc.start_broker(cfg)
+    replay = inproc.start(ReplayServer, index=0)
+    actor = inproc.start(Actor, index=0)
+    assert isinstance(replay, ReplayServer) and isinstance(actor, Actor)
+    wait_for(lambda: replay.trajectories >= 3 and replay.size > 0, timeout=60)
+    assert replay.layout_refused == 0
+    assert replay.stats.snapshot()["experience"]["dropped"] == 0
+    assert inproc.error_of(replay) is None and inproc.error_of(actor) is None
+
+
+def frames_trajectory(E: int = 2, T: int = 5, k: int = 2, hw: int = 84) -> dict[str, np.ndarray]:
+    """The observation [1, 2, 84, 84] attack: a frame_transitions TRAJECTORY (issue 27)."""
+    a = {k_: v for k_, v in trajectory(E, T).items() if k_ not in ("obs", "next_obs")}
+    a["frames"] = np.zeros((E, T + k, hw, hw), np.uint8)
+    return a
+
+
+def test_forged_layouts_are_dropped_counted_and_allocate_nothing(inproc):
+    """A CartPole shard: frames, other shapes, dtypes or action ranges are refused and counted,
+    the table keeps the config's layout and size, and real trajectories are still stored."""
+    inproc.start_broker(replay_config(min_size=10_000))
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    table = replay.table
+    allocated = table.nbytes
+    # 500 items of obs + next_obs (2 x 4 float32), action, reward, discount, weights version,
+    # and the sum tree: the bound the config sets, allocated at setup.
+    assert allocated == 500 * (2 * 16 + 8 + 4 + 4 + 8) + 2 * 512 * 8
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=0)))
+    forged = [
+        frames_trajectory(E=1, k=2),  # the attack: would have become an 84x84 frame table
+        frames_trajectory(E=2, k=4, hw=512),  # 4 MB, would have sized a table from it
+        trajectory(obs_dim=1000),  # another observation width
+        trajectory(E=3),  # more envs than the actor has
+        trajectory(T=6),  # another trajectory length
+        {**trajectory(), "obs": trajectory()["obs"].astype(np.uint8)},  # dtype
+        {**trajectory(), "action": np.full((2, 5), 7, np.int64)},  # CartPole has 2 actions
+    ]
+    for arrays in forged:
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=arrays))
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10)))
+    got = collect(acks, until=2, timeout=10)
+    assert [m.meta["seq"] for m in got] == [0, len(forged) + 1]
+    wait_for(lambda: replay.layout_refused == len(forged), timeout=5)
+    assert replay.stats.snapshot()["experience"]["dropped"] == len(forged)
+    assert replay.heartbeat_info()["layout_refused"] == len(forged)
+    assert replay.table is table and not isinstance(table, FrameTable)
+    assert table.size == 20 and replay.trajectories == 2 and table.nbytes == allocated
+    assert inproc.alive(replay) and inproc.error_of(replay) is None
+
+
+def test_a_frame_shard_refuses_other_frames_and_stays_its_size(inproc, tmp_path):
+    """An Atari-shaped shard (frame stacks of 4 x 84 x 84): forged 4096 x 4096 frames, or
+    stacks of another depth, are refused without allocating anything; its snapshot comes back
+    into a table of the same layout."""
+    pytest.importorskip("ale_py")
+    cfg = replay_config(min_size=10_000, capacity=1000)
+    cfg = config_from_dict(
+        cfg.model_dump(mode="json"),
+        ["env.id=ALE/Pong-v5", "env.num_envs=1", "actor.trajectory_length=4",
+         f"checkpoint.dir={tmp_path}", "checkpoint.interval=1e6"],
+    )  # fmt: skip
+    inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    table = replay.table
+    assert isinstance(table, FrameTable) and (table.frame_shape, table.stack) == ((84, 84), 4)
+    allocated = table.nbytes
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    for arrays in (frames_trajectory(E=1, T=4, k=2, hw=4096), frames_trajectory(E=1, T=4, k=2)):
+        assert experience.send(P.Message(P.TRAJECTORY, arrays=arrays))
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=frames_trajectory(E=1, T=4, k=4)))
+    assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [2]
+    assert replay.layout_refused == 2 and table.nbytes == allocated and table.size == 4
+    inproc.stop_role(replay)  # writes its snapshot
+    restored = inproc.start(ReplayServer, index=0)
+    assert isinstance(restored, ReplayServer) and isinstance(restored.table, FrameTable)
+    assert restored.table.size == 4 and restored.table.frame_inserts == table.frame_inserts
+    assert restored.table.nbytes == allocated and restored.snapshot_refused is None

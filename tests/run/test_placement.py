@@ -13,7 +13,7 @@ from zrl.config_sections import HostConfig
 from zrl.factories import Factories
 from zrl.run import placement as placement_module
 from zrl.run.placement import BrokerAccess, advertised_host, host_specs, remote_commands
-from zrl.run.roster import ANY_HOST, HERE, Roster
+from zrl.run.roster import ANY_HOST, HERE, MAX_UNPLANNED, Roster
 
 
 def two_host_config(**broker: object) -> ExperimentConfig:
@@ -105,6 +105,21 @@ def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
         "state": "exited -9", "restarts": 2, "placed": HERE,
     }  # fmt: skip
     assert summary["took_part"]["host-0"]["placed"] == "unplanned"
+
+
+def test_the_roster_keeps_its_plan_and_a_bounded_number_of_unplanned_ids():
+    """Anyone who reaches the broker can register under new ids (issue 27: 52,919 of them in
+    summary.json): the roster keeps every planned role and MAX_UNPLANNED others, and counts
+    the rest. A malformed restart count counts as none."""
+    roster = Roster.of([("learner", 0)], {}, wait_s=None)
+    for wave in range(20):
+        rows = [{"id": f"actor-{1000 * wave + k}", "role": "actor", "state": "alive",
+                 "restarts": "many"} for k in range(50)]  # fmt: skip
+        roster.update([*rows, {"id": "learner-0", "role": "learner", "state": "alive"}], 1.0)
+    summary = roster.summary({})
+    assert len(summary["took_part"]) == 1 + MAX_UNPLANNED and "learner-0" in summary["took_part"]
+    assert summary["unplanned_not_listed"] == 50 and summary["never_came"] == []
+    assert all(r["restarts"] == 0 for r in summary["took_part"].values())
 
 
 def test_the_roster_waits_for_ever_without_a_limit(tmp_path: Path):

@@ -125,3 +125,80 @@ def test_earlier_segments_tolerates_what_a_hand_edited_summary_holds():
     got = earlier_segments(odd, [{"time": 2.0, "env_steps": 9.0, "updates": 1.0}])
     assert got[:2] == [{"env_steps": 5}, {"env_steps": "many"}]
     assert got[2]["env_steps"] == 9 and got[2]["error"] == UNFINISHED_SEGMENT
+
+
+def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch):
+    """Issue 27, observation 12: config.yaml kept the absolute checkpoint.dir, so resuming a
+    copy of a run directory wrote into the original. Played as `zrl run --resume COPY` plays
+    it: the config read back from the copy (``load_resumable``), the run directory prepared,
+    the broker's command line (its config is COPY/config.yaml) and the roles' checkpoint root,
+    down to the learner's checkpoint file."""
+    import shutil
+
+    import zmq
+
+    from zrl.cli_common import load_resumable
+    from zrl.config import load_config
+    from zrl.roles.learner import Learner
+    from zrl.run import pool as pool_module
+    from zrl.run.children import Child
+    from zrl.run.placement import BrokerAccess, role_trust_args
+    from zrl.run.pool import ChildPool
+    from zrl.transport import protocol as P
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    segment(original, resume=False, wall_time=5.0, steps=[100])
+    assert "dir: checkpoints\n" in (original / "config.yaml").read_text()
+    (original / "checkpoints").mkdir()
+    (original / "checkpoints" / "learner-0.pt").write_bytes(b"the original's")
+    shutil.copytree(original, copy)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in original.rglob("*"))
+
+    cfg, factories = load_resumable(copy, None)
+    RunDir(copy, cfg, factories).prepare(Aggregator(), resume=True)
+    own = (copy / "checkpoints").resolve()
+    assert cfg.checkpoint.dir == str(own)
+    assert "dir: checkpoints\n" in (copy / "config.yaml").read_text()  # still relative
+    trust = role_trust_args(cfg, factories)
+    assert trust[trust.index("--checkpoint-root") + 1] == str(own)
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(pool_module, "launch", lambda argv, *a, **k: launched.append(argv))
+    ctx = zmq.Context.instance()
+    access = BrokerAccess.of(cfg, inproc=False, port=None, keys_dir=None, insecure=False,
+                             inproc_name="copy")  # fmt: skip
+    pool = ChildPool(cfg, factories, RunDir(copy, cfg, factories), access, ctx, inproc=False,
+                     log_level="INFO")  # fmt: skip
+    pool.spawn(Child("broker", None, copy / "logs" / "broker.log"))
+    (argv,) = launched
+    config_path = argv[argv.index("--config") + 1]
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    broker_cfg = load_config(config_path, overrides)  # what `zrl start broker` reads
+    assert config_path == str(copy / "config.yaml") and broker_cfg.checkpoint.dir == str(own)
+
+    learner = Learner("tcp://127.0.0.1:1", ctx=ctx, checkpoint_root=own)
+    welcome = P.Message(P.WELCOME, meta={
+        "id": "learner-0", "spec": broker_cfg.model_dump(mode="json"), "factories": {},
+        "endpoints": {}, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
+        "max_message_bytes": 2**20,
+    })  # fmt: skip
+    learner._on_welcome(welcome)
+    assert learner.checkpoint_path() == own / "learner-0.pt"
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in original.rglob("*")) == before
+
+
+def test_a_checkpoint_dir_of_the_users_stays_where_it_was(tmp_path: Path, monkeypatch):
+    """Only a run's own checkpoints move with it: a directory the config names outside the
+    run directory (relative to where `zrl run` started) is kept, resolved."""
+    monkeypatch.chdir(tmp_path)
+    cfg = ExperimentConfig.model_validate({"name": "x", "checkpoint": {"dir": "shared/ckpt"}})
+    RunDir(tmp_path / "run", cfg, Factories()).prepare(Aggregator(), resume=False)
+    shared = str((tmp_path / "shared" / "ckpt").resolve())
+    assert cfg.checkpoint.dir == shared
+    assert f"dir: {shared}\n" in (tmp_path / "run" / "config.yaml").read_text()
+    inside = ExperimentConfig.model_validate({"name": "x", "checkpoint": {"dir": "run/ck"}})
+    RunDir(tmp_path / "run", inside, Factories()).prepare(Aggregator(), resume=False)
+    assert "dir: ck\n" in (tmp_path / "run" / "config.yaml").read_text()
+    resumed = ExperimentConfig.model_validate({"name": "x", "checkpoint": {"dir": "ck"}})
+    RunDir(tmp_path / "run", resumed, Factories()).prepare(Aggregator(), resume=True)
+    assert resumed.checkpoint.dir == str((tmp_path / "run" / "ck").resolve())

@@ -247,7 +247,8 @@ def test_gaps_counted_through_channel(push_pull, zmq_ctx):
     finally:
         raw.close(linger=0)
     assert rx.stats.gaps == 5
-    assert rx.stats.last_seq == {"a": 2, "b": 3}
+    # a's restarted sequence is followed beside its first until it passes it.
+    assert rx.stats.last_seq == {"a": 5, "b": 3} and rx.stats.other_seq == {"a": 2}
 
 
 def test_note_seq():
@@ -266,7 +267,12 @@ def test_note_seq():
     assert s.gaps == 3
     s.note_seq("y", 12)
     assert s.gaps == 4
-    assert s.last_seq == {"x": 3, "y": 12}
+    assert s.last_seq == {"x": 5, "y": 12} and s.other_seq == {"x": 3}
+    s.note_seq("x", 6)  # the first sequence goes on: no gap, whatever the second did
+    assert s.gaps == 4
+    for seq in range(4, 8):  # the restarted one passes the first and replaces it
+        s.note_seq("x", seq)
+    assert s.gaps == 4 and s.last_seq["x"] == 7 and "x" not in s.other_seq
 
 
 def test_transport_stats_totals():

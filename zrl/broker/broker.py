@@ -52,6 +52,7 @@ from zrl.transport.endpoints import (
     is_private_dir,
 )
 from zrl.transport.security import Keys, stop_authenticator
+from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import Channel, TransportStats
 
 log = logging.getLogger("zrl.broker")
@@ -135,6 +136,7 @@ class Broker:
             welcome=self._welcome,
             broker_status=self._status,
             stop_token=stop_token,
+            planned=planned_ids(config.roles.model_dump()) if config is not None else frozenset(),
         )
         xsub, xpub, bulk = topic_sockets(
             self._devices,
@@ -268,6 +270,11 @@ class Broker:
             "registry": self.stats.snapshot(),
             "rejected": dict(self.rejected),
             "topic_dropped": self.topic_dropped,
+            "status_replies": {
+                "queued_bytes": self._registry.status_budget.queued,
+                "dropped": self._registry.status_budget.dropped,
+                "dropped_bytes": self._registry.status_budget.dropped_bytes,
+            },
             "limits": {
                 "max_roles": self.max_roles,
                 "max_info_bytes": self.max_info_bytes,

@@ -29,6 +29,22 @@ MAX_INFO_ITEMS = 256  # keys + values in a heartbeat's info, nested ones include
 MAX_PID = 2**32
 COUNTER_MAX = 2**63 - 1  # sums stay encodable (msgpack stops at 2**64 - 1)
 DROP_LOG_INTERVAL_S = 10.0
+# A STATUS reply is one page of rows of at most this many bytes: far under every client's
+# header cap (``protocol.MAX_HEADER_BYTES``), whatever the registry holds.
+STATUS_PAGE_BYTES = 512 * 2**10
+# In a listing (a STATUS without ``id``) a row carries at most this much of its role's info
+# and stream counters (the items that fit, and ``truncated``); a STATUS for one ``id``
+# carries its whole row.
+STATUS_ROW_INFO_BYTES = 4096
+STATUS_ROW_STREAMS_BYTES = 1024
+# Live registry entries one connection may hold: a role holds one (a role that retried
+# HELLO on a new socket holds its earlier entry on the old one).
+MAX_ENTRIES_PER_CONNECTION = 4
+# Replies to STATUS listings queued for peers (``transport.sockets.ReplyBudget``): per
+# peer, in total, and for how long a reply counts as unread.
+STATUS_REPLY_PEER_BYTES = 8 * 2**20
+STATUS_REPLY_TOTAL_BYTES = 64 * 2**20
+STATUS_REPLY_DRAIN_S = 2.0
 MAX_LOG_KEYS = 4096
 
 
@@ -72,6 +88,32 @@ def info_fits(info: dict[str, Any], max_bytes: int, within_bytes: int | None = N
         return len(msgpack.packb(info, use_bin_type=True)) <= max_bytes
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def brief(items: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    """``items`` if it packs into ``max_bytes``, else the smallest items that fit together
+    (whole ones, in their order) and ``truncated``: the packed size of the whole. What a
+    STATUS listing shows of a role's info, so that no role's size of info can make a listing
+    undecodable, and one big item does not hide the small figures beside it."""
+    try:
+        whole = len(msgpack.packb(items, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError):
+        return {"truncated": -1}
+    if whole <= max_bytes:
+        return items
+    sizes: dict[str, int] = {}
+    for key, value in items.items():
+        try:
+            sizes[key] = len(msgpack.packb({key: value}, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError):
+            continue
+    used, chosen = 32, set()
+    for key in sorted(sizes, key=sizes.__getitem__):
+        if used + sizes[key] > max_bytes:
+            break
+        chosen.add(key)
+        used += sizes[key]
+    return {"truncated": whole, **{k: v for k, v in items.items() if k in chosen}}
 
 
 def clean_stats(raw: Any, previous: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

@@ -3,14 +3,18 @@
 Socket: ROUTER ``registry`` (P, the broker's base address). Roles say HELLO and get WELCOME
 (their id, the experiment spec, the stream endpoints, the message size limits) or REFUSED
 (with a reason), then HEARTBEAT (answered with HEARTBEAT_ACK, or UNKNOWN_ROLE) and BYE;
-anyone may ask LOOKUP (a service's rpc endpoints) and STATUS (the role table).
+anyone may ask LOOKUP (a service's rpc endpoints) and STATUS (the role table, a page of at
+most ``STATUS_PAGE_BYTES`` at a time, or one role's whole row).
 
 The registry validates every message it reads (malformed ones are counted and dropped) and
 bounds what it stores (``zrl.broker.limits``): ``max_roles`` entries, ids and addresses of
 ``MAX_ID_CHARS``/``MAX_FIELD_CHARS``, ``max_info_bytes`` of heartbeat info; dead and stopped
-entries are forgotten after ``forget_after`` seconds. An entry belongs to the connection
-(ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id from another
-connection are dropped and counted. A role that misses its heartbeats for
+entries are forgotten after ``forget_after`` seconds. The run's planned roles (the config's
+``roles`` counts) always keep a slot, and one connection holds at most
+``MAX_ENTRIES_PER_CONNECTION`` live entries. STATUS listings queued for peers that do not
+read them are bounded per peer and in total (``ReplyBudget``). An entry belongs to the
+connection (ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id
+from another connection are dropped and counted. A role that misses its heartbeats for
 ``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead. A HELLO without
 an id or index from a role object (``instance``, in a process) that already holds a
 ``starting`` entry gets the same id again: a role that said HELLO on several sockets before
@@ -34,14 +38,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import zmq
 
 from zrl import __version__
 from zrl.broker.limits import (
+    MAX_ENTRIES_PER_CONNECTION,
     MAX_FIELD_CHARS,
     MAX_ID_CHARS,
     MAX_INFO_ITEMS,
     MAX_PID,
+    STATUS_PAGE_BYTES,
+    STATUS_REPLY_DRAIN_S,
+    STATUS_REPLY_PEER_BYTES,
+    STATUS_REPLY_TOTAL_BYTES,
     DropLog,
     clean_stats,
     for_log,
@@ -53,7 +63,7 @@ from zrl.broker.role_table import RoleEntry, RoleTable, may_replace
 from zrl.config_sections import BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, make_socket
+from zrl.transport.sockets import Channel, ReplyBudget, make_socket
 
 log = logging.getLogger("zrl.broker")
 
@@ -93,6 +103,7 @@ class Registry:
         welcome: Callable[[str], P.Message],
         broker_status: Callable[[], dict[str, Any]],
         stop_token: str | None = None,
+        planned: frozenset[str] = frozenset(),
     ) -> None:
         self.channel = channel
         self.stop_token = stop_token
@@ -102,7 +113,14 @@ class Registry:
         self.drops = drops
         self.welcome = welcome
         self.broker_status = broker_status
-        self.table = RoleTable(limits)
+        self.table = RoleTable(limits, planned)
+        self.status_budget = ReplyBudget(
+            per_peer_bytes=STATUS_REPLY_PEER_BYTES,
+            total_bytes=STATUS_REPLY_TOTAL_BYTES,
+            drain_s=STATUS_REPLY_DRAIN_S,
+        )
+        """Bytes of STATUS listings and LOOKUP replies queued for peers: a peer that asks
+        and never reads cannot grow the broker (``dropped``: replies not sent)."""
         self._header_bytes: int | None = None
         """The header size of the message being handled (it bounds its metadata's size)."""
 
@@ -183,12 +201,19 @@ class Registry:
                 f"connection and is {old.state}: ignored until it is dead or stopped"
             ))  # fmt: skip
             return
-        if (
-            old is None
-            and len(self.roles) >= self.limits.max_roles
-            and not self.table.forget_oldest_ended()
+        if (old is None or old.routing_id != ident) and (
+            self.table.held_by(ident) >= MAX_ENTRIES_PER_CONNECTION
         ):
-            reason = f"the registry is full: {len(self.roles)} roles (broker.max_roles)"
+            reason = f"one connection registers at most {MAX_ENTRIES_PER_CONNECTION} live roles"
+            self._reply(ident, P.REFUSED, reason=reason)
+            self._reject(msg.sender, "too many roles on one connection", reason)
+            return
+        if old is None and not self.table.has_room(rid):
+            reason = (
+                f"the registry is full: {len(self.roles)} roles (broker.max_roles "
+                f"{self.limits.max_roles}, of which the run's own roles keep "
+                f"{len(self.table.planned)})"
+            )
             self._reply(ident, P.REFUSED, reason=reason)
             self._reject(msg.sender, "registry full", reason)
             return
@@ -237,7 +262,7 @@ class Registry:
         info = msg.meta.get("info")
         if isinstance(info, dict):
             if info_fits(info, self.limits.max_info_bytes, self._header_bytes):
-                entry.info = info
+                entry.set_info(info)
             else:
                 # The heartbeat still counts: a role must not die of its own status.
                 self.drops.note(rid, "heartbeat info too large", (
@@ -263,8 +288,59 @@ class Registry:
         log.info("%s said bye", rid)
 
     def _on_status(self, ident: bytes, msg: P.Message) -> None:
+        """One page of the role table (meta ``after``: the ``[role, id]`` the last page ended
+        at; ``host``, ``role``: that host's or role's rows only), or one role's whole row
+        (meta ``id``). A page holds rows up to STATUS_PAGE_BYTES, their info cut to what a
+        listing shows; the reply says ``more`` when rows remain (ask again with ``after``:
+        ``last``). Listings count against ``status_budget``; one role's row does not."""
+        m = msg.meta
         broker = {**self.broker_status(), "stopped": self.stopped}
-        self._reply(ident, P.STATUS_REPLY, roles=self.table.status_rows(), broker=broker)
+        now = time.monotonic()
+        rid = m.get("id")
+        if rid is not None:
+            if not valid_name(rid):
+                raise P.ProtocolError(f"status id {for_log(rid)} is not a role id")
+            entry = self.roles.get(rid)
+            whole = [entry.row(now)] if entry is not None else []
+            self._reply(ident, P.STATUS_REPLY, roles=whole, broker=broker, more=False)
+            return
+        after, host, role = m.get("after"), m.get("host"), m.get("role")
+        if after is not None and not (
+            isinstance(after, list) and len(after) == 2 and all(valid_name(a) for a in after)
+        ):
+            raise P.ProtocolError(f"status after {for_log(str(after))} is not [role, id]")
+        if host is not None and not valid_text(host):
+            raise P.ProtocolError(f"status host {for_log(host)} is not a host name")
+        if role is not None and not valid_name(role):
+            raise P.ProtocolError(f"status role {for_log(role)} is not a role name")
+        rows: list[dict[str, Any]] = []
+        used = len(msgpack.packb(broker, use_bin_type=True, default=str)) + 256
+        more = False
+        for entry in self.table.listing(tuple(after) if after else None, host, role):
+            row = entry.row(now, whole=False)
+            size = len(msgpack.packb(row, use_bin_type=True, default=str))
+            if rows and used + size > STATUS_PAGE_BYTES:
+                more = True
+                break
+            rows.append(row)
+            used += size
+        last = [rows[-1]["role"], rows[-1]["id"]] if rows else None
+        reply = P.Message(
+            P.STATUS_REPLY,
+            meta={"roles": rows, "broker": broker, "more": more, "last": last},
+        )
+        over = self.status_budget.dropped
+        if self.channel.send(reply, to=ident, block=False, budget=self.status_budget):
+            return
+        if self.status_budget.dropped > over:
+            self.drops.note(msg.sender, "status reply over budget", (
+                f"{self.status_budget.queued} bytes of STATUS replies unread by peers; "
+                f"{self.status_budget.dropped} replies not sent"
+            ))  # fmt: skip
+        else:
+            self.drops.note(msg.sender, "status reply queue full", (
+                f"the peer has {REGISTRY_SNDHWM} replies unread"
+            ))  # fmt: skip
 
     def _on_stop_run(self, ident: bytes, msg: P.Message) -> None:
         P.require_meta(msg, {"token": str, "reason": str})
@@ -284,7 +360,12 @@ class Registry:
 
     def _on_lookup(self, ident: bytes, msg: P.Message) -> None:
         role = msg.meta.get("role")
-        self._reply(ident, P.LOOKUP_REPLY, role=role, services=self.table.services(role))
+        reply = P.Message(
+            P.LOOKUP_REPLY, meta={"role": role, "services": self.table.services(role)}
+        )
+        # As large as a listing when many entries name one role: the same budget.
+        if not self.channel.send(reply, to=ident, block=False, budget=self.status_budget):
+            self.drops.note(msg.sender, "lookup reply not sent", "over budget or queue full")
 
     def _handle(self, ident: bytes, msg: P.Message) -> None:
         handler = {

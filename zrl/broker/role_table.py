@@ -13,7 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from zrl.broker.limits import COUNTER_MAX, for_log
+from zrl.broker.limits import (
+    COUNTER_MAX,
+    STATUS_ROW_INFO_BYTES,
+    STATUS_ROW_STREAMS_BYTES,
+    brief,
+    for_log,
+)
 from zrl.config_sections import BrokerConfig
 from zrl.transport.sockets import STAT_COUNTERS
 
@@ -44,6 +50,13 @@ class RoleEntry:
     info: dict[str, Any] = field(default_factory=dict)
     totals: tuple[int, ...] = (0, 0, 0, 0)
     """``stats`` summed over streams, per STAT_COUNTERS (sent, received, dropped, gaps)."""
+    brief_info: dict[str, Any] = field(default_factory=dict)
+    """``info`` as a STATUS listing shows it (``limits.brief``, STATUS_ROW_INFO_BYTES)."""
+    brief_stats: dict[str, Any] = field(default_factory=dict)
+
+    def set_info(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.brief_info = brief(info, STATUS_ROW_INFO_BYTES)
 
     def set_stats(self, stats: dict[str, dict[str, int]]) -> None:
         # Summed once per heartbeat, not once per row of every STATUS (a STATUS of 1,000
@@ -54,8 +67,11 @@ class RoleEntry:
             for i, key in enumerate(STAT_COUNTERS):
                 totals[i] += counters.get(key, 0)
         self.totals = tuple(min(t, COUNTER_MAX) for t in totals)
+        self.brief_stats = brief(stats, STATUS_ROW_STREAMS_BYTES)
 
-    def row(self, now: float) -> dict[str, Any]:
+    def row(self, now: float, whole: bool = True) -> dict[str, Any]:
+        """The entry as STATUS shows it: ``whole``, or as a listing does (info and stream
+        counters cut to what fits: ``limits.brief``)."""
         sent, received, dropped, gaps = self.totals
         return {
             "id": self.id,
@@ -71,8 +87,8 @@ class RoleEntry:
             "msgs_out": sent,
             "dropped": dropped,
             "gaps": gaps,
-            "streams": self.stats,
-            "info": self.info,
+            "streams": self.stats if whole else self.brief_stats,
+            "info": self.info if whole else self.brief_info,
         }
 
 
@@ -88,10 +104,15 @@ def may_replace(old: RoleEntry, ident: bytes, m: dict[str, Any]) -> bool:
 
 class RoleTable:
     """The entries by id, within the ``broker`` section's limits (``max_roles``,
-    ``heartbeat_timeout``, ``setup_grace``, ``forget_after``)."""
+    ``heartbeat_timeout``, ``setup_grace``, ``forget_after``).
 
-    def __init__(self, limits: BrokerConfig) -> None:
+    ``planned``: the ids of the run's own roles (``<role>-<n>`` for n below the config's
+    ``roles`` counts). Each has a slot whatever else registered: other ids fill at most
+    ``max_roles`` less the planned ids not registered yet."""
+
+    def __init__(self, limits: BrokerConfig, planned: frozenset[str] = frozenset()) -> None:
         self.limits = limits
+        self.planned = planned
         self.entries: dict[str, RoleEntry] = {}
         self.counters: dict[str, int] = {}
         """The next number of each role name's automatic ids."""
@@ -124,6 +145,38 @@ class RoleTable:
                 return e
         return None
 
+    def has_room(self, rid: str) -> bool:
+        """Whether a new entry ``rid`` fits (forgetting the oldest ended entry, or for a
+        planned id the newest unplanned one, to make room)."""
+        if rid in self.planned:
+            if len(self.entries) < self.limits.max_roles or self.forget_oldest_ended():
+                return True
+            return self.evict_newest_unplanned()
+        reserved = sum(1 for p in self.planned if p not in self.entries)
+        while len(self.entries) + reserved >= self.limits.max_roles:
+            if not self.forget_oldest_ended():
+                return False
+        return True
+
+    def evict_newest_unplanned(self) -> bool:
+        """Forget the most recently registered entry that is not a planned role, to give
+        its slot to a planned one."""
+        unplanned = [e for e in self.entries.values() if e.id not in self.planned]
+        if not unplanned:
+            return False
+        newest = max(unplanned, key=lambda e: e.registered)
+        del self.entries[newest.id]
+        log.warning("forgot %s to make room for a planned role (registry full)", newest.id)
+        return True
+
+    def held_by(self, ident: bytes) -> int:
+        """Live (starting or alive) entries registered from the connection ``ident``."""
+        return sum(
+            1
+            for e in self.entries.values()
+            if e.routing_id == ident and e.state in ("starting", "alive")
+        )
+
     def forget_oldest_ended(self) -> bool:
         ended = [e for e in self.entries.values() if e.state in ("dead", "stopped")]
         if not ended:
@@ -136,6 +189,20 @@ class RoleTable:
     def status_rows(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [e.row(now) for e in sorted(self.entries.values(), key=lambda e: (e.role, e.id))]
+
+    def listing(
+        self, after: tuple[str, str] | None, host: str | None = None, role: str | None = None
+    ) -> list[RoleEntry]:
+        """The entries a STATUS listing pages through: in (role, id) order, past ``after``,
+        of ``host`` and of ``role`` only when given."""
+        chosen = (
+            e
+            for e in self.entries.values()
+            if (host is None or e.host == host)
+            and (role is None or e.role == role)
+            and (after is None or (e.role, e.id) > after)
+        )
+        return sorted(chosen, key=lambda e: (e.role, e.id))
 
     def services(self, role: Any) -> list[dict[str, Any]]:
         """The rpc endpoints of the live ``role`` roles (a LOOKUP's answer)."""

@@ -224,8 +224,7 @@ class FrameTable:
     @property
     def nbytes(self) -> int:
         """Bytes held: the frame ring, the item columns and (prioritized) the sum tree."""
-        tree = self.table._tree._tree.nbytes if isinstance(self.table, PrioritizedTable) else 0
-        return self._frames.nbytes + sum(c.nbytes for c in self.table._columns.values()) + tree
+        return self._frames.nbytes + self.table.nbytes
 
     def _first_key_reading(self, frame: int) -> int:
         """The oldest live key whose ``first_frame`` is >= ``frame`` (``inserts`` if none):

@@ -5,11 +5,18 @@ broker's WELCOME, so whatever a snapshot loader reads must not be able to run co
 ``np.load(allow_pickle=False)`` reads only raw arrays; the structure and the scalars
 travel as one JSON string (entry ``__state__``), with each array replaced by a
 reference ``{"__array__": "a<i>"}`` to its own entry.
+
+Loading reads nothing it has not bounded first: every entry's size from the zip directory and
+every array's shape from its ``.npy`` header (which must account for exactly the entry's
+bytes) before its data, within the caller's ``max_bytes``; a structure at most ``MAX_DEPTH``
+deep. A zip bomb, a header that declares terabytes, or JSON nested a million deep is a
+:class:`SnapshotError`, not a MemoryError or RecursionError.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +27,11 @@ from zrl.durable import atomic_write
 
 STATE_KEY = "__state__"
 ARRAY_REF = "__array__"
+MAX_DEPTH = 32
+"""Nesting of the saved structure at most (a replay snapshot's is 5 deep)."""
+MAX_STATE_BYTES = 1 << 22
+"""Size of the ``__state__`` entry (the structure and scalars as JSON, 4 bytes a character)."""
+READ_CHUNK_BYTES = 1 << 20
 
 
 class SnapshotError(ValueError):
@@ -74,22 +86,82 @@ def save_state(file: str | Path | IO[bytes], state: dict[str, Any]) -> None:
         np.savez(file, **entries)  # type: ignore[arg-type]
 
 
-def load_state(path: str | Path) -> dict[str, Any]:
+def _depth(tree: Any) -> int:
+    """How deep ``tree`` (dicts and lists from JSON) nests, without recursion."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return depth
+            todo.extend(
+                (v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)
+            )
+    return deepest
+
+
+def _read_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str | Path) -> np.ndarray:
+    """One ``.npy`` entry, its declared shape checked against the entry's size first."""
+    with zf.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise SnapshotError(f"{path}: entry {info.filename!r} is .npy version {version}")
+        if dtype.hasobject:
+            raise SnapshotError(f"{path}: entry {info.filename!r} holds objects (a pickle)")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes != info.file_size - f.tell():
+            raise SnapshotError(
+                f"{path}: entry {info.filename!r} declares {dtype} {shape} ({nbytes} bytes) "
+                f"in {info.file_size - f.tell()} bytes"
+            )
+        buffer, done = bytearray(nbytes), 0
+        while done < nbytes:
+            got = f.read(min(nbytes - done, READ_CHUNK_BYTES))
+            if not got:
+                raise SnapshotError(f"{path}: entry {info.filename!r} is cut short")
+            buffer[done : done + len(got)] = got
+            done += len(got)
+    return np.frombuffer(buffer, dtype).reshape(shape, order="F" if fortran_order else "C")
+
+
+def load_state(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
     """Read a file written by :func:`save_state`. Never unpickles: a pickle (or an object
-    array inside the archive) raises :class:`SnapshotError` naming the file."""
+    array inside the archive) raises :class:`SnapshotError` naming the file, as does a file
+    whose arrays hold more than ``max_bytes`` together (None: no bound), read from the zip
+    directory before any array is."""
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise SnapshotError(f"{path} is not a zrl snapshot (a bare array, not an archive)")
-        with loaded as npz:
-            if STATE_KEY not in npz.files:
+        with zipfile.ZipFile(path) as zf:
+            entries = {}
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise SnapshotError(f"{path}: unexpected entry {info.filename!r}")
+                entries[info.filename[: -len(".npy")]] = info
+            state_entry = entries.pop(STATE_KEY, None)
+            if state_entry is None:
                 raise SnapshotError(f"{path} is not a zrl snapshot (no {STATE_KEY} entry)")
-            arrays = {name: npz[name] for name in npz.files if name != STATE_KEY}
-            tree = json.loads(str(npz[STATE_KEY]))
+            if state_entry.file_size > MAX_STATE_BYTES:
+                raise SnapshotError(
+                    f"{path}: its {STATE_KEY} entry has {state_entry.file_size} bytes, more "
+                    f"than {MAX_STATE_BYTES}"
+                )
+            held = sum(info.file_size for info in zf.infolist()) - state_entry.file_size
+            if max_bytes is not None and held > max_bytes:
+                raise SnapshotError(
+                    f"{path} holds {held} bytes of arrays, more than the {max_bytes} this "
+                    "table can hold"
+                )
+            tree = json.loads(str(_read_array(zf, state_entry, path)))
+            if _depth(tree) > MAX_DEPTH:
+                raise SnapshotError(f"{path}: its state nests more than {MAX_DEPTH} deep")
+            arrays = {name: _read_array(zf, info, path) for name, info in entries.items()}
     except SnapshotError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        # np.load refuses a pickle with ValueError ("allow_pickle=False"): never unpickled.
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged file trips on: it is unreadable
         raise SnapshotError(f"{path} is not a readable zrl snapshot: {exc}") from None
     state = _unflatten(tree, arrays)
     if not isinstance(state, dict):

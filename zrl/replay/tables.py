@@ -76,6 +76,23 @@ class Table(ABC):
         """Field name -> (dtype, per-item shape), fixed by the first insert."""
         return {k: (v.dtype, v.shape[1:]) for k, v in self._columns.items()}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the item columns (allocated at the first insert, or by :meth:`allocate`)."""
+        return sum(c.nbytes for c in self._columns.values())
+
+    def allocate(self, example: dict[str, np.ndarray]) -> None:
+        """Fix the schema before any insert: one column per field of ``example`` (items shaped
+        ``[n, ...]``, as :meth:`insert` takes them), ``capacity`` rows each. Every later insert
+        must match it; a table that holds items keeps its columns."""
+        if self.size:
+            raise ValueError("allocate fixes the schema of an empty table only")
+        arrays, _ = self._validate_items(example)
+        self._columns = {
+            name: np.zeros((self.capacity, *arr.shape[1:]), dtype=arr.dtype)
+            for name, arr in arrays.items()
+        }
+
     def _validate_items(self, items: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         if not isinstance(items, dict) or not items:
             raise ValueError(f"items must be a non-empty dict of arrays, got {type(items)}")
@@ -347,6 +364,11 @@ class PrioritizedTable(Table):
             tree=self._tree.state_dict(),
         )
         return state
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the item columns and the sum tree."""
+        return super().nbytes + self._tree._tree.nbytes
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

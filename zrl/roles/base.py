@@ -8,8 +8,11 @@ Sockets a role owns through this class:
   :meth:`bind_rpc` (its own ROUTER that peers find with LOOKUP): ``zrl.roles.role_sockets``.
 - a throwaway DEALER -> broker ROUTER per :meth:`lookup` (``zrl.roles.registry_client``).
 
-What a WELCOME may tell a role (its checkpoint directory, its factories) is checked by
-``zrl.roles.trust``.
+What a WELCOME may tell a role (its checkpoint directory, its factories, a module env id)
+is checked by ``zrl.roles.trust``; its id only ever has the form ``<role>-<n>``
+(``index_of_id``), and every file a role names after it lies in ``checkpoint.dir`` under the
+checkpoint root (``checkpoint_file``). A role started by a host agent tells it its id and
+state in a file of the agent's (``PARENT_REPORT_ENV``).
 
 Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
 role whose loop hangs is (correctly) declared dead. When the broker stops
@@ -20,8 +23,10 @@ reconnect by themselves (ZeroMQ), so a broker restart needs nothing from the use
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -34,12 +39,18 @@ import zmq
 
 from zrl import __version__
 from zrl.config import ExperimentConfig
+from zrl.durable import atomic_write_text
 from zrl.factories import Factories
 from zrl.roles.errors import ExperimentStopped, RoleError
 from zrl.roles.registry_client import advertise_host_for, registry_request
 from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.train_stats import TrainStats
-from zrl.roles.trust import broker_authenticated, checked_checkpoint_dir, factories_from
+from zrl.roles.trust import (
+    broker_authenticated,
+    checked_checkpoint_dir,
+    checked_env_id,
+    factories_from,
+)
 from zrl.runtime import keep_freed_memory
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
@@ -50,6 +61,64 @@ RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
 METRICS_INTERVAL_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
+MAX_ROLE_INDEX = 999_999_999
+"""The largest role index: ids (``<role>-<n>``) name files and travel in every HELLO."""
+_ROLE_ID = re.compile(r"(?P<role>[a-z]+)-(?P<index>0|[1-9][0-9]{0,8})")
+
+
+def valid_index(value: Any) -> bool:
+    """Whether ``value`` is a role index: an int from 0 to ``MAX_ROLE_INDEX``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ROLE_INDEX
+
+
+def index_of_id(rid: Any, role: str) -> int | None:
+    """n when ``rid`` is ``<role>-<n>`` with n a role index (no sign, no leading zero, at most
+    ``MAX_ROLE_INDEX``), else None. Only such ids become file names (``checked_file``)."""
+    m = _ROLE_ID.fullmatch(rid) if isinstance(rid, str) else None
+    if m is None or m["role"] != role:
+        return None
+    return int(m["index"])
+
+
+PARENT_REPORT_ENV = "ZRL_ROLE_REPORT"
+"""The file, in a directory of the host agent that started this role, that the role writes
+its id and state to (``write_parent_report``): the agent learns them from its own child,
+never from the registry's rows, which anyone registered can forge."""
+MAX_PARENT_REPORT_BYTES = 4096
+
+
+def write_parent_report(path: str | Path, rid: str, pid: int, state: str) -> None:
+    """What a role tells the agent that started it: its id (``<role>-<n>``), pid and state."""
+    atomic_write_text(path, json.dumps({"id": rid, "pid": pid, "state": state}))
+
+
+def read_parent_report(path: Path, role: str, pid: int) -> tuple[int, str] | None:
+    """(index, state) from the report of the child ``pid`` of role ``role``, or None while
+    there is none (or it is not that child's, or malformed)."""
+    try:
+        with open(path, "rb") as f:
+            got = json.loads(f.read(MAX_PARENT_REPORT_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(got, dict) or got.get("pid") != pid:
+        return None
+    index, state = index_of_id(got.get("id"), role), got.get("state")
+    return (index, state) if index is not None and isinstance(state, str) else None
+
+
+def checked_file(directory: str | Path, name: str, root: Path | None = None) -> Path:
+    """``directory/name``, resolved (symlinks followed), if it lies directly in ``directory``
+    and under ``root``; otherwise RoleError naming it. Every file a role reads or writes under
+    ``checkpoint.dir`` is named so: the name comes from its id, which came from the broker."""
+    base = Path(directory).expanduser().resolve()
+    path = (base / name).resolve()
+    if Path(name).name != name or name in ("", ".", "..") or path.parent != base:
+        raise RoleError(f"refusing the checkpoint file name {name!r}: it would leave {base}")
+    if root is not None and not path.is_relative_to(root):
+        raise RoleError(
+            f"refusing the checkpoint file {path}: it is outside the checkpoint root {root}"
+        )
+    return path
 
 
 class Role(RoleSockets):
@@ -72,14 +141,20 @@ class Role(RoleSockets):
         keys: Keys | None = None,
         checkpoint_root: str | Path | None = None,
         local_factories: dict[str, str] | None = None,
+        local_env_id: str | None = None,
     ) -> None:
         self.broker = broker
         self.keys = keys
         # What this process was told locally (its command line), not by the broker: the
         # directory the broker's checkpoint.dir must lie under, and the factory references
-        # it may import over an unauthenticated channel. See zrl.roles.trust.
+        # and module env id it may import over an unauthenticated channel. See zrl.roles.trust.
         self.checkpoint_root = Path(checkpoint_root).resolve() if checkpoint_root else None
         self.local_factories = dict(local_factories or {})
+        self.local_env_id = local_env_id
+        if index is not None and not valid_index(index):
+            raise RoleError(
+                f"bad role index {index!r}: an index is a whole number from 0 to {MAX_ROLE_INDEX}"
+            )
         self.index = index
         self.ctx = ctx or zmq.Context.instance()
         self.host = socket.gethostname()
@@ -112,6 +187,7 @@ class Role(RoleSockets):
         self.train_stats = TrainStats()  # running means of training figures, flushed per report
         self.registrations = 0
         self._process = psutil.Process()
+        self._parent_report = os.environ.get(PARENT_REPORT_ENV) or None
 
     # --- registration -----------------------------------------------------------------
 
@@ -125,20 +201,24 @@ class Role(RoleSockets):
 
     def _hello(self) -> None:
         assert self._registry is not None
+        # plain_meta, and an index checked when the role was made: a role never dies
+        # encoding its own HELLO.
         self._registry.send(
             P.Message(
                 P.HELLO,
-                meta={
-                    "role": self.role,
-                    "id": self.id or None,
-                    "index": self.index,
-                    "host": self.host,
-                    "pid": os.getpid(),
-                    "address": self.advertise,
-                    "rpc": self.rpc_endpoint,
-                    "instance": self.instance,
-                    "zrl_version": __version__,
-                },
+                meta=P.plain_meta(
+                    {
+                        "role": self.role,
+                        "id": self.id or None,
+                        "index": self.index,
+                        "host": self.host,
+                        "pid": os.getpid(),
+                        "address": self.advertise,
+                        "rpc": self.rpc_endpoint,
+                        "instance": self.instance,
+                        "zrl_version": __version__,
+                    }
+                ),
             ),
             block=False,
         )
@@ -164,10 +244,18 @@ class Role(RoleSockets):
     def _on_welcome(self, msg: P.Message) -> None:
         m = msg.meta
         first = not self.endpoints
-        self.id = str(m["id"])
-        if self.index is None and self.id.rsplit("-", 1)[-1].isdigit():
+        # The id names this role's checkpoint files: only ``<role>-<n>`` (a forged WELCOME
+        # could say "/abs/x" or "learner-0/../../x").
+        number = index_of_id(m.get("id"), self.role)
+        if number is None:
+            raise RoleError(
+                f"the broker gave this {self.role} the id {ascii(m.get('id'))[:100]}: refusing "
+                f"it (a {self.role}'s id is {self.role}-<n>, n from 0 to {MAX_ROLE_INDEX})"
+            )
+        self.id = f"{self.role}-{number}"
+        if self.index is None:
             # Started without --index: the broker's numbering keeps seeds and exploration distinct.
-            self.index = int(self.id.rsplit("-", 1)[-1])
+            self.index = number
         if self._registry is not None:
             self._registry.sender = self.id
         spec = m.get("spec")
@@ -175,6 +263,11 @@ class Role(RoleSockets):
             config = ExperimentConfig.model_validate(spec)
             config.checkpoint.dir = checked_checkpoint_dir(
                 config.checkpoint.dir, self.checkpoint_root, self.broker
+            )
+            checked_env_id(
+                config.env.id,
+                authenticated=self.broker_authenticated,
+                local_env_id=self.local_env_id,
             )
             self.config = config
         self.factories = factories_from(
@@ -192,6 +285,7 @@ class Role(RoleSockets):
         self._last_ack = time.monotonic()
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self.registrations += 1
+        self.report_to_parent()
         if first:
             self.log.info(
                 "registered as %s with broker %s (streams over %s)",
@@ -200,6 +294,26 @@ class Role(RoleSockets):
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
             self.on_reregistered()
+
+    def checkpoint_file(self, suffix: str) -> Path | None:
+        """``<checkpoint.dir>/<id><suffix>`` (see ``checked_file``), or None without a
+        ``checkpoint.dir``: the learner's and params' ``.pt``, a replay shard's ``.snapshot``."""
+        d = self.config.checkpoint.dir
+        if not d:
+            return None
+        if index_of_id(self.id, self.role) is None:
+            raise RoleError(f"no checkpoint file for the id {ascii(self.id)[:100]}")
+        return checked_file(d, f"{self.id}{suffix}", self.checkpoint_root)
+
+    def report_to_parent(self) -> None:
+        """Tell the host agent that started this role (``PARENT_REPORT_ENV``) our id and
+        state; nothing when no agent asked. A report that cannot be written is logged."""
+        if self._parent_report is None:
+            return
+        try:
+            write_parent_report(self._parent_report, self.id, os.getpid(), self.state)
+        except OSError as exc:
+            self.log.warning("cannot tell the host agent our id (%s): %s", self._parent_report, exc)
 
     @property
     def broker_authenticated(self) -> bool:
@@ -415,6 +529,7 @@ class Role(RoleSockets):
         try:
             self.setup()
             self.state = "running"
+            self.report_to_parent()
             self._last_ack = time.monotonic()  # a long setup is not a silent broker
             while not self.stop_event.is_set():
                 self.step()

@@ -1,7 +1,10 @@
 """``LeagueClient``: an actor's line to the league role (``zrl.roles.league``).
 
 Socket: one DEALER to the league's rpc ROUTER (found with LOOKUP "league", looked up again
-when it goes quiet). MATCH asks for the opponents of the next ``MATCH_BATCH`` episodes before
+when it goes quiet), under a random routing id whose digest the actor's heartbeat shows
+(``rpc_keys``, ``zrl.roles.rpc_identity``): the league takes RESULTS only from a connection a
+planned actor's registry entry vouches for. A heartbeat showing a new key is acknowledged
+before the connection is used. MATCH asks for the opponents of the next ``MATCH_BATCH`` episodes before
 the queue runs dry, so an episode start rarely waits; RESULTS carries the outcomes of finished
 episodes, at least every ``RESULTS_INTERVAL_S``; GET_SNAPSHOT fetches a snapshot's weights the
 first time an opponent names it (they never change, so they are kept).
@@ -28,6 +31,7 @@ import zmq
 
 from zrl.multiagent.config import FIXED_PLAYERS
 from zrl.roles.base import Role, RoleError
+from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -62,6 +66,7 @@ class LeagueClient:
         self.missing: set[str] = set()
         self.fallbacks = 0
         self.games = 0
+        self.rpc_keys = ClientKeys()  # our league connection's routing id, shown in heartbeats
 
     # --- the socket ---------------------------------------------------------------------
 
@@ -84,8 +89,9 @@ class LeagueClient:
             return None
         # The role's own socket and channel: its keys and message limits, closed with it.
         sock = self.role._sock(zmq.DEALER, rcvtimeo_ms=100)
-        sock.connect(endpoints[0])
+        connect_with_key(sock, endpoints[0], self.rpc_keys.renew("league"))
         self.channel = self.role._channel(sock, "league")
+        heartbeat_now(self.role)  # the league asks the registry who holds this connection
         return self.channel
 
     def _reconnect(self) -> None:
@@ -212,4 +218,8 @@ class LeagueClient:
             self.channel = None
 
     def heartbeat_info(self) -> dict[str, Any]:
-        return {"league_games": self.games, "league_fallbacks": self.fallbacks}
+        return {
+            "league_games": self.games,
+            "league_fallbacks": self.fallbacks,
+            **self.rpc_keys.info(),
+        }

@@ -15,7 +15,10 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
   open more sockets through the learner (DD-PPO's ``allreduce/`` topic).
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates (or when the update says so), answered with
-  ACK {version, resets}.
+  ACK {version, resets}. The DEALER connects under a random routing id whose digest the
+  learner's heartbeat shows (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS
+  only from a connection a live learner entry vouches for. A heartbeat with a new key goes
+  out before the first WEIGHTS on that connection.
 
 Learner i trains the learning policy ``config.learner_policy(i)`` (the default one unless a
 league has exploiters): its WEIGHTS name that policy and its rollouts come from that policy's
@@ -49,6 +52,7 @@ from zrl.durable import atomic_write
 from zrl.encoders import use_channels_last
 from zrl.models import model_to_arrays
 from zrl.roles.base import Role, RoleError
+from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
 from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
 from zrl.runtime import limit_torch_threads
@@ -58,6 +62,9 @@ from zrl.transport.sockets import Channel
 
 PARAMS_LOOKUP_INTERVAL_S = 1.0
 PARAMS_ACK_TIMEOUT_S = 3.0
+# Unacked this long, the weights go again on the same connection (params may have asked the
+# registry about it just before our key showed); unacked PARAMS_ACK_TIMEOUT_S: reconnect.
+PARAMS_RESEND_S = 1.0
 MAX_NON_FINITE_IN_A_ROW = 10
 MAX_READS_PER_STEP = 256  # rollouts read before training: bounded, so a flood cannot starve us
 
@@ -72,11 +79,15 @@ class Learner(Role):
         self.params_endpoint = ""
         self._next_lookup = 0.0
         self._unacked_since: float | None = None
+        self._resent = False
         self.updates = 0
         self.samples_trained = 0  # distinct env steps trained on, since this process started
         self.weights_version = 0
         self.last_loss = float("nan")
         self.resumed_from: int | None = None
+        # While a checkpoint at the path is not loaded (it could not be): it is kept for the
+        # user, never saved over.
+        self.checkpoint_unread = False
         self.params_acked = False
         self.diverged = False
         self.non_finite_in_a_row = 0
@@ -91,6 +102,9 @@ class Learner(Role):
         self.policy = M.DEFAULT_POLICY
         self.resets = 0  # the league's resets of our policy applied so far
         self.initial_state: dict[str, Any] = {}
+        self.rpc_keys = ClientKeys()  # our params connection's routing id, shown in heartbeats
+        self.weights_sent = 0
+        self.weights_acked = 0
 
     def setup(self) -> None:
         cfg = self.config
@@ -170,9 +184,11 @@ class Learner(Role):
             self.log.info("no parameter server registered yet")
             return False
         sock = self._sock(zmq.DEALER, sndhwm=4, sndtimeo_ms=0)
-        sock.connect(services[0]["rpc"])
+        connect_with_key(sock, services[0]["rpc"], self.rpc_keys.renew("params"))
         self.params_endpoint = services[0]["rpc"]
         self.params = self._channel(sock, "params-rpc")
+        # params asks the registry who holds this connection: show the new key first.
+        heartbeat_now(self)
         return True
 
     def send_weights(self) -> None:
@@ -191,8 +207,10 @@ class Learner(Role):
             },
             arrays=model_to_arrays(self.online),
         )
-        if self.params.send(msg, block=False) and self._unacked_since is None:
-            self._unacked_since = time.monotonic()
+        if self.params.send(msg, block=False):
+            self.weights_sent += 1
+            if self._unacked_since is None:
+                self._unacked_since = time.monotonic()
 
     def read_acks(self) -> None:
         if self.params is None:
@@ -204,7 +222,9 @@ class Learner(Role):
             if got[1].kind == P.ACK and isinstance(got[1].meta.get("version"), int):
                 self.weights_version = got[1].meta["version"]
                 self._unacked_since = None
+                self._resent = False
                 self.params_acked = True
+                self.weights_acked += 1
                 try:
                     resets = M.reset_count(got[1].meta)
                 except P.ProtocolError as exc:
@@ -212,10 +232,13 @@ class Learner(Role):
                     continue
                 if resets > self.resets:
                     self.reset(resets)
-        if (
-            self._unacked_since is not None
-            and time.monotonic() - self._unacked_since > PARAMS_ACK_TIMEOUT_S
-        ):
+        unacked_s = (
+            time.monotonic() - self._unacked_since if self._unacked_since is not None else 0.0
+        )
+        if PARAMS_RESEND_S < unacked_s <= PARAMS_ACK_TIMEOUT_S and not self._resent:
+            self._resent = True
+            self.send_weights()
+        if unacked_s > PARAMS_ACK_TIMEOUT_S:
             # The parameter server restarted elsewhere or died: find it again.
             self.log.warning(
                 "parameter server %s stopped answering; looking it up again", self.params_endpoint
@@ -224,6 +247,7 @@ class Learner(Role):
             self._channels.remove(self.params)
             self.params = None
             self._unacked_since = None
+            self._resent = False
 
     def reset(self, resets: int) -> None:
         """The league reset our player: back to the update's weights and optimizer before its
@@ -298,11 +322,10 @@ class Learner(Role):
     # --- checkpoints ------------------------------------------------------------------
 
     def checkpoint_path(self) -> Path | None:
-        d = self.config.checkpoint.dir
-        return Path(d) / f"{self.id}.pt" if d else None
+        return self.checkpoint_file(".pt")
 
     def save_checkpoint(self) -> None:
-        if self.checkpoint is None:
+        if self.checkpoint is None or self.checkpoint_unread:
             return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         state = {
@@ -320,15 +343,26 @@ class Learner(Role):
         self.checkpoints += 1
 
     def load_checkpoint(self) -> None:
+        """Resume from ``self.checkpoint`` if there is one. One that cannot be loaded stops
+        the role (RoleError naming it; a restart refuses it again, so the run fails rather
+        than train afresh) and stays as it is: nothing is saved over it."""
         if self.checkpoint is None or not self.checkpoint.is_file():
             return
+        self.checkpoint_unread = True
         state = load_checkpoint_file(self.checkpoint)
-        self.update.load_state_dict(state)
-        self.updates = int(state["updates"])
-        self.weights_version = int(state["weights_version"])
-        self.resets = int(state.get("resets", 0))
-        torch.set_rng_state(state["torch_rng"])
+        try:
+            self.update.load_state_dict(state)
+            self.updates = int(state["updates"])
+            self.weights_version = int(state["weights_version"])
+            self.resets = int(state.get("resets", 0))
+            torch.set_rng_state(state["torch_rng"])
+        except Exception as exc:  # noqa: BLE001 - whatever does not fit, the file is not ours
+            raise RoleError(
+                f"{self.checkpoint} is not a checkpoint of this learner "
+                f"({type(exc).__name__}: {str(exc)[:200]}); move it away to start afresh"
+            ) from None
         self.resumed_from = self.updates
+        self.checkpoint_unread = False
         self.log.info(
             "resumed from %s: update %d, weights v%d",
             self.checkpoint,
@@ -413,6 +447,9 @@ class Learner(Role):
             "weights_version": self.weights_version,
             "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
             "checkpoints": self.checkpoints,
+            "weights_sent": self.weights_sent,
+            "weights_acked": self.weights_acked,
+            **self.rpc_keys.info(),
         }
         if len(self.config.policies) > 1:
             info["policy"] = self.policy

@@ -11,7 +11,18 @@ Sockets:
   {version, resets}; GET_WEIGHTS {policy} from anyone -> WEIGHTS {policy, version} (or
   NO_WEIGHTS before the first); RESET {policy, resets} from the league (not answered): the
   count goes back to that policy's learner in its next ACK, which restarts it from its
-  initial weights (an exploiter after a snapshot).
+  initial weights (an exploiter after a snapshot). Replies are bounded per peer
+  (``REPLY_HWM`` queued messages, ``REPLY_KERNEL_BUFFER_BYTES`` of kernel buffer) and in
+  total (``reply_budget``: ``REPLY_TOTAL_BYTES`` per ``REPLY_DRAIN_S``); a reply past either
+  is dropped and counted in ``replies_dropped``. A queued WEIGHTS reply holds the stored
+  arrays themselves, not a copy.
+
+What a WEIGHTS may be is fixed at setup, not by the first one that arrives: the names, shapes
+and dtypes of the model the config builds for the env's spaces (every policy has that
+layout). Anything else is dropped and counted (``weights_refused``). WEIGHTS (and RESET) are
+taken only from a connection a live registry entry vouches for (``zrl.roles.rpc_identity``):
+WEIGHTS of a policy from a planned learner of that policy, RESET from the planned league
+(``zrl.transport.senders``); others are dropped and counted (``weights_refused``).
 - PUB ``weights`` -> topic bus, topic ``weights`` (``policy/<name>/weights`` for a named
   policy): every new version, so actors and the evaluator pick it up without asking. A late
   joiner asks GET_WEIGHTS once, because PUB/SUB delivers nothing sent before the
@@ -33,21 +44,36 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zmq
 
 from zrl.algos import get_algorithm
 from zrl.algos.api import GradientServer, GradientServerSetup
 from zrl.durable import atomic_write
-from zrl.roles.base import Role
+from zrl.roles.base import Role, index_of_id
+from zrl.roles.errors import RoleError
+from zrl.roles.rpc_identity import Parked, Peer, RegisteredPeers, status_rows
 from zrl.roles.trust import load_checkpoint_file
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel
+from zrl.transport.senders import may_send
+from zrl.transport.sockets import Channel, ReplyBudget
 
 # Weights versions: a follower adopts from the bus a version at most MAX_VERSION_STEP past its
 # own (further jumps are checked with the server first, see zrl.roles.weights), and this server
 # takes a learner's min_version at most that far past its own once it holds weights. Versions
 # travel as msgpack integers and land in JSON summaries: past 2**53 they are hostile.
 MAX_VERSION_STEP = 10_000
+# Per peer on the rpc ROUTER: replies queued for a peer that does not read (then dropped and
+# counted), and the kernel's send buffer of its connection.
+REPLY_HWM = 2
+REPLY_KERNEL_BUFFER_BYTES = 1 << 20
+# Bytes of replies counted as queued (each for REPLY_DRAIN_S, zrl.transport.sockets.ReplyBudget):
+# per peer, REPLY_HWM weights messages (at least 1 MiB); for all peers, REPLY_TOTAL_BYTES.
+REPLY_TOTAL_BYTES = 256 << 20
+REPLY_DRAIN_S = 2.0
+
+Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
+"""Parameter name -> (shape, dtype): what every WEIGHTS of the run carries."""
 
 
 @dataclass
@@ -62,10 +88,21 @@ class Stream:
     resets: int = 0
 
 
-def same_layout(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a
-    )
+def layout_of(arrays: dict[str, np.ndarray]) -> Layout:
+    return {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()}
+
+
+def layout_problem(arrays: dict[str, np.ndarray], layout: Layout) -> str | None:
+    """Why ``arrays`` do not have ``layout`` (names, shapes, dtypes), or None."""
+    missing = sorted(set(layout) - set(arrays))
+    unexpected = sorted(set(arrays) - set(layout))
+    if missing or unexpected:
+        return f"missing parameters {missing[:5]}, unexpected {[n[:80] for n in unexpected[:5]]}"
+    for name, (shape, dtype) in layout.items():
+        a = arrays[name]
+        if tuple(a.shape) != shape or a.dtype != dtype:
+            return f"{name!r} is {a.dtype}{list(a.shape)}, the model's is {dtype}{list(shape)}"
+    return None
 
 
 class ParameterServer(Role):
@@ -80,6 +117,17 @@ class ParameterServer(Role):
         self.gradients: Channel | None = None
         self.checkpoint: Path | None = None
         self.next_checkpoint = 0.0
+        self.layout: Layout = {}  # of the model the config builds (setup)
+        self.weights_refused = 0  # WEIGHTS/RESET of another layout, or from an unvouched peer
+        self.replies_dropped = 0  # to peers whose reply queue was full, or gone
+        self.reply_budget = ReplyBudget(
+            per_peer_bytes=REPLY_TOTAL_BYTES, total_bytes=REPLY_TOTAL_BYTES, drain_s=REPLY_DRAIN_S
+        )  # per peer: set from the model's size at setup
+        self.peers = RegisteredPeers(
+            "params",
+            lambda: status_rows(self.ctx, self.broker, self.keys, ("learner", "league")),
+            self.planned_client,
+        )
 
     @property
     def version(self) -> int:
@@ -100,6 +148,36 @@ class ParameterServer(Role):
         self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
         if get_algorithm(self.config.algo).gradient_server:
             self.setup_gradient_server()
+        else:
+            self.layout = self.model_layout()
+        model_bytes = sum(
+            int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.layout.values()
+        )
+        self.reply_budget = ReplyBudget(
+            per_peer_bytes=min(REPLY_TOTAL_BYTES, max(1 << 20, REPLY_HWM * model_bytes)),
+            total_bytes=REPLY_TOTAL_BYTES,
+            drain_s=REPLY_DRAIN_S,
+        )
+
+    def model_layout(self) -> Layout:
+        """The names, shapes and dtypes of the model the config builds for the env's spaces
+        (as the learner builds it): every policy's WEIGHTS must have them."""
+        from zrl.models import model_to_arrays
+        from zrl.runtime import limit_torch_threads
+
+        limit_torch_threads(self.config.learner.torch_threads)
+        probe = self.make_envs(num_envs=1)  # only for the spaces
+        spaces = (probe.single_observation_space, probe.single_action_space)
+        probe.close()
+        return layout_of(model_to_arrays(self.make_model(*spaces)))
+
+    def planned_client(self, row: dict) -> bool:
+        """Whether a STATUS row is a planned role that may send guarded requests here: a
+        learner or the league whose index the config plans."""
+        roles, role = self.config.roles, str(row.get("role"))
+        planned = {"learner": roles.learners, "league": roles.league}.get(role, 0)
+        index = index_of_id(row.get("id"), role)
+        return index is not None and index < planned
 
     def setup_gradient_server(self) -> None:
         """Build the algorithm's gradient server on a fresh model, resume it from this
@@ -115,6 +193,9 @@ class ParameterServer(Role):
         spaces = (probe.single_observation_space, probe.single_action_space)
         model = self.make_model(*spaces)
         probe.close()
+        from zrl.models import model_to_arrays
+
+        self.layout = layout_of(model_to_arrays(model))
         self.gradient_server = algorithm.load(algorithm.gradient_server)(
             GradientServerSetup(
                 config=self.config,
@@ -126,10 +207,9 @@ class ParameterServer(Role):
             )
         )
         self.gradients = self.open_pull("gradients", hwm=4)
-        d = self.config.checkpoint.dir
         # The server owns the model: a restart must continue it, or the workers (whose
         # weights version is ahead of a fresh server's) would never take its weights again.
-        self.checkpoint = Path(d) / f"{self.id}.pt" if d else None
+        self.checkpoint = self.checkpoint_file(".pt")
         self.next_checkpoint = time.monotonic() + self.config.checkpoint.interval
         self.load_checkpoint()
         self.store_model_weights()
@@ -139,10 +219,18 @@ class ParameterServer(Role):
             return
         if not self.checkpoint.is_file():
             return  # a first start: the fresh model becomes v1
-        state = load_checkpoint_file(self.checkpoint)
-        self.gradient_server.load_state_dict(state)
-        # store_model_weights stores it again
-        self.streams[M.DEFAULT_POLICY].version = int(state["version"]) - 1
+        path, self.checkpoint = self.checkpoint, None  # not saved over until it is loaded
+        state = load_checkpoint_file(path)
+        try:
+            self.gradient_server.load_state_dict(state)
+            # store_model_weights stores it again
+            self.streams[M.DEFAULT_POLICY].version = int(state["version"]) - 1
+        except Exception as exc:  # noqa: BLE001 - whatever does not fit, the file is not ours
+            raise RoleError(
+                f"{path} is not a checkpoint of this server ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); move it away to start afresh"
+            ) from None
+        self.checkpoint = path
         self.log.info("resumed from %s: update %d, weights v%d",
                       self.checkpoint, self.gradient_server.updates, self.version + 1)  # fmt: skip
 
@@ -175,7 +263,22 @@ class ParameterServer(Role):
             self.store_model_weights()
 
     def bind(self) -> None:
-        self.rpc = self.bind_rpc()
+        self.rpc = self.bind_rpc(
+            sndhwm=REPLY_HWM, kernel_buffer_bytes=REPLY_KERNEL_BUFFER_BYTES, mandatory=True
+        )
+
+    def reply(self, ident: bytes, msg: P.Message, budget: bool = True) -> None:
+        """Send ``msg`` to the peer ``ident``; dropped and counted when its queue is full
+        (``REPLY_HWM``), past the ``reply_budget`` (unless ``budget`` is False: a vouched
+        learner's ACK, which no flood of other peers may crowd out) or it left."""
+        try:
+            sent = self.rpc.send(
+                msg, to=ident, block=False, budget=self.reply_budget if budget else None
+            )
+        except zmq.ZMQError:  # EHOSTUNREACH: the peer is gone
+            sent = False
+        if not sent:
+            self.replies_dropped += 1
 
     def step(self) -> None:
         if self.gradient_server is not None:
@@ -184,6 +287,11 @@ class ParameterServer(Role):
                 self.save_checkpoint()
             self.drain_gradients()
         self.serve_requests(self.rpc, 0 if self.gradient_server is not None else 100)
+        for ident, msg in self.peers.unpark():  # WEIGHTS of a model's size at most
+            try:
+                self.on_request(ident, msg)
+            except P.ProtocolError as exc:
+                self.rpc._drop(msg.sender or "?", str(exc))
 
     def drain_gradients(self) -> None:
         if self.gradients is None or not self.gradients.sock.poll(20):
@@ -198,6 +306,14 @@ class ParameterServer(Role):
                 self.gradients._drop(got[1].sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
+        """One rpc request (ProtocolError: dropped and counted); a guarded one from a
+        connection the registry was not asked about yet waits (``RegisteredPeers.park``)."""
+        try:
+            self.handle_request(ident, msg)
+        except Parked:
+            pass
+
+    def handle_request(self, ident: bytes, msg: P.Message) -> None:
         if msg.kind == P.WEIGHTS and self.gradient_server is not None:
             raise P.ProtocolError(
                 f"{self.config.algo}: the parameter server owns the weights; send gradients"
@@ -208,13 +324,13 @@ class ParameterServer(Role):
             self.served += 1
             policy = self.known_policy(msg.meta)
             if not self.streams[policy].arrays:
-                self.rpc.send(
-                    P.Message(P.NO_WEIGHTS, meta=M.policy_meta(policy)), to=ident, block=False
-                )
+                self.reply(ident, P.Message(P.NO_WEIGHTS, meta=M.policy_meta(policy)))
             else:
-                self.rpc.send(self.weights_message(policy), to=ident, block=False)
+                self.reply(ident, self.weights_message(policy))
         elif msg.kind == P.RESET:
-            stream = self.streams[self.known_policy(msg.meta)]
+            policy = self.known_policy(msg.meta)
+            self.vouched_sender(ident, msg)
+            stream = self.streams[policy]
             stream.resets = max(stream.resets, M.reset_count(msg.meta))
         else:
             raise P.ProtocolError(f"params does not serve {msg.kind!r}")
@@ -228,19 +344,44 @@ class ParameterServer(Role):
         self.streams.setdefault(policy, Stream())
         return policy
 
+    def vouched_sender(self, ident: bytes, msg: P.Message, policy: str | None = None) -> Peer:
+        """The registered role sending ``msg`` on connection ``ident``, if the sender table
+        lets its role send this kind here (and, for WEIGHTS, it is a learner of ``policy``);
+        ProtocolError (counted in ``weights_refused``) otherwise."""
+        peer = self.peers.identify(ident)
+        problem = None
+        if peer is None and self.peers.deferred:
+            oldest = self.peers.park(ident, msg)
+            if oldest is not None:
+                self.weights_refused += 1
+                self.rpc._drop(oldest.sender or "?", f"{oldest.kind} refused: too many waiting")
+            raise Parked
+        if peer is None:
+            problem = "no live registry entry vouches for its connection"
+        elif not may_send(msg.kind, peer.role, "rpc:params"):
+            problem = f"{peer.id} is a {peer.role}, which may not send it"
+        elif policy is not None:
+            index = index_of_id(peer.id, peer.role)
+            if index is None or self.config.learner_policy(index) != policy:
+                problem = f"{peer.id} does not train {policy!r}"
+        if problem is not None:
+            self.weights_refused += 1
+            raise P.ProtocolError(f"{msg.kind} refused: {problem}")
+        assert peer is not None
+        return peer
+
     def on_weights(self, ident: bytes, msg: P.Message) -> None:
         """A learner's new weights for its policy: stored as the next version, published and
         acked with the version and the league's resets of that policy."""
         policy = self.known_policy(msg.meta)
         stream = self.streams[policy]
-        if not msg.arrays:
-            raise P.ProtocolError("weights message without arrays")
+        problem = layout_problem(msg.arrays, self.layout)
+        if problem is not None:
+            self.weights_refused += 1
+            raise P.ProtocolError(f"weights of another layout than the model's: {problem}")
+        self.vouched_sender(ident, msg, policy)
         if not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
             raise P.ProtocolError("weights with NaN or inf values")
-        if stream.arrays and not same_layout(msg.arrays, stream.arrays):
-            raise P.ProtocolError(
-                "weights whose parameter names, shapes or dtypes differ from the current ones"
-            )
         floor = msg.meta.get("min_version", 0)
         if not isinstance(floor, int) or isinstance(floor, bool) or floor > M.MAX_VERSION:
             raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")
@@ -264,7 +405,7 @@ class ParameterServer(Role):
         ack = {"version": stream.version, **M.policy_meta(policy)}
         if stream.resets:
             ack["resets"] = stream.resets
-        self.rpc.send(P.Message(P.ACK, meta=ack), to=ident, block=False)
+        self.reply(ident, P.Message(P.ACK, meta=ack), budget=False)
 
     def weights_message(self, policy: str = M.DEFAULT_POLICY) -> P.Message:
         stream = self.streams[policy]
@@ -286,7 +427,12 @@ class ParameterServer(Role):
         return self.gradient_server.train_info() if self.gradient_server is not None else {}
 
     def heartbeat_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"weights_version": self.version, "late_join_requests": self.served}
+        info: dict[str, Any] = {
+            "weights_version": self.version,
+            "late_join_requests": self.served,
+            "weights_refused": self.weights_refused,
+            "replies_dropped": self.replies_dropped,
+        }
         for policy, stream in self.streams.items():
             if policy != M.DEFAULT_POLICY:
                 info[f"weights_version_{policy}"] = stream.version

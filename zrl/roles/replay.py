@@ -2,7 +2,10 @@
 
 Sockets:
 
-- PULL ``experience`` <- actors (via the broker): TRAJECTORY messages, assembled
+- PULL ``experience`` <- actors (via the broker): TRAJECTORY messages of the one layout
+  fixed at setup from the config and the env's spaces (``zrl.replay.layout``: a probe env,
+  and for recurrent items the model's state width; anything else is dropped and counted in
+  ``layout_refused``), assembled
   (``zrl.replay.assemble``) into n-step transitions (R2D2: the sequences the actor cut, one
   item each; IMPALA/APPO:
   each env's whole unroll, with its recurrent state and episode starts when ``model.core``
@@ -28,6 +31,13 @@ Sockets:
 
 Several shards share the load by simply starting more of them: the experience
 stream load-balances trajectories across them.
+
+The table is built at setup for that layout, its columns allocated for ``replay.capacity``
+items (fewer under ``replay.capacity_bytes``): no message changes what it holds or how big
+it is. A snapshot (``checkpoint.replay``) is restored only into such a table, read within its
+bytes (``zrl.replay.snapshot``); one that cannot be is moved aside to
+``<id>.snapshot.refused-<time>``, never written over, and named in the heartbeat
+(``snapshot_refused``), and the shard starts empty.
 """
 
 from __future__ import annotations
@@ -43,12 +53,14 @@ import numpy as np
 import zmq
 
 from zrl.algos import get_algorithm
+from zrl.config import ExperimentConfig
 from zrl.replay.assemble import assemble_sequences, assemble_transitions, assemble_unrolls
 from zrl.replay.frames import FrameTable, assemble_frame_transitions
+from zrl.replay.layout import ExperienceLayout, envs_per_actor, experience_layout
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
-from zrl.roles.base import Role
+from zrl.roles.base import Role, RoleError
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -56,6 +68,38 @@ INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
 INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to the actors
+KEY_BYTES = 16  # per item beyond its columns: its key and priority
+SNAPSHOT_SLACK_BYTES = 1 << 16  # a snapshot's arrays beyond the table's own (rng, counters)
+
+
+def assemble(
+    config: ExperimentConfig, msg: P.Message
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """A TRAJECTORY of the shard's layout -> (the items a shard of ``config`` stores, their
+    initial priorities or None). Frame stacks go through :func:`frame_items` instead."""
+    rc, wiring = config.replay, get_algorithm(config.algo).wiring
+    if wiring.replay_item == "unroll":
+        return assemble_unrolls(msg, config.model.core != "none"), None
+    if wiring.replay_item == "sequences":
+        return assemble_sequences(msg)
+    return assemble_transitions(msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box")
+
+
+def frame_items(
+    config: ExperimentConfig, msg: P.Message, stack: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A ``frame_transitions`` TRAJECTORY of the shard's layout -> (the items of its
+    FrameTable, their initial priorities)."""
+    rc, a = config.replay, msg.arrays
+    try:
+        items, priorities = assemble_frame_transitions(
+            a["frames"], a["action"], a["reward"], a["terminated"], a["truncated"], a["valid"],
+            a["priority"], rc.n_step, rc.gamma, stack=stack,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise P.ProtocolError(str(exc)) from None
+    items["weights_version"] = np.full(len(priorities), M.trajectory_version(msg.meta), np.int64)
+    return items, priorities
 
 
 class ReplayServer(Role):
@@ -73,10 +117,8 @@ class ReplayServer(Role):
 
     def setup(self) -> None:
         rc = self.config.replay
-        # With a byte budget the capacity depends on the item size, known at the first insert.
-        self.table: Table | FrameTable | None = (
-            None if rc.capacity_bytes else self._make_table(rc.capacity)
-        )
+        self.layout = self.experience_layout()
+        self.table: Table | FrameTable = self.make_table_for(self.layout)
         self.limiter = RateLimiter(
             rc.min_size, rc.samples_per_insert, rc.samples_per_insert_tolerance
         )
@@ -101,18 +143,51 @@ class ReplayServer(Role):
         self.priority_updates = 0
         self.stale_priority_keys = 0
         self.weights_versions: list[int] = []
+        self.layout_refused = 0  # trajectories of another layout than self.layout
         self.started = time.monotonic()
-        d = self.config.checkpoint.dir
-        self.snapshot_path = (
-            Path(d) / f"{self.id}.snapshot" if d and self.config.checkpoint.replay else None
-        )
+        snapshots = self.config.checkpoint.replay
+        path = self.checkpoint_file(".snapshot") if snapshots else None
         self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
         self.snapshots = 0
-        self.load_snapshot()
+        self.snapshot_refused: str | None = None  # where a snapshot it could not load went
+        # Written to only once what was there is restored or moved aside.
+        self.snapshot_path = path if path is None or self.load_snapshot(path) else None
         self.log.info(
-            "%s table, capacity %d, n-step %d, min size %d, samples/insert %.1f",
-            rc.table, rc.capacity, rc.n_step, rc.min_size, rc.samples_per_insert,
+            "%s table of %s, capacity %d (%.1f MB), n-step %d, min size %d, samples/insert %.1f",
+            rc.table, self.layout.describe(), self.table.capacity, self.table.nbytes / 1e6,
+            rc.n_step, rc.min_size, rc.samples_per_insert,
         )  # fmt: skip
+
+    def experience_layout(self) -> ExperienceLayout:
+        """What this shard's actors send: from the config and the spaces of a probe env (as
+        the learner builds one), and the recurrent state's width from a model of them."""
+        cfg = self.config
+        algorithm = get_algorithm(cfg.algo)
+        wiring = algorithm.wiring
+        probe = self.make_envs(num_envs=1)
+        try:
+            spaces = (probe.single_observation_space, probe.single_action_space)
+            envs_per_game = int(probe.num_envs)
+        finally:
+            probe.close()
+        item = wiring.replay_item or "transitions"
+        recurrent = item == "sequences" or (item == "unroll" and cfg.model.core != "none")
+        state_size = int(self.make_model(*spaces).state_size) if recurrent else None
+        sequence_length = None
+        if item == "sequences":
+            if algorithm.sequence_length is None:
+                raise RoleError(f"algo {cfg.algo} replays sequences but names no sequence_length")
+            sequence_length = algorithm.sequence_length(cfg)
+        return experience_layout(
+            item,
+            actions=wiring.actions,
+            observation_space=spaces[0],
+            action_space=spaces[1],
+            num_envs=envs_per_actor(cfg.env.num_envs, cfg.actor.env_groups, envs_per_game),
+            trajectory_length=cfg.actor.trajectory_length,
+            sequence_length=sequence_length,
+            state_size=state_size,
+        )
 
     def _table_kwargs(self) -> dict[str, Any]:
         rc = self.config.replay
@@ -121,66 +196,52 @@ class ReplayServer(Role):
     def _make_table(self, capacity: int) -> Table:
         return make_table(self.config.replay.table, capacity, **self._table_kwargs())
 
-    def _table_for(self, items: dict[str, np.ndarray]) -> Table | FrameTable:
-        if self.table is None:
-            rc = self.config.replay
-            item_bytes = sum(v[0].nbytes for v in items.values()) + 16  # + key and priority
-            capacity = min(rc.capacity, max(1, (rc.capacity_bytes or 0) // item_bytes))
+    def make_table_for(self, layout: ExperienceLayout) -> Table | FrameTable:
+        """The table of ``layout``'s items, its columns allocated: ``replay.capacity`` items,
+        or fewer if ``replay.capacity_bytes`` holds fewer at the layout's item size."""
+        rc = self.config.replay
+        example = layout.example()
+        if layout.frames:
+            try:
+                frames = FrameTable.for_budget(
+                    rc.table, rc.capacity, rc.capacity_bytes, layout.frame_shape, layout.stack,
+                    layout.dim("T"), num_envs=layout.dim("E"), **self._table_kwargs(),
+                )  # fmt: skip
+            except ValueError as exc:
+                raise RoleError(f"replay: {exc}") from None
+            frames.table.allocate(frame_items(self.config, example, layout.stack)[0])
+            return frames
+        items = assemble(self.config, example)[0]
+        item_bytes = sum(v[0].nbytes for v in items.values()) + KEY_BYTES
+        capacity = rc.capacity
+        if rc.capacity_bytes:
+            capacity = min(capacity, max(1, rc.capacity_bytes // item_bytes))
             self.log.info(
                 "replay.capacity_bytes=%d at %d bytes per item: capacity %d items",
                 rc.capacity_bytes, item_bytes, capacity,
             )  # fmt: skip
-            self.table = self._make_table(capacity)
-        return self.table
+        table = self._make_table(capacity)
+        table.allocate(items)
+        return table
 
     def insert_frames(self, msg: P.Message) -> int:
-        """A ``frame_transitions`` TRAJECTORY into the frame table (made at the first one, for
-        its frame shape and stack); the number of transitions inserted."""
-        sizes = M.validate(msg, M.FRAME_TRANSITIONS)
-        frame_shape, stack = sizes["O"], sizes["S"] - sizes["T"]
-        if len(frame_shape) != 2 or stack < 1:
-            raise P.ProtocolError(
-                f"frames {msg.arrays['frames'].shape} are not [E, T + k, H, W] for T={sizes['T']}"
-            )
-        rc = self.config.replay
+        """A ``frame_transitions`` TRAJECTORY (checked against the layout) into the frame
+        table; the number of transitions inserted."""
         table = self.table
-        if not isinstance(table, FrameTable):
-            if table is not None and table.size > 0:
-                raise P.ProtocolError("frame transitions sent to a shard that stores stacks")
-            table = FrameTable.for_budget(
-                rc.table, rc.capacity, rc.capacity_bytes, frame_shape, stack, sizes["T"],
-                num_envs=sizes["E"], **self._table_kwargs(),
-            )  # fmt: skip
-            self.log.info("frame table for %s frames, stacks of %d: %r", frame_shape, stack, table)
-            self.table = table
-        elif (table.frame_shape, table.stack) != (frame_shape, stack):
-            raise P.ProtocolError(
-                f"frames {frame_shape} in stacks of {stack}, the table holds "
-                f"{table.frame_shape} in stacks of {table.stack}"
-            )
-        a = msg.arrays
-        try:
-            items, priorities = assemble_frame_transitions(
-                a["frames"], a["action"], a["reward"], a["terminated"], a["truncated"],
-                a["valid"], a["priority"], rc.n_step, rc.gamma, stack=table.stack,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise P.ProtocolError(str(exc)) from None
-        items["weights_version"] = np.full(
-            len(priorities), M.trajectory_version(msg.meta), np.int64
-        )
-        table.insert_trajectory(a["frames"], items, priorities)
+        assert isinstance(table, FrameTable)
+        items, priorities = frame_items(self.config, msg, table.stack)
+        table.insert_trajectory(msg.arrays["frames"], items, priorities)
         return len(items["reward"])
 
     @property
     def size(self) -> int:
-        return self.table.size if self.table is not None else 0
+        return self.table.size
 
     # --- snapshots ----------------------------------------------------------------------
 
     def save_snapshot(self) -> None:
         """Tables, priorities, insertion order and limiter state, written atomically."""
-        if self.snapshot_path is None or self.table is None:
+        if self.snapshot_path is None:
             return
         state = {
             "capacity": self.table.capacity,
@@ -194,69 +255,122 @@ class ReplayServer(Role):
         save_state(self.snapshot_path, state)
         self.snapshots += 1
 
-    def load_snapshot(self) -> None:
-        """Restore a snapshot written by :meth:`save_snapshot` (numpy ``.npz``, never a pickle).
+    def load_snapshot(self, path: Path) -> bool:
+        """Restore a snapshot written by :meth:`save_snapshot` from ``path``, if there is one
+        (numpy ``.npz``, never a pickle, read within this table's bytes). Whether the shard
+        may write its snapshots to ``path``.
 
-        One that cannot be read (damaged, or a pickle from zrl < 0.2) is moved aside to
-        ``*.refused`` and the shard starts empty: refusing to start would only use up the
-        supervisor's restarts."""
-        if self.snapshot_path is None or not self.snapshot_path.is_file():
-            return
+        One that cannot be restored into this shard's table (damaged, a pickle from zrl <
+        0.2, another layout, more than the config's capacity) is moved aside to
+        ``*.refused-<time>``, never written over, and named in the heartbeat; the shard
+        starts empty: refusing to start would only use up the supervisor's restarts."""
+        if not path.is_file():
+            return True
         try:  # into copies first: a snapshot refused half-way must leave nothing behind
-            state = load_state(self.snapshot_path)
-            table: Table | FrameTable
-            if state["table"].get("kind") == FrameTable.kind:
-                table = FrameTable.from_state_dict(state["table"])
-            else:
-                table = self._make_table(int(state["capacity"]))
-                table.load_state_dict(state["table"])
-            # Snapshots before zrl kept each item's weights version lack the column: those
-            # items' policy is unknown (not 0, which would count them as the initial weights and
-            # inflate the lag), and learners leave them out of the policy lag.
-            inner = table.table if isinstance(table, FrameTable) else table
-            if inner.fill_missing_column("weights_version", M.UNKNOWN_VERSION, np.int64):
-                self.log.info("%s predates weights versions: its items' are unknown (-1)",
-                              self.snapshot_path)  # fmt: skip
+            state = load_state(path, max_bytes=self.table.nbytes + SNAPSHOT_SLACK_BYTES)
+            table = self.table_from_state(state)
             limiter, rng = copy.copy(self.limiter), copy.deepcopy(self.rng)
             limiter.load_state_dict(state["limiter"])
             rng.bit_generator.state = state["rng"]
             trajectories = int(state["trajectories"])
-        except (SnapshotError, KeyError, TypeError, ValueError) as exc:
-            refused = self.snapshot_path.with_name(self.snapshot_path.name + ".refused")
-            os.replace(self.snapshot_path, refused)
-            self.log.error(
-                "cannot restore %s (%s): moved it to %s, starting empty", self.snapshot_path,
-                exc if isinstance(exc, SnapshotError) else f"{type(exc).__name__}: {exc}", refused,
-            )  # fmt: skip
-            return
+        except Exception as exc:  # noqa: BLE001 - whatever the file trips on, it is not restored
+            return self.refuse_snapshot(path, exc)
         self.table, self.limiter, self.rng, self.trajectories = table, limiter, rng, trajectories
-        self.log.info("restored %s: %d items", self.snapshot_path, self.table.size)
+        self.log.info("restored %s: %d items", path, self.table.size)
+        return True
+
+    def table_from_state(self, state: dict[str, Any]) -> Table | FrameTable:
+        """A table restored from a snapshot's state: of this shard's layout, at most its
+        capacity (ValueError otherwise)."""
+        mine, saved = self.table, state["table"]
+        if not isinstance(saved, dict):
+            raise ValueError("the snapshot holds no table")
+        table: Table | FrameTable
+        if isinstance(mine, FrameTable):
+            if saved.get("kind") != FrameTable.kind:
+                raise ValueError(f"a {saved.get('kind')!r} table, this shard stores frames")
+            shape, stack = [int(n) for n in saved["frame_shape"]], int(saved["stack"])
+            if (tuple(shape), stack) != (mine.frame_shape, mine.stack):
+                raise ValueError(
+                    f"frames {shape} in stacks of {stack}, this shard's are "
+                    f"{list(mine.frame_shape)} in stacks of {mine.stack}"
+                )
+            frame_capacity, capacity = int(saved["frame_capacity"]), int(saved["table"]["capacity"])
+            if not (0 < frame_capacity <= mine.frame_capacity and 0 < capacity <= mine.capacity):
+                raise ValueError(
+                    f"{capacity} items over {frame_capacity} frames, more than this shard's "
+                    f"{mine.capacity} over {mine.frame_capacity}"
+                )
+            table = FrameTable.from_state_dict(saved)
+        else:
+            if saved.get("kind") == FrameTable.kind:
+                raise ValueError("a frame table, this shard stores transitions")
+            capacity = int(state["capacity"])
+            if not 0 < capacity <= mine.capacity:
+                raise ValueError(f"capacity {capacity}, this shard's is {mine.capacity}")
+            table = self._make_table(capacity)
+            table.load_state_dict(saved)
+        # Snapshots before zrl kept each item's weights version lack the column: those
+        # items' policy is unknown (not 0, which would count them as the initial weights and
+        # inflate the lag), and learners leave them out of the policy lag.
+        inner = table.table if isinstance(table, FrameTable) else table
+        if inner.fill_missing_column("weights_version", M.UNKNOWN_VERSION, np.int64):
+            self.log.info("the snapshot predates weights versions: its items' are unknown (-1)")
+        expected = (mine.table if isinstance(mine, FrameTable) else mine).schema
+        if not inner.size and not inner.schema:  # saved before its first insert
+            inner.allocate(
+                {k: np.zeros((1, *shape), dtype) for k, (dtype, shape) in expected.items()}
+            )
+        if inner.schema != expected:
+            raise ValueError(f"items {inner.schema}, this shard stores {expected}")
+        return table
+
+    def refuse_snapshot(self, path: Path, exc: BaseException) -> bool:
+        """Move an unloadable snapshot aside (False, and nothing is ever written to ``path``,
+        if it cannot be moved) and say so in the log and the heartbeat."""
+        why = exc if isinstance(exc, SnapshotError) else f"{type(exc).__name__}: {exc}"
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        aside = path.with_name(f"{path.name}.refused-{stamp}")
+        n = 1
+        while aside.exists():
+            aside, n = path.with_name(f"{path.name}.refused-{stamp}-{n}"), n + 1
+        try:
+            os.replace(path, aside)
+        except OSError as move_error:
+            self.snapshot_refused = str(path)
+            self.log.error(
+                "cannot restore %s (%s) nor move it aside (%s): starting empty, and writing "
+                "no snapshot over it", path, why, move_error,
+            )  # fmt: skip
+            return False
+        self.snapshot_refused = str(aside)
+        self.log.error("cannot restore %s (%s): moved it to %s, starting empty", path, why, aside)
+        return True
 
     # --- handlers ---------------------------------------------------------------------
 
-    def on_trajectory(self, msg: P.Message) -> None:
+    def on_experience(self, msg: P.Message) -> None:
+        """A message of the experience stream: a TRAJECTORY of this shard's layout is stored,
+        anything else dropped (ProtocolError) and, if a trajectory, counted."""
         if msg.kind != P.TRAJECTORY:
             raise P.ProtocolError(f"experience stream carries {msg.kind!r}, expected trajectory")
-        rc = self.config.replay
-        wiring = get_algorithm(self.config.algo).wiring
-        if wiring.replay_item == "transitions" and "frames" in msg.arrays:
+        try:
+            self.layout.check(msg)
+        except P.ProtocolError:
+            self.layout_refused += 1
+            raise
+        self.on_trajectory(msg)
+
+    def on_trajectory(self, msg: P.Message) -> None:
+        """Store a TRAJECTORY (of the layout: ``on_experience`` checked it) and ack it."""
+        if isinstance(self.table, FrameTable):
             n = self.insert_frames(msg)
         else:
-            if wiring.replay_item == "unroll":
-                recurrent = self.config.model.core != "none"
-                items, priorities = assemble_unrolls(msg, recurrent), None
-            elif wiring.replay_item == "sequences":
-                items, priorities = assemble_sequences(msg)
-            else:
-                items, priorities = assemble_transitions(
-                    msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box"
-                )
+            items, priorities = assemble(self.config, msg)
             n = len(items["reward"])
             if n > 0:  # an actor may complete no sequence in a trajectory
-                table = self._table_for(items)
-                if isinstance(table, FrameTable):
-                    raise P.ProtocolError("stacked transitions sent to a shard that stores frames")
-                table.insert(items, priorities if isinstance(table, PrioritizedTable) else None)
+                prioritized = isinstance(self.table, PrioritizedTable)
+                self.table.insert(items, priorities if prioritized else None)
         self.last_insert = n
         self.limiter.on_insert(n)
         self.trajectories += 1
@@ -319,15 +433,12 @@ class ReplayServer(Role):
         keys, prios = msg.arrays["key"], msg.arrays["priority"]
         if np.any(prios < 0):
             raise P.ProtocolError("priority update with negative values")
-        if self.table is None:
-            raise P.ProtocolError("priorities for an empty shard")
         applied = self.table.update_priorities(keys, prios)
         self.priority_updates += 1
         self.stale_priority_keys += len(keys) - applied
 
     def sample_batch(self) -> P.Message:
         rc = self.config.replay
-        assert self.table is not None  # the limiter allows no sample from an empty shard
         b = self.table.sample(rc.batch_size, self.rng)
         self.limiter.on_sample(rc.batch_size)
         return P.Message(
@@ -360,7 +471,7 @@ class ReplayServer(Role):
         holds the actors back (Reverb's Queue) instead of evicting items never sampled."""
         if not self.limiter.can_insert(1, self.size):
             return False
-        if self.config.replay.table == "fifo" and self.table is not None:
+        if self.config.replay.table == "fifo":
             return self.size + self.last_insert <= self.table.capacity
         return True
 
@@ -389,7 +500,7 @@ class ReplayServer(Role):
             self.save_snapshot()
         self._drain(self.priorities, self.on_learner_message, 64)
         self._drain(
-            self.experience, self.on_trajectory, INSERTS_PER_STEP,
+            self.experience, self.on_experience, INSERTS_PER_STEP,
             gate=self.can_insert,
         )  # fmt: skip
         sent = 0
@@ -420,7 +531,7 @@ class ReplayServer(Role):
         inserts, samples = self.limiter.inserts, self.limiter.samples
         info: dict[str, Any] = {
             "size": self.size,
-            "capacity": self.table.capacity if self.table is not None else None,
+            "capacity": self.table.capacity,
             "snapshots": self.snapshots,
             "inserts": inserts,
             "samples": samples,
@@ -432,7 +543,10 @@ class ReplayServer(Role):
             "batches_in_flight": self.batches_in_flight,
             "batch_ack_timeouts": self.batch_ack_timeouts,
             "stale_priority_keys": self.stale_priority_keys,
+            "layout_refused": self.layout_refused,
         }
+        if self.snapshot_refused is not None:
+            info["snapshot_refused"] = self.snapshot_refused
         blocked = self.limiter.why_blocked(rc.batch_size, self.size)
         if blocked:
             info["sampling_blocked"] = blocked

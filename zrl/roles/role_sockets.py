@@ -23,6 +23,7 @@ from zrl.config import ExperimentConfig
 from zrl.roles.errors import RoleError
 from zrl.transport.endpoints import connect_topics
 from zrl.transport.security import Keys
+from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 
@@ -46,6 +47,8 @@ class RoleSockets:
     def _channel(self, sock: zmq.Socket, name: str, **kw: Any) -> Channel:
         kw.setdefault("max_message_bytes", self.max_message_bytes)
         ch = Channel(sock, name, self.id, self.stats, **kw)
+        # Sequence counters (gaps) follow the run's own roles only, never invented ids.
+        ch.expected_peers = planned_ids(self.config.roles.model_dump())
         self._channels.append(ch)
         return ch
 
@@ -85,9 +88,21 @@ class RoleSockets:
         connect_topics(sock, self.endpoints)
         return self._channel(sock, name or ",".join(topics), topics=True, max_message_bytes=size)
 
-    def bind_rpc(self) -> Channel:
-        """A ROUTER peers reach directly after a LOOKUP (bound before HELLO announces it)."""
-        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100, server=True)
+    def bind_rpc(
+        self,
+        *,
+        sndhwm: int = 1000,
+        kernel_buffer_bytes: int | None = None,
+        mandatory: bool = False,
+    ) -> Channel:
+        """A ROUTER peers reach directly after a LOOKUP (bound before HELLO announces it).
+        ``sndhwm`` and ``kernel_buffer_bytes`` bound what is queued for each peer that does
+        not read; ``mandatory``: a reply to a peer whose queue is full fails (the channel's
+        send returns False) instead of vanishing, and one to a peer gone raises ZMQError."""
+        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100, server=True, sndhwm=sndhwm,
+                          kernel_buffer_bytes=kernel_buffer_bytes)  # fmt: skip
+        if mandatory:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.broker.startswith("tcp://"):
             port = sock.bind_to_random_port(f"tcp://{self._bind_host()}")
             self.rpc_endpoint = f"tcp://{self.advertise}:{port}"

@@ -10,8 +10,10 @@ only within limits set by this process's own command line:
 - ``factories_from``: factory references are imported, and pickled factories unpickled,
   only from an authenticated broker (``broker_authenticated``: keys, or inproc from this
   process), or for references the role was given locally.
+- ``checked_env_id``: an ``env.id`` that names a module (``package.module:Env-v0``, which
+  gymnasium imports) likewise, only from an authenticated broker or when given locally.
 - ``load_checkpoint_file``: what is read under ``checkpoint.dir`` is loaded without running
-  code.
+  code, within the file's own bytes (``check_stored_zip``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zrl.factories import Factories
+from zrl.factories import Factories, env_id_module
 from zrl.roles.errors import RoleError
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
@@ -88,21 +90,62 @@ def factories_from(
     return Factories.from_wire(refs, pickled.tobytes())
 
 
-def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """``torch.load(weights_only=True)`` of a learner or params checkpoint: tensors, numbers,
-    strings and containers only, never code (``checkpoint.dir`` comes from the broker).
-    A file that is anything else stops the role naming it, and is left for the user."""
-    import pickle
+def checked_env_id(env_id: str, *, authenticated: bool, local_env_id: str | None) -> str:
+    """The broker's ``env.id`` if this role may make it; otherwise RoleError. gymnasium imports
+    the module of an id ``package.module:Env-v0`` (``this:Nope-v0`` imports ``this``), so
+    without an authenticated broker only an id without a module, or the very id this role was
+    given locally (``zrl start ROLE --env-id ID``)."""
+    module = env_id_module(env_id)
+    if module is None or authenticated or env_id == local_env_id:
+        return env_id
+    raise RoleError(
+        f"the broker names env.id {env_id!r}, which imports the module {module!r}, over an "
+        f"unauthenticated channel, and this role was not started with --env-id={env_id}; "
+        "refusing to import it. Start every role with --keys DIR, or pass the same --env-id "
+        "to `zrl start` (zrl run does so for its roles)."
+    )
 
-    import torch
+
+def check_stored_zip(path: Path) -> None:
+    """RoleError unless ``path`` is a zip whose every entry is stored uncompressed (as
+    ``torch.save`` writes them), so that loading it holds at most the file's own bytes: a
+    compressed entry (a zip bomb: 3 MB on disk, 3 GB read) is refused from the zip directory
+    before anything is read."""
+    import zipfile
 
     try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise RoleError(
+            f"{path} is not a checkpoint zrl can load (not a torch zip archive: {exc}); "
+            "move it away to start afresh"
+        ) from None
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+            raise RoleError(
+                f"{path} is not a checkpoint zrl wrote: its entry {info.filename!r} is "
+                f"compressed ({info.compress_size} bytes unpacking to {info.file_size}); "
+                "move it away to start afresh"
+            )
+
+
+def load_checkpoint_file(path: Path) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a learner or params checkpoint: tensors, numbers,
+    strings and containers only, never code (``checkpoint.dir`` comes from the broker), and
+    never more than the file's own bytes (``check_stored_zip``). A file that is anything
+    else stops the role naming it (also a RecursionError or MemoryError while reading it),
+    and is left for the user: the role never saves over it."""
+    import torch
+
+    check_stored_zip(path)
+    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged file trips on, it is refused
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RoleError(
-            f"{path} is not a checkpoint zrl can load without running code ({first}); "
-            "move it away to start afresh"
+            f"{path} is not a checkpoint zrl can load without running code "
+            f"({type(exc).__name__}: {first[:300]}); move it away to start afresh"
         ) from None
     if not isinstance(state, dict):
         raise RoleError(f"{path} is not a zrl checkpoint (it holds a {type(state).__name__})")

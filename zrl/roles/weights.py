@@ -22,11 +22,15 @@ channel, never fatal):
   has. That one rule sets the baseline of a follower that starts (or meets a params
   server resumed at v50,000), and follows a params server that restarted (higher or,
   from scratch, lower): a bus version below the current one also asks for a resync.
-  Resyncs happen at most once per ``RESYNC_INTERVAL_S``.
+  Resyncs happen at most once per ``RESYNC_INTERVAL_S``, except one: when the version held
+  was adopted from the bus as a jump (more than one past the one before) and a lower one
+  follows, the jump was likely forged and the lower one real, so the resync goes at once
+  (at most once per ``FAST_RESYNC_INTERVAL_S``): forged in-range weights last until the
+  next real version, not until the next slow resync.
 
 Without keys, a process that can reach the broker can still publish well-formed, finite
 weights under the real params id and within the step: they are adopted until the next
-resync or real version. See the README's security section.
+resync or real version. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from zrl.transport.sockets import Channel, TransportStats, make_socket
 PARAMS_ID_PREFIX = "params-"
 PARAMS_LOOKUP_INTERVAL_S = 1.0
 RESYNC_INTERVAL_S = 5.0
+FAST_RESYNC_INTERVAL_S = 0.25
 RESYNC_TIMEOUT_S = 1.0
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,12 @@ class WeightsFollower:
         self.params_ids: set[str] = set()
         self._next_lookup = 0.0
         self._next_resync = 0.0
+        self._last_resync = -FAST_RESYNC_INTERVAL_S
         self.resyncs = 0
+        # The version held came from the bus more than one past the one before, and the
+        # params rpc has not confirmed it since (see the module docstring).
+        self.unconfirmed_jump = False
+        self.resync_due = False  # a lower or far version was seen; params not asked yet
 
     def _refresh_params(self, timeout: float = RESYNC_TIMEOUT_S) -> list[dict[str, Any]]:
         """LOOKUP "params" (rate-limited); the services found, remembering their ids."""
@@ -146,10 +156,14 @@ class WeightsFollower:
                 behind = behind or version < self.version
         # Newest first; fall back to an older one if the newest does not fit.
         for version, msg in sorted(candidates, key=lambda c: c[0], reverse=True):
+            before = self.version
             if self._apply(msg, version):
                 self.meta = dict(msg.meta)
+                self.unconfirmed_jump = version > before + 1
                 return True
-        changed = bool(jumps or behind) and self.resync()
+        # A resync the interval holds back stays due: the next update asks once it may.
+        self.resync_due = self.resync_due or bool(jumps or behind)
+        changed = self.resync_due and self.resync(at_once=self.unconfirmed_jump)
         for version, sender in jumps:
             if version > self.version:  # the params server itself did not confirm it
                 self.sub._drop(
@@ -159,13 +173,16 @@ class WeightsFollower:
                 )
         return changed
 
-    def resync(self) -> bool:
+    def resync(self, at_once: bool = False) -> bool:
         """GET_WEIGHTS from the params rpc the broker names, at most once per
-        ``RESYNC_INTERVAL_S``; its answer is adopted at any version. True when applied."""
+        ``RESYNC_INTERVAL_S`` (``at_once``: per ``FAST_RESYNC_INTERVAL_S``); its answer is
+        adopted at any version. True when applied."""
         now = time.monotonic()
-        if now < self._next_resync:
+        if now < (self._last_resync + FAST_RESYNC_INTERVAL_S if at_once else self._next_resync):
             return False
         self._next_resync = now + RESYNC_INTERVAL_S
+        self._last_resync = now
+        self.resync_due = False
         self.resyncs += 1
         return self.fetch_latest(timeout=RESYNC_TIMEOUT_S)
 
@@ -187,6 +204,7 @@ class WeightsFollower:
             self.sub._drop(msg.sender or "?", "served weights without a version in [1, 2**53]")
             return False
         if version == self.version:
+            self.unconfirmed_jump = False
             return False
         if version < self.version:
             log.warning(
@@ -196,6 +214,7 @@ class WeightsFollower:
         if not self._apply(msg, version):
             return False
         self.meta = dict(msg.meta)
+        self.unconfirmed_jump = False
         return True
 
 

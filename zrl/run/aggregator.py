@@ -1,15 +1,20 @@
 """The figures of ``zrl run``: the roles' latest metrics turned into what the live status,
 ``progress.csv``, ``eval.csv`` and the summary show.
 
-No sockets: the supervisor feeds it what arrives on the topic bus (``metrics``, ``eval``)
-and the final heartbeats. That bus is open to anyone who reaches the broker, so every
-figure is checked here (``count``, ``number``) and a malformed one counts as nothing.
+No sockets: the monitor (``zrl.run.monitor``) feeds it the roles' counters from their
+heartbeats (the registry's STATUS rows: a heartbeat comes only from the connection that
+registered its id), their training figures from ``metrics`` on the topic bus, and the
+evaluations from ``eval``. That bus is open to anyone who reaches the broker, so every figure
+is checked here (``count``, ``number``), a malformed one counts as nothing, and what the head
+keeps is bounded: figures of the run's planned roles only (``roles``, the roster), at most
+``MAX_TRAIN_TAGS`` training tags per role kind.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from typing import Any
 
 from zrl.metrics import OUTCOME_FIELDS
@@ -33,14 +38,24 @@ def number(value: Any) -> float | None:
 TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator", "league")
 TRAIN_KEY = re.compile(r"[a-z][a-z0-9_]{0,47}")
 MAX_TRAIN_KEYS = 64
+MAX_TRAIN_TAGS = 64
+"""Distinct training figures the head keeps per role kind (``<role>/<name>`` tags in the CSV,
+TensorBoard, W&B, MLflow); later new names are dropped (``train_dropped``)."""
 
 
 class Aggregator:
     """Turns the roles' latest metrics into the figures the display and CSV show."""
 
-    def __init__(self) -> None:
+    def __init__(self, roles: Collection[str] | None = None) -> None:
+        self.roles = frozenset(roles) if roles is not None else None
+        """The ids whose figures count (the run's planned roles); None: any (tests)."""
         # Training figures (``train`` in METRICS) reported since the last train_row, per role.
         self._train: dict[str, tuple[str, dict[str, float]]] = {}
+        self._tags: dict[str, set[str]] = {}  # per role kind: the training figures kept
+        self.train_dropped = 0
+        """Training figures dropped: a new name past ``MAX_TRAIN_TAGS`` for its role kind."""
+        self.dropped = 0
+        """Reports of an id that is none of ``roles``."""
         self.latest: dict[str, dict[str, Any]] = {}
         self._carry: dict[tuple[str, str], int] = {}
         self._last_raw: dict[tuple[str, str], int] = {}
@@ -48,20 +63,38 @@ class Aggregator:
         self.evals: list[dict[str, Any]] = []
         self.env_steps_offset = 0
 
+    def _counts(self, rid: str) -> bool:
+        """Whether figures of ``rid`` count (one of ``roles``); counted in ``dropped`` if not."""
+        if self.roles is not None and rid not in self.roles:
+            self.dropped += 1
+            return False
+        return True
+
     def on_metrics(self, meta: dict[str, Any]) -> None:
+        """A role's figures (``id``, ``role``, counters; ``train``: its training figures)."""
         rid = meta.get("id")
-        if isinstance(rid, str):
+        if isinstance(rid, str) and self._counts(rid):
             self.latest[rid] = meta
-            train, role = meta.get("train"), meta.get("role")
-            if isinstance(train, dict) and role in TRAIN_ROLES:
-                # From the open topic bus: short snake_case names and finite numbers only.
-                figures = {
-                    k: v
-                    for k, v in list(train.items())[:MAX_TRAIN_KEYS]
-                    if isinstance(k, str) and TRAIN_KEY.fullmatch(k) and number(v) is not None
-                }
-                if figures:
-                    self._train[rid] = (role, {k: float(v) for k, v in figures.items()})
+            self.on_train(rid, meta.get("role"), meta.get("train"))
+
+    def on_train(self, rid: str, role: Any, train: Any) -> None:
+        """The training figures of role ``rid`` (of kind ``role``) since its last report."""
+        if not isinstance(train, dict) or role not in TRAIN_ROLES or not self._counts(rid):
+            return
+        kept = self._tags.setdefault(role, set())
+        figures: dict[str, float] = {}
+        # From the open topic bus: short snake_case names and finite numbers only.
+        for k, v in list(train.items())[:MAX_TRAIN_KEYS]:
+            if not isinstance(k, str) or not TRAIN_KEY.fullmatch(k) or number(v) is None:
+                continue
+            if k not in kept:
+                if len(kept) >= MAX_TRAIN_TAGS:
+                    self.train_dropped += 1
+                    continue
+                kept.add(k)
+            figures[k] = float(v)
+        if figures:
+            self._train[rid] = (role, figures)
 
     def train_row(self) -> dict[str, float]:
         """The training figures reported since the last call, as ``<role>/<name>`` tags,

@@ -18,38 +18,39 @@ must not outlive their experiment). Starting, restarting and stopping are ``zrl.
 pieces, the same ones ``zrl run``'s ``ChildPool`` uses.
 
 A role started without a first index (``actor=4``) is numbered by the broker; the agent learns
-the id from the broker's STATUS (the row of its host and pid) and passes ``--index`` to every
-later life, so a restarted role keeps its id.
+the id from the child itself, which writes its id and state (``running`` once set up) to a
+file in a private directory of the agent (``zrl.roles.base.PARENT_REPORT_ENV``), and passes
+``--index`` to every later life, so a restarted role keeps its id. Never from the registry's
+STATUS rows: anyone registered can list a row with this host's name and a child's pid.
 
-Sockets: the ``Role`` registry DEALER (HELLO/WELCOME, HEARTBEAT, BYE), and a DEALER of its own
-to the registry for STATUS, asked once a second without blocking while a child's id or its
-coming up is still to be learnt.
+Sockets: the ``Role`` registry DEALER (HELLO/WELCOME, HEARTBEAT, BYE).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from zrl.broker.limits import info_fits
 from zrl.roles import ROLE_MODULES
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import (
+    MAX_ROLE_INDEX,
+    PARENT_REPORT_ENV,
+    Role,
+    RoleError,
+    read_parent_report,
+)
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
-from zrl.transport import protocol as P
 from zrl.transport.endpoints import split_tcp
-from zrl.transport.sockets import Channel, make_socket
 from zrl.zygote import Zygote
 
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
-STATUS_INTERVAL_S = 1.0
-STATUS_TIMEOUT_S = 5.0
-"""A STATUS unanswered this long was lost (the broker restarted): asked again on a new socket."""
 TAIL_LINES = 3
 TAIL_LINE_CHARS = 160
 ROLE_ALIASES = {"actors": "actor", "learners": "learner"}  # the config's role count keys
@@ -86,6 +87,8 @@ def parse_role_specs(tokens: list[str]) -> list[RoleSpec]:
         if count < 1:
             raise ValueError(f"bad role spec {token!r}: N must be at least 1")
         first = int(m["first"]) if m["first"] is not None else None
+        if count - 1 + (first or 0) > MAX_ROLE_INDEX:
+            raise ValueError(f"bad role spec {token!r}: role indices go from 0 to {MAX_ROLE_INDEX}")
         if first is not None:
             ids = {f"{role}-{i}" for i in range(first, first + count)}
             if ids & taken:
@@ -115,6 +118,10 @@ class HostChild(Child):
     given_up: bool = False
     ended: bool = False
     """Exited 0: ended cleanly, never restarted."""
+    report_path: Path | None = None
+    """Where each life writes its id and state (``zrl.roles.base.write_parent_report``)."""
+    running: bool = False
+    """This life reported that it is set up and running."""
 
     @property
     def name(self) -> str:
@@ -211,10 +218,8 @@ class HostAgent(Role):
         self.policy = restart or RestartPolicy.default()
         self.children = plan_children(specs, log_dir)
         self.zygote = Zygote()
-        self._status: Channel | None = None
-        self._status_asked = 0.0
-        self._status_pending = False
-        self._alive_pids: set[int] = set()
+        self.reports_dir: Path | None = None
+        """Where the children write their ids and states: a private directory of ours."""
 
     @property
     def given_up(self) -> list[HostChild]:
@@ -223,13 +228,19 @@ class HostAgent(Role):
     # --- children -----------------------------------------------------------------------
 
     def spawn(self, child: Child) -> None:
+        assert isinstance(child, HostChild)
         child.started = time.monotonic()
         index = [] if child.index is None else ["--index", str(child.index)]
         argv = ["start", child.role, "--broker", self.broker, *index, *self.role_args]
-        child.proc = launch(argv, child.log_path, self.zygote)
+        env: dict[str, str] = {}
+        if child.report_path is not None:
+            child.report_path.unlink(missing_ok=True)  # the last life's
+            env[PARENT_REPORT_ENV] = str(child.report_path)
+        child.running = False
+        child.proc = launch(argv, child.log_path, self.zygote, env)
 
     def _came_up(self, child: Child) -> bool:
-        return child.proc is not None and child.proc.pid in self._alive_pids
+        return isinstance(child, HostChild) and child.running
 
     def _tend(self, now: float) -> None:
         """Restart what crashed (back-off, budget), mark what ended cleanly."""
@@ -247,77 +258,47 @@ class HostAgent(Role):
                 show_tail(child, f"{child.name} crashed {child.restarts + 1} times (last exit "
                                  f"code {code}): given up", self.log.error)  # fmt: skip
 
-    # --- what the broker knows: ids of the roles it numbered ------------------------------
+    # --- what the children say: the ids the broker gave them, whether they are up ---------
 
-    def _poll_status(self, wait_ms: int) -> None:
-        """Ask STATUS once a second on our own DEALER; read a reply for up to ``wait_ms``."""
-        now = time.monotonic()
-        if self._status is not None and self._status_pending:
-            if now - self._status_asked > STATUS_TIMEOUT_S:
-                self._close_status()
-        if self._status is None:
-            sock = make_socket(self.ctx, zmq.DEALER, rcvtimeo_ms=0, sndtimeo_ms=0, keys=self.keys)
-            sock.connect(self.broker)
-            self._status = Channel(sock, "status", self.id or self.role, self.stats)
-            self._status_pending = False
-        if not self._status_pending and now - self._status_asked >= STATUS_INTERVAL_S:
-            self._status_pending = self._status.send(P.Message(P.STATUS), block=False)
-            self._status_asked = now
-        if not self._status.sock.poll(wait_ms):
-            return
-        got = self._status.recv(block=False)
-        if got is not None and got[1].kind == P.STATUS_REPLY:
-            self._status_pending = False
-            rows = got[1].meta.get("roles")
-            self._learn_ids(rows if isinstance(rows, list) else [])
-
-    def _close_status(self) -> None:
-        if self._status is not None:
-            self._status.close()
-            self._status = None
-
-    def _learn_ids(self, rows: list[Any]) -> None:
-        """The broker's rows of our children (this host, their pids): the ids it gave them
-        (passed as ``--index`` from their next life on), and which ones report alive."""
-        mine = {
-            r["pid"]: r
-            for r in rows
-            if isinstance(r, dict) and r.get("host") == self.host and isinstance(r.get("pid"), int)
-        }
-        self._alive_pids = {pid for pid, r in mine.items() if r.get("state") == "alive"}
+    def read_reports(self) -> None:
+        """Each running child's own report (its id and state, for the pid we started): the
+        id the broker gave it (passed as ``--index`` from its next life on), and whether it
+        is set up and running."""
         for child in self.children:
-            row = mine.get(child.proc.pid) if child.proc is not None else None
-            if child.index is not None or row is None or row.get("role") != child.role:
+            if child.report_path is None or child.proc is None or child.running:
                 continue
-            number = str(row.get("id", "")).removeprefix(f"{child.role}-")
-            if number.isdigit():
+            if not child.alive():
+                continue
+            got = read_parent_report(child.report_path, child.role, child.proc.pid)
+            if got is None:
+                continue
+            number, state = got
+            if child.index is None:
                 planned = child.name
-                child.index = int(number)
+                child.index = number
                 self.log.info("%s is %s (log: %s)", planned, child.name, child.log_path)
+            child.running = state == "running"
 
     # --- Role -----------------------------------------------------------------------------
 
     def setup(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.open_reports()
         self.zygote.start(self.log_dir / "zygote.log")
         for child in self.children:
             self.spawn(child)
         self.log.info("started %s; logs in %s", ", ".join(c.name for c in self.children),
                       self.log_dir)  # fmt: skip
 
-    def _needs_status(self) -> bool:
-        """STATUS is the registry's heaviest request (a row for every role of the run: 650 KB
-        at 1,000 roles), so the agent asks it only while a running child's id or its coming
-        up is still to be learnt: after a start or a restart, not for the rest of the run."""
-        return self._status_pending or any(
-            c.alive() and (c.index is None or not c.came_up) for c in self.children
-        )
+    def open_reports(self) -> None:
+        """The private directory (mode 0700) the children write their reports to."""
+        self.reports_dir = Path(tempfile.mkdtemp(prefix="zrl-host-"))
+        for k, child in enumerate(self.children):
+            child.report_path = self.reports_dir / f"{k}.json"
 
     def step(self) -> None:
-        if self._needs_status():
-            self._poll_status(wait_ms=100)
-        else:
-            self.stop_event.wait(0.1)
+        self.stop_event.wait(0.1)
+        self.read_reports()
         now = time.monotonic()
         self._tend(now)
         if now - self._last_ack > self.orphan_timeout:
@@ -338,7 +319,6 @@ class HostAgent(Role):
         """Nothing: the agent's figures are its children's, in its heartbeat (STATUS)."""
 
     def teardown(self) -> None:
-        self._close_status()
         running = [c.name for c in self.children if c.alive()]
         if running:
             self.log.info("stopping %s", ", ".join(running))
@@ -346,6 +326,8 @@ class HostAgent(Role):
         self.zygote.stop()
         for child in self.given_up:
             self.log.error("%s was given up; see %s", child.name, child.log_path)
+        if self.reports_dir is not None:
+            shutil.rmtree(self.reports_dir, ignore_errors=True)
 
 
 def find_child_report(

@@ -5,6 +5,14 @@ Only this run's registered evaluators report results: anyone who reaches the top
 publish an eval, so one is taken only from a live ``evaluator-<i>`` the roster planned and,
 when the head started it, run by the process it started (``registered``).
 
+The same goes for the roles' figures. Their counters (env steps, updates, ...; what the
+stop rule's ``stop.env_steps`` and progress.csv read) are taken from their heartbeats, in the
+registry's rows (a heartbeat comes only from the connection that registered its id), for the
+run's own roles only (``ours``). Their ``metrics`` on the topic bus give only the training
+figures and the first env step, and count only under the id of a planned role of the
+matching kind (``zrl.transport.senders``): whatever id or figures a message names, the head
+keeps state for the roster's roles alone.
+
 Sockets: a SUB on the topic bus (``metrics``, ``eval``); throwaway DEALERs for STATUS and
 STOP_RUN.
 """
@@ -21,6 +29,7 @@ import zmq
 from zrl.config import ExperimentConfig
 from zrl.metrics import MetricsWriter
 from zrl.roles.base import RoleError, registry_request
+from zrl.roles.registry_client import read_status
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.placement import BrokerAccess
 from zrl.run.pool import ChildPool
@@ -28,12 +37,17 @@ from zrl.run.roster import Roster
 from zrl.run.stop_rule import StopRule
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.senders import may_send
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
 log = logging.getLogger("zrl.supervisor")
 
 REMOTE_STOP_WAIT_S = 20.0
 """How long the head keeps the broker up for roles elsewhere to hear the stop and say BYE."""
+STATUS_TIMEOUT_S = 1.0
+"""How long one refresh of the registry's rows (every page of the listing) may take."""
+STATUS_WARN_INTERVAL_S = 30.0
+"""Failed STATUS refreshes are logged at most once per this, with how many failed."""
 
 
 class TopicSource(Protocol):
@@ -57,10 +71,19 @@ class RunMonitor:
     target: StopRule
     status_rows: list[dict[str, Any]] = field(default_factory=list, init=False)
     """The registry's rows at the last STATUS that got an answer."""
+    status_failures: int = field(default=0, init=False)
+    """STATUS refreshes in a row that got no readable answer."""
+    _next_status_warning: float = field(default=0.0, init=False)
     evals_dropped: int = field(default=0, init=False)
     """Evals published under a name that is no registered evaluator of this run."""
     first_env_step: float | None = field(default=None, init=False)
     """Seconds from the head's start to the first actor report of an env step."""
+    metrics_dropped: int = field(default=0, init=False)
+    """Metrics published under an id that is no planned role of this run (or of another kind)."""
+
+    def __post_init__(self) -> None:
+        # The aggregator keeps figures of the roster's roles only.
+        self.agg.roles = frozenset(self.roster.planned)
 
     def open(self) -> Channel:
         """The SUB on the topic bus for ``metrics`` and ``eval``."""
@@ -92,23 +115,67 @@ class RunMonitor:
                 writer.write_eval(row)
                 self.target.on_eval(row, sender)
             else:
-                self.agg.on_metrics(meta)
+                rid = meta.get("id")
+                role = self.planned_role(rid)
+                if role is None or meta.get("role") != role:
+                    self.metrics_dropped += 1
+                    source._drop("unplanned", "metrics under no planned role id of this run")
+                    continue
+                assert isinstance(rid, str)
+                # The counters come from the heartbeats (count_rows): only the training figures.
+                self.agg.on_train(rid, role, meta.get("train"))
                 if (
                     self.first_env_step is None
-                    and meta.get("role") == "actor"
+                    and role == "actor"
                     and count(meta.get("env_steps")) > 0
                 ):
                     # Actors report once a second: this is when we heard of the first step.
                     self.first_env_step = round(elapsed, 2)
 
-    def registered(self, rid: Any, role: str) -> dict[str, Any] | None:
+    def planned_role(self, rid: Any) -> str | None:
+        """The role of ``rid`` if it is one of the roster's planned ids and that role may
+        publish metrics (``zrl.transport.senders``); else None."""
+        if not isinstance(rid, str) or rid not in self.roster.planned:
+            return None
+        role = rid.rsplit("-", 1)[0]
+        return role if may_send(P.METRICS, role, f"topic:{P.METRICS_TOPIC}") else None
+
+    def ours(self, row: Any) -> str | None:
+        """The role of the registry's ``row`` if it is one of this run's planned roles (of
+        the role its id names) and, when we started it here, run by the process we started
+        (any state: an ended role's last heartbeat counts); else None."""
+        rid = row.get("id") if isinstance(row, dict) else None
+        if not isinstance(rid, str) or rid not in self.roster.planned:
+            return None
+        role = rid.rsplit("-", 1)[0]
+        if row.get("role") != role:
+            return None
+        child = next((c for c in self.pool.children if c.name == rid), None)
+        if child is not None and child.proc is not None and row.get("pid") != child.proc.pid:
+            return None
+        return role
+
+    def count_rows(self) -> None:
+        """The roles' counters from their heartbeats (the ``info`` of the registry's rows),
+        for this run's own roles only (``ours``)."""
+        for r in self.status_rows:
+            role = self.ours(r)
+            info = r.get("info") if role is not None else None
+            if isinstance(info, dict):
+                self.agg.on_metrics({**info, "id": r["id"], "role": role})
+
+    def registered(self, rid: Any, role: str, *, ask: bool = False) -> dict[str, Any] | None:
         """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
-        (when we started it here) run by the process we started; else None."""
+        (when we started it here) run by the process we started; else None. ``ask``: the
+        row comes from a STATUS about ``rid`` alone (its whole info), not the last listing."""
         if not isinstance(rid, str) or not rid.startswith(f"{role}-"):
             return None
         if rid not in self.roster.planned:
             return None
-        row = next((r for r in self.status_rows if r.get("id") == rid), None)
+        if ask:
+            row = self.role_row(rid)
+        else:
+            row = next((r for r in self.status_rows if r.get("id") == rid), None)
         if row is None or row.get("role") != role or row.get("state") not in ("starting", "alive"):
             return None
         child = next((c for c in self.pool.children if c.name == rid), None)
@@ -117,26 +184,50 @@ class RunMonitor:
         return row
 
     def refresh(self) -> bool:
-        """Fetch the registry's rows; False when the broker did not answer in time (the
-        rows are the previous ones)."""
+        """Fetch the registry's rows (every page of the listing); False when the broker did
+        not answer in time (the rows are the previous ones)."""
         try:
-            reply = registry_request(
-                self.ctx, self.access.broker_addr, P.Message(P.STATUS), 0.5, self.access.keys
+            reply = read_status(
+                self.ctx, self.access.broker_addr, STATUS_TIMEOUT_S, self.access.keys
             )
-        except RoleError:
+        except RoleError as exc:
+            self._status_failed(exc)
             return False
-        self.status_rows = reply.meta.get("roles", [])
+        if self.status_failures:
+            log.info("the broker answers STATUS again (%d refreshes failed)", self.status_failures)
+            self.status_failures = 0
+        self.status_rows = reply["roles"]
+        self.count_rows()
         return True
+
+    def _status_failed(self, exc: RoleError) -> None:
+        """Count a failed refresh; warn at the first and then at most once per
+        STATUS_WARN_INTERVAL_S (the head refreshes several times a second)."""
+        self.status_failures += 1
+        now = time.monotonic()
+        if now >= self._next_status_warning:
+            self._next_status_warning = now + STATUS_WARN_INTERVAL_S
+            log.warning("no STATUS from the broker (%d refreshes failed so far): %s",
+                        self.status_failures, exc)  # fmt: skip
+
+    def role_row(self, rid: str) -> dict[str, Any] | None:
+        """The broker's whole row for ``rid`` alone (a STATUS for that id: whatever the
+        registry holds, the answer is one row), or None when it has none or did not answer."""
+        try:
+            reply = read_status(
+                self.ctx, self.access.broker_addr, STATUS_TIMEOUT_S, self.access.keys,
+                role_id=rid,
+            )  # fmt: skip
+        except RoleError as exc:
+            self._status_failed(exc)
+            return None
+        rows = [r for r in reply["roles"] if isinstance(r, dict) and r.get("id") == rid]
+        return rows[0] if rows else None
 
     def final_row(self, row: dict[str, Any], elapsed: float) -> dict[str, Any]:
         """The figures at the stop, from the roles' last heartbeats: metrics come once a
         second, so a run stopped between two of them would under-report what its roles did."""
-        self.refresh()
-        for r in self.status_rows:
-            info = r.get("info")
-            if isinstance(info, dict) and isinstance(r.get("id"), str) and r.get("state") != "dead":
-                previous = self.agg.latest.get(r["id"], {})
-                self.agg.on_metrics({**previous, **info, "id": r["id"], "role": r.get("role")})
+        self.refresh()  # (count_rows: the last heartbeats' counters)
         return self.agg.row(elapsed) if self.status_rows else row
 
     def stop_run(self, reason: str, elapsed: float) -> None:

@@ -7,8 +7,8 @@ that comes with it.
   when the broker binds loopback only.
 - ``placement``: which roles start here and which on each host of ``hosts``.
 - ``role_trust_args``: what a role takes from its own command line rather than from the
-  broker (the checkpoint root, the factory references); ``remote_commands``: the exact
-  ``zrl host`` line (the per-host agent) for every host with placed roles.
+  broker (the checkpoint root, the factory references, a module env id); ``remote_commands``:
+  the exact ``zrl host`` line (the per-host agent) for every host with placed roles.
 - ``advertised_host``: the address other hosts reach the broker at: ``broker.advertise``,
   the bound address, or the interface with the default route, else the only non-loopback
   address. Never a hostname: one that resolves to 127.0.0.1 on the other hosts sends their
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zrl.config import ExperimentConfig
-from zrl.factories import Factories
+from zrl.factories import Factories, env_id_module
 from zrl.transport.endpoints import broker_endpoints, free_port_range, is_loopback, split_tcp
 from zrl.transport.security import Keys, init_keys, load_keys
 
@@ -177,11 +177,13 @@ def placement(
 
 def role_trust_args(cfg: ExperimentConfig, factories: Factories) -> list[str]:
     """What a role takes from its own command line rather than from the broker (see
-    zrl.roles.trust: checked_checkpoint_dir, factories_from): the checkpoint root and the
-    factory references of this run."""
+    zrl.roles.trust: checked_checkpoint_dir, factories_from, checked_env_id): the checkpoint
+    root, the factory references of this run and its env id when that names a module."""
     args: list[str] = []
     if cfg.checkpoint.dir is not None:
         args += ["--checkpoint-root", str(cfg.checkpoint.dir)]
+    if env_id_module(cfg.env.id) is not None:
+        args += [f"--env-id={cfg.env.id}"]
     return args + factory_args(factories)
 
 

@@ -10,6 +10,7 @@ Sockets: throwaway DEALERs for the STATUS that tells when the broker is up.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import signal
@@ -90,6 +91,10 @@ class ChildPool:
                 cmd += ["--factories", str(run_dir / FACTORIES_FILE)]
             if acc.insecure:
                 cmd += ["--insecure"]
+            if self.cfg.checkpoint.dir is not None:
+                # config.yaml keeps a checkpoint.dir in the run directory relative to it; the
+                # broker hands the roles the resolved one (see RunDir.stored_config).
+                cmd += ["--set", f"checkpoint.dir={json.dumps(self.cfg.checkpoint.dir)}"]
             cmd += factory_args(self.factories)
         else:
             trust = role_trust_args(self.cfg, self.factories)

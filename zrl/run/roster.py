@@ -7,6 +7,10 @@ placed roles have not come yet, and when waiting for them has lasted too long. T
 lists every role that took part, where, its restarts and last state, and every one that
 never came.
 
+What it keeps is bounded by the plan: every planned role, and at most ``MAX_UNPLANNED`` ids
+the plan does not name (host agents, roles started by hand; anyone who reaches the broker can
+register under a new id), the rest counted in ``unplanned_not_listed``.
+
 No sockets: it reads the registry rows the supervisor fetched with STATUS.
 """
 
@@ -15,10 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zrl.run.aggregator import count
+
 HERE = "here"
 """Where a role the head starts itself runs."""
 ANY_HOST = "any host"
 """Where a role runs that the config does not place (a head that starts no roles)."""
+MAX_UNPLANNED = 32
+"""Ids the plan does not name that the roster keeps (and the summary lists)."""
 
 
 @dataclass
@@ -29,6 +37,8 @@ class Roster:
     """How long roles placed elsewhere may take to register; None: for ever."""
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Role id -> what the registry last said of it (host, pid, restarts, state, ...)."""
+    unplanned_not_listed: int = 0
+    """The most ids of one STATUS that the plan does not name and ``seen`` had no room for."""
 
     @classmethod
     def of(
@@ -42,10 +52,17 @@ class Roster:
 
     def update(self, rows: list[dict[str, Any]], elapsed: float) -> None:
         """Take the registry's rows (STATUS) at ``elapsed`` seconds into the run."""
+        unplanned = sum(rid not in self.planned for rid in self.seen)
+        not_listed = 0
         for r in rows:
             rid = r.get("id")
             if not isinstance(rid, str):
                 continue
+            if rid not in self.planned and rid not in self.seen:
+                if unplanned >= MAX_UNPLANNED:
+                    not_listed += 1
+                    continue
+                unplanned += 1
             known = self.seen.setdefault(rid, {"first_seen": round(elapsed, 1)})
             known.update(
                 role=r.get("role"),
@@ -54,8 +71,9 @@ class Roster:
                 pid=r.get("pid"),
                 state=r.get("state"),
                 # The registry counts a registration from a new process under a known id.
-                restarts=max(int(r.get("restarts") or 0), int(known.get("restarts") or 0)),
+                restarts=max(count(r.get("restarts")), count(known.get("restarts"))),
             )
+        self.unplanned_not_listed = max(self.unplanned_not_listed, not_listed)
 
     def ended_here(self, exit_codes: dict[str, int | None]) -> None:
         """How the roles the head started ended (their exit codes, at the stop): a role
@@ -98,7 +116,10 @@ class Roster:
             took_part[rid] = {
                 **known,
                 "placed": self.planned.get(rid, "unplanned"),
-                "restarts": max(int(known.get("restarts") or 0), restarts_here.get(rid, 0)),
+                "restarts": max(count(known.get("restarts")), restarts_here.get(rid, 0)),
             }
         never = [rid for rid in self.planned if rid not in self.seen]
-        return {"took_part": took_part, "never_came": never}
+        out: dict[str, Any] = {"took_part": took_part, "never_came": never}
+        if self.unplanned_not_listed:
+            out["unplanned_not_listed"] = self.unplanned_not_listed
+        return out

@@ -9,6 +9,10 @@ plus ``factories.pkl`` (a script's pickled factories), ``keys/`` (the run's own 
 ``BrokerAccess.use_run_keys``), ``checkpoints/`` and ``remote_commands.txt``. The CSV and
 TensorBoard files are ``zrl.metrics.MetricsWriter``'s.
 
+config.yaml keeps a ``checkpoint.dir`` inside the run directory relative to it (``checkpoints``),
+and a relative one read back from there (``--resume``) is relative to the run directory: a copy
+of a run directory resumes from, and writes to, its own checkpoints, never the original's.
+
 Sockets: throwaway DEALERs for the LOOKUP of the params server and the final GET_WEIGHTS
 (``model.pt``).
 """
@@ -38,6 +42,8 @@ from zrl.transport import protocol as P
 
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 
+OWN_CHECKPOINTS = "checkpoints"
+"""A run's own checkpoint directory, in its run directory (config.yaml names it so)."""
 LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
 
 # What summary.json says about the whole run rather than about one segment of it (a `zrl run`
@@ -128,13 +134,11 @@ class RunDir:
         from zrl.runtime import actor_seed
 
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
-        if self.cfg.checkpoint.dir is None:
-            # Checkpoints live with the run, so a crashed role and `--resume` find them.
-            self.cfg.checkpoint.dir = str((self.path / "checkpoints").resolve())
+        self.cfg.checkpoint.dir = str(self.checkpoint_dir(resume=resume))
         if resume:
             progress = self.restore_counters(agg)
             self.earlier = earlier_segments(read_summary(self.path / "summary.json"), progress)
-        (self.path / "config.yaml").write_text(config_to_yaml(self.cfg))
+        (self.path / "config.yaml").write_text(config_to_yaml(self.stored_config()))
         seeds = {
             "run_seed": self.cfg.seed,
             "actors": {
@@ -144,6 +148,29 @@ class RunDir:
         (self.path / "seeds.json").write_text(json.dumps(seeds, indent=2))
         if self.factories.needs_pickle():
             (self.path / FACTORIES_FILE).write_bytes(self.factories.pickled())
+
+    def checkpoint_dir(self, *, resume: bool) -> Path:
+        """Where the roles of this run checkpoint, resolved: ``RUN_DIR/checkpoints`` unless
+        the config names a directory (checkpoints live with the run, so a crashed role and
+        ``--resume`` find them). A relative one is relative to the run directory when it was
+        read from the run directory's config.yaml (``resume``), else to the working
+        directory."""
+        d = self.cfg.checkpoint.dir
+        if d is None:
+            return (self.path / OWN_CHECKPOINTS).resolve()
+        path = Path(d).expanduser()
+        if resume and not path.is_absolute():
+            path = self.path / path
+        return path.resolve()
+
+    def stored_config(self) -> ExperimentConfig:
+        """The config as config.yaml keeps it: a checkpoint directory inside the run
+        directory relative to it, so that a copy of the run directory resumes into itself."""
+        stored = self.cfg.model_copy(deep=True)
+        d, here = self.cfg.checkpoint.dir, self.path.resolve()
+        if d is not None and Path(d).is_absolute() and Path(d).is_relative_to(here):
+            stored.checkpoint.dir = str(Path(d).relative_to(here))
+        return stored
 
     def restore_counters(self, agg: Aggregator) -> list[dict[str, float]]:
         """Continue the env-step count of the run being resumed (actors count from 0); the
@@ -217,6 +244,7 @@ class RunDir:
         evals_dropped: int,
         roster: Roster,
         restarts_here: dict[str, int],
+        metrics_dropped: int = 0,
     ) -> dict[str, Any]:
         """What summary.json says: how the run ended and what it reached. For a resumed run,
         this segment's figures (``env_steps`` and ``updates`` count on from the earlier ones),
@@ -256,6 +284,9 @@ class RunDir:
             "final_eval_return": evals[-1]["mean"] if evals else None,  # = last, for old readers
             "evaluations": len(evals),
             "evals_dropped": evals_dropped,
+            # Metrics under no planned role's id, and training figures past the tag bound.
+            "metrics_dropped": metrics_dropped,
+            "train_figures_dropped": agg.train_dropped,
             "weights_version": version,
             "model": str(self.path / "model.pt") if version is not None else None,
             "restarts": restarts,

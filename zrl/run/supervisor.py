@@ -43,6 +43,7 @@ from zrl.factories import FACTORIES_FILE, Factories
 from zrl.metrics import MetricsWriter, ScalarWriter, require_backends
 from zrl.run.aggregator import Aggregator
 from zrl.run.children import Child
+from zrl.run.learning import did_not_learn
 from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
 from zrl.run.pool import ChildPool
@@ -193,7 +194,10 @@ class Supervisor:
     def _confirm_target(self) -> None:
         """Stop at the target once the evaluator's own heartbeat reports the evaluations that
         met the rule too (see StopRule.confirm)."""
-        if self.target.confirm(lambda sender: self.monitor.registered(sender, "evaluator")):
+        # The evaluator's row alone: one row decodes whatever else the registry holds.
+        if self.target.confirm(
+            lambda sender: self.monitor.registered(sender, "evaluator", ask=True)
+        ):
             self.stop_reason = "eval_return"
             self._stop.set()
 
@@ -231,6 +235,15 @@ class Supervisor:
             self._stop.set()
 
     # --- finish -----------------------------------------------------------------------
+
+    def _check_learned(self) -> None:
+        """A run whose learners' weights never reached params failed (``zrl.run.learning``),
+        whatever else went right; an earlier failure keeps its own reason."""
+        ours = [r for r in self.monitor.status_rows if self.monitor.ours(r)]
+        reason = did_not_learn(self.cfg, ours)
+        if reason is not None and not self.pool.fatal:
+            log.error("%s", reason)
+            self.pool.fatal = reason
 
     def _save_model(self) -> int | None:
         return self.rundir.save_model(
@@ -302,7 +315,6 @@ class Supervisor:
                 if self.target.candidates and time.monotonic() >= next_confirm:
                     # The evaluator's next heartbeat is at most heartbeat_interval away.
                     next_confirm = time.monotonic() + 0.25
-                    self.monitor.refresh()
                     self._confirm_target()
                 if time.monotonic() >= next_row:
                     next_row += 1.0
@@ -350,6 +362,7 @@ class Supervisor:
             try:
                 if self.broker_child is not None:
                     row = self.monitor.final_row(row, time.monotonic() - self.started)
+                    self._check_learned()
                     version = self._save_model()
                 self._finishing = True
             except KeyboardInterrupt:
@@ -443,6 +456,7 @@ class Supervisor:
             started=self.started,
             first_env_step=self.monitor.first_env_step,
             evals_dropped=self.monitor.evals_dropped,
+            metrics_dropped=self.monitor.metrics_dropped,
             roster=self.roster,
             restarts_here=self.pool.restarts(),
         )

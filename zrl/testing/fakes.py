@@ -1,8 +1,12 @@
 """Stand-ins for the peers of the role under test: a learner's rpc to the parameter server, and
 an actor's experience for a replay shard.
 
-- :class:`Rpc`: a DEALER to a parameter server's rpc ROUTER, as the learner opens it.
+- :class:`Rpc`: a DEALER to a parameter server's (or the league's) rpc ROUTER, as the learner
+  (an actor) opens it; given the broker, it registers as that role and shows its connection's
+  key in its heartbeats (``zrl.roles.rpc_identity``), so the server takes its guarded requests.
 - :class:`FakeClock`: a clock that stands still until the test sets ``t`` (a league's).
+- :func:`config_model`, :func:`model_weights`: the model a config builds for its env, and
+  random weights in its layout (what a parameter server takes).
 - :func:`trajectory`: a TRAJECTORY's arrays, all steps valid, with recognisable observations.
 - :func:`sequences`: an R2D2 TRAJECTORY's arrays: sequences with stored states, all steps real.
 - :func:`cue_recall`: one episode of a task that needs memory, acted by a policy.
@@ -14,6 +18,7 @@ an actor's experience for a replay shard.
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +27,8 @@ import zmq
 
 from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
 from zrl.config import ExperimentConfig
+from zrl.roles.base import Role
+from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
 from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
@@ -37,25 +44,99 @@ class FakeClock:
         return self.t
 
 
-class Rpc:
-    """A DEALER to the parameter server's rpc ROUTER, as the learner opens it."""
+class _Registered(Role):
+    """The registry side of a fake peer: a role entry that heartbeats the keys of ``Rpc``."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sender: str = "learner-0") -> None:
+    def __init__(self, broker: str, role: str, index: int, ctx: zmq.Context) -> None:
+        self.role = role  # type: ignore[misc]  # an instance's role: the fake plays any
+        super().__init__(broker, index=index, ctx=ctx, connect_timeout=10)
+        self.rpc_keys = ClientKeys()
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return self.rpc_keys.info()
+
+    def heartbeat(self) -> None:
+        """A heartbeat now (with the keys), acknowledged by the broker."""
+        heartbeat_now(self)
+
+
+class Rpc:
+    """A DEALER to a server's rpc ROUTER as ``sender`` (``<role>-<n>``) opens it. With
+    ``broker``, it registers as that role first and heartbeats its key (at most a second
+    apart, before each request), as the real role does; without, it is an unregistered
+    peer, whose guarded requests the server refuses."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        sender: str = "learner-0",
+        broker: str | None = None,
+        server: str = "params",
+    ) -> None:
         sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=3000, sndtimeo_ms=1000)
-        sock.connect(endpoint)
+        self.registered: _Registered | None = None
+        self.next_heartbeat = 0.0
+        if broker is not None:
+            role, _, index = sender.rpartition("-")
+            self.registered = _Registered(broker, role, int(index), ctx)
+            self.registered.connect()
+            connect_with_key(sock, endpoint, self.registered.rpc_keys.renew(server))
+            self._heartbeat()
+        else:
+            sock.connect(endpoint)
         self.ch = Channel(sock, "params-rpc", sender, TransportStats())
 
+    def _heartbeat(self) -> None:
+        if self.registered is not None and time.monotonic() >= self.next_heartbeat:
+            self.next_heartbeat = time.monotonic() + 1.0
+            self.registered.heartbeat()
+
     def request(self, msg: P.Message) -> P.Message:
+        self._heartbeat()
         assert self.ch.send(msg)
         got = self.ch.recv()
         assert got is not None, f"no answer to {msg.kind}"
         return got[1]
 
     def send(self, msg: P.Message) -> None:
+        self._heartbeat()
         assert self.ch.send(msg)
 
     def close(self) -> None:
         self.ch.close()
+        if self.registered is not None:
+            self.registered.close()
+
+
+def config_model(cfg: ExperimentConfig) -> Any:
+    """The model ``cfg`` builds for its env's spaces, as every role builds it."""
+    from zrl.envs import make_vector_env
+    from zrl.models import experiment_model
+
+    probe = make_vector_env(cfg.env, 1)
+    spaces = (probe.single_observation_space, probe.single_action_space)
+    probe.close()
+    return experiment_model(cfg, *spaces)
+
+
+_layouts: dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]] = {}
+
+
+def model_weights(cfg: ExperimentConfig, seed: int) -> dict[str, np.ndarray]:
+    """Random weights (normal) in the layout of ``cfg``'s model (built once per env, model
+    and algorithm)."""
+    from zrl.models import model_to_arrays
+
+    key = f"{cfg.algo} {cfg.env.model_dump_json()} {cfg.model.model_dump_json()}"
+    if key not in _layouts:
+        arrays = model_to_arrays(config_model(cfg))
+        _layouts[key] = {name: (a.shape, a.dtype) for name, a in arrays.items()}
+    rng = np.random.default_rng(seed)
+    return {
+        name: rng.standard_normal(shape).astype(dtype)
+        for name, (shape, dtype) in _layouts[key].items()
+    }
 
 
 def trajectory(

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 import zmq
 
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.base import RoleError
+from zrl.roles.registry_client import read_status
 from zrl.testing.probes import wait_for
-from zrl.transport import protocol as P
 
 REPO = Path(__file__).resolve().parents[2]
 RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
@@ -111,10 +111,10 @@ def zrl_status_json(addr: str) -> dict[str, Any]:
 def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
     """The broker's role table by id ({} when it does not answer within a second)."""
     try:
-        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+        reply = read_status(ctx, addr, 1.0)
     except RoleError:
         return {}
-    return {r["id"]: r for r in reply.meta.get("roles", [])}
+    return {r["id"]: r for r in reply["roles"]}
 
 
 def run_zrl(

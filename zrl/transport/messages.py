@@ -32,8 +32,12 @@ Registry (role DEALER <-> broker ROUTER):
 - ``bye``: role -> broker, at stop. Meta ``id``, ``stats``. No arrays.
 - ``lookup``: anyone -> broker (throwaway DEALER). Meta ``role``. No arrays.
 - ``lookup_reply``: broker -> asker. Meta ``role``, ``services`` ``[{id, rpc, host}]``.
-- ``status``: anyone -> broker (throwaway DEALER). No meta, no arrays.
-- ``status_reply``: broker -> asker. Meta ``roles`` (one row per role), ``broker``.
+- ``status``: anyone -> broker (throwaway DEALER). Meta (all optional) ``after`` ([role, id]
+  of the last row of the previous page), ``host``/``role`` (those rows only), ``id`` (that
+  role's whole row alone). No arrays.
+- ``status_reply``: broker -> asker. Meta ``roles`` (one page of rows, at most
+  ``STATUS_PAGE_BYTES``; a listing's rows carry the info that fits, ``truncated`` marking a
+  cut one), ``more`` and ``last`` (ask again with ``after`` = ``last``), ``broker``.
 - ``stop_run``: head -> broker (throwaway DEALER). Meta ``token`` str (the broker's stop
   token), ``reason`` str; answered with ``stop_run`` (meta ``reason``) or ``refused``. No arrays.
 - ``error``: defined, not sent by any role in this version.

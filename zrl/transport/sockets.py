@@ -6,7 +6,10 @@ messages, infinite linger — are wrong for a long-running training job). A
 :class:`Channel` wraps one socket with the protocol: it stamps sender and
 sequence numbers on what it sends, validates what it receives, and keeps
 per-stream counters (sent, received, dropped, sequence gaps) that every role
-reports in its heartbeats.
+reports in its heartbeats. Sequence gaps follow expected peers only: the connection on a
+ROUTER, the run's planned roles elsewhere (``Channel.expected_peers``), never an id a message
+names for itself. :class:`ReplyBudget` bounds the bytes a ROUTER queues for peers that do
+not read its replies.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,18 +113,44 @@ class StreamStats:
     def snapshot(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in STAT_COUNTERS}
 
+    other_seq: dict[str, int] = field(default_factory=dict)
+    """A second sequence per sender, below ``last_seq``'s: a restarted sender's new one (or a
+    forger's), followed apart so that a forged low number cannot reset the real sequence."""
+
     def note_seq(self, sender: str, seq: int) -> None:
-        """Count missing sequence numbers; a reset (restarted sender) starts afresh.
+        """Count missing sequence numbers. A number at or below what ``sender`` sent so far
+        (a restart, or a forgery) starts a second sequence beside the first: each number
+        continues the nearest sequence below it, so neither a restart nor a forged low number
+        counts gaps in the other. When the second passes the first it replaces it.
 
         Raises ProtocolError for a jump past ``MAX_SEQ_JUMP`` (the caller drops the message)."""
-        last = self.last_seq.pop(sender, None)
-        if last is not None:
-            if seq > last + MAX_SEQ_JUMP:
-                self.last_seq[sender] = last
-                raise ProtocolError(f"sequence number jumps from {last} to {seq}")
-            if seq > last + 1:
-                self.gaps = saturate(self.gaps + seq - last - 1)
-        remember(self.last_seq, sender, seq)
+        high = self.last_seq.pop(sender, None)
+        low = self.other_seq.pop(sender, None)
+        if high is None:
+            remember(self.last_seq, sender, seq)
+            return
+        below = [t for t in (high, low) if t is not None and t < seq]
+        if not below:
+            remember(self.last_seq, sender, high)
+            remember(self.other_seq, sender, seq)
+            return
+        nearest = max(below)
+        if seq > nearest + MAX_SEQ_JUMP:
+            remember(self.last_seq, sender, high)
+            if low is not None:
+                remember(self.other_seq, sender, low)
+            raise ProtocolError(f"sequence number jumps from {nearest} to {seq}")
+        if seq > nearest + 1:
+            self.gaps = saturate(self.gaps + seq - nearest - 1)
+        if nearest == high:
+            high = seq
+        else:
+            low = seq
+        if low is not None and low >= high:
+            high, low = low, None
+        remember(self.last_seq, sender, high)
+        if low is not None:
+            remember(self.other_seq, sender, low)
 
     def note_drop(self, sender: str) -> None:
         self.dropped = saturate(self.dropped + 1)
@@ -157,6 +187,87 @@ class TransportStats:
             sum(s["sent"] for s in snap.values()),
             sum(s["dropped"] for s in snap.values()),
         )
+
+
+class ReplyBudget:
+    """A byte bound on what a ROUTER has queued for its peers: at most ``per_peer_bytes`` for
+    one peer and ``total_bytes`` for all of them together.
+
+    libzmq bounds a ROUTER's queue to each peer in messages (SNDHWM), not bytes, and gives
+    no way to see how much of it a peer has read. So the budget counts every reply sent to a
+    peer as queued for ``drain_s`` seconds (a peer that reads has read it by then), each at
+    least ``MIN_REPLY_CHARGE`` bytes (which bounds the budget's own table). A reply that
+    would take its peer or the total past its bound is not sent: :meth:`admit` returns False
+    and the caller counts it dropped (``dropped``, ``dropped_bytes``). So a peer that never
+    reads holds at most ``per_peer_bytes`` and peers together at most ``total_bytes`` per
+    ``drain_s`` (and, after that, at most the socket's SNDHWM replies each). Used by the
+    broker's registry (STATUS listings, LOOKUP replies) and by any rpc server that answers
+    with large messages (``Channel.send(..., budget=)``)."""
+
+    MIN_REPLY_CHARGE = 1024
+
+    def __init__(self, *, per_peer_bytes: int, total_bytes: int, drain_s: float = 10.0) -> None:
+        if not 0 < per_peer_bytes <= total_bytes or drain_s <= 0:
+            raise ValueError(
+                f"reply budget needs 0 < per_peer_bytes ({per_peer_bytes}) <= total_bytes "
+                f"({total_bytes}) and drain_s ({drain_s}) > 0"
+            )
+        self.per_peer_bytes = per_peer_bytes
+        self.total_bytes = total_bytes
+        self.drain_s = drain_s
+        self._sent: OrderedDict[bytes, deque[tuple[float, int]]] = OrderedDict()
+        """Peer -> (time, bytes) of its replies of the last ``drain_s``, least recently sent
+        to first."""
+        self.queued = 0
+        """Bytes counted as queued now, over every peer (at most ``total_bytes``)."""
+        self.dropped = 0
+        self.dropped_bytes = 0
+
+    def _trim(self, sends: deque[tuple[float, int]], now: float) -> None:
+        while sends and now - sends[0][0] >= self.drain_s:
+            self.queued -= sends.popleft()[1]
+
+    def _expire(self, now: float) -> None:
+        # Peers in order of their last reply: once one's last reply is recent, so is every
+        # later peer's (their older replies are trimmed when they are next asked about).
+        while self._sent:
+            peer, sends = next(iter(self._sent.items()))
+            self._trim(sends, now)
+            if sends:
+                break
+            del self._sent[peer]
+
+    def queued_for(self, peer: bytes, now: float | None = None) -> int:
+        """Bytes counted as queued for ``peer``."""
+        now = time.monotonic() if now is None else now
+        self._expire(now)
+        sends = self._sent.get(peer)
+        if sends is not None:
+            self._trim(sends, now)
+        return sum(n for _, n in sends) if sends else 0
+
+    def admit(self, peer: bytes, nbytes: int, now: float | None = None) -> bool:
+        """Whether a reply of ``nbytes`` to ``peer`` fits; if so it is counted as queued."""
+        now = time.monotonic() if now is None else now
+        charge = max(nbytes, self.MIN_REPLY_CHARGE)
+        held = self.queued_for(peer, now)
+        if held + charge > self.per_peer_bytes or self.queued + charge > self.total_bytes:
+            self.dropped = saturate(self.dropped + 1)
+            self.dropped_bytes = saturate(self.dropped_bytes + nbytes)
+            return False
+        sends = self._sent.get(peer)
+        if sends is None:
+            sends = self._sent[peer] = deque()
+        else:
+            self._sent.move_to_end(peer)
+        sends.append((now, charge))
+        self.queued += charge
+        return True
+
+
+def frames_nbytes(frames: list[Any]) -> int:
+    """The bytes of a message's frames (bytes, buffers or numpy arrays)."""
+    return sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
 
 
 FAULTS_ENV = "ZRL_TESTING_FAULTS"
@@ -232,6 +343,10 @@ class Channel:
         self.envelope = envelope
         self.topics = topics
         self.max_message_bytes = max_message_bytes
+        self.expected_peers: frozenset[str] | None = None
+        """Sender ids whose sequences (``gaps``) this channel follows; None: every one. On a
+        ROUTER the sequence follows the connection (routing id) instead, whatever id a
+        message names."""
         self._seq = 0
         self._topic_seq: dict[str | bytes, int] = {}
         self._next_drop_log = 0.0
@@ -243,9 +358,16 @@ class Channel:
         return self._seq
 
     def send(
-        self, msg: Message, *, to: bytes | None = None, topic: str | None = None, block: bool = True
+        self,
+        msg: Message,
+        *,
+        to: bytes | None = None,
+        topic: str | None = None,
+        block: bool = True,
+        budget: ReplyBudget | None = None,
     ) -> bool:
-        """Send ``msg``; False when it could not be queued (timeout or full queue when not blocking)."""
+        """Send ``msg``; False when it could not be queued (timeout or full queue when not
+        blocking, or a reply to ``to`` past ``budget``: counted there and in ``dropped``)."""
         msg.sender = self.sender
         msg.stream = self.name
         # A topic channel numbers each topic on its own: a subscriber sees one topic only,
@@ -259,6 +381,9 @@ class Channel:
         if self.envelope:
             if to is None:
                 raise ValueError("a ROUTER channel needs the recipient's routing id")
+            if budget is not None and not budget.admit(to, frames_nbytes(frames)):
+                self.stats.dropped = saturate(self.stats.dropped + 1)
+                return False
             frames = [to, *frames]
         if topic_name is not None:
             frames = [topic_name.encode(), *frames]
@@ -324,13 +449,21 @@ class Channel:
             return None
         # A publisher numbers each topic on its own: one subscriber receiving two topics from
         # the same sender (a shard's priorities and batch acks) tracks each sequence apart.
-        try:
-            self.stats.note_seq(
-                f"{msg.sender} {topic[:MAX_NAME_CHARS]}" if topic else msg.sender, msg.seq
-            )
-        except ProtocolError as exc:
-            self._drop(msg.sender, str(exc))
-            return None
+        # The sender id is the message's word: sequences follow the connection where there
+        # is one (ROUTER), else expected peers only, so invented ids move no counter.
+        key: str | None
+        if ident is not None:
+            key = "@" + ident.hex()[: 2 * MAX_NAME_CHARS]
+        elif self.expected_peers is not None and msg.sender not in self.expected_peers:
+            key = None
+        else:
+            key = f"{msg.sender} {topic[:MAX_NAME_CHARS]}" if topic else msg.sender
+        if key is not None:
+            try:
+                self.stats.note_seq(key, msg.seq)
+            except ProtocolError as exc:
+                self._drop(msg.sender, str(exc))
+                return None
         self.stats.received = saturate(self.stats.received + 1)
         return ident, msg
 

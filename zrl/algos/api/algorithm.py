@@ -93,6 +93,9 @@ class Algorithm:
     model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None
     """Keyword arguments of ``model`` that its own config section sets (Ape-X DDPG: twin
     critics)."""
+    sequence_length: Callable[[ExperimentConfig], int] | None = None
+    """The steps in each sequence its actors cut, from its own config section (required when
+    ``wiring.replay_item`` is "sequences": a replay shard fixes its layout with it, R2D2)."""
 
     @classmethod
     def box_off_policy(

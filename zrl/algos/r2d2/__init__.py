@@ -46,4 +46,5 @@ ALGORITHM = Algorithm(
     config={"r2d2": R2D2Config},
     sections=("replay", "learner"),
     check_config=check_config,
+    sequence_length=lambda cfg: cfg.section(R2D2Config).sequence_length,
 )
