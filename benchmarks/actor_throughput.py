@@ -1,8 +1,8 @@
 """Actor throughput benchmark: env steps/s of a real zrl actor against a bare loop.
 
 (1) A bare loop in its own process, 1 torch thread, no messaging: the actor's vector env
-    (``zrl.envs.make_vector_env``) and, every vector step, the same batched Q forward
-    (``zrl.models.build_q_network``, same seed) and Ape-X epsilon-greedy as the Ape-X DQN
+    (``zrl.envs.vector.make_vector_env``) and, every vector step, the same batched Q forward
+    (``zrl.nets.discrete.build_q_network``, same seed) and Ape-X epsilon-greedy as the Ape-X DQN
     policy's ``act`` (``zrl.algos.apex_dqn.policy.ApexDQNPolicy``). Not included: the actor's trajectory buffers, episode bookkeeping, n-step returns and
     initial priorities (a second forward per trajectory), encoding and sending. As a second
     reference, the real generic ``Actor.setup`` + ``Actor.collect`` (with the algorithm's
@@ -53,11 +53,11 @@ def reference_loops(spec: dict[str, Any], cmds: Any, out: Any) -> None:
     import torch
 
     from zrl.algos.apex_dqn.losses import apex_epsilons
-    from zrl.config import ExperimentConfig
-    from zrl.envs import make_vector_env
-    from zrl.models import build_q_network
+    from zrl.config.experiment import ExperimentConfig
+    from zrl.envs.vector import make_vector_env
+    from zrl.nets.discrete import build_q_network
     from zrl.roles.actor import Actor
-    from zrl.runtime import actor_seed, limit_torch_threads
+    from zrl.utils.runtime import actor_seed, limit_torch_threads
 
     cfg = ExperimentConfig.model_validate(spec)
     limit_torch_threads(1)
@@ -181,7 +181,7 @@ def zrl_cmd(*args: str) -> list[str]:
 def write_config(path: Path, num_envs: int | None) -> Any:
     import yaml
 
-    from zrl.config import config_from_dict
+    from zrl.config.experiment import config_from_dict
 
     data = yaml.safe_load(BASE_CONFIG.read_text())
     overrides = [

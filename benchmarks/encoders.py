@@ -21,8 +21,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from zrl.encoders import use_channels_last
-from zrl.models import build_actor_critic
+from zrl.nets.discrete import build_actor_critic
+from zrl.nets.encoders import use_channels_last
 
 ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from zrl.config import config_from_dict
+from zrl.config.experiment import config_from_dict
 from zrl.roles.actor import Actor
-from zrl.runtime import limit_torch_threads
+from zrl.utils.runtime import limit_torch_threads
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "pong_appo.yaml"
 

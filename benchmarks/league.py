@@ -37,7 +37,7 @@ ENV_IDS = {"tictactoe": "pettingzoo/tictactoe_v3", "connect_four": "pettingzoo/c
 
 def bare_games_per_s(game: str, seconds: float = 5.0) -> float:
     """Games/s of the raw PettingZoo env on one core, random legal moves, nothing else."""
-    from zrl.multiagent.pettingzoo import env_module
+    from zrl.envs.multiagent.pettingzoo import env_module
 
     env = env_module(ENV_IDS[game]).raw_env()
     rng = np.random.default_rng(0)

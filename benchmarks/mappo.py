@@ -6,7 +6,7 @@ stop.wall_time=SECONDS`` in a subprocess, then reads the run's ``eval.csv``: eve
 evaluation's time (seconds since the run started, start-up included), env steps (agent
 steps: each game step is 3) and mean greedy per-agent return over ``evaluator.episodes``
 games. In this process it measures the uniformly random policy on the same envs
-(``zrl.multiagent.envs.make_multiagent_vector_env``, the config's ``env.kwargs``).
+(``zrl.envs.multiagent.envs.make_multiagent_vector_env``, the config's ``env.kwargs``).
 
 Prints the evaluations, the last one at or before 30/60/120/180 s (and ``--seconds``), and the
 final return (mean of the last ``--final-evals`` evaluations) against the random baseline:
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zrl.config import ExperimentConfig, load_config
+from zrl.config.experiment import ExperimentConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "simple_spread_mappo.yaml"
@@ -51,7 +51,7 @@ def random_baseline(cfg: ExperimentConfig, games: int, seed: int) -> tuple[float
     their reward, so the game is the independent unit)."""
     import numpy as np
 
-    from zrl.multiagent.envs import make_multiagent_vector_env
+    from zrl.envs.multiagent.envs import make_multiagent_vector_env
 
     envs = make_multiagent_vector_env(cfg.env.id, dict(cfg.env.kwargs), cfg.env.multiagent, games)
     try:

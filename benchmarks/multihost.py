@@ -78,7 +78,7 @@ STREAM_END = r"""
 import json, os, sys, time
 import numpy as np
 import zmq
-from zrl.config_sections import DEFAULT_STREAMS, BrokerConfig
+from zrl.config.sections import DEFAULT_STREAMS, BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import load_keys
 from zrl.transport.endpoints import broker_endpoints

@@ -2,7 +2,7 @@
 
 A feed-forward zrl PPO runs on the same env to show that the task needs memory.
 
-The env is ``zrl/CartPoleNoVel-v1`` (zrl/pomdp.py): CartPole-v1 observing only the cart
+The env is ``zrl/CartPoleNoVel-v1`` (zrl/envs/pomdp.py): CartPole-v1 observing only the cart
 position and the pole angle. For each seed: wall-clock seconds and env steps until the mean
 greedy return over 20 episodes reaches 475, measured from the moment the command is launched:
 
@@ -140,8 +140,8 @@ def sb3_worker(seed: int, limit: float, launched: float) -> None:
     from stable_baselines3.common.vec_env import VecNormalize
     from torch import nn
 
-    sys.path.insert(0, str(REPO))  # this checkout's zrl/pomdp.py (gymnasium and numpy only)
-    from zrl.pomdp import cartpole_no_velocity
+    sys.path.insert(0, str(REPO))  # this checkout's zrl/envs/pomdp.py (gymnasium and numpy only)
+    from zrl.envs.pomdp import cartpole_no_velocity
 
     torch.set_num_threads(1)
 

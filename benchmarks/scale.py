@@ -79,7 +79,7 @@ from tests.integration.netns import Hosts, kill_procs, netns_available  # noqa: 
 from zrl import __version__  # noqa: E402
 from zrl.broker.limits import DropLog  # noqa: E402
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_socket  # noqa: E402
-from zrl.config_sections import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
+from zrl.config.sections import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
 from zrl.roles.registry_client import registry_request  # noqa: E402
 from zrl.transport import protocol as P  # noqa: E402
 from zrl.transport.endpoints import (  # noqa: E402

@@ -332,8 +332,8 @@ class Procs:
 BROKER_SCRIPT = """
 import sys
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig
-from zrl.runtime import install_stop_signals, setup_logging
+from zrl.config.experiment import ExperimentConfig
+from zrl.utils.runtime import install_stop_signals, setup_logging
 
 setup_logging("WARNING")
 cfg = ExperimentConfig()
@@ -349,7 +349,7 @@ def start_broker(
     procs: Procs, log_dir: str, hwm: int, kbuf: int, transport: str
 ) -> tuple[subprocess.Popen, dict[str, str]]:
     """A broker process with these stream settings; its endpoints over ``transport``."""
-    from zrl.config_sections import DEFAULT_STREAMS
+    from zrl.config.sections import DEFAULT_STREAMS
     from zrl.roles.base import registry_request
     from zrl.transport import protocol as P
     from zrl.transport.endpoints import broker_endpoints, ipc_broker_endpoints
@@ -818,7 +818,7 @@ def main() -> None:
     args.sizes = int_list(args.sizes)
 
     import zrl
-    from zrl.config_sections import BrokerConfig
+    from zrl.config.sections import BrokerConfig
 
     bc = BrokerConfig()
     hwm, kbuf = bc.stream_hwm, bc.stream_buffer_bytes

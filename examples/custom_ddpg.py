@@ -3,7 +3,7 @@
     zrl run examples/custom_ddpg.py
     python examples/custom_ddpg.py              # the same
 
-The learner accepts only a ``zrl.continuous_models.DDPGModel``, so subclass it. Skip its
+The learner accepts only a ``zrl.nets.continuous.DDPGModel``, so subclass it. Skip its
 ``__init__`` (which builds zrl's MLPs) and set what zrl uses:
 
 - ``obs_dim``, ``act_dim``: ints, checked against every replay batch.
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import zrl
-from zrl.continuous_models import DDPGModel
+from zrl.nets.continuous import DDPGModel
 
 
 class TanhPolicy(nn.Module):

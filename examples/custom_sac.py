@@ -3,7 +3,7 @@
     zrl run examples/custom_sac.py
     python examples/custom_sac.py               # the same
 
-The learner accepts only a ``zrl.continuous_models.SACModel``, so subclass it. Skip its
+The learner accepts only a ``zrl.nets.continuous.SACModel``, so subclass it. Skip its
 ``__init__`` (which builds zrl's MLPs) and set what zrl uses:
 
 - ``obs_dim``, ``act_dim``: ints, checked against every replay batch.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import zrl
-from zrl.continuous_models import SACModel, squashed_gaussian_logp
+from zrl.nets.continuous import SACModel, squashed_gaussian_logp
 
 
 class GaussianPolicy(nn.Module):

@@ -423,7 +423,7 @@ class Plan:
 
     def _resolve_config(self) -> None:
         """Resolving here means a bad config or override fails before any host is touched."""
-        from zrl.config import config_to_yaml, load_config
+        from zrl.config.experiment import config_to_yaml, load_config
 
         o = self.opts
         if o.config.suffix == ".py":

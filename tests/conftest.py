@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from zrl.config_sections import DEFAULT_STREAMS
+from zrl.config.sections import DEFAULT_STREAMS
 from zrl.testing.probes import wait_for  # noqa: F401 - old import path; use zrl.testing
 from zrl.testing.processes import (  # noqa: F401 - old import path; use zrl.testing
     REPO,

@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 from types import ModuleType
 
-from zrl.config import config_schema
+from zrl.config.experiment import config_schema
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -61,7 +61,7 @@ def test_config_reference_covers_every_section() -> None:
 
 
 def test_field_docs_are_read_from_the_source() -> None:
-    from zrl.config_sections import StopConfig
+    from zrl.config.sections import StopConfig
 
     docs = _hook().field_docs(StopConfig)
     assert docs, "no field docs found in StopConfig"

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos import get_algorithm
 from zrl.algos.api import UpdateResult
-from zrl.config import ExperimentConfig
-from zrl.experiment import Experiment, load_experiment
-from zrl.factories import Factories
-from zrl.models import build_model, experiment_model, greedy_actions
+from zrl.algos.models import build_model, experiment_model
+from zrl.config.algorithms import get_algorithm
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories
+from zrl.nets.discrete import greedy_actions
+from zrl.run.experiment import Experiment, load_experiment
 from zrl.testing.fakes import actor_setup, learner_setup
 from zrl.transport import protocol as P
 

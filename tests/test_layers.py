@@ -1,160 +1,81 @@
-"""The imports of ``zrl/`` point down only: no cycles, and no module imports a higher layer.
+"""The package's folders are its layers, and its imports point down only.
 
-Each module's module-level ``import zrl...`` / ``from zrl... import ...`` statements are read
-with ``ast`` (nothing is imported). Imports inside functions (the lazy ones that keep torch
-out of the CLI and the supervisor) and under ``if TYPE_CHECKING:`` are not dependencies at
-import time and are ignored, and so is the implicit import of a module's parent packages.
-``from zrl.transport import protocol`` is an import of ``zrl.transport.protocol``;
-``from zrl.algos import get_algorithm`` one of ``zrl.algos`` (its ``__init__``).
+The rules are import-linter contracts in ``pyproject.toml`` (``.ci/run`` runs ``lint-imports``);
+import-linter's graph (grimp) holds every import statement, those inside functions included,
+and leaves out only imports under ``if TYPE_CHECKING:``, which never run. These tests show that
+the contracts hold, that they catch a planted upward import, and that no import loop exists.
 """
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-ZRL = Path(__file__).resolve().parent.parent / "zrl"
+import grimp
+import pytest
+import tomllib
 
-# Lowest first. A module may import its own layer and the ones below. "zrl.x" names the
-# module (or package __init__) zrl.x, "zrl.x.*" every module below it; the exact name wins
-# over a pattern, a longer pattern over a shorter one. See docs/architecture.md, "Layers".
-LAYERS: list[tuple[str, list[str]]] = [
-    (
-        "foundation",  # no sockets but the transport's; nothing that knows about roles
-        [
-            "zrl",  # __version__ (Experiment, RunFailed and Factories are lazy)
-            "zrl.config",
-            "zrl.config_base",  # the base of every config section (pydantic only)
-            "zrl.config_sections",  # the sections every algorithm shares (pydantic only)
-            "zrl.config_help",  # did-you-mean for a config that does not validate
-            "zrl.multiagent.config",  # env.multiagent (pydantic only)
-            "zrl.league.config",  # the league: section (pydantic only)
-            "zrl.runtime",
-            "zrl.durable",  # crash-safe file writes (no zrl imports)
-            "zrl.factories",
-            "zrl.metrics",
-            "zrl.algos",  # the algorithm registry and its API, which import nothing of zrl
-            "zrl.algos.api",
-            "zrl.algos.api.*",
-            "zrl.transport",
-            "zrl.transport.*",
-            "zrl.replay",
-            "zrl.replay.*",
-        ],
-    ),
-    (
-        "learning",  # models, envs and the algorithms' maths and policies
-        [
-            "zrl.encoders",
-            "zrl.models",
-            "zrl.recurrent",  # LSTM/GRU cores and the recurrent networks
-            "zrl.continuous_models",
-            "zrl.envs",
-            "zrl.pomdp",  # envs with hidden velocities
-            "zrl.atari",  # Atari envs and their preprocessing
-            "zrl.multiagent",  # PettingZoo envs as slots of the learning policy
-            "zrl.multiagent.*",
-            "zrl.league",  # the league's population, payoffs and matchmaking (pure)
-            "zrl.league.*",
-            "zrl.evaluation",
-            "zrl.preflight",
-            "zrl.algos.*",
-            "zrl.replay.frames",  # n-step transitions over stored frames (zrl.algos.returns)
-            "zrl.replay.assemble",  # a TRAJECTORY's table items (zrl.algos.returns)
-        ],
-    ),
-    ("services", ["zrl.roles", "zrl.roles.*", "zrl.broker", "zrl.broker.*"]),  # a run's processes
-    ("run", ["zrl.run", "zrl.run.*", "zrl.display", "zrl.zygote"]),  # `zrl run`
-    (
-        "entry",  # what users and tests call
-        [
-            "zrl.experiment",
-            "zrl.cli",
-            "zrl.cli_common",
-            "zrl.cli_config",
-            "zrl.cli_host",
-            "zrl.cli_start",
-            "zrl.__main__",
-            "zrl.testing",
-            "zrl.testing.*",
-        ],
-    ),
-]
-
-# Imports allowed against these rules, as (importer, imported): a debt to pay off, never a
-# place for new imports. None today.
-KNOWN_UPWARD: set[tuple[str, str]] = set()
-# Pairs of modules allowed to import each other at module level, as (a, b) with a < b.
-KNOWN_CYCLES: set[tuple[str, str]] = set()
+LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ZRL.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(p): p for p in sorted(ZRL.rglob("*.py"))}
-
-
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the ``zrl`` package found under ``root``, with the repository's
+    contracts."""
+    return subprocess.run(
+        [sys.executable, "-c", LINT, "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
-def zrl_imports(name: str) -> set[str]:
-    """The zrl modules ``name`` imports at module level."""
-    path = MODULES[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.split(".")[0] == "zrl")
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from the package, one level up per extra dot
-                    anchor = package.split(".")[: package.count(".") + 2 - node.level]
-                    base = ".".join([*anchor, *([base] if base else [])])
-                if base.split(".")[0] != "zrl":
-                    continue
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    found.add(sub if sub in MODULES else base)
-            elif isinstance(node, ast.If):
-                if not _type_checking(node):
-                    visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, ast.With):
-                visit(node.body)
-
-    visit(ast.parse(path.read_text(), str(path)).body)
-    found.discard(name)
-    return found
+def copy_of_the_package(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "zrl", tmp_path / "zrl", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
 
 
-GRAPH = {name: zrl_imports(name) for name in MODULES}
+def test_every_top_level_module_is_in_a_layer() -> None:
+    layers = {m.strip() for layer in CONFIG["contracts"][0]["layers"] for m in layer.split("|")}
+    top = {
+        f"zrl.{p.stem}" if p.is_file() else f"zrl.{p.name}"
+        for p in (REPO / "zrl").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    assert top == layers, f"not in a layer: {sorted(top - layers)}; gone: {sorted(layers - top)}"
 
 
-def layer_of(name: str) -> int | None:
-    best: tuple[int, int] | None = None  # (how specific, layer)
-    for index, (_, patterns) in enumerate(LAYERS):
-        for pattern in patterns:
-            if pattern == name:
-                return index
-            prefix = pattern.removesuffix("*")
-            if pattern.endswith(".*") and name.startswith(prefix):
-                if best is None or len(prefix) > best[0]:
-                    best = (len(prefix), index)
-    return best[1] if best else None
+def test_the_contracts_hold() -> None:
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        # at module level, an upward import across layers
+        ("zrl/envs/planted.py", "import zrl.roles.base\n"),
+        # inside a function: it counts the same
+        ("zrl/config/planted.py", "def f():\n    from zrl.run import supervisor\n"),
+        # a generic role naming an algorithm package
+        ("zrl/roles/planted.py", "from zrl.algos.appo import config\n"),
+    ],
+)
+def test_a_planted_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str):
+    root = copy_of_the_package(tmp_path)
+    (root / module).write_text(line)
+    result = lint_imports(root)
+    assert result.returncode != 0, result.stdout
+    assert (
+        "BROKEN" in result.stdout and module.removesuffix(".py").replace("/", ".") in result.stdout
+    )
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -180,43 +101,23 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_is_read() -> None:
-    # A parser that found nothing would pass everything below.
-    assert {"zrl.run.supervisor", "zrl.factories", "zrl.broker", "zrl.cli"} <= set(MODULES)
-    assert "zrl.run.children" in GRAPH["zrl.run.supervisor"]
-    assert "zrl.factories" in GRAPH["zrl.broker.broker"]
-    assert "zrl.transport.protocol" in GRAPH["zrl.roles.base"]
-    assert "zrl.experiment" not in GRAPH["zrl"]  # under TYPE_CHECKING
-    assert "zrl.display" not in GRAPH["zrl.run.supervisor"]  # inside a function
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    sys.path.insert(0, str(root))
+    try:
+        g = grimp.build_graph("zrl", exclude_type_checking_imports=True, cache_dir=None)
+    finally:
+        sys.path.remove(str(root))
+    return {m: set(g.find_modules_directly_imported_by(m)) for m in g.modules}
 
 
-def test_there_is_no_import_cycle() -> None:
-    allowed = {*KNOWN_CYCLES, *((b, a) for a, b in KNOWN_CYCLES)}
-    graph = {a: {b for b in deps if (a, b) not in allowed} for a, deps in GRAPH.items()}
+def test_there_is_no_import_loop_counting_imports_inside_functions() -> None:
+    graph = import_graph()
+    assert "zrl.run.supervisor" in graph and graph["zrl.run.supervisor"]  # the graph was read
     cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    assert cycle is None, "import loop: " + " -> ".join(cycle or [])
 
 
-def test_every_module_has_a_layer() -> None:
-    unplaced = sorted(name for name in MODULES if layer_of(name) is None)
-    assert not unplaced, f"place these modules in LAYERS of {__file__}: {unplaced}"
-
-
-def test_imports_point_down() -> None:
-    upward = []
-    for name, deps in sorted(GRAPH.items()):
-        mine = layer_of(name)
-        for dep in sorted(deps):
-            theirs = layer_of(dep)
-            if mine is None or theirs is None or (name, dep) in KNOWN_UPWARD:
-                continue
-            if theirs > mine:
-                upward.append(f"{name} ({LAYERS[mine][0]}) imports {dep} ({LAYERS[theirs][0]})")
-    assert not upward, "imports up the layers:\n  " + "\n  ".join(upward)
-
-
-def test_the_known_exceptions_still_exist() -> None:
-    # Paid-off debts leave the lists, so nothing new hides behind them.
-    stale = [(a, b) for a, b in KNOWN_UPWARD if b not in GRAPH.get(a, set())]
-    stale += [(a, b) for a, b in KNOWN_CYCLES if b not in GRAPH.get(a, set())]
-    assert not stale, f"no longer imported, remove from KNOWN_UPWARD/KNOWN_CYCLES: {stale}"
+def test_a_loop_through_a_function_level_import_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None

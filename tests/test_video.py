@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from zrl.cli import app
-from zrl.config import ExperimentConfig
-from zrl.models import build_model
+from zrl.algos.models import build_model
+from zrl.cli.main import app
+from zrl.config.experiment import ExperimentConfig
 
 
 def saved_run(tmp_path: Path, env_id: str, **env: object) -> Path:
@@ -68,7 +68,7 @@ def test_multiagent_envs_are_refused_with_a_reason(tmp_path: Path) -> None:
             "roles": {"replay": 0},
         }  # fmt: skip
     )
-    from zrl.evaluation import video_envs
+    from zrl.roles.evaluation import video_envs
 
     with pytest.raises(ValueError, match="multi-agent"):
         video_envs(cfg, None, tmp_path, 1)

@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from zrl.experiment import Experiment, RunFailed
-    from zrl.factories import Factories
+    from zrl.config.factories import Factories
+    from zrl.run.experiment import Experiment, RunFailed
 
 __all__ = ["Experiment", "Factories", "RunFailed", "__version__"]
 
 # Imported on first use: every zrl process imports this package (for __version__), and
-# zrl.experiment sits on top of everything else (the supervisor, the roles).
+# zrl.run.experiment sits on top of everything else (the supervisor, the roles).
 _LAZY = {
-    "Experiment": "zrl.experiment",
-    "RunFailed": "zrl.experiment",
-    "Factories": "zrl.factories",
+    "Experiment": "zrl.run.experiment",
+    "RunFailed": "zrl.run.experiment",
+    "Factories": "zrl.config.factories",
 }
 
 

@@ -1,7 +1,7 @@
 """An MkDocs hook that writes the config reference into ``docs/configs.md`` at build time.
 
 The reference is generated from the config classes themselves: every top-level key of
-``zrl.config.config_schema()`` (the sections every algorithm shares and the algorithms' own,
+``zrl.config.experiment.config_schema()`` (the sections every algorithm shares and the algorithms' own,
 in the order ``zrl config show`` prints them), each section's fields with their type, default
 and bounds from pydantic, and the doc line under each field from the class's source. So the
 page cannot drift from the code. ``tests/test_docs.py`` renders it too.
@@ -145,7 +145,7 @@ def _section_table(model: type[BaseModel], key: str, out: list[str]) -> None:
 
 def render_reference() -> str:
     """The generated reference: the top-level keys, then one table per section."""
-    from zrl.config import ExperimentConfig, algo_sections, config_schema
+    from zrl.config.experiment import ExperimentConfig, algo_sections, config_schema
 
     schema = config_schema()
     users: dict[str, list[str]] = {}

@@ -17,7 +17,6 @@ from torch import nn
 
 from tests.algos import test_updates as harness
 from tests.algos.test_impala_update import layout
-from zrl.algos import get_algorithm
 from zrl.algos.appo.losses import appo_loss, masked_normalize
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
@@ -25,6 +24,7 @@ from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.returns import rollout_gae
 from zrl.algos.unrolls import TRAINED_ARRAYS
 from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.config.algorithms import get_algorithm
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=40, deadline=None)

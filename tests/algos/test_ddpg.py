@@ -23,7 +23,7 @@ from zrl.algos.apex_ddpg.losses import (
 from zrl.algos.apex_dqn.losses import huber
 from zrl.algos.apex_dqn.losses import soft_update as dqn_soft_update
 from zrl.algos.api import NonFiniteLossError
-from zrl.continuous_models import DDPGModel
+from zrl.nets.continuous import DDPGModel
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

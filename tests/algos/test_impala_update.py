@@ -24,7 +24,7 @@ from zrl.algos.impala.vtrace import (
 )
 from zrl.algos.optim import make_adam
 from zrl.algos.returns import rollout_gae
-from zrl.models import ActorCritic
+from zrl.nets.discrete import ActorCritic
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=50, deadline=None)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from zrl.algos.api import NonFiniteLossError, UpdateResult
+from zrl.algos.models import build_model
 from zrl.algos.ppo.update import PPOUpdate
-from zrl.config import ExperimentConfig
-from zrl.models import build_model
+from zrl.config.experiment import ExperimentConfig
 from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 

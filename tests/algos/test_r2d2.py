@@ -18,8 +18,8 @@ from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
-from zrl.config import ExperimentConfig
-from zrl.recurrent import recurrent_q_network_for
+from zrl.config.experiment import ExperimentConfig
+from zrl.nets.recurrent import recurrent_q_network_for
 from zrl.replay.assemble import assemble_sequences
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import messages as M
@@ -189,7 +189,7 @@ def config(**r2d2: object) -> ExperimentConfig:
 def spaces():
     import gymnasium as gym
 
-    import zrl.envs  # noqa: F401 - registers zrl/CartPoleNoVel-v1
+    import zrl.envs.vector  # noqa: F401 - registers zrl/CartPoleNoVel-v1
 
     env = gym.make("zrl/CartPoleNoVel-v1")
     return env.observation_space, env.action_space

@@ -18,7 +18,7 @@ from zrl.algos.r2d2.losses import (
     sequence_priority,
     value_rescale,
 )
-from zrl.algos.returns import nstep_transitions
+from zrl.replay.nstep import nstep_transitions
 
 torch.set_num_threads(1)
 

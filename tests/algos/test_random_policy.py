@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zrl.algos.sampling import CategoricalPolicy
-from zrl.config import ConfigError, ExperimentConfig, config_from_dict
+from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
 from zrl.testing.fakes import actor_setup
 
 

@@ -19,16 +19,17 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos import get_algorithm
 from zrl.algos.api import Trajectory, UpdateResult
+from zrl.algos.models import build_model
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
 from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.algos.returns import rollout_gae
-from zrl.config import ExperimentConfig
-from zrl.models import build_model, model_to_arrays
-from zrl.recurrent import RecurrentActorCritic
+from zrl.config.algorithms import get_algorithm
+from zrl.config.experiment import ExperimentConfig
+from zrl.nets.recurrent import RecurrentActorCritic
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.actor import Actor
 from zrl.roles.params import ParameterServer
 from zrl.testing.fakes import actor_setup, cue_recall, learner_setup

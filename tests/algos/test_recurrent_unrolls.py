@@ -20,10 +20,10 @@ import torch
 from tests.algos.test_recurrent_ppo import ACT_SPACE, CORE, OBS_SPACE, ScriptedActor, step_by_step
 from tests.algos.test_recurrent_ppo import E as ENVS
 from tests.algos.test_recurrent_ppo import T as STEPS
-from zrl.algos import get_algorithm
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_update
+from zrl.algos.models import build_model
 from zrl.algos.optim import make_adam
 from zrl.algos.sampling import (
     CategoricalPolicy,
@@ -31,9 +31,9 @@ from zrl.algos.sampling import (
     make_categorical_policy,
 )
 from zrl.algos.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_outputs
-from zrl.config import ExperimentConfig
-from zrl.models import build_model
-from zrl.recurrent import RecurrentActorCritic
+from zrl.config.algorithms import get_algorithm
+from zrl.config.experiment import ExperimentConfig
+from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.replay.assemble import assemble_unrolls
 from zrl.replay.tables import make_table
 from zrl.roles.replay import ReplayServer

@@ -21,7 +21,7 @@ from zrl.algos.sac.losses import (
     sac_update,
     temperature_loss,
 )
-from zrl.continuous_models import SACModel
+from zrl.nets.continuous import SACModel
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

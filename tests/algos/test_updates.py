@@ -16,9 +16,9 @@ from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError, Updat
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.impala.update import ImpalaUpdate
+from zrl.algos.models import experiment_model
 from zrl.algos.unrolls import UnrollUpdate
-from zrl.config import ExperimentConfig
-from zrl.models import experiment_model
+from zrl.config.experiment import ExperimentConfig
 from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
@@ -146,7 +146,7 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
 def test_pong_with_two_env_groups_sends_uint8_unrolls_of_every_env(inproc):
     """actor.env_groups: 2 over 4 Pong envs: two AtariVectorEnvs of 2 (send/recv), one
     [4, T] uint8 unroll per trajectory; group 1's rows are what its envs give alone."""
-    from zrl.envs import EnvGroups, make_vector_env
+    from zrl.envs.vector import EnvGroups, make_vector_env
 
     cfg = atari_config(
         algo="appo",

@@ -27,7 +27,7 @@ import pytest
 import torch
 import zmq
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
 from zrl.run import Child, Supervisor
 from zrl.testing.probes import wait_for

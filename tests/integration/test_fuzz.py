@@ -46,15 +46,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zrl.broker import MAX_TOPIC_FRAMES
-from zrl.config import ExperimentConfig
-from zrl.metrics import MetricsWriter
-from zrl.models import QNetwork, model_to_arrays
+from zrl.config.experiment import ExperimentConfig
+from zrl.nets.discrete import QNetwork
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.actor import Actor
 from zrl.roles.base import registry_request
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.replay import ReplayServer
 from zrl.roles.weights import WeightsFollower
 from zrl.run import Aggregator, Supervisor
+from zrl.run.metrics import MetricsWriter
 from zrl.testing.fakes import trajectory
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for, wait_for_subscriber, wait_subscribed

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from zrl import __version__
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import registry_request
 from zrl.roles.weights import request_latest_weights
 from zrl.testing.probes import wait_for, wait_for_subscriber

@@ -69,7 +69,7 @@ import numpy as np
 import zmq, zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 from zrl import __version__
-from zrl.config_sections import DEFAULT_STREAMS
+from zrl.config.sections import DEFAULT_STREAMS
 from zrl.roles.base import RoleError, registry_request
 from zrl.transport import protocol as P
 from zrl.transport.security import load_keys

@@ -3,7 +3,7 @@ real generic roles (broker, actor, replay, params, learner, evaluator as threads
 
 ``tiny_q`` is one-step Q-learning with a target network: an epsilon-greedy actor policy and a
 learner update of a dozen lines each, and its own config section ``tiny_q:``. Nothing in
-``zrl/roles`` or ``zrl/config.py`` knows it exists.
+``zrl/roles`` or ``zrl/config/experiment.py`` knows it exists.
 docs/adding_an_algorithm.md walks through the same code.
 """
 
@@ -18,7 +18,6 @@ import torch
 from pydantic import Field
 
 import zrl
-from zrl.algos import register, unregister
 from zrl.algos.api import (
     ActorSetup,
     Algorithm,
@@ -31,8 +30,9 @@ from zrl.algos.api import (
     Wiring,
 )
 from zrl.algos.optim import checked_step, make_adam
-from zrl.config import ConfigError, config_from_dict, config_to_yaml
-from zrl.config_base import Section
+from zrl.config.algorithms import register, unregister
+from zrl.config.base import Section
+from zrl.config.experiment import ConfigError, config_from_dict, config_to_yaml
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -123,7 +123,7 @@ TINY_Q = Algorithm(
     ),
     policy=f"{__name__}:TinyQPolicy",
     update=f"{__name__}:TinyQUpdate",
-    model="zrl.models:q_network_for",
+    model="zrl.nets.discrete:q_network_for",
     config={"tiny_q": TinyQConfig},
     sections=("replay", "learner"),
 )

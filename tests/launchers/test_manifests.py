@@ -16,8 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from zrl.config import config_from_dict
-from zrl.config_sections import DEFAULT_STREAMS
+from zrl.config.experiment import config_from_dict
+from zrl.config.sections import DEFAULT_STREAMS
 from zrl.testing.processes import REPO
 from zrl.transport.endpoints import broker_endpoints
 

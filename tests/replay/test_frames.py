@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from zrl.algos.returns import nstep_transitions
 from zrl.replay.assemble import assemble_transitions
 from zrl.replay.frames import (
     FrameTable,
@@ -23,6 +22,7 @@ from zrl.replay.frames import (
     bytes_per_transition,
     frames_of,
 )
+from zrl.replay.nstep import nstep_transitions
 from zrl.replay.snapshot import load_state, save_state
 from zrl.replay.tables import make_table
 from zrl.transport import messages as M

@@ -13,9 +13,11 @@ import torch
 
 from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
-from zrl.config import ConfigError, ExperimentConfig, config_from_dict
-from zrl.envs import EnvGroups, EpisodeTracker, make_vector_env
-from zrl.models import build_model, build_q_network, model_to_arrays
+from zrl.algos.models import build_model
+from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
+from zrl.envs.vector import EnvGroups, EpisodeTracker, make_vector_env
+from zrl.nets.discrete import build_q_network
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.actor import Actor
 from zrl.roles.insert_acks import ACK_TIMEOUT_S, InsertAcks
 from zrl.roles.params import ParameterServer

@@ -14,7 +14,7 @@ import zmq
 import zrl.roles.base as base
 from zrl import __version__
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role, RoleError, registry_request
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
@@ -317,7 +317,7 @@ def make_env() -> None:
 
 
 def test_unauthenticated_broker_naming_os_abort_is_refused_end_to_end(running, broker_addr):
-    from zrl.factories import Factories
+    from zrl.config.factories import Factories
 
     b = Broker(broker_addr, make_config(), ctx=running.ctx, factories=Factories(env="os:abort"))
     t = threading.Thread(target=b.run, name="test-broker", daemon=True)

@@ -31,11 +31,11 @@ import torch
 from zrl.algos.apex_dqn.losses import dqn_update
 from zrl.algos.api import BasePolicy, NonFiniteLossError
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig, config_from_dict
-from zrl.durable import temporary_path
-from zrl.envs import EpisodeTracker
-from zrl.factories import Factories
-from zrl.models import QNetwork, model_to_arrays
+from zrl.config.experiment import ExperimentConfig, config_from_dict
+from zrl.config.factories import Factories
+from zrl.envs.vector import EpisodeTracker
+from zrl.nets.discrete import QNetwork
+from zrl.nets.wire import model_to_arrays
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.roles.actor import Actor
 from zrl.roles.base import Role, RoleError
@@ -48,6 +48,7 @@ from zrl.testing.inproc import InProc, collect, collect_acking
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.utils.durable import temporary_path
 
 torch.set_num_threads(1)
 
@@ -783,7 +784,7 @@ def test_learner_checkpoint_that_would_run_code_is_refused(inproc, tmp_path):
 
 
 def test_saved_model_loads_without_pickle_and_a_pickle_is_not_executed(tmp_path):
-    from zrl.evaluation import load_policy
+    from zrl.roles.evaluation import load_policy
 
     cfg = make_config(None)
     model = QNetwork(4, 2, hidden=tuple(cfg.model.hidden))
@@ -946,8 +947,8 @@ def test_a_learner_checkpoint_it_cannot_load_is_kept_and_refused_again(inproc, t
 
 
 def test_a_truncated_model_and_a_bad_progress_row_name_their_file(tmp_path):
-    from zrl.evaluation import load_policy
-    from zrl.metrics import read_csv
+    from zrl.roles.evaluation import load_policy
+    from zrl.run.metrics import read_csv
 
     model = tmp_path / "model.pt"
     torch.save({"weights": {"w": torch.zeros(1000)}, "config": "{}"}, model)

@@ -24,22 +24,22 @@ import torch
 from gymnasium.vector import AutoresetMode
 from torch import nn
 
-from zrl.algos import get_algorithm
 from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.api import ActorSetup
+from zrl.algos.api.train_stats import TrainStats
 from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
+from zrl.algos.models import build_model
 from zrl.algos.sac.config import SACConfig
-from zrl.config import ConfigError, ExperimentConfig, config_from_dict
-from zrl.continuous_models import DDPGModel, SACModel
-from zrl.envs import EpisodeTracker, make_vector_env
-from zrl.evaluation import greedy_returns
-from zrl.models import build_model
+from zrl.config.algorithms import get_algorithm
+from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
+from zrl.envs.vector import EpisodeTracker, make_vector_env
+from zrl.nets.continuous import DDPGModel, SACModel
 from zrl.replay.assemble import assemble_transitions
 from zrl.roles import RoleError, role_class
 from zrl.roles.actor import Actor
+from zrl.roles.evaluation import greedy_returns
 from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
-from zrl.roles.train_stats import TrainStats
 from zrl.testing.fakes import as_message
 from zrl.testing.inproc import InProc
 from zrl.transport import protocol as P

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.roles.league import LeagueRole
 from zrl.roles.league_client import SELF, LeagueClient

@@ -17,8 +17,8 @@ import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.config import ExperimentConfig
-from zrl.models import model_to_arrays
+from zrl.config.experiment import ExperimentConfig
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.testing.inproc import InProc, collect

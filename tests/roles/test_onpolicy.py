@@ -19,9 +19,10 @@ from zrl.algos.policy_gradient import a2c_loss, reduce_gradients
 from zrl.algos.ppo.policy import PPOPolicy
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.algos.returns import rollout_gae
-from zrl.config import ExperimentConfig
-from zrl.envs import make_vector_env
-from zrl.models import ActorCritic, build_actor_critic, load_arrays, model_to_arrays
+from zrl.config.experiment import ExperimentConfig
+from zrl.envs.vector import make_vector_env
+from zrl.nets.discrete import ActorCritic, build_actor_critic
+from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.replay.assemble import assemble_unrolls
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role, registry_request
 from zrl.roles.params import ParameterServer
 from zrl.roles.weights import (

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.roles.test_params import assert_same_arrays, model_arrays
-from zrl.config import ConfigError, ExperimentConfig, load_config
-from zrl.league.config import MAIN
+from zrl.config.experiment import ConfigError, ExperimentConfig, load_config
+from zrl.config.league import MAIN
 from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
 from zrl.roles.weights import WeightsFollower

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
 from zrl.algos.returns import rollout_gae
-from zrl.models import ActorCritic
+from zrl.nets.discrete import ActorCritic
 from zrl.transport.messages import UNROLL
 
 torch.set_num_threads(1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config import ExperimentConfig, config_from_dict, load_config
+from zrl.config.experiment import ExperimentConfig, config_from_dict, load_config
 from zrl.replay.assemble import assemble_transitions
 from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor

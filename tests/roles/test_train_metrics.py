@@ -17,15 +17,15 @@ import torch
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
+from zrl.algos.api.train_stats import TrainStats
 from zrl.algos.continuous import ContinuousPolicy
 from zrl.algos.ppo.rounds import Rollout
 from zrl.algos.ppo.update import PPOUpdate
-from zrl.config import ExperimentConfig
-from zrl.envs import EpisodeTracker, make_vector_env
+from zrl.config.experiment import ExperimentConfig
+from zrl.envs.vector import EpisodeTracker, make_vector_env
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.train_stats import TrainStats
 from zrl.testing.fakes import sequences, unroll_trajectory
 from zrl.transport import protocol as P
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_supervisor import check_run_dir, stop_supervisor
-from zrl.config import ExperimentConfig
+from tests.run.test_supervisor import check_run_dir, stop_supervisor
+from zrl.config.experiment import ExperimentConfig
 from zrl.run.learning import did_not_learn
 
 CFG = ExperimentConfig.model_validate({"name": "x", "learner": {"publish_interval": 10}})

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from zrl.config import ExperimentConfig
-from zrl.config_sections import HostConfig
-from zrl.factories import Factories
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories
+from zrl.config.sections import HostConfig
 from zrl.run import placement as placement_module
 from zrl.run.placement import BrokerAccess, advertised_host, host_specs, remote_commands
 from zrl.run.roster import ANY_HOST, HERE, MAX_UNPLANNED, Roster

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from zrl.config import ExperimentConfig
-from zrl.durable import atomic_write_text
-from zrl.factories import Factories
-from zrl.metrics import MetricsWriter
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories
 from zrl.run import Aggregator
+from zrl.run.metrics import MetricsWriter
 from zrl.run.roster import Roster
 from zrl.run.rundir import ACROSS_SEGMENTS, UNFINISHED_SEGMENT, RunDir, earlier_segments
 from zrl.run.stop_rule import StopRule
+from zrl.utils.durable import atomic_write_text
 
 
 def config() -> ExperimentConfig:
@@ -137,8 +137,8 @@ def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch)
 
     import zmq
 
-    from zrl.cli_common import load_resumable
-    from zrl.config import load_config
+    from zrl.cli.common import load_resumable
+    from zrl.config.experiment import load_config
     from zrl.roles.learner import Learner
     from zrl.run import pool as pool_module
     from zrl.run.children import Child

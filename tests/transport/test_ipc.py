@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P

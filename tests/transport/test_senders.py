@@ -63,7 +63,7 @@ def test_may_send_follows_the_role_not_the_message() -> None:
 
 
 def test_planned_ids_follow_the_config_role_counts() -> None:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
     counts = ExperimentConfig().roles.model_dump()
     ids = S.planned_ids({**counts, "actors": 3, "league": 0})

@@ -15,7 +15,7 @@ from zrl.algos.api import BaseUpdate, NonFiniteLossError, Priorities, UpdateResu
 from zrl.algos.batches import PendingBatches, policy_lags
 
 if TYPE_CHECKING:
-    from zrl.roles.train_stats import TrainStats
+    from zrl.algos.api.train_stats import TrainStats
 
 
 class BatchStep(NamedTuple):

@@ -41,10 +41,10 @@ from zrl.algos.api import ActorSetup, BasePolicy, LearnerSetup, Outgoing, Trajec
 from zrl.algos.batch_update import BatchStep, BatchUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
-from zrl.algos.returns import nstep_transitions
 from zrl.algos.sac.config import SACConfig
 from zrl.algos.sac.losses import default_target_entropy, sac_update
-from zrl.continuous_models import DDPGModel, SACModel, clip_to_bounds
+from zrl.nets.continuous import DDPGModel, SACModel, clip_to_bounds
+from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 

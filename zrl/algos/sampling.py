@@ -7,7 +7,7 @@ log-probabilities are recorded. Each trajectory becomes an ``unroll`` TRAJECTORY
 With ``actor.random_policy`` the actions are uniform and the model is never run (their
 log-probability is ``-log(num_actions)``): what the pipeline costs without inference.
 
-:class:`RecurrentCategoricalPolicy` samples a recurrent actor-critic (``zrl.recurrent``) the
+:class:`RecurrentCategoricalPolicy` samples a recurrent actor-critic (``zrl.nets.recurrent``) the
 same way, carrying each env's state ``[E, S]`` from step to step and across trajectories; its
 trajectories become a ``recurrent_unroll`` TRAJECTORY (``RECURRENT_UNROLL``): the unroll plus
 the state before step 0 (``state [E, S]``) and the steps whose state was zeroed (``first``).
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
-from zrl.models import policy_logits, sample_categorical
-from zrl.recurrent import EnvStates, is_recurrent
+from zrl.nets.discrete import policy_logits, sample_categorical
+from zrl.nets.recurrent import EnvStates, is_recurrent
 from zrl.transport import protocol as P
 
 

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import policy_lags, to_device
 from zrl.algos.optim import make_adam
-from zrl.encoders import observe_inputs
-from zrl.recurrent import RecurrentActorCritic, is_recurrent
+from zrl.nets.encoders import observe_inputs
+from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -49,7 +49,7 @@ def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, 
     observations and the ``B`` bootstrap observations together (only the batch and time axes
     are flattened: any observation shape and dtype reaches the model as it came).
 
-    Recurrent (``zrl.recurrent``; the batch also holds ``state [B, R]`` and ``first [B, T]``):
+    Recurrent (``zrl.nets.recurrent``; the batch also holds ``state [B, R]`` and ``first [B, T]``):
     ``model.unroll`` from each unroll's recorded state, zeroed before the steps ``first``
     marks, then one ``model.step`` on ``bootstrap_obs`` from the state after the last step,
     zeroed where that step only reset the env (``valid[:, -1]`` False: the actor starts an

@@ -41,9 +41,9 @@ from zrl.broker.devices import Devices
 from zrl.broker.limits import DropLog
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, RoleEntry, registry_socket
 from zrl.broker.topic_bus import TopicBus, topic_sockets
-from zrl.config import ExperimentConfig
-from zrl.config_sections import DEFAULT_STREAMS
-from zrl.factories import Factories
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories
+from zrl.config.sections import DEFAULT_STREAMS
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import (
     broker_endpoints,

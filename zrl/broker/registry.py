@@ -60,7 +60,7 @@ from zrl.broker.limits import (
     valid_text,
 )
 from zrl.broker.role_table import RoleEntry, RoleTable, may_replace
-from zrl.config_sections import BrokerConfig
+from zrl.config.sections import BrokerConfig
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, ReplyBudget, make_socket

@@ -20,7 +20,7 @@ from zrl.broker.limits import (
     brief,
     for_log,
 )
-from zrl.config_sections import BrokerConfig
+from zrl.config.sections import BrokerConfig
 from zrl.transport.sockets import STAT_COUNTERS
 
 log = logging.getLogger("zrl.broker")

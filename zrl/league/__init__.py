@@ -13,7 +13,7 @@ Pure logic (numpy, stdlib, pydantic): no sockets, no torch.
 
 from __future__ import annotations
 
-from zrl.league.config import KINDS, LEAGUE_EXPLOITER, MAIN_EXPLOITER, LeagueConfig, player_kind
+from zrl.config.league import KINDS, LEAGUE_EXPLOITER, MAIN_EXPLOITER, LeagueConfig, player_kind
 from zrl.league.elo import Elo
 from zrl.league.payoff import Payoff, check_outcome
 from zrl.league.pfsp import WEIGHTINGS, pfsp_weights

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from zrl.league.config import LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, LeagueConfig, player_kind
+from zrl.config.league import LEAGUE_EXPLOITER, MAIN, MAIN_EXPLOITER, LeagueConfig, player_kind
 from zrl.league.elo import Elo
 from zrl.league.payoff import Payoff, check_outcome
 from zrl.league.pfsp import pfsp_weights

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zrl.algos.returns import nstep_transitions
+from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 

@@ -52,8 +52,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zrl.algos.returns import nstep_transitions
 from zrl.replay.checks import check_int
+from zrl.replay.nstep import nstep_transitions
 from zrl.replay.tables import (
     PrioritizedTable,
     SampledBatch,

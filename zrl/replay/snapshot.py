@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from zrl.durable import atomic_write
+from zrl.utils.durable import atomic_write
 
 STATE_KEY = "__state__"
 ARRAY_REF = "__array__"
@@ -74,7 +74,7 @@ def _unflatten(value: Any, arrays: dict[str, np.ndarray]) -> Any:
 def save_state(file: str | Path | IO[bytes], state: dict[str, Any]) -> None:
     """Write ``state`` (nested dicts/lists of arrays, ints, floats, strings, bools, None).
 
-    Tuples come back as lists. A path is written durably (``zrl.durable.atomic_write``): a
+    Tuples come back as lists. A path is written durably (``zrl.utils.durable.atomic_write``): a
     crash mid-write leaves the snapshot that was there."""
     arrays: dict[str, np.ndarray] = {}
     tree = _flatten(state, arrays, "state")

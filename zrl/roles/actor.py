@@ -38,12 +38,12 @@ policy's topic (``M.policy_topic``), which only that policy's learner reads. Whe
 matches it against another learning player at its current weights (a main exploiter against
 the main agent), the actor follows that player's stream too (``live_opponent``).
 
-Multi-agent envs (``zrl.multiagent``): the vector env's slots are the learning policy's agents;
+Multi-agent envs (``zrl.envs.multiagent``): the vector env's slots are the learning policy's agents;
 the actor lends it who plays the others (``make_opponents``: its own model for ``self``, league
 snapshots by id, the random and scripted players), and is otherwise unchanged.
 
 Double-buffered sampling (``actor.env_groups: G`` > 1, Sample Factory's): the E envs are G
-vector envs of E/G (``zrl.envs.EnvGroups``); the actor sends one group's actions, then computes
+vector envs of E/G (``zrl.envs.vector.EnvGroups``); the actor sends one group's actions, then computes
 the next group's while the first steps (ale-py's C++ threads, gymnasium's async workers), so
 inference and env stepping overlap. The trajectory is the same ``[E, T, ...]`` message, group
 0's envs first.
@@ -61,19 +61,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos import get_algorithm
 from zrl.algos.api import ActorPolicy, ActorSetup, Trajectory
-from zrl.envs import EnvGroups, EpisodeTracker
-from zrl.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
-from zrl.multiagent.model_opponents import ModelOpponents
+from zrl.config.algorithms import get_algorithm
+from zrl.envs.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
+from zrl.envs.vector import EnvGroups, EpisodeTracker
 from zrl.roles.base import Role
 from zrl.roles.insert_acks import InsertAcks
+from zrl.roles.model_opponents import ModelOpponents
 from zrl.roles.step_buffers import ALL_ENVS, StepBuffers, env_major
 from zrl.roles.weights import WeightsFollower
-from zrl.runtime import actor_seed, limit_torch_threads
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
+from zrl.utils.runtime import actor_seed, limit_torch_threads
 
 EOS_TIMEOUT_S = 5.0
 WEIGHTS_WAIT_FETCH_S = 1.0  # waiting this long for a new version: ask the parameter server

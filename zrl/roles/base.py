@@ -38,24 +38,24 @@ import psutil
 import zmq
 
 from zrl import __version__
-from zrl.config import ExperimentConfig
-from zrl.durable import atomic_write_text
-from zrl.factories import Factories
+from zrl.algos.api.train_stats import TrainStats
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories
 from zrl.roles.errors import ExperimentStopped, RoleError
 from zrl.roles.registry_client import advertise_host_for, registry_request
 from zrl.roles.role_sockets import RoleSockets
-from zrl.roles.train_stats import TrainStats
 from zrl.roles.trust import (
     broker_authenticated,
     checked_checkpoint_dir,
     checked_env_id,
     factories_from,
 )
-from zrl.runtime import keep_freed_memory
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
+from zrl.utils.durable import atomic_write_text
+from zrl.utils.runtime import keep_freed_memory
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
@@ -324,12 +324,12 @@ class Role(RoleSockets):
     def make_envs(self, num_envs: int | None = None, evaluation: bool = False) -> Any:
         """A vector env of the experiment's env (the user's factory if the broker sent one);
         ``evaluation``: Atari without its training-only episodic life and reward clipping."""
-        from zrl.envs import make_vector_env
+        from zrl.envs.vector import make_vector_env
 
         return make_vector_env(self.config.env, num_envs, self.factories.env_fn(), evaluation)
 
     def make_model(self, observation_space: Any, action_space: Any) -> Any:
-        from zrl.models import experiment_model
+        from zrl.algos.models import experiment_model
 
         return experiment_model(
             self.config, observation_space, action_space, self.factories.model_fn()

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.evaluation import greedy_returns, outcome_rates
-from zrl.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
+from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 from zrl.roles.base import Role
+from zrl.roles.evaluation import greedy_returns, outcome_rates
 from zrl.roles.weights import WeightsFollower
-from zrl.runtime import limit_torch_threads
 from zrl.transport import protocol as P
+from zrl.utils.runtime import limit_torch_threads
 
 # Means of the latest evaluations in the heartbeat: enough for any sensible stop.eval_window
 # even when a few evaluations come between two of the supervisor's status reads.

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.durable import atomic_write, atomic_write_text
 from zrl.league import MAIN, League, snapshot_version
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.params import (
@@ -70,6 +69,7 @@ from zrl.transport import protocol as P
 from zrl.transport.messages import weights_version
 from zrl.transport.senders import may_send
 from zrl.transport.sockets import ReplyBudget
+from zrl.utils.durable import atomic_write, atomic_write_text
 
 STATE_FILE = "league.json"
 SNAPSHOTS_FILE = "league_snapshots.npz"
@@ -193,7 +193,7 @@ class LeagueRole(Role):
     def model_layout(self) -> Layout:
         """The names, shapes and dtypes of the model the config builds for the env's spaces:
         every snapshot has them."""
-        from zrl.models import model_to_arrays
+        from zrl.nets.wire import model_to_arrays
 
         probe = self.make_envs(num_envs=1)  # only for the spaces
         spaces = (probe.single_observation_space, probe.single_action_space)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.multiagent.config import FIXED_PLAYERS
+from zrl.config.multiagent import FIXED_PLAYERS
 from zrl.roles.base import Role, RoleError
 from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
 from zrl.transport import messages as M
@@ -45,7 +45,7 @@ SELF = "self"  # the opponents' name of the actor's own weights; the league name
 
 
 class LeagueClient:
-    """The actor's :class:`~zrl.multiagent.model_opponents.Matchmaker` backed by the league."""
+    """The actor's :class:`~zrl.roles.model_opponents.Matchmaker` backed by the league."""
 
     def __init__(
         self,

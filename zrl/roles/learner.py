@@ -45,20 +45,20 @@ import torch
 import zmq
 from torch import nn
 
-from zrl.algos import get_algorithm
 from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
 from zrl.algos.batches import learner_device, wants_channels_last
-from zrl.durable import atomic_write
-from zrl.encoders import use_channels_last
-from zrl.models import model_to_arrays
+from zrl.config.algorithms import get_algorithm
+from zrl.nets.encoders import use_channels_last
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role, RoleError
 from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
 from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
-from zrl.runtime import limit_torch_threads
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
+from zrl.utils.durable import atomic_write
+from zrl.utils.runtime import limit_torch_threads
 
 PARAMS_LOOKUP_INTERVAL_S = 1.0
 PARAMS_ACK_TIMEOUT_S = 3.0
@@ -337,7 +337,7 @@ class Learner(Role):
             "torch_rng": torch.get_rng_state(),
             "time": time.time(),
         }
-        # A crash or a power cut mid-write leaves the old one (see zrl.durable).
+        # A crash or a power cut mid-write leaves the old one (see zrl.utils.durable).
         with atomic_write(self.checkpoint) as f:
             torch.save(state, f)
         self.checkpoints += 1

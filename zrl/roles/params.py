@@ -46,9 +46,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.algos import get_algorithm
 from zrl.algos.api import GradientServer, GradientServerSetup
-from zrl.durable import atomic_write
+from zrl.config.algorithms import get_algorithm
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.errors import RoleError
 from zrl.roles.rpc_identity import Parked, Peer, RegisteredPeers, status_rows
@@ -57,6 +56,7 @@ from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.senders import may_send
 from zrl.transport.sockets import Channel, ReplyBudget
+from zrl.utils.durable import atomic_write
 
 # Weights versions: a follower adopts from the bus a version at most MAX_VERSION_STEP past its
 # own (further jumps are checked with the server first, see zrl.roles.weights), and this server
@@ -162,8 +162,8 @@ class ParameterServer(Role):
     def model_layout(self) -> Layout:
         """The names, shapes and dtypes of the model the config builds for the env's spaces
         (as the learner builds it): every policy's WEIGHTS must have them."""
-        from zrl.models import model_to_arrays
-        from zrl.runtime import limit_torch_threads
+        from zrl.nets.wire import model_to_arrays
+        from zrl.utils.runtime import limit_torch_threads
 
         limit_torch_threads(self.config.learner.torch_threads)
         probe = self.make_envs(num_envs=1)  # only for the spaces
@@ -184,7 +184,7 @@ class ParameterServer(Role):
         server's checkpoint, and store its weights as the first (or next) version."""
         import torch
 
-        from zrl.runtime import limit_torch_threads
+        from zrl.utils.runtime import limit_torch_threads
 
         algorithm = get_algorithm(self.config.algo)
         limit_torch_threads(self.config.learner.torch_threads)
@@ -193,7 +193,7 @@ class ParameterServer(Role):
         spaces = (probe.single_observation_space, probe.single_action_space)
         model = self.make_model(*spaces)
         probe.close()
-        from zrl.models import model_to_arrays
+        from zrl.nets.wire import model_to_arrays
 
         self.layout = layout_of(model_to_arrays(model))
         self.gradient_server = algorithm.load(algorithm.gradient_server)(
@@ -240,13 +240,13 @@ class ParameterServer(Role):
         if self.gradient_server is None or self.checkpoint is None:
             return
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        # A crash or a power cut mid-write leaves the old one (see zrl.durable).
+        # A crash or a power cut mid-write leaves the old one (see zrl.utils.durable).
         with atomic_write(self.checkpoint) as f:
             torch.save({**self.gradient_server.state_dict(), "version": self.version}, f)
 
     def store_model_weights(self) -> None:
         """Store and publish the gradient server's model as the next version."""
-        from zrl.models import model_to_arrays
+        from zrl.nets.wire import model_to_arrays
 
         assert self.gradient_server is not None
         stream = self.streams[M.DEFAULT_POLICY]

@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.algos import get_algorithm
-from zrl.config import ExperimentConfig
+from zrl.config.algorithms import get_algorithm
+from zrl.config.experiment import ExperimentConfig
 from zrl.replay.assemble import assemble_sequences, assemble_transitions, assemble_unrolls
 from zrl.replay.frames import FrameTable, assemble_frame_transitions
 from zrl.replay.layout import ExperienceLayout, envs_per_actor, experience_layout

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.errors import RoleError
 from zrl.transport.endpoints import connect_topics
 from zrl.transport.security import Keys

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zrl.factories import Factories, env_id_module
+from zrl.config.factories import Factories, env_id_module
 from zrl.roles.errors import RoleError
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys

@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from zrl.metrics import OUTCOME_FIELDS
+from zrl.run.metrics import OUTCOME_FIELDS
 
 
 def count(value: Any) -> int:

@@ -2,7 +2,7 @@
 ``ChildPool`` (``zrl.run.pool``) and a host agent (``zrl.run.host_agent``) share.
 
 A child is a process running the same ``zrl start`` command a user would type on another
-host (forked from the zygote when there is one, see ``zrl.zygote``), or a thread over
+host (forked from the zygote when there is one, see ``zrl.run.zygote``), or a thread over
 ``inproc://`` with ``--inproc``. The pieces: ``Child``; ``launch`` (a ``zrl`` command forked
 from the zygote, or a plain process); ``RestartPolicy`` (restarts with back-off within
 ``RESTART_BUDGET``); ``stop_in_order`` (actors first, SIGTERM, grace, SIGKILL). Children die
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zrl.run.rundir import log_tail
-from zrl.zygote import ForkedRole, Zygote, set_parent_death_signal
+from zrl.run.zygote import ForkedRole, Zygote, set_parent_death_signal
 
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 

@@ -1,7 +1,7 @@
 """``zrl host``: the roles of one host, started, restarted and stopped by one agent.
 
 ``zrl host --broker ADDR actor=4 replay=1`` starts each role as ``zrl start ROLE --broker
-ADDR ...`` (forked from the zygote like ``zrl run``'s roles, see ``zrl.zygote``), each logging
+ADDR ...`` (forked from the zygote like ``zrl run``'s roles, see ``zrl.run.zygote``), each logging
 to its own file under the log directory. A child that exits non-zero, or is killed by a
 signal, restarts with ``zrl run``'s back-off; past the budget it is given up (logged with its
 last lines, and reported). A child that exits 0 ended cleanly (SIGTERM, or the broker said the
@@ -47,8 +47,8 @@ from zrl.roles.base import (
 )
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
+from zrl.run.zygote import Zygote
 from zrl.transport.endpoints import split_tcp
-from zrl.zygote import Zygote
 
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 TAIL_LINES = 3

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.transport import messages as M
 
 MIN_SENT = 3

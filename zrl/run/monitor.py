@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import zmq
 
-from zrl.config import ExperimentConfig
-from zrl.metrics import MetricsWriter
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import RoleError, registry_request
 from zrl.roles.registry_client import read_status
 from zrl.run.aggregator import Aggregator, count, number
+from zrl.run.metrics import MetricsWriter
 from zrl.run.placement import BrokerAccess
 from zrl.run.pool import ChildPool
 from zrl.run.roster import Roster

@@ -26,8 +26,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from zrl.config import ExperimentConfig
-from zrl.factories import Factories, env_id_module
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import Factories, env_id_module
 from zrl.transport.endpoints import broker_endpoints, free_port_range, is_loopback, split_tcp
 from zrl.transport.security import Keys, init_keys, load_keys
 

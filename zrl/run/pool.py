@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from zrl.config import ExperimentConfig
-from zrl.factories import FACTORIES_FILE, Factories
+from zrl.config.experiment import ExperimentConfig
+from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.roles.base import RoleError, registry_request
 from zrl.run.children import (
     STOP_GRACE_S,
@@ -35,8 +35,8 @@ from zrl.run.children import (
 )
 from zrl.run.placement import BrokerAccess, factory_args, role_trust_args
 from zrl.run.rundir import RunDir, log_tail
+from zrl.run.zygote import Zygote
 from zrl.transport import protocol as P
-from zrl.zygote import Zygote
 
 
 @dataclass(eq=False)

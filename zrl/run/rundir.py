@@ -7,7 +7,7 @@
 
 plus ``factories.pkl`` (a script's pickled factories), ``keys/`` (the run's own keys, see
 ``BrokerAccess.use_run_keys``), ``checkpoints/`` and ``remote_commands.txt``. The CSV and
-TensorBoard files are ``zrl.metrics.MetricsWriter``'s.
+TensorBoard files are ``zrl.run.metrics.MetricsWriter``'s.
 
 config.yaml keeps a ``checkpoint.dir`` inside the run directory relative to it (``checkpoints``),
 and a relative one read back from there (``--resume``) is relative to the run directory: a copy
@@ -29,16 +29,16 @@ from typing import Any
 
 import zmq
 
-from zrl.config import ExperimentConfig, config_to_yaml
-from zrl.durable import atomic_write
-from zrl.factories import FACTORIES_FILE, Factories
-from zrl.metrics import read_csv
+from zrl.config.experiment import ExperimentConfig, config_to_yaml
+from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.roles.base import RoleError, registry_request
 from zrl.run.aggregator import Aggregator, number
+from zrl.run.metrics import read_csv
 from zrl.run.placement import BrokerAccess
 from zrl.run.roster import Roster
 from zrl.run.stop_rule import StopRule
 from zrl.transport import protocol as P
+from zrl.utils.durable import atomic_write
 
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 
@@ -131,7 +131,7 @@ class RunDir:
         """The directory, the resolved config, the seeds and the pickled factories; with
         ``resume``, the env-step count to continue from (into ``agg``) and the summaries of
         the earlier segments, which summary.json keeps (``segments``)."""
-        from zrl.runtime import actor_seed
+        from zrl.utils.runtime import actor_seed
 
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
         self.cfg.checkpoint.dir = str(self.checkpoint_dir(resume=resume))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.run.aggregator import number
 
 

@@ -37,20 +37,20 @@ from typing import Any
 
 import zmq
 
-from zrl.config import ConfigError, ExperimentConfig
-from zrl.durable import atomic_write_text
-from zrl.factories import FACTORIES_FILE, Factories
-from zrl.metrics import MetricsWriter, ScalarWriter, require_backends
+from zrl.config.experiment import ConfigError, ExperimentConfig
+from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.run.aggregator import Aggregator
 from zrl.run.children import Child
 from zrl.run.learning import did_not_learn
+from zrl.run.metrics import MetricsWriter, ScalarWriter, require_backends
 from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
 from zrl.run.pool import ChildPool
 from zrl.run.roster import ANY_HOST, Roster
 from zrl.run.rundir import RunDir
 from zrl.run.stop_rule import StopRule
-from zrl.zygote import Zygote
+from zrl.run.zygote import Zygote
+from zrl.utils.durable import atomic_write_text
 
 log = logging.getLogger("zrl.supervisor")
 
@@ -160,7 +160,7 @@ class Supervisor:
 
     def _describe_env(self, display: Any) -> None:
         """For Atari: what an env step is, and that eval scores are whole unclipped games."""
-        from zrl.atari import describe, is_atari
+        from zrl.envs.atari import describe, is_atari
 
         if is_atari(self.cfg.env.id):
             display.message(f"env: {describe(self.cfg.env)}")
@@ -253,8 +253,8 @@ class Supervisor:
     # --- main -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from zrl.display import StatusDisplay
-        from zrl.preflight import check_env
+        from zrl.run.display import StatusDisplay
+        from zrl.run.preflight import check_env
 
         # Before the run directory exists, so a mistyped env id leaves nothing behind; the
         # model is checked once the zygote has imported torch (_check_model).
@@ -262,7 +262,7 @@ class Supervisor:
         self._prepare_run_dir()
         self.pool.fatal = ""
         if self.inproc:
-            from zrl.runtime import setup_logging
+            from zrl.utils.runtime import setup_logging
 
             setup_logging(self.log_level)
             handler = logging.FileHandler(self.run_dir / "logs" / "inproc.log")
@@ -389,7 +389,7 @@ class Supervisor:
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if self.agg.evals:
             try:
-                from zrl.metrics import plot_run
+                from zrl.run.metrics import plot_run
 
                 plot_run(self.run_dir)
             except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
@@ -401,7 +401,7 @@ class Supervisor:
         """Build the model as the roles will, before any starts: in a child forked from the
         zygote, which imports torch anyway. Importing torch here too would take seconds of
         CPU from the roles' start-up."""
-        from zrl.preflight import check_model
+        from zrl.run.preflight import check_model
 
         log_path = self.run_dir / "logs" / "preflight.log"
         argv = ["config", "check", str(self.run_dir / "config.yaml")]

@@ -26,10 +26,10 @@ import numpy as np
 import zmq
 
 from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
-from zrl.config import ExperimentConfig
+from zrl.algos.api.train_stats import TrainStats
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
-from zrl.roles.train_stats import TrainStats
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -111,8 +111,8 @@ class Rpc:
 
 def config_model(cfg: ExperimentConfig) -> Any:
     """The model ``cfg`` builds for its env's spaces, as every role builds it."""
-    from zrl.envs import make_vector_env
-    from zrl.models import experiment_model
+    from zrl.algos.models import experiment_model
+    from zrl.envs.vector import make_vector_env
 
     probe = make_vector_env(cfg.env, 1)
     spaces = (probe.single_observation_space, probe.single_action_space)
@@ -126,7 +126,7 @@ _layouts: dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]] = {}
 def model_weights(cfg: ExperimentConfig, seed: int) -> dict[str, np.ndarray]:
     """Random weights (normal) in the layout of ``cfg``'s model (built once per env, model
     and algorithm)."""
-    from zrl.models import model_to_arrays
+    from zrl.nets.wire import model_to_arrays
 
     key = f"{cfg.algo} {cfg.env.model_dump_json()} {cfg.model.model_dump_json()}"
     if key not in _layouts:

@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 
 from zrl.broker import Broker
-from zrl.config import ExperimentConfig
+from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.testing.probes import (
     DEFAULT_TIMEOUT_S,

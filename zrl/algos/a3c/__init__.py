@@ -17,7 +17,7 @@ ALGORITHM = Algorithm(
     policy="zrl.algos.a3c.policy:A3CPolicy",
     update="",
     gradient_server="zrl.algos.a3c.server:A3CGradientServer",
-    model="zrl.models:actor_critic_for",
+    model="zrl.nets.discrete:actor_critic_for",
     # learner: the parameter server takes learner.torch_threads
     config={"a3c": A3CConfig},
     sections=("learner",),

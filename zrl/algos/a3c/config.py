@@ -1,7 +1,7 @@
 """The ``a3c:`` section of an experiment config (A3C).
 
 Pydantic only (no torch, no numpy): the package's ``ALGORITHM`` names it (``Algorithm.config``),
-so ``zrl.config`` validates it, and the CLI stays fast.
+so ``zrl.config.experiment`` validates it, and the CLI stays fast.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from zrl.config_base import Section
+from zrl.config.base import Section
 
 
 class A3CConfig(Section):

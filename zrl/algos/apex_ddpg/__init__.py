@@ -14,7 +14,7 @@ from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.api import Algorithm
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
 
 def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
 ALGORITHM = Algorithm.box_off_policy(
     "apex_ddpg",
     "Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
-    model="zrl.continuous_models:ddpg_model_for",
+    model="zrl.nets.continuous:ddpg_model_for",
     config={"ddpg": DDPGConfig},
     model_options=model_options,
 )

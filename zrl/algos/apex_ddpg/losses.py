@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
 from zrl.algos.optim import checked_step
 from zrl.algos.returns import check_nonnegative
-from zrl.continuous_models import DDPGModel
+from zrl.nets.continuous import DDPGModel
 
 __all__ = [
     "DDPGUpdate",

@@ -14,6 +14,6 @@ ALGORITHM = Algorithm(
     wiring=Wiring.off_policy("discrete"),
     policy="zrl.algos.apex_dqn.policy:ApexDQNPolicy",
     update="zrl.algos.apex_dqn.update:ApexDQNUpdate",
-    model="zrl.models:q_network_for",
+    model="zrl.nets.discrete:q_network_for",
     sections=("replay", "learner"),
 )

@@ -18,8 +18,8 @@ import torch
 
 from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
 from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
-from zrl.algos.returns import nstep_transitions
 from zrl.replay.frames import frames_of, is_frame_stack
+from zrl.replay.nstep import nstep_transitions
 from zrl.transport import protocol as P
 
 

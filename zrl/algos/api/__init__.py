@@ -1,7 +1,7 @@
 """What an algorithm package gives the generic roles, and what they give it.
 
 An algorithm is a package ``zrl/algos/<name>/`` whose ``__init__.py`` defines ``ALGORITHM``,
-an :class:`Algorithm`, and one line in ``zrl.algos.ALGORITHMS`` names it. The roles never ask
+an :class:`Algorithm`, and one line in ``zrl.config.algorithms.ALGORITHMS`` names it. The roles never ask
 which algorithm runs; they ask the ``Algorithm``:
 
 - ``wiring``: where actors send (a replay shard, every learner, or the parameter server), what

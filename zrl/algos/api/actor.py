@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     import numpy as np
     from torch import nn
 
-    from zrl.config import ExperimentConfig
-    from zrl.roles.train_stats import TrainStats
+    from zrl.algos.api.train_stats import TrainStats
+    from zrl.config.experiment import ExperimentConfig
 
 
 @dataclass

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
-    from zrl.config_base import Section
+    from zrl.config.base import Section
+    from zrl.config.experiment import ExperimentConfig
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from zrl.config import ExperimentConfig
-    from zrl.roles.train_stats import TrainStats
+    from zrl.algos.api.train_stats import TrainStats
+    from zrl.config.experiment import ExperimentConfig
     from zrl.transport.protocol import Message
     from zrl.transport.sockets import Channel
 

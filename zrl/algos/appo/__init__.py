@@ -5,7 +5,7 @@ objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` 
 
 - ``losses``: the pure math (the clipped surrogate on ``zrl.algos.impala.vtrace`` targets).
 - the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling``'s categorical
-  policy, ``zrl.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
+  policy, ``zrl.nets.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
 - ``update``: the learner side (``AppoUpdate``).
 """
 
@@ -18,7 +18,7 @@ from zrl.algos import impala
 from zrl.algos.appo.config import AppoConfig
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:

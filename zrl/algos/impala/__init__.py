@@ -6,7 +6,7 @@ a V-trace actor-critic learner that drops unrolls more than ``impala.max_lag`` v
   policy shared with PPO, recurrent with ``model.core``).
 - ``update``: the learner side (``ImpalaUpdate``).
 
-With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.recurrent``): actors
+With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.recurrent``): actors
 send each unroll with the state it started from and its episode starts
 (``RecurrentCategoricalPolicy``), the FIFO stores them with it, and the learner unrolls the
 core from that state (``zrl.algos.unrolls.unroll_outputs``).
@@ -20,7 +20,7 @@ from zrl.algos.api import Algorithm, Wiring
 from zrl.algos.impala.config import ImpalaConfig
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
 
 def check_recurrent(cfg: ExperimentConfig) -> None:
@@ -47,7 +47,7 @@ ALGORITHM = Algorithm(
     wiring=Wiring.replayed("discrete", "unroll", ("fifo",)),
     policy="zrl.algos.sampling:make_categorical_policy",
     update="zrl.algos.impala.update:ImpalaUpdate",
-    model="zrl.recurrent:actor_critic_for",
+    model="zrl.nets.recurrent:actor_critic_for",
     recurrent=True,
     random_actions=True,
     config={"impala": ImpalaConfig},

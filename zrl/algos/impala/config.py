@@ -1,14 +1,14 @@
 """The ``impala:`` section of an experiment config (IMPALA).
 
 Pydantic only (no torch, no numpy): the package's ``ALGORITHM`` names it (``Algorithm.config``),
-so ``zrl.config`` validates it, and the CLI stays fast.
+so ``zrl.config.experiment`` validates it, and the CLI stays fast.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from zrl.config_base import Section
+from zrl.config.base import Section
 
 
 class ImpalaConfig(Section):

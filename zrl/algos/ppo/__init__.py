@@ -7,7 +7,7 @@ each round on one weights version, ``async`` on rollouts up to ``ppo.max_lag`` v
 - ``update``: the learner side (``PPOUpdate``); ``peers``: the DD-PPO handshake and allreduce.
 - ``policy``: the actor side (``PPOPolicy``: the categorical policy, one round at a time).
 
-With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.recurrent``): actors
+With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.recurrent``): actors
 send each rollout with the state it started from and its episode starts, and the learner
 unrolls the core over whole env rows from that state (``rounds.recurrent_round_tensors``).
 """
@@ -20,7 +20,7 @@ from zrl.algos.api import Algorithm, Wiring
 from zrl.algos.ppo.config import PPOConfig
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
@@ -53,7 +53,7 @@ ALGORITHM = Algorithm(
     wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
     policy="zrl.algos.ppo.policy:make_policy",
     update="zrl.algos.ppo.update:PPOUpdate",
-    model="zrl.recurrent:actor_critic_for",
+    model="zrl.nets.recurrent:actor_critic_for",
     recurrent=True,
     config={"ppo": PPOConfig},
     sections=("learner",),

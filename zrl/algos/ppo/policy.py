@@ -14,7 +14,7 @@ from __future__ import annotations
 from zrl.algos.api import ActorSetup
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.sampling import CategoricalPolicy, RecurrentCategoricalPolicy
-from zrl.recurrent import is_recurrent
+from zrl.nets.recurrent import is_recurrent
 
 KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind the newest
 

@@ -17,8 +17,8 @@ import torch
 
 from zrl.algos.returns import rollout_gae
 from zrl.algos.unrolls import unroll_outputs
-from zrl.models import ActorCritic
-from zrl.recurrent import RecurrentActorCritic
+from zrl.nets.discrete import ActorCritic
+from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.transport.messages import RECURRENT_UNROLL, UNROLL
 
 

@@ -38,8 +38,9 @@ from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.peers import DDPPOPeers
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
-from zrl.models import ActorCritic, load_arrays, model_to_arrays
-from zrl.recurrent import RecurrentActorCritic, is_recurrent
+from zrl.nets.discrete import ActorCritic
+from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
+from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.transport import protocol as P
 from zrl.transport.messages import (
     RECURRENT_UNROLL,

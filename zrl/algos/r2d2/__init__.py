@@ -19,7 +19,7 @@ from zrl.algos.api import Algorithm, Wiring
 from zrl.algos.r2d2.config import R2D2Config
 
 if TYPE_CHECKING:
-    from zrl.config import ExperimentConfig
+    from zrl.config.experiment import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
@@ -41,7 +41,7 @@ ALGORITHM = Algorithm(
     wiring=Wiring.replayed("discrete", "sequences", ("prioritized", "uniform")),
     policy="zrl.algos.r2d2.policy:R2D2Policy",
     update="zrl.algos.r2d2.update:R2D2Update",
-    model="zrl.recurrent:recurrent_q_network_for",
+    model="zrl.nets.recurrent:recurrent_q_network_for",
     recurrent=True,
     config={"r2d2": R2D2Config},
     sections=("replay", "learner"),

@@ -1,14 +1,14 @@
 """The ``r2d2:`` section of an experiment config (R2D2).
 
 Pydantic only (no torch, no numpy): the package's ``ALGORITHM`` names it (``Algorithm.config``),
-so ``zrl.config`` validates it, and the CLI stays fast.
+so ``zrl.config.experiment`` validates it, and the CLI stays fast.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from zrl.config_base import Section
+from zrl.config.base import Section
 
 
 class R2D2Config(Section):

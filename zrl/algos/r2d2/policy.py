@@ -25,7 +25,7 @@ from zrl.algos.r2d2.losses import (
     value_rescale,
 )
 from zrl.algos.r2d2.sequences import SequenceCutter, Sequences
-from zrl.recurrent import EnvStates
+from zrl.nets.recurrent import EnvStates
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 

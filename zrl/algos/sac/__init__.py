@@ -11,6 +11,6 @@ from zrl.algos.sac.config import SACConfig
 ALGORITHM = Algorithm.box_off_policy(
     "sac",
     "SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
-    model="zrl.continuous_models:sac_model_for",
+    model="zrl.nets.continuous:sac_model_for",
     config={"sac": SACConfig},
 )

@@ -33,7 +33,7 @@ from torch import Tensor
 from zrl.algos.apex_ddpg.losses import check_batch, frozen
 from zrl.algos.api import NonFiniteLossError
 from zrl.algos.optim import checked_step
-from zrl.continuous_models import SACModel
+from zrl.nets.continuous import SACModel
 
 
 def default_target_entropy(act_dim: int) -> float:

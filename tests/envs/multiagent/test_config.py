@@ -1,0 +1,35 @@
+"""``env.multiagent``: policy mappings name only known policies, evaluation opponents are
+fixed players, and the defaults (auto API, self-play opponent, random evaluation)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from zrl.config.multiagent import MultiAgentConfig
+
+
+def test_defaults():
+    cfg = MultiAgentConfig()
+    assert (cfg.api, cfg.opponent, cfg.central_value) == ("auto", "self", False)
+    assert cfg.policy_mapping == {} and cfg.eval_opponents == ["random"]
+
+
+def test_policy_mapping_values():
+    mapping = {"player_1": "main", "player_2": "scripted", "*": "random"}
+    assert MultiAgentConfig(policy_mapping=mapping).policy_mapping == mapping
+    with pytest.raises(ValidationError, match="policy_mapping\\['player_2'\\]: 'self'"):
+        MultiAgentConfig(policy_mapping={"player_1": "main", "player_2": "self"})
+
+
+def test_eval_opponents_are_fixed_players():
+    assert MultiAgentConfig(eval_opponents=["scripted", "random"]).eval_opponents == [
+        "scripted",
+        "random",
+    ]
+    with pytest.raises(ValidationError, match="'self' is not random or scripted"):
+        MultiAgentConfig(eval_opponents=["self"])
+    with pytest.raises(ValidationError, match="at least one"):
+        MultiAgentConfig(eval_opponents=[])
+    with pytest.raises(ValidationError):
+        MultiAgentConfig(opponent="main@3")

@@ -1,0 +1,66 @@
+"""What `zrl run` prints off a terminal (a log file, a pipe): every record on one line."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from zrl.config.experiment import ExperimentConfig
+from zrl.run import Supervisor
+from zrl.run.display import StatusDisplay, make_console
+
+
+def display_into(tmp_path: Path) -> tuple[StatusDisplay, io.StringIO]:
+    sup = Supervisor(ExperimentConfig(), run_dir=tmp_path / "run", show_status=False)
+    display = StatusDisplay(sup)
+    out = io.StringIO()
+    display.console = make_console(file=out)  # a StringIO is no terminal
+    return display, out
+
+
+def test_off_a_terminal_a_long_command_is_printed_verbatim_on_one_line(tmp_path: Path):
+    display, out = display_into(tmp_path)
+    assert not display.console.is_terminal
+    command = (
+        "  zrl start actor --broker tcp://10.0.0.1:5555 --index 3 --connect-timeout 30 "
+        + "--set a.b=[1, 2] " * 12
+        + "--keys /home/someone/a/rather/long/path/to/the/keys/of/this/run [bold]x[/bold]"
+    )
+    display.message(command)
+    assert out.getvalue() == command + "\n"
+
+
+def test_the_summary_shows_the_rule_the_first_env_step_and_a_failed_roles_log(tmp_path: Path):
+    display, out = display_into(tmp_path)
+    summary = {
+        "reached_target": False, "stop_reason": "wall_time", "run_dir": "/runs/x",
+        "error": "learner-0 crashed 2 time(s) while starting (last exit code 1)",
+        "error_log_tail": ["Traceback (most recent call last):", "RuntimeError: [no] sim"],
+        "confirming_eval_return": None, "best_eval_return": 500.0, "last_eval_return": 190.0,
+        "env_steps": 12_345, "wall_time": 8.04, "seconds_to_first_env_step": 2.31,
+    }  # fmt: skip
+    display.final(summary)
+    lines = out.getvalue().splitlines()
+    assert lines[1] == summary["error"]
+    assert lines[2:4] == ["  | Traceback (most recent call last):", "  | RuntimeError: [no] sim"]
+    assert "best eval return 500.0, last 190.0" in lines[4]
+    assert lines[4].endswith("first env step after 2.3 s")
+
+
+def test_the_league_line_names_each_exploiters_win_rate_elo_snapshots_and_resets():
+    from zrl.run.display import league_line
+
+    info = {
+        "games": 120, "snapshots": 3, "main_win_rate": 0.61, "elo_top": {"main": 1040.2},
+        "players": {
+            "main": {"win_rate": 0.61, "elo": 1040.2, "snapshots": 1, "resets": 0},
+            "main_exploiter_0": {"win_rate": 0.72, "elo": 1012.4, "snapshots": 2, "resets": 2},
+        },
+    }  # fmt: skip
+    line = league_line(info)
+    assert line.startswith("120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040")
+    assert line.endswith("; main_exploiter_0 win 0.72 Elo 1012 (2 snapshots, 2 resets)")
+    del info["players"]  # a league without exploiters: the line as before
+    assert league_line(info) == (
+        "120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040"
+    )

@@ -1,0 +1,80 @@
+"""The ``env.multiagent:`` section of an experiment config: PettingZoo envs in the actor.
+
+Pydantic only (no numpy, no PettingZoo): ``zrl.config.experiment`` imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from zrl.config.base import Section
+
+FIXED_PLAYERS = ("random", "scripted")
+"""The players that need no weights: uniformly random legal moves, and the game's scripted
+player (``zrl.envs.multiagent.games``)."""
+
+OPPONENT_NAMES = ("self", *FIXED_PLAYERS)
+"""Who can play an ``opponent`` seat without a league: the learning policy's current weights,
+uniformly random legal moves, or the game's scripted player (``zrl.envs.multiagent.games``)."""
+
+SEAT_POLICIES = ("main", "opponent", *FIXED_PLAYERS)
+
+MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
+"""The packages whose envs ``env.id: <package>/<name>`` names (``zrl.envs.multiagent.envs``)."""
+
+
+def is_multiagent(env_id: str) -> bool:
+    """Whether ``env.id`` names a PettingZoo env (``pettingzoo/<name>``, ``mpe2/<name>``)."""
+    return "/" in env_id and env_id.split("/", 1)[0] in MULTIAGENT_PACKAGES
+
+
+class MultiAgentConfig(Section):
+    """How a PettingZoo env (``env.id: pettingzoo/<name>`` or ``mpe2/<name>``) becomes the
+    actor's slots.
+
+    Every agent is mapped to a policy. ``main`` is the learning policy: each agent mapped to it
+    is one slot of the actor's vector env, and its steps are the trajectories the learner
+    trains on. The other agents are played inside the env: ``opponent`` by the opponent chosen
+    for the episode (by the league when one runs, else ``opponent``), ``random`` and
+    ``scripted`` by those fixed players."""
+
+    api: Literal["auto", "aec", "parallel"] = "auto"
+    """PettingZoo API: parallel for envs that have ``parallel_env`` (MPE), AEC (turn-based,
+    one agent acts at a time) for the others (the classic board games)."""
+    policy_mapping: dict[str, str] = Field(default_factory=dict)
+    """Agent id -> main | opponent | random | scripted ("*" for every other agent). Empty:
+    turn-based games give one seat to main and the others to opponent, the seat alternating
+    every episode so the learner moves first in half its games; parallel envs map every agent
+    to main (shared parameters)."""
+    opponent: Literal["self", "random", "scripted"] = "self"
+    """Who plays the opponent seats when no league runs (``roles.league: 0``): the
+    learning policy's current weights (naive self-play), random legal moves, or the game's
+    scripted player."""
+    central_value: bool = False
+    """Append the env's global state (``state()``) to every slot's observation; zrl's
+    actor-critic gives it only to the value function (a centralised critic, MAPPO)."""
+    eval_opponents: list[str] = Field(default_factory=lambda: ["random"])
+    """The evaluator plays the learning policy against each of these (random, scripted) and
+    reports win/draw/loss rates; the first one's mean return is the evaluation return."""
+
+    @field_validator("policy_mapping")
+    @classmethod
+    def _known_policies(cls, mapping: dict[str, str]) -> dict[str, str]:
+        for agent, policy in mapping.items():
+            if policy not in SEAT_POLICIES:
+                raise ValueError(
+                    f"policy_mapping[{agent!r}]: {policy!r} is not one of {', '.join(SEAT_POLICIES)}"
+                )
+        return mapping
+
+    @field_validator("eval_opponents")
+    @classmethod
+    def _fixed_opponents(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in FIXED_PLAYERS:
+                raise ValueError(f"eval_opponents: {name!r} is not random or scripted")
+        if not names:
+            raise ValueError("eval_opponents: give at least one (random or scripted)")
+        return names

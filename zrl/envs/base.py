@@ -1,0 +1,33 @@
+"""What every env module of zrl shares: the error an env that cannot be made raises, and the
+gymnasium namespaces whose package registers them on import."""
+
+from __future__ import annotations
+
+import importlib
+
+import gymnasium as gym
+
+
+class EnvError(ValueError):
+    """An environment that cannot be made or is not supported; user-facing."""
+
+
+ENV_NAMESPACE_PACKAGES = {"ALE": ("ale_py", "ale-py")}
+"""Namespaces of env ids whose package registers them only when imported (gymnasium >= 1.0
+no longer imports it), as (module, pip name)."""
+
+
+def register_env_namespace(env_id: str) -> None:
+    """Import the package that registers ``env_id``'s namespace (``ALE/...``: ale_py) if it
+    is installed and has not registered yet; otherwise gymnasium says the namespace is missing."""
+    namespace = env_id.split(":")[-1].split("/")[0] if "/" in env_id else None
+    if namespace not in ENV_NAMESPACE_PACKAGES:
+        return
+    if any(spec.namespace == namespace for spec in gym.registry.values()):
+        return
+    module_name = ENV_NAMESPACE_PACKAGES[namespace][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return
+    gym.register_envs(module)

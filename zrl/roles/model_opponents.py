@@ -1,0 +1,92 @@
+"""The opponents an actor's model plays: the learning policy's current weights (``self``),
+another learning policy's current weights (``live``: a league's main agent for its main
+exploiters) and any other weights by name (league snapshots), besides the fixed random and
+scripted players.
+
+A model opponent samples its moves from its policy (masked logits), as the learning policy
+does while it collects, so self-play meets a varied opponent rather than one deterministic line.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from zrl.config.multiagent import FIXED_PLAYERS
+from zrl.envs.multiagent.opponents import FixedOpponents
+from zrl.nets.discrete import policy_logits, sample_categorical
+from zrl.nets.wire import load_arrays
+
+CACHED_MODELS = 16
+"""Snapshot networks an actor keeps built (least recently used dropped first)."""
+
+
+class Matchmaker(Protocol):
+    """Where episodes' opponents come from (the league's client in an actor)."""
+
+    def choose(self) -> str: ...
+
+    def finished(self, name: str, outcome: int) -> None: ...
+
+    def weights(self, name: str) -> Mapping[str, np.ndarray] | None:
+        """The weights of the snapshot ``name`` (None: not available)."""
+
+
+@dataclass(eq=False)
+class ModelOpponents:
+    """``self``, named snapshots and the fixed players; opponents chosen by ``matchmaker``
+    (a league) or always ``fixed.opponent``."""
+
+    fixed: FixedOpponents
+    model: nn.Module
+    build: Callable[[], nn.Module]
+    matchmaker: Matchmaker | None = None
+    # Other learning policies at their newest weights (a league's main agent, against a
+    # main exploiter): models the caller keeps current, never cached here by name.
+    live: Callable[[str], nn.Module | None] | None = None
+    models: OrderedDict[str, nn.Module] = field(default_factory=OrderedDict, init=False)
+
+    def choose(self) -> str:
+        return self.fixed.opponent if self.matchmaker is None else self.matchmaker.choose()
+
+    def finished(self, name: str, outcome: int) -> None:
+        self.fixed.finished(name, outcome)
+        if self.matchmaker is not None:
+            self.matchmaker.finished(name, outcome)
+
+    def act(self, name: str, obs: np.ndarray) -> np.ndarray:
+        if name in FIXED_PLAYERS:
+            return self.fixed.act(name, obs)
+        live = None if self.live is None or name == "self" else self.live(name)
+        if name == "self":
+            model = self.model
+        else:
+            model = live if live is not None else self.snapshot(name)
+        with torch.no_grad():
+            logp = torch.log_softmax(policy_logits(model, torch.from_numpy(obs)), dim=1).numpy()
+        # Gumbel-max, as the learning policy samples its own moves.
+        actions, _ = sample_categorical(logp, self.fixed.rng.gumbel(size=logp.shape))
+        return actions
+
+    def snapshot(self, name: str) -> nn.Module:
+        """The network of snapshot ``name``, built and loaded on first use."""
+        model = self.models.get(name)
+        if model is not None:
+            self.models.move_to_end(name)
+            return model
+        arrays = None if self.matchmaker is None else self.matchmaker.weights(name)
+        if arrays is None:
+            raise KeyError(f"no weights for opponent {name!r}")
+        model = self.build()
+        load_arrays(model, arrays)
+        model.eval()
+        self.models[name] = model
+        while len(self.models) > CACHED_MODELS:
+            self.models.popitem(last=False)
+        return model
