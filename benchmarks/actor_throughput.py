@@ -66,8 +66,9 @@ def reference_loops(spec: dict[str, Any], cmds: Any, out: Any) -> None:
     rng = np.random.default_rng(seed)
     envs = make_vector_env(cfg.env)
     E = envs.num_envs
-    model = build_q_network(envs.single_observation_space, envs.single_action_space,
-                            cfg.model.hidden, cfg.model.dueling)  # fmt: skip
+    model = build_q_network(
+        envs.single_observation_space, envs.single_action_space, cfg.model.hidden, cfg.model.dueling
+    )
     model.eval()
     num_actions = int(envs.single_action_space.n)  # type: ignore[attr-defined]
     eps = apex_epsilons(max(cfg.roles.actors, 1) * E, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
@@ -303,10 +304,18 @@ def measure_actor(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="measured seconds of each of the two (bare, actor)")  # fmt: skip
-    parser.add_argument("--num-envs", type=int, default=None,
-                        help="envs per actor (default: the config's env.num_envs)")  # fmt: skip
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=20.0,
+        help="measured seconds of each of the two (bare, actor)",
+    )
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        default=None,
+        help="envs per actor (default: the config's env.num_envs)",
+    )
     args = parser.parse_args()
 
     import gymnasium
@@ -329,8 +338,9 @@ def main() -> None:
         ref[kind].append(out.get(timeout=duration + 60))
 
     try:
-        refs = mpc.Process(target=reference_loops, daemon=True,
-                           args=(cfg.model_dump(mode="json"), cmds, out))  # fmt: skip
+        refs = mpc.Process(
+            target=reference_loops, daemon=True, args=(cfg.model_dump(mode="json"), cmds, out)
+        )
         started.append(refs)
         refs.start()
         env_name = out.get(timeout=START_TIMEOUT_S)["env"]
@@ -369,13 +379,16 @@ def main() -> None:
         f"| numpy {np.__version__} | python {sys.version.split()[0]} | {os.cpu_count()} cpus"
     )
     print()
-    print(f"{cfg.env.id}: {env_name}, 1 torch thread; steps = valid env steps (autoreset steps "
-          f"excluded), as the actor counts them; CPU shares are of the main thread")  # fmt: skip
+    print(
+        f"{cfg.env.id}: {env_name}, 1 torch thread; steps = valid env steps (autoreset steps "
+        f"excluded), as the actor counts them; CPU shares are of the main thread"
+    )
     w = 50
     print(f"{'':<{w}} {'steps/s':>9} {'on CPU':>7} {'wait CPU':>8} {'steps/CPU-s':>11}")
 
-    def row(label: str, rate: float, on_cpu: float | None, waiting: float | None,
-            note: str = "") -> None:  # fmt: skip
+    def row(
+        label: str, rate: float, on_cpu: float | None, waiting: float | None, note: str = ""
+    ) -> None:
         cpu = f"{on_cpu:>7.0%} {waiting:>8.0%} {rate / on_cpu:>11,.0f}" if on_cpu else f"{'':>28}"
         print(f"{label:<{w}} {rate:>9,.0f} {cpu}  {note}")
 
@@ -399,8 +412,10 @@ def main() -> None:
         )
     else:
         errors = [r["error"] for r in ref["collect"] if "error" in r]
-        print(f"{'Actor.collect() loop, no sockets (reference)':<{w}} {'n/a':>9}  "
-              f"{errors[0] if errors else ''}")  # fmt: skip
+        print(
+            f"{'Actor.collect() loop, no sockets (reference)':<{w}} {'n/a':>9}  "
+            f"{errors[0] if errors else ''}"
+        )
     ratio = cpu_ratio = float("nan")
     if "error" in zrl_res:
         print(f"{'zrl actor -> broker -> replay':<{w}} {'error':>9}  {zrl_res['error']}")
@@ -408,23 +423,33 @@ def main() -> None:
         rate = zrl_res["steps"] / zrl_res["elapsed"]
         ratio = rate / bare["rate"]
         on_cpu, waiting = zrl_res["sched"].get("actor", (None, None))
-        row("zrl actor -> broker -> replay", rate, on_cpu, waiting,
-            f"({zrl_res['elapsed']:.1f} s after {WARMUP_S:g} s warm-up)")  # fmt: skip
+        row(
+            "zrl actor -> broker -> replay",
+            rate,
+            on_cpu,
+            waiting,
+            f"({zrl_res['elapsed']:.1f} s after {WARMUP_S:g} s warm-up)",
+        )
         if on_cpu and bare.get("on_cpu"):
             cpu_ratio = (rate / on_cpu) / (bare["rate"] / bare["on_cpu"])
         if "replay" in zrl_res["sched"]:
             r_cpu, r_wait = zrl_res["sched"]["replay"]
             print(f"{'  replay shard main thread':<{w}} {'':>9} {r_cpu:>7.0%} {r_wait:>8.0%}")
         ins = zrl_res.get("inserts_per_s")
-        print(f"{'  replay inserts, transitions/s':<{w}} "
-              f"{'n/a' if ins is None else f'{ins:,.0f}':>9}")  # fmt: skip
-        print(f"{'  longest actor wait (ack window / full stream), s':<{w}} "
-              f"{zrl_res['blocked_s']:>9.1f}")  # fmt: skip
+        print(
+            f"{'  replay inserts, transitions/s':<{w}} {'n/a' if ins is None else f'{ins:,.0f}':>9}"
+        )
+        print(
+            f"{'  longest actor wait (ack window / full stream), s':<{w}} "
+            f"{zrl_res['blocked_s']:>9.1f}"
+        )
         print(f"{'  malformed messages dropped, all roles':<{w}} {zrl_res['dropped']:>9}")
     print()
     print(f"actor / bare: {ratio:.2f} wall clock, {cpu_ratio:.2f} per main-thread CPU second")
-    print(f"target: actor keeps >= {TARGET:.0%} of the bare loop: "
-          f"{'MET' if ratio >= TARGET else 'NOT MET'}")  # fmt: skip
+    print(
+        f"target: actor keeps >= {TARGET:.0%} of the bare loop: "
+        f"{'MET' if ratio >= TARGET else 'NOT MET'}"
+    )
 
 
 if __name__ == "__main__":

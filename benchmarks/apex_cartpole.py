@@ -32,13 +32,30 @@ def run_zrl(seed: int, limit: float, config: Path) -> tuple[float | None, int | 
         run_dir = Path(tmp) / "run"
         t0 = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir),
-             "--set", f"seed={seed}", "--set", f"stop.wall_time={limit}",
-             "--set", f"stop.eval_return={TARGET}", "--set", f"evaluator.episodes={EVAL_EPISODES}",
-             # The baseline stops on one evaluation at the target: the same criterion here.
-             "--set", "stop.eval_window=1"],
-            capture_output=True, text=True, timeout=limit + 120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                f"seed={seed}",
+                "--set",
+                f"stop.wall_time={limit}",
+                "--set",
+                f"stop.eval_return={TARGET}",
+                "--set",
+                f"evaluator.episodes={EVAL_EPISODES}",
+                # The baseline stops on one evaluation at the target: the same criterion here.
+                "--set",
+                "stop.eval_window=1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=limit + 120,
+        )
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -91,11 +108,22 @@ def run_sb3(seed: int, limit: float) -> tuple[float | None, int | None]:
     # rl-baselines3-zoo hyperparameters for CartPole-v1 (hyperparams/dqn.yml).
     callback = EvalUntilSolved()
     model = DQN(
-        "MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64,
-        buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
-        train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-        exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]}, seed=seed, verbose=0,
-    )  # fmt: skip
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]},
+        seed=seed,
+        verbose=0,
+    )
     # exploration_fraction is relative to the zoo's 5e4-step budget; keep that schedule.
     model.learn(total_timesteps=50_000, callback=callback)
     if callback.solved_at is None:
@@ -136,8 +164,10 @@ def main() -> None:
             results["SB3 DQN (zoo)"].append(r)
             print(f"seed {seed}: sb3  {r[0] and round(r[0], 1)} s, {r[1]} steps", flush=True)
 
-    print(f"\nCartPole-v1, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
-          f"median of {args.seeds} seeds")  # fmt: skip
+    print(
+        f"\nCartPole-v1, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
+        f"median of {args.seeds} seeds"
+    )
     print(f"{'system':<16} {'seconds':>10} {'env steps':>12}")
     for name, rs in results.items():
         secs = fmt([r[0] for r in rs])

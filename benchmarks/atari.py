@@ -108,8 +108,9 @@ def build_sf_venv(venv: Path = SF_VENV) -> Path:
     subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
     constraints = venv / "constraints.txt"
     constraints.write_text(f"torch=={torch.__version__}\n")
-    subprocess.run([py, "-m", "pip", "install", "-q", "-c", str(constraints), *SF_PACKAGES],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "-c", str(constraints), *SF_PACKAGES], check=True
+    )
     if not sf_venv_ok(venv):
         sys.exit(f"{venv}: Sample Factory does not import after the install")
     return sf_python(venv)
@@ -140,8 +141,10 @@ class Settings:
         return self.envs_per_core * self.cores
 
     def describe(self) -> str:
-        return (f"{self.cores} cores x {self.envs_per_core} envs, rollout {self.rollout}, batch "
-                f"{self.batch}, minibatch {self.minibatch}, {self.epochs} epoch(s)")  # fmt: skip
+        return (
+            f"{self.cores} cores x {self.envs_per_core} envs, rollout {self.rollout}, batch "
+            f"{self.batch}, minibatch {self.minibatch}, {self.epochs} epoch(s)"
+        )
 
 
 def settings_from_config(config: Path, envs_per_core: int) -> Settings:
@@ -169,10 +172,15 @@ def settings_from_config(config: Path, envs_per_core: int) -> Settings:
     if (envs_per_core * n) % actors:
         raise SystemExit(f"{envs_per_core * n} envs do not split over {actors} zrl actors")
     return Settings(
-        envs_per_core=envs_per_core, cores=n, actors=actors, rollout=rollout, batch=batch,
-        minibatch=batch // int(get(f"{algo}.minibatches", 1)), epochs=int(get(f"{algo}.epochs", 1)),
+        envs_per_core=envs_per_core,
+        cores=n,
+        actors=actors,
+        rollout=rollout,
+        batch=batch,
+        minibatch=batch // int(get(f"{algo}.minibatches", 1)),
+        epochs=int(get(f"{algo}.epochs", 1)),
         atari=dict(get("env.atari", {}) or {}),
-    )  # fmt: skip
+    )
 
 
 # --- one run of either system ----------------------------------------------------------
@@ -205,7 +213,9 @@ class Run:
         window = [s for s in self.samples if s.time >= first.time + warmup]
         # Up to the last sample that moved: the stop and shutdown count for neither system.
         while len(window) > 1 and (window[-1].trained, window[-1].env_steps) == (
-            window[-2].trained, window[-2].env_steps):  # fmt: skip
+            window[-2].trained,
+            window[-2].env_steps,
+        ):
             window.pop()
         if len(window) < 2 or window[-1].time - window[0].time < 5:
             return None
@@ -249,11 +259,30 @@ def run_sf(s: Settings, seconds: float, seed: int, tmp: Path, python: Path) -> R
     out, log = tmp / "sf.jsonl", tmp / "sf.log"
     if s.batch % s.minibatch:
         raise SystemExit(f"batch {s.batch} is not a multiple of the minibatch {s.minibatch}")
-    cmd = [str(python), str(SF_LAUNCHER), "--out", str(out), "--train-dir", str(tmp / "sf"),
-           "--workers", str(s.cores), "--envs-per-worker", str(s.envs_per_core),
-           "--rollout", str(s.rollout), "--batch-size", str(s.minibatch),
-           "--num-batches-per-epoch", str(s.batch // s.minibatch), "--epochs", str(s.epochs),
-           "--seconds", str(seconds), "--seed", str(seed)]  # fmt: skip
+    cmd = [
+        str(python),
+        str(SF_LAUNCHER),
+        "--out",
+        str(out),
+        "--train-dir",
+        str(tmp / "sf"),
+        "--workers",
+        str(s.cores),
+        "--envs-per-worker",
+        str(s.envs_per_core),
+        "--rollout",
+        str(s.rollout),
+        "--batch-size",
+        str(s.minibatch),
+        "--num-batches-per-epoch",
+        str(s.batch // s.minibatch),
+        "--epochs",
+        str(s.epochs),
+        "--seconds",
+        str(seconds),
+        "--seed",
+        str(seed),
+    ]
     run = Run(SF, time.time())
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -267,8 +296,16 @@ def run_sf(s: Settings, seconds: float, seed: int, tmp: Path, python: Path) -> R
     for e in events:
         if e["event"] == "stats":
             lag = e.get("lag_avg")
-            run.samples.append(Sample(e["time"], e["samples_collected"], e["samples_trained"],
-                                      e["learner_cpu_s"], e["total_cpu_s"], lag))  # fmt: skip
+            run.samples.append(
+                Sample(
+                    e["time"],
+                    e["samples_collected"],
+                    e["samples_trained"],
+                    e["learner_cpu_s"],
+                    e["total_cpu_s"],
+                    lag,
+                )
+            )
         elif e["event"] == "episode":
             run.episodes.append((e["time"], e["reward"], 1.0))
     if not run.samples:
@@ -295,20 +332,26 @@ def run_zrl(
 
     run_dir = tmp / "zrl"
     overrides = [
-        f"seed={seed}", f"stop.wall_time={seconds}", "stop.eval_return=null",
+        f"seed={seed}",
+        f"stop.wall_time={seconds}",
+        "stop.eval_return=null",
         "roles.evaluator=0",  # Sample Factory evaluates nothing while it trains
-        f"env.num_envs={s.envs // s.actors}", *extra,
-    ]  # fmt: skip
+        f"env.num_envs={s.envs // s.actors}",
+        *extra,
+    ]
     cmd = [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x),
+    }
     run = Run(ZRL, time.time())
     log = tmp / "zrl.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         root = psutil.Process(proc.pid)
         procs: dict[int, Any] = {}
         cpu: dict[int, float] = {}  # the last CPU time seen per process: it stays counted
@@ -333,8 +376,16 @@ def run_zrl(
                 continue
             trained = int(float(row.get("samples_trained") or 0))
             lag = row.get("max_version_lag")
-            run.samples.append(Sample(time.time(), int(float(row.get("env_steps") or 0)), trained,
-                                      learner, total, float(lag) if lag else None))  # fmt: skip
+            run.samples.append(
+                Sample(
+                    time.time(),
+                    int(float(row.get("env_steps") or 0)),
+                    trained,
+                    learner,
+                    total,
+                    float(lag) if lag else None,
+                )
+            )
         if proc.poll() is None:
             run.notes.append("did not stop by itself: killed")
         _stop_group(proc)
@@ -352,8 +403,9 @@ def _zrl_episodes(run_dir: Path, launched: float) -> list[tuple[float, float, fl
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    counts = {(r["time"], r["env_steps"]): float(r["value"]) for r in rows
-              if r["tag"] == "actor/episodes"}  # fmt: skip
+    counts = {
+        (r["time"], r["env_steps"]): float(r["value"]) for r in rows if r["tag"] == "actor/episodes"
+    }
     return [
         (
             launched + float(r["time"]),
@@ -418,9 +470,11 @@ def _batch_sink(broker_file: Path, stop: threading.Event) -> None:
     if not broker_file.is_file():
         return
     sink = BatchSink(
-        broker_file.read_text().strip(), index=0, connect_timeout=60,
+        broker_file.read_text().strip(),
+        index=0,
+        connect_timeout=60,
         checkpoint_root=broker_file.parent,  # the run directory: its checkpoints go there
-    )  # fmt: skip
+    )
     threading.Thread(target=lambda: (stop.wait(), sink.request_stop()), daemon=True).start()
     sink.run()
 
@@ -537,17 +591,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="a,b,c", help="any of a,b,c,d")
     parser.add_argument("--seconds", type=float, default=120.0, help="per throughput run")
-    parser.add_argument("--warmup", type=float, default=20.0,
-                        help="seconds after the first trained batch before rates count")  # fmt: skip
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=20.0,
+        help="seconds after the first trained batch before rates count",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--envs-per-core", type=int, default=8)
     parser.add_argument("--curve-minutes", type=float, default=30.0)
-    parser.add_argument("--curve-out", type=Path, default=CURVE_OUT,
-                        help="(d) writes this .png and .csv")  # fmt: skip
+    parser.add_argument(
+        "--curve-out", type=Path, default=CURVE_OUT, help="(d) writes this .png and .csv"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zrl-config", type=Path, default=REPO / "configs" / "pong_appo.yaml")
-    parser.add_argument("--zrl-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="more zrl overrides (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--zrl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more zrl overrides (repeatable)",
+    )
     parser.add_argument("--sf-venv", type=Path, default=SF_VENV)
     parser.add_argument("--build-sf-venv", action="store_true", help="build it if missing")
     parser.add_argument("--skip-zrl", action="store_true")
@@ -566,8 +630,11 @@ def main() -> None:
             sys.exit(f"no Sample Factory venv at {args.sf_venv}: pass --build-sf-venv")
     if not args.skip_zrl and sections & set("abd") and not args.zrl_config.is_file():
         sys.exit(f"{args.zrl_config} not found (--zrl-config)")
-    s = settings_from_config(args.zrl_config, args.envs_per_core) if args.zrl_config.is_file() \
-        else Settings(args.envs_per_core, cores(), cores(), 32, 512, 512, 1)  # fmt: skip
+    s = (
+        settings_from_config(args.zrl_config, args.envs_per_core)
+        if args.zrl_config.is_file()
+        else Settings(args.envs_per_core, cores(), cores(), 32, 512, 512, 1)
+    )
     print(f"Pong, {s.describe()}; load average {load()}", flush=True)
     report: dict[str, Any] = {"settings": s.describe(), "load_before": load()}
 
@@ -585,15 +652,31 @@ def main() -> None:
                 run = one(name, args.seconds, args.seed + r)
                 st = run.steady(args.warmup) if not run.failed else None
                 if st is None:
-                    print(f"repeat {r}: {name}: no steady-state figures "
-                          f"{run.failed or ''}", file=sys.stderr)  # fmt: skip
-                    st = {k: math.nan for k in ("env_steps_per_s", "trained_per_s",
-                          "trained_per_learner_cpu_s", "lag", "startup_s", "learner_cores",
-                          "total_cores", "window_s")}  # fmt: skip
+                    print(
+                        f"repeat {r}: {name}: no steady-state figures {run.failed or ''}",
+                        file=sys.stderr,
+                    )
+                    st = {
+                        k: math.nan
+                        for k in (
+                            "env_steps_per_s",
+                            "trained_per_s",
+                            "trained_per_learner_cpu_s",
+                            "lag",
+                            "startup_s",
+                            "learner_cores",
+                            "total_cores",
+                            "window_s",
+                        )
+                    }
                 rates[name].append(st)
-                print(f"repeat {r}: {name:<15} " + ", ".join(f"{k} {v:.1f}" for k, v in st.items())
-                      + (f"  [{'; '.join(run.notes)}]" if run.notes else "")
-                      + f"  load {load()}", flush=True)  # fmt: skip
+                print(
+                    f"repeat {r}: {name:<15} "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in st.items())
+                    + (f"  [{'; '.join(run.notes)}]" if run.notes else "")
+                    + f"  load {load()}",
+                    flush=True,
+                )
         report["rates"] = rates
 
         def col(name: str, key: str) -> list[float]:
@@ -602,21 +685,35 @@ def main() -> None:
         if "a" in sections:
             print(f"\n(a) env steps/s with learning on (frameskip 4), median of {args.repeats}")
             for name in systems:
-                print(f"  {name:<16}{spread(col(name, 'env_steps_per_s'))}   trained/s "
-                      f"{spread(col(name, 'trained_per_s')).strip()}, policy lag "
-                      f"{spread(col(name, 'lag')).strip()}")  # fmt: skip
+                print(
+                    f"  {name:<16}{spread(col(name, 'env_steps_per_s'))}   trained/s "
+                    f"{spread(col(name, 'trained_per_s')).strip()}, policy lag "
+                    f"{spread(col(name, 'lag')).strip()}"
+                )
             if len(systems) == 2:
-                verdict("a_env_steps_per_s", col(ZRL, "env_steps_per_s"),
-                        col(SF, "env_steps_per_s"), TARGET_THROUGHPUT, report)  # fmt: skip
+                verdict(
+                    "a_env_steps_per_s",
+                    col(ZRL, "env_steps_per_s"),
+                    col(SF, "env_steps_per_s"),
+                    TARGET_THROUGHPUT,
+                    report,
+                )
         if "b" in sections:
             print("\n(b) samples trained per learner CPU-second")
             for name in systems:
-                print(f"  {name:<16}{spread(col(name, 'trained_per_learner_cpu_s'))}   learner "
-                      f"cores {spread(col(name, 'learner_cores')).strip()}, all cores "
-                      f"{spread(col(name, 'total_cores')).strip()}")  # fmt: skip
+                print(
+                    f"  {name:<16}{spread(col(name, 'trained_per_learner_cpu_s'))}   learner "
+                    f"cores {spread(col(name, 'learner_cores')).strip()}, all cores "
+                    f"{spread(col(name, 'total_cores')).strip()}"
+                )
             if len(systems) == 2:
-                verdict("b_trained_per_learner_cpu_s", col(ZRL, "trained_per_learner_cpu_s"),
-                        col(SF, "trained_per_learner_cpu_s"), TARGET_CPU, report)  # fmt: skip
+                verdict(
+                    "b_trained_per_learner_cpu_s",
+                    col(ZRL, "trained_per_learner_cpu_s"),
+                    col(SF, "trained_per_learner_cpu_s"),
+                    TARGET_CPU,
+                    report,
+                )
 
     if "c" in sections:
         bare: list[float] = []
@@ -638,8 +735,10 @@ def main() -> None:
     if "d" in sections:
         seconds = args.curve_minutes * 60
         curves = [one(name, seconds, args.seed) for name in systems]
-        print(f"\n(d) training episode return after {args.curve_minutes:g} min each "
-              f"(mean over the last {FINAL_FRACTION:.0%} of the time)")  # fmt: skip
+        print(
+            f"\n(d) training episode return after {args.curve_minutes:g} min each "
+            f"(mean over the last {FINAL_FRACTION:.0%} of the time)"
+        )
         finals = {}
         for run in curves:
             finals[run.system] = final_score(run, seconds)

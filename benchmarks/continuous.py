@@ -45,13 +45,30 @@ def run_zrl(seed: int, limit: float, config: Path) -> Result:
         run_dir = Path(tmp) / "run"
         t0 = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir),
-             "--set", f"seed={seed}", "--set", f"stop.wall_time={limit}",
-             "--set", f"stop.eval_return={TARGET}", "--set", f"evaluator.episodes={EVAL_EPISODES}",
-             # The baseline stops on one evaluation at the target: the same criterion here.
-             "--set", "stop.eval_window=1"],
-            capture_output=True, text=True, timeout=limit + 120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                f"seed={seed}",
+                "--set",
+                f"stop.wall_time={limit}",
+                "--set",
+                f"stop.eval_return={TARGET}",
+                "--set",
+                f"evaluator.episodes={EVAL_EPISODES}",
+                # The baseline stops on one evaluation at the target: the same criterion here.
+                "--set",
+                "stop.eval_window=1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=limit + 120,
+        )
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -153,8 +170,10 @@ def main() -> None:
             results[ALGOS[a]].append(r)
             print(f"seed {seed}: {a:<9} {r[0] and round(r[0], 1)} s, {r[1]} steps", flush=True)
 
-    print(f"\n{ENV_ID}, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
-          f"median of {args.seeds} seeds")  # fmt: skip
+    print(
+        f"\n{ENV_ID}, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
+        f"median of {args.seeds} seeds"
+    )
     print(f"{'system':<16} {'seconds':>10} {'env steps':>12}")
     for name, rs in results.items():
         secs = fmt([r[0] for r in rs])

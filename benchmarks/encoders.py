@@ -71,8 +71,10 @@ def main() -> None:
                         return model(obs)
 
                 best, median = timed(forward, args.reps, args.device)
-                print(f"{name:28s} {params:>9,} params  forward  B={batch:<4d} "
-                      f"{best:8.1f} {median:8.1f}")  # fmt: skip
+                print(
+                    f"{name:28s} {params:>9,} params  forward  B={batch:<4d} "
+                    f"{best:8.1f} {median:8.1f}"
+                )
 
             def step(model: torch.nn.Module = model, obs: torch.Tensor = obs) -> object:
                 model.zero_grad(set_to_none=True)
@@ -83,8 +85,10 @@ def main() -> None:
 
             best, median = timed(step, args.reps, args.device)
             best_step[layout] = best
-            print(f"{name:28s} {params:>9,} params  fwd+bwd  B={args.large:<4d} "
-                  f"{best:8.1f} {median:8.1f}")  # fmt: skip
+            print(
+                f"{name:28s} {params:>9,} params  fwd+bwd  B={args.large:<4d} "
+                f"{best:8.1f} {median:8.1f}"
+            )
         ratio = best_step["contiguous"] / best_step["channels_last"]
         print(f"{encoder}: channels_last fwd+bwd is {ratio:.2f}x as fast as contiguous (best)")
 

@@ -70,8 +70,10 @@ def main() -> None:
             print(f"rep {rep} env_groups {g}: {rates[g][-1]:.0f} steps/s", flush=True)
     print(f"load average after: {os.getloadavg()}")
     for g, r in rates.items():
-        print(f"env_groups {g}: median {statistics.median(r):.0f} steps/s, "
-              f"min {min(r):.0f}, max {max(r):.0f}")  # fmt: skip
+        print(
+            f"env_groups {g}: median {statistics.median(r):.0f} steps/s, "
+            f"min {min(r):.0f}, max {max(r):.0f}"
+        )
     print(f"ratio (2 / 1): {statistics.median(rates[2]) / statistics.median(rates[1]):.2f}")
     for a in actors.values():
         a.envs.close()

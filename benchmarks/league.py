@@ -81,17 +81,32 @@ def main() -> None:
     parser.add_argument("--game", choices=sorted(CONFIGS), default="tictactoe")
     parser.add_argument("--seconds", type=float, default=300.0, help="wall time of the run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config overrides for the run")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for the run",
+    )
     args = parser.parse_args()
 
     bare = bare_games_per_s(args.game)
     print(f"bare {args.game}: {bare:,.0f} games/s on one core (random legal moves, no learning)")
     with tempfile.TemporaryDirectory(prefix="zrl-league-bench-") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / CONFIGS[args.game]),
-               "--run-dir", str(run_dir), "--set", f"seed={args.seed}",
-               "--set", f"stop.wall_time={args.seconds}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "zrl",
+            "run",
+            str(REPO / "configs" / CONFIGS[args.game]),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"seed={args.seed}",
+            "--set",
+            f"stop.wall_time={args.seconds}",
+        ]
         for item in args.set:
             cmd += ["--set", item]
         print("$ " + " ".join(cmd[2:]), flush=True)
@@ -114,8 +129,10 @@ def report(game: str, run_dir: Path, bare: float, wall: float) -> None:
     if len(games) >= 2:
         (t0, g0), (t1, g1) = games[0], games[-1]
         rate = (g1 - g0) / max(t1 - t0, 1e-9)
-        print(f"games through the actors and the league: {g1:,.0f} in all, {rate:,.0f} games/s "
-              f"from {t0:.0f} s to {t1:.0f} s ({rate / bare:.2f}x one bare core of random play)")  # fmt: skip
+        print(
+            f"games through the actors and the league: {g1:,.0f} in all, {rate:,.0f} games/s "
+            f"from {t0:.0f} s to {t1:.0f} s ({rate / bare:.2f}x one bare core of random play)"
+        )
     if progress:
         last = progress[-1]
         steps, seconds = number(last.get("env_steps")) or 0, number(last.get("time")) or 1
@@ -132,15 +149,22 @@ def report(game: str, run_dir: Path, bare: float, wall: float) -> None:
         )
         if first_bar is None and meets_bar(game, row):
             first_bar = float(row["time"])
-    bar = ("wins >= 0.90 vs random" if game == "connect_four"
-           else "wins >= 0.95 vs random and loses <= 0.05 vs scripted")  # fmt: skip
+    bar = (
+        "wins >= 0.90 vs random"
+        if game == "connect_four"
+        else "wins >= 0.95 vs random and loses <= 0.05 vs scripted"
+    )
     print(f"\nbar ({bar}): " + (f"first met at {first_bar:.0f} s" if first_bar else "not met"))
     final = {r["tag"]: number(r["value"]) for r in train if r["tag"].startswith("league/")}
     elo = {k.removeprefix("league/elo_"): v for k, v in final.items() if "/elo_" in k}
     if final:
-        print(f"league at the end: {final.get('league/snapshots', 0):.0f} snapshots, main's win "
-              f"rate over them {final.get('league/main_win_rate', 0):.2f}; Elo: "
-              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(elo.items(), key=lambda kv: -(kv[1] or 0))))  # fmt: skip
+        print(
+            f"league at the end: {final.get('league/snapshots', 0):.0f} snapshots, main's win "
+            f"rate over them {final.get('league/main_win_rate', 0):.2f}; Elo: "
+            + ", ".join(
+                f"{k} {v:.0f}" for k, v in sorted(elo.items(), key=lambda kv: -(kv[1] or 0))
+            )
+        )
 
 
 if __name__ == "__main__":

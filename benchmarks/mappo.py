@@ -70,8 +70,19 @@ def random_baseline(cfg: ExperimentConfig, games: int, seed: int) -> tuple[float
 
 
 def run_zrl(config: Path, seconds: float, seed: int, overrides: list[str], run_dir: Path) -> None:
-    cmd = [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir),
-           "--set", f"seed={seed}", "--set", f"stop.wall_time={seconds:g}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zrl",
+        "run",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"stop.wall_time={seconds:g}",
+    ]
     for item in overrides:
         cmd += ["--set", item]
     print("$", " ".join(cmd[1:]), flush=True)
@@ -114,8 +125,10 @@ def write_curve(
         print("matplotlib is not installed: no PNG", file=sys.stderr)
         return [csv_path]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, x, label in ((axes[0], [e[0] for e in evals], "seconds since launch"),
-                         (axes[1], [e[1] for e in evals], "env steps (agent steps)")):  # fmt: skip
+    for ax, x, label in (
+        (axes[0], [e[0] for e in evals], "seconds since launch"),
+        (axes[1], [e[1] for e in evals], "env steps (agent steps)"),
+    ):
         ax.plot(x, [e[2] for e in evals], marker="o", ms=3, label=f"{algo}, greedy")
         ax.axhline(random_return, color="grey", ls="--", label="random policy")
         ax.set_xlabel(label)
@@ -130,32 +143,65 @@ def write_curve(
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(__doc__.splitlines()[2:]),
-    )  # fmt: skip
-    parser.add_argument("--seconds", type=float, default=180.0,
-                        help="wall time of the zrl run (stop.wall_time), default 180")  # fmt: skip
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=180.0,
+        help="wall time of the zrl run (stop.wall_time), default 180",
+    )
     parser.add_argument("--config", type=Path, default=CONFIG, help="default %(default)s")
     parser.add_argument("--seed", type=int, default=0, help="the run's seed, default 0")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override passed to zrl run (and to the random baseline's envs); repeatable")  # fmt: skip
-    parser.add_argument("--random-games", type=int, default=500,
-                        help="games of the random-policy baseline, default 500")  # fmt: skip
-    parser.add_argument("--final-evals", type=int, default=3,
-                        help="the final return is the mean of this many last evaluations, default 3")  # fmt: skip
-    parser.add_argument("--run-dir", type=Path, default=None,
-                        help="keep the run here (default: a temporary directory)")  # fmt: skip
-    parser.add_argument("--write-curve", action="store_true",
-                        help="write CURVE_OUT.csv (seconds, env_steps, eval_return) and .png")  # fmt: skip
-    parser.add_argument("--curve-out", type=Path, default=CURVE_OUT,
-                        help="path of the curve files without suffix, default %(default)s")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override passed to zrl run (and to the random baseline's envs); repeatable",
+    )
+    parser.add_argument(
+        "--random-games",
+        type=int,
+        default=500,
+        help="games of the random-policy baseline, default 500",
+    )
+    parser.add_argument(
+        "--final-evals",
+        type=int,
+        default=3,
+        help="the final return is the mean of this many last evaluations, default 3",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="keep the run here (default: a temporary directory)",
+    )
+    parser.add_argument(
+        "--write-curve",
+        action="store_true",
+        help="write CURVE_OUT.csv (seconds, env_steps, eval_return) and .png",
+    )
+    parser.add_argument(
+        "--curve-out",
+        type=Path,
+        default=CURVE_OUT,
+        help="path of the curve files without suffix, default %(default)s",
+    )
     args = parser.parse_args()
 
     cfg = load_config(args.config, args.overrides)
     t0 = time.perf_counter()
     random_mean, random_se = random_baseline(cfg, args.random_games, seed=12345)
-    print(f"random policy: {random_mean:.2f} +- {random_se:.2f} per agent over "
-          f"{args.random_games} games ({time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+    print(
+        f"random policy: {random_mean:.2f} +- {random_se:.2f} per agent over "
+        f"{args.random_games} games ({time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run_dir or Path(tmp) / "run"
@@ -168,8 +214,10 @@ def main() -> None:
     if not evals:
         raise SystemExit("the run recorded no evaluation")
 
-    print(f"\nzrl run: {took:.0f} s in all, {summary.get('env_steps', '?')} env steps, "
-          f"{summary.get('evals_dropped', 0)} evaluations dropped, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"\nzrl run: {took:.0f} s in all, {summary.get('env_steps', '?')} env steps, "
+        f"{summary.get('evals_dropped', 0)} evaluations dropped, load {os.getloadavg()[0]:.2f}"
+    )
     print(f"\n{'seconds':>8} {'env steps':>10} {'greedy return':>14}")
     for t, steps, ret in evals:
         print(f"{t:8.1f} {steps:10d} {ret:14.2f}")
@@ -184,10 +232,14 @@ def main() -> None:
 
     last = evals[-args.final_evals :]
     final = statistics.fmean(e[2] for e in last)
-    print(f"\nfinal (mean of the last {len(last)} evaluations, {last[0][0]:.0f}-{last[-1][0]:.0f} s): "
-          f"{final:.2f} per agent")  # fmt: skip
-    print(f"vs random {random_mean:.2f}: difference {final - random_mean:+.2f}, "
-          f"ratio final/random {final / random_mean:.2f} (< 1: better than random)")  # fmt: skip
+    print(
+        f"\nfinal (mean of the last {len(last)} evaluations, {last[0][0]:.0f}-{last[-1][0]:.0f} s): "
+        f"{final:.2f} per agent"
+    )
+    print(
+        f"vs random {random_mean:.2f}: difference {final - random_mean:+.2f}, "
+        f"ratio final/random {final / random_mean:.2f} (< 1: better than random)"
+    )
 
     if args.write_curve:
         critic = "central critic" if cfg.env.multiagent.central_value else "no central critic"

@@ -186,9 +186,15 @@ def wait_stepping(status: Status, procs: list[subprocess.Popen[bytes]], logs: Pa
 
 
 def measure_pair(
-    hosts: Hosts, status: Status, broker: str, n: int, first_index: int, seconds: float,
-    windows: int, logs: Path,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
+    hosts: Hosts,
+    status: Status,
+    broker: str,
+    n: int,
+    first_index: int,
+    seconds: float,
+    windows: int,
+    logs: Path,
+) -> dict[str, dict[str, Any]]:
     """n actors in h0 (local) and one in each of h1..hn (remote), started together; then only
     one set runs at a time (the other is SIGSTOPped), alternating ``windows`` times, so both
     see the same machine load. Each set's rate: sum over its actors of steps / heartbeat time."""
@@ -196,8 +202,18 @@ def measure_pair(
     idx = first_index
     for mode, where in (("local", [0] * n), ("remote", list(range(1, n + 1)))):
         for host in where:
-            sets[mode].append(hosts.zrl(host, "start", "actor", "--broker", broker, "--index",
-                                        str(idx), log=logs / f"actor-{idx}-h{host}.log"))  # fmt: skip
+            sets[mode].append(
+                hosts.zrl(
+                    host,
+                    "start",
+                    "actor",
+                    "--broker",
+                    broker,
+                    "--index",
+                    str(idx),
+                    log=logs / f"actor-{idx}-h{host}.log",
+                )
+            )
             idx += 1
     try:
         error = wait_stepping(status, sets["local"] + sets["remote"], logs)
@@ -228,8 +244,11 @@ def measure_pair(
         out = {}
         for mode, procs in sets.items():
             per = [steps[p.pid] / spent[p.pid] if spent[p.pid] > 0 else 0.0 for p in procs]
-            out[mode] = {"steps_per_s": sum(per), "per_actor": per,
-                         "windows": [round(r) for m, _, r in windows_log if m == mode]}  # fmt: skip
+            out[mode] = {
+                "steps_per_s": sum(per),
+                "per_actor": per,
+                "windows": [round(r) for m, _, r in windows_log if m == mode],
+            }
         return out
     finally:
         signal_all(sets["local"] + sets["remote"], signal.SIGCONT)
@@ -241,14 +260,33 @@ def part_a(
 ) -> list[dict[str, Any]]:
     broker = f"tcp://{hosts.addrs[0]}:5555"
     # A paused actor misses heartbeats; a long timeout keeps it from being marked dead.
-    hosts.zrl(0, "start", "broker", "--bind", broker, "--config", str(CONFIG), "--insecure",
-              "--set", "replay.samples_per_insert=0", "--set", "broker.heartbeat_timeout=120",
-              log=logs / "broker-a.log")  # fmt: skip
+    hosts.zrl(
+        0,
+        "start",
+        "broker",
+        "--bind",
+        broker,
+        "--config",
+        str(CONFIG),
+        "--insecure",
+        "--set",
+        "replay.samples_per_insert=0",
+        "--set",
+        "broker.heartbeat_timeout=120",
+        log=logs / "broker-a.log",
+    )
     hosts.zrl(0, "start", "replay", "--broker", broker, log=logs / "replay-a.log")
     status_file = logs / "status-a.jsonl"
     (logs / "poller.py").write_text(POLLER)
-    hosts.exec(0, sys.executable, str(logs / "poller.py"), broker, str(POLL_S), str(status_file),
-               log=logs / "poller.log")  # fmt: skip
+    hosts.exec(
+        0,
+        sys.executable,
+        str(logs / "poller.py"),
+        broker,
+        str(POLL_S),
+        str(status_file),
+        log=logs / "poller.log",
+    )
     status = Status(status_file)
     results = []
     next_index = 0
@@ -270,10 +308,20 @@ def stream_run(
     script = logs / "stream_end.py"
     kd = str(keys) if keys is not None else "-"
     out = logs / f"consumer-{tag}.json"
-    consumer = hosts.exec(2, sys.executable, str(script), "pull", broker, kd, str(size),
-                          str(seconds), log=out)  # fmt: skip
-    producer = hosts.exec(1, sys.executable, str(script), "push", broker, kd, str(size),
-                          str(seconds), log=logs / f"producer-{tag}.log")  # fmt: skip
+    consumer = hosts.exec(
+        2, sys.executable, str(script), "pull", broker, kd, str(size), str(seconds), log=out
+    )
+    producer = hosts.exec(
+        1,
+        sys.executable,
+        str(script),
+        "push",
+        broker,
+        kd,
+        str(size),
+        str(seconds),
+        log=logs / f"producer-{tag}.log",
+    )
     try:
         consumer.wait(timeout=seconds + 60)
     except subprocess.TimeoutExpired:
@@ -288,24 +336,44 @@ def part_b(
     hosts: Hosts, size: int, seconds: float, rounds: int, logs: Path
 ) -> list[dict[str, Any]]:
     keys = logs / "keys"
-    subprocess.run([sys.executable, "-m", "zrl", "keys", "init", str(keys)], check=True,
-                   capture_output=True, cwd=REPO)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "zrl", "keys", "init", str(keys)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     (logs / "stream_end.py").write_text(STREAM_END)
     brokers = {"insecure": f"tcp://{hosts.addrs[0]}:7000", "secure": f"tcp://{hosts.addrs[0]}:6000"}
     blogs = {mode: logs / f"broker-b-{mode}.log" for mode in brokers}
     procs = [
-        hosts.zrl(0, "start", "broker", "--bind", brokers["insecure"], "--insecure",
-                  log=blogs["insecure"]),
-        hosts.zrl(0, "start", "broker", "--bind", brokers["secure"], "--keys", str(keys),
-                  log=blogs["secure"]),
-    ]  # fmt: skip
+        hosts.zrl(
+            0, "start", "broker", "--bind", brokers["insecure"], "--insecure", log=blogs["insecure"]
+        ),
+        hosts.zrl(
+            0,
+            "start",
+            "broker",
+            "--bind",
+            brokers["secure"],
+            "--keys",
+            str(keys),
+            log=blogs["secure"],
+        ),
+    ]
     results = []
     try:
         for r in range(rounds):
             for mode in ("insecure", "secure"):
                 print(f"  round {r + 1}, {mode} ...", flush=True)
-                res = stream_run(hosts, brokers[mode], keys if mode == "secure" else None,
-                                 size, seconds, logs, f"{mode}-{r}")  # fmt: skip
+                res = stream_run(
+                    hosts,
+                    brokers[mode],
+                    keys if mode == "secure" else None,
+                    size,
+                    seconds,
+                    logs,
+                    f"{mode}-{r}",
+                )
                 if "Exception in thread zrl-device-" in blogs[mode].read_text(errors="replace"):
                     res["device_died"] = True
                 results.append({"round": r + 1, "mode": mode, **res})
@@ -320,8 +388,10 @@ def part_b(
 def report_a(results: list[dict[str, Any]]) -> None:
     print()
     print("(A) actor env steps/s: one actor per namespace (remote) vs all in the broker's (local)")
-    print(f"{'actors':>6} {'local steps/s':>14} {'remote steps/s':>15} {'remote/local':>13}"
-          f"  {'local windows (k/s)':<22} {'remote windows (k/s)':<22}")  # fmt: skip
+    print(
+        f"{'actors':>6} {'local steps/s':>14} {'remote steps/s':>15} {'remote/local':>13}"
+        f"  {'local windows (k/s)':<22} {'remote windows (k/s)':<22}"
+    )
     by = {(r["actors"], r["mode"]): r for r in results}
     for n in sorted({r["actors"] for r in results}):
         loc, rem = by[(n, "local")], by[(n, "remote")]
@@ -337,17 +407,23 @@ def report_a(results: list[dict[str, Any]]) -> None:
             sums = [sum(w[i : i + k]) / 1000 for i in range(0, len(w), k)]
             return " ".join(f"{x:.0f}" for x in sums)
 
-        print(f"{n:>6} {loc['steps_per_s']:>14,.0f} {rem['steps_per_s']:>15,.0f} {ratio:>13.2f}"
-              f"  {spread(loc):<22} {spread(rem):<22}")  # fmt: skip
-    print("(actors, replay and broker share this machine's cores, so more actors split the same "
-          "CPUs; local and remote\n windows alternate, so both see the same load from anything "
-          "else running)")  # fmt: skip
+        print(
+            f"{n:>6} {loc['steps_per_s']:>14,.0f} {rem['steps_per_s']:>15,.0f} {ratio:>13.2f}"
+            f"  {spread(loc):<22} {spread(rem):<22}"
+        )
+    print(
+        "(actors, replay and broker share this machine's cores, so more actors split the same "
+        "CPUs; local and remote\n windows alternate, so both see the same load from anything "
+        "else running)"
+    )
 
 
 def report_b(results: list[dict[str, Any]], size: int) -> None:
     print()
-    print(f"(B) CurveZMQ on the experience stream: {size // 1024} KiB messages, "
-          "h1 PUSH -> broker device in h0 -> h2 PULL (decoded)")  # fmt: skip
+    print(
+        f"(B) CurveZMQ on the experience stream: {size // 1024} KiB messages, "
+        "h1 PUSH -> broker device in h0 -> h2 PULL (decoded)"
+    )
     print(f"{'round':>5} {'mode':<9} {'msgs/s':>9} {'MiB/s':>8}  note")
     best: dict[str, float] = {}
     for r in results:
@@ -365,17 +441,25 @@ def report_b(results: list[dict[str, Any]], size: int) -> None:
     if best.get("insecure"):
         ratio = best.get("secure", 0.0) / best["insecure"]
         verdict = "MET" if ratio >= TARGET_CURVE_RATIO else "NOT MET"
-        print(f"secure/insecure (best rounds): {ratio:.2f}   target >= {TARGET_CURVE_RATIO}: "
-              f"{verdict}")  # fmt: skip
+        print(
+            f"secure/insecure (best rounds): {ratio:.2f}   target >= {TARGET_CURVE_RATIO}: "
+            f"{verdict}"
+        )
     else:
-        print(f"secure/insecure: n/a (no insecure measurement)   target >= {TARGET_CURVE_RATIO}: "
-              "NOT MET")  # fmt: skip
+        print(
+            f"secure/insecure: n/a (no insecure measurement)   target >= {TARGET_CURVE_RATIO}: "
+            "NOT MET"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=15.0,
-                        help="(A) measured seconds per configuration, over all its windows")  # fmt: skip
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=15.0,
+        help="(A) measured seconds per configuration, over all its windows",
+    )
     parser.add_argument("--windows", type=int, default=3, help="(A) alternations per count")
     parser.add_argument("--counts", default="1,2,4", help="(A) actor counts")
     parser.add_argument("--size", type=int, default=64 * 1024, help="(B) message bytes")
@@ -411,9 +495,11 @@ def main() -> None:
         report_a(res_a)
     if res_b:
         report_b(res_b, args.size)
-    print(f"\n{time.monotonic() - started:.0f} s; load average {load0} at start, "
-          f"{os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs); every process and namespace "
-          "cleaned up")  # fmt: skip
+    print(
+        f"\n{time.monotonic() - started:.0f} s; load average {load0} at start, "
+        f"{os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs); every process and namespace "
+        "cleaned up"
+    )
 
 
 if __name__ == "__main__":

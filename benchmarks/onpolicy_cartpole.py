@@ -42,13 +42,30 @@ def run_zrl(seed: int, limit: float, config: Path) -> Result:
         run_dir = Path(tmp) / "run"
         t0 = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir),
-             "--set", f"seed={seed}", "--set", f"stop.wall_time={limit}",
-             "--set", f"stop.eval_return={TARGET}", "--set", f"evaluator.episodes={EVAL_EPISODES}",
-             # The baseline stops on one evaluation at the target: the same criterion here.
-             "--set", "stop.eval_window=1"],
-            capture_output=True, text=True, timeout=limit + 120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                f"seed={seed}",
+                "--set",
+                f"stop.wall_time={limit}",
+                "--set",
+                f"stop.eval_return={TARGET}",
+                "--set",
+                f"evaluator.episodes={EVAL_EPISODES}",
+                # The baseline stops on one evaluation at the target: the same criterion here.
+                "--set",
+                "stop.eval_window=1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=limit + 120,
+        )
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -64,10 +81,20 @@ def run_sb3(seed: int, limit: float) -> tuple[Result, float | None]:
     model construction."""
     t0 = time.time()
     proc = subprocess.run(
-        [sys.executable, __file__, "--sb3-worker", str(seed), "--limit", str(limit),
-         "--launched", repr(t0)],
-        capture_output=True, text=True, timeout=limit + 120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--sb3-worker",
+            str(seed),
+            "--limit",
+            str(limit),
+            "--launched",
+            repr(t0),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=limit + 120,
+    )
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -125,10 +152,19 @@ def sb3_worker(seed: int, limit: float, launched: float) -> None:
     # rl-baselines3-zoo hyperparameters for CartPole-v1 (hyperparams/ppo.yml).
     callback = EvalUntilSolved()
     model = PPO(
-        "MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32,
-        batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-        learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, verbose=0,
-    )  # fmt: skip
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=8, seed=seed),
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        seed=seed,
+        verbose=0,
+    )
     model.learn(total_timesteps=SB3_BUDGET, callback=callback)
     solved = callback.solved_at or (None, None, None)
     print(json.dumps({"from_launch": solved[0], "from_model": solved[1], "steps": solved[2]}))
@@ -178,16 +214,21 @@ def main() -> None:
             r, from_model = run_sb3(seed, args.limit)
             results[SB3].append(r)
             sb3_from_model.append(from_model)
-            print(f"seed {seed}: sb3     {r[0] and round(r[0], 1)} s, {r[1]} steps "
-                  f"({from_model and round(from_model, 1)} s from model construction)", flush=True)  # fmt: skip
+            print(
+                f"seed {seed}: sb3     {r[0] and round(r[0], 1)} s, {r[1]} steps "
+                f"({from_model and round(from_model, 1)} s from model construction)",
+                flush=True,
+            )
         for a in algos:
             limit = args.a3c_limit if a == "a3c" else args.limit
             r = run_zrl(seed, limit, REPO / "configs" / f"cartpole_{a}.yaml")
             results[ALGOS[a]].append(r)
             print(f"seed {seed}: {a:<7} {r[0] and round(r[0], 1)} s, {r[1]} steps", flush=True)
 
-    print(f"\nCartPole-v1, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
-          f"median of {args.seeds} seeds")  # fmt: skip
+    print(
+        f"\nCartPole-v1, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
+        f"median of {args.seeds} seeds"
+    )
     print(f"{'system':<16} {'seconds':>10} {'env steps':>12}")
     for name, rs in results.items():
         secs = fmt([r[0] for r in rs])

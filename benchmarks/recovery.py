@@ -227,9 +227,13 @@ def measure(run: Run, role: str) -> Recovery:
         if first_traj is None and traj is not None:
             first_traj = traj
         moving = (
-            updates is not None and first_updates is not None and updates >= first_updates + 20
-            and traj is not None and first_traj is not None and traj > first_traj
-        )  # fmt: skip
+            updates is not None
+            and first_updates is not None
+            and updates >= first_updates + 20
+            and traj is not None
+            and first_traj is not None
+            and traj > first_traj
+        )
         if moving and rec.pipeline_s is None:
             rec.pipeline_s = now
         if rec.serving_s is not None and rec.pipeline_s is not None:
@@ -261,14 +265,20 @@ def recovery_part(work: Path, roles: list[str]) -> None:
         f"restart (then {', '.join(f'{s:g}' for s in children.RESTART_BACKOFF_S[1:])} s), "
         f"budget {children.RESTART_BUDGET}"
     )
-    run = Run(work / "recovery", ["stop.wall_time=900", "stop.eval_return=null",
-                                  "checkpoint.interval=3"])  # fmt: skip
+    run = Run(
+        work / "recovery", ["stop.wall_time=900", "stop.eval_return=null", "checkpoint.interval=3"]
+    )
     results: list[Recovery] = []
     t_start = time.monotonic()
     try:
         run.wait_address()
-        wait(lambda: all(r.get("state") == "alive" for r in [run.rows().get(i, {}) for i in ROLE_IDS]),
-             90, "every role alive")  # fmt: skip
+        wait(
+            lambda: all(
+                r.get("state") == "alive" for r in [run.rows().get(i, {}) for i in ROLE_IDS]
+            ),
+            90,
+            "every role alive",
+        )
         print(f"every role alive {time.monotonic() - t_start:.1f} s after `zrl run` started")
         wait(lambda: (info(run.rows(), "learner-0", "updates") or 0) > 200, 90, "learning")
         for role in roles:
@@ -276,20 +286,28 @@ def recovery_part(work: Path, roles: list[str]) -> None:
                 break
             # Settle: the pipeline moves before each kill.
             u0 = info(run.rows(), "learner-0", "updates") or 0
-            wait(lambda u0=u0: (info(run.rows(), "learner-0", "updates") or 0) > u0 + 50, 90,
-                 f"learning before killing {role}")  # fmt: skip
+            wait(
+                lambda u0=u0: (info(run.rows(), "learner-0", "updates") or 0) > u0 + 50,
+                90,
+                f"learning before killing {role}",
+            )
             rec = measure(run, role)
             results.append(rec)
-            print(f"  {role:<10} alive {fmt(rec.alive_s)}  serving {fmt(rec.serving_s)}  "
-                  f"pipeline {fmt(rec.pipeline_s)}  {'; '.join(rec.notes)}", flush=True)  # fmt: skip
+            print(
+                f"  {role:<10} alive {fmt(rec.alive_s)}  serving {fmt(rec.serving_s)}  "
+                f"pipeline {fmt(rec.pipeline_s)}  {'; '.join(rec.notes)}",
+                flush=True,
+            )
     finally:
         run.stop()
     summary = json.loads((run.run_dir / "summary.json").read_text())
     print()
     print(f"{'role':<10} {'alive again':>12} {'serving again':>14} {'pipeline moving':>16}")
     for rec in results:
-        print(f"{rec.role:<10} {fmt(rec.alive_s):>12} {fmt(rec.serving_s):>14} "
-              f"{fmt(rec.pipeline_s):>16}  {'; '.join(rec.notes)}")  # fmt: skip
+        print(
+            f"{rec.role:<10} {fmt(rec.alive_s):>12} {fmt(rec.serving_s):>14} "
+            f"{fmt(rec.pipeline_s):>16}  {'; '.join(rec.notes)}"
+        )
     print("(seconds from SIGKILL; alive: new pid alive in `zrl status`; serving: see docstring;")
     print(" pipeline: learner +20 updates and new trajectories inserted)")
     print(f"summary restarts: {summary.get('restarts')}, stop reason {summary.get('stop_reason')}")
@@ -326,13 +344,20 @@ def rates(progress: Path, window: float) -> tuple[float, float, float]:
 
 def checkpoint_part(work: Path, seconds: float) -> None:
     window = seconds / 2
-    print(f"== checkpoint cost: two consecutive `zrl run`s of {seconds:g} s, rates over the "
-          f"last {window:g} s of each ==")  # fmt: skip
+    print(
+        f"== checkpoint cost: two consecutive `zrl run`s of {seconds:g} s, rates over the "
+        f"last {window:g} s of each =="
+    )
     table = []
     for label, interval in (("every 2 s", "2"), ("off (1e6 s)", "1e6")):
-        run = Run(work / f"ckpt-{interval}", [f"stop.wall_time={seconds:g}",
-                                               "stop.eval_return=null",
-                                               f"checkpoint.interval={interval}"])  # fmt: skip
+        run = Run(
+            work / f"ckpt-{interval}",
+            [
+                f"stop.wall_time={seconds:g}",
+                "stop.eval_return=null",
+                f"checkpoint.interval={interval}",
+            ],
+        )
         try:
             run.wait_address()
             run.proc.wait(timeout=seconds + 120)
@@ -342,18 +367,26 @@ def checkpoint_part(work: Path, seconds: float) -> None:
         ckpt = run.run_dir / "checkpoints"
         sizes = {p.name: p.stat().st_size for p in ckpt.iterdir()} if ckpt.exists() else {}
         table.append((label, steps, updates, dt, sizes))
-        print(f"  checkpoints {label}: {steps:,.0f} env steps/s, {updates:,.1f} updates/s "
-              f"over {dt:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"  checkpoints {label}: {steps:,.0f} env steps/s, {updates:,.1f} updates/s "
+            f"over {dt:.0f} s",
+            flush=True,
+        )
     print()
     base_steps, base_updates = table[1][1], table[1][2]
     print(f"{'checkpoints':<12} {'env steps/s':>12} {'updates/s':>10} {'vs off':>14} {'files':>30}")
     for label, steps, updates, _, sizes in table:
-        rel = (f"{steps / base_steps:.2f} / {updates / base_updates:.2f}"
-               if base_steps and base_updates else "-")  # fmt: skip
+        rel = (
+            f"{steps / base_steps:.2f} / {updates / base_updates:.2f}"
+            if base_steps and base_updates
+            else "-"
+        )
         files = ", ".join(f"{k} {v / 2**20:.1f} MB" for k, v in sorted(sizes.items()))
         print(f"{label:<12} {steps:>12,.0f} {updates:>10,.1f} {rel:>14}   {files}")
-    print("(vs off: env steps/s ratio / updates/s ratio; one run each on a shared machine: "
-          "expect a few percent of noise)")  # fmt: skip
+    print(
+        "(vs off: env steps/s ratio / updates/s ratio; one run each on a shared machine: "
+        "expect a few percent of noise)"
+    )
 
 
 def main() -> None:

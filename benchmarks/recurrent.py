@@ -96,13 +96,32 @@ def run_zrl(seed: int, limit: float, config: Path, extra: list[str]) -> Result:
         run_dir = Path(tmp) / "run"
         t0 = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir),
-             "--set", f"seed={seed}", "--set", f"stop.wall_time={limit}",
-             "--set", f"stop.eval_return={TARGET}", "--set", f"evaluator.episodes={EVAL_EPISODES}",
-             # The baseline stops on one evaluation at the target: the same criterion here.
-             "--set", "stop.eval_window=1", *extra],
-            capture_output=True, text=True, timeout=limit + 120, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(config),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                f"seed={seed}",
+                "--set",
+                f"stop.wall_time={limit}",
+                "--set",
+                f"stop.eval_return={TARGET}",
+                "--set",
+                f"evaluator.episodes={EVAL_EPISODES}",
+                # The baseline stops on one evaluation at the target: the same criterion here.
+                "--set",
+                "stop.eval_window=1",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=limit + 120,
+            cwd=REPO,
+        )
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
             print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -119,10 +138,20 @@ def run_sb3(seed: int, limit: float) -> tuple[Result, float | None]:
     seconds from model construction."""
     t0 = time.time()
     proc = subprocess.run(
-        [sys.executable, __file__, "--sb3-worker", str(seed), "--limit", str(limit),
-         "--launched", repr(t0)],
-        capture_output=True, text=True, timeout=limit + 120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--sb3-worker",
+            str(seed),
+            "--limit",
+            str(limit),
+            "--launched",
+            repr(t0),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=limit + 120,
+    )
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -195,17 +224,39 @@ def sb3_worker(seed: int, limit: float, launched: float) -> None:
     env = VecNormalize(make_vec_env(cartpole_no_velocity, n_envs=8, seed=seed), gamma=0.98)
     callback = EvalUntilSolved(env)
     model = RecurrentPPO(
-        "MlpLstmPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
-        n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
-        policy_kwargs=dict(ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64,
-                           enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])),
-        seed=seed, verbose=0,
-    )  # fmt: skip
+        "MlpLstmPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        policy_kwargs=dict(
+            ortho_init=False,
+            activation_fn=nn.ReLU,
+            lstm_hidden_size=64,
+            enable_critic_lstm=True,
+            net_arch=dict(pi=[64], vf=[64]),
+        ),
+        seed=seed,
+        verbose=0,
+    )
     model.learn(total_timesteps=SB3_BUDGET, callback=callback)
     solved = callback.solved_at or (None, None, None)
     steps = solved[2] if solved[2] is not None else model.num_timesteps
-    print(json.dumps({"from_launch": solved[0], "from_model": solved[1], "steps": steps,
-                      "best": callback.best}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "from_launch": solved[0],
+                "from_model": solved[1],
+                "steps": steps,
+                "best": callback.best,
+            }
+        )
+    )
 
 
 def median(values: list[float | None]) -> float:
@@ -263,8 +314,10 @@ def main() -> None:
             results[s].append(r)
             print(f"seed {seed}: {s:<8} {r.describe()}{note}", flush=True)
 
-    print(f"\n{ENV_ID}, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
-          f"median of {args.seeds} seeds, {args.limit:.0f} s per run")  # fmt: skip
+    print(
+        f"\n{ENV_ID}, mean greedy return over {EVAL_EPISODES} episodes >= {TARGET:.0f}, "
+        f"median of {args.seeds} seeds, {args.limit:.0f} s per run"
+    )
     print(f"{'system':<20} {'seconds':>12} {'env steps':>12} {'reached':>8} {'best eval':>10}")
     report: dict[str, object] = {}
     for s, rs in results.items():
@@ -276,8 +329,10 @@ def main() -> None:
         best = statistics.median(bests) if bests else None
         reached = sum(r.seconds is not None for r in rs)
         shown_best = "n/a" if best is None else f"{best:.1f}"
-        print(f"{SYSTEMS[s]:<20} {fmt(secs):>12} {fmt(steps):>12} "
-              f"{f'{reached}/{len(rs)}':>8} {shown_best:>10}")  # fmt: skip
+        print(
+            f"{SYSTEMS[s]:<20} {fmt(secs):>12} {fmt(steps):>12} "
+            f"{f'{reached}/{len(rs)}':>8} {shown_best:>10}"
+        )
         report[s] = {
             "seconds": secs,
             "env_steps": [r.steps for r in rs],

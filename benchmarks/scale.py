@@ -177,9 +177,14 @@ class Workers:
 
     def popen(self, cmd: list[str], log_name: str) -> subprocess.Popen[bytes]:
         with open(self.tmp / log_name, "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=REPO,
-                                    preexec_fn=die_with_parent)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                preexec_fn=die_with_parent,
+            )
         self.procs.append(proc)
         return proc
 
@@ -187,8 +192,14 @@ class Workers:
         self, kind: str, spec: dict[str, Any], *, hosts: Hosts | None = None, host: int = 0
     ) -> subprocess.Popen[bytes]:
         """This script as a ``kind`` worker (in a namespace of ``hosts``, if given)."""
-        cmd = [sys.executable, str(SCRIPT), "--worker", kind, "--spec",
-               json.dumps({**spec, "report": self.endpoint})]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            "--worker",
+            kind,
+            "--spec",
+            json.dumps({**spec, "report": self.endpoint}),
+        ]
         name = f"{kind}-{len(self.procs)}.log"
         if hosts is None:
             return self.popen(cmd, name)
@@ -212,8 +223,9 @@ class Workers:
         while len(got) < count:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"{len(got)} of {count} reports within {timeout:g}s "
-                                   f"(worker logs in {self.tmp})")  # fmt: skip
+                raise RuntimeError(
+                    f"{len(got)} of {count} reports within {timeout:g}s (worker logs in {self.tmp})"
+                )
             if self.pull.poll(int(min(left, 0.5) * 1000)):
                 r = self.recv()
                 (got if match(r) else self.backlog).append(r)
@@ -271,8 +283,18 @@ def local_broker(workers: Workers, *overrides: str) -> Iterator[tuple[str, psuti
     """A broker process on loopback (``python -m zrl start broker``): its address and
     process; stopped by PID on the way out."""
     addr = f"tcp://127.0.0.1:{free_port_range(n_endpoints())}"
-    cmd = [sys.executable, "-m", "zrl", "start", "broker", "--bind", addr, "--config",
-           str(CONFIG), "--no-preflight"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zrl",
+        "start",
+        "broker",
+        "--bind",
+        addr,
+        "--config",
+        str(CONFIG),
+        "--no-preflight",
+    ]
     for o in overrides:
         cmd += ["--set", o]
     proc = workers.popen(cmd, f"broker-{addr.rsplit(':', 1)[1]}.log")
@@ -300,19 +322,34 @@ def local_broker(workers: Workers, *overrides: str) -> Iterator[tuple[str, psuti
 
 def actor_heartbeat(rid: str, beat: int) -> P.Message:
     """A heartbeat shaped like an Ape-X actor's: per-stream counters and its info."""
-    stats = {s: {"sent": 40 * beat, "received": 39 * beat, "dropped": 0, "gaps": 0}
-             for s in ROLE_STREAMS}  # fmt: skip
+    stats = {
+        s: {"sent": 40 * beat, "received": 39 * beat, "dropped": 0, "gaps": 0} for s in ROLE_STREAMS
+    }
     steps = 512 * beat
     info = {
-        "env_steps": steps, "episodes": steps // 200, "weights_version": beat // 2,
-        "in_flight": 3, "ack_timeouts": 0, "env_errors": 0, "non_finite_env": 0,
-        "trajectories_sent": steps // 256, "trajectories_delivered": steps // 256 - 3,
-        "trajectories_lost": 0, "trajectories_late": 0, "steps_sent": steps,
-        "steps_delivered": steps - 768, "steps_lost": 0, "steps_late": 0, "epsilon": 0.0123,
-        "episode_return": 187.25, "rss_mb": 412.7,
-    }  # fmt: skip
-    return P.Message(P.HEARTBEAT, meta=P.plain_meta(
-        {"id": rid, "state": "running", "stats": stats, "info": info}))  # fmt: skip
+        "env_steps": steps,
+        "episodes": steps // 200,
+        "weights_version": beat // 2,
+        "in_flight": 3,
+        "ack_timeouts": 0,
+        "env_errors": 0,
+        "non_finite_env": 0,
+        "trajectories_sent": steps // 256,
+        "trajectories_delivered": steps // 256 - 3,
+        "trajectories_lost": 0,
+        "trajectories_late": 0,
+        "steps_sent": steps,
+        "steps_delivered": steps - 768,
+        "steps_lost": 0,
+        "steps_late": 0,
+        "epsilon": 0.0123,
+        "episode_return": 187.25,
+        "rss_mb": 412.7,
+    }
+    return P.Message(
+        P.HEARTBEAT,
+        meta=P.plain_meta({"id": rid, "state": "running", "stats": stats, "info": info}),
+    )
 
 
 def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[..., None]) -> None:
@@ -335,10 +372,22 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
     refused: list[str] = []
 
     def hello(i: int) -> None:
-        chans[i].send(P.Message(P.HELLO, meta={
-            "role": "actor", "id": None, "index": first + i, "host": spec["host"],
-            "pid": os.getpid(), "address": "127.0.0.1", "rpc": "", "zrl_version": __version__,
-        }), block=False)  # fmt: skip
+        chans[i].send(
+            P.Message(
+                P.HELLO,
+                meta={
+                    "role": "actor",
+                    "id": None,
+                    "index": first + i,
+                    "host": spec["host"],
+                    "pid": os.getpid(),
+                    "address": "127.0.0.1",
+                    "rpc": "",
+                    "zrl_version": __version__,
+                },
+            ),
+            block=False,
+        )
 
     def replies(timeout_ms: float) -> Iterator[tuple[int, P.Message]]:
         for sock, _ in poller.poll(int(timeout_ms)):
@@ -370,8 +419,13 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
             elif msg.kind == P.REFUSED and not ids[i]:
                 ids[i] = "-"
                 refused.append(str(msg.meta.get("reason")))
-    report("registered", welcomed=welcomed, refused=refused[:3], n_refused=len(refused),
-           seconds=time.monotonic() - t0)  # fmt: skip
+    report(
+        "registered",
+        welcomed=welcomed,
+        refused=refused[:3],
+        n_refused=len(refused),
+        seconds=time.monotonic() - t0,
+    )
 
     # Heartbeats: role k of cycle c goes at start + (c + k / count) / hz, so the process
     # spreads its roles evenly over each period; an offset spreads the processes too.
@@ -402,9 +456,15 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
     for ch in chans:
         ch.close()
     ctx.term()
-    report("done", sent=sent, acked=len(rtt), unknown=unknown,
-           t=[round(t, 6) for t in sent_t], rtt=[round(r, 6) for r in rtt],
-           unacked=[round(t, 6) for q in pending for t in q])  # fmt: skip
+    report(
+        "done",
+        sent=sent,
+        acked=len(rtt),
+        unknown=unknown,
+        t=[round(t, 6) for t in sent_t],
+        rtt=[round(r, 6) for r in rtt],
+        unacked=[round(t, 6) for q in pending for t in q],
+    )
 
 
 class Probe:
@@ -422,10 +482,18 @@ class Probe:
         self.requests = {
             "status": P.Message(P.STATUS),
             "lookup": P.Message(P.LOOKUP, meta={"role": "probe"}),
-            "hello": P.Message(P.HELLO, meta={
-                "role": "probe", "index": 0, "host": "probe-host", "pid": os.getpid(),
-                "rpc": "tcp://127.0.0.1:9", "zrl_version": __version__}),
-        }  # fmt: skip
+            "hello": P.Message(
+                P.HELLO,
+                meta={
+                    "role": "probe",
+                    "index": 0,
+                    "host": "probe-host",
+                    "pid": os.getpid(),
+                    "rpc": "tcp://127.0.0.1:9",
+                    "zrl_version": __version__,
+                },
+            ),
+        }
         self.last_status: P.Message | None = None
 
     def ask(self, kind: str) -> tuple[float | None, int]:
@@ -485,10 +553,15 @@ def observe(
     t1 = time.monotonic()
     th1 = thread_cpu(broker)
     return {
-        "t0": t0, "t1": t1, "cpu": (cpu_seconds(broker) - c0) / (t1 - t0), "rss": rss,
+        "t0": t0,
+        "t1": t1,
+        "cpu": (cpu_seconds(broker) - c0) / (t1 - t0),
+        "rss": rss,
         "threads": {k: (th1[k] - th0[k]) / (t1 - t0) for k in th0},
-        "lat": lat, "timeouts": timeouts, "status_bytes": status_bytes,
-    }  # fmt: skip
+        "lat": lat,
+        "timeouts": timeouts,
+        "status_bytes": status_bytes,
+    }
 
 
 def pct(values: list[float] | np.ndarray, q: float) -> float:
@@ -502,11 +575,21 @@ def registry_floor(n: int, beats_per_role: int = 4, statuses: int = 5) -> dict[s
     ctx = zmq.Context()
     router = registry_socket(ctx, REGISTRY_MAX_MESSAGE_BYTES, None)
     router.bind(f"inproc://zrl-scale-floor-{n}")
-    ch = Channel(router, "registry", "broker@floor", TransportStats(), envelope=True,
-                 max_message_bytes=REGISTRY_MAX_MESSAGE_BYTES)  # fmt: skip
-    reg = Registry(ch, BrokerConfig(max_roles=2 * n + 64), drops=DropLog(),
-                   welcome=lambda rid: P.Message(P.WELCOME, meta={"id": rid}),
-                   broker_status=dict)  # fmt: skip
+    ch = Channel(
+        router,
+        "registry",
+        "broker@floor",
+        TransportStats(),
+        envelope=True,
+        max_message_bytes=REGISTRY_MAX_MESSAGE_BYTES,
+    )
+    reg = Registry(
+        ch,
+        BrokerConfig(max_roles=2 * n + 64),
+        drops=DropLog(),
+        welcome=lambda rid: P.Message(P.WELCOME, meta={"id": rid}),
+        broker_status=dict,
+    )
     roles = []
     for i in range(n):
         sock = make_socket(ctx, zmq.DEALER, rcvhwm=100_000)
@@ -531,8 +614,18 @@ def registry_floor(n: int, beats_per_role: int = 4, statuses: int = 5) -> dict[s
 
     try:
         for i, role in enumerate(roles):
-            role.send(P.Message(P.HELLO, meta={"role": "actor", "index": i, "host": "floor",
-                                               "pid": os.getpid(), "zrl_version": __version__}))  # fmt: skip
+            role.send(
+                P.Message(
+                    P.HELLO,
+                    meta={
+                        "role": "actor",
+                        "index": i,
+                        "host": "floor",
+                        "pid": os.getpid(),
+                        "zrl_version": __version__,
+                    },
+                )
+            )
         serve(n)
         for role in roles:
             role.recv()
@@ -568,14 +661,27 @@ def registry_scale(
         sims = []
         for w in range(n_workers):
             first, last = n * w // n_workers, n * (w + 1) // n_workers
-            sims.append(workers.start("sim", {
-                "broker": addr, "first": first, "count": last - first, "hz": hz,
-                "host": f"sim-host-{w}", "offset": w / n_workers,
-            }))  # fmt: skip
+            sims.append(
+                workers.start(
+                    "sim",
+                    {
+                        "broker": addr,
+                        "first": first,
+                        "count": last - first,
+                        "hz": hz,
+                        "host": f"sim-host-{w}",
+                        "offset": w / n_workers,
+                    },
+                )
+            )
         pids = {p.pid for p in sims}
         t_reg = time.monotonic()
-        regs = workers.wait_for(lambda r: r["event"] == "registered" and r["pid"] in pids,
-                                n_workers, REGISTER_TIMEOUT_S + 30, sims)  # fmt: skip
+        regs = workers.wait_for(
+            lambda r: r["event"] == "registered" and r["pid"] in pids,
+            n_workers,
+            REGISTER_TIMEOUT_S + 30,
+            sims,
+        )
         register_s = time.monotonic() - t_reg
         welcomed = sum(r["welcomed"] for r in regs)
         refused = [reason for r in regs for reason in r["refused"]]
@@ -602,17 +708,32 @@ def registry_scale(
         return rtt[(t >= w["t0"]) & (t < w["t1"])]
 
     return {
-        "n": n, "welcomed": welcomed, "refused": refused, "register_s": register_s,
-        "cpu_idle": cpu_idle, "cpu_hb": quiet["cpu"], "cpu_probe": probed["cpu"],
-        "threads_hb": quiet["threads"], "threads_probe": probed["threads"],
-        "sims_cpu": sims_cpu, "rss0": rss0, "rss": max(quiet["rss"], probed["rss"]),
-        "status_bytes": probed["status_bytes"], "status_rows": rows, "lat": probed["lat"],
-        "timeouts": probed["timeouts"], "hb_quiet": rtts(quiet), "hb_probed": rtts(probed),
-        "hb_sent": sum(d["sent"] for d in done), "hb_acked": sum(d["acked"] for d in done),
+        "n": n,
+        "welcomed": welcomed,
+        "refused": refused,
+        "register_s": register_s,
+        "cpu_idle": cpu_idle,
+        "cpu_hb": quiet["cpu"],
+        "cpu_probe": probed["cpu"],
+        "threads_hb": quiet["threads"],
+        "threads_probe": probed["threads"],
+        "sims_cpu": sims_cpu,
+        "rss0": rss0,
+        "rss": max(quiet["rss"], probed["rss"]),
+        "status_bytes": probed["status_bytes"],
+        "status_rows": rows,
+        "lat": probed["lat"],
+        "timeouts": probed["timeouts"],
+        "hb_quiet": rtts(quiet),
+        "hb_probed": rtts(probed),
+        "hb_sent": sum(d["sent"] for d in done),
+        "hb_acked": sum(d["acked"] for d in done),
         "hb_unacked": int(np.sum((unacked >= quiet["t0"]) & (unacked < probed["t1"]))),
         "hb_window": int(np.sum((t >= quiet["t0"]) & (t < probed["t1"]))),
-        "unknown": sum(d["unknown"] for d in done), "load": load_average(), "floor": floor,
-    }  # fmt: skip
+        "unknown": sum(d["unknown"] for d in done),
+        "load": load_average(),
+        "floor": floor,
+    }
 
 
 def ms(x: float) -> str:
@@ -621,43 +742,64 @@ def ms(x: float) -> str:
 
 def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     half = args.seconds / 2
-    print(f"\n(a) registry: N simulated roles (own DEALER each), HELLO then HEARTBEAT at "
-          f"{args.hz:g} Hz (actor-like payload); {half:g} s heartbeats only, then {half:g} s "
-          f"with a probe asking STATUS, LOOKUP, HELLO in turn at {args.probe_hz:g} Hz")  # fmt: skip
-    print(f"{'N':>5} | {'welcomed':>8} | {'register s':>10} | {'CPU idle':>8} | "
-          f"{'CPU hb':>6} | {'hb loop/IO':>11} | {'CPU +probe':>10} | {'+probe loop/IO':>14} | "
-          f"{'RSS MB':>6} | {'STATUS KB':>9} | {'load avg':>14}")  # fmt: skip
+    print(
+        f"\n(a) registry: N simulated roles (own DEALER each), HELLO then HEARTBEAT at "
+        f"{args.hz:g} Hz (actor-like payload); {half:g} s heartbeats only, then {half:g} s "
+        f"with a probe asking STATUS, LOOKUP, HELLO in turn at {args.probe_hz:g} Hz"
+    )
+    print(
+        f"{'N':>5} | {'welcomed':>8} | {'register s':>10} | {'CPU idle':>8} | "
+        f"{'CPU hb':>6} | {'hb loop/IO':>11} | {'CPU +probe':>10} | {'+probe loop/IO':>14} | "
+        f"{'RSS MB':>6} | {'STATUS KB':>9} | {'load avg':>14}"
+    )
     for r in rows:
         th, tp = r["threads_hb"], r["threads_probe"]
-        print(f"{r['n']:>5} | {r['welcomed']:>8} | {r['register_s']:>10.2f} | "
-              f"{r['cpu_idle']:>8.1%} | {r['cpu_hb']:>6.1%} | "
-              f"{th['main']:>5.1%}/{th['io']:>5.1%} | {r['cpu_probe']:>10.1%} | "
-              f"{tp['main']:>7.1%}/{tp['io']:>6.1%} | "
-              f"{r['rss'] / 2**20:>6.1f} | {r['status_bytes'] / 1024:>9.1f} | "
-              f"{r['load']:>14}")  # fmt: skip
-    print(f"{'N':>5} | " + " | ".join(f"{k.upper() + ' p50/p99 ms':>19}" for k in Probe.KINDS)
-          + f" | {'samples':>8} | {'HB ack p50/p99 ms':>17} | {'(with probe)':>13} | "
-          f"{'unacked/acked':>13}")  # fmt: skip
+        print(
+            f"{r['n']:>5} | {r['welcomed']:>8} | {r['register_s']:>10.2f} | "
+            f"{r['cpu_idle']:>8.1%} | {r['cpu_hb']:>6.1%} | "
+            f"{th['main']:>5.1%}/{th['io']:>5.1%} | {r['cpu_probe']:>10.1%} | "
+            f"{tp['main']:>7.1%}/{tp['io']:>6.1%} | "
+            f"{r['rss'] / 2**20:>6.1f} | {r['status_bytes'] / 1024:>9.1f} | "
+            f"{r['load']:>14}"
+        )
+    print(
+        f"{'N':>5} | "
+        + " | ".join(f"{k.upper() + ' p50/p99 ms':>19}" for k in Probe.KINDS)
+        + f" | {'samples':>8} | {'HB ack p50/p99 ms':>17} | {'(with probe)':>13} | "
+        f"{'unacked/acked':>13}"
+    )
     for r in rows:
         lat = r["lat"]
-        cells = " | ".join(f"{ms(pct(lat[k], 50))} / {ms(pct(lat[k], 99))}".rjust(19)
-                           for k in Probe.KINDS)  # fmt: skip
+        cells = " | ".join(
+            f"{ms(pct(lat[k], 50))} / {ms(pct(lat[k], 99))}".rjust(19) for k in Probe.KINDS
+        )
         n_s = "/".join(str(len(lat[k])) for k in Probe.KINDS)
         hq, hp = r["hb_quiet"], r["hb_probed"]
-        print(f"{r['n']:>5} | {cells} | {n_s:>8} | {ms(pct(hq, 50))} / {ms(pct(hq, 99))}    | "
-              f"{ms(pct(hp, 50))} / {ms(pct(hp, 99))} | {r['hb_unacked']:>6}/{r['hb_window']:<6}")  # fmt: skip
+        print(
+            f"{r['n']:>5} | {cells} | {n_s:>8} | {ms(pct(hq, 50))} / {ms(pct(hq, 99))}    | "
+            f"{ms(pct(hp, 50))} / {ms(pct(hp, 99))} | {r['hb_unacked']:>6}/{r['hb_window']:<6}"
+        )
         if r["refused"] or any(r["timeouts"].values()) or r["unknown"]:
-            print(f"      refused: {r['refused']}  probe timeouts: {r['timeouts']}  "
-                  f"unknown_role: {r['unknown']}")  # fmt: skip
-    print("      CPU: broker CPU seconds per wall second (1 core = 100%), all threads; loop/IO: "
-          "its registry loop (main thread) and libzmq's I/O thread; RSS: peak; STATUS KB: "
-          f"one reply; unacked/acked: heartbeats sent in the window unanswered {WARMUP_S:g} s after it / answered; "
-          "load generator (sim workers) CPU in the heartbeat half: "
-          + ", ".join(f"N={r['n']} {r['sims_cpu']:.0%}" for r in rows))  # fmt: skip
-    print("      floor (the registry loop alone, in-process over inproc, messages queued, no "
-          "wake-up per message): " + "; ".join(
-              f"N={r['n']} {r['floor']['heartbeat'] * 1e6:.0f} µs/heartbeat, "
-              f"{r['floor']['status'] * 1e3:.1f} ms/STATUS" for r in rows))  # fmt: skip
+            print(
+                f"      refused: {r['refused']}  probe timeouts: {r['timeouts']}  "
+                f"unknown_role: {r['unknown']}"
+            )
+    print(
+        "      CPU: broker CPU seconds per wall second (1 core = 100%), all threads; loop/IO: "
+        "its registry loop (main thread) and libzmq's I/O thread; RSS: peak; STATUS KB: "
+        f"one reply; unacked/acked: heartbeats sent in the window unanswered {WARMUP_S:g} s after it / answered; "
+        "load generator (sim workers) CPU in the heartbeat half: "
+        + ", ".join(f"N={r['n']} {r['sims_cpu']:.0%}" for r in rows)
+    )
+    print(
+        "      floor (the registry loop alone, in-process over inproc, messages queued, no "
+        "wake-up per message): "
+        + "; ".join(
+            f"N={r['n']} {r['floor']['heartbeat'] * 1e6:.0f} µs/heartbeat, "
+            f"{r['floor']['status'] * 1e3:.1f} ms/STATUS"
+            for r in rows
+        )
+    )
     registry_verdict(rows, args.hz)
 
 
@@ -669,19 +811,25 @@ def registry_verdict(rows: list[dict[str, Any]], hz: float) -> None:
         rss_per_role = (hi["rss"] - hi["rss0"]) / hi["n"]
         st_lo, st_hi = pct(lo["lat"]["status"], 50), pct(hi["lat"]["status"], 50)
         st_per_role = (st_hi - st_lo) / (hi["n"] - lo["n"])
-        print(f"      per role (slope N={lo['n']}..{hi['n']}): {per_role * 1e6:.0f} µs of broker "
-              f"CPU per wall second at {hz:g} Hz ({per_role / hz * 1e6:.0f} µs per heartbeat), "
-              f"{status_per_role:.0f} STATUS bytes, {rss_per_role / 1024:.1f} KiB RSS, "
-              f"{st_per_role * 1e6:.1f} µs of STATUS p50")  # fmt: skip
+        print(
+            f"      per role (slope N={lo['n']}..{hi['n']}): {per_role * 1e6:.0f} µs of broker "
+            f"CPU per wall second at {hz:g} Hz ({per_role / hz * 1e6:.0f} µs per heartbeat), "
+            f"{status_per_role:.0f} STATUS bytes, {rss_per_role / 1024:.1f} KiB RSS, "
+            f"{st_per_role * 1e6:.1f} µs of STATUS p50"
+        )
         if per_role > 0:
-            print(f"      extrapolated: one core saturates at ~{1 / per_role:,.0f} roles at "
-                  f"{hz:g} Hz (~{1 / per_role * hz / 2:,.0f} at the shipped 2 Hz, "
-                  f"broker.heartbeat_interval 0.5 s); the 10% target holds to "
-                  f"~{TARGET_CPU_FRACTION / per_role:,.0f} roles at {hz:g} Hz")  # fmt: skip
+            print(
+                f"      extrapolated: one core saturates at ~{1 / per_role:,.0f} roles at "
+                f"{hz:g} Hz (~{1 / per_role * hz / 2:,.0f} at the shipped 2 Hz, "
+                f"broker.heartbeat_interval 0.5 s); the 10% target holds to "
+                f"~{TARGET_CPU_FRACTION / per_role:,.0f} roles at {hz:g} Hz"
+            )
         if st_per_role > 0:
-            print(f"      extrapolated: STATUS p50 passes zrl run's {SUPERVISOR_STATUS_TIMEOUT_S:g} s"
-                  f" timeout at ~{SUPERVISOR_STATUS_TIMEOUT_S / st_per_role:,.0f} roles, "
-                  f"50 ms at ~{TARGET_P99_S / st_per_role:,.0f}")  # fmt: skip
+            print(
+                f"      extrapolated: STATUS p50 passes zrl run's {SUPERVISOR_STATUS_TIMEOUT_S:g} s"
+                f" timeout at ~{SUPERVISOR_STATUS_TIMEOUT_S / st_per_role:,.0f} roles, "
+                f"50 ms at ~{TARGET_P99_S / st_per_role:,.0f}"
+            )
     at = [r for r in rows if r["n"] >= TARGET_ROLES]
     if not at:
         print(f"      verdict: no row at N >= {TARGET_ROLES}; targets not checked")
@@ -690,11 +838,15 @@ def registry_verdict(rows: list[dict[str, Any]], hz: float) -> None:
     cpu_ok = r["cpu_hb"] < TARGET_CPU_FRACTION
     p99 = {k: pct(r["lat"][k], 99) for k in Probe.KINDS}
     lat_ok = all(v < TARGET_P99_S for v in p99.values()) and not any(r["timeouts"].values())
-    print(f"      target: {TARGET_ROLES} roles at 1 Hz cost < {TARGET_CPU_FRACTION:.0%} of a core "
-          f"-> {r['cpu_hb']:.1%} at N={r['n']}, {hz:g} Hz: {'met' if cpu_ok else 'NOT met'}")  # fmt: skip
-    print(f"      target: registry p99 < {TARGET_P99_S * 1e3:.0f} ms -> "
-          + ", ".join(f"{k.upper()} {v * 1e3:.1f} ms" for k, v in p99.items())
-          + f" at N={r['n']}: {'met' if lat_ok else 'NOT met'}")  # fmt: skip
+    print(
+        f"      target: {TARGET_ROLES} roles at 1 Hz cost < {TARGET_CPU_FRACTION:.0%} of a core "
+        f"-> {r['cpu_hb']:.1%} at N={r['n']}, {hz:g} Hz: {'met' if cpu_ok else 'NOT met'}"
+    )
+    print(
+        f"      target: registry p99 < {TARGET_P99_S * 1e3:.0f} ms -> "
+        + ", ".join(f"{k.upper()} {v * 1e3:.1f} ms" for k, v in p99.items())
+        + f" at N={r['n']}: {'met' if lat_ok else 'NOT met'}"
+    )
 
 
 # --- (b) weights broadcast -----------------------------------------------------------------
@@ -711,8 +863,9 @@ def sub_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
         sock = make_socket(ctx, zmq.SUB, rcvhwm=1000, rcvtimeo_ms=100, max_message_bytes=size)
         sock.setsockopt(zmq.SUBSCRIBE, P.WEIGHTS_TOPIC.encode())
         connect_topics(sock, eps)
-        ch = Channel(sock, "weights", f"sub-{j}", TransportStats(), topics=True,
-                     max_message_bytes=size)  # fmt: skip
+        ch = Channel(
+            sock, "weights", f"sub-{j}", TransportStats(), topics=True, max_message_bytes=size
+        )
         try:
             while not stop.is_set():
                 got = ch.recv()
@@ -724,8 +877,9 @@ def sub_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
         finally:
             ch.close()
 
-    threads = [threading.Thread(target=subscriber, args=(first + j,), daemon=True)
-               for j in range(count)]  # fmt: skip
+    threads = [
+        threading.Thread(target=subscriber, args=(first + j,), daemon=True) for j in range(count)
+    ]
     for th in threads:
         th.start()
     while not stop.wait(0.2):
@@ -743,10 +897,16 @@ def broadcast(
     eps = broker_endpoints(addr, list(DEFAULT_STREAMS))
     n_workers = min(SUB_WORKERS, n_subs)
     subs = [
-        workers.start("sub", {"endpoints": eps, "first": n_subs * w // n_workers,
-                              "count": n_subs * (w + 1) // n_workers - n_subs * w // n_workers})
+        workers.start(
+            "sub",
+            {
+                "endpoints": eps,
+                "first": n_subs * w // n_workers,
+                "count": n_subs * (w + 1) // n_workers - n_subs * w // n_workers,
+            },
+        )
         for w in range(n_workers)
-    ]  # fmt: skip
+    ]
     pids = {p.pid for p in subs}
     size = BrokerConfig().max_topic_message_bytes
     ctx: zmq.Context = zmq.Context.instance()
@@ -772,8 +932,9 @@ def broadcast(
                 raise RuntimeError(
                     f"{len(seen)} of {n_subs} subscribers joined (logs in {workers.tmp})"
                 )
-            pub.send(P.Message(P.WEIGHTS, meta={"id": -1}, arrays={"ping": ping}),
-                     topic=P.WEIGHTS_TOPIC)  # fmt: skip
+            pub.send(
+                P.Message(P.WEIGHTS, meta={"id": -1}, arrays={"ping": ping}), topic=P.WEIGHTS_TOPIC
+            )
             time.sleep(0.1)
             seen |= {r["sub"] for r in workers.take(got(-1))}
         time.sleep(0.3)
@@ -785,8 +946,10 @@ def broadcast(
             if i == BROADCAST_WARMUP:
                 cpu0 = cpu_seconds(broker)
             t_send = time.monotonic()
-            pub.send(P.Message(P.WEIGHTS, meta={"id": i, "version": i + 1},
-                               arrays={"weights": weights}), topic=P.WEIGHTS_TOPIC)  # fmt: skip
+            pub.send(
+                P.Message(P.WEIGHTS, meta={"id": i, "version": i + 1}, arrays={"weights": weights}),
+                topic=P.WEIGHTS_TOPIC,
+            )
             try:
                 arrivals = workers.wait_for(got(i), n_subs, BROADCAST_TIMEOUT_S, subs)
             except RuntimeError:
@@ -803,33 +966,48 @@ def broadcast(
         workers.stop(subs)
     last = np.array([t[-1] for t in times])
     return {
-        "subs": n_subs, "first": float(np.median([t[0] for t in times])),
+        "subs": n_subs,
+        "first": float(np.median([t[0] for t in times])),
         "median": float(np.median([np.median(t) for t in times])),
-        "last": float(np.median(last)), "last_max": float(last.max()), "lost": lost,
-        "broker_cpu": cpu_per, "rss": broker.memory_info().rss, "load": load_average(),
+        "last": float(np.median(last)),
+        "last_max": float(last.max()),
+        "lost": lost,
+        "broker_cpu": cpu_per,
+        "rss": broker.memory_info().rss,
+        "load": load_average(),
         "n": len(times),
-    }  # fmt: skip
+    }
 
 
 def print_broadcast(rows: list[dict[str, Any]], broadcasts: int) -> None:
-    print(f"\n(b) weights broadcast: 10 MiB WEIGHTS (one uint8 array) PUB -> broker topic bus "
-          f"(bulk lane, HWM {BrokerConfig().bulk_topic_hwm}) -> N SUB sockets over tcp loopback; "
-          f"median of {broadcasts} broadcasts after {BROADCAST_WARMUP} warm-up")  # fmt: skip
-    print(f"{'subs':>5} | {'first ms':>8} | {'median ms':>9} | {'last ms':>8} | "
-          f"{'last max ms':>11} | {'aggregate MB/s':>14} | {'broker CPU s/bcast':>18} | "
-          f"{'lost':>4} | {'load avg':>14}")  # fmt: skip
+    print(
+        f"\n(b) weights broadcast: 10 MiB WEIGHTS (one uint8 array) PUB -> broker topic bus "
+        f"(bulk lane, HWM {BrokerConfig().bulk_topic_hwm}) -> N SUB sockets over tcp loopback; "
+        f"median of {broadcasts} broadcasts after {BROADCAST_WARMUP} warm-up"
+    )
+    print(
+        f"{'subs':>5} | {'first ms':>8} | {'median ms':>9} | {'last ms':>8} | "
+        f"{'last max ms':>11} | {'aggregate MB/s':>14} | {'broker CPU s/bcast':>18} | "
+        f"{'lost':>4} | {'load avg':>14}"
+    )
     for r in rows:
         agg = r["subs"] * WEIGHTS_BYTES / r["last"] / 1e6
-        print(f"{r['subs']:>5} | {r['first'] * 1e3:>8.1f} | {r['median'] * 1e3:>9.1f} | "
-              f"{r['last'] * 1e3:>8.1f} | {r['last_max'] * 1e3:>11.1f} | {agg:>14,.0f} | "
-              f"{r['broker_cpu']:>18.3f} | {r['lost']:>4} | {r['load']:>14}")  # fmt: skip
-    print("      first/median/last: when the first, the median and the last subscriber had "
-          "decoded it (median over broadcasts); aggregate: subs x 10 MiB / last")  # fmt: skip
+        print(
+            f"{r['subs']:>5} | {r['first'] * 1e3:>8.1f} | {r['median'] * 1e3:>9.1f} | "
+            f"{r['last'] * 1e3:>8.1f} | {r['last_max'] * 1e3:>11.1f} | {agg:>14,.0f} | "
+            f"{r['broker_cpu']:>18.3f} | {r['lost']:>4} | {r['load']:>14}"
+        )
+    print(
+        "      first/median/last: when the first, the median and the last subscriber had "
+        "decoded it (median over broadcasts); aggregate: subs x 10 MiB / last"
+    )
     worst = max(rows, key=lambda r: r["subs"])
     ok = worst["last"] < BROADCAST_TARGET_S and not worst["lost"]
-    print(f"      derived target: the last of {worst['subs']} subscribers has the weights within "
-          f"{BROADCAST_TARGET_S:g} s (one version in flight at ~1 publish/s) -> "
-          f"{worst['last'] * 1e3:.0f} ms: {'met' if ok else 'NOT met'}")  # fmt: skip
+    print(
+        f"      derived target: the last of {worst['subs']} subscribers has the weights within "
+        f"{BROADCAST_TARGET_S:g} s (one version in flight at ~1 publish/s) -> "
+        f"{worst['last'] * 1e3:.0f} ms: {'met' if ok else 'NOT met'}"
+    )
 
 
 # --- (c) experience fan-in -----------------------------------------------------------------
@@ -902,8 +1080,13 @@ def sink_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[..
             if time.monotonic() > deadline:
                 report("error", error="the broker did not answer STATUS within 30 s")
                 return
-    sock = make_socket(ctx, zmq.PULL, rcvhwm=4, rcvtimeo_ms=100,
-                       kernel_buffer_bytes=BrokerConfig().stream_buffer_bytes)  # fmt: skip
+    sock = make_socket(
+        ctx,
+        zmq.PULL,
+        rcvhwm=4,
+        rcvtimeo_ms=100,
+        kernel_buffer_bytes=BrokerConfig().stream_buffer_bytes,
+    )
     sock.connect(spec["endpoints"]["experience_out"])
     ch = Channel(sock, "experience", "replay-0", TransportStats())
     report("up")
@@ -916,26 +1099,47 @@ def sink_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[..
             nbytes += got[1].nbytes
         if (now := time.monotonic()) >= next_report:
             next_report = now + PROGRESS_S
-            report("progress", t=now, msgs=msgs, bytes=nbytes, dropped=ch.stats.dropped,
-                   gaps=ch.stats.gaps)  # fmt: skip
+            report(
+                "progress",
+                t=now,
+                msgs=msgs,
+                bytes=nbytes,
+                dropped=ch.stats.dropped,
+                gaps=ch.stats.gaps,
+            )
     ch.close()
     ctx.term()
 
 
 def fan_in_case(
-    workers: Workers, hosts: Hosts, eps: dict[str, str], broker: psutil.Process,
-    sink: psutil.Process, case: str, seconds: float,
-) -> dict[str, Any]:  # fmt: skip
+    workers: Workers,
+    hosts: Hosts,
+    eps: dict[str, str],
+    broker: psutil.Process,
+    sink: psutil.Process,
+    case: str,
+    seconds: float,
+) -> dict[str, Any]:
     """One row of (c): 8 actors in each actor namespace pushing ``case`` trajectories."""
     senders = [
-        workers.start("sender", {"endpoints": eps, "case": case, "count": ACTORS_PER_NAMESPACE,
-                                 "first": h * ACTORS_PER_NAMESPACE}, hosts=hosts, host=h + 1)
+        workers.start(
+            "sender",
+            {
+                "endpoints": eps,
+                "case": case,
+                "count": ACTORS_PER_NAMESPACE,
+                "first": h * ACTORS_PER_NAMESPACE,
+            },
+            hosts=hosts,
+            host=h + 1,
+        )
         for h in range(FANIN_NAMESPACES)
-    ]  # fmt: skip
+    ]
     pids = {p.pid for p in senders}
     try:
-        workers.wait_for(lambda r: r["event"] == "up" and r["pid"] in pids,
-                         len(senders), 60, senders)  # fmt: skip
+        workers.wait_for(
+            lambda r: r["event"] == "up" and r["pid"] in pids, len(senders), 60, senders
+        )
         time.sleep(WARMUP_S)
         workers.take(lambda r: r["event"] == "progress")
         c0, s0, t0 = cpu_seconds(broker), cpu_seconds(sink), time.monotonic()
@@ -951,14 +1155,19 @@ def fan_in_case(
     dt = b["t"] - a["t"]
     c = FANIN_CASES[case]
     return {
-        "case": case, "bytes": sum(x.nbytes for x in trajectory(case).values()),
-        "msgs_s": (b["msgs"] - a["msgs"]) / dt, "mb_s": (b["bytes"] - a["bytes"]) / dt / 1e6,
-        "broker_cpu": (c1 - c0) / (t1 - t0), "sink_cpu": (s1 - s0) / (t1 - t0),
-        "dropped": b["dropped"], "gaps": b["gaps"],
-        "sent": sum(d["sent"] for d in done), "timeouts": sum(d["timeouts"] for d in done),
+        "case": case,
+        "bytes": sum(x.nbytes for x in trajectory(case).values()),
+        "msgs_s": (b["msgs"] - a["msgs"]) / dt,
+        "mb_s": (b["bytes"] - a["bytes"]) / dt / 1e6,
+        "broker_cpu": (c1 - c0) / (t1 - t0),
+        "sink_cpu": (s1 - s0) / (t1 - t0),
+        "dropped": b["dropped"],
+        "gaps": b["gaps"],
+        "sent": sum(d["sent"] for d in done),
+        "timeouts": sum(d["timeouts"] for d in done),
         "demand": FANIN_NAMESPACES * ACTORS_PER_NAMESPACE * c["steps_per_s"] / (c["T"] * c["E"]),
         "load": load_average(),
-    }  # fmt: skip
+    }
 
 
 def fan_in(workers: Workers, cases: list[str], seconds: float) -> list[dict[str, Any]] | str:
@@ -972,16 +1181,39 @@ def fan_in(workers: Workers, cases: list[str], seconds: float) -> list[dict[str,
         port = free_port_range(n_endpoints())  # the namespace is new: any port; this one
         addr = f"tcp://{hub}:{port}"  # also keeps the ipc directory apart from other brokers'
         eps = broker_endpoints(addr, list(DEFAULT_STREAMS))
-        broker_proc = hosts.zrl(0, "start", "broker", "--bind", addr, "--config", str(CONFIG),
-                                "--no-preflight", "--insecure", log=workers.tmp / "fanin-broker.log")  # fmt: skip
+        broker_proc = hosts.zrl(
+            0,
+            "start",
+            "broker",
+            "--bind",
+            addr,
+            "--config",
+            str(CONFIG),
+            "--no-preflight",
+            "--insecure",
+            log=workers.tmp / "fanin-broker.log",
+        )
         workers.procs.append(broker_proc)
         sink = workers.start("sink", {"broker": addr, "endpoints": eps}, hosts=hosts, host=0)
         try:
-            workers.wait_for(lambda r: r["event"] == "up" and r["pid"] == sink.pid,
-                             1, BROKER_START_TIMEOUT_S + 10, [sink, broker_proc])  # fmt: skip
+            workers.wait_for(
+                lambda r: r["event"] == "up" and r["pid"] == sink.pid,
+                1,
+                BROKER_START_TIMEOUT_S + 10,
+                [sink, broker_proc],
+            )
             for case in cases:
-                rows.append(fan_in_case(workers, hosts, eps, psutil.Process(broker_proc.pid),
-                                        psutil.Process(sink.pid), case, seconds))  # fmt: skip
+                rows.append(
+                    fan_in_case(
+                        workers,
+                        hosts,
+                        eps,
+                        psutil.Process(broker_proc.pid),
+                        psutil.Process(sink.pid),
+                        case,
+                        seconds,
+                    )
+                )
                 time.sleep(1.0)  # the device drains what is queued
         finally:
             # The sink first, then the broker, with time to remove its ipc directory.
@@ -992,32 +1224,44 @@ def fan_in(workers: Workers, cases: list[str], seconds: float) -> list[dict[str,
 
 def print_fan_in(rows: list[dict[str, Any]] | str, seconds: float) -> None:
     actors = FANIN_NAMESPACES * ACTORS_PER_NAMESPACE
-    print(f"\n(c) experience fan-in: {actors} actors ({ACTORS_PER_NAMESPACE} PUSH threads in each "
-          f"of {FANIN_NAMESPACES} network namespaces) -> veth + bridge -> broker `experience` "
-          f"device (hub namespace) -> 1 PULL sink decoding every message; {seconds:g} s per case")  # fmt: skip
+    print(
+        f"\n(c) experience fan-in: {actors} actors ({ACTORS_PER_NAMESPACE} PUSH threads in each "
+        f"of {FANIN_NAMESPACES} network namespaces) -> veth + bridge -> broker `experience` "
+        f"device (hub namespace) -> 1 PULL sink decoding every message; {seconds:g} s per case"
+    )
     if isinstance(rows, str):
         print(f"      SKIPPED: {rows}")
         return
-    print(f"{'case':>9} | {'msg bytes':>10} | {'sink msg/s':>10} | {'sink MB/s':>9} | "
-          f"{'transitions/s':>13} | {'broker CPU':>10} | {'sink CPU':>8} | {'demand msg/s':>12} | {'verdict':>7} | "
-          f"{'load avg':>14}")  # fmt: skip
+    print(
+        f"{'case':>9} | {'msg bytes':>10} | {'sink msg/s':>10} | {'sink MB/s':>9} | "
+        f"{'transitions/s':>13} | {'broker CPU':>10} | {'sink CPU':>8} | {'demand msg/s':>12} | {'verdict':>7} | "
+        f"{'load avg':>14}"
+    )
     for r in rows:
         c = FANIN_CASES[r["case"]]
         ok = r["msgs_s"] >= r["demand"]
-        print(f"{r['case']:>9} | {r['bytes']:>10,} | {r['msgs_s']:>10,.0f} | {r['mb_s']:>9,.1f} | "
-              f"{r['msgs_s'] * c['T'] * c['E']:>13,.0f} | {r['broker_cpu']:>10.1%} | "
-              f"{r['sink_cpu']:>8.1%} | "
-              f"{r['demand']:>12,.0f} | {'met' if ok else 'NOT met':>7} | {r['load']:>14}")  # fmt: skip
+        print(
+            f"{r['case']:>9} | {r['bytes']:>10,} | {r['msgs_s']:>10,.0f} | {r['mb_s']:>9,.1f} | "
+            f"{r['msgs_s'] * c['T'] * c['E']:>13,.0f} | {r['broker_cpu']:>10.1%} | "
+            f"{r['sink_cpu']:>8.1%} | "
+            f"{r['demand']:>12,.0f} | {'met' if ok else 'NOT met':>7} | {r['load']:>14}"
+        )
         if r["dropped"] or r["gaps"]:
             print(
                 f"      {r['case']}: the sink dropped {r['dropped']}, saw {r['gaps']} sequence gaps"
             )
-    print("      demand (derived target): " + "; ".join(
-        f"{r['case']} {actors} actors x {FANIN_CASES[r['case']]['steps_per_s']:,} env steps/s / "
-        f"{FANIN_CASES[r['case']]['T'] * FANIN_CASES[r['case']]['E']} per message"
-        for r in rows))  # fmt: skip
-    print("      senders' send timeouts (100 ms each, back-pressure): "
-          + ", ".join(f"{r['case']} {r['timeouts']}" for r in rows))  # fmt: skip
+    print(
+        "      demand (derived target): "
+        + "; ".join(
+            f"{r['case']} {actors} actors x {FANIN_CASES[r['case']]['steps_per_s']:,} env steps/s / "
+            f"{FANIN_CASES[r['case']]['T'] * FANIN_CASES[r['case']]['E']} per message"
+            for r in rows
+        )
+    )
+    print(
+        "      senders' send timeouts (100 ms each, back-pressure): "
+        + ", ".join(f"{r['case']} {r['timeouts']}" for r in rows)
+    )
 
 
 # --- entry points ------------------------------------------------------------------------
@@ -1059,19 +1303,29 @@ def int_list(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sections", default="a,b,c", help="which of a,b,c to run")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="(a) window per N (half heartbeats only, half with probes); "
-                        "(c) half of it per case")  # fmt: skip
-    parser.add_argument("--sizes", type=int_list, default=[10, 100, 1000],
-                        help="(a) numbers of simulated roles")  # fmt: skip
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=20.0,
+        help="(a) window per N (half heartbeats only, half with probes); (c) half of it per case",
+    )
+    parser.add_argument(
+        "--sizes", type=int_list, default=[10, 100, 1000], help="(a) numbers of simulated roles"
+    )
     parser.add_argument("--hz", type=float, default=1.0, help="(a) heartbeats per role per second")
-    parser.add_argument("--probe-hz", type=float, default=15.0,
-                        help="(a) probe requests per second (STATUS, LOOKUP, HELLO in turn)")  # fmt: skip
-    parser.add_argument("--subs", type=int_list, default=[1, 8, 64, 256],
-                        help="(b) numbers of subscribers")  # fmt: skip
+    parser.add_argument(
+        "--probe-hz",
+        type=float,
+        default=15.0,
+        help="(a) probe requests per second (STATUS, LOOKUP, HELLO in turn)",
+    )
+    parser.add_argument(
+        "--subs", type=int_list, default=[1, 8, 64, 256], help="(b) numbers of subscribers"
+    )
     parser.add_argument("--broadcasts", type=int, default=5, help="(b) measured broadcasts per row")
-    parser.add_argument("--fanin", default="cartpole,atari",
-                        help=f"(c) cases: {','.join(FANIN_CASES)}")  # fmt: skip
+    parser.add_argument(
+        "--fanin", default="cartpole,atari", help=f"(c) cases: {','.join(FANIN_CASES)}"
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker logs")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -1096,9 +1350,12 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
-    print(f"zrl {__version__} | pyzmq {zmq.__version__} | libzmq {zmq.zmq_version()} | "
-          f"python {sys.version.split()[0]} | {os.cpu_count()} cpus | load average "
-          f"{load_average()}", flush=True)  # fmt: skip
+    print(
+        f"zrl {__version__} | pyzmq {zmq.__version__} | libzmq {zmq.zmq_version()} | "
+        f"python {sys.version.split()[0]} | {os.cpu_count()} cpus | load average "
+        f"{load_average()}",
+        flush=True,
+    )
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="zrl-scale-"))
     workers = Workers(tmp)
@@ -1126,8 +1383,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"worker and broker logs kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{time.monotonic() - started:.0f} s; load average now {load_average()} "
-          f"({os.cpu_count()} CPUs, shared with other work); every process stopped by PID")  # fmt: skip
+    print(
+        f"\n{time.monotonic() - started:.0f} s; load average now {load_average()} "
+        f"({os.cpu_count()} CPUs, shared with other work); every process stopped by PID"
+    )
 
 
 if __name__ == "__main__":

@@ -107,10 +107,23 @@ def main() -> int:
         def on_start(self, runner) -> None:  # noqa: ANN001 - Sample Factory's Runner
             pid = runner.processes[0]._process.pid  # ParallelRunner: learner_proc0
             self.learner = psutil.Process(pid)
-            keys = ("num_workers", "num_envs_per_worker", "worker_num_splits", "rollout",
-                    "batch_size", "num_batches_per_epoch", "num_epochs", "async_rl", "device",
-                    "encoder_conv_architecture", "learning_rate", "with_vtrace",
-                    "normalize_input", "env_frameskip", "env_framestack")  # fmt: skip
+            keys = (
+                "num_workers",
+                "num_envs_per_worker",
+                "worker_num_splits",
+                "rollout",
+                "batch_size",
+                "num_batches_per_epoch",
+                "num_epochs",
+                "async_rl",
+                "device",
+                "encoder_conv_architecture",
+                "learning_rate",
+                "with_vtrace",
+                "normalize_input",
+                "env_frameskip",
+                "env_framestack",
+            )
             emit(
                 "start", learner_pid=pid, cfg={k: getattr(cfg, k) for k in keys}, argv=sf_argv(args)
             )
@@ -138,7 +151,8 @@ def main() -> int:
             emit(
                 "stats",
                 env_frames=frames,
-                samples_trained=frames // cfg.env_frameskip if cfg.summaries_use_frameskip
+                samples_trained=frames // cfg.env_frameskip
+                if cfg.summaries_use_frameskip
                 else frames,
                 samples_collected=sum(runner.samples_collected),
                 learner_cpu_s=learner_cpu,
@@ -146,7 +160,7 @@ def main() -> int:
                 lag_min=lag.get("version_diff_min"),
                 lag_avg=lag.get("version_diff_avg"),
                 lag_max=lag.get("version_diff_max"),
-            )  # fmt: skip
+            )
 
     def on_episodes(runner, msg: dict, policy_id: int) -> None:  # noqa: ANN001
         stats = msg[EPISODIC]

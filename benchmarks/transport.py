@@ -82,9 +82,16 @@ SEND_TIMEOUT_MS = 100  # ... and whenever a send waited this long (a full queue)
 
 
 def bare_producer(
-    addr: str, bind: bool, size: int, hwm: int | None, kbuf: int | None, *,
-    stop: Any, cell: int, window: Any,
-) -> dict[str, Any]:  # fmt: skip
+    addr: str,
+    bind: bool,
+    size: int,
+    hwm: int | None,
+    kbuf: int | None,
+    *,
+    stop: Any,
+    cell: int,
+    window: Any,
+) -> dict[str, Any]:
     ctx = zmq.Context()
     sock = _opts(ctx.socket(zmq.PUSH), hwm, kbuf)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
@@ -110,9 +117,18 @@ def bare_producer(
 
 
 def bare_consumer(
-    addr: str, bind: bool, size: int, hwm: int | None, kbuf: int | None,
-    warmup: float, seconds: float, *, stop: Any, cell: int, window: Any,
-) -> dict[str, Any]:  # fmt: skip
+    addr: str,
+    bind: bool,
+    size: int,
+    hwm: int | None,
+    kbuf: int | None,
+    warmup: float,
+    seconds: float,
+    *,
+    stop: Any,
+    cell: int,
+    window: Any,
+) -> dict[str, Any]:
     ctx = zmq.Context()
     sock = _opts(ctx.socket(zmq.PULL), hwm, kbuf)
     sock.setsockopt(zmq.RCVTIMEO, int(RESULT_TIMEOUT_S * 1000))
@@ -165,8 +181,9 @@ def zrl_producer(
 
     ctx = zmq.Context()
     # As Role.open_push: PUSH, HWM and kernel buffers of the broker's streams.
-    sock = make_socket(ctx, zmq.PUSH, sndhwm=hwm, rcvhwm=hwm, kernel_buffer_bytes=kbuf,
-                       sndtimeo_ms=SEND_TIMEOUT_MS)  # fmt: skip
+    sock = make_socket(
+        ctx, zmq.PUSH, sndhwm=hwm, rcvhwm=hwm, kernel_buffer_bytes=kbuf, sndtimeo_ms=SEND_TIMEOUT_MS
+    )
     sock.connect(addr)
     ch = Channel(sock, "experience", f"bench-producer-{cell}", TransportStats())
     payload = np.ones(size, np.uint8)
@@ -187,15 +204,29 @@ def zrl_producer(
 
 
 def zrl_consumer(
-    addr: str, size: int, hwm: int, kbuf: int, warmup: float, seconds: float, *,
-    stop: Any, cell: int, window: Any,
-) -> dict[str, Any]:  # fmt: skip
+    addr: str,
+    size: int,
+    hwm: int,
+    kbuf: int,
+    warmup: float,
+    seconds: float,
+    *,
+    stop: Any,
+    cell: int,
+    window: Any,
+) -> dict[str, Any]:
     from zrl.transport.sockets import Channel, TransportStats, make_socket
 
     ctx = zmq.Context()
     # As Role.open_pull: PULL, HWM and kernel buffers of the broker's streams.
-    sock = make_socket(ctx, zmq.PULL, sndhwm=hwm, rcvhwm=hwm, kernel_buffer_bytes=kbuf,
-                       rcvtimeo_ms=int(RESULT_TIMEOUT_S * 1000))  # fmt: skip
+    sock = make_socket(
+        ctx,
+        zmq.PULL,
+        sndhwm=hwm,
+        rcvhwm=hwm,
+        kernel_buffer_bytes=kbuf,
+        rcvtimeo_ms=int(RESULT_TIMEOUT_S * 1000),
+    )
     sock.connect(addr)
     ch = Channel(sock, "experience", "bench-consumer", TransportStats())
 
@@ -238,10 +269,12 @@ def zrl_consumer(
                 break
         stats = ch.stats.snapshot()
         return {
-            "n": n, "bytes": nbytes, "elapsed": t - t0,
+            "n": n,
+            "bytes": nbytes,
+            "elapsed": t - t0,
             "dropped": stats["dropped"] - stats0["dropped"],
             "gaps": stats["gaps"] - stats0["gaps"],
-        }  # fmt: skip
+        }
     finally:
         ch.close()
         ctx.term()
@@ -357,10 +390,13 @@ def start_broker(
     base = free_port_range(3 + 2 * len(DEFAULT_STREAMS))
     addr = f"tcp://127.0.0.1:{base}"
     log = open(os.path.join(log_dir, f"broker-{base}.log"), "wb")  # noqa: SIM115
-    proc = procs.add(subprocess.Popen(
-        [sys.executable, "-c", BROKER_SCRIPT, addr, str(hwm), str(kbuf), transport],
-        stdout=subprocess.DEVNULL, stderr=log,
-    ))  # fmt: skip
+    proc = procs.add(
+        subprocess.Popen(
+            [sys.executable, "-c", BROKER_SCRIPT, addr, str(hwm), str(kbuf), transport],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    )
     ctx = zmq.Context.instance()
     deadline = time.monotonic() + 30
     while True:
@@ -416,9 +452,14 @@ def cpu_seconds(pids: list[int]) -> list[float]:
 
 
 def run_cell(
-    producer: Worker, consumer: Worker, stop: Any, window: Any, device_pid: int | None,
-    prod_job: tuple[str, tuple], cons_job: tuple[str, tuple],
-) -> dict[str, Any]:  # fmt: skip
+    producer: Worker,
+    consumer: Worker,
+    stop: Any,
+    window: Any,
+    device_pid: int | None,
+    prod_job: tuple[str, tuple],
+    cons_job: tuple[str, tuple],
+) -> dict[str, Any]:
     """One measurement: start both jobs, take the consumer's figures and the CPU seconds
     the path's processes spent in its window, stop the producer."""
     global _cell
@@ -452,10 +493,19 @@ def bare_addresses(transport: str, log_dir: str, n: int) -> list[str]:
 
 
 def throughput(
-    procs: Procs, mpc: Any, args: argparse.Namespace, hwm: int, kbuf: int,
-    broker_pid: int, endpoints: dict[str, str], log_dir: str, sizes: list[int], pairs: int,
-    seconds: float, direct: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
+    procs: Procs,
+    mpc: Any,
+    args: argparse.Namespace,
+    hwm: int,
+    kbuf: int,
+    broker_pid: int,
+    endpoints: dict[str, str],
+    log_dir: str,
+    sizes: list[int],
+    pairs: int,
+    seconds: float,
+    direct: bool = True,
+) -> list[dict[str, Any]]:
     """Per size: (a) once (if ``direct``), then ``pairs`` x (b, c) interleaved, so a drift
     in the machine's load hits both alike and each c has a b measured next to it."""
     warmup = min(1.0, max(0.3, 0.25 * seconds))
@@ -480,19 +530,39 @@ def throughput(
                 h, k = (None, None) if name.endswith("_deep") else (hwm, kbuf)
                 if name.startswith("a"):
                     (port,) = bare_addresses(args.transport, log_dir, 1)
-                    res = run_cell(producer, consumer, stop, window, None,
-                                   ("bare_producer", (port, False, size, h, k)),
-                                   ("bare_consumer", (port, True, size, h, k, warmup, seconds)))  # fmt: skip
+                    res = run_cell(
+                        producer,
+                        consumer,
+                        stop,
+                        window,
+                        None,
+                        ("bare_producer", (port, False, size, h, k)),
+                        ("bare_consumer", (port, True, size, h, k, warmup, seconds)),
+                    )
                 elif name.startswith("b"):
                     ins, outs, proxy_pid = proxies[name]
-                    res = run_cell(producer, consumer, stop, window, proxy_pid,
-                                   ("bare_producer", (ins, False, size, h, k)),
-                                   ("bare_consumer", (outs, False, size, h, k, warmup, seconds)))  # fmt: skip
+                    res = run_cell(
+                        producer,
+                        consumer,
+                        stop,
+                        window,
+                        proxy_pid,
+                        ("bare_producer", (ins, False, size, h, k)),
+                        ("bare_consumer", (outs, False, size, h, k, warmup, seconds)),
+                    )
                 else:
-                    res = run_cell(producer, consumer, stop, window, broker_pid,
-                                   ("zrl_producer", (endpoints["experience_in"], size, hwm, kbuf)),
-                                   ("zrl_consumer", (endpoints["experience_out"], size, hwm, kbuf,
-                                                     warmup, seconds)))  # fmt: skip
+                    res = run_cell(
+                        producer,
+                        consumer,
+                        stop,
+                        window,
+                        broker_pid,
+                        ("zrl_producer", (endpoints["experience_in"], size, hwm, kbuf)),
+                        (
+                            "zrl_consumer",
+                            (endpoints["experience_out"], size, hwm, kbuf, warmup, seconds),
+                        ),
+                    )
                 row.setdefault(name, []).append(res)
             rows.append(row)
     finally:
@@ -510,10 +580,9 @@ def weights_broadcast(procs: Procs, mpc: Any, endpoints: dict[str, str]) -> dict
 
     out = mpc.Queue()
     subs = [
-        procs.add(mpc.Process(target=weights_subscriber,
-                              args=(endpoints, i, out), daemon=True))
+        procs.add(mpc.Process(target=weights_subscriber, args=(endpoints, i, out), daemon=True))
         for i in range(WEIGHTS_SUBSCRIBERS)
-    ]  # fmt: skip
+    ]
     ctx = zmq.Context.instance()
     # As the parameter server: PUB with send HWM 100 into the broker's XSUB.
     sock = make_socket(ctx, zmq.PUB, sndhwm=100)
@@ -532,8 +601,11 @@ def weights_broadcast(procs: Procs, mpc: Any, endpoints: dict[str, str]) -> dict
         while len(seen) < WEIGHTS_SUBSCRIBERS:
             if time.monotonic() > deadline:
                 return {"error": "subscribers did not join"}
-            pub.send(Message(WEIGHTS, meta={"id": -1}, arrays={"ping": np.zeros(1, np.float32)}),
-                     topic="weights", block=False)  # fmt: skip
+            pub.send(
+                Message(WEIGHTS, meta={"id": -1}, arrays={"ping": np.zeros(1, np.float32)}),
+                topic="weights",
+                block=False,
+            )
             t_end = time.monotonic() + 0.05
             while (left := t_end - time.monotonic()) > 0:
                 try:
@@ -551,8 +623,9 @@ def weights_broadcast(procs: Procs, mpc: Any, endpoints: dict[str, str]) -> dict
         latencies: list[list[float]] = []  # per send: one latency per subscriber
         for i in range(WEIGHTS_WARMUP_SENDS + WEIGHTS_SENDS):
             t_send = time.monotonic()
-            pub.send(Message(WEIGHTS, meta={"id": i, "version": i + 1}, arrays=weights),
-                     topic="weights")  # fmt: skip
+            pub.send(
+                Message(WEIGHTS, meta={"id": i, "version": i + 1}, arrays=weights), topic="weights"
+            )
             arrivals: dict[int, float] = {}
             t_limit = t_send + 10
             while len(arrivals) < WEIGHTS_SUBSCRIBERS and time.monotonic() < t_limit:
@@ -674,12 +747,17 @@ def target_met(rows: list[dict[str, Any]], per_cpu: bool = False) -> bool:
 
 def print_table(rows: list[dict[str, Any]], direct: bool, per_cpu: bool = False) -> None:
     unit = "/cpu-s" if per_cpu else "/s"
-    head = (f"{'size':>8} | " + (f"{'(a) direct':^22} | " if direct else "")
-            + f"{'(b) zmq.proxy':^22} | {'(c) zrl broker':^22} | {'c/b med':>7} | "
-            f"{'95% CI':>11} | {'c/b min-max':>11} | target")  # fmt: skip
-    sub = (f"{'':>8} | "
-           + " | ".join(f"{'msg' + unit:>11} {'MB' + unit:>10}" for _ in range(2 + direct))
-           + " |")  # fmt: skip
+    head = (
+        f"{'size':>8} | "
+        + (f"{'(a) direct':^22} | " if direct else "")
+        + f"{'(b) zmq.proxy':^22} | {'(c) zrl broker':^22} | {'c/b med':>7} | "
+        f"{'95% CI':>11} | {'c/b min-max':>11} | target"
+    )
+    sub = (
+        f"{'':>8} | "
+        + " | ".join(f"{'msg' + unit:>11} {'MB' + unit:>10}" for _ in range(2 + direct))
+        + " |"
+    )
     print(head)
     print(sub)
     print("-" * len(head))
@@ -690,9 +768,11 @@ def print_table(rows: list[dict[str, Any]], direct: bool, per_cpu: bool = False)
         if row["size"] >= TARGET_MIN_SIZE:
             mark = "met" if med >= TARGET_RATIO else "NOT met"
         a = f"{cell(row['a'], per_cpu)} | " if direct else ""
-        print(f"{human(row['size']):>8} | {a}{cell(row['b'], per_cpu)} | "
-              f"{cell(row['c'], per_cpu)} | {med:7.2f} | {ci_lo:5.2f}-{ci_hi:5.2f} | "
-              f"{lo:5.2f}-{hi:5.2f} | {mark}")  # fmt: skip
+        print(
+            f"{human(row['size']):>8} | {a}{cell(row['b'], per_cpu)} | "
+            f"{cell(row['c'], per_cpu)} | {med:7.2f} | {ci_lo:5.2f}-{ci_hi:5.2f} | "
+            f"{lo:5.2f}-{hi:5.2f} | {mark}"
+        )
     if per_cpu:
         return  # the errors and drops are listed under the wall-time table
     for row in rows:
@@ -701,8 +781,10 @@ def print_table(rows: list[dict[str, Any]], direct: bool, per_cpu: bool = False)
                 if "error" in res:
                     print(f"  ({name}) {human(row['size'])}: {res['error']}")
                 elif res.get("dropped") or res.get("gaps"):
-                    print(f"  ({name}) {human(row['size'])}: {res['dropped']} dropped, "
-                          f"{res['gaps']} sequence gaps")  # fmt: skip
+                    print(
+                        f"  ({name}) {human(row['size'])}: {res['dropped']} dropped, "
+                        f"{res['gaps']} sequence gaps"
+                    )
 
 
 def print_cpu_parts(rows: list[dict[str, Any]]) -> None:
@@ -739,9 +821,20 @@ def sweep(
         for kbuf in args.buffer:
             broker, endpoints = start_broker(procs, log_dir, hwm, kbuf, args.transport)
             try:
-                rows = throughput(procs, mpc, args, hwm, kbuf, broker.pid, endpoints, log_dir,
-                                  args.sweep_sizes, args.sweep_pairs, args.sweep_seconds,
-                                  direct=False)  # fmt: skip
+                rows = throughput(
+                    procs,
+                    mpc,
+                    args,
+                    hwm,
+                    kbuf,
+                    broker.pid,
+                    endpoints,
+                    log_dir,
+                    args.sweep_sizes,
+                    args.sweep_pairs,
+                    args.sweep_seconds,
+                    direct=False,
+                )
             finally:
                 procs.stop(broker)
             out.append((hwm, kbuf, rows))
@@ -749,7 +842,7 @@ def sweep(
                 f"{human(r['size'])}: c/b {ratio_summary(r)[0]:.2f} "
                 f"c {(median_rate(r['c']) or (0.0, 0.0))[1]:,.0f} MB/s"
                 for r in rows
-            )  # fmt: skip
+            )
             print(f"  swept hwm {hwm} buffer {kbuf // 1024} KiB: {line}", flush=True)
     return out
 
@@ -758,12 +851,17 @@ def print_sweep(
     points: list[tuple[int, int, list[dict[str, Any]]]], args: argparse.Namespace
 ) -> None:
     print()
-    print(f"Sweep of broker.stream_hwm x broker.stream_buffer_bytes ({args.transport}), "
-          f"{args.sweep_seconds:g} s cells, {args.sweep_pairs} interleaved pairs per size; "
-          "per size: c/b median [min-max], zrl MB/s median / bare MB/s median")  # fmt: skip
+    print(
+        f"Sweep of broker.stream_hwm x broker.stream_buffer_bytes ({args.transport}), "
+        f"{args.sweep_seconds:g} s cells, {args.sweep_pairs} interleaved pairs per size; "
+        "per size: c/b median [min-max], zrl MB/s median / bare MB/s median"
+    )
     sizes = args.sweep_sizes
-    print(f"{'hwm':>4} {'buffer':>8} | " + " | ".join(f"{human(s):^30}" for s in sizes)
-          + f" | {'mean c/b':>8} | {'mean zrl MB/s':>13}")  # fmt: skip
+    print(
+        f"{'hwm':>4} {'buffer':>8} | "
+        + " | ".join(f"{human(s):^30}" for s in sizes)
+        + f" | {'mean c/b':>8} | {'mean zrl MB/s':>13}"
+    )
     scored = []
     for hwm, kbuf, rows in points:
         cells, ratios, mbs = [], [], []
@@ -776,8 +874,11 @@ def print_sweep(
             mbs.append(c[1])
         mr, mm = float(np.mean(ratios)), float(np.mean(mbs))
         scored.append((hwm, kbuf, mr, mm))
-        print(f"{hwm:>4} {human(kbuf):>8} | " + " | ".join(f"{c:^30}" for c in cells)
-              + f" | {mr:8.2f} | {mm:13,.0f}")  # fmt: skip
+        print(
+            f"{hwm:>4} {human(kbuf):>8} | "
+            + " | ".join(f"{c:^30}" for c in cells)
+            + f" | {mr:8.2f} | {mm:13,.0f}"
+        )
     ok = [s for s in scored if not np.isnan(s[2])]
     if ok:
         br = max(ok, key=lambda s: s[2])
@@ -791,29 +892,54 @@ def print_sweep(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement cell")
-    parser.add_argument("--sizes", default="64,65536,262144,1048576,4194304",
-                        help="message sizes in bytes, comma separated")  # fmt: skip
-    parser.add_argument("--pairs", type=int, default=3,
-                        help="interleaved (bare proxy, zrl broker) pairs per size")  # fmt: skip
-    parser.add_argument("--transport", choices=("tcp", "ipc"), default="tcp",
-                        help="tcp loopback, or ipc:// (the broker's ipc endpoints, which roles "
-                        "on its host use, against a bare proxy on ipc)")  # fmt: skip
-    parser.add_argument("--hwm", type=int_list, default=None,
-                        help="sweep broker.stream_hwm over these values (e.g. 2,4,8)")  # fmt: skip
-    parser.add_argument("--buffer", type=int_list, default=None,
-                        help="sweep broker.stream_buffer_bytes over these values "
-                        "(e.g. 262144,1048576,4194304)")  # fmt: skip
-    parser.add_argument("--sweep-sizes", type=int_list, default=[2**20, 4 * 2**20],
-                        help="message sizes of the sweep")  # fmt: skip
+    parser.add_argument(
+        "--sizes",
+        default="64,65536,262144,1048576,4194304",
+        help="message sizes in bytes, comma separated",
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="interleaved (bare proxy, zrl broker) pairs per size"
+    )
+    parser.add_argument(
+        "--transport",
+        choices=("tcp", "ipc"),
+        default="tcp",
+        help="tcp loopback, or ipc:// (the broker's ipc endpoints, which roles "
+        "on its host use, against a bare proxy on ipc)",
+    )
+    parser.add_argument(
+        "--hwm",
+        type=int_list,
+        default=None,
+        help="sweep broker.stream_hwm over these values (e.g. 2,4,8)",
+    )
+    parser.add_argument(
+        "--buffer",
+        type=int_list,
+        default=None,
+        help="sweep broker.stream_buffer_bytes over these values (e.g. 262144,1048576,4194304)",
+    )
+    parser.add_argument(
+        "--sweep-sizes",
+        type=int_list,
+        default=[2**20, 4 * 2**20],
+        help="message sizes of the sweep",
+    )
     parser.add_argument("--sweep-seconds", type=float, default=2.0, help="per sweep cell")
     parser.add_argument("--sweep-pairs", type=int, default=2, help="pairs per sweep size")
-    parser.add_argument("--sweep-only", action="store_true",
-                        help="run the sweep only (no main table, broadcast or codec)")  # fmt: skip
-    parser.add_argument("--skip-extras", action="store_true",
-                        help="skip the weights broadcast and the codec costs")  # fmt: skip
-    parser.add_argument("--deep", action="store_true",
-                        help="also (a) and (b) with libzmq's default HWM (1000) and "
-                        "kernel-autotuned buffers")  # fmt: skip
+    parser.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="run the sweep only (no main table, broadcast or codec)",
+    )
+    parser.add_argument(
+        "--skip-extras", action="store_true", help="skip the weights broadcast and the codec costs"
+    )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also (a) and (b) with libzmq's default HWM (1000) and kernel-autotuned buffers",
+    )
     args = parser.parse_args()
     args.sizes = int_list(args.sizes)
 
@@ -840,8 +966,19 @@ def main() -> None:
             points = sweep(procs, mpc, args, log_dir)
         if not args.sweep_only:
             broker, endpoints = start_broker(procs, log_dir, hwm, kbuf, args.transport)
-            rows = throughput(procs, mpc, args, hwm, kbuf, broker.pid, endpoints, log_dir,
-                              args.sizes, args.pairs, args.seconds)  # fmt: skip
+            rows = throughput(
+                procs,
+                mpc,
+                args,
+                hwm,
+                kbuf,
+                broker.pid,
+                endpoints,
+                log_dir,
+                args.sizes,
+                args.pairs,
+                args.seconds,
+            )
             if not args.skip_extras:
                 wb = weights_broadcast(procs, mpc, endpoints)
     finally:
@@ -854,14 +991,18 @@ def main() -> None:
         return
 
     print()
-    print(f"Throughput over {args.transport}, {args.seconds:g} s per cell after warm-up; every "
-          f"socket HWM {hwm} msgs, SO_SNDBUF/SO_RCVBUF {human(kbuf)} (broker.stream_hwm, "
-          f"broker.stream_buffer_bytes); (a) once, then {args.pairs} interleaved (b, c) pairs: "
-          "medians, and c/b per pair")  # fmt: skip
+    print(
+        f"Throughput over {args.transport}, {args.seconds:g} s per cell after warm-up; every "
+        f"socket HWM {hwm} msgs, SO_SNDBUF/SO_RCVBUF {human(kbuf)} (broker.stream_hwm, "
+        f"broker.stream_buffer_bytes); (a) once, then {args.pairs} interleaved (b, c) pairs: "
+        "medians, and c/b per pair"
+    )
     print_table(rows, direct=True)
     print()
-    print("The same cells per CPU-second: messages over the user + system seconds of the "
-          "producer, device (proxy or broker) and consumer processes in the window")  # fmt: skip
+    print(
+        "The same cells per CPU-second: messages over the user + system seconds of the "
+        "producer, device (proxy or broker) and consumer processes in the window"
+    )
     print_table(rows, direct=True, per_cpu=True)
     print_cpu_parts(rows)
     if args.deep:
@@ -873,9 +1014,11 @@ def main() -> None:
 
     if not args.skip_extras:
         print()
-        print(f"Weights broadcast: {human(WEIGHTS_BYTES)} (10 float32 arrays) PUB -> broker "
-              f"XSUB/XPUB -> {WEIGHTS_SUBSCRIBERS} SUB processes, send to decoded; "
-              f"{WEIGHTS_SENDS} sends after {WEIGHTS_WARMUP_SENDS} warm-up")  # fmt: skip
+        print(
+            f"Weights broadcast: {human(WEIGHTS_BYTES)} (10 float32 arrays) PUB -> broker "
+            f"XSUB/XPUB -> {WEIGHTS_SUBSCRIBERS} SUB processes, send to decoded; "
+            f"{WEIGHTS_SENDS} sends after {WEIGHTS_WARMUP_SENDS} warm-up"
+        )
         if "error" in wb:
             print(f"  error: {wb['error']}")
         else:
@@ -888,18 +1031,23 @@ def main() -> None:
 
         codec = codec_costs()
         print()
-        print("encode() + decode() of a message with one uint8 array vs arr.copy() "
-              "(median per call)")  # fmt: skip
+        print(
+            "encode() + decode() of a message with one uint8 array vs arr.copy() (median per call)"
+        )
         print(f"{'array':>8} | {'encode+decode µs':>16} | {'arr.copy() µs':>13} | shares memory")
         for size, c, cp, shares in codec:
-            print(f"{human(size):>8} | {c * 1e6:16.1f} | {cp * 1e6:13.1f} | "
-                  f"{'yes' if shares else 'NO'}")  # fmt: skip
+            print(
+                f"{human(size):>8} | {c * 1e6:16.1f} | {cp * 1e6:13.1f} | "
+                f"{'yes' if shares else 'NO'}"
+            )
 
     print()
-    print(f"target: median c/b >= {TARGET_RATIO} at every size >= {human(TARGET_MIN_SIZE)}: "
-          f"wall time {'MET' if target_met(rows) else 'NOT MET'}, per CPU-second "
-          f"{'MET' if target_met(rows, per_cpu=True) else 'NOT MET'}  (load average now "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})")  # fmt: skip
+    print(
+        f"target: median c/b >= {TARGET_RATIO} at every size >= {human(TARGET_MIN_SIZE)}: "
+        f"wall time {'MET' if target_met(rows) else 'NOT MET'}, per CPU-second "
+        f"{'MET' if target_met(rows, per_cpu=True) else 'NOT MET'}  (load average now "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})"
+    )
 
 
 if __name__ == "__main__":

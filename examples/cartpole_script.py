@@ -26,9 +26,12 @@ class WideQNet(nn.Module):
         super().__init__()
         obs_dim = int(observation_space.shape[0])
         self.net = nn.Sequential(
-            nn.Linear(obs_dim, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+            nn.Linear(obs_dim, 128),
+            nn.ReLU(),
+            nn.Linear(128, 128),
+            nn.ReLU(),
             nn.Linear(128, int(action_space.n)),
-        )  # fmt: skip
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())

@@ -29,9 +29,13 @@ class TanhPolicy(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(obs_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-            nn.Linear(64, act_dim), nn.Tanh(),
-        )  # fmt: skip
+            nn.Linear(obs_dim, 64),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
+            nn.Linear(64, act_dim),
+            nn.Tanh(),
+        )
         self.register_buffer("action_low", torch.as_tensor(low, dtype=torch.float32))
         self.register_buffer("action_high", torch.as_tensor(high, dtype=torch.float32))
 
@@ -44,9 +48,12 @@ class Critic(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(obs_dim + act_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+            nn.Linear(obs_dim + act_dim, 64),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
             nn.Linear(64, 1),
-        )  # fmt: skip
+        )
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([obs.float(), actions.float()], dim=1))[:, 0]

@@ -54,9 +54,12 @@ class Critic(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(obs_dim + act_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+            nn.Linear(obs_dim + act_dim, 64),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
             nn.Linear(64, 1),
-        )  # fmt: skip
+        )
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([obs.float(), actions.float()], dim=1))[:, 0]

@@ -458,8 +458,9 @@ class Plan:
     def head_command(self) -> str:
         """The shell-quoted ``zrl start broker --run-dir`` command line of the head."""
         o = self.opts
-        head = zrl_command(o.python, "start", "broker", "--run-dir", self.run_dir,
-                           "--bind", self.bind_address)  # fmt: skip
+        head = zrl_command(
+            o.python, "start", "broker", "--run-dir", self.run_dir, "--bind", self.bind_address
+        )
         if self.config_text is not None:
             config = '--config "$cfg"'  # the temporary file remote_script writes
         else:
@@ -472,12 +473,19 @@ class Plan:
         """The shell-quoted ``zrl host`` command line of one host's agent."""
         o = self.opts
         cmd = zrl_command(
-            o.python, "host", "--broker", self.broker_address,
-            "--connect-timeout", f"{o.connect_timeout:g}",
-            "--log-dir", f"{self.log_dir}/{launch.host.name}",
-            "--checkpoint-root", self.checkpoint_root,
-            *self._common(), *launch.specs,
-        )  # fmt: skip
+            o.python,
+            "host",
+            "--broker",
+            self.broker_address,
+            "--connect-timeout",
+            f"{o.connect_timeout:g}",
+            "--log-dir",
+            f"{self.log_dir}/{launch.host.name}",
+            "--checkpoint-root",
+            self.checkpoint_root,
+            *self._common(),
+            *launch.specs,
+        )
         return shlex.join(cmd)
 
     def ssh_argv(self, target: str, remote_command: str) -> list[str]:
@@ -730,8 +738,10 @@ class Launcher:
                 return
             agents_ended = agents_ended or time.monotonic()
             if time.monotonic() - agents_ended > HEAD_FINISH_S:
-                self.say(f"the head did not end within {HEAD_FINISH_S:g}s of the last host "
-                         "agent: stopping it")  # fmt: skip
+                self.say(
+                    f"the head did not end within {HEAD_FINISH_S:g}s of the last host "
+                    "agent: stopping it"
+                )
                 self.failed = True
                 return
         self.say("stop requested: stopping the head (it stops every role), then the host agents")
@@ -834,9 +844,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="CONFIG is a path on the broker host (e.g. an experiment script); do not ship it.",
     )
     p.add_argument(
-        "--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        "-s",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="Override a config key (repeatable), as `zrl run --set`.",
-    )  # fmt: skip
+    )
     p.add_argument("--broker-host", help="Address other hosts reach the broker at.")
     p.add_argument("--bind-host", help="Broker bind host (default 0.0.0.0, loopback if local).")
     p.add_argument("--port", type=int, default=5555, help="Broker base port.")

@@ -87,9 +87,8 @@ def test_parse_faults_names_the_bad_rule_among_good_ones():
 
 @pytest.mark.parametrize(
     "rule",
-    ["x:drop:1.5", "x:drop:-0.1", "x:delay:2:0.1", "x:delay:-1e-9:0.1", "x:drop:nan",
-     "x:drop:inf"],
-)  # fmt: skip
+    ["x:drop:1.5", "x:drop:-0.1", "x:delay:2:0.1", "x:delay:-1e-9:0.1", "x:drop:nan", "x:drop:inf"],
+)
 def test_parse_faults_probability_must_be_in_unit_interval(rule):
     with pytest.raises(ValueError) as err:
         S.parse_faults(f"ok:drop:0.5,{rule}")

@@ -26,7 +26,7 @@ def saved_run(tmp_path: Path, env_id: str, **env: object) -> Path:
             "algo": "ppo",
             "env": {"id": env_id, **env},
             "roles": {"replay": 0},
-        }  # fmt: skip
+        }
     )
     probe = gym.make(env_id)
     model = build_model(probe.observation_space, probe.action_space, cfg.model, cfg.algo)
@@ -66,7 +66,7 @@ def test_multiagent_envs_are_refused_with_a_reason(tmp_path: Path) -> None:
             "algo": "ppo",
             "env": {"id": "pettingzoo/tictactoe_v3"},
             "roles": {"replay": 0},
-        }  # fmt: skip
+        }
     )
     from zrl.roles.evaluation import video_envs
 

@@ -66,10 +66,16 @@ def vtrace_of(mb: dict[str, Any], rho_bar: float, c_bar: float) -> Any:
     valid = mb["valid"].to(F64)
     target = F.log_softmax(mb["logits"].detach(), -1).gather(-1, mb["actions"].unsqueeze(-1))
     return vtrace(
-        mb["behaviour_logp"], target[..., 0], mb["rewards"],
-        mb["gamma"] * (1.0 - mb["terminated"].to(F64)) * valid, mb["values"].detach(),
-        mb["bootstrap"], rho_bar=rho_bar, c_bar=c_bar, valid=valid,
-    )  # fmt: skip
+        mb["behaviour_logp"],
+        target[..., 0],
+        mb["rewards"],
+        mb["gamma"] * (1.0 - mb["terminated"].to(F64)) * valid,
+        mb["values"].detach(),
+        mb["bootstrap"],
+        rho_bar=rho_bar,
+        c_bar=c_bar,
+        valid=valid,
+    )
 
 
 def reference_appo(mb, rho_bar, c_bar, clip, value_clip, ent_coef, value_coef, norm):
@@ -137,10 +143,18 @@ def reference_appo(mb, rho_bar, c_bar, clip, value_clip, ent_coef, value_coef, n
 def test_appo_loss_matches_the_reference_loop(mb, rho_bar, c_bar, clip, value_clip, norm):
     coefs = {"entropy_coef": 0.03, "value_coef": 0.7}
     loss, parts = appo_loss(
-        mb["logits"], mb["values"], mb["actions"], mb["behaviour_logp"],
-        vtrace_of(mb, rho_bar, c_bar), clip=clip, value_clip=value_clip,
-        old_values=mb["old_values"], normalize_advantages=norm, valid=mb["valid"], **coefs,
-    )  # fmt: skip
+        mb["logits"],
+        mb["values"],
+        mb["actions"],
+        mb["behaviour_logp"],
+        vtrace_of(mb, rho_bar, c_bar),
+        clip=clip,
+        value_clip=value_clip,
+        old_values=mb["old_values"],
+        normalize_advantages=norm,
+        valid=mb["valid"],
+        **coefs,
+    )
     ref, ref_parts = reference_appo(
         mb, rho_bar, c_bar, clip, value_clip, coefs["entropy_coef"], coefs["value_coef"], norm
     )
@@ -170,26 +184,45 @@ def test_on_policy_appo_is_ppo_on_nstep_returns(mb, rho_bar, norm, value_clip):
     returns = vtrace_of(mb, rho_bar, rho_bar)
     v, valid = mb["values"].detach(), mb["valid"]
     adv, ret = rollout_gae(
-        mb["rewards"].T.numpy(), v.T.numpy(), mb["terminated"].T.numpy(),
-        mb["truncated"].T.numpy(), valid.T.numpy(), mb["bootstrap"].numpy(), mb["gamma"], 1.0,
-    )  # fmt: skip
+        mb["rewards"].T.numpy(),
+        v.T.numpy(),
+        mb["terminated"].T.numpy(),
+        mb["truncated"].T.numpy(),
+        valid.T.numpy(),
+        mb["bootstrap"].numpy(),
+        mb["gamma"],
+        1.0,
+    )
     np.testing.assert_allclose(returns.vs.numpy()[valid.numpy()], ret.T[valid.numpy()], 1e-5, 1e-5)
     np.testing.assert_allclose(returns.pg_advantages.numpy(), adv.T, rtol=1e-5, atol=1e-5)
 
     coefs = {"clip": 0.2, "entropy_coef": 0.01, "value_coef": 0.5, "value_clip": value_clip}
     loss, parts = appo_loss(
-        mb["logits"], mb["values"], mb["actions"], mb["behaviour_logp"], returns,
-        old_values=mb["old_values"], normalize_advantages=norm, valid=valid, **coefs,
-    )  # fmt: skip
+        mb["logits"],
+        mb["values"],
+        mb["actions"],
+        mb["behaviour_logp"],
+        returns,
+        old_values=mb["old_values"],
+        normalize_advantages=norm,
+        valid=valid,
+        **coefs,
+    )
     if not valid.any():  # PPO's mean over no step is NaN; APPO's loss is 0
         assert float(loss) == 0.0
         return
     logp = F.log_softmax(mb["logits"], -1).gather(-1, mb["actions"].unsqueeze(-1))[..., 0]
     ppo, ppo_parts = ppo_loss(
-        logp[valid], mb["behaviour_logp"][valid], torch.from_numpy(adv.T)[valid],
-        mb["values"][valid], mb["old_values"][valid], torch.from_numpy(ret.T)[valid],
-        categorical_entropy(mb["logits"])[valid], normalize_advantages=norm, **coefs,
-    )  # fmt: skip
+        logp[valid],
+        mb["behaviour_logp"][valid],
+        torch.from_numpy(adv.T)[valid],
+        mb["values"][valid],
+        mb["old_values"][valid],
+        torch.from_numpy(ret.T)[valid],
+        categorical_entropy(mb["logits"])[valid],
+        normalize_advantages=norm,
+        **coefs,
+    )
     # rollout_gae computes in float32.
     for name, value in ppo_parts.items():
         assert float(parts[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
@@ -222,8 +255,15 @@ def test_appo_loss_ignores_what_invalid_steps_carry():
     mu = torch.full((T, B), math.log(0.3), dtype=F64)
     valid = torch.ones(T, B, dtype=torch.bool)
     valid[2, 0] = False
-    returns = vtrace(mu, mu, torch.ones(T, B, dtype=F64), torch.full((T, B), 0.9, dtype=F64),
-                     values.detach(), torch.zeros(B, dtype=F64), valid=valid)  # fmt: skip
+    returns = vtrace(
+        mu,
+        mu,
+        torch.ones(T, B, dtype=F64),
+        torch.full((T, B), 0.9, dtype=F64),
+        values.detach(),
+        torch.zeros(B, dtype=F64),
+        valid=valid,
+    )
     kw = {"clip": 0.1, "entropy_coef": 0.01, "value_coef": 0.5, "valid": valid}
     loss, parts = appo_loss(logits, values, actions, mu, returns, **kw)
     far = mu.clone()

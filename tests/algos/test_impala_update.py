@@ -80,9 +80,15 @@ def run_vtrace(tr: dict[str, np.ndarray], **kw) -> VTraceReturns:
     valid = tm("valid")
     discounts = float(tr["gamma"]) * (1.0 - tm("terminated")) * valid
     out = vtrace(
-        tm("behaviour_logp"), tm("target_logp"), tm("rewards"), discounts, tm("values"),
-        torch.from_numpy(tr["bootstrap_value"]).double(), valid=valid, **kw,
-    )  # fmt: skip
+        tm("behaviour_logp"),
+        tm("target_logp"),
+        tm("rewards"),
+        discounts,
+        tm("values"),
+        torch.from_numpy(tr["bootstrap_value"]).double(),
+        valid=valid,
+        **kw,
+    )
     return VTraceReturns(vs=out.vs.T, pg_advantages=out.pg_advantages.T)  # back to [B, T]
 
 
@@ -176,9 +182,15 @@ def test_vtrace_on_policy_with_valid_is_nstep_return(tr, rho_bar):
     rollout_gae(lam=1), and the pg advantages its advantages."""
     out = run_vtrace(tr, rho_bar=rho_bar, c_bar=rho_bar)
     adv, ret = rollout_gae(
-        tr["rewards"], tr["values"], tr["terminated"], tr["truncated"], tr["valid"],
-        tr["bootstrap_value"], float(tr["gamma"]), 1.0,
-    )  # fmt: skip
+        tr["rewards"],
+        tr["values"],
+        tr["terminated"],
+        tr["truncated"],
+        tr["valid"],
+        tr["bootstrap_value"],
+        float(tr["gamma"]),
+        1.0,
+    )
     valid = tr["valid"]
     np.testing.assert_allclose(out.vs.numpy()[valid], ret[valid], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.pg_advantages.numpy(), adv, rtol=1e-5, atol=1e-5)
@@ -191,9 +203,15 @@ def test_vtrace_on_policy_with_lambda_is_gae(tr, lam):
     plus V)."""
     out = run_vtrace(tr, rho_bar=1.0, c_bar=1.0, lambda_=lam)
     _, ret = rollout_gae(
-        tr["rewards"], tr["values"], tr["terminated"], tr["truncated"], tr["valid"],
-        tr["bootstrap_value"], float(tr["gamma"]), lam,
-    )  # fmt: skip
+        tr["rewards"],
+        tr["values"],
+        tr["terminated"],
+        tr["truncated"],
+        tr["valid"],
+        tr["bootstrap_value"],
+        float(tr["gamma"]),
+        lam,
+    )
     valid = tr["valid"]
     np.testing.assert_allclose(out.vs.numpy()[valid], ret[valid], rtol=1e-5, atol=1e-5)
 
@@ -238,9 +256,10 @@ def test_vtrace_nothing_flows_across_an_invalid_step():
     np.testing.assert_array_equal(out.vs.numpy()[0, :4], vs[:4])
     np.testing.assert_array_equal(out.pg_advantages.numpy()[0, :4], adv[:4])
     # The terminated episode ignores the bootstrap entirely.
-    np.testing.assert_array_equal(out.vs.numpy()[0, 4:], run_vtrace(
-        {**later, "bootstrap_value": np.array([-5.0])}, **kw
-    ).vs.numpy()[0, 4:])  # fmt: skip
+    np.testing.assert_array_equal(
+        out.vs.numpy()[0, 4:],
+        run_vtrace({**later, "bootstrap_value": np.array([-5.0])}, **kw).vs.numpy()[0, 4:],
+    )
 
 
 # ----------------------------------------------------------------------------- impala_loss + valid
@@ -279,8 +298,9 @@ def test_impala_loss_valid_mask_is_the_loss_of_the_valid_steps():
     assert torch.all(logits.grad[~valid] == 0) and torch.all(values.grad[~valid] == 0)
     # An all-invalid batch is a zero loss, not a division by zero.
     none = torch.zeros(T, B, dtype=torch.bool)
-    zero, zero_parts = impala_loss(logits.detach(), values.detach(), actions, returns, 0.05, 0.7,
-                                   valid=none)  # fmt: skip
+    zero, zero_parts = impala_loss(
+        logits.detach(), values.detach(), actions, returns, 0.05, 0.7, valid=none
+    )
     assert zero.item() == 0.0 and all(v == 0.0 for v in zero_parts.values())
     with pytest.raises(ValueError, match="valid"):
         impala_loss(logits, values, actions, returns, 0.05, 0.7, valid=valid[:, :2])
@@ -349,9 +369,15 @@ def test_impala_update_on_policy_is_actor_critic_on_nstep_returns():
         values = model.value(batch["obs"].reshape(B * T, OBS_DIM)).reshape(B, T).double()
         boot = model.value(batch["bootstrap_obs"]).double()
     adv, ret = rollout_gae(
-        batch["reward"].numpy(), values.numpy(), batch["terminated"].numpy(),
-        batch["truncated"].numpy(), batch["valid"].numpy(), boot.numpy(), GAMMA, 1.0,
-    )  # fmt: skip
+        batch["reward"].numpy(),
+        values.numpy(),
+        batch["terminated"].numpy(),
+        batch["truncated"].numpy(),
+        batch["valid"].numpy(),
+        boot.numpy(),
+        GAMMA,
+        1.0,
+    )
     valid = batch["valid"]
     n = int(valid.sum())
 

@@ -139,9 +139,19 @@ def ppo_policy_only(new_logp, old_logp, advantages, clip=0.2):
     n = len(new_logp)
     zeros = torch.zeros(n, dtype=F64)
     return ppo_loss(
-        new_logp, old_logp, advantages, zeros, zeros, zeros, zeros,
-        clip=clip, value_clip=None, entropy_coef=0.0, value_coef=0.0, normalize_advantages=False,
-    )  # fmt: skip
+        new_logp,
+        old_logp,
+        advantages,
+        zeros,
+        zeros,
+        zeros,
+        zeros,
+        clip=clip,
+        value_clip=None,
+        entropy_coef=0.0,
+        value_coef=0.0,
+        normalize_advantages=False,
+    )
 
 
 def test_ppo_unclipped_region_is_plain_surrogate():
@@ -185,9 +195,19 @@ def test_ppo_value_clipping_formula():
     new_v = torch.tensor([1.0, 1.0, 0.1], dtype=F64, requires_grad=True)
     returns = torch.tensor([2.0, -1.0, 1.0], dtype=F64)
     loss, parts = ppo_loss(
-        zeros, zeros, zeros, new_v, old_v, returns, zeros,
-        clip=0.2, value_clip=0.5, entropy_coef=0.0, value_coef=1.0, normalize_advantages=False,
-    )  # fmt: skip
+        zeros,
+        zeros,
+        zeros,
+        new_v,
+        old_v,
+        returns,
+        zeros,
+        clip=0.2,
+        value_clip=0.5,
+        entropy_coef=0.0,
+        value_coef=1.0,
+        normalize_advantages=False,
+    )
     # sample 0: unclipped (1-2)^2=1, clipped (0.5-2)^2=2.25 -> 2.25, no gradient (clip const)
     # sample 1: unclipped (1+1)^2=4, clipped (0.5+1)^2=2.25 -> 4, gradient 2 * (1 + 1) / 2 / 3
     # sample 2: inside the clip range, both equal (0.1-1)^2=0.81
@@ -197,9 +217,19 @@ def test_ppo_value_clipping_formula():
     assert new_v.grad is not None
     np.testing.assert_allclose(new_v.grad.numpy(), [0.0, 2.0 / 3, -0.9 / 3])
     _, unclipped = ppo_loss(
-        zeros, zeros, zeros, new_v, old_v, returns, zeros,
-        clip=0.2, value_clip=None, entropy_coef=0.0, value_coef=1.0, normalize_advantages=False,
-    )  # fmt: skip
+        zeros,
+        zeros,
+        zeros,
+        new_v,
+        old_v,
+        returns,
+        zeros,
+        clip=0.2,
+        value_clip=None,
+        entropy_coef=0.0,
+        value_coef=1.0,
+        normalize_advantages=False,
+    )
     assert unclipped["value_loss"] == pytest.approx(0.5 * (1.0 + 4.0 + 0.81) / 3)
 
 
@@ -211,9 +241,18 @@ def test_ppo_normalizes_advantages():
     n = len(adv)
     zeros = torch.zeros(n, dtype=F64)
     _, normed = ppo_loss(
-        new_logp, old_logp, adv, zeros, zeros, zeros, zeros,
-        clip=0.2, value_clip=None, entropy_coef=0.0, value_coef=0.0,
-    )  # fmt: skip
+        new_logp,
+        old_logp,
+        adv,
+        zeros,
+        zeros,
+        zeros,
+        zeros,
+        clip=0.2,
+        value_clip=None,
+        entropy_coef=0.0,
+        value_coef=0.0,
+    )
     assert parts["policy_loss"] == pytest.approx(-1.1 * 4.0)
     # Normalized advantages have zero mean, so a constant ratio gives zero loss.
     assert normed["policy_loss"] == pytest.approx(0.0, abs=1e-12)

@@ -37,11 +37,18 @@ def stream(lengths: list[int], terminal: list[bool]) -> dict[str, np.ndarray]:
     for ep, (n, term) in enumerate(zip(lengths, terminal, strict=True)):
         for i in range(n + 1):
             ident = 1000.0 * (ep + 1) + i
-            rows.append({
-                "obs": [ident, -ident], "action": int(ident) % 3, "reward": ident / 7,
-                "terminated": term and i == n - 1, "valid": i < n, "first": i == 0,
-                "state": [ident + 0.25, ident + 0.5], "q": [ident, ident + 1, ident + 2],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "obs": [ident, -ident],
+                    "action": int(ident) % 3,
+                    "reward": ident / 7,
+                    "terminated": term and i == n - 1,
+                    "valid": i < n,
+                    "first": i == 0,
+                    "state": [ident + 0.25, ident + 0.5],
+                    "q": [ident, ident + 1, ident + 2],
+                }
+            )
     return {
         "obs": np.array([r["obs"] for r in rows], np.float32),
         "action": np.array([r["action"] for r in rows], np.int64),
@@ -66,11 +73,14 @@ def reference(lengths: list[int], terminal: list[bool], L: int, burn_in: int) ->
         start = -burn_in
         while start + burn_in < n:
             seq = {
-                "obs": np.zeros((L + 1, OBS), np.float32), "action": np.zeros(L, np.int64),
-                "reward": np.zeros(L, np.float32), "terminated": np.zeros(L, bool),
-                "mask": np.zeros(L, bool), "first": np.zeros(L + 1, bool),
+                "obs": np.zeros((L + 1, OBS), np.float32),
+                "action": np.zeros(L, np.int64),
+                "reward": np.zeros(L, np.float32),
+                "terminated": np.zeros(L, bool),
+                "mask": np.zeros(L, bool),
+                "first": np.zeros(L + 1, bool),
                 "state": np.zeros(STATE, np.float32),
-            }  # fmt: skip
+            }
             for j in range(L):
                 i = start + j
                 if 0 <= i < n:
@@ -97,9 +107,15 @@ def cut(data: dict[str, np.ndarray], L: int, burn_in: int, chunk: int) -> list[d
     for t in range(0, len(data["valid"]), chunk):
         part = {k: v[None, t : t + chunk] for k, v in data.items()}
         seqs = cutter.add(
-            part["obs"], part["action"], part["reward"], part["terminated"], part["valid"],
-            part["first"], part["state"], part["q"],
-        )  # fmt: skip
+            part["obs"],
+            part["action"],
+            part["reward"],
+            part["terminated"],
+            part["valid"],
+            part["first"],
+            part["state"],
+            part["q"],
+        )
         for k in range(len(seqs)):
             out.append({name: arr[k] for name, arr in seqs.arrays(np.zeros(len(seqs))).items()})
     return out
@@ -135,9 +151,12 @@ def test_a_sequence_carries_the_oldest_weights_version_that_acted_in_it():
     for t in range(0, len(data["valid"]), 4):
         part = {k: v[None, t : t + 4] for k, v in data.items()}
         seqs = cutter.add(
-            *(part[k] for k in ("obs", "action", "reward", "terminated", "valid", "first",
-                                "state", "q")), version=10 + t // 4,
-        )  # fmt: skip
+            *(
+                part[k]
+                for k in ("obs", "action", "reward", "terminated", "valid", "first", "state", "q")
+            ),
+            version=10 + t // 4,
+        )
         got += zip(seqs.weights_version.tolist(), seqs.obs[..., 0], seqs.mask, strict=True)
     assert len(got) == 6  # trained parts of 4 steps tile the 21 (the first's burn-in: padding)
     for version, obs, mask in got:
@@ -177,13 +196,16 @@ def test_an_unfinished_episode_sends_only_complete_sequences_and_a_restart_drops
 
 
 def config(**r2d2: object) -> ExperimentConfig:
-    return ExperimentConfig.model_validate({
-        "algo": "r2d2", "env": {"id": "zrl/CartPoleNoVel-v1", "num_envs": 3},
-        "model": {"core": "lstm", "core_size": 8, "hidden": [16]},
-        "r2d2": {"sequence_length": 6, "burn_in": 2, **r2d2},
-        "replay": {"n_step": 2, "batch_size": 4},
-        "roles": {"actors": 1},
-    })  # fmt: skip
+    return ExperimentConfig.model_validate(
+        {
+            "algo": "r2d2",
+            "env": {"id": "zrl/CartPoleNoVel-v1", "num_envs": 3},
+            "model": {"core": "lstm", "core_size": 8, "hidden": [16]},
+            "r2d2": {"sequence_length": 6, "burn_in": 2, **r2d2},
+            "replay": {"n_step": 2, "batch_size": 4},
+            "roles": {"actors": 1},
+        }
+    )
 
 
 def spaces():
@@ -234,9 +256,13 @@ def test_stored_state_replay_reproduces_the_actors_q_values():
             if reset_now.any():
                 policy.episodes_started(np.flatnonzero(reset_now))
         seqs = policy.cutter.add(
-            obs, np.stack(actions, 1), np.ones((E, T), np.float32), term, valid,
+            obs,
+            np.stack(actions, 1),
+            np.ones((E, T), np.float32),
+            term,
+            valid,
             *(np.stack(extras[n], 1) for n in ("first", "state", "q")),
-        )  # fmt: skip
+        )
         emitted.append(seqs)
     assert sum(len(s) for s in emitted) >= 3
     for seqs in emitted:
@@ -244,9 +270,10 @@ def test_stored_state_replay_reproduces_the_actors_q_values():
             continue
         with torch.no_grad():
             q, _ = model.unroll(
-                torch.from_numpy(seqs.obs), torch.from_numpy(seqs.state),
+                torch.from_numpy(seqs.obs),
+                torch.from_numpy(seqs.state),
                 torch.from_numpy(seqs.first),
-            )  # fmt: skip
+            )
         real = np.concatenate([seqs.mask, seqs.mask[:, -1:]], axis=1)  # and the last obs
         real[:, 1:] |= seqs.mask  # the observation after a sequence's last real step
         np.testing.assert_allclose(q.numpy()[real], seqs.q[real], rtol=0, atol=1e-6)
@@ -266,12 +293,17 @@ def test_the_actors_sequences_carry_the_version_that_acted():
     term, valid = np.zeros((E, T), bool), np.ones((E, T), bool)
     term[:, 3], valid[:, 4] = True, False  # every env's episode ends at step 3
     trajectory = Trajectory(
-        obs=obs, next_obs=None, action=np.stack([a for a, _ in acted], 1),
-        reward=np.ones((E, T), np.float32), terminated=term, truncated=np.zeros_like(term),
-        valid=valid, final_obs=obs[:, -1],
+        obs=obs,
+        next_obs=None,
+        action=np.stack([a for a, _ in acted], 1),
+        reward=np.ones((E, T), np.float32),
+        terminated=term,
+        truncated=np.zeros_like(term),
+        valid=valid,
+        final_obs=obs[:, -1],
         extras={n: np.stack([x[n] for _, x in acted], 1) for n in ("first", "state", "q")},
         weights_version=7,
-    )  # fmt: skip
+    )
     out = policy.finish(trajectory)
     sizes = M.validate(as_message(out.arrays), M.SEQUENCES)
     assert sizes["E"] == E and out.arrays["weights_version"].tolist() == [7] * E
@@ -282,8 +314,12 @@ def test_actor_priorities_are_the_eta_mix_of_its_own_td_errors():
     data = stream([9], [True])
     seqs_list = cut(data, 6, 2, 100)
     cutter = SequenceCutter(1, 6, 2, (OBS,), np.dtype(np.float32), STATE, 3)
-    seqs = cutter.add(*(data[k][None] for k in (
-        "obs", "action", "reward", "terminated", "valid", "first", "state", "q")))  # fmt: skip
+    seqs = cutter.add(
+        *(
+            data[k][None]
+            for k in ("obs", "action", "reward", "terminated", "valid", "first", "state", "q")
+        )
+    )
     assert len(seqs) == len(seqs_list) == 3
     prio = actor_priorities(seqs, 2, 0.9, 2, 0.9, 1e-3)
     assert prio.shape == (3,) and np.all(prio > 0) and cfg.section(R2D2Config).priority_eta == 0.9
@@ -296,8 +332,15 @@ def sequence_message(n: int = 4, **changes: np.ndarray) -> P.Message:
 def test_replay_takes_sequences_and_refuses_malformed_ones():
     items, priorities = assemble_sequences(sequence_message())
     assert set(items) == {
-        "obs", "action", "reward", "terminated", "mask", "first", "state", "weights_version"
-    }  # fmt: skip
+        "obs",
+        "action",
+        "reward",
+        "terminated",
+        "mask",
+        "first",
+        "state",
+        "weights_version",
+    }
     assert priorities.shape == (4,)
     short = {"obs": np.zeros((4, 6, 2), np.float32), "first": np.zeros((4, 6), bool)}
     with pytest.raises(P.ProtocolError, match="6 observations, not 7"):

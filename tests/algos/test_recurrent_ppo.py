@@ -135,11 +135,16 @@ class ScriptedActor:
         valid[:, 1:] = ~term.T[:, :-1]
         reward = np.where(valid, 1.0, 0.0).astype(np.float32)
         trajectory = Trajectory(
-            obs=obs.swapaxes(0, 1).copy(), next_obs=None, action=action.T.copy(), reward=reward,
-            terminated=term.T.copy(), truncated=np.zeros((E, T), bool), valid=valid,
+            obs=obs.swapaxes(0, 1).copy(),
+            next_obs=None,
+            action=action.T.copy(),
+            reward=reward,
+            terminated=term.T.copy(),
+            truncated=np.zeros((E, T), bool),
+            valid=valid,
             final_obs=self.obs.copy(),
             extras={"logp": logp.T.astype(np.float32), "first": first.T.copy()},
-        )  # fmt: skip
+        )
         out = p.finish(trajectory)
         meta = {"weights_version": version, "actor": 0, "env_steps": int(valid.sum())}
         return P.Message(out.kind, meta=meta, arrays=out.arrays, sender="actor-0")
@@ -277,9 +282,15 @@ def test_learner_values_replay_what_the_actor_computed_across_episode_starts():
         )
         _, boot = step_by_step(model, nxt)[:2]
         adv, ret = rollout_gae(
-            r.arrays["reward"], values, r.arrays["terminated"], r.arrays["truncated"],
-            r.arrays["valid"], boot[:, 0], cfg.section(PPOConfig).gamma, cfg.section(PPOConfig).gae_lambda,
-        )  # fmt: skip
+            r.arrays["reward"],
+            values,
+            r.arrays["terminated"],
+            r.arrays["truncated"],
+            r.arrays["valid"],
+            boot[:, 0],
+            cfg.section(PPOConfig).gamma,
+            cfg.section(PPOConfig).gae_lambda,
+        )
         np.testing.assert_allclose(data["advantage"].numpy(), adv, atol=1e-5)
         np.testing.assert_allclose(data["return"].numpy(), ret, atol=1e-5)
         for k in ("state", "first", "valid", "action", "logp"):
@@ -304,10 +315,15 @@ def test_actor_role_records_resets_the_learner_replays(inproc: InProc):
     from the recorded state reproduces the behaviour log-probs."""
     rollouts_kept = 4
     cfg = make_config(
-        roles__actors=1, roles__evaluator=0, env__num_envs=4, actor__trajectory_length=16,
-        ppo__mode="async", ppo__max_lag=rollouts_kept - 1,
-        broker__heartbeat_interval=0.2, broker__heartbeat_timeout=5.0,
-    )  # fmt: skip
+        roles__actors=1,
+        roles__evaluator=0,
+        env__num_envs=4,
+        actor__trajectory_length=16,
+        ppo__mode="async",
+        ppo__max_lag=rollouts_kept - 1,
+        broker__heartbeat_interval=0.2,
+        broker__heartbeat_timeout=5.0,
+    )
     inproc.start_broker(cfg)
     sub = inproc.sub(P.ROLLOUTS_TOPIC)
     inproc.start(ParameterServer, index=0)
@@ -450,9 +466,13 @@ def test_recurrent_ppo_learns_a_task_that_needs_memory(memory: bool):
     step (``episodes_started`` each step: a feed-forward policy) it stays at chance."""
     steps, envs = 4, 32
     cfg = make_config(
-        env__num_envs=envs, actor__trajectory_length=steps, roles__actors=1,
-        ppo__minibatch_size=envs * steps // 2, ppo__epochs=4, learner__lr=0.01,
-    )  # fmt: skip
+        env__num_envs=envs,
+        actor__trajectory_length=steps,
+        roles__actors=1,
+        ppo__minibatch_size=envs * steps // 2,
+        ppo__epochs=4,
+        learner__lr=0.01,
+    )
     model = make_model(cfg)
     policy = make_policy_for(cfg, model)  # acts with the learner's model: sync mode's weights
     up = make_update(cfg, model)

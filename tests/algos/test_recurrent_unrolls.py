@@ -83,10 +83,12 @@ def shard_batch(msgs: list[P.Message], recurrent: bool = True) -> P.Message:
     for msg in msgs:
         table.insert(assemble_unrolls(msg, recurrent))
     shard = SimpleNamespace(
-        config=SimpleNamespace(replay=SimpleNamespace(batch_size=table.size)), table=table,
-        limiter=SimpleNamespace(on_sample=lambda n: None), rng=np.random.default_rng(0),
+        config=SimpleNamespace(replay=SimpleNamespace(batch_size=table.size)),
+        table=table,
+        limiter=SimpleNamespace(on_sample=lambda n: None),
+        rng=np.random.default_rng(0),
         id="replay-0",
-    )  # fmt: skip
+    )
     sent = ReplayServer.sample_batch(shard)  # type: ignore[arg-type]
     return P.decode([bytes(memoryview(f)) for f in P.encode(sent)])  # as a learner gets it
 
@@ -216,9 +218,16 @@ def test_the_learner_replays_what_the_actor_computed_through_the_fifo():
     np.testing.assert_allclose(bootstrap[:ENVS].numpy(), next_values[:, 0], atol=1e-6)
 
     result = impala_update(
-        model, make_adam(model.parameters(), 1e-3), b, gamma=0.99, rho_bar=1.0, c_bar=1.0,
-        entropy_coef=0.01, value_coef=0.5, grad_clip=40.0,
-    )  # fmt: skip
+        model,
+        make_adam(model.parameters(), 1e-3),
+        b,
+        gamma=0.99,
+        rho_bar=1.0,
+        c_bar=1.0,
+        entropy_coef=0.01,
+        value_coef=0.5,
+        grad_clip=40.0,
+    )
     assert result.mean_rho == pytest.approx(1.0, abs=1e-5)
 
 
@@ -237,11 +246,18 @@ def fake_shard(cfg: ExperimentConfig) -> Any:
     """A ``ReplayServer`` reduced to what ``on_trajectory`` touches, over a FIFO table."""
     table = make_table("fifo", 64)
     return SimpleNamespace(
-        config=cfg, table=table, _table_for=lambda items: table, last_insert=0,
-        limiter=SimpleNamespace(on_insert=lambda n: None), trajectories=0,
-        trajectories_received=0, steps_received=0, weights_versions=[], incarnation=1,
+        config=cfg,
+        table=table,
+        _table_for=lambda items: table,
+        last_insert=0,
+        limiter=SimpleNamespace(on_insert=lambda n: None),
+        trajectories=0,
+        trajectories_received=0,
+        steps_received=0,
+        weights_versions=[],
+        incarnation=1,
         acks=SimpleNamespace(send=lambda *a, **k: None),
-    )  # fmt: skip
+    )
 
 
 def test_a_shard_stores_the_kind_of_unroll_its_model_makes_and_refuses_the_other():
@@ -358,9 +374,13 @@ def test_recurrent_learners_learn_a_task_that_needs_memory(algo: str, memory: bo
     every step (a feed-forward policy, in effect) they stay at chance."""
     steps, envs = 4, 32
     cfg = make_config(
-        algo, env__num_envs=envs, actor__trajectory_length=steps, replay__batch_size=envs,
-        learner__lr=0.01, **MEMORY_TRAINING[algo],
-    )  # fmt: skip
+        algo,
+        env__num_envs=envs,
+        actor__trajectory_length=steps,
+        replay__batch_size=envs,
+        learner__lr=0.01,
+        **MEMORY_TRAINING[algo],
+    )
     model = make_model(cfg)
     policy = make_policy(cfg, model)  # acts with the learner's weights: lag 0
     update = make_update(cfg, model)

@@ -115,9 +115,15 @@ def rollouts(draw: st.DrawFn, endings: bool = True, gaps: bool = True) -> dict[s
 
 def reference(b: dict[str, np.ndarray], gamma: float, lam: float):
     return rollout_gae_reference(
-        b["rewards"], b["values"], b["terminated"], b["truncated"], b["valid"],
-        b["bootstrap_value"], gamma, lam,
-    )  # fmt: skip
+        b["rewards"],
+        b["values"],
+        b["terminated"],
+        b["truncated"],
+        b["valid"],
+        b["bootstrap_value"],
+        gamma,
+        lam,
+    )
 
 
 # ----------------------------------------------------------------------------- reference

@@ -347,9 +347,13 @@ def test_continuous_state_dict_round_trip(algo: str, sections: dict[str, Any]) -
     trained(update, batch(continuous_batch(np.random.default_rng(10))))
     state = update.state_dict()
     assert set(state) == {
-        "online", "target", "actor_optimizer", "critic_optimizer", "log_alpha",
+        "online",
+        "target",
+        "actor_optimizer",
+        "critic_optimizer",
+        "log_alpha",
         "alpha_optimizer",
-    }  # fmt: skip
+    }
     other = ContinuousUpdate(setup(cfg, seed=1))
     assert not same_weights(update.online, other.online)
     other.load_state_dict(state)

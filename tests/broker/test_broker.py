@@ -549,8 +549,12 @@ def make_broker(zmq_ctx) -> Iterator[Any]:
         cfg = ExperimentConfig()
         for key, value in settings.items():
             setattr(cfg.broker, key, value)
-        b = Broker(f"inproc://zrl-test-broker-{os.getpid()}-{len(made)}", cfg, ctx=zmq_ctx,
-                   stop_token=stop_token)  # fmt: skip
+        b = Broker(
+            f"inproc://zrl-test-broker-{os.getpid()}-{len(made)}",
+            cfg,
+            ctx=zmq_ctx,
+            stop_token=stop_token,
+        )
         t = threading.Thread(target=b.run, daemon=True)
         t.start()
         made.append((b, t))
@@ -583,8 +587,13 @@ def test_hello_flood_is_capped_and_the_broker_stays_small(spawn, zmq_ctx, broker
             floods.append(flood)
             ch = Channel(flood, "registry", "flood", TransportStats())
             for i in range(4 * per_conn):  # replies are never read
-                meta = {"role": "fake", "index": c * 4 * per_conn + i, "host": "h", "pid": 1,
-                        "zrl_version": __version__}  # fmt: skip
+                meta = {
+                    "role": "fake",
+                    "index": c * 4 * per_conn + i,
+                    "host": "h",
+                    "pid": 1,
+                    "zrl_version": __version__,
+                }
                 assert ch.send(P.Message(P.HELLO, meta=meta))
         sent = connections * 4 * per_conn
 
@@ -688,8 +697,14 @@ def test_a_second_hello_does_not_replace_a_live_role(make_broker, clients):
     clients.extend([owner, thief])
     assert owner.hello(role="params", index=0, rpc="tcp://127.0.0.1:1111").kind == P.WELCOME
     assert owner.request(P.HEARTBEAT, id="params-0").kind == P.HEARTBEAT_ACK
-    hello = {"role": "params", "id": "params-0", "host": "elsewhere", "pid": 4242,
-             "rpc": "tcp://127.0.0.1:6666", "zrl_version": __version__}  # fmt: skip
+    hello = {
+        "role": "params",
+        "id": "params-0",
+        "host": "elsewhere",
+        "pid": 4242,
+        "rpc": "tcp://127.0.0.1:6666",
+        "zrl_version": __version__,
+    }
     assert silent(thief, P.HELLO, **hello)  # no answer: a restarted role would retry
     services = thief.request(P.LOOKUP, role="params").meta["services"]
     assert [s["rpc"] for s in services] == ["tcp://127.0.0.1:1111"]
@@ -768,8 +783,11 @@ def test_roles_stop_cleanly_when_the_head_stops_the_experiment(make_broker, zmq_
 
     t = threading.Thread(target=run, args=(running,), daemon=True)
     t.start()
-    wait_for(lambda: rows_by_id(status(b.ctx, b.bind_address)).get("threaded-0", {}).get("state")
-             == "alive")  # fmt: skip
+    wait_for(
+        lambda: (
+            rows_by_id(status(b.ctx, b.bind_address)).get("threaded-0", {}).get("state") == "alive"
+        )
+    )
     head = RegistryClient(b.ctx, b.bind_address)
     clients.append(head)
     assert head.request(P.STOP_RUN, token="t", reason="wall_time").kind == P.STOP_RUN
@@ -801,9 +819,13 @@ def test_a_killed_role_restarted_at_once_registers_once_the_old_entry_is_dead(
     children: list[subprocess.Popen] = []
 
     def child() -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", CHILD_ROLE, broker_addr], cwd=REPO,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)  # fmt: skip
+        p = subprocess.Popen(
+            [sys.executable, "-c", CHILD_ROLE, broker_addr],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         children.append(p)
         return p
 
@@ -1004,8 +1026,17 @@ def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes
     b = make_broker(max_roles=fakes + len(planned))
     socks = fill_registry(zmq_ctx, b.bind_address, fakes, 7 * 1024)
     try:
-        wait_for(lambda: sum(r["info"].get("n") is not None for r in status(
-            zmq_ctx, b.bind_address, 10)["roles"]) == fakes, timeout=60, interval=0.5)  # fmt: skip
+        wait_for(
+            lambda: (
+                sum(
+                    r["info"].get("n") is not None
+                    for r in status(zmq_ctx, b.bind_address, 10)["roles"]
+                )
+                == fakes
+            ),
+            timeout=60,
+            interval=0.5,
+        )
         # One STATUS is one page, far under every client's header cap.
         page = registry_request(zmq_ctx, b.bind_address, P.Message(P.STATUS), 5).meta
         assert page["more"] and 0 < len(page["roles"]) < fakes
@@ -1039,9 +1070,7 @@ def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes
         sup.monitor.access = replace(sup.access, broker_addr=b.bind_address)
         assert sup.monitor.refresh() and len(sup.monitor.status_rows) == fakes + 2
         info = {"eval_return": 500.0, "recent_returns": [500.0], "blob": "y" * 6000}
-        assert evaluator.request(P.HEARTBEAT, id="evaluator-0", info=info).kind == (
-            P.HEARTBEAT_ACK
-        )  # fmt: skip
+        assert evaluator.request(P.HEARTBEAT, id="evaluator-0", info=info).kind == (P.HEARTBEAT_ACK)
         writer = MetricsWriter(tmp_path / "run")
         try:
             msgs = [
@@ -1076,8 +1105,11 @@ def test_peers_that_never_read_status_replies_cannot_grow_the_broker(make_broker
     peers = []
     me = psutil.Process()
     try:
-        wait_for(lambda: len(status(zmq_ctx, b.bind_address, 10)["roles"]) == 1000, timeout=60,
-                 interval=0.5)  # fmt: skip
+        wait_for(
+            lambda: len(status(zmq_ctx, b.bind_address, 10)["roles"]) == 1000,
+            timeout=60,
+            interval=0.5,
+        )
         rss_before = me.memory_info().rss
         budget = b._registry.status_budget
         sent_before = b.registry.stats.sent
@@ -1093,10 +1125,11 @@ def test_peers_that_never_read_status_replies_cannot_grow_the_broker(make_broker
         def handled() -> int:
             rejected = b.rejected
             return (
-                b.registry.stats.sent - sent_before
+                b.registry.stats.sent
+                - sent_before
                 + rejected.get("status reply over budget", 0)
                 + rejected.get("status reply queue full", 0)
-            )  # fmt: skip
+            )
 
         most_queued = 0
         deadline = time.monotonic() + 120
@@ -1107,8 +1140,10 @@ def test_peers_that_never_read_status_replies_cannot_grow_the_broker(make_broker
         assert budget.dropped > 0  # 600 pages of ~0.5 MB: most were not sent
         # Each peer holds at most its budget; without it 60 pages each would be ~300 MB.
         grown = me.memory_info().rss - rss_before
-        print(f"queued at most {most_queued / 2**20:.0f} MiB, grew {grown / 2**20:.0f} MiB, "
-              f"{budget.dropped} listings not sent")  # fmt: skip
+        print(
+            f"queued at most {most_queued / 2**20:.0f} MiB, grew {grown / 2**20:.0f} MiB, "
+            f"{budget.dropped} listings not sent"
+        )
         assert grown < STATUS_REPLY_TOTAL_BYTES + 64 * 2**20, f"grew {grown / 2**20:.0f} MiB"
         # Asking about one role is answered meanwhile.
         row = read_status(zmq_ctx, b.bind_address, 5, role_id="fake-1")["roles"]

@@ -63,7 +63,7 @@ def _invocations() -> dict[str, tuple[str, ...]]:
             CONFIG,
             "--env-factory",
             "my_envs:make",
-        ),  # fmt: skip
+        ),
         "config_show_ppo": ("config", "show", "configs/cartpole_ppo.yaml"),
         "config_show_ppo_all": ("config", "show", "configs/cartpole_ppo.yaml", "--all"),
         "config_show_typo": ("config", "show", CONFIG, "--set", "learner.learning_rate=0.1"),
@@ -227,9 +227,13 @@ def _run_in_own_session(run_dir, *overrides: str) -> tuple[int, str, float, list
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "zrl", "run", CONFIG, *sets, "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=REPO,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        text=True,
+        start_new_session=True,
+    )
     leftovers: list[int] = []
     try:
         _, err = proc.communicate(timeout=60)
@@ -299,8 +303,11 @@ def test_status_without_keys_against_a_keyed_broker(tmp_path, spawn):
     def status(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "zrl", "status", "--broker", addr, "--timeout", "1", *extra],
-            capture_output=True, text=True, cwd=REPO, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
 
     wait_for(lambda: status("--keys", str(keys), "--json").returncode == 0, timeout=30)
     r = status()
@@ -326,9 +333,12 @@ def test_every_command_honours_a_signal_it_inherited_as_ignored(sig):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "zrl", "status", "--broker", _dead_address(), "--timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
         preexec_fn=ignore,
-    )  # fmt: skip
+    )
     try:
         wait_for(lambda: catches(proc.pid, sig), timeout=30)
         proc.send_signal(sig)

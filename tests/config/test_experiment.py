@@ -245,9 +245,14 @@ def test_an_algorithm_section_may_not_shadow_a_common_one():
     from zrl.config.sections import ReplayConfig
 
     clash = Algorithm(
-        name="clash", summary="", wiring=Wiring.off_policy("discrete"), policy="", update="",
-        model="", config={"replay": ReplayConfig},
-    )  # fmt: skip
+        name="clash",
+        summary="",
+        wiring=Wiring.off_policy("discrete"),
+        policy="",
+        update="",
+        model="",
+        config={"replay": ReplayConfig},
+    )
     register(clash)
     try:
         with pytest.raises(ConfigError, match=r"section\(s\) \['replay'\]"):
@@ -255,9 +260,14 @@ def test_an_algorithm_section_may_not_shadow_a_common_one():
     finally:
         unregister("clash")
     twice = Algorithm(
-        name="twice", summary="", wiring=Wiring.off_policy("discrete"), policy="", update="",
-        model="", config={"ppo": ReplayConfig},
-    )  # fmt: skip
+        name="twice",
+        summary="",
+        wiring=Wiring.off_policy("discrete"),
+        policy="",
+        update="",
+        model="",
+        config={"ppo": ReplayConfig},
+    )
     register(twice)
     try:
         with pytest.raises(ValueError, match="'ppo' is already PPOConfig, not ReplayConfig"):
@@ -367,8 +377,21 @@ def test_sections_used_per_algo(algo, present, absent):
     from zrl.config.experiment import sections_used
 
     used = set(sections_used(algo))
-    common = {"name", "algo", "seed", "env", "model", "broker", "roles", "actor", "evaluator",
-              "stop", "checkpoint", "limits", "hosts"}  # fmt: skip
+    common = {
+        "name",
+        "algo",
+        "seed",
+        "env",
+        "model",
+        "broker",
+        "roles",
+        "actor",
+        "evaluator",
+        "stop",
+        "checkpoint",
+        "limits",
+        "hosts",
+    }
     assert common | present <= used
     assert not used & absent
     cfg = ExperimentConfig.model_validate(

@@ -27,8 +27,9 @@ BACKENDS = ["native", "sync"]
 
 def deterministic(env_id: str, mode: str, num_envs: int = 1, **atari_cfg) -> EnvConfig:
     """No randomness: no no-ops, no sticky actions (the default)."""
-    return EnvConfig(id=env_id, num_envs=num_envs, vectorization=mode,
-                     atari=AtariConfig(noop_max=0, **atari_cfg))  # fmt: skip
+    return EnvConfig(
+        id=env_id, num_envs=num_envs, vectorization=mode, atari=AtariConfig(noop_max=0, **atari_cfg)
+    )
 
 
 def actions(n: int, num_actions: int, seed: int = 0) -> np.ndarray:
@@ -48,8 +49,7 @@ def run(env: gym.vector.VectorEnv, acts: np.ndarray, seed: int = 0):
         truncs.append(np.asarray(trunc))
         lives.append(np.asarray(info["lives"]))
     env.close()
-    return (np.stack(frames), np.stack(rewards), np.stack(terms), np.stack(truncs),
-            np.stack(lives))  # fmt: skip
+    return (np.stack(frames), np.stack(rewards), np.stack(terms), np.stack(truncs), np.stack(lives))
 
 
 def reference(env_id: str, acts: np.ndarray, episodic_life: bool, stack: int = 4):
@@ -57,9 +57,15 @@ def reference(env_id: str, acts: np.ndarray, episodic_life: bool, stack: int = 4
     done by hand: the stack is zeros and the newest frame after a reset, and the step after
     an episode ends only resets (reward 0, not done)."""
     raw = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
-    env = AtariPreprocessing(raw, noop_max=0, frame_skip=4, screen_size=84,
-                             terminal_on_life_loss=episodic_life, grayscale_obs=True,
-                             scale_obs=False)  # fmt: skip
+    env = AtariPreprocessing(
+        raw,
+        noop_max=0,
+        frame_skip=4,
+        screen_size=84,
+        terminal_on_life_loss=episodic_life,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
 
     def fresh(frame: np.ndarray) -> np.ndarray:
         s = np.zeros((stack, 84, 84), np.uint8)
@@ -153,8 +159,12 @@ def test_observations_are_uint8_stacks_in_next_step_mode(env_id, mode):
 
 
 def test_screen_size_stack_and_rgb_are_configurable():
-    cfg = EnvConfig(id="ALE/Pong-v5", num_envs=1, vectorization="native",
-                    atari=AtariConfig(screen_size=64, stack=2, grayscale=False))  # fmt: skip
+    cfg = EnvConfig(
+        id="ALE/Pong-v5",
+        num_envs=1,
+        vectorization="native",
+        atari=AtariConfig(screen_size=64, stack=2, grayscale=False),
+    )
     for mode in BACKENDS:
         env = make_vector_env(cfg.model_copy(update={"vectorization": mode}))
         obs, _ = env.reset(seed=0)
@@ -217,10 +227,15 @@ def test_non_atari_envs_ignore_evaluation():
 
 @pytest.mark.parametrize(
     ("env_id", "game"),
-    [("ALE/Pong-v5", "pong"), ("PongNoFrameskip-v4", "pong"),
-     ("ALE/SpaceInvaders-v5", "space_invaders"), ("MsPacmanNoFrameskip-v4", "ms_pacman"),
-     ("ALE/UpNDown-v5", "up_n_down"), ("ALE/Pitfall2-v5", "pitfall2")],
-)  # fmt: skip
+    [
+        ("ALE/Pong-v5", "pong"),
+        ("PongNoFrameskip-v4", "pong"),
+        ("ALE/SpaceInvaders-v5", "space_invaders"),
+        ("MsPacmanNoFrameskip-v4", "ms_pacman"),
+        ("ALE/UpNDown-v5", "up_n_down"),
+        ("ALE/Pitfall2-v5", "pitfall2"),
+    ],
+)
 def test_game_names(env_id, game):
     assert atari.is_atari(env_id)
     assert atari.game_name(env_id) == game
@@ -257,10 +272,17 @@ def test_bad_atari_kwargs_are_an_env_error():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("frameskip", 0), ("stack", 0), ("noop_max", -1), ("screen_size", 4),
-     ("repeat_action_probability", 1.0), ("num_threads", -1), ("max_episode_frames", 0),
-     ("episodic_life", "sometimes")],
-)  # fmt: skip
+    [
+        ("frameskip", 0),
+        ("stack", 0),
+        ("noop_max", -1),
+        ("screen_size", 4),
+        ("repeat_action_probability", 1.0),
+        ("num_threads", -1),
+        ("max_episode_frames", 0),
+        ("episodic_life", "sometimes"),
+    ],
+)
 def test_bad_atari_values_are_validation_errors_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):
         AtariConfig(**{field: value})
@@ -287,8 +309,11 @@ def test_describe():
         "Pong via AtariVectorEnv, frameskip 4: 1 env step = 4 frames, 84x84x4 uint8, "
         "rewards clipped for training, episodic life for training"
     )
-    sync = EnvConfig(id="BreakoutNoFrameskip-v4", vectorization="sync",
-                     atari=AtariConfig(clip_rewards=False, episodic_life=False))  # fmt: skip
+    sync = EnvConfig(
+        id="BreakoutNoFrameskip-v4",
+        vectorization="sync",
+        atari=AtariConfig(clip_rewards=False, episodic_life=False),
+    )
     text = atari.describe(sync)
     assert text.startswith("Breakout via gymnasium AtariPreprocessing (sync), frameskip 4")
     assert "rewards unclipped" in text and "episodic life" not in text

@@ -161,8 +161,20 @@ class Hosts:
         for i, (ns, addr) in enumerate(zip(self.names, self.addrs, strict=True)):
             self._add_ns(ns)
             port = f"h{i}"
-            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", port,
-                "netns", self.switch)  # fmt: skip
+            _ip(
+                "-n",
+                ns,
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                self.switch,
+            )
             _ip("-n", self.switch, "link", "set", port, "master", "br0")
             _ip("-n", self.switch, "link", "set", port, "up")
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
@@ -249,8 +261,10 @@ class Hosts:
             stdin=subprocess.DEVNULL,
         )
         if check and done.returncode != 0:
-            raise NetnsError(f"{' '.join(cmd)} in {self.ns(host)}: exit {done.returncode}: "
-                             f"{done.stderr.strip()[-2000:]}")  # fmt: skip
+            raise NetnsError(
+                f"{' '.join(cmd)} in {self.ns(host)}: exit {done.returncode}: "
+                f"{done.stderr.strip()[-2000:]}"
+            )
         return done
 
     def pids_in(self, host: int | str) -> list[int]:

@@ -32,19 +32,39 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     assert summary["updates"] > 200
 
     # The run directory a user is promised.
-    for name in ("config.yaml", "seeds.json", "progress.csv", "eval.csv", "model.pt",
-                 "learning_curve.png", "broker_address"):  # fmt: skip
+    for name in (
+        "config.yaml",
+        "seeds.json",
+        "progress.csv",
+        "eval.csv",
+        "model.pt",
+        "learning_curve.png",
+        "broker_address",
+    ):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
     # The learner's training figures reach TensorBoard and train_metrics.csv, the policy lag
     # of its replay items among them.
-    learner_tags = {"learner/loss", "learner/td_error", "learner/policy_lag",
-                    "learner/policy_lag_max"}  # fmt: skip
+    learner_tags = {
+        "learner/loss",
+        "learner/td_error",
+        "learner/policy_lag",
+        "learner/policy_lag_max",
+    }
     # ... and the rest of what docs/running.md's table lists for Ape-X DQN, in TensorBoard.
-    apex_tags = {"learner/grad_norm", "learner/update_ms", "learner/lr", "learner/td_error_max",
-                 "learner/q_mean", "actor/episode_return", "actor/episode_length",
-                 "actor/epsilon_min", "actor/epsilon_max", "eval/return_mean",
-                 "progress/env_steps_per_s"}  # fmt: skip
+    apex_tags = {
+        "learner/grad_norm",
+        "learner/update_ms",
+        "learner/lr",
+        "learner/td_error_max",
+        "learner/q_mean",
+        "actor/episode_return",
+        "actor/episode_length",
+        "actor/epsilon_min",
+        "actor/epsilon_max",
+        "eval/return_mean",
+        "progress/env_steps_per_s",
+    }
     with open(run_dir / "train_metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert learner_tags <= {r["tag"] for r in rows}, sorted({r["tag"] for r in rows})
@@ -53,16 +73,25 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     tb = tensorboard_tags(run_dir)
     assert learner_tags | apex_tags <= tb, sorted(learner_tags | apex_tags - tb)
     logs = {p.name for p in (run_dir / "logs").iterdir()}
-    assert {"broker.log", "actor-0.log", "actor-1.log", "replay-0.log", "params-0.log",
-            "learner-0.log", "evaluator-0.log"} <= logs  # fmt: skip
+    assert {
+        "broker.log",
+        "actor-0.log",
+        "actor-1.log",
+        "replay-0.log",
+        "params-0.log",
+        "learner-0.log",
+        "evaluator-0.log",
+    } <= logs
     seeds = json.loads((run_dir / "seeds.json").read_text())
     assert seeds["actors"]["actor-0"] != seeds["actors"]["actor-1"]
 
     # The saved policy plays as well as the evaluator said, give or take evaluation noise.
     ev = subprocess.run(
         [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", "5"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ev.returncode == 0, ev.stderr
     assert "mean" in ev.stdout
     mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
@@ -74,10 +103,19 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
 def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "zrl", "run", str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
-        "--inproc", "--run-dir", str(run_dir), "--set", "stop.wall_time=15",
-        "--set", "evaluator.interval=3",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "zrl",
+        "run",
+        str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
+        "--inproc",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "stop.wall_time=15",
+        "--set",
+        "evaluator.interval=3",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         out, _ = proc.communicate(timeout=90)

@@ -48,7 +48,7 @@ def atari_config(**sections: Any) -> ExperimentConfig:
                 "min_size": 64,
                 "samples_per_insert": 0,
                 "prefetch": 2,
-            },  # fmt: skip
+            },
             "learner": {"publish_interval": 2, "device": "cpu"},
             **sections,
         }
@@ -119,7 +119,7 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
             "min_size": 4,
             "samples_per_insert": 0,
             "prefetch": 1,
-        },  # fmt: skip
+        },
         appo={"epochs": 1, "minibatches": 2},
     )
     inproc.start_broker(cfg)

@@ -63,11 +63,26 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zrl", "run", str(CONFIG), "--run-dir", str(run_dir),
-             "--set", "stop.wall_time=150", "--set", "checkpoint.interval=3",
-             "--set", "stop.eval_return=null"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(CONFIG),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "stop.wall_time=150",
+                "--set",
+                "checkpoint.interval=3",
+                "--set",
+                "stop.eval_return=null",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+        )
     ctx = zmq.Context()
     addr = ""
     kills: list[dict[str, Any]] = []
@@ -166,9 +181,15 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
             timeout=45,
             interval=0.25,
         )
-        kills.append({"role": "broker", "pid": broker_pid, "back_s": back_s,
-                      "learning_s": round(time.monotonic() - t_kill, 1),
-                      "updates_before": before})  # fmt: skip
+        kills.append(
+            {
+                "role": "broker",
+                "pid": broker_pid,
+                "back_s": back_s,
+                "learning_s": round(time.monotonic() - t_kill, 1),
+                "updates_before": before,
+            }
+        )
         # The run goes on; stop it now, as Ctrl-C would (the wall time is only a safety net).
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
@@ -260,8 +281,14 @@ def test_supervisor_stops_the_actors_before_the_replay(tmp_path: Path) -> None:
         def kill(self) -> None:
             self.send_signal(signal.SIGKILL)
 
-    for role, index in (("params", 0), ("replay", 0), ("learner", 0), ("evaluator", 0),
-                        ("actor", 0), ("actor", 1)):  # fmt: skip
+    for role, index in (
+        ("params", 0),
+        ("replay", 0),
+        ("learner", 0),
+        ("evaluator", 0),
+        ("actor", 0),
+        ("actor", 1),
+    ):
         child = Child(role, index, tmp_path / f"{role}-{index}.log")
         child.proc = Proc(child.name)  # type: ignore[assignment]
         sup.children.append(child)
@@ -280,10 +307,17 @@ def test_supervisor_stops_the_actors_before_the_replay(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_roles_reregister_with_a_restarted_broker(spawn, broker_addr, zmq_ctx) -> None:
     broker_args = (
-        "start", "broker", "--bind", broker_addr, "--config", str(CONFIG),
-        "--set", "replay.samples_per_insert=0",  # no learner here: never wait for samples
-        "--set", "env.num_envs=4",
-    )  # fmt: skip
+        "start",
+        "broker",
+        "--bind",
+        broker_addr,
+        "--config",
+        str(CONFIG),
+        "--set",
+        "replay.samples_per_insert=0",  # no learner here: never wait for samples
+        "--set",
+        "env.num_envs=4",
+    )
     broker = spawn(*broker_args)
     roles = {
         "params-0": spawn("start", "params", "--broker", broker_addr, "--index", "0"),

@@ -17,14 +17,36 @@ BEATS_RANDOM = {"sac": -900.0, "apex_ddpg": -900.0}
 CONFIGS = {"sac": "pendulum_sac.yaml", "apex_ddpg": "pendulum_apex_ddpg.yaml"}
 # What docs/running.md's metrics table lists for each, beside every learner's and actor's figures.
 TAGS = {
-    "sac": {"learner/critic_loss", "learner/actor_loss", "learner/actor_grad_norm",
-            "learner/alpha", "learner/alpha_loss", "learner/entropy", "actor/warming_up"},
-    "apex_ddpg": {"learner/critic_loss", "learner/actor_loss", "learner/actor_grad_norm",
-                  "actor/noise_sigma_min", "actor/noise_sigma_max", "actor/warming_up"},
-}  # fmt: skip
-COMMON_TAGS = {"learner/loss", "learner/grad_norm", "learner/update_ms", "learner/lr",
-               "learner/td_error", "learner/q_mean", "learner/policy_lag",
-               "actor/episode_return", "actor/episode_length", "eval/return_mean"}  # fmt: skip
+    "sac": {
+        "learner/critic_loss",
+        "learner/actor_loss",
+        "learner/actor_grad_norm",
+        "learner/alpha",
+        "learner/alpha_loss",
+        "learner/entropy",
+        "actor/warming_up",
+    },
+    "apex_ddpg": {
+        "learner/critic_loss",
+        "learner/actor_loss",
+        "learner/actor_grad_norm",
+        "actor/noise_sigma_min",
+        "actor/noise_sigma_max",
+        "actor/warming_up",
+    },
+}
+COMMON_TAGS = {
+    "learner/loss",
+    "learner/grad_norm",
+    "learner/update_ms",
+    "learner/lr",
+    "learner/td_error",
+    "learner/q_mean",
+    "learner/policy_lag",
+    "actor/episode_return",
+    "actor/episode_length",
+    "eval/return_mean",
+}
 
 
 @pytest.mark.slow
@@ -54,8 +76,10 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     # The saved policy plays with Box actions (greedy, clipped to the bounds).
     ev = subprocess.run(
         [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", "3"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ev.returncode == 0, ev.stderr
     mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
     assert mean > BEATS_RANDOM[algo] - 300, ev.stdout

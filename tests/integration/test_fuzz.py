@@ -78,13 +78,21 @@ BAD_DTYPES = ["<c16", "|O", "<U4", "|V8", "float32", "f4", ">f4" if "<f4" in DTY
 # msgpack's integer range: anything wider cannot be sent at all.
 MSGPACK_INT = st.integers(-(2**63), 2**64 - 1)
 JUNK = st.one_of(
-    st.none(), st.booleans(), MSGPACK_INT, st.floats(), st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    MSGPACK_INT,
+    st.floats(),
+    st.text(max_size=8),
     st.binary(max_size=8),
-)  # fmt: skip
+)
 DTYPE = st.one_of(
-    st.sampled_from(DTYPES + BAD_DTYPES), st.text(max_size=6), MSGPACK_INT, st.none(),
-    st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=2), st.none()),
-)  # fmt: skip
+    st.sampled_from(DTYPES + BAD_DTYPES),
+    st.text(max_size=6),
+    MSGPACK_INT,
+    st.none(),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.none()),
+)
 DIM = st.one_of(st.integers(0, 4), st.integers(-3, 2**64 - 1), st.booleans(), st.floats())
 SHAPE = st.one_of(st.lists(DIM, max_size=18), JUNK)
 SPEC = st.one_of(
@@ -358,8 +366,13 @@ class Fuzz:
         self.rng = rng
         self.q: dict[str, int] = defaultdict(int)
 
-    def head(self, target: str, kind: str, arrays: dict[str, np.ndarray] | None = None,
-             meta: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+    def head(
+        self,
+        target: str,
+        kind: str,
+        arrays: dict[str, np.ndarray] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> list[Any]:
         """A decodable message (the next sequence number of this target)."""
         msg = P.Message(kind, meta=meta or {}, arrays=arrays or {}, sender=FUZZ_SENDER)
         msg.seq = self.q[target]
@@ -394,8 +407,10 @@ class Fuzz:
         if choice == 8:
             return [h(a=r.choice(["obs", 7, {"obs": 1}]))]
         if choice == 9:  # more array specs than MAX_ARRAYS
-            return [h(a=[[f"x{i}", "<u1", [0]] for i in range(P.MAX_ARRAYS + 1)]),
-                    *[b""] * (P.MAX_ARRAYS + 1)]  # fmt: skip
+            return [
+                h(a=[[f"x{i}", "<u1", [0]] for i in range(P.MAX_ARRAYS + 1)]),
+                *[b""] * (P.MAX_ARRAYS + 1),
+            ]
         if choice == 10:  # wrong dtypes
             dtype = r.choice(["<c16", "|O", "<U4", "|V8", "float32", "f4", 7, None])
             return [h(a=[["x", dtype, [4]]]), b"\0" * 16]
@@ -435,12 +450,16 @@ def bad_trajectories(f: Fuzz) -> list[list[Any]]:
     nan = np.full((2, 4, 4), np.nan, np.float32)
     prio = np.full((2, 4), -1.0, np.float32)
     arrays = [
-        traj(priority=None), traj(reward=np.zeros((2, 4), np.float64)),
-        traj(next_obs=nan), traj(obs=nan),
-        traj(reward=np.full((2, 4), np.inf, np.float32)), traj(priority=prio),
-        traj(action=np.zeros((2, 3), np.int64)), traj(obs_dim=7),  # 7 wide: not the table's items
+        traj(priority=None),
+        traj(reward=np.zeros((2, 4), np.float64)),
+        traj(next_obs=nan),
+        traj(obs=nan),
+        traj(reward=np.full((2, 4), np.inf, np.float32)),
+        traj(priority=prio),
+        traj(action=np.zeros((2, 3), np.int64)),
+        traj(obs_dim=7),  # 7 wide: not the table's items
         traj(valid=np.ones((2, 4), np.uint8)),
-    ]  # fmt: skip
+    ]
     out = [f.head("experience", P.TRAJECTORY, a) for a in arrays]
     out += [f.head("experience", k, traj()) for k in (P.BATCH, P.WEIGHTS, "frobnicate")]
     return out
@@ -585,12 +604,29 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zrl", "run", str(CONFIG), "--run-dir", str(run_dir),
-             "--set", "stop.wall_time=150", "--set", "stop.eval_return=null",
-             # A small run; inserts never wait for samples, so in-flight data lands at once.
-             "--set", "env.num_envs=8", "--set", "replay.samples_per_insert=0"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(CONFIG),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "stop.wall_time=150",
+                "--set",
+                "stop.eval_return=null",
+                # A small run; inserts never wait for samples, so in-flight data lands at once.
+                "--set",
+                "env.num_envs=8",
+                "--set",
+                "replay.samples_per_insert=0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+        )
     ctx = zmq.Context()
     addr = ""
     socks: list[zmq.Socket] = []
@@ -616,8 +652,9 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
             return ROLE_IDS <= set(rows) and all(rows[i]["state"] == "alive" for i in ROLE_IDS)
 
         def learner_updates() -> int:
-            return int(status_rows(ctx, addr).get("learner-0", {}).get("info", {})
-                       .get("updates", 0))  # fmt: skip
+            return int(
+                status_rows(ctx, addr).get("learner-0", {}).get("info", {}).get("updates", 0)
+            )
 
         wait_for(lambda: all_alive() or proc.poll() is not None, timeout=60, interval=0.25)
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -737,8 +774,10 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
             wait_for(lambda: seen.append(dropped_now()) or seen[-1] == expected, 30, 0.5)
         except AssertionError:
             rows = status_rows(ctx, addr)
-            detail = {i: (rows[i]["state"], rows[i]["age"], rows[i]["streams"], rows[i]["info"])
-                      for i in ("actor-0", "actor-1")}  # fmt: skip
+            detail = {
+                i: (rows[i]["state"], rows[i]["age"], rows[i]["streams"], rows[i]["info"])
+                for i in ("actor-0", "actor-1")
+            }
             raise AssertionError(f"dropped {seen[-1]}, expected {expected}; {detail}") from None
         settle(lambda: dropped_now() == expected, 1.5)
 
@@ -783,8 +822,11 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
                     while time.monotonic() - t_stop < 2.0:  # well within the 3 s timeout
                         time.sleep(0.2)
                         row = status_rows(ctx, addr).get("replay-0", {})
-                        key = (monitor.count(), row.get("streams", {}).get("experience"),
-                               row.get("info", {}).get("trajectories"))  # fmt: skip
+                        key = (
+                            monitor.count(),
+                            row.get("streams", {}).get("experience"),
+                            row.get("info", {}).get("trajectories"),
+                        )
                         if key != first:
                             first, since = key, time.monotonic()
                         elif time.monotonic() - since >= 0.6:
@@ -828,8 +870,10 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         acked = sum(map(len, actor_acks.values()))
         assert replay_row["info"]["trajectories"] == acked + 1
         assert replay_exp["received"] == acked + decodable["experience"] + 1, (
-            replay_exp, {a: len(s) for a, s in actor_acks.items()}, decodable,
-        )  # fmt: skip
+            replay_exp,
+            {a: len(s) for a, s in actor_acks.items()},
+            decodable,
+        )
         assert replay_exp["dropped"] == expected[("replay-0", "experience")]
         # The actors sent exactly what was acknowledged: their first heartbeat after the
         # freeze reports what they sent before it (all acknowledged during the freeze), plus

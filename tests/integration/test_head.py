@@ -34,8 +34,9 @@ TARGET = 100.0  # a random policy scores about 22
 
 
 def status_rows(hosts: Hosts, broker: str) -> dict[str, dict[str, Any]]:
-    done = hosts.run(0, sys.executable, "-m", "zrl", "status", "--broker", broker, "--json",
-                     "--timeout", "3")  # fmt: skip
+    done = hosts.run(
+        0, sys.executable, "-m", "zrl", "status", "--broker", broker, "--json", "--timeout", "3"
+    )
     if done.returncode != 0:
         return {}
     return {r["id"]: r for r in json.loads(done.stdout)["roles"]}
@@ -65,11 +66,22 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     config.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
     head = hosts.zrl(
-        0, "run", str(config), "--run-dir", str(run_dir), "--insecure",
-        "--set", "broker.host=0.0.0.0", "--set", f"stop.eval_return={TARGET}",
-        "--set", "stop.eval_window=1", "--set", "stop.wall_time=200",
+        0,
+        "run",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--insecure",
+        "--set",
+        "broker.host=0.0.0.0",
+        "--set",
+        f"stop.eval_return={TARGET}",
+        "--set",
+        "stop.eval_window=1",
+        "--set",
+        "stop.wall_time=200",
         log=tmp_path / "head.out",
-    )  # fmt: skip
+    )
     commands = run_dir / "remote_commands.txt"
     wait_for(commands.exists, timeout=60, message="zrl run printed no remote commands")
     lines = commands.read_text().splitlines()
@@ -78,12 +90,23 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     assert line.startswith(f"zrl host --broker {broker}"), line
     broker = shlex.split(line)[3]
     argv = shlex.split(line)
-    agent = hosts.exec(1, sys.executable, "-m", "zrl", *argv[1:], "--log-dir",
-                       str(tmp_path / "h1-logs"), log=tmp_path / "agent.out")  # fmt: skip
+    agent = hosts.exec(
+        1,
+        sys.executable,
+        "-m",
+        "zrl",
+        *argv[1:],
+        "--log-dir",
+        str(tmp_path / "h1-logs"),
+        log=tmp_path / "agent.out",
+    )
 
     remote = "actor-0"
-    wait_for(lambda: status_rows(hosts, broker).get(remote, {}).get("state") == "alive",
-             timeout=120, message=f"{remote} never came up on h1")  # fmt: skip
+    wait_for(
+        lambda: status_rows(hosts, broker).get(remote, {}).get("state") == "alive",
+        timeout=120,
+        message=f"{remote} never came up on h1",
+    )
     first_pid = status_rows(hosts, broker)[remote]["pid"]
     assert hosts.netns_of(first_pid) == hosts.names[1]
     os.kill(first_pid, signal.SIGKILL)
@@ -110,8 +133,12 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     assert roles["took_part"][remote]["placed"] == "h1"
     assert summary["restarts"].get(remote, 0) >= 1, summary["restarts"]
     assert {rid for rid, r in roles["took_part"].items() if r["placed"] != "unplanned"} == {
-        "params-0", "replay-0", "learner-0", "evaluator-0", "actor-0",
-    }  # fmt: skip
+        "params-0",
+        "replay-0",
+        "learner-0",
+        "evaluator-0",
+        "actor-0",
+    }
     # The stop reached h1: the agent and its roles ended by themselves, cleanly.
     assert agent.wait(timeout=60) == 0, (tmp_path / "agent.out").read_text()[-3000:]
     time.sleep(0.5)

@@ -43,8 +43,13 @@ CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 ROLE_IDS = {"params-0", "replay-0", "learner-0", "actor-0", "actor-1", "evaluator-0"}
 
 
-def frames(kind: str, sender: str, seq: int = 0, meta: dict[str, Any] | None = None,
-           arrays: dict[str, np.ndarray] | None = None) -> list[bytes]:  # fmt: skip
+def frames(
+    kind: str,
+    sender: str,
+    seq: int = 0,
+    meta: dict[str, Any] | None = None,
+    arrays: dict[str, np.ndarray] | None = None,
+) -> list[bytes]:
     msg = P.Message(kind, meta=meta or {}, arrays=arrays or {}, sender=sender)
     msg.seq = seq
     return [bytes(memoryview(f)) for f in P.encode(msg)]
@@ -62,10 +67,24 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zrl", "run", str(CONFIG), "--run-dir", str(run_dir),
-             "--set", "stop.wall_time=55", "--set", "stop.eval_return=1000000"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "zrl",
+                "run",
+                str(CONFIG),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "stop.wall_time=55",
+                "--set",
+                "stop.eval_return=1000000",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+        )
     ctx = zmq.Context()
     socks: list[zmq.Socket] = []
 
@@ -95,15 +114,21 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         before = zrl_status_json(addr)
         pids = {r["id"]: r["pid"] for r in before["roles"]}
         broker_proc = next(
-            p for p in zrl_processes(addr) if "broker" in " ".join(p.cmdline()) and
-            "start" in p.cmdline()
-        )  # fmt: skip
+            p
+            for p in zrl_processes(addr)
+            if "broker" in " ".join(p.cmdline()) and "start" in p.cmdline()
+        )
 
         # An XPUB publishes as a PUB does, and shows which subscriptions reached it: its
         # connection settles and it knows every topic below has a listener.
         pub = sock(zmq.XPUB, eps["topics_in"], sndhwm=100_000)
-        for topic in (P.WEIGHTS_TOPIC, P.ack_topic("actor-0"), P.priority_topic("replay-0"),
-                      P.EVAL_TOPIC, P.METRICS_TOPIC):  # fmt: skip
+        for topic in (
+            P.WEIGHTS_TOPIC,
+            P.ack_topic("actor-0"),
+            P.priority_topic("replay-0"),
+            P.EVAL_TOPIC,
+            P.METRICS_TOPIC,
+        ):
             wait_for_subscriber(pub, topic, timeout=30)
 
         # 1. Sequence numbers that once pushed a gap counter past 64 bits, on every topic a
@@ -117,8 +142,9 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
 
         # 2. Poisoned weights: NaN in the real architecture's arrays, and a version far ahead,
         #    both under the params server's own id (no keys: ids can be claimed).
-        services = registry_request(ctx, addr, P.Message(P.LOOKUP, meta={"role": "params"}),
-                                    2.0).meta["services"]  # fmt: skip
+        services = registry_request(
+            ctx, addr, P.Message(P.LOOKUP, meta={"role": "params"}), 2.0
+        ).meta["services"]
         real = request_latest_weights(ctx, services, 256 * 2**20, 5.0)
         assert real is not None
         version = int(real.meta["version"])
@@ -126,8 +152,12 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         rng = np.random.default_rng(0)
         noise = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in real.arrays.items()}
         for i, (arrays, v) in enumerate(((nan, version + 1), (noise, 10**15), (nan, 10**15))):
-            pub.send_multipart([P.WEIGHTS_TOPIC.encode(),
-                                *frames(P.WEIGHTS, "params-0", 10**6 + i, {"version": v}, arrays)])  # fmt: skip
+            pub.send_multipart(
+                [
+                    P.WEIGHTS_TOPIC.encode(),
+                    *frames(P.WEIGHTS, "params-0", 10**6 + i, {"version": v}, arrays),
+                ]
+            )
 
         # 3. Sender ids of a megabyte, each new: memory and log growth per sender id.
         exp_in = sock(zmq.PUSH, eps["experience_in"])
@@ -135,15 +165,40 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
             exp_in.send_multipart(raw_frames(P.TRAJECTORY, f"{i}" + "x" * 2**20, 0, {}))
 
         # 4. A forged evaluation claiming the target, and a forged BYE for a live role.
-        pub.send_multipart([P.EVAL_TOPIC.encode(), *frames(
-            P.METRICS, "evaluator-7", 0,
-            {"kind": "eval", "mean": 10**7, "std": 0.0, "min": 10**7, "max": 10**7,
-             "episodes": 10, "weights_version": version, "id": "evaluator-7"},
-        )])  # fmt: skip
+        pub.send_multipart(
+            [
+                P.EVAL_TOPIC.encode(),
+                *frames(
+                    P.METRICS,
+                    "evaluator-7",
+                    0,
+                    {
+                        "kind": "eval",
+                        "mean": 10**7,
+                        "std": 0.0,
+                        "min": 10**7,
+                        "max": 10**7,
+                        "episodes": 10,
+                        "weights_version": version,
+                        "id": "evaluator-7",
+                    },
+                ),
+            ]
+        )
         reg.send_multipart(frames(P.BYE, "learner-0", 0, {"id": "learner-0", "stats": {}}))
-        reg.send_multipart(frames(P.HEARTBEAT, "learner-0", 1, {
-            "id": "learner-0", "state": "running", "stats": {}, "info": {"pad": "x" * 2**20},
-        }))  # fmt: skip
+        reg.send_multipart(
+            frames(
+                P.HEARTBEAT,
+                "learner-0",
+                1,
+                {
+                    "id": "learner-0",
+                    "state": "running",
+                    "stats": {},
+                    "info": {"pad": "x" * 2**20},
+                },
+            )
+        )
 
         # 5. A stray PULL on the experience stream steals trajectories for two seconds.
         thief = sock(zmq.PULL, eps["experience_out"], rcvtimeo_ms=100)
@@ -162,12 +217,23 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         stuck = sock(zmq.SUB, eps["topics_out"], rcvhwm=1_000_000)
         stuck.setsockopt(zmq.SUBSCRIBE, b"")
         for i in range(10_000):
-            hello = {"role": "actor", "id": f"actor-{1000 + i}", "host": "evil", "pid": i,
-                     "zrl_version": __version__}  # fmt: skip
+            hello = {
+                "role": "actor",
+                "id": f"actor-{1000 + i}",
+                "host": "evil",
+                "pid": i,
+                "zrl_version": __version__,
+            }
             reg.send_multipart(frames(P.HELLO, "", i, hello))
         for i in range(200):
-            pub.send_multipart([b"metrics", *frames(P.METRICS, "noise", i, {"id": "noise"},
-                                                    {"pad": np.zeros(2**20, np.uint8)})])  # fmt: skip
+            pub.send_multipart(
+                [
+                    b"metrics",
+                    *frames(
+                        P.METRICS, "noise", i, {"id": "noise"}, {"pad": np.zeros(2**20, np.uint8)}
+                    ),
+                ]
+            )
 
         # Afterwards: everyone alive with the same pid, learning goes on, memory bounded.
         updates_after_attack = updates()

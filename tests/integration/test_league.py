@@ -36,9 +36,14 @@ def league_state(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "tictactoe_ppo.yaml", "stop.eval_return=0.6", "league.snapshot_interval_s=5",
-        "evaluator.interval=5", wall_time=100, beats=0.5,
-    )  # fmt: skip
+        tmp_path,
+        "tictactoe_ppo.yaml",
+        "stop.eval_return=0.6",
+        "league.snapshot_interval_s=5",
+        "evaluator.interval=5",
+        wall_time=100,
+        beats=0.5,
+    )
     run_dir = summary["dir"]
     best = max(eval_rows(run_dir), key=lambda r: r["mean"])
     assert best["random_win_rate"] >= 0.7, best
@@ -53,8 +58,10 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
     # The saved policy plays the scripted player through `zrl eval`.
     ev = subprocess.run(
         [sys.executable, "-m", "zrl", "eval", str(run_dir), "-n", "40", "--opponent", "scripted"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ev.returncode == 0, ev.stderr
     line = next(x for x in ev.stdout.splitlines() if x.startswith("against scripted"))
     losses = float(line.rsplit("losses", 1)[1])
@@ -64,9 +71,14 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_connect_four_learns_to_beat_random(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "connect_four_ppo.yaml", "stop.eval_return=0.5",
-        "env.multiagent.eval_opponents=[random]", "evaluator.interval=5", wall_time=100, beats=0.4,
-    )  # fmt: skip
+        tmp_path,
+        "connect_four_ppo.yaml",
+        "stop.eval_return=0.5",
+        "env.multiagent.eval_opponents=[random]",
+        "evaluator.interval=5",
+        wall_time=100,
+        beats=0.4,
+    )
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
     assert best["random_win_rate"] >= 0.75, best
 
@@ -78,14 +90,23 @@ def test_main_exploiter_trains_and_joins_the_population(tmp_path: Path) -> None:
     process fewer keeps it short): both learners train on their own streams, the exploiter is
     snapshot, reset, and its snapshots are in the population the main agent plays."""
     summary = run_zrl(
-        tmp_path, "tictactoe_league.yaml", "league.league_exploiters=0", "roles.learners=2",
-        "roles.actors=2", "roles.evaluator=0", "league.snapshot_interval_s=4",
-        "league.min_games=20", "checkpoint.interval=2",
+        tmp_path,
+        "tictactoe_league.yaml",
+        "league.league_exploiters=0",
+        "roles.learners=2",
+        "roles.actors=2",
+        "roles.evaluator=0",
+        "league.snapshot_interval_s=4",
+        "league.min_games=20",
+        "checkpoint.interval=2",
         # Cheaper rounds (16 games x 16 moves, 4 epochs): more weights versions, and so more
         # ACKs that can carry a reset, in the 20 s on a loaded machine.
-        "env.num_envs=16", "ppo.epochs=4", "ppo.minibatch_size=128",
-        wall_time=20, beats=None,
-    )  # fmt: skip
+        "env.num_envs=16",
+        "ppo.epochs=4",
+        "ppo.minibatch_size=128",
+        wall_time=20,
+        beats=None,
+    )
     run_dir = summary["dir"]
     import torch
 

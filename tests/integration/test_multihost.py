@@ -216,14 +216,30 @@ class Cluster:
         args += self._key_args() if self.keys is not None else ["--insecure"]
         self.logs["broker"] = self.tmp / "broker.log"
         self.pids["broker"] = self.hosts.zrl(0, *args, log=self.logs["broker"]).pid
-        self.hosts.exec(0, sys.executable, str(self.tmp / "poller.py"), self.broker,
-                        str(self.keys or "-"), str(POLL_S), str(self.status_file),
-                        log=self.tmp / "poller.log")  # fmt: skip
+        self.hosts.exec(
+            0,
+            sys.executable,
+            str(self.tmp / "poller.py"),
+            self.broker,
+            str(self.keys or "-"),
+            str(POLL_S),
+            str(self.status_file),
+            log=self.tmp / "poller.log",
+        )
 
     def start(self, host: int, role: str, index: int = 0) -> None:
         rid = f"{role}-{index}"
-        args = ["start", role, "--broker", self.broker, "--index", str(index),
-                "--connect-timeout", "60", *self._key_args()]  # fmt: skip
+        args = [
+            "start",
+            role,
+            "--broker",
+            self.broker,
+            "--index",
+            str(index),
+            "--connect-timeout",
+            "60",
+            *self._key_args(),
+        ]
         self.logs[rid] = self.tmp / f"{rid}.log"
         self.pids[rid] = self.hosts.zrl(host, *args, log=self.logs[rid]).pid
         self.expected[rid] = host
@@ -260,8 +276,9 @@ class Cluster:
         status = status or self.latest()
         return {r["id"]: r for r in (status or {}).get("status", {}).get("roles", [])}
 
-    def wait(self, what: str, predicate: Callable[[dict[str, dict[str, Any]]], bool],
-             timeout: float) -> dict[str, dict[str, Any]]:  # fmt: skip
+    def wait(
+        self, what: str, predicate: Callable[[dict[str, dict[str, Any]]], bool], timeout: float
+    ) -> dict[str, dict[str, Any]]:
         """Poll the latest status until ``predicate(rows)``; fail with the logs if it never is."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -285,8 +302,9 @@ class Cluster:
             # The broker process lives on, and every role stays "alive", but a stream is dead.
             raise AssertionError(f"a broker device thread died:\n{broker_log[-3000:]}")
 
-    def cli_status(self, host: int = 0, *, as_json: bool = True,
-                   keys: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def cli_status(
+        self, host: int = 0, *, as_json: bool = True, keys: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         args = [sys.executable, "-m", "zrl", "status", "--broker", self.broker, "--timeout", "5"]
         if as_json:
             args.append("--json")
@@ -296,8 +314,10 @@ class Cluster:
         rows = self.rows()
         lines = ["status rows:"]
         for rid, r in sorted(rows.items()):
-            lines.append(f"  {rid}: {r['state']} age {r['age']} pid {r['pid']} rpc {r['rpc']!r} "
-                         f"info {r.get('info')}")  # fmt: skip
+            lines.append(
+                f"  {rid}: {r['state']} age {r['age']} pid {r['pid']} rpc {r['rpc']!r} "
+                f"info {r.get('info')}"
+            )
         for name, path in self.logs.items():
             try:
                 tail = path.read_text(errors="replace").splitlines()[-15:]
@@ -320,8 +340,11 @@ def start_apex(cluster: Cluster) -> None:
 
 def experience_counts(rows: dict[str, dict[str, Any]]) -> tuple[int, int]:
     """(trajectories the actors say they sent, trajectories the replay shard received)."""
-    sent = sum(r["streams"].get("experience", {}).get("sent", 0)
-               for r in rows.values() if r["role"] == "actor")  # fmt: skip
+    sent = sum(
+        r["streams"].get("experience", {}).get("sent", 0)
+        for r in rows.values()
+        if r["role"] == "actor"
+    )
     received = rows["replay-0"]["streams"].get("experience", {}).get("received", 0)
     return sent, received
 
@@ -355,10 +378,12 @@ def test_apex_across_three_hosts_learns(make_hosts: Callable[[int], Hosts], tmp_
     # (seen in CI) gets there first.
     c.wait(
         "every actor and the evaluator act with weights from the params server",
-        lambda r: all(r.get(rid, {}).get("info", {}).get("weights_version", 0) > 0
-                      for rid in ("actor-0", "actor-1", "evaluator-0")),
+        lambda r: all(
+            r.get(rid, {}).get("info", {}).get("weights_version", 0) > 0
+            for rid in ("actor-0", "actor-1", "evaluator-0")
+        ),
         30.0,
-    )  # fmt: skip
+    )
 
     # `zrl status --json` from inside h0: every role alive, registered from where we started it.
     done = c.cli_status(0)
@@ -399,8 +424,13 @@ def test_apex_across_three_hosts_learns(make_hosts: Callable[[int], Hosts], tmp_
 def test_keys_keep_outsiders_out(make_hosts: Callable[[int], Hosts], tmp_path: Path) -> None:
     keys, other = tmp_path / "keys", tmp_path / "other"
     for d in (keys, other):
-        subprocess.run([sys.executable, "-m", "zrl", "keys", "init", str(d)], cwd=REPO,
-                       check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "zrl", "keys", "init", str(d)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     # The outsider knows whom to talk to (the server's public key), but is not authorized.
     shutil.copy(keys / "server.key", other / "server.key")
 
@@ -409,15 +439,26 @@ def test_keys_keep_outsiders_out(make_hosts: Callable[[int], Hosts], tmp_path: P
     c.start_broker()
     start_apex(c)
     c.wait("every role registered and alive (CURVE)", c.all_alive, STARTUP_TIMEOUT_S)
-    c.wait("learner updating over CURVE",
-           lambda rows: rows["learner-0"]["info"].get("updates", 0) > 0, 60.0)  # fmt: skip
+    c.wait(
+        "learner updating over CURVE",
+        lambda rows: rows["learner-0"]["info"].get("updates", 0) > 0,
+        60.0,
+    )
 
     def client(keydir: Path | None, mode: str) -> subprocess.Popen[bytes]:
         log = tmp_path / f"client-{mode}-{keydir.name if keydir else 'nokeys'}.out"
         c.logs[log.stem] = log
-        return hosts.exec(3, sys.executable, str(tmp_path / "client.py"), c.broker,
-                          str(keydir or "-"), mode, str(FAKE_VERSION), str(FAKE_TRAJECTORIES),
-                          log=log)  # fmt: skip
+        return hosts.exec(
+            3,
+            sys.executable,
+            str(tmp_path / "client.py"),
+            c.broker,
+            str(keydir or "-"),
+            mode,
+            str(FAKE_VERSION),
+            str(FAKE_TRAJECTORIES),
+            log=log,
+        )
 
     def result(proc: subprocess.Popen[bytes], name: str) -> dict[str, Any]:
         proc.wait(timeout=60)

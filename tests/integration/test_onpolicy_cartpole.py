@@ -27,11 +27,23 @@ def test_ppo_sync_rounds_never_mix_versions(tmp_path: Path) -> None:
     rounds = int(re.search(r": (\d+) rounds", closing[-1]).group(1))  # type: ignore[union-attr]
     assert rounds >= 3, closing[-1]  # every round after the first follows a weight change
     # PPO's training figures, as docs/running.md's table lists them, in TensorBoard.
-    ppo_tags = {"learner/loss", "learner/grad_norm", "learner/update_ms", "learner/lr",
-                "learner/policy_loss", "learner/value_loss", "learner/entropy",
-                "learner/approx_kl", "learner/clip_fraction", "learner/round_s",
-                "learner/policy_lag", "learner/policy_lag_max", "actor/episode_return",
-                "actor/episode_length", "eval/return_mean"}  # fmt: skip
+    ppo_tags = {
+        "learner/loss",
+        "learner/grad_norm",
+        "learner/update_ms",
+        "learner/lr",
+        "learner/policy_loss",
+        "learner/value_loss",
+        "learner/entropy",
+        "learner/approx_kl",
+        "learner/clip_fraction",
+        "learner/round_s",
+        "learner/policy_lag",
+        "learner/policy_lag_max",
+        "actor/episode_return",
+        "actor/episode_length",
+        "eval/return_mean",
+    }
     tb = tensorboard_tags(summary["dir"])
     assert ppo_tags <= tb, sorted(ppo_tags - tb)
 

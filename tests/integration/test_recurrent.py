@@ -27,8 +27,10 @@ def test_r2d2_learns_what_it_cannot_see(tmp_path: Path) -> None:
     # The saved recurrent model plays through `zrl eval`, carrying its state.
     ev = subprocess.run(
         [sys.executable, "-m", "zrl", "eval", str(summary["dir"]), "--episodes", "5"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ev.returncode == 0, ev.stderr
     mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
     assert mean > 75, ev.stdout

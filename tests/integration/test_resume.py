@@ -57,8 +57,11 @@ def zrl_run_until(
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", "run", *args],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=log.parent,
+        )
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
@@ -101,10 +104,22 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
         return info_sum(rows, "learner-", "updates") >= 200 and (ckpt / "learner-0.pt").exists()
 
     zrl_run_until(
-        [str(CONFIG), "--run-dir", str(run_dir), "--set", "stop.wall_time=90",
-         "--set", "checkpoint.interval=4", "--set", "stop.eval_return=null"],
-        run_dir, tmp_path / "first.log", first_done, timeout=120,
-    )  # fmt: skip
+        [
+            str(CONFIG),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "stop.wall_time=90",
+            "--set",
+            "checkpoint.interval=4",
+            "--set",
+            "stop.eval_return=null",
+        ],
+        run_dir,
+        tmp_path / "first.log",
+        first_done,
+        timeout=120,
+    )
     first = json.loads((run_dir / "summary.json").read_text())
     assert first["stop_reason"] == "interrupted" and first["error"] is None, first
     assert first["updates"] > 0 and first["env_steps"] > 0, first
@@ -134,8 +149,11 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
 
     zrl_run_until(
         ["--resume", str(run_dir), "--set", "stop.wall_time=90"],
-        run_dir, tmp_path / "second.log", second_done, timeout=120,
-    )  # fmt: skip
+        run_dir,
+        tmp_path / "second.log",
+        second_done,
+        timeout=120,
+    )
     second = json.loads((run_dir / "summary.json").read_text())
     assert second["stop_reason"] == "interrupted" and second["error"] is None, second
     # It keeps the first run's summary, as that run wrote it.

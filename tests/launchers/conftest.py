@@ -97,16 +97,26 @@ def _sshd_config(d: Path, name: str, address: str, port: int) -> Path:
 
 def _client_options(client_key: Path, port: int) -> list[str]:
     return [
-        "-p", str(port), "-i", str(client_key),
-        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-        "-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes",
-    ]  # fmt: skip
+        "-p",
+        str(port),
+        "-i",
+        str(client_key),
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "IdentitiesOnly=yes",
+    ]
 
 
 def _wait_until_ssh_works(
-    probe: Callable[[], subprocess.CompletedProcess[bytes]], sshd: subprocess.Popen[bytes],
+    probe: Callable[[], subprocess.CompletedProcess[bytes]],
+    sshd: subprocess.Popen[bytes],
     log: Path,
-) -> None:  # fmt: skip
+) -> None:
     deadline = time.monotonic() + 15
     while True:
         done = probe()
@@ -141,10 +151,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         _wait_until_ssh_works(
             lambda: subprocess.run(
                 ["ssh", *server.ssh_options, "-o", "BatchMode=yes", server.target, "true"],
-                stdin=subprocess.DEVNULL, capture_output=True, timeout=15,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=15,
             ),
-            proc, log,
-        )  # fmt: skip
+            proc,
+            log,
+        )
         yield server
     finally:
         kill_pids([proc.pid])
@@ -191,13 +204,25 @@ def netns_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSshd]:
             pids.append(proc.pid)
             _wait_until_ssh_works(
                 lambda i=i: subprocess.run(
-                    ["ip", "netns", "exec", hosts.names[0], "ssh",
-                     *_client_options(d / "client_key", port), "-o", "BatchMode=yes",
-                     f"{user}@{hosts.addrs[i]}", "true"],
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=15,
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        hosts.names[0],
+                        "ssh",
+                        *_client_options(d / "client_key", port),
+                        "-o",
+                        "BatchMode=yes",
+                        f"{user}@{hosts.addrs[i]}",
+                        "true",
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=15,
                 ),
-                proc, log,
-            )  # fmt: skip
+                proc,
+                log,
+            )
         servers = NetnsSshd(hosts, user, d / "client_key", tuple(pids), port)
         yield servers
 

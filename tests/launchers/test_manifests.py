@@ -24,8 +24,13 @@ from zrl.transport.endpoints import broker_endpoints
 K8S = REPO / "launchers" / "k8s"
 SBATCH = REPO / "launchers" / "slurm.sbatch"
 BROKER = "tcp://zrl-broker:5555"
-ROLE_FILES = {"params": "params.yaml", "replay": "replay.yaml", "learner": "learner.yaml",
-              "evaluator": "evaluator.yaml", "actor": "actors.yaml"}  # fmt: skip
+ROLE_FILES = {
+    "params": "params.yaml",
+    "replay": "replay.yaml",
+    "learner": "learner.yaml",
+    "evaluator": "evaluator.yaml",
+    "actor": "actors.yaml",
+}
 
 
 def _docs() -> dict[str, list[dict[str, Any]]]:
@@ -40,8 +45,12 @@ def _workloads() -> list[dict[str, Any]]:
 
 
 def _one(kind: str, name: str) -> dict[str, Any]:
-    found = [d for docs in _docs().values() for d in docs
-             if d["kind"] == kind and d["metadata"]["name"] == name]  # fmt: skip
+    found = [
+        d
+        for docs in _docs().values()
+        for d in docs
+        if d["kind"] == kind and d["metadata"]["name"] == name
+    ]
     assert len(found) == 1, f"{kind} {name}: {len(found)} found"
     return found[0]
 
@@ -69,15 +78,22 @@ def _run_entrypoint(
     done = subprocess.run(
         ["sh", "-c", script],
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", **container_env, **env},
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return done.stdout.splitlines()
 
 
 def test_every_manifest_parses_and_kustomize_lists_them() -> None:
     docs = _docs()
-    assert set(docs) >= {"broker.yaml", "configmap.yaml", "kustomization.yaml",
-                         *ROLE_FILES.values()}  # fmt: skip
+    assert set(docs) >= {
+        "broker.yaml",
+        "configmap.yaml",
+        "kustomization.yaml",
+        *ROLE_FILES.values(),
+    }
     for name, items in docs.items():
         assert items, name
         for d in items:
@@ -109,8 +125,16 @@ def test_every_workload_runs_zrl_against_the_service(tmp_path: Path) -> None:
             continue
         argv = _run_entrypoint(c, tmp_path, {"JOB_COMPLETION_INDEX": "3"})
         index = "3" if role == "actor" else "0"
-        assert argv == ["host", f"{role}=1@{index}", "--broker", BROKER, "--connect-timeout",
-                        "600", "--log-dir", "/tmp/zrl-logs"]  # fmt: skip
+        assert argv == [
+            "host",
+            f"{role}=1@{index}",
+            "--broker",
+            BROKER,
+            "--connect-timeout",
+            "600",
+            "--log-dir",
+            "/tmp/zrl-logs",
+        ]
         keys = tmp_path / "keys"
         keys.mkdir(exist_ok=True)
         (keys / "server.key").write_text("")
@@ -124,9 +148,17 @@ def test_broker_binds_the_base_port_and_the_service_covers_the_layout(tmp_path: 
     service = _one("Service", "zrl-broker")
     container = _container(deployment)
     argv = _run_entrypoint(container, tmp_path, {})
-    assert argv == ["start", "broker", "--run-dir", "/runs/cartpole_apex_dqn",
-                    "--config", "/config/config.yaml", "--bind", "tcp://0.0.0.0:5555",
-                    "--insecure"]  # fmt: skip
+    assert argv == [
+        "start",
+        "broker",
+        "--run-dir",
+        "/runs/cartpole_apex_dqn",
+        "--config",
+        "/config/config.yaml",
+        "--bind",
+        "tcp://0.0.0.0:5555",
+        "--insecure",
+    ]
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "server.key").write_text("")
@@ -155,8 +187,12 @@ def test_config_map_is_a_valid_config_matching_the_workloads() -> None:
     job = _one("Job", "zrl-actor")["spec"]
     assert job["completionMode"] == "Indexed"
     assert job["completions"] == job["parallelism"] == config.roles.actors
-    for role, key in (("replay", "replay"), ("learner", "learners"), ("params", "params"),
-                      ("evaluator", "evaluator")):  # fmt: skip
+    for role, key in (
+        ("replay", "replay"),
+        ("learner", "learners"),
+        ("params", "params"),
+        ("evaluator", "evaluator"),
+    ):
         assert _one("Deployment", f"zrl-{role}")["spec"]["replicas"] == getattr(config.roles, key)
     # relative: under every role pod's working directory, its default checkpoint root
     assert config.checkpoint.dir is not None and not Path(config.checkpoint.dir).is_absolute()
@@ -170,16 +206,27 @@ HEAD = ["--bind", "tcp://0.0.0.0:5555", "--insecure"]
     [
         ({}, ["start", "broker", "--run-dir", "RUN", "--config", "/config/config.yaml", *HEAD]),
         ({"config.yaml": "name: x\n"}, ["start", "broker", "--resume", "RUN", *HEAD]),
-        ({"config.yaml": "", "summary.json": '{\n  "stop_reason": "interrupted"\n}'},
-         ["start", "broker", "--resume", "RUN", *HEAD]),
-        ({"config.yaml": "", "summary.json": '{\n  "stop_reason": "eval_return"\n}'},
-         ["sleep", "infinity"]),
-        ({"config.yaml": "", "summary.json": json.dumps(
-            {"stop_reason": "eval_return", "segments": [{"stop_reason": "interrupted"}]},
-            indent=2)}, ["sleep", "infinity"]),
+        (
+            {"config.yaml": "", "summary.json": '{\n  "stop_reason": "interrupted"\n}'},
+            ["start", "broker", "--resume", "RUN", *HEAD],
+        ),
+        (
+            {"config.yaml": "", "summary.json": '{\n  "stop_reason": "eval_return"\n}'},
+            ["sleep", "infinity"],
+        ),
+        (
+            {
+                "config.yaml": "",
+                "summary.json": json.dumps(
+                    {"stop_reason": "eval_return", "segments": [{"stop_reason": "interrupted"}]},
+                    indent=2,
+                ),
+            },
+            ["sleep", "infinity"],
+        ),
     ],
     ids=["new-run", "head-restarted", "interrupted", "over", "over-after-a-resume"],
-)  # fmt: skip
+)
 def test_the_head_starts_resumes_or_keeps_a_finished_run(
     tmp_path: Path, before: dict[str, str], expected: list[str]
 ) -> None:
@@ -216,8 +263,16 @@ def test_kustomize_builds() -> None:
     )
     assert done.returncode == 0, done.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(done.stdout))
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Deployment",
-                     "Deployment", "Job", "Service"]  # fmt: skip
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "Deployment",
+        "Deployment",
+        "Deployment",
+        "Job",
+        "Service",
+    ]
 
 
 # --- the Kubernetes API schemas ----------------------------------------------------------
@@ -257,16 +312,28 @@ def test_manifests_match_the_kubernetes_api_schemas(version: str) -> None:
 @pytest.mark.parametrize(
     ("name", "old", "new", "error"),
     [
-        ("params.yaml", "imagePullPolicy:", "imagePulPolicy:",
-         "params.yaml: Deployment zrl-params: spec.template.spec.containers.0: Additional "
-         "properties are not allowed ('imagePulPolicy' was unexpected)"),
-        ("actors.yaml", "completions: 4", 'completions: "4"',
-         "actors.yaml: Job zrl-actor: spec.completions: '4' is not of type 'integer', 'null'"),
-        ("broker.yaml", "{name: registry, port: 5555,", "{name: registry,",
-         "broker.yaml: Service zrl-broker: spec.ports.0: 'port' is a required property"),
+        (
+            "params.yaml",
+            "imagePullPolicy:",
+            "imagePulPolicy:",
+            "params.yaml: Deployment zrl-params: spec.template.spec.containers.0: Additional "
+            "properties are not allowed ('imagePulPolicy' was unexpected)",
+        ),
+        (
+            "actors.yaml",
+            "completions: 4",
+            'completions: "4"',
+            "actors.yaml: Job zrl-actor: spec.completions: '4' is not of type 'integer', 'null'",
+        ),
+        (
+            "broker.yaml",
+            "{name: registry, port: 5555,",
+            "{name: registry,",
+            "broker.yaml: Service zrl-broker: spec.ports.0: 'port' is a required property",
+        ),
     ],
     ids=["unknown-field", "wrong-type", "missing-required"],
-)  # fmt: skip
+)
 def test_schema_check_catches_a_broken_manifest(
     tmp_path: Path, name: str, old: str, new: str, error: str
 ) -> None:
@@ -315,8 +382,7 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     stopped, and the job's exit code is the head's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN),
-                       ("python", FAKE_PYTHON)):  # fmt: skip
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN), ("python", FAKE_PYTHON)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "calls.log"
@@ -351,18 +417,28 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     ]
     # the head runs in the background: its stub may log after the first status call
     status = calls.index(f"-m zrl status --broker tcp://nodeA:5555 --timeout 1{k}")
-    central = (f"-m zrl host --broker tcp://nodeA:5555 --log-dir zrl-42{k} "
-               "params=1@0 replay=1@0 learner=1@0 evaluator=1@0")  # fmt: skip
+    central = (
+        f"-m zrl host --broker tcp://nodeA:5555 --log-dir zrl-42{k} "
+        "params=1@0 replay=1@0 learner=1@0 evaluator=1@0"
+    )
     assert central in calls, calls
     assert calls.index(central) > status  # started once the broker answered
     actors = f"-m zrl host --broker tcp://nodeA:5555 --log-dir zrl-42{k} actor=2@0"
     assert actors in calls, calls  # the fake srun runs task 0 only
     assert len(srun) == 1
-    for part in ("--nodes=2", "--ntasks-per-node=1", "--ntasks=2", "--exclude nodeA",
-                 "--output=zrl-42/host-actors-%t.log"):  # fmt: skip
+    for part in (
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--ntasks=2",
+        "--exclude nodeA",
+        "--output=zrl-42/host-actors-%t.log",
+    ):
         assert part in srun[0], srun[0]
     pids = [int(line.split()[1]) for line in lines if line.startswith("pid ")]
     assert len(pids) == 4  # head, status, the central agent, the actors' agent
-    left = [p for p in pids if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    left = [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     assert not left, "the job left processes running"

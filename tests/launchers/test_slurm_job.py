@@ -41,9 +41,13 @@ def test_the_cluster_runs_a_batch_job_and_cancels_it(
         "sleep 120\n"
     )
     job = slurm_cluster.sbatch(
-        "--nodes=1", "--cpus-per-task=2", "--time=2", f"--chdir={tmp_path}",
-        "--output=job.out", str(script),
-    )  # fmt: skip
+        "--nodes=1",
+        "--cpus-per-task=2",
+        "--time=2",
+        f"--chdir={tmp_path}",
+        "--output=job.out",
+        str(script),
+    )
     wait_for(lambda: (tmp_path / "started").exists(), timeout=60, message=slurm_cluster.logs())
     running = [p.cmdline() for p in slurm_cluster.processes(job)]
     assert ["sleep", "120"] in running, running
@@ -108,11 +112,19 @@ def test_sbatch_trains_cartpole_and_leaves_nothing(
         row = status_rows(zmq.Context.instance(), broker).get("actor-1", {})
         return row.get("pid") if row.get("state") == "alive" else None
 
-    first = wait_for(actor_pid, timeout=TRAIN_TIMEOUT_S, interval=0.5,
-                     message=f"actor-1 never came up\n{slurm_cluster.logs()}")  # fmt: skip
+    first = wait_for(
+        actor_pid,
+        timeout=TRAIN_TIMEOUT_S,
+        interval=0.5,
+        message=f"actor-1 never came up\n{slurm_cluster.logs()}",
+    )
     os.kill(int(first), signal.SIGKILL)  # type: ignore[call-overload]
-    wait_for(lambda: actor_pid() not in (None, first), timeout=60, interval=0.5,
-             message="the agent did not bring actor-1 back")  # fmt: skip
+    wait_for(
+        lambda: actor_pid() not in (None, first),
+        timeout=60,
+        interval=0.5,
+        message="the agent did not bring actor-1 back",
+    )
 
     state = slurm_cluster.wait_job(job, TRAIN_TIMEOUT_S)
     report = _job_report(job_dir, job)

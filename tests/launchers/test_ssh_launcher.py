@@ -141,10 +141,21 @@ def _commands(output: str) -> list[list[str]]:
 
 def test_dry_run_prints_the_exact_commands(ssh_launcher: ModuleType, tmp_path: Path) -> None:
     code, output = _dry_run(
-        ssh_launcher, tmp_path, "--insecure", "--set", "env.num_envs=2", "--python",
-        "/opt/venv/bin/python", "--run-dir", "runs/exp1",
-        "--ssh-option", "-p", "2222", "-i", "/keys/id",
-    )  # fmt: skip
+        ssh_launcher,
+        tmp_path,
+        "--insecure",
+        "--set",
+        "env.num_envs=2",
+        "--python",
+        "/opt/venv/bin/python",
+        "--run-dir",
+        "runs/exp1",
+        "--ssh-option",
+        "-p",
+        "2222",
+        "-i",
+        "/keys/id",
+    )
     assert code == 0, output
     commands = _commands(output)
     # the head, its status check, one agent per host (3), the kill template
@@ -164,8 +175,13 @@ def test_dry_run_prints_the_exact_commands(ssh_launcher: ModuleType, tmp_path: P
     config = yaml.safe_load(config_text)
     assert config["env"]["num_envs"] == 2  # --set applied before shipping
     assert config["roles"] == {  # the counts of the hosts file
-        "actors": 6, "replay": 1, "params": 1, "learners": 1, "evaluator": 1, "league": 0
-    }  # fmt: skip
+        "actors": 6,
+        "replay": 1,
+        "params": 1,
+        "learners": 1,
+        "evaluator": 1,
+        "league": 0,
+    }
     assert config["hosts"] == [  # and its placement, so the head names the hosts
         {"name": "node1", "address": None, "roles": {"params": 1, "learners": 1, "replay": 1}},
         {"name": "node2", "address": None, "roles": {"actors": 4, "evaluator": 1}},
@@ -234,9 +250,15 @@ def test_a_bad_config_fails_before_any_ssh(
 
 def test_remote_config_is_passed_with_overrides(ssh_launcher: ModuleType, tmp_path: Path) -> None:
     code, output = _dry_run(
-        ssh_launcher, tmp_path, "--insecure", "--remote-config", "--set", "seed=3",
-        "--run-dir", "/data/run1",
-    )  # fmt: skip
+        ssh_launcher,
+        tmp_path,
+        "--insecure",
+        "--remote-config",
+        "--set",
+        "seed=3",
+        "--run-dir",
+        "/data/run1",
+    )
     assert code == 0, output
     head, _, *agents, _ = _commands(output)
     script = head[-1]
@@ -259,10 +281,19 @@ def test_runs_as_a_script(tmp_path: Path) -> None:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(HOSTS)
     done = subprocess.run(
-        [sys.executable, str(LAUNCHER), str(hosts), "--config", str(CONFIG), "--insecure",
-         "--dry-run"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(LAUNCHER),
+            str(hosts),
+            "--config",
+            str(CONFIG),
+            "--insecure",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("# broker address tcp://10.0.0.1:5555")
 
@@ -344,21 +375,52 @@ def _start_launcher(
     # learning curve) took over 15 s, and the watchdog's SIGKILL made it exit 137.
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(LAUNCHER), str(hosts_file), "--config", str(CONFIG),
-             "--port", str(port), "--python", REMOTE_PYTHON, "--grace", "5",
-             "--head-grace", "40", "--run-dir", str(tmp_path / "run"),
-             "--log-dir", str(tmp_path / "logs"), *extra, "--ssh-option", *sshd.ssh_options],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(LAUNCHER),
+                str(hosts_file),
+                "--config",
+                str(CONFIG),
+                "--port",
+                str(port),
+                "--python",
+                REMOTE_PYTHON,
+                "--grace",
+                "5",
+                "--head-grace",
+                "40",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--log-dir",
+                str(tmp_path / "logs"),
+                *extra,
+                "--ssh-option",
+                *sshd.ssh_options,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+        )
     return proc, out
 
 
-def _status(broker_addr: str, run: Callable[..., subprocess.CompletedProcess[str]] | None = None
-            ) -> dict[str, dict[str, Any]]:  # fmt: skip
+def _status(
+    broker_addr: str, run: Callable[..., subprocess.CompletedProcess[str]] | None = None
+) -> dict[str, dict[str, Any]]:
     """`zrl status --json`: role id -> its row ({} while the broker does not answer); ``run``
     runs the command elsewhere (inside a namespace)."""
-    argv = [sys.executable, "-m", "zrl", "status", "--broker", broker_addr, "--json",
-            "--timeout", "2"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "zrl",
+        "status",
+        "--broker",
+        broker_addr,
+        "--json",
+        "--timeout",
+        "2",
+    ]
     if run is None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     else:
@@ -406,8 +468,9 @@ def test_launch_over_ssh_runs_a_head_and_agents_and_ctrl_c_stops_everything(
         text = out.read_text(errors="replace")
         assert "@zrl-launch" not in text  # the wrapper's PID line is for the launcher only
         # each agent says where its roles log; the roles log to files on their host
-        assert re.search(rf"^\[node2 host\] .*{re.escape(str(tmp_path / 'logs' / 'node2'))}",
-                         text, re.M), text  # fmt: skip
+        assert re.search(
+            rf"^\[node2 host\] .*{re.escape(str(tmp_path / 'logs' / 'node2'))}", text, re.M
+        ), text
         log = tmp_path / "logs" / "node2" / "actor-1.log"
         wait_for(lambda: "registered as actor-1" in log.read_text(errors="replace"), timeout=10)
 
@@ -483,12 +546,33 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
     out = tmp_path / "launcher.out"
     broker = f"tcp://{hosts.addrs[1]}:5555"  # a namespace of our own: no port can clash
     launcher = hosts.exec(
-        0, sys.executable, str(LAUNCHER), str(hosts_file), "--config", str(CONFIG),
-        "--insecure", "--run-dir", str(run_dir), "--log-dir", str(tmp_path / "logs"),
-        "--python", REMOTE_PYTHON, "--grace", "5", "--head-grace", "30",
-        "--set", "stop.eval_return=100", "--set", "stop.eval_window=1",
-        "--set", "stop.wall_time=150", "--ssh-option", *netns_sshd.ssh_options, log=out,
-    )  # fmt: skip
+        0,
+        sys.executable,
+        str(LAUNCHER),
+        str(hosts_file),
+        "--config",
+        str(CONFIG),
+        "--insecure",
+        "--run-dir",
+        str(run_dir),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--python",
+        REMOTE_PYTHON,
+        "--grace",
+        "5",
+        "--head-grace",
+        "30",
+        "--set",
+        "stop.eval_return=100",
+        "--set",
+        "stop.eval_window=1",
+        "--set",
+        "stop.wall_time=150",
+        "--ssh-option",
+        *netns_sshd.ssh_options,
+        log=out,
+    )
     try:
 
         def status() -> dict[str, dict[str, Any]]:
@@ -496,8 +580,11 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
             return _status(broker, lambda *argv, timeout: hosts.run(0, *argv, timeout=timeout))
 
         victim = "actor-1"
-        wait_for(lambda: status().get(victim, {}).get("state") == "alive", timeout=90,
-                 message=f"{victim} never came up on node2")  # fmt: skip
+        wait_for(
+            lambda: status().get(victim, {}).get("state") == "alive",
+            timeout=90,
+            message=f"{victim} never came up on node2",
+        )
         first_pid = status()[victim]["pid"]
         assert hosts.netns_of(first_pid) == hosts.names[2]
         os.kill(first_pid, signal.SIGKILL)
@@ -528,13 +615,18 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
         }
         assert summary["restarts"].get(victim, 0) >= 1, summary["restarts"]
         # The head ended the run; the agents heard the stop and ended by themselves.
-        for line in ("[launcher] node1 head exited (code 0)",
-                     "[launcher] node1 host exited (code 0)",
-                     "[launcher] node2 host exited (code 0)"):  # fmt: skip
+        for line in (
+            "[launcher] node1 head exited (code 0)",
+            "[launcher] node1 host exited (code 0)",
+            "[launcher] node2 host exited (code 0)",
+        ):
             assert line in text, text[-3000:]
         assert "killing what is left" not in text
-        wait_for(lambda: not _in_namespaces(hosts, netns_sshd.sshd_pids), timeout=10,
-                 message="processes of the launch are left in the namespaces")  # fmt: skip
+        wait_for(
+            lambda: not _in_namespaces(hosts, netns_sshd.sshd_pids),
+            timeout=10,
+            message="processes of the launch are left in the namespaces",
+        )
     finally:
         kill_pids([launcher.pid])
         kill_pids(_in_namespaces(hosts, netns_sshd.sshd_pids))

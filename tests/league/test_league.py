@@ -204,9 +204,13 @@ def test_fixed_share_meets_the_fixed_players_uniformly() -> None:
     beats it, which PFSP alone would not give it (0.3 * .05 / 1.3 = 0.012)."""
     n = 20_000
     lg, _ = league(
-        self_play=0.3, fixed_share=0.4, verification=0.0, payoff_decay=1.0, weighting="linear",
+        self_play=0.3,
+        fixed_share=0.4,
+        verification=0.0,
+        payoff_decay=1.0,
+        weighting="linear",
         fixed_opponents=["random", "scripted"],
-    )  # fmt: skip
+    )
     a, b = lg.add_snapshot(1), lg.add_snapshot(2)
     play(lg, a, wins=2, losses=2)
     play(lg, b, wins=3, losses=1)

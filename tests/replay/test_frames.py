@@ -116,8 +116,9 @@ def reference(traj: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
     flat["obs"] = traj["obs"].reshape(E, T, -1).astype(np.float32)
     flat["next_obs"] = traj["next_obs"].reshape(E, T, -1).astype(np.float32)
     items, priorities = assemble_transitions(P.Message(P.TRAJECTORY, arrays=flat), n, GAMMA)
-    ns = nstep_transitions(*(traj[x] for x in ("reward", "terminated", "truncated", "valid")),
-                           n, GAMMA)  # fmt: skip
+    ns = nstep_transitions(
+        *(traj[x] for x in ("reward", "terminated", "truncated", "valid")), n, GAMMA
+    )
     age = traj["obs"][ns.env, ns.start, -1, 0, 0].astype(np.int64) - 1
     reset_obs = ns.start - age  # obs index of the episode's reset obs
     row_pos = np.where(reset_obs >= 1, np.maximum(ns.start, k - 1 + reset_obs), ns.start)
@@ -388,8 +389,14 @@ def test_weights_versions_pass_through_and_an_old_state_holds_unknown_ones():
     items["weights_version"] = np.full(len(priorities), 7, np.int64)
     restored.insert_trajectory(frames, items, priorities)
     batch = restored.sample(64, rng)
-    assert set(batch.items) == {"obs", "action", "reward", "discount", "next_obs",
-                                "weights_version"}  # fmt: skip
+    assert set(batch.items) == {
+        "obs",
+        "action",
+        "reward",
+        "discount",
+        "next_obs",
+        "weights_version",
+    }
     np.testing.assert_array_equal(
         batch.items["weights_version"], np.where(batch.keys >= first_new, 7, M.UNKNOWN_VERSION)
     )

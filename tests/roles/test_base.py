@@ -334,8 +334,17 @@ def test_unauthenticated_broker_naming_os_abort_is_refused_end_to_end(running, b
 
 # --- a role's id names its files (issue 27, observation 5) ------------------------------------
 
-ESCAPING_IDS = ["/abs/x/pwn-replay", "replay-0/../../../x/pwn-replay", "replay-0/x", "replay-07",
-                "replay-" + "9" * 50, "actor-0", "replay-", "replay-0\x00", ""]  # fmt: skip
+ESCAPING_IDS = [
+    "/abs/x/pwn-replay",
+    "replay-0/../../../x/pwn-replay",
+    "replay-0/x",
+    "replay-07",
+    "replay-" + "9" * 50,
+    "actor-0",
+    "replay-",
+    "replay-0\x00",
+    "",
+]
 
 
 def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading.Thread:
@@ -347,9 +356,15 @@ def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading
         try:
             if sock.poll(10_000):
                 ident, *_ = sock.recv_multipart()
-                meta = {"id": rid, "spec": spec, "factories": {}, "endpoints": {},
-                        "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-                        "max_message_bytes": 2**20}  # fmt: skip
+                meta = {
+                    "id": rid,
+                    "spec": spec,
+                    "factories": {},
+                    "endpoints": {},
+                    "heartbeat_interval": 0.5,
+                    "heartbeat_timeout": 3.0,
+                    "max_message_bytes": 2**20,
+                }
                 sock.send_multipart([ident, *P.encode(P.Message(P.WELCOME, meta=meta))])
         finally:
             sock.close(linger=1000)

@@ -210,9 +210,14 @@ def test_replay_snapshot_round_trip_of_r2d2_sequences_and_their_states(inproc, t
     )
     cfg = config_from_dict(
         cfg.model_dump(mode="json"),
-        ["algo=r2d2", "model.core=lstm", "model.core_size=8", "r2d2.sequence_length=6",
-         "r2d2.burn_in=2"],
-    )  # fmt: skip
+        [
+            "algo=r2d2",
+            "model.core=lstm",
+            "model.core_size=8",
+            "r2d2.sequence_length=6",
+            "r2d2.burn_in=2",
+        ],
+    )
     inproc.start_broker(cfg)
     acks = inproc.sub(P.ack_topic("actor-0"))
     replay = inproc.start(ReplayServer, index=0)
@@ -400,9 +405,15 @@ def update(net: QNetwork, target: QNetwork, opt: torch.optim.Optimizer, b: dict)
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("reward", np.nan), ("reward", np.inf), ("weight", np.nan), ("next_obs", np.nan),
-     ("obs", np.inf), ("obs", 3e38)],
-)  # fmt: skip
+    [
+        ("reward", np.nan),
+        ("reward", np.inf),
+        ("weight", np.nan),
+        ("next_obs", np.nan),
+        ("obs", np.inf),
+        ("obs", 3e38),
+    ],
+)
 def test_dqn_update_non_finite_loss_leaves_model_untouched(field, value):
     torch.manual_seed(0)
     net, target = QNetwork(4, 2, [16]), QNetwork(4, 2, [16])
@@ -537,9 +548,15 @@ def check_trajectory(m: P.Message) -> None:
     a = m.arrays
     assert m.kind == P.TRAJECTORY and m.sender == "actor-0"
     assert {k: v.shape for k, v in a.items()} == {
-        "obs": (E, T, 4), "action": (E, T), "reward": (E, T), "terminated": (E, T),
-        "truncated": (E, T), "valid": (E, T), "next_obs": (E, T, 4), "priority": (E, T),
-    }  # fmt: skip
+        "obs": (E, T, 4),
+        "action": (E, T),
+        "reward": (E, T),
+        "terminated": (E, T),
+        "truncated": (E, T),
+        "valid": (E, T),
+        "next_obs": (E, T, 4),
+        "priority": (E, T),
+    }
     for name in ("obs", "next_obs", "reward", "priority"):
         assert np.all(np.isfinite(a[name])), name
     np.testing.assert_array_equal(a["next_obs"][:, :-1], a["obs"][:, 1:])
@@ -691,8 +708,12 @@ def test_replay_drops_nan_trajectories_and_keeps_serving(inproc):
         a[name][1, 2] = value
         return a
 
-    bad = [with_value("obs", np.nan), with_value("next_obs", np.inf), with_value("reward", np.nan),
-           with_value("obs", -np.inf)]  # fmt: skip
+    bad = [
+        with_value("obs", np.nan),
+        with_value("next_obs", np.inf),
+        with_value("reward", np.nan),
+        with_value("obs", -np.inf),
+    ]
     good = [trajectory(base=10 * i) for i in range(4)]
     order = [good[0], bad[0], bad[1], good[1], bad[2], good[2], bad[3], good[3]]
     for arrays in order:
@@ -748,8 +769,11 @@ def test_replay_snapshot_that_is_a_pickle_is_not_executed(inproc, tmp_path, capl
         load_state(path)
     # An .npz whose array is a pickled object array: refused as well.
     odd = tmp_path / "odd.npz"
-    np.savez(odd, __state__=np.array('{"x": {"__array__": "a0"}}'),
-             a0=np.array([Exploit(marker)], dtype=object))  # fmt: skip
+    np.savez(
+        odd,
+        __state__=np.array('{"x": {"__array__": "a0"}}'),
+        a0=np.array([Exploit(marker)], dtype=object),
+    )
     with pytest.raises(SnapshotError, match="odd.npz"):
         load_state(odd)
     assert not marker.exists()
@@ -989,8 +1013,13 @@ def test_a_snapshot_taken_before_the_first_insert_restores_into_the_layout(inpro
     replay = inproc.start(ReplayServer, index=0)
     assert isinstance(replay, ReplayServer) and replay.snapshot_refused is None
     assert replay.table.capacity == 60 and set(replay.table.schema) == {
-        "obs", "action", "reward", "discount", "next_obs", "weights_version",
-    }  # fmt: skip
+        "obs",
+        "action",
+        "reward",
+        "discount",
+        "next_obs",
+        "weights_version",
+    }
     experience = inproc.push("experience", sender="actor-0")
     inproc.wait_subscribed(acks)
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory()))

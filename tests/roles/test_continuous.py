@@ -250,9 +250,11 @@ def test_nan_from_the_env_is_detected_reported_and_dropped(what, caplog):
     vec = gym.vector.SyncVectorEnv(
         [lambda: NonFiniteOnce(what, at=5)] * E, autoreset_mode=AutoresetMode.NEXT_STEP
     )
-    actor = bare_actor(cfg, vec, build_model(
-        vec.single_observation_space, vec.single_action_space, cfg.model, "sac"
-    ))  # fmt: skip
+    actor = bare_actor(
+        cfg,
+        vec,
+        build_model(vec.single_observation_space, vec.single_action_space, cfg.model, "sac"),
+    )
     actor.id = "actor-0"
     actor.env_steps = 96
     with caplog.at_level(logging.WARNING, logger="zrl.actor"):

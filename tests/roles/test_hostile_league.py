@@ -60,8 +60,9 @@ def test_league_freezes_only_params_weights_and_counts_only_actors(
     # role that is not an actor. Neither moves the payoff or an Elo.
     elo = league.league.elo.rating("main")
     stranger = Rpc(inproc.ctx, league.rpc_endpoint, sender="actor-0")
-    learner = Rpc(inproc.ctx, league.rpc_endpoint, sender="learner-0", broker=inproc.addr,
-                  server="league")  # fmt: skip
+    learner = Rpc(
+        inproc.ctx, league.rpc_endpoint, sender="learner-0", broker=inproc.addr, server="league"
+    )
     wins = {"opponents": ["random"] * 100, "outcomes": [1] * 100}
     try:
         for _ in range(5):

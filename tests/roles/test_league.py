@@ -118,8 +118,11 @@ def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Pa
         missing = rpc.request(P.Message(P.GET_SNAPSHOT, meta={"id": "main@99"}))
         assert missing.kind == P.NO_WEIGHTS
 
-        rpc.send(P.Message(P.RESULTS, meta={"opponents": ["main@1", "random", "main"],
-                                            "outcomes": [1, -1, 0]}))  # fmt: skip
+        rpc.send(
+            P.Message(
+                P.RESULTS, meta={"opponents": ["main@1", "random", "main"], "outcomes": [1, -1, 0]}
+            )
+        )
         wait_for(lambda: league.league.games == 3)
         assert league.league.payoff.counts("main", "main@1") == (1, 0, 0)
         assert league.league.payoff.counts("main", "random") == (0, 0, 1)
@@ -171,8 +174,12 @@ def test_checkpoint_resumes_payoff_elo_and_snapshots(inproc: InProc, tmp_path: P
     force_snapshot(league, "main@1")
     rpc = league_rpc(inproc, league)
     try:
-        rpc.send(P.Message(P.RESULTS, meta={"opponents": ["main@1"] * 3 + ["random"],
-                                            "outcomes": [1, 1, 0, -1]}))  # fmt: skip
+        rpc.send(
+            P.Message(
+                P.RESULTS,
+                meta={"opponents": ["main@1"] * 3 + ["random"], "outcomes": [1, 1, 0, -1]},
+            )
+        )
         wait_for(lambda: league.league.games == 4)
     finally:
         rpc.close()

@@ -176,9 +176,11 @@ def initial_model(cfg: ExperimentConfig) -> ActorCritic:
     probe = make_vector_env(cfg.env, num_envs=1)
     torch.manual_seed(cfg.seed)
     model = build_actor_critic(
-        probe.single_observation_space, probe.single_action_space,
-        cfg.model.hidden, cfg.model.activation,
-    )  # fmt: skip
+        probe.single_observation_space,
+        probe.single_action_space,
+        cfg.model.hidden,
+        cfg.model.activation,
+    )
     probe.close()
     return model
 
@@ -396,9 +398,11 @@ def other_weights(cfg: ExperimentConfig, seed: int) -> dict[str, np.ndarray]:
     probe = make_vector_env(cfg.env, num_envs=1)
     torch.manual_seed(seed)
     model = build_actor_critic(
-        probe.single_observation_space, probe.single_action_space,
-        cfg.model.hidden, cfg.model.activation,
-    )  # fmt: skip
+        probe.single_observation_space,
+        probe.single_action_space,
+        cfg.model.hidden,
+        cfg.model.activation,
+    )
     probe.close()
     # Sharper than the 0.01-gain init, so log-probabilities differ visibly between versions.
     with torch.no_grad():
@@ -562,19 +566,29 @@ def test_a3c_actor_pushes_the_gradient_of_its_rollout(inproc):
         values = model.value(torch.from_numpy(rollout["obs"].reshape(-1, 4))).numpy()
         boot = model.value(torch.from_numpy(rollout["bootstrap_obs"])).numpy()
     adv, ret = rollout_gae(
-        rollout["reward"], values.reshape(E, 8), rollout["terminated"], rollout["truncated"],
-        rollout["valid"], boot, c.gamma, c.gae_lambda,
-    )  # fmt: skip
+        rollout["reward"],
+        values.reshape(E, 8),
+        rollout["terminated"],
+        rollout["truncated"],
+        rollout["valid"],
+        boot,
+        c.gamma,
+        c.gae_lambda,
+    )
     valid = torch.from_numpy(rollout["valid"].reshape(-1))
     logits, v = model(torch.from_numpy(rollout["obs"].reshape(-1, 4)))
     logp = torch.log_softmax(logits, -1).gather(
         1, torch.from_numpy(rollout["action"].reshape(-1, 1))
     )[:, 0]
     loss, _ = a2c_loss(
-        logp[valid], v[valid], torch.from_numpy(ret.reshape(-1))[valid],
-        torch.from_numpy(adv.reshape(-1))[valid], categorical_entropy(logits[valid]),
-        c.entropy_coef, c.value_coef,
-    )  # fmt: skip
+        logp[valid],
+        v[valid],
+        torch.from_numpy(ret.reshape(-1))[valid],
+        torch.from_numpy(adv.reshape(-1))[valid],
+        categorical_entropy(logits[valid]),
+        c.entropy_coef,
+        c.value_coef,
+    )
     loss.backward()
     assert produced.meta["samples"] == int(valid.sum())
     for n, p in model.named_parameters():

@@ -251,8 +251,11 @@ class FakeUpdate:
         self.rounds += 1
 
     def state_dict(self) -> dict:
-        return {"online": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rounds": self.rounds}  # fmt: skip
+        return {
+            "online": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rounds": self.rounds,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["online"])

@@ -275,8 +275,15 @@ def test_replay_server_acks_batches_priorities_rate_limit_and_drops(inproc):
         assert b.meta["shard"] == "replay-0"
         assert b.meta["table_size"] == 50
         assert set(b.arrays) == {
-            "obs", "action", "reward", "discount", "next_obs", "weights_version", "weight", "key",
-        }  # fmt: skip
+            "obs",
+            "action",
+            "reward",
+            "discount",
+            "next_obs",
+            "weights_version",
+            "weight",
+            "key",
+        }
         keys, w = b.arrays["key"], b.arrays["weight"]
         assert keys.dtype == np.int64 and keys.shape == (16,)
         assert w.dtype == np.float32 and w.shape == (16,)
@@ -505,14 +512,21 @@ FAST = ["broker.heartbeat_interval=0.2", "broker.heartbeat_timeout=10", "replay.
     ("config_file", "overrides"),
     [
         ("cartpole_apex_dqn.yaml", ["env.num_envs=4", "actor.env_groups=2"]),
-        ("cartpole_novel_r2d2.yaml", ["env.num_envs=2", "r2d2.sequence_length=8",
-                                      "r2d2.burn_in=2", "actor.trajectory_length=4"]),
+        (
+            "cartpole_novel_r2d2.yaml",
+            [
+                "env.num_envs=2",
+                "r2d2.sequence_length=8",
+                "r2d2.burn_in=2",
+                "actor.trajectory_length=4",
+            ],
+        ),
         ("cartpole_impala.yaml", ["env.num_envs=2", "model.core=gru", "model.core_size=8"]),
         ("pendulum_sac.yaml", ["env.num_envs=2"]),
         ("tictactoe_impala.yaml", ["env.num_envs=2", "roles.league=0"]),
     ],
     ids=["apex_dqn-env-groups", "r2d2", "impala-recurrent", "sac", "multiagent-impala"],
-)  # fmt: skip
+)
 def test_real_actors_send_the_layout_the_shard_fixed_at_setup(inproc, config_file, overrides):
     """Each algorithm's actor, as it runs: every trajectory fits the layout the shard derived
     from the config and the env's spaces alone (nothing refused), and is stored."""
@@ -579,9 +593,14 @@ def test_a_frame_shard_refuses_other_frames_and_stays_its_size(inproc, tmp_path)
     cfg = replay_config(min_size=10_000, capacity=1000)
     cfg = config_from_dict(
         cfg.model_dump(mode="json"),
-        ["env.id=ALE/Pong-v5", "env.num_envs=1", "actor.trajectory_length=4",
-         f"checkpoint.dir={tmp_path}", "checkpoint.interval=1e6"],
-    )  # fmt: skip
+        [
+            "env.id=ALE/Pong-v5",
+            "env.num_envs=1",
+            "actor.trajectory_length=4",
+            f"checkpoint.dir={tmp_path}",
+            "checkpoint.interval=1e6",
+        ],
+    )
     inproc.start_broker(cfg)
     acks = inproc.sub(P.ack_topic("actor-0"))
     replay = inproc.start(ReplayServer, index=0)

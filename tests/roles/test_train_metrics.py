@@ -170,9 +170,13 @@ def test_train_stats_means_maxima_tensors_and_reset():
     stats.add_with_max(policy_lag=3)
     stats.add_array("td_error", np.array([1.0, 5.0], np.float32))
     assert stats.flush() == {
-        "loss": 2.0, "grad_norm": 3.0, "policy_lag": 2.0, "policy_lag_max": 3.0,
-        "td_error": 3.0, "td_error_max": 5.0,
-    }  # fmt: skip
+        "loss": 2.0,
+        "grad_norm": 3.0,
+        "policy_lag": 2.0,
+        "policy_lag_max": 3.0,
+        "td_error": 3.0,
+        "td_error_max": 5.0,
+    }
     assert stats.flush() == {}  # afresh after each report
 
 
@@ -200,8 +204,20 @@ def test_continuous_learner_reports(algo):
     for _ in range(3):
         train_on(learner, transitions(rng, 3, rng.uniform(-2, 2, (B, 1)).astype(np.float32)))
     report = learner.train_metrics()
-    check(report, "loss", "critic_loss", "actor_loss", "td_error", "td_error_max", "q_mean",
-          "grad_norm", "actor_grad_norm", "update_ms", "lr", "actor_lr")  # fmt: skip
+    check(
+        report,
+        "loss",
+        "critic_loss",
+        "actor_loss",
+        "td_error",
+        "td_error_max",
+        "q_mean",
+        "grad_norm",
+        "actor_grad_norm",
+        "update_ms",
+        "lr",
+        "actor_lr",
+    )
     if algo == "sac":
         check(report, "alpha", "alpha_loss", "entropy")
 
@@ -212,8 +228,11 @@ def replay_batch(algo: str, rng: np.random.Generator, versions: np.ndarray) -> P
     if algo == "r2d2":
         arrays = sequences(B, obs_dim=2, state_width=16)  # CartPoleNoVel: 2 observations
         del arrays["priority"]
-        arrays.update(weights_version=versions, weight=np.ones(B, np.float32),
-                      key=np.arange(B, dtype=np.int64))  # fmt: skip
+        arrays.update(
+            weights_version=versions,
+            weight=np.ones(B, np.float32),
+            key=np.arange(B, dtype=np.int64),
+        )
         return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays, sender="replay-0")
     if algo == "apex_dqn":
         return transitions(rng, 4, rng.integers(0, 2, B).astype(np.int64), versions)
@@ -224,9 +243,11 @@ REPLAY_LEARNERS: dict[str, tuple[str, dict[str, Any]]] = {
     "apex_dqn": ("CartPole-v1", {}),
     "apex_ddpg": ("Pendulum-v1", {}),
     "sac": ("Pendulum-v1", {}),
-    "r2d2": ("zrl/CartPoleNoVel-v1", {"model": {"core": "lstm", "core_size": 8},
-                                      "r2d2": {"sequence_length": 6, "burn_in": 2}}),
-}  # fmt: skip
+    "r2d2": (
+        "zrl/CartPoleNoVel-v1",
+        {"model": {"core": "lstm", "core_size": 8}, "r2d2": {"sequence_length": 6, "burn_in": 2}},
+    ),
+}
 
 
 @pytest.mark.parametrize("algo", list(REPLAY_LEARNERS))
@@ -257,8 +278,19 @@ def test_unroll_learners_report_policy_lag(algo):
     a = unrolls(rng, [1, 3, 3])  # the learner is at version 3
     train_on(learner, P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=a), version=3)
     report = learner.train_metrics()
-    check(report, "loss", "policy_loss", "value_loss", "entropy", "grad_norm", "mean_rho",
-          "policy_lag", "policy_lag_max", "update_ms", "lr")  # fmt: skip
+    check(
+        report,
+        "loss",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "grad_norm",
+        "mean_rho",
+        "policy_lag",
+        "policy_lag_max",
+        "update_ms",
+        "lr",
+    )
     assert report["policy_lag"] == pytest.approx(2 / 3)
     assert report["policy_lag_max"] == 2.0
     if algo == "appo":
@@ -276,8 +308,21 @@ def test_ppo_learner_reports_kl_clip_fraction_and_policy_lag():
         chosen.append(Rollout(2, actor, rollout_arrays(rng, envs=2)))
     assert update.train_round(chosen, current=3) > 0
     report = learner.train_metrics()
-    check(report, "loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
-          "grad_norm", "update_ms", "round_s", "policy_lag", "policy_lag_max", "lr")  # fmt: skip
+    check(
+        report,
+        "loss",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "grad_norm",
+        "update_ms",
+        "round_s",
+        "policy_lag",
+        "policy_lag_max",
+        "lr",
+    )
     assert report["policy_lag"] == 1.0
 
 
@@ -322,8 +367,15 @@ def test_apex_actor_reports_episodes_and_epsilons():
     done = np.array([[False, False, True, False, True], [False] * 5])
     actor.episodes.update_trajectory(np.ones((2, T)), done, np.ones((2, T), bool))
     report = actor.train_metrics()
-    check(report, "episode_return", "episode_return_min", "episode_return_max",
-          "episode_length", "epsilon_min", "epsilon_max")  # fmt: skip
+    check(
+        report,
+        "episode_return",
+        "episode_return_min",
+        "episode_return_max",
+        "episode_length",
+        "epsilon_min",
+        "epsilon_max",
+    )
     assert (report["episode_return"], report["episode_length"]) == (2.5, 2.5)
     assert (
         report["epsilon_min"] < report["epsilon_max"] == pytest.approx(float(policy.epsilons.max()))

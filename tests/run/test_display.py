@@ -33,12 +33,18 @@ def test_off_a_terminal_a_long_command_is_printed_verbatim_on_one_line(tmp_path:
 def test_the_summary_shows_the_rule_the_first_env_step_and_a_failed_roles_log(tmp_path: Path):
     display, out = display_into(tmp_path)
     summary = {
-        "reached_target": False, "stop_reason": "wall_time", "run_dir": "/runs/x",
+        "reached_target": False,
+        "stop_reason": "wall_time",
+        "run_dir": "/runs/x",
         "error": "learner-0 crashed 2 time(s) while starting (last exit code 1)",
         "error_log_tail": ["Traceback (most recent call last):", "RuntimeError: [no] sim"],
-        "confirming_eval_return": None, "best_eval_return": 500.0, "last_eval_return": 190.0,
-        "env_steps": 12_345, "wall_time": 8.04, "seconds_to_first_env_step": 2.31,
-    }  # fmt: skip
+        "confirming_eval_return": None,
+        "best_eval_return": 500.0,
+        "last_eval_return": 190.0,
+        "env_steps": 12_345,
+        "wall_time": 8.04,
+        "seconds_to_first_env_step": 2.31,
+    }
     display.final(summary)
     lines = out.getvalue().splitlines()
     assert lines[1] == summary["error"]
@@ -51,12 +57,15 @@ def test_the_league_line_names_each_exploiters_win_rate_elo_snapshots_and_resets
     from zrl.run.display import league_line
 
     info = {
-        "games": 120, "snapshots": 3, "main_win_rate": 0.61, "elo_top": {"main": 1040.2},
+        "games": 120,
+        "snapshots": 3,
+        "main_win_rate": 0.61,
+        "elo_top": {"main": 1040.2},
         "players": {
             "main": {"win_rate": 0.61, "elo": 1040.2, "snapshots": 1, "resets": 0},
             "main_exploiter_0": {"win_rate": 0.72, "elo": 1012.4, "snapshots": 2, "resets": 2},
         },
-    }  # fmt: skip
+    }
     line = league_line(info)
     assert line.startswith("120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040")
     assert line.endswith("; main_exploiter_0 win 0.72 Elo 1012 (2 snapshots, 2 resets)")

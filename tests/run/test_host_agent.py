@@ -136,17 +136,22 @@ class Launched:
         self.argvs: list[list[str]] = []
         self.envs: list[dict[str, str]] = []
 
-    def __call__(self, argv: list[str], log_path: Path, zygote: Any = None,
-                 env: dict[str, str] | None = None) -> FakeProc:  # fmt: skip
+    def __call__(
+        self, argv: list[str], log_path: Path, zygote: Any = None, env: dict[str, str] | None = None
+    ) -> FakeProc:
         self.argvs.append(argv)
         self.envs.append(dict(env or {}))
         return FakeProc(next(self.pids))
 
 
 def make_agent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *tokens: str, budget: int = 2,
-    broker: str = "tcp://127.0.0.1:1", **options: Any,
-) -> tuple[HostAgent, Launched]:  # fmt: skip
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *tokens: str,
+    budget: int = 2,
+    broker: str = "tcp://127.0.0.1:1",
+    **options: Any,
+) -> tuple[HostAgent, Launched]:
     agent = HostAgent(
         broker,
         parse_role_specs(list(tokens)),
@@ -184,8 +189,11 @@ def test_agent_learns_ids_from_its_children_restarts_crashes_and_gives_up(tmp_pa
     child_says(params, "params-3", "running", pid=4242)  # not the pid we started: not ours
     agent.read_reports()
     assert (actor.name, actor.index, replay.name, params.name) == (
-        "actor-7", 7, "replay-0", "params.0"
-    )  # fmt: skip
+        "actor-7",
+        7,
+        "replay-0",
+        "params.0",
+    )
     agent._tend(0.0)
     assert actor.came_up and not replay.came_up
 
@@ -204,9 +212,13 @@ def test_agent_learns_ids_from_its_children_restarts_crashes_and_gives_up(tmp_pa
         agent._tend(3.5 + life)
     assert actor.state == "given up" and actor.restarts == 2
     assert actor.report(tail=False) == {
-        "id": "actor-7", "pid": 1004, "state": "given up", "restarts": 2,
-        "log": str(tmp_path / "actor.0.log"), "exit_code": 1,
-    }  # fmt: skip
+        "id": "actor-7",
+        "pid": 1004,
+        "state": "given up",
+        "restarts": 2,
+        "log": str(tmp_path / "actor.0.log"),
+        "exit_code": 1,
+    }
     assert agent.given_up == [actor]
     params.proc.code = 0  # type: ignore[union-attr]
     agent._tend(10.0)
@@ -254,9 +266,17 @@ def forge_rows(ctx: zmq.Context, broker: str, host: str, pid: int, *ids: str) ->
     for k, rid in enumerate(ids):
         sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=2000, sndtimeo_ms=2000)
         sock.connect(broker)
-        hello = {"role": rid.split("-")[0], "id": rid, "index": None, "host": host, "pid": pid,
-                 "address": "127.0.0.1", "rpc": "", "instance": f"forged{k}",
-                 "zrl_version": __version__}  # fmt: skip
+        hello = {
+            "role": rid.split("-")[0],
+            "id": rid,
+            "index": None,
+            "host": host,
+            "pid": pid,
+            "address": "127.0.0.1",
+            "rpc": "",
+            "instance": f"forged{k}",
+            "zrl_version": __version__,
+        }
         sock.send_multipart(P.encode(P.Message(P.HELLO, meta=hello)))
         assert P.decode(sock.recv_multipart()).kind == P.WELCOME
         socks.append(sock)
@@ -280,14 +300,16 @@ def test_forged_status_rows_cannot_make_the_agent_give_up_its_role(zmq_ctx, tmp_
     thread = threading.Thread(target=broker.run, name="test-broker", daemon=True)
     thread.start()
     forgers: list[zmq.Socket] = []
-    agent, launched = make_agent(tmp_path, monkeypatch, "actor=1", broker=addr, ctx=zmq_ctx,
-                                 connect_timeout=10)  # fmt: skip
+    agent, launched = make_agent(
+        tmp_path, monkeypatch, "actor=1", broker=addr, ctx=zmq_ctx, connect_timeout=10
+    )
     try:
         agent.connect()
         (actor,) = agent.children
         assert actor.proc is not None
-        forgers = forge_rows(zmq_ctx, addr, agent.host, actor.proc.pid,
-                             "actor-7", "actor-" + "9" * 50)  # fmt: skip
+        forgers = forge_rows(
+            zmq_ctx, addr, agent.host, actor.proc.pid, "actor-7", "actor-" + "9" * 50
+        )
 
         def loop(until: Any) -> Any:
             def once() -> Any:
@@ -346,8 +368,13 @@ def test_heartbeat_info_drops_tails_then_children_to_fit(tmp_path):
 def test_find_child_report():
     def agent_row(rid: str, state: str, age: float, log: str) -> dict[str, Any]:
         child = {"id": "actor-1", "state": "running", "log": log}
-        return {"id": rid, "role": "host", "state": state, "age": age,
-                "info": {"children": [{"id": "actor-0"}, child]}}  # fmt: skip
+        return {
+            "id": rid,
+            "role": "host",
+            "state": state,
+            "age": age,
+            "info": {"children": [{"id": "actor-0"}, child]},
+        }
 
     rows = [
         agent_row("host-0", "stopped", 0.1, "/old/actor-1.log"),
@@ -366,10 +393,20 @@ def test_find_child_report():
 
 def start_broker(spawn, ctx: zmq.Context, addr: str, *args: str, token: str = "") -> Any:
     proc = spawn(
-        "start", "broker", "--bind", addr, "--config", CONFIG, "--log-level", "WARNING",
-        "--set", "broker.heartbeat_timeout=1.0", *args,
-        log_name="broker", env={"ZRL_STOP_TOKEN": token} if token else None,
-    )  # fmt: skip
+        "start",
+        "broker",
+        "--bind",
+        addr,
+        "--config",
+        CONFIG,
+        "--log-level",
+        "WARNING",
+        "--set",
+        "broker.heartbeat_timeout=1.0",
+        *args,
+        log_name="broker",
+        env={"ZRL_STOP_TOKEN": token} if token else None,
+    )
 
     def answers() -> bool:
         try:
@@ -408,8 +445,16 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
     token = secrets.token_hex(8)
     broker = start_broker(spawn, zmq_ctx, broker_addr, token=token)
     log_dir = tmp_path / "logs"
-    agent = spawn("host", "--broker", broker_addr, "params=1", "replay=1@0",
-                  "--log-dir", str(log_dir), log_name="agent")  # fmt: skip
+    agent = spawn(
+        "host",
+        "--broker",
+        broker_addr,
+        "params=1",
+        "replay=1@0",
+        "--log-dir",
+        str(log_dir),
+        log_name="agent",
+    )
     children: list[psutil.Process] = []
     try:
 
@@ -458,8 +503,10 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
         assert agent.wait(timeout=15) == 0
         assert_all_gone(children, broker_addr, broker.pid)
         assert sorted(p.name for p in log_dir.iterdir()) == [
-            "params.0.log", "replay-0.log", "zygote.log"
-        ]  # fmt: skip
+            "params.0.log",
+            "replay-0.log",
+            "zygote.log",
+        ]
     finally:
         kill_pids([agent.pid, *(p.pid for p in children)])
 
@@ -469,14 +516,27 @@ def test_agent_gives_up_a_role_that_keeps_crashing_and_stops_when_the_broker_is_
 ):
     """The back-off and budget are shortened by ``zrl host``'s hidden test options (the real
     back-off sums to 30 s)."""
-    broker = start_broker(spawn, zmq_ctx, broker_addr, "--env-factory", CRASHING_ENV,
-                          "--no-preflight")  # fmt: skip
+    broker = start_broker(
+        spawn, zmq_ctx, broker_addr, "--env-factory", CRASHING_ENV, "--no-preflight"
+    )
     agent = spawn(
-        "host", "--broker", broker_addr, "actor=1@0", "replay=1@0",
-        "--env-factory", CRASHING_ENV, "--log-dir", str(tmp_path / "logs"),
-        "--orphan-timeout", "4", "--restart-backoff", "0.1", "--restart-budget", "2",
+        "host",
+        "--broker",
+        broker_addr,
+        "actor=1@0",
+        "replay=1@0",
+        "--env-factory",
+        CRASHING_ENV,
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--orphan-timeout",
+        "4",
+        "--restart-backoff",
+        "0.1",
+        "--restart-budget",
+        "2",
         log_name="agent",
-    )  # fmt: skip
+    )
     children: list[psutil.Process] = []
     try:
 

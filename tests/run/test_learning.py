@@ -15,13 +15,21 @@ CFG = ExperimentConfig.model_validate({"name": "x", "learner": {"publish_interva
 
 
 def learner(sent: int, acked: int, updates: int, **info: Any) -> dict[str, Any]:
-    return {"id": "learner-0", "role": "learner", "state": "alive",
-            "info": {"weights_sent": sent, "weights_acked": acked, "updates": updates, **info}}  # fmt: skip
+    return {
+        "id": "learner-0",
+        "role": "learner",
+        "state": "alive",
+        "info": {"weights_sent": sent, "weights_acked": acked, "updates": updates, **info},
+    }
 
 
 def params(version: int, **info: Any) -> dict[str, Any]:
-    return {"id": "params-0", "role": "params", "state": "alive",
-            "info": {"weights_version": version, **info}}  # fmt: skip
+    return {
+        "id": "params-0",
+        "role": "params",
+        "state": "alive",
+        "info": {"weights_version": version, **info},
+    }
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,28 @@ Scalars = dict[str, list[tuple[int, float]]]
 def test_aggregator_tags_training_figures_by_role_kind():
     agg = Aggregator()
     agg.on_metrics({"id": "learner-0", "role": "learner", "train": {"loss": 1.0, "lr": 1e-3}})
-    agg.on_metrics({"id": "actor-0", "role": "actor",
-                    "train": {"episode_return": 10.0, "epsilon_min": 0.1, "epsilon_max": 0.4}})  # fmt: skip
-    agg.on_metrics({"id": "actor-1", "role": "actor",
-                    "train": {"episode_return": 20.0, "epsilon_min": 0.01, "epsilon_max": 0.2}})  # fmt: skip
+    agg.on_metrics(
+        {
+            "id": "actor-0",
+            "role": "actor",
+            "train": {"episode_return": 10.0, "epsilon_min": 0.1, "epsilon_max": 0.4},
+        }
+    )
+    agg.on_metrics(
+        {
+            "id": "actor-1",
+            "role": "actor",
+            "train": {"episode_return": 20.0, "epsilon_min": 0.01, "epsilon_max": 0.2},
+        }
+    )
     # From the open topic bus: odd names, non-numbers and unknown role kinds are left out.
-    agg.on_metrics({"id": "actor-2", "role": "actor",
-                    "train": {"Bad Tag": 1.0, "../x": 2.0, "nan": float("nan"), "s": "x"}})  # fmt: skip
+    agg.on_metrics(
+        {
+            "id": "actor-2",
+            "role": "actor",
+            "train": {"Bad Tag": 1.0, "../x": 2.0, "nan": float("nan"), "s": "x"},
+        }
+    )
     agg.on_metrics({"id": "x-0", "role": "../../x", "train": {"loss": 5.0}})
     agg.on_metrics({"id": "learner-1", "role": "learner", "train": ["loss"]})
     assert agg.train_row() == {
@@ -50,10 +65,20 @@ def feed(writer: MetricsWriter) -> Scalars:
     agg = Aggregator()
     expected: Scalars = {}
     for i, env_steps in enumerate((100, 200)):
-        agg.on_metrics({"id": "learner-0", "role": "learner",
-                        "train": {"loss": 1.0 + i, "grad_norm": 0.5, "policy_lag": 1.0}})  # fmt: skip
-        agg.on_metrics({"id": "actor-0", "role": "actor",
-                        "train": {"episode_return": 20.0 + i, "episode_length": 20.0 + i}})  # fmt: skip
+        agg.on_metrics(
+            {
+                "id": "learner-0",
+                "role": "learner",
+                "train": {"loss": 1.0 + i, "grad_norm": 0.5, "policy_lag": 1.0},
+            }
+        )
+        agg.on_metrics(
+            {
+                "id": "actor-0",
+                "role": "actor",
+                "train": {"episode_return": 20.0 + i, "episode_length": 20.0 + i},
+            }
+        )
         row = {"time": float(i), "env_steps": env_steps, "env_steps_per_s": 100.0, "updates": i}
         writer.write_progress(row)
         train = agg.train_row()
@@ -85,17 +110,30 @@ def test_tensorboard_and_csv_show_the_training_tags(tmp_path: Path):
     expected = feed(writer)
     writer.close()
     got = tensorboard_scalars(tmp_path / "tensorboard")
-    assert {"learner/loss", "learner/grad_norm", "learner/policy_lag", "actor/episode_return",
-            "actor/episode_length", "eval/return_mean", "progress/env_steps_per_s"} <= set(got)  # fmt: skip
+    assert {
+        "learner/loss",
+        "learner/grad_norm",
+        "learner/policy_lag",
+        "actor/episode_return",
+        "actor/episode_length",
+        "eval/return_mean",
+        "progress/env_steps_per_s",
+    } <= set(got)
     assert subset(got, expected) == expected
     # train_metrics.csv: long form, one row per tag and report.
     rows = read_csv_rows(tmp_path / "train_metrics.csv")
-    assert rows[0] == {"time": "0.0", "env_steps": "100", "tag": "actor/episode_length",
-                       "value": "20"}  # fmt: skip
+    assert rows[0] == {
+        "time": "0.0",
+        "env_steps": "100",
+        "tag": "actor/episode_length",
+        "value": "20",
+    }
     assert {(r["tag"], int(r["env_steps"])) for r in rows} == {
-        (tag, step) for tag, points in expected.items() for step, _ in points
+        (tag, step)
+        for tag, points in expected.items()
+        for step, _ in points
         if tag.split("/")[0] in ("learner", "actor")
-    }  # fmt: skip
+    }
     # progress.csv and eval.csv are as before (zrl plot and --resume read them).
     assert [r["env_steps"] for r in read_csv(tmp_path / "progress.csv")] == [100, 200]
     assert read_csv(tmp_path / "eval.csv")[0]["mean"] == 21.5

@@ -19,16 +19,19 @@ from zrl.run.roster import ANY_HOST, HERE, MAX_UNPLANNED, Roster
 def two_host_config(**broker: object) -> ExperimentConfig:
     cfg = ExperimentConfig()
     cfg.roles.actors, cfg.roles.replay = 5, 2
-    cfg.hosts = [HostConfig(name="b", roles={"actors": 2, "replay": 1}),
-                 HostConfig(name="c", address="10.9.0.1", roles={"actors": 2})]  # fmt: skip
+    cfg.hosts = [
+        HostConfig(name="b", roles={"actors": 2, "replay": 1}),
+        HostConfig(name="c", address="10.9.0.1", roles={"actors": 2}),
+    ]
     for key, value in broker.items():
         setattr(cfg.broker, key, value)
     return cfg
 
 
 def access(cfg: ExperimentConfig, **kw: object) -> BrokerAccess:
-    return BrokerAccess.of(cfg, inproc=False, port=None, keys_dir=None, insecure=True,
-                           inproc_name="t", **kw)  # type: ignore[arg-type]  # fmt: skip
+    return BrokerAccess.of(
+        cfg, inproc=False, port=None, keys_dir=None, insecure=True, inproc_name="t", **kw
+    )  # type: ignore[arg-type]
 
 
 def test_host_specs_group_consecutive_indices_per_role():
@@ -77,13 +80,16 @@ def test_a_head_on_a_given_bind_expects_every_role_from_elsewhere():
     cfg = ExperimentConfig()
     acc = access(cfg, bind="tcp://127.0.0.1:47000", elsewhere=True)
     assert (acc.bind_addr, acc.broker_addr, acc.public_addr) == (
-        "tcp://127.0.0.1:47000", "tcp://127.0.0.1:47000", "tcp://127.0.0.1:47000"
-    )  # fmt: skip
+        "tcp://127.0.0.1:47000",
+        "tcp://127.0.0.1:47000",
+        "tcp://127.0.0.1:47000",
+    )
 
 
 def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
-    roster = Roster.of([("learner", 0)], {"b": [("actor", 1), ("actor", 2)], ANY_HOST: []},
-                       wait_s=30.0)  # fmt: skip
+    roster = Roster.of(
+        [("learner", 0)], {"b": [("actor", 1), ("actor", 2)], ANY_HOST: []}, wait_s=30.0
+    )
     rows = [
         {"id": "learner-0", "role": "learner", "host": "a", "pid": 1, "state": "alive"},
         {"id": "actor-1", "role": "actor", "host": "b", "pid": 7, "state": "alive", "restarts": 1},
@@ -101,9 +107,15 @@ def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
     assert summary["took_part"]["actor-1"]["placed"] == "b"
     assert summary["took_part"]["actor-1"]["restarts"] == 1
     assert summary["took_part"]["learner-0"] | {"first_seen": 0} == {
-        "first_seen": 0, "role": "learner", "host": "a", "address": None, "pid": 1,
-        "state": "exited -9", "restarts": 2, "placed": HERE,
-    }  # fmt: skip
+        "first_seen": 0,
+        "role": "learner",
+        "host": "a",
+        "address": None,
+        "pid": 1,
+        "state": "exited -9",
+        "restarts": 2,
+        "placed": HERE,
+    }
     assert summary["took_part"]["host-0"]["placed"] == "unplanned"
 
 
@@ -113,8 +125,15 @@ def test_the_roster_keeps_its_plan_and_a_bounded_number_of_unplanned_ids():
     the rest. A malformed restart count counts as none."""
     roster = Roster.of([("learner", 0)], {}, wait_s=None)
     for wave in range(20):
-        rows = [{"id": f"actor-{1000 * wave + k}", "role": "actor", "state": "alive",
-                 "restarts": "many"} for k in range(50)]  # fmt: skip
+        rows = [
+            {
+                "id": f"actor-{1000 * wave + k}",
+                "role": "actor",
+                "state": "alive",
+                "restarts": "many",
+            }
+            for k in range(50)
+        ]
         roster.update([*rows, {"id": "learner-0", "role": "learner", "state": "alive"}], 1.0)
     summary = roster.summary({})
     assert len(summary["took_part"]) == 1 + MAX_UNPLANNED and "learner-0" in summary["took_part"]

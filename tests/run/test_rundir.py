@@ -46,16 +46,30 @@ def segment(
     writer = MetricsWriter(path, tensorboard=False)
     try:
         for i, n in enumerate(steps):
-            writer.write_progress({"time": float(i + 1), "env_steps": agg.env_steps_offset + n,
-                                   "updates": 10 * (i + 1)})  # fmt: skip
+            writer.write_progress(
+                {
+                    "time": float(i + 1),
+                    "env_steps": agg.env_steps_offset + n,
+                    "updates": 10 * (i + 1),
+                }
+            )
     finally:
         writer.close()
     row = {"env_steps": agg.env_steps_offset + steps[-1], "updates": 10 * len(steps)}
     summary = rundir.summary(
-        row, 3, stop_reason=stop_reason, fatal="", fatal_tail=[], target=StopRule(cfg), agg=agg,
-        started=time.monotonic() - wall_time, first_env_step=1.0, evals_dropped=0,
-        roster=Roster.of([], {}, wait_s=None), restarts_here={},
-    )  # fmt: skip
+        row,
+        3,
+        stop_reason=stop_reason,
+        fatal="",
+        fatal_tail=[],
+        target=StopRule(cfg),
+        agg=agg,
+        started=time.monotonic() - wall_time,
+        first_env_step=1.0,
+        evals_dropped=0,
+        roster=Roster.of([], {}, wait_s=None),
+        restarts_here={},
+    )
     if write_summary:
         atomic_write_text(path / "summary.json", json.dumps(summary, indent=2))
     return summary
@@ -165,10 +179,12 @@ def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch)
     launched: list[list[str]] = []
     monkeypatch.setattr(pool_module, "launch", lambda argv, *a, **k: launched.append(argv))
     ctx = zmq.Context.instance()
-    access = BrokerAccess.of(cfg, inproc=False, port=None, keys_dir=None, insecure=False,
-                             inproc_name="copy")  # fmt: skip
-    pool = ChildPool(cfg, factories, RunDir(copy, cfg, factories), access, ctx, inproc=False,
-                     log_level="INFO")  # fmt: skip
+    access = BrokerAccess.of(
+        cfg, inproc=False, port=None, keys_dir=None, insecure=False, inproc_name="copy"
+    )
+    pool = ChildPool(
+        cfg, factories, RunDir(copy, cfg, factories), access, ctx, inproc=False, log_level="INFO"
+    )
     pool.spawn(Child("broker", None, copy / "logs" / "broker.log"))
     (argv,) = launched
     config_path = argv[argv.index("--config") + 1]
@@ -177,11 +193,18 @@ def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch)
     assert config_path == str(copy / "config.yaml") and broker_cfg.checkpoint.dir == str(own)
 
     learner = Learner("tcp://127.0.0.1:1", ctx=ctx, checkpoint_root=own)
-    welcome = P.Message(P.WELCOME, meta={
-        "id": "learner-0", "spec": broker_cfg.model_dump(mode="json"), "factories": {},
-        "endpoints": {}, "heartbeat_interval": 0.5, "heartbeat_timeout": 3.0,
-        "max_message_bytes": 2**20,
-    })  # fmt: skip
+    welcome = P.Message(
+        P.WELCOME,
+        meta={
+            "id": "learner-0",
+            "spec": broker_cfg.model_dump(mode="json"),
+            "factories": {},
+            "endpoints": {},
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 3.0,
+            "max_message_bytes": 2**20,
+        },
+    )
     learner._on_welcome(welcome)
     assert learner.checkpoint_path() == own / "learner-0.pt"
     assert sorted((p.name, p.stat().st_mtime_ns) for p in original.rglob("*")) == before

@@ -175,8 +175,7 @@ class EvalFeed:
     """Stands in for the monitor socket: the evals an evaluator publishes on the topic bus."""
 
     def __init__(self, sender: str, metas: list[dict[str, Any]]) -> None:
-        self.msgs = [P.Message(P.METRICS, meta={"kind": "eval", **m}, sender=sender)
-                     for m in metas]  # fmt: skip
+        self.msgs = [P.Message(P.METRICS, meta={"kind": "eval", **m}, sender=sender) for m in metas]
 
     def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
         return (None, self.msgs.pop(0)) if self.msgs else None
@@ -203,8 +202,9 @@ def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool =
     info = sup.monitor.status_rows[0]["info"]
     for mean in means:
         t = len(sup.agg.evals) + 1.0
-        sup.monitor.drain(EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]),
-                           writer, t)  # fmt: skip
+        sup.monitor.drain(
+            EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]), writer, t
+        )
         info["recent_returns"] = [*info.get("recent_returns", []), round(mean, 2)][-32:]
         info["eval_return"] = round(mean, 2)
         if confirming:
@@ -594,9 +594,12 @@ def test_a_run_whose_actor_keeps_crashing_exits_1_and_shows_its_log(tmp_path: Pa
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "zrl", "run", str(script), "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        cwd=REPO, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -697,9 +700,17 @@ def forge_registrations(ctx: zmq.Context, addr: str, ids: list[str], pid: int) -
     for k, rid in enumerate(ids):
         sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=5000, sndtimeo_ms=1000)
         sock.connect(addr)
-        hello = {"role": rid.rsplit("-", 1)[0], "id": rid, "index": None, "host": "forger",
-                 "pid": pid, "address": "127.0.0.1", "rpc": "", "instance": f"forged-{k}",
-                 "zrl_version": zrl.__version__}  # fmt: skip
+        hello = {
+            "role": rid.rsplit("-", 1)[0],
+            "id": rid,
+            "index": None,
+            "host": "forger",
+            "pid": pid,
+            "address": "127.0.0.1",
+            "rpc": "",
+            "instance": f"forged-{k}",
+            "zrl_version": zrl.__version__,
+        }
         sock.send_multipart(P.encode(P.Message(P.HELLO, meta=hello)))
         assert P.decode(sock.recv_multipart()).kind == P.WELCOME
         socks.append(sock)
@@ -726,12 +737,16 @@ def test_forged_metrics_neither_stop_the_run_nor_grow_the_head(tmp_path, monkeyp
     from zrl.run.children import Child
     from zrl.run.roster import MAX_UNPLANNED
 
-    cfg = ExperimentConfig.model_validate({
-        "name": "forged-metrics", "env": {"id": "CartPole-v1", "num_envs": 1},
-        "model": {"hidden": [8]}, "logging": {"backends": ["csv"]},
-        "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 1.0},
-        "stop": {"eval_return": None, "env_steps": 1000, "wall_time": 120},
-    })  # fmt: skip
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "forged-metrics",
+            "env": {"id": "CartPole-v1", "num_envs": 1},
+            "model": {"hidden": [8]},
+            "logging": {"backends": ["csv"]},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 1.0},
+            "stop": {"eval_return": None, "env_steps": 1000, "wall_time": 120},
+        }
+    )
     sup = Supervisor(cfg, run_dir=tmp_path / "run", inproc=True, show_status=False)
     planned = set(sup.roster.planned)
     assert planned == {"actor-0", "actor-1", "replay-0", "params-0", "learner-0", "evaluator-0"}
@@ -763,13 +778,20 @@ def test_forged_metrics_neither_stop_the_run_nor_grow_the_head(tmp_path, monkeyp
             for _ in range(200):
                 k += 1
                 for meta in (
-                    {"id": f"actor-{1000 + k}", "role": "actor", "env_steps": 3_000_000_000,
-                     "train": {f"t{k}_{j}": 1.0 for j in range(8)}},
+                    {
+                        "id": f"actor-{1000 + k}",
+                        "role": "actor",
+                        "env_steps": 3_000_000_000,
+                        "train": {f"t{k}_{j}": 1.0 for j in range(8)},
+                    },
                     {"id": "actor-0", "role": "actor", "env_steps": 3_000_000_000},
-                    {"id": "learner-0", "role": "learner",
-                     "train": {f"tag_{k}_{j}": 1.0 for j in range(60)}},
+                    {
+                        "id": "learner-0",
+                        "role": "learner",
+                        "train": {f"tag_{k}_{j}": 1.0 for j in range(60)},
+                    },
                     {"id": "evaluator-0", "role": "learner", "train": {"loss": 1.0}},
-                ):  # fmt: skip
+                ):
                     msg = P.Message(P.METRICS, meta=meta, sender=str(meta["id"]))
                     pub.send_multipart([P.METRICS_TOPIC.encode(), *P.encode(msg)])
             if not seen_at and sup.monitor.metrics_dropped > 2000 and sup.agg.train_dropped:

@@ -36,8 +36,11 @@ def test_a_zygote_started_early_logs_later_and_passes_the_environment(tmp_path: 
     assert become_subreaper()  # as the supervisor is: forked roles become our children
     zygote = subprocess.Popen(
         [sys.executable, "-c", STAND_IN],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert zygote.stdin and zygote.stdout
     try:
         assert json.loads(zygote.stdout.readline()) == {"ready": True}

@@ -45,10 +45,19 @@ def test_schemas_are_the_module_constants():
     constants = {v.name: v for k, v in vars(M).items() if k.isupper() and isinstance(v, M.Schema)}
     assert constants == M.SCHEMAS
     assert set(M.SCHEMAS) == {
-        "transitions", "frame_transitions", "continuous_transitions", "unroll", "transition_batch",
-        "continuous_transition_batch", "unroll_batch", "sequences", "sequence_batch",
-        "recurrent_unroll", "recurrent_unroll_batch", "priorities",
-    }  # fmt: skip
+        "transitions",
+        "frame_transitions",
+        "continuous_transitions",
+        "unroll",
+        "transition_batch",
+        "continuous_transition_batch",
+        "unroll_batch",
+        "sequences",
+        "sequence_batch",
+        "recurrent_unroll",
+        "recurrent_unroll_batch",
+        "priorities",
+    }
     for schema in M.SCHEMAS.values():
         assert schema.kind in P.KINDS
         assert schema.doc and "\n" not in schema.doc
@@ -247,14 +256,21 @@ def test_finiteness_as_the_receivers_check_it():
         "continuous_transitions": {"obs", "action", "reward", "next_obs", "priority"},
         "unroll": {"obs", "logp", "reward", "bootstrap_obs"},
         "transition_batch": {"obs", "reward", "discount", "next_obs", "weight"},
-        "continuous_transition_batch": {"obs", "action", "reward", "discount", "next_obs", "weight"},
+        "continuous_transition_batch": {
+            "obs",
+            "action",
+            "reward",
+            "discount",
+            "next_obs",
+            "weight",
+        },
         "sequences": {"obs", "reward", "state", "priority"},
         "sequence_batch": {"obs", "reward", "state", "weight"},
         "recurrent_unroll": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "unroll_batch": {"obs", "logp", "reward", "bootstrap_obs"},
         "recurrent_unroll_batch": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "priorities": {"priority"},
-    }  # fmt: skip
+    }
 
 
 # --- what the roles send ---------------------------------------------------------------------

@@ -33,8 +33,9 @@ MB = 2**20
 
 
 def heap_after_a_big_array(mb: str) -> tuple[bool, int, int]:
-    out = subprocess.run([sys.executable, "-c", MALLINFO, mb], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", MALLINFO, mb], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     return out[0] == "True", int(out[1]), int(out[2])
 
 

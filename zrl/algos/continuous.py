@@ -124,32 +124,45 @@ class ContinuousUpdate(BatchUpdate):
             assert isinstance(target, SACModel)
             c = self.config.section(SACConfig)
             r = sac_update(
-                online, target, self.actor_optimizer, self.critic_optimizer,
-                self.alpha_optimizer, self.log_alpha, batch,
-                target_entropy=self.target_entropy, grad_clip=grad_clip,
+                online,
+                target,
+                self.actor_optimizer,
+                self.critic_optimizer,
+                self.alpha_optimizer,
+                self.log_alpha,
+                batch,
+                target_entropy=self.target_entropy,
+                grad_clip=grad_clip,
                 fixed_alpha=c.fixed_alpha,
-            )  # fmt: skip
+            )
             targets_due, td, loss = True, r.td, r.critic_loss
             parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
             figures = {
-                **parts, "alpha_loss": r.alpha_loss, "q_mean": r.q_mean,
-                "grad_norm": r.grad_norm, "actor_grad_norm": r.actor_grad_norm,
-            }  # fmt: skip
+                **parts,
+                "alpha_loss": r.alpha_loss,
+                "q_mean": r.q_mean,
+                "grad_norm": r.grad_norm,
+                "actor_grad_norm": r.actor_grad_norm,
+            }
         else:
             assert isinstance(target, DDPGModel)
             d = self.config.section(DDPGConfig)
             targets_due = (self.updates + 1) % d.policy_delay == 0
             r2 = ddpg_update(
-                online, target, self.actor_optimizer, self.critic_optimizer, batch,
-                update_actor=targets_due, target_noise=d.target_noise,
-                target_noise_clip=d.target_noise_clip, grad_clip=grad_clip,
+                online,
+                target,
+                self.actor_optimizer,
+                self.critic_optimizer,
+                batch,
+                update_actor=targets_due,
+                target_noise=d.target_noise,
+                target_noise_clip=d.target_noise_clip,
+                grad_clip=grad_clip,
                 huber_delta=d.huber_delta,
-            )  # fmt: skip
+            )
             td, loss = r2.td, r2.critic_loss
             parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
-            figures = {
-                **parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm
-            }  # fmt: skip
+            figures = {**parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm}
         self.last_parts = {k: v for k, v in parts.items() if math.isfinite(v)} or self.last_parts
         # loss = critic_loss, so every learner has a learner/loss curve.
         return BatchStep(loss, td, {"loss": loss, "critic_loss": loss, **figures}, targets_due)
@@ -235,10 +248,17 @@ class ContinuousPolicy(BasePolicy):
         setup.log.info(
             "actor %d (%s): %d x %s, action bounds %s..%s, noise sigma %.3g..%.3g, "
             "%d warm-up steps, seed %d",
-            setup.actor_index, cfg.algo, setup.num_envs, cfg.env.id, self.low.tolist(),
-            self.high.tolist(), float(self.sigmas.max()), float(self.sigmas.min()),
-            self.warmup_steps, setup.seed,
-        )  # fmt: skip
+            setup.actor_index,
+            cfg.algo,
+            setup.num_envs,
+            cfg.env.id,
+            self.low.tolist(),
+            self.high.tolist(),
+            float(self.sigmas.max()),
+            float(self.sigmas.min()),
+            self.warmup_steps,
+            setup.seed,
+        )
 
     def begin(self, steps: int, env_steps: int) -> None:
         self.env_steps = env_steps
@@ -290,8 +310,10 @@ class ContinuousPolicy(BasePolicy):
         slots; SAC explores by its own policy's entropy (``learner/entropy``, ``alpha``)."""
         out: dict[str, float] = {}
         if not self.sac and len(self.sigmas):
-            out = {"noise_sigma_min": float(self.sigmas.min()),
-                   "noise_sigma_max": float(self.sigmas.max())}  # fmt: skip
+            out = {
+                "noise_sigma_min": float(self.sigmas.min()),
+                "noise_sigma_max": float(self.sigmas.max()),
+            }
         out["warming_up"] = float(self.env_steps < self.warmup_steps)
         return out
 

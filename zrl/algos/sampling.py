@@ -42,8 +42,12 @@ class CategoricalPolicy(BasePolicy):
         self.random = setup.config.actor.random_policy
         setup.log.info(
             "actor %d (%s): %d x %s, seed %d",
-            setup.actor_index, setup.config.algo, setup.num_envs, setup.config.env.id, setup.seed,
-        )  # fmt: skip
+            setup.actor_index,
+            setup.config.algo,
+            setup.num_envs,
+            setup.config.env.id,
+            setup.seed,
+        )
 
     def begin(self, steps: int, env_steps: int) -> None:
         if self.random:

@@ -126,9 +126,13 @@ class Broker:
         registry = registry_socket(self.ctx, registry_max, keys)
         self._bind(registry, "registry")
         self.registry = Channel(
-            registry, "registry", self.id, self.stats, envelope=True,
+            registry,
+            "registry",
+            self.id,
+            self.stats,
+            envelope=True,
             max_message_bytes=registry_max,
-        )  # fmt: skip
+        )
         self._registry = Registry(
             self.registry,
             bcfg,

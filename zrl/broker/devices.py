@@ -39,19 +39,35 @@ class Devices:
         self._controls: list[zmq.Socket] = []
 
     def socket(
-        self, kind: int, hwm: int, kernel_buffer: int | None = None, *,
+        self,
+        kind: int,
+        hwm: int,
+        kernel_buffer: int | None = None,
+        *,
         max_message_bytes: int | None = None,
-    ) -> zmq.Socket:  # fmt: skip
+    ) -> zmq.Socket:
         # No timeouts: zmq_proxy gives up for good on the first EAGAIN, losing the message in
         # flight and the whole device. A full PUSH side must block (back-pressure) instead.
-        return make_socket(self.ctx, kind, sndhwm=hwm, rcvhwm=hwm, rcvtimeo_ms=-1, sndtimeo_ms=-1,
-                           max_message_bytes=max_message_bytes or self.max_message_bytes,
-                           kernel_buffer_bytes=kernel_buffer, keys=self.keys, server=True)  # fmt: skip
+        return make_socket(
+            self.ctx,
+            kind,
+            sndhwm=hwm,
+            rcvhwm=hwm,
+            rcvtimeo_ms=-1,
+            sndtimeo_ms=-1,
+            max_message_bytes=max_message_bytes or self.max_message_bytes,
+            kernel_buffer_bytes=kernel_buffer,
+            keys=self.keys,
+            server=True,
+        )
 
     def start(
-        self, name: str, frontend: zmq.Socket, backend: zmq.Socket,
+        self,
+        name: str,
+        frontend: zmq.Socket,
+        backend: zmq.Socket,
         loop: DeviceLoop | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Run a device (``zmq.proxy_steerable``, or ``loop``) between two bound sockets in
         its own thread; it closes them when it ends."""
         ctrl_addr = f"inproc://zrl-broker-ctrl-{id(self)}-{name}"

@@ -83,8 +83,15 @@ REGISTRY_RCVHWM = 64
 
 def registry_socket(ctx: zmq.Context, max_message_bytes: int, keys: Keys | None) -> zmq.Socket:
     """The registry's ROUTER, unbound."""
-    return make_socket(ctx, zmq.ROUTER, sndhwm=REGISTRY_SNDHWM, rcvhwm=REGISTRY_RCVHWM,
-                       max_message_bytes=max_message_bytes, keys=keys, server=True)  # fmt: skip
+    return make_socket(
+        ctx,
+        zmq.ROUTER,
+        sndhwm=REGISTRY_SNDHWM,
+        rcvhwm=REGISTRY_RCVHWM,
+        max_message_bytes=max_message_bytes,
+        keys=keys,
+        server=True,
+    )
 
 
 class Registry:
@@ -162,9 +169,13 @@ class Registry:
         P.require_meta(msg, {"role": str, "host": str, "pid": int})
         theirs = m.get("zrl_version")
         if theirs != __version__:
-            self._reply(ident, P.REFUSED, reason=(
-                f"zrl version mismatch: this broker runs zrl {__version__}, the role runs zrl {theirs}"
-            ))  # fmt: skip
+            self._reply(
+                ident,
+                P.REFUSED,
+                reason=(
+                    f"zrl version mismatch: this broker runs zrl {__version__}, the role runs zrl {theirs}"
+                ),
+            )
             return
         problem = self._hello_problem(m)
         if problem is not None:
@@ -172,15 +183,21 @@ class Registry:
             self._reject(msg.sender, "bad hello", problem)
             return
         if self.stopped is not None:
-            self._reply(ident, P.REFUSED, stopped=True,
-                        reason=f"the experiment has stopped ({self.stopped})")  # fmt: skip
+            self._reply(
+                ident,
+                P.REFUSED,
+                stopped=True,
+                reason=f"the experiment has stopped ({self.stopped})",
+            )
             return
         wanted = m.get("id")
         role = m["role"]
         next_n = None
-        earlier = None if wanted is not None or m.get("index") is not None else (
-            self.table.earlier_hello(role, m)
-        )  # fmt: skip
+        earlier = (
+            None
+            if wanted is not None or m.get("index") is not None
+            else (self.table.earlier_hello(role, m))
+        )
         if isinstance(wanted, str) and wanted.startswith(role + "-"):
             rid = wanted
         elif earlier is not None:
@@ -196,10 +213,14 @@ class Registry:
         if old is not None and not may_replace(old, ident, m):
             # No answer, not REFUSED: a legitimately restarted role keeps saying HELLO with
             # back-off, and is welcome once the old entry misses its heartbeats (marked dead).
-            self._reject(rid, "hello for a live id", (
-                f"{rid} is registered by pid {old.pid} on {for_log(old.host)} from another "
-                f"connection and is {old.state}: ignored until it is dead or stopped"
-            ))  # fmt: skip
+            self._reject(
+                rid,
+                "hello for a live id",
+                (
+                    f"{rid} is registered by pid {old.pid} on {for_log(old.host)} from another "
+                    f"connection and is {old.state}: ignored until it is dead or stopped"
+                ),
+            )
             return
         if (old is None or old.routing_id != ident) and (
             self.table.held_by(ident) >= MAX_ENTRIES_PER_CONNECTION
@@ -249,10 +270,14 @@ class Registry:
                 # Its owner reconnected on a new socket: have it say HELLO again.
                 self._reply(ident, P.UNKNOWN_ROLE, id=rid)
                 return
-            self._reject(rid, "heartbeat from another connection", (
-                f"{rid} registered on another connection: a forged sender id, or the role "
-                "reconnected (it is welcome again once the old entry is dead)"
-            ))  # fmt: skip
+            self._reject(
+                rid,
+                "heartbeat from another connection",
+                (
+                    f"{rid} registered on another connection: a forged sender id, or the role "
+                    "reconnected (it is welcome again once the old entry is dead)"
+                ),
+            )
             return
         if entry.state == "dead":
             log.warning("%s is heartbeating again after being marked dead", rid)
@@ -265,10 +290,14 @@ class Registry:
                 entry.set_info(info)
             else:
                 # The heartbeat still counts: a role must not die of its own status.
-                self.drops.note(rid, "heartbeat info too large", (
-                    f"more than {self.limits.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
-                    "keeping the previous info"
-                ))  # fmt: skip
+                self.drops.note(
+                    rid,
+                    "heartbeat info too large",
+                    (
+                        f"more than {self.limits.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
+                        "keeping the previous info"
+                    ),
+                )
         if self.stopped is not None:
             self._reply(ident, P.HEARTBEAT_ACK, stop=self.stopped)
         else:
@@ -333,14 +362,20 @@ class Registry:
         if self.channel.send(reply, to=ident, block=False, budget=self.status_budget):
             return
         if self.status_budget.dropped > over:
-            self.drops.note(msg.sender, "status reply over budget", (
-                f"{self.status_budget.queued} bytes of STATUS replies unread by peers; "
-                f"{self.status_budget.dropped} replies not sent"
-            ))  # fmt: skip
+            self.drops.note(
+                msg.sender,
+                "status reply over budget",
+                (
+                    f"{self.status_budget.queued} bytes of STATUS replies unread by peers; "
+                    f"{self.status_budget.dropped} replies not sent"
+                ),
+            )
         else:
-            self.drops.note(msg.sender, "status reply queue full", (
-                f"the peer has {REGISTRY_SNDHWM} replies unread"
-            ))  # fmt: skip
+            self.drops.note(
+                msg.sender,
+                "status reply queue full",
+                (f"the peer has {REGISTRY_SNDHWM} replies unread"),
+            )
 
     def _on_stop_run(self, ident: bytes, msg: P.Message) -> None:
         P.require_meta(msg, {"token": str, "reason": str})

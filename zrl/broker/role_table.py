@@ -140,8 +140,12 @@ class RoleTable:
             return None
         for e in self.entries.values():
             if (e.role, e.state, e.pid, e.host, e.instance) == (
-                role, "starting", m["pid"], m["host"], instance
-            ):  # fmt: skip
+                role,
+                "starting",
+                m["pid"],
+                m["host"],
+                instance,
+            ):
                 return e
         return None
 
@@ -227,8 +231,11 @@ class RoleTable:
                 if died <= MAX_DEAD_LOGGED:
                     log.warning(
                         "%s (host %s, pid %s) missed heartbeats for %.1fs: marked dead",
-                        e.id, for_log(e.host), e.pid, now - e.last_seen,
-                    )  # fmt: skip
+                        e.id,
+                        for_log(e.host),
+                        e.pid,
+                        now - e.last_seen,
+                    )
             elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
                 del self.entries[e.id]
                 log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)

@@ -99,10 +99,14 @@ class TopicBus:
             if check and (len(frames) > MAX_TOPIC_FRAMES or size > self.max_message_bytes):
                 self.dropped += 1
                 topic = frames[0].bytes[:64].decode("utf-8", "replace")
-                self.drops.note(topic, "topic message too large", (
-                    f"{len(frames)} frames, {sum(len(f) for f in frames)} bytes (at most "
-                    f"{MAX_TOPIC_FRAMES} frames and {self.max_message_bytes} bytes)"
-                ))  # fmt: skip
+                self.drops.note(
+                    topic,
+                    "topic message too large",
+                    (
+                        f"{len(frames)} frames, {sum(len(f) for f in frames)} bytes (at most "
+                        f"{MAX_TOPIC_FRAMES} frames and {self.max_message_bytes} bytes)"
+                    ),
+                )
                 continue
             try:
                 dst.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)

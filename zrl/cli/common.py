@@ -97,9 +97,13 @@ def run_head(
         if keys is None and (resume / "keys").is_dir():
             keys = resume / "keys"
     summary = Supervisor(
-        cfg, run_dir=run_dir, keys_dir=keys, factories=factories, resume=resume is not None,
+        cfg,
+        run_dir=run_dir,
+        keys_dir=keys,
+        factories=factories,
+        resume=resume is not None,
         **supervisor,
-    ).run()  # fmt: skip
+    ).run()
     if summary.get("failed"):
         raise typer.Exit(1)
 

@@ -112,19 +112,41 @@ def status(
         f"(up {b.get('uptime', 0):.0f}s)"
     )
     numeric = {"pid", "heartbeat", "restarts", "in", "out", "dropped", "gaps", "rss MB"}
-    for col in ("role", "id", "host", "address", "pid", "state", "heartbeat", "restarts",
-                "in", "out", "dropped", "gaps", "rss MB"):  # fmt: skip
+    for col in (
+        "role",
+        "id",
+        "host",
+        "address",
+        "pid",
+        "state",
+        "heartbeat",
+        "restarts",
+        "in",
+        "out",
+        "dropped",
+        "gaps",
+        "rss MB",
+    ):
         table.add_column(col, justify="right" if col in numeric else "left")
     colors = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
     for r in roles:
         state = r["state"]
         rss = r.get("info", {}).get("rss_mb")
         table.add_row(
-            r["role"], r["id"], r["host"], r.get("address", ""), str(r["pid"]),
-            f"[{colors.get(state, 'white')}]{state}[/]", _age(r["age"]), str(r["restarts"]),
-            str(r["msgs_in"]), str(r["msgs_out"]), str(r["dropped"]), str(r.get("gaps", 0)),
+            r["role"],
+            r["id"],
+            r["host"],
+            r.get("address", ""),
+            str(r["pid"]),
+            f"[{colors.get(state, 'white')}]{state}[/]",
+            _age(r["age"]),
+            str(r["restarts"]),
+            str(r["msgs_in"]),
+            str(r["msgs_out"]),
+            str(r["dropped"]),
+            str(r.get("gaps", 0)),
             f"{rss:.0f}" if isinstance(rss, int | float) else "-",
-        )  # fmt: skip
+        )
     console = make_console()
     console.print(table)
     hosts: dict[str, int] = {}
@@ -163,9 +185,11 @@ def _print_logs(rows: list[dict[str, Any]], role_id: str) -> None:
             f"{role_id}.log)"
         )
     agent, child = found
-    typer.echo(f"{role_id}: {child.get('state')} on host {agent.get('host')}, pid "
-               f"{child.get('pid')}, {child.get('restarts')} restarts (host agent "
-               f"{agent.get('id')}, {agent.get('state')})")  # fmt: skip
+    typer.echo(
+        f"{role_id}: {child.get('state')} on host {agent.get('host')}, pid "
+        f"{child.get('pid')}, {child.get('restarts')} restarts (host agent "
+        f"{agent.get('id')}, {agent.get('state')})"
+    )
     typer.echo(f"log: {child.get('log')}  (on {agent.get('host')})")
     tail = child.get("tail")
     if isinstance(tail, list) and tail:
@@ -239,11 +263,18 @@ def run(
         zygote.start(None)
     try:
         run_head(
-            config, overrides, run_dir, resume, keys,
+            config,
+            overrides,
+            run_dir,
+            resume,
+            keys,
             "give a CONFIG (YAML or script), or --resume RUN_DIR",
-            inproc=inproc, port=port, log_level=log_level, insecure=insecure,
+            inproc=inproc,
+            port=port,
+            log_level=log_level,
+            insecure=insecure,
             zygote=zygote if zygote.proc is not None else None,
-        )  # fmt: skip
+        )
     finally:
         zygote.kill()  # a no-op once the supervisor has stopped it
 

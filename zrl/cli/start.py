@@ -134,11 +134,18 @@ def start_broker(
                 "experiment script as --config, not --factories/--env-factory/--model-factory"
             )
         run_head(
-            config, overrides, run_dir, resume, keys,
+            config,
+            overrides,
+            run_dir,
+            resume,
+            keys,
             "--run-dir needs --config: the experiment this head runs",
-            log_level=log_level, insecure=insecure, bind=bind, elsewhere=True,
+            log_level=log_level,
+            insecure=insecure,
+            bind=bind,
+            elsewhere=True,
             preflight=not no_preflight,
-        )  # fmt: skip
+        )
         return
     setup_logging(log_level)
     if not is_loopback(bind) and keys is None and not insecure:
@@ -158,8 +165,13 @@ def start_broker(
         from zrl.run.preflight import preflight
 
         preflight(cfg, factories)  # a bad env id or model fails here, not in every role
-    broker = Broker(bind, cfg, keys=load_keys(keys), factories=factories,
-                    stop_token=os.environ.get("ZRL_STOP_TOKEN") or None)  # fmt: skip
+    broker = Broker(
+        bind,
+        cfg,
+        keys=load_keys(keys),
+        factories=factories,
+        stop_token=os.environ.get("ZRL_STOP_TOKEN") or None,
+    )
     install_stop_signals(broker.stop)
     broker.run()
 
@@ -238,9 +250,19 @@ def _add_role_command(name: str, help_text: str) -> None:
         log_level: LogOpt = "INFO",
     ) -> None:
         _start_role(
-            name, broker, index, log_level, connect_timeout, advertise, keys, key_name,
-            checkpoint_root, env_factory, model_factory, env_id,
-        )  # fmt: skip
+            name,
+            broker,
+            index,
+            log_level,
+            connect_timeout,
+            advertise,
+            keys,
+            key_name,
+            checkpoint_root,
+            env_factory,
+            model_factory,
+            env_id,
+        )
 
     command.__doc__ = help_text
     start_app.command(name)(command)

@@ -360,10 +360,7 @@ def sections_used(algo: str) -> list[str]:
     """The top-level keys of a config that ``algo`` reads, in schema order."""
     sections = algo_sections()
     specific = {s for used in sections.values() for s in used}
-    return [
-        k for k in config_schema()
-        if k not in specific or k in sections.get(algo, ())
-    ]  # fmt: skip
+    return [k for k in config_schema() if k not in specific or k in sections.get(algo, ())]
 
 
 def _one_line(exc: Exception) -> str:

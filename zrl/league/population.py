@@ -95,10 +95,11 @@ class League:
         weaknesses of main that an exploiter found and main has not fixed yet."""
         below = self.cfg.forgotten_below
         return [
-            s for s in self._snapshots
+            s
+            for s in self._snapshots
             if player_kind(snapshot_parent(s)) == MAIN_EXPLOITER
             and self.payoff.win_rate(MAIN, s) < below
-        ]  # fmt: skip
+        ]
 
     def _check_player(self, player: str) -> None:
         if player not in self._marks:

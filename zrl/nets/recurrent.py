@@ -133,9 +133,13 @@ class RecurrentQNetwork(_Recurrent):
     """R2D2's network: encoder, LSTM/GRU core, dueling (or plain) Q head."""
 
     def __init__(
-        self, torso: nn.Module, obs_shape: tuple[int, ...], core: RecurrentCore,
-        num_actions: int, dueling: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        torso: nn.Module,
+        obs_shape: tuple[int, ...],
+        core: RecurrentCore,
+        num_actions: int,
+        dueling: bool = True,
+    ) -> None:
         super().__init__(torso, obs_shape, core)
         self.num_actions = num_actions
         self.advantage_head = nn.Linear(core.size, num_actions)
@@ -165,9 +169,12 @@ class RecurrentActorCritic(_Recurrent):
     """A recurrent PPO/IMPALA network: encoder, LSTM/GRU core, policy and value heads."""
 
     def __init__(
-        self, torso: nn.Module, obs_shape: tuple[int, ...], core: RecurrentCore,
+        self,
+        torso: nn.Module,
+        obs_shape: tuple[int, ...],
+        core: RecurrentCore,
         num_actions: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(torso, obs_shape, core)
         self.num_actions = num_actions
         self.policy_head = nn.Linear(core.size, num_actions)

@@ -79,8 +79,10 @@ def frames_of(obs_t: np.ndarray, final_obs: np.ndarray) -> np.ndarray:
     obs_1..obs_{T-1} and of ``final_obs``."""
     obs_t, final_obs = np.asarray(obs_t), np.asarray(final_obs)
     if obs_t.ndim != 5 or final_obs.shape != (obs_t.shape[0], *obs_t.shape[2:]):
-        raise ValueError(f"need obs_t [E, T, k, H, W] and final_obs [E, k, H, W], got "
-                         f"{obs_t.shape} and {final_obs.shape}")  # fmt: skip
+        raise ValueError(
+            f"need obs_t [E, T, k, H, W] and final_obs [E, k, H, W], got "
+            f"{obs_t.shape} and {final_obs.shape}"
+        )
     return np.concatenate([obs_t[:, 0], obs_t[:, 1:, -1], final_obs[:, -1:]], axis=1)
 
 
@@ -104,8 +106,10 @@ def assemble_frame_transitions(
     reward = np.asarray(reward)
     valid = np.asarray(valid, dtype=bool)
     if reward.ndim != 2 or frames.ndim != 4 or frames.shape[0] != reward.shape[0]:
-        raise ValueError(f"need frames [E, T + k, H, W] and [E, T] steps, got frames "
-                         f"{frames.shape} and reward {reward.shape}")  # fmt: skip
+        raise ValueError(
+            f"need frames [E, T + k, H, W] and [E, T] steps, got frames "
+            f"{frames.shape} and reward {reward.shape}"
+        )
     E, T = reward.shape
     k, row = frames.shape[1] - T, frames.shape[1]
     if k < 1 or (stack is not None and k != stack):
@@ -205,8 +209,10 @@ class FrameTable:
             items = min(items, int(budget // bytes_per_transition(frame_shape, k, T)))
             frames = min(frames, (budget - items * (ITEM_BYTES + KEY_BYTES)) // frame_bytes)
             if items < 1 or frames < row_frames:
-                raise ValueError(f"capacity_bytes={budget} cannot hold one trajectory "
-                                 f"({row_frames} frames of {frame_bytes} bytes)")  # fmt: skip
+                raise ValueError(
+                    f"capacity_bytes={budget} cannot hold one trajectory "
+                    f"({row_frames} frames of {frame_bytes} bytes)"
+                )
         return cls(make_table(kind, items, **table_kwargs), frames, frame_shape, k, padding)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -254,8 +260,10 @@ class FrameTable:
         ``priorities`` is ignored by a uniform table. A rejected call changes nothing."""
         frames = np.asarray(frames)
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[2:] != self.frame_shape:
-            raise ValueError(f"frames must be uint8 [E, R, {self.frame_shape[0]}, "
-                             f"{self.frame_shape[1]}], got {frames.dtype} {frames.shape}")  # fmt: skip
+            raise ValueError(
+                f"frames must be uint8 [E, R, {self.frame_shape[0]}, "
+                f"{self.frame_shape[1]}], got {frames.dtype} {frames.shape}"
+            )
         n_frames = frames.shape[0] * frames.shape[1]
         if n_frames > self.frame_capacity:
             raise ValueError(
@@ -265,8 +273,11 @@ class FrameTable:
         if not set(FRAME_REFS) <= set(arrays):
             raise ValueError(f"items need the frame indices {FRAME_REFS}, got {sorted(arrays)}")
         obs, nxt, first = (arrays[name].astype(np.int64) for name in FRAME_REFS)
-        if n and not (np.all((first >= 0) & (first <= obs) & (obs - first < self.stack))
-                      and np.all((obs < nxt) & (nxt < n_frames)) and np.all(np.diff(first) >= 0)):  # fmt: skip
+        if n and not (
+            np.all((first >= 0) & (first <= obs) & (obs - first < self.stack))
+            and np.all((obs < nxt) & (nxt < n_frames))
+            and np.all(np.diff(first) >= 0)
+        ):
             raise ValueError("frame indices out of order or outside the trajectory's stacks")
         prioritized = isinstance(self.table, PrioritizedTable)
         if prioritized and priorities is not None:
@@ -276,8 +287,13 @@ class FrameTable:
         self.table.evict_oldest(self._first_key_reading(oldest) - self.table._first_key)
         slots = (self.frame_inserts + np.arange(n_frames)) % self.frame_capacity
         self._frames[slots] = frames.reshape(n_frames, *self.frame_shape)
-        arrays.update(zip(FRAME_REFS, (obs + self.frame_inserts, nxt + self.frame_inserts,
-                                       first + self.frame_inserts), strict=True))  # fmt: skip
+        arrays.update(
+            zip(
+                FRAME_REFS,
+                (obs + self.frame_inserts, nxt + self.frame_inserts, first + self.frame_inserts),
+                strict=True,
+            )
+        )
         self.frame_inserts += n_frames
         return self.table.insert(arrays, priorities if prioritized else None)
 
@@ -327,8 +343,13 @@ class FrameTable:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         layout = ("kind", "frame_capacity", "frame_shape", "stack", "padding")
-        mine = {"kind": self.kind, "frame_capacity": self.frame_capacity, "stack": self.stack,
-                "frame_shape": list(self.frame_shape), "padding": self.padding}  # fmt: skip
+        mine = {
+            "kind": self.kind,
+            "frame_capacity": self.frame_capacity,
+            "stack": self.stack,
+            "frame_shape": list(self.frame_shape),
+            "padding": self.padding,
+        }
         theirs = {name: state[name] for name in layout}
         theirs["frame_shape"] = [int(x) for x in theirs["frame_shape"]]
         if mine != theirs:

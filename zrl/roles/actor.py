@@ -228,8 +228,12 @@ class Actor(Role):
         trajectory."""
         self.env_errors += 1
         if self.env_errors == 1 or self.env_errors % 100 == 0:
-            self.log.warning("env raised %s: %s (error %d; envs reset, trajectory dropped)",
-                             type(exc).__name__, exc, self.env_errors)  # fmt: skip
+            self.log.warning(
+                "env raised %s: %s (error %d; envs reset, trajectory dropped)",
+                type(exc).__name__,
+                exc,
+                self.env_errors,
+            )
         obs, _ = self.envs.reset(seed=self.seed + self.env_errors)
         self.policy.episodes_started(np.arange(self.num_envs))
         self.episodes.running_return[:] = 0.0  # the aborted episodes are not finished episodes

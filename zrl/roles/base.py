@@ -289,8 +289,10 @@ class Role(RoleSockets):
         if first:
             self.log.info(
                 "registered as %s with broker %s (streams over %s)",
-                self.id, self.broker, self.transport,
-            )  # fmt: skip
+                self.id,
+                self.broker,
+                self.transport,
+            )
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
             self.on_reregistered()

@@ -153,9 +153,12 @@ def video_envs(
                 with warnings.catch_warnings():  # every env after the first finds the folder
                     warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
                     return RecordVideo(
-                        env, str(video_dir), episode_trigger=lambda episode: episode == 0,
-                        name_prefix=f"{cfg.name}-{i}", disable_logger=True,
-                    )  # fmt: skip
+                        env,
+                        str(video_dir),
+                        episode_trigger=lambda episode: episode == 0,
+                        name_prefix=f"{cfg.name}-{i}",
+                        disable_logger=True,
+                    )
             except gym.error.DependencyNotInstalled:
                 env.close()
                 raise ValueError(f"--video needs moviepy: {VIDEO_INSTALL}") from None

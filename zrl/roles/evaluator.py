@@ -68,8 +68,9 @@ class Evaluator(Role):
             return
         self.next_eval = now + self.config.evaluator.interval
         version = self.weights.version
-        self._evaluate(version, self.config.evaluator.episodes,
-                       self.config.seed + 1_000_003 + self.evaluations)  # fmt: skip
+        self._evaluate(
+            version, self.config.evaluator.episodes, self.config.seed + 1_000_003 + self.evaluations
+        )
         self.evaluated_version = version
         self.evaluations += 1
         stop = self.config.stop
@@ -121,15 +122,23 @@ class Evaluator(Role):
             "confirming": confirming,
             **against,
         }
-        self.recent_returns = [*self.recent_returns[-(RECENT_RETURNS - 1) :],
-                               round(self.last["mean"], 2)]  # fmt: skip
+        self.recent_returns = [
+            *self.recent_returns[-(RECENT_RETURNS - 1) :],
+            round(self.last["mean"], 2),
+        ]
         self.log.info(
             "%s of weights v%d: %.1f +- %.1f over %d episodes%s",
-            "confirming eval" if confirming else "eval", version, self.last["mean"],
-            self.last["std"], len(returns),
-            "".join(f", {k} {v:.2f}" for k, v in against.items() if k.endswith("win_rate")
-                    or k.endswith("loss_rate")),
-        )  # fmt: skip
+            "confirming eval" if confirming else "eval",
+            version,
+            self.last["mean"],
+            self.last["std"],
+            len(returns),
+            "".join(
+                f", {k} {v:.2f}"
+                for k, v in against.items()
+                if k.endswith("win_rate") or k.endswith("loss_rate")
+            ),
+        )
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),
             topic=P.EVAL_TOPIC,

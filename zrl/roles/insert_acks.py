@@ -87,8 +87,10 @@ class InsertAcks:
         lost = self.window.lose_before(seq)
         self.log.info(
             "%s restarted: %d trajectories in flight counted as lost (%d in total)",
-            shard, lost, self.window.ledger.lost,
-        )  # fmt: skip
+            shard,
+            lost,
+            self.window.ledger.lost,
+        )
 
     def expire(self) -> None:
         """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a lost
@@ -101,8 +103,10 @@ class InsertAcks:
             self.log.log(
                 logging.WARNING if self.window.ledger.delivered else logging.DEBUG,
                 "%d trajectories unacknowledged by replay for %.0fs: counted as lost (%d in total)",
-                lost, ACK_TIMEOUT_S, self.window.ledger.lost,
-            )  # fmt: skip
+                lost,
+                ACK_TIMEOUT_S,
+                self.window.ledger.lost,
+            )
 
     def lose_all(self, why: str) -> None:
         """Count every trajectory in flight as lost (the broker went away, or we stop without

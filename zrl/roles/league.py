@@ -117,9 +117,13 @@ class LatestArrays(WeightsFollower):
         self._next_lookup = 0.0
         services = self._refresh_params(RESYNC_TIMEOUT_S)
         msg = request_latest_weights(
-            self.role.ctx, services, self.role.max_message_bytes, RESYNC_TIMEOUT_S,
-            self.role.keys, self.policy,
-        )  # fmt: skip
+            self.role.ctx,
+            services,
+            self.role.max_message_bytes,
+            RESYNC_TIMEOUT_S,
+            self.role.keys,
+            self.policy,
+        )
         if msg is None:
             return False
         version = weights_version(msg.meta)
@@ -229,14 +233,21 @@ class LeagueRole(Role):
         self.snapshots[name] = follower.arrays
         self.log.info(
             "snapshot %s (%s: %s's win rate %.2f, Elo %.0f); %d in the league",
-            name, reason, player, win_rate, self.league.elo.rating(player),
+            name,
+            reason,
+            player,
+            win_rate,
+            self.league.elo.rating(player),
             len(self.league.snapshots),
-        )  # fmt: skip
+        )
         for evicted in set(self.snapshots) - set(self.league.snapshots):
             del self.snapshots[evicted]
         if self.league.reset_after_snapshot(player):
-            self.log.info("%s restarts from its initial weights (reset %d)",
-                          player, self.league.resets[player])  # fmt: skip
+            self.log.info(
+                "%s restarts from its initial weights (reset %d)",
+                player,
+                self.league.resets[player],
+            )
             self.next_reset = 0.0
 
     def reset_pending(self, player: str) -> bool:
@@ -370,8 +381,10 @@ class LeagueRole(Role):
                 del self.snapshots[name]
         self.log.info(
             "resumed the league from %s: %d games, %d snapshots",
-            self.checkpoint_dir, self.league.games, len(self.snapshots),
-        )  # fmt: skip
+            self.checkpoint_dir,
+            self.league.games,
+            len(self.snapshots),
+        )
 
     def teardown(self) -> None:
         if self.checkpoint_dir is not None:
@@ -379,8 +392,12 @@ class LeagueRole(Role):
         info = self.league.info()
         self.log.info(
             "%s: %d games (%d self-play), %d snapshots, main's Elo %.0f",
-            self.id, info["games"], info["self_play_games"], info["snapshots"], info["elo_main"],
-        )  # fmt: skip
+            self.id,
+            info["games"],
+            info["self_play_games"],
+            info["snapshots"],
+            info["elo_main"],
+        )
 
     # --- reports --------------------------------------------------------------------------
 

@@ -265,8 +265,10 @@ class Learner(Role):
         self.resets = resets
         self.log.info(
             "%s reset to its initial weights (reset %d, after weights v%d)",
-            self.policy, resets, self.weights_version,
-        )  # fmt: skip
+            self.policy,
+            resets,
+            self.weights_version,
+        )
         self.send_weights()
 
     # --- updates ----------------------------------------------------------------------

@@ -231,8 +231,12 @@ class ParameterServer(Role):
                 f"{str(exc)[:200]}); move it away to start afresh"
             ) from None
         self.checkpoint = path
-        self.log.info("resumed from %s: update %d, weights v%d",
-                      self.checkpoint, self.gradient_server.updates, self.version + 1)  # fmt: skip
+        self.log.info(
+            "resumed from %s: update %d, weights v%d",
+            self.checkpoint,
+            self.gradient_server.updates,
+            self.version + 1,
+        )
 
     def save_checkpoint(self) -> None:
         import torch

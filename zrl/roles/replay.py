@@ -93,9 +93,17 @@ def frame_items(
     rc, a = config.replay, msg.arrays
     try:
         items, priorities = assemble_frame_transitions(
-            a["frames"], a["action"], a["reward"], a["terminated"], a["truncated"], a["valid"],
-            a["priority"], rc.n_step, rc.gamma, stack=stack,
-        )  # fmt: skip
+            a["frames"],
+            a["action"],
+            a["reward"],
+            a["terminated"],
+            a["truncated"],
+            a["valid"],
+            a["priority"],
+            rc.n_step,
+            rc.gamma,
+            stack=stack,
+        )
     except ValueError as exc:
         raise P.ProtocolError(str(exc)) from None
     items["weights_version"] = np.full(len(priorities), M.trajectory_version(msg.meta), np.int64)
@@ -154,9 +162,14 @@ class ReplayServer(Role):
         self.snapshot_path = path if path is None or self.load_snapshot(path) else None
         self.log.info(
             "%s table of %s, capacity %d (%.1f MB), n-step %d, min size %d, samples/insert %.1f",
-            rc.table, self.layout.describe(), self.table.capacity, self.table.nbytes / 1e6,
-            rc.n_step, rc.min_size, rc.samples_per_insert,
-        )  # fmt: skip
+            rc.table,
+            self.layout.describe(),
+            self.table.capacity,
+            self.table.nbytes / 1e6,
+            rc.n_step,
+            rc.min_size,
+            rc.samples_per_insert,
+        )
 
     def experience_layout(self) -> ExperienceLayout:
         """What this shard's actors send: from the config and the spaces of a probe env (as
@@ -204,9 +217,15 @@ class ReplayServer(Role):
         if layout.frames:
             try:
                 frames = FrameTable.for_budget(
-                    rc.table, rc.capacity, rc.capacity_bytes, layout.frame_shape, layout.stack,
-                    layout.dim("T"), num_envs=layout.dim("E"), **self._table_kwargs(),
-                )  # fmt: skip
+                    rc.table,
+                    rc.capacity,
+                    rc.capacity_bytes,
+                    layout.frame_shape,
+                    layout.stack,
+                    layout.dim("T"),
+                    num_envs=layout.dim("E"),
+                    **self._table_kwargs(),
+                )
             except ValueError as exc:
                 raise RoleError(f"replay: {exc}") from None
             frames.table.allocate(frame_items(self.config, example, layout.stack)[0])
@@ -218,8 +237,10 @@ class ReplayServer(Role):
             capacity = min(capacity, max(1, rc.capacity_bytes // item_bytes))
             self.log.info(
                 "replay.capacity_bytes=%d at %d bytes per item: capacity %d items",
-                rc.capacity_bytes, item_bytes, capacity,
-            )  # fmt: skip
+                rc.capacity_bytes,
+                item_bytes,
+                capacity,
+            )
         table = self._make_table(capacity)
         table.allocate(items)
         return table
@@ -340,8 +361,11 @@ class ReplayServer(Role):
             self.snapshot_refused = str(path)
             self.log.error(
                 "cannot restore %s (%s) nor move it aside (%s): starting empty, and writing "
-                "no snapshot over it", path, why, move_error,
-            )  # fmt: skip
+                "no snapshot over it",
+                path,
+                why,
+                move_error,
+            )
             return False
         self.snapshot_refused = str(aside)
         self.log.error("cannot restore %s (%s): moved it to %s, starting empty", path, why, aside)
@@ -422,8 +446,9 @@ class ReplayServer(Role):
         self.log.log(
             logging.WARNING if self.learner_acked else logging.DEBUG,
             "no batch ack for %.0fs: resetting the window of %d batches",
-            BATCH_ACK_TIMEOUT_S, self.batches_in_flight,
-        )  # fmt: skip
+            BATCH_ACK_TIMEOUT_S,
+            self.batches_in_flight,
+        )
         self.acked_batch_seq = self.batches.next_seq - 1
         self.window_full_since = None
         return True
@@ -500,9 +525,11 @@ class ReplayServer(Role):
             self.save_snapshot()
         self._drain(self.priorities, self.on_learner_message, 64)
         self._drain(
-            self.experience, self.on_experience, INSERTS_PER_STEP,
+            self.experience,
+            self.on_experience,
+            INSERTS_PER_STEP,
             gate=self.can_insert,
-        )  # fmt: skip
+        )
         sent = 0
         while (
             sent < SAMPLES_PER_STEP

@@ -58,14 +58,22 @@ class RoleSockets:
 
     def open_push(self, stream: str, *, hwm: int = 4, sndtimeo_ms: int = 100) -> Channel:
         """PUSH into a stream device: blocks (up to the timeout) when every consumer is full."""
-        sock = self._sock(zmq.PUSH, sndhwm=hwm, sndtimeo_ms=sndtimeo_ms,
-                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
+        sock = self._sock(
+            zmq.PUSH,
+            sndhwm=hwm,
+            sndtimeo_ms=sndtimeo_ms,
+            kernel_buffer_bytes=self.config.broker.stream_buffer_bytes,
+        )
         sock.connect(self._endpoint(f"{stream}_in"))
         return self._channel(sock, stream)
 
     def open_pull(self, stream: str, *, hwm: int = 4) -> Channel:
-        sock = self._sock(zmq.PULL, rcvhwm=hwm, rcvtimeo_ms=100,
-                          kernel_buffer_bytes=self.config.broker.stream_buffer_bytes)  # fmt: skip
+        sock = self._sock(
+            zmq.PULL,
+            rcvhwm=hwm,
+            rcvtimeo_ms=100,
+            kernel_buffer_bytes=self.config.broker.stream_buffer_bytes,
+        )
         sock.connect(self._endpoint(f"{stream}_out"))
         return self._channel(sock, stream)
 
@@ -99,8 +107,13 @@ class RoleSockets:
         ``sndhwm`` and ``kernel_buffer_bytes`` bound what is queued for each peer that does
         not read; ``mandatory``: a reply to a peer whose queue is full fails (the channel's
         send returns False) instead of vanishing, and one to a peer gone raises ZMQError."""
-        sock = self._sock(zmq.ROUTER, rcvtimeo_ms=100, server=True, sndhwm=sndhwm,
-                          kernel_buffer_bytes=kernel_buffer_bytes)  # fmt: skip
+        sock = self._sock(
+            zmq.ROUTER,
+            rcvtimeo_ms=100,
+            server=True,
+            sndhwm=sndhwm,
+            kernel_buffer_bytes=kernel_buffer_bytes,
+        )
         if mandatory:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.broker.startswith("tcp://"):

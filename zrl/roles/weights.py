@@ -94,10 +94,13 @@ class WeightsFollower:
             log.debug("params lookup failed: %s", exc)
             return []
         services = [
-            s for s in (answer if isinstance(answer, list) else [])
-            if isinstance(s, dict) and isinstance(s.get("id"), str)
-            and isinstance(s.get("rpc"), str) and s["rpc"]
-        ]  # fmt: skip
+            s
+            for s in (answer if isinstance(answer, list) else [])
+            if isinstance(s, dict)
+            and isinstance(s.get("id"), str)
+            and isinstance(s.get("rpc"), str)
+            and s["rpc"]
+        ]
         if services:
             self.params_ids = {s["id"] for s in services}
         return services
@@ -194,9 +197,13 @@ class WeightsFollower:
         self._next_lookup = 0.0  # this one LOOKUP is not the flood the rate limit is for
         services = self._refresh_params(timeout)
         msg = request_latest_weights(
-            self.role.ctx, services, self.role.max_message_bytes, timeout, self.role.keys,
+            self.role.ctx,
+            services,
+            self.role.max_message_bytes,
+            timeout,
+            self.role.keys,
             self.policy,
-        )  # fmt: skip
+        )
         if msg is None or msg.kind != P.WEIGHTS:
             return False
         version = weights_version(msg.meta)
@@ -209,8 +216,10 @@ class WeightsFollower:
         if version < self.version:
             log.warning(
                 "the parameter server is at weights v%d, behind our v%d (it restarted?): "
-                "following it", version, self.version,
-            )  # fmt: skip
+                "following it",
+                version,
+                self.version,
+            )
         if not self._apply(msg, version):
             return False
         self.meta = dict(msg.meta)
@@ -229,8 +238,13 @@ def request_latest_weights(
     """GET_WEIGHTS of ``policy`` from the first parameter server in ``services`` (a LOOKUP
     answer) that has them."""
     for svc in services:
-        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000),
-                           max_message_bytes=max_message_bytes, keys=keys)  # fmt: skip
+        sock = make_socket(
+            ctx,
+            zmq.DEALER,
+            rcvtimeo_ms=int(timeout * 1000),
+            max_message_bytes=max_message_bytes,
+            keys=keys,
+        )
         try:
             sock.connect(svc["rpc"])
             ch = Channel(sock, "params-rpc", "weights-client", TransportStats())

@@ -123,8 +123,9 @@ class RestartPolicy:
             if now >= child.restart_at:
                 child.restart_at = None
                 child.restarts += 1
-                log.warning("restarting %s (restart %d of %d)", child.name, child.restarts,
-                            self.budget)  # fmt: skip
+                log.warning(
+                    "restarting %s (restart %d of %d)", child.name, child.restarts, self.budget
+                )
                 child.came_up = False
                 spawn(child)
             return None
@@ -153,8 +154,13 @@ class RestartPolicy:
             return True
         if delay is None:
             delay = self.backoff[min(child.restarts, len(self.backoff) - 1)]
-        log.warning("%s exited with code %s; restarting in %.1fs (log: %s)", child.name,
-                    child.last_exit_code, delay, child.log_path)  # fmt: skip
+        log.warning(
+            "%s exited with code %s; restarting in %.1fs (log: %s)",
+            child.name,
+            child.last_exit_code,
+            delay,
+            child.log_path,
+        )
         child.restart_at = now + delay
         return False
 

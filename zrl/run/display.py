@@ -126,24 +126,34 @@ class StatusDisplay:
             recent = [e["mean"] for e in self.sup.agg.evals][-stop.eval_window :]
             mean = sum(recent) / len(recent) if recent else 0.0
             self.progress.update(
-                self.tasks["eval"], completed=max(mean, 0.0),
+                self.tasks["eval"],
+                completed=max(mean, 0.0),
                 label=f"mean of last {len(recent)} {mean:.1f} / {stop.eval_return:.0f} "
                 f"(best {best:.1f}, last {_fmt(last)})",
-            )  # fmt: skip
+            )
         if "steps" in self.tasks:
-            self.progress.update(self.tasks["steps"], completed=row["env_steps"],
-                                 label=f"{row['env_steps']:,} / {stop.env_steps:,}")  # fmt: skip
+            self.progress.update(
+                self.tasks["steps"],
+                completed=row["env_steps"],
+                label=f"{row['env_steps']:,} / {stop.env_steps:,}",
+            )
         if "time" in self.tasks:
-            self.progress.update(self.tasks["time"], completed=row["time"],
-                                 label=f"{row['time']:.0f} / {stop.wall_time:.0f} s")  # fmt: skip
+            self.progress.update(
+                self.tasks["time"],
+                completed=row["time"],
+                label=f"{row['time']:.0f} / {stop.wall_time:.0f} s",
+            )
         if self.live is not None:
             self.live.update(self._render())
         elif self.enabled and time.monotonic() >= self._next_plain:
             self._next_plain = time.monotonic() + 5.0
             # Out of the roles the run placed: one that never came counts as not alive.
             planned = self.sup.roster.planned
-            alive = sum(1 for r in self.sup.monitor.status_rows
-                        if r["state"] == "alive" and r.get("id") in planned)  # fmt: skip
+            alive = sum(
+                1
+                for r in self.sup.monitor.status_rows
+                if r["state"] == "alive" and r.get("id") in planned
+            )
             self.console.print(
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
                 f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) replay {row['replay_size']:,} "
@@ -179,20 +189,39 @@ class StatusDisplay:
                 "eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir)
             )
         roles = Table(box=None, header_style="bold")
-        for col in ("id", "host", "pid", "state", "heartbeat", "restarts", "in", "out",
-                    "dropped", "gaps", "rss MB", "note"):  # fmt: skip
+        for col in (
+            "id",
+            "host",
+            "pid",
+            "state",
+            "heartbeat",
+            "restarts",
+            "in",
+            "out",
+            "dropped",
+            "gaps",
+            "rss MB",
+            "note",
+        ):
             roles.add_column(col)
         for row in self.sup.monitor.status_rows:
             info = row.get("info", {})
             rss = info.get("rss_mb")
             state = row["state"]
             roles.add_row(
-                row["id"], row.get("address") or row["host"], str(row["pid"]),
-                f"[{STATE_COLORS.get(state, 'white')}]{state}[/]", f"{row['age']:.1f}s",
-                str(row["restarts"]), _fmt(row["msgs_in"]), _fmt(row["msgs_out"]),
-                _fmt(row["dropped"]), _fmt(row.get("gaps", 0)),
-                f"{rss:.0f}" if isinstance(rss, int | float) else "-", role_note(info)[:100],
-            )  # fmt: skip
+                row["id"],
+                row.get("address") or row["host"],
+                str(row["pid"]),
+                f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
+                f"{row['age']:.1f}s",
+                str(row["restarts"]),
+                _fmt(row["msgs_in"]),
+                _fmt(row["msgs_out"]),
+                _fmt(row["dropped"]),
+                _fmt(row.get("gaps", 0)),
+                f"{rss:.0f}" if isinstance(rss, int | float) else "-",
+                role_note(info)[:100],
+            )
         return Group(self.progress, figures, roles)
 
     def stop(self) -> None:

@@ -255,8 +255,12 @@ class HostAgent(Role):
                 self.log.info("%s ended (exit code 0)", child.name)
             elif self.policy.crashed(child, now, self.log.warning):
                 child.given_up = True
-                show_tail(child, f"{child.name} crashed {child.restarts + 1} times (last exit "
-                                 f"code {code}): given up", self.log.error)  # fmt: skip
+                show_tail(
+                    child,
+                    f"{child.name} crashed {child.restarts + 1} times (last exit "
+                    f"code {code}): given up",
+                    self.log.error,
+                )
 
     # --- what the children say: the ids the broker gave them, whether they are up ---------
 
@@ -287,8 +291,9 @@ class HostAgent(Role):
         self.zygote.start(self.log_dir / "zygote.log")
         for child in self.children:
             self.spawn(child)
-        self.log.info("started %s; logs in %s", ", ".join(c.name for c in self.children),
-                      self.log_dir)  # fmt: skip
+        self.log.info(
+            "started %s; logs in %s", ", ".join(c.name for c in self.children), self.log_dir
+        )
 
     def open_reports(self) -> None:
         """The private directory (mode 0700) the children write their reports to."""

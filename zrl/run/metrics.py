@@ -40,9 +40,16 @@ OUTCOME_FIELDS = [
 """Win/draw/loss shares of a turn-based game's evaluation against the fixed opponents (empty
 in the CSV for other envs)."""
 EVAL_FIELDS = [
-    "time", "env_steps", "weights_version", "mean", "std", "min", "max", "episodes",
+    "time",
+    "env_steps",
+    "weights_version",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "episodes",
     *OUTCOME_FIELDS,
-]  # fmt: skip
+]
 
 
 class ScalarWriter:
@@ -158,8 +165,11 @@ class CSVLogger(Logger):
         self.progress = csv.DictWriter(self._progress, PROGRESS_FIELDS, extrasaction="ignore")
         self.eval = csv.DictWriter(self._eval, EVAL_FIELDS, extrasaction="ignore")
         self.train = csv.DictWriter(self._train, TRAIN_FIELDS)
-        for f, w in ((self._progress, self.progress), (self._eval, self.eval),
-                     (self._train, self.train)):  # fmt: skip
+        for f, w in (
+            (self._progress, self.progress),
+            (self._eval, self.eval),
+            (self._train, self.train),
+        ):
             if f.tell() == 0:
                 w.writeheader()
 
@@ -173,8 +183,9 @@ class CSVLogger(Logger):
 
     def log_scalars(self, step: int, scalars: Mapping[str, float], elapsed: float) -> None:
         for tag, value in scalars.items():
-            self.train.writerow({"time": round(elapsed, 2), "env_steps": step, "tag": tag,
-                                 "value": f"{value:.6g}"})  # fmt: skip
+            self.train.writerow(
+                {"time": round(elapsed, 2), "env_steps": step, "tag": tag, "value": f"{value:.6g}"}
+            )
         self._train.flush()
 
     def close(self) -> None:
@@ -192,10 +203,14 @@ class WandbLogger(Logger):
     ) -> None:
         wandb = _import_extra("wandb", "wandb")
         self.run = wandb.init(
-            project=opts.project, entity=opts.wandb_entity, name=run_name, dir=str(run_dir),
-            mode=opts.wandb_mode, config=config,
+            project=opts.project,
+            entity=opts.wandb_entity,
+            name=run_name,
+            dir=str(run_dir),
+            mode=opts.wandb_mode,
+            config=config,
             settings=wandb.Settings(console="off", silent=True),
-        )  # fmt: skip
+        )
         self.run.define_metric("env_steps")
         self.run.define_metric("*", step_metric="env_steps")
 

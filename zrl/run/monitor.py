@@ -88,8 +88,14 @@ class RunMonitor:
     def open(self) -> Channel:
         """The SUB on the topic bus for ``metrics`` and ``eval``."""
         endpoints = broker_endpoints(self.access.broker_addr, self.cfg.broker.streams)
-        sock = make_socket(self.ctx, zmq.SUB, rcvhwm=10_000, rcvtimeo_ms=0, keys=self.access.keys,
-                           max_message_bytes=self.cfg.broker.max_message_bytes)  # fmt: skip
+        sock = make_socket(
+            self.ctx,
+            zmq.SUB,
+            rcvhwm=10_000,
+            rcvtimeo_ms=0,
+            keys=self.access.keys,
+            max_message_bytes=self.cfg.broker.max_message_bytes,
+        )
         for topic in (P.METRICS_TOPIC, P.EVAL_TOPIC):
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         connect_topics(sock, endpoints)
@@ -207,17 +213,23 @@ class RunMonitor:
         now = time.monotonic()
         if now >= self._next_status_warning:
             self._next_status_warning = now + STATUS_WARN_INTERVAL_S
-            log.warning("no STATUS from the broker (%d refreshes failed so far): %s",
-                        self.status_failures, exc)  # fmt: skip
+            log.warning(
+                "no STATUS from the broker (%d refreshes failed so far): %s",
+                self.status_failures,
+                exc,
+            )
 
     def role_row(self, rid: str) -> dict[str, Any] | None:
         """The broker's whole row for ``rid`` alone (a STATUS for that id: whatever the
         registry holds, the answer is one row), or None when it has none or did not answer."""
         try:
             reply = read_status(
-                self.ctx, self.access.broker_addr, STATUS_TIMEOUT_S, self.access.keys,
+                self.ctx,
+                self.access.broker_addr,
+                STATUS_TIMEOUT_S,
+                self.access.keys,
                 role_id=rid,
-            )  # fmt: skip
+            )
         except RoleError as exc:
             self._status_failed(exc)
             return None
@@ -235,10 +247,12 @@ class RunMonitor:
         the broker up until the roles elsewhere have said BYE or REMOTE_STOP_WAIT_S passed."""
         try:
             reply = registry_request(
-                self.ctx, self.access.broker_addr,
+                self.ctx,
+                self.access.broker_addr,
                 P.Message(P.STOP_RUN, meta={"token": self.pool.stop_token, "reason": reason}),
-                2.0, self.access.keys,
-            )  # fmt: skip
+                2.0,
+                self.access.keys,
+            )
         except RoleError as exc:
             log.warning("could not tell the broker to stop the experiment: %s", exc)
             return

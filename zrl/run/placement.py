@@ -157,8 +157,14 @@ def placement(
 
     Indices are global per role kind: local roles take the first ones, then each host in
     the order the config lists them, so seeds and exploration stay distinct."""
-    order = (("params", "params"), ("replay", "replay"), ("learners", "learner"),
-             ("evaluator", "evaluator"), ("league", "league"), ("actors", "actor"))  # fmt: skip
+    order = (
+        ("params", "params"),
+        ("replay", "replay"),
+        ("learners", "learner"),
+        ("evaluator", "evaluator"),
+        ("league", "league"),
+        ("actors", "actor"),
+    )
     local: list[tuple[str, int]] = []
     remote: dict[str, list[tuple[str, int]]] = {h.name: [] for h in cfg.hosts}
     for key, role in order:

@@ -98,8 +98,17 @@ class ChildPool:
             cmd += factory_args(self.factories)
         else:
             trust = role_trust_args(self.cfg, self.factories)
-            cmd = ["start", child.role, "--broker", acc.broker_addr, "--index", str(child.index),
-                   "--connect-timeout", "30", *trust]  # fmt: skip
+            cmd = [
+                "start",
+                child.role,
+                "--broker",
+                acc.broker_addr,
+                "--index",
+                str(child.index),
+                "--connect-timeout",
+                "30",
+                *trust,
+            ]
         if acc.keys_dir is not None:
             cmd += ["--keys", str(acc.keys_dir)]
         argv = [*cmd, "--log-level", self.log_level]
@@ -133,8 +142,9 @@ class ChildPool:
         if self.inproc:
             from zrl.broker import Broker
 
-            self.inproc_broker = Broker(addr, self.cfg, ctx=self.ctx, factories=self.factories,
-                                        stop_token=self.stop_token)  # fmt: skip
+            self.inproc_broker = Broker(
+                addr, self.cfg, ctx=self.ctx, factories=self.factories, stop_token=self.stop_token
+            )
             t = threading.Thread(target=self.inproc_broker.run, name="broker", daemon=True)
             t.start()
             self.broker = Child("broker", 0, log_path, thread=t)

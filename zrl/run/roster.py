@@ -42,9 +42,11 @@ class Roster:
 
     @classmethod
     def of(
-        cls, local: list[tuple[str, int]], remote: dict[str, list[tuple[str, int]]],
+        cls,
+        local: list[tuple[str, int]],
+        remote: dict[str, list[tuple[str, int]]],
         wait_s: float | None,
-    ) -> Roster:  # fmt: skip
+    ) -> Roster:
         planned = {f"{r}-{i}": HERE for r, i in local}
         for host, roles in remote.items():
             planned.update({f"{r}-{i}": host for r, i in roles})

@@ -108,8 +108,9 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     try:
         got = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        log.warning("cannot read %s (%s): the earlier segments are summed up from progress.csv",
-                    path, exc)  # fmt: skip
+        log.warning(
+            "cannot read %s (%s): the earlier segments are summed up from progress.csv", path, exc
+        )
         return None
     return got if isinstance(got, dict) else None
 

@@ -38,8 +38,10 @@ class StopRule:
         if s.eval_return is None:
             return "no eval_return target"
         if s.confirm == "fresh":
-            return (f"an evaluation reaches {s.eval_return:g}, then a confirming evaluation of "
-                    f"{s.eval_episodes} fresh episodes with the same weights reaches it too")  # fmt: skip
+            return (
+                f"an evaluation reaches {s.eval_return:g}, then a confirming evaluation of "
+                f"{s.eval_episodes} fresh episodes with the same weights reaches it too"
+            )
         return f"the mean of the last {s.eval_window} evaluations reaches {s.eval_return:g}"
 
     def on_eval(self, row: dict[str, Any], sender: str) -> None:

@@ -96,11 +96,25 @@ class Supervisor:
         self.log_level = log_level
         self.show_status = show_status
         self.ctx: zmq.Context = zmq.Context.instance()
-        self.access = BrokerAccess.of(cfg, inproc=inproc, port=port, keys_dir=keys_dir,
-                                      insecure=insecure, inproc_name=str(id(self)), bind=bind,
-                                      elsewhere=elsewhere)  # fmt: skip
-        self.pool = ChildPool(cfg, self.factories, self.rundir, self.access, self.ctx,
-                              inproc=inproc, log_level=log_level)  # fmt: skip
+        self.access = BrokerAccess.of(
+            cfg,
+            inproc=inproc,
+            port=port,
+            keys_dir=keys_dir,
+            insecure=insecure,
+            inproc_name=str(id(self)),
+            bind=bind,
+            elsewhere=elsewhere,
+        )
+        self.pool = ChildPool(
+            cfg,
+            self.factories,
+            self.rundir,
+            self.access,
+            self.ctx,
+            inproc=inproc,
+            log_level=log_level,
+        )
         if zygote is not None:  # started by the caller while it read the config: ours now
             self.pool.zygote = zygote
         self.agg = Aggregator()
@@ -111,8 +125,9 @@ class Supervisor:
         self.started = time.monotonic()
         self._display: Any = None
         self.roster = Roster.of(*self.placement(), wait_s=cfg.broker.wait_for_roles)
-        self.monitor = RunMonitor(cfg, self.ctx, self.access, self.pool, self.roster, self.agg,
-                                  self.target)  # fmt: skip
+        self.monitor = RunMonitor(
+            cfg, self.ctx, self.access, self.pool, self.roster, self.agg, self.target
+        )
         self._next_missing_notice = 0.0
 
     # What the display, the CLI and the tests read; the parts own it.

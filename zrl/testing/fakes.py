@@ -237,10 +237,16 @@ def cue_recall(
     term = np.zeros((envs, steps), bool)
     term[:, -1] = True
     trajectory = Trajectory(
-        obs=obs, next_obs=None, action=action, reward=reward, terminated=term,
-        truncated=np.zeros_like(term), valid=np.ones_like(term), final_obs=obs[:, -1],
+        obs=obs,
+        next_obs=None,
+        action=action,
+        reward=reward,
+        terminated=term,
+        truncated=np.zeros_like(term),
+        valid=np.ones_like(term),
+        final_obs=obs[:, -1],
         extras={"logp": np.stack(logp, 1), "first": np.stack(first, 1)},
-    )  # fmt: skip
+    )
     return trajectory, float(reward[:, -1].mean())
 
 
@@ -256,11 +262,17 @@ def actor_setup(
 ) -> ActorSetup:
     """An actor's :class:`ActorSetup` for a policy under test, its random stream from ``seed``."""
     return ActorSetup(
-        config=cfg, observation_space=observation_space, action_space=action_space,
-        num_envs=num_envs, model=model, actor_index=actor_index, seed=seed,
-        rng=np.random.default_rng(seed), log=logging.getLogger("zrl.test.actor"),
+        config=cfg,
+        observation_space=observation_space,
+        action_space=action_space,
+        num_envs=num_envs,
+        model=model,
+        actor_index=actor_index,
+        seed=seed,
+        rng=np.random.default_rng(seed),
+        log=logging.getLogger("zrl.test.actor"),
         train_stats=TrainStats(),
-    )  # fmt: skip
+    )
 
 
 def learner_setup(
@@ -275,7 +287,12 @@ def learner_setup(
     """A learner's :class:`LearnerSetup` for an update under test; ``services`` defaults to a
     lone learner's (an id, nothing else: an update that opens sockets fails)."""
     return LearnerSetup(
-        config=cfg, model=model, observation_space=observation_space,
-        action_space=action_space, index=index, log=logging.getLogger("zrl.test.learner"),
-        train_stats=TrainStats(), services=services or SimpleNamespace(id=f"learner-{index}"),
-    )  # fmt: skip
+        config=cfg,
+        model=model,
+        observation_space=observation_space,
+        action_space=action_space,
+        index=index,
+        log=logging.getLogger("zrl.test.learner"),
+        train_stats=TrainStats(),
+        services=services or SimpleNamespace(id=f"learner-{index}"),
+    )

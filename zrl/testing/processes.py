@@ -102,8 +102,12 @@ def zrl_status_json(addr: str) -> dict[str, Any]:
     """`zrl status --json` as a user would run it (a real subprocess)."""
     out = subprocess.run(
         [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
-        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -129,9 +133,19 @@ def run_zrl(
     CartPole policy; None: no evaluation asked, for a run without an evaluator), and leave no
     process of the run behind. Returns the summary, with the run dir under "dir"."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "zrl", "run", str(REPO / "configs" / config),
-           "--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}",
-           "--set", "stop.eval_window=1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zrl",
+        "run",
+        str(REPO / "configs" / config),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"stop.wall_time={wall_time}",
+        "--set",
+        "stop.eval_window=1",
+    ]
     for item in overrides:
         cmd += ["--set", item]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)

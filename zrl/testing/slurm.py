@@ -42,9 +42,23 @@ CLIENTS = ("munge", "sinfo", "sbatch", "squeue", "scontrol", "scancel", "srun")
 START_TIMEOUT_S = 30.0  # until the node shows idle
 KILL_WAIT_S = 10  # slurm.conf KillWait: SIGTERM to SIGKILL when a job is cancelled
 # Job states in which the job or its processes may still run (squeue's long names).
-ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
-                           "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING",
-                           "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)
 
 
 def missing() -> str | None:
@@ -112,9 +126,14 @@ class SlurmCluster:
     ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command (``sinfo``, ``scontrol`` ...) against this cluster; not checked."""
         return subprocess.run(
-            list(argv), env=self.env(env), capture_output=True, text=True, timeout=timeout,
-            stdin=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
+            list(argv),
+            env=self.env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
 
     def sbatch(self, *args: str, env: Mapping[str, str] | None = None) -> int:
         """``sbatch --parsable ARGS...`` with ``env`` added to the exported environment; the
@@ -203,9 +222,12 @@ def _start(
 ) -> None:
     with open(cluster.root / "log" / f"{name}.log", "wb") as out:
         cluster.daemons[name] = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=cluster.env(env),
-        )  # fmt: skip
+        )
 
 
 def _wait_until(
@@ -251,21 +273,35 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
     cluster = SlurmCluster(root, conf, node)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        _start(cluster, "munged", [
-            MUNGED, "--foreground", "--force", f"--socket={munge_socket}", f"--key-file={key}",
-            f"--pid-file={root / 'munge' / 'munged.pid'}", f"--seed-file={root / 'munge' / 'seed'}",
-        ])  # fmt: skip
+        _start(
+            cluster,
+            "munged",
+            [
+                MUNGED,
+                "--foreground",
+                "--force",
+                f"--socket={munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={root / 'munge' / 'munged.pid'}",
+                f"--seed-file={root / 'munge' / 'seed'}",
+            ],
+        )
         _wait_until(
-            cluster, "munged", lambda: cluster.command("munge", "-n", "-S", str(munge_socket)),
-            lambda done: done.returncode == 0, deadline,
-        )  # fmt: skip
+            cluster,
+            "munged",
+            lambda: cluster.command("munge", "-n", "-S", str(munge_socket)),
+            lambda done: done.returncode == 0,
+            deadline,
+        )
         _start(cluster, "slurmctld", [SLURMCTLD, "-D", "-i"])
         _start(cluster, "slurmd", [SLURMD, "-D", "-N", node])
         _wait_until(
-            cluster, "the node to be idle",
+            cluster,
+            "the node to be idle",
             lambda: cluster.command("sinfo", "-h", "-N", "-n", node, "-o", "%T"),
-            lambda done: done.stdout.strip() == "idle", deadline,
-        )  # fmt: skip
+            lambda done: done.stdout.strip() == "idle",
+            deadline,
+        )
         yield cluster
     finally:
         cluster.stop()

@@ -80,16 +80,12 @@ def test_tictactoe_respects_the_mask_over_a_winning_square():
 
 
 def test_connect_four_takes_an_immediate_win():
-    board = planes(
-        [".......", ".......", ".......", ".......", "oo.....", "xxx...o"]
-    )  # fmt: skip
+    board = planes([".......", ".......", ".......", ".......", "oo.....", "xxx...o"])
     assert choices(CONNECT_FOUR, board) == {3}
 
 
 def test_connect_four_blocks_the_other_players_win():
-    board = planes(
-        [".......", ".......", ".......", ".......", "xx.....", "ooo...x"]
-    )  # fmt: skip
+    board = planes([".......", ".......", ".......", ".......", "xx.....", "ooo...x"])
     assert choices(CONNECT_FOUR, board) == {3}
 
 
@@ -97,9 +93,7 @@ def test_connect_four_does_not_play_under_the_other_players_winning_square():
     # o's diagonal (3,4) (4,5) (5,6) wins at (2,3), which is playable once column 3 holds one
     # more piece. Column 3, the most central move (13 lines through its square), would give it
     # to o; the scripted player takes the next best, column 4.
-    board = planes(
-        [".......", ".......", ".......", "....o..", "...xxo.", "...oxxo"]
-    )  # fmt: skip
+    board = planes([".......", ".......", ".......", "....o..", "...xxo.", "...oxxo"])
     occupied = board.any(axis=-1)
     mine, theirs = board[..., 0] > 0, board[..., 1] > 0
     assert CONNECT_FOUR.winning_actions(mine, occupied) == []

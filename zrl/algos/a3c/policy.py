@@ -37,19 +37,27 @@ class A3CPolicy(CategoricalPolicy):
         with torch.no_grad():
             bootstrap = self.model.value(torch.from_numpy(tr.final_obs)).numpy()
         advantages, returns = rollout_gae(
-            tr.reward, values.detach().numpy().reshape(E, T), tr.terminated, tr.truncated,
-            tr.valid, bootstrap, c.gamma, c.gae_lambda,
-        )  # fmt: skip
+            tr.reward,
+            values.detach().numpy().reshape(E, T),
+            tr.terminated,
+            tr.truncated,
+            tr.valid,
+            bootstrap,
+            c.gamma,
+            c.gae_lambda,
+        )
         valid = torch.from_numpy(tr.valid.reshape(-1))
         actions = torch.from_numpy(tr.action.reshape(-1))
         logp = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1))[:, 0]
         loss, parts = a2c_loss(
-            logp[valid], values[valid],
+            logp[valid],
+            values[valid],
             torch.from_numpy(returns.reshape(-1))[valid],
             torch.from_numpy(advantages.reshape(-1))[valid],
             categorical_entropy(logits[valid]),
-            c.entropy_coef, c.value_coef,
-        )  # fmt: skip
+            c.entropy_coef,
+            c.value_coef,
+        )
         self.model.zero_grad(set_to_none=True)
         loss.backward()
         grads = {

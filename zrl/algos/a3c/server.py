@@ -74,8 +74,11 @@ class A3CGradientServer:
             if self.future_gradients == 1 or self.future_gradients % 100 == 0:
                 self.log.warning(
                     "gradient on weights v%d, but this server is at v%d (restarted without a "
-                    "checkpoint?): dropped (%d so far)", computed_on, version, self.future_gradients,
-                )  # fmt: skip
+                    "checkpoint?): dropped (%d so far)",
+                    computed_on,
+                    version,
+                    self.future_gradients,
+                )
             return False
         self.accumulated.append(msg.arrays)
         self.train_stats.add_with_max(policy_lag=version - computed_on)

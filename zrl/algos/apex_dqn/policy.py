@@ -72,9 +72,13 @@ class ApexDQNPolicy(EpsilonGreedyPolicy):
         self.env_index = np.arange(setup.num_envs)
         setup.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
-            setup.actor_index, setup.num_envs, cfg.env.id,
-            float(self.epsilons.max()), float(self.epsilons.min()), setup.seed,
-        )  # fmt: skip
+            setup.actor_index,
+            setup.num_envs,
+            cfg.env.id,
+            float(self.epsilons.max()),
+            float(self.epsilons.min()),
+            setup.seed,
+        )
 
     @torch.no_grad()
     def q_values(self, obs: np.ndarray) -> np.ndarray:

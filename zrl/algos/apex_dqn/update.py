@@ -60,9 +60,14 @@ class ApexDQNUpdate(QTargetUpdate):
     def step(self, batch: dict[str, Tensor]) -> BatchStep:
         lc = self.config.learner
         result = dqn_update(
-            self.model, self.target, self.optimizer, batch,
-            double=lc.double, huber_delta=lc.huber_delta, grad_clip=lc.grad_clip,
-        )  # fmt: skip
+            self.model,
+            self.target,
+            self.optimizer,
+            batch,
+            double=lc.double,
+            huber_delta=lc.huber_delta,
+            grad_clip=lc.grad_clip,
+        )
         figures = {"loss": result.loss, "q_mean": result.q_mean, "grad_norm": result.grad_norm}
         targets_due = (self.updates + 1) % lc.target_update_interval == 0
         return BatchStep(result.loss, result.td, figures, targets_due)

@@ -59,18 +59,28 @@ class Trajectory:
         """The arrays of a ``transitions`` TRAJECTORY (``zrl.transport.messages``)."""
         assert self.next_obs is not None, "the policy must set records_next_obs"
         return {
-            "obs": self.obs, "action": self.action, "reward": self.reward,
-            "terminated": self.terminated, "truncated": self.truncated, "valid": self.valid,
-            "next_obs": self.next_obs, "priority": priority,
-        }  # fmt: skip
+            "obs": self.obs,
+            "action": self.action,
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "valid": self.valid,
+            "next_obs": self.next_obs,
+            "priority": priority,
+        }
 
     def unroll(self) -> dict[str, np.ndarray]:
         """The arrays of an ``unroll`` TRAJECTORY (behaviour log-probs in ``extras``)."""
         return {
-            "obs": self.obs, "action": self.action, "logp": self.extras["logp"],
-            "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
-            "valid": self.valid, "bootstrap_obs": self.final_obs.copy(),
-        }  # fmt: skip
+            "obs": self.obs,
+            "action": self.action,
+            "logp": self.extras["logp"],
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "valid": self.valid,
+            "bootstrap_obs": self.final_obs.copy(),
+        }
 
 
 @dataclass

@@ -112,11 +112,16 @@ class Algorithm:
         learner and its own ``config``."""
         continuous = "zrl.algos.continuous"
         return cls(
-            name=name, summary=summary, wiring=Wiring.off_policy("box"),
-            policy=f"{continuous}:ContinuousPolicy", update=f"{continuous}:ContinuousUpdate",
-            model=model, config=config, sections=("replay", "learner"),
+            name=name,
+            summary=summary,
+            wiring=Wiring.off_policy("box"),
+            policy=f"{continuous}:ContinuousPolicy",
+            update=f"{continuous}:ContinuousUpdate",
+            model=model,
+            config=config,
+            sections=("replay", "learner"),
             model_options=model_options,
-        )  # fmt: skip
+        )
 
     @property
     def reads(self) -> tuple[str, ...]:

@@ -87,9 +87,15 @@ def appo_loss(
     an estimate of ``KL(mu || pi)``), ``clip_fraction`` and ``mean_rho`` (mean ``pi / mu``).
     """
     check_loss_inputs(
-        "appo_loss", logits, vtrace_returns, values=values, actions=actions,
-        behaviour_logp=behaviour_logp, valid=valid, old_values=old_values,
-    )  # fmt: skip
+        "appo_loss",
+        logits,
+        vtrace_returns,
+        values=values,
+        actions=actions,
+        behaviour_logp=behaviour_logp,
+        valid=valid,
+        old_values=old_values,
+    )
     vs, pg_adv = vtrace_returns.vs, vtrace_returns.pg_advantages
     if not clip > 0:
         raise ValueError(f"clip must be > 0, got clip={clip!r}")

@@ -81,26 +81,39 @@ class AppoUpdate(UnrollUpdate):
             for rows in order.tensor_split(groups):
                 started = time.perf_counter()
                 f = unroll_forward(
-                    self.model, {k: v[rows] for k, v in batch.items()}, gamma=c.gamma,
-                    rho_bar=c.rho_bar, c_bar=c.c_bar, lambda_=c.vtrace_lambda,
+                    self.model,
+                    {k: v[rows] for k, v in batch.items()},
+                    gamma=c.gamma,
+                    rho_bar=c.rho_bar,
+                    c_bar=c.c_bar,
+                    lambda_=c.vtrace_lambda,
                     value_normalizer=self.value_normalizer,
-                )  # fmt: skip
+                )
                 returns = f.returns
                 if self.value_normalizer is not None:
                     if epoch == 0:  # each target once in the statistics, as Sample Factory
                         self.value_normalizer.update(returns.vs, f.valid)
                     returns = replace(returns, vs=self.value_normalizer.normalize(returns.vs))
                 loss, parts = appo_loss(
-                    f.logits, f.values, f.actions, f.behaviour_logp, returns, clip=c.clip,
-                    entropy_coef=c.entropy_coef, value_coef=c.value_coef,
-                    value_clip=c.value_clip, valid=f.valid,
+                    f.logits,
+                    f.values,
+                    f.actions,
+                    f.behaviour_logp,
+                    returns,
+                    clip=c.clip,
+                    entropy_coef=c.entropy_coef,
+                    value_coef=c.value_coef,
+                    value_clip=c.value_clip,
+                    valid=f.valid,
                     old_values=None if old_values is None else old_values[:, rows],
                     normalize_advantages=c.normalize_advantages,
-                )  # fmt: skip
+                )
                 grad_norm = checked_step(
-                    self.optimizer, loss, list(self.model.parameters()),
+                    self.optimizer,
+                    loss,
+                    list(self.model.parameters()),
                     self.config.learner.grad_clip,
-                )  # fmt: skip
+                )
                 self.updates += 1
                 steps += 1
                 self.train_stats.add(

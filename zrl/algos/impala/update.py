@@ -40,15 +40,24 @@ class ImpalaUpdate(UnrollUpdate):
         for _ in range(c.epochs):
             started = time.perf_counter()
             result = impala_update(
-                self.model, self.optimizer, batch, gamma=c.gamma, rho_bar=c.rho_bar,
-                c_bar=c.c_bar, entropy_coef=c.entropy_coef, value_coef=c.value_coef,
-                grad_clip=self.config.learner.grad_clip, lambda_=c.vtrace_lambda,
-            )  # fmt: skip
+                self.model,
+                self.optimizer,
+                batch,
+                gamma=c.gamma,
+                rho_bar=c.rho_bar,
+                c_bar=c.c_bar,
+                entropy_coef=c.entropy_coef,
+                value_coef=c.value_coef,
+                grad_clip=self.config.learner.grad_clip,
+                lambda_=c.vtrace_lambda,
+            )
             self.updates += 1
             loss = result.parts["loss"]
             self.mean_rho = result.mean_rho
             self.train_stats.add(
-                **result.parts, grad_norm=result.grad_norm, mean_rho=result.mean_rho,
+                **result.parts,
+                grad_norm=result.grad_norm,
+                mean_rho=result.mean_rho,
                 update_ms=(time.perf_counter() - started) * 1e3,
-            )  # fmt: skip
+            )
         return UpdateResult(updates=c.epochs, loss=loss)

@@ -279,9 +279,17 @@ def unroll_forward(
         raw_values = value_normalizer.denormalize(raw_values)
         bootstrap = value_normalizer.denormalize(bootstrap)
     returns = vtrace(
-        behaviour_logp, target_logp, batch["reward"].T.to(values.dtype) * valid, discounts,
-        raw_values, bootstrap, rho_bar=rho_bar, c_bar=c_bar, valid=valid, lambda_=lambda_,
-    )  # fmt: skip
+        behaviour_logp,
+        target_logp,
+        batch["reward"].T.to(values.dtype) * valid,
+        discounts,
+        raw_values,
+        bootstrap,
+        rho_bar=rho_bar,
+        c_bar=c_bar,
+        valid=valid,
+        lambda_=lambda_,
+    )
     return UnrollForward(logits, values, actions, behaviour_logp, target_logp, valid, returns)
 
 

@@ -67,8 +67,9 @@ class DDPPOPeers:
     def send_ready(self) -> None:
         self.pub.send(
             P.Message(P.READY, meta={"learner": self.index, "heard": sorted(self.heard)}),
-            topic=P.ALLREDUCE_TOPIC, block=False,
-        )  # fmt: skip
+            topic=P.ALLREDUCE_TOPIC,
+            block=False,
+        )
 
     def on_ready(self, msg: P.Message) -> None:
         who, heard = msg.meta.get("learner"), msg.meta.get("heard")
@@ -97,15 +98,17 @@ class DDPPOPeers:
             self.ready = True
             self.log.info(
                 "DD-PPO: all %d learners hear each other (%.2f s)",
-                self.learners, now - self.handshake_started,
-            )  # fmt: skip
+                self.learners,
+                now - self.handshake_started,
+            )
         elif now - self.handshake_started > HANDSHAKE_TIMEOUT_S:
             self.ready = True
             self.log.warning(
                 "DD-PPO: learners %s not heard within %.0f s; starting without them "
                 "(their allreduce steps will time out)",
-                sorted(others - (self.heard & self.confirmed)), HANDSHAKE_TIMEOUT_S,
-            )  # fmt: skip
+                sorted(others - (self.heard & self.confirmed)),
+                HANDSHAKE_TIMEOUT_S,
+            )
         else:
             self.sub.sock.poll(HANDSHAKE_POLL_MS)
 
@@ -119,9 +122,14 @@ class DDPPOPeers:
             for name, p in self.model.named_parameters()
         }
         self.pub.send(
-            P.Message(P.GRADIENTS, meta={"round": key[0], "step": key[1], "learner": self.index}, arrays=own),
-            topic=P.ALLREDUCE_TOPIC, block=False,
-        )  # fmt: skip
+            P.Message(
+                P.GRADIENTS,
+                meta={"round": key[0], "step": key[1], "learner": self.index},
+                arrays=own,
+            ),
+            topic=P.ALLREDUCE_TOPIC,
+            block=False,
+        )
         deadline = time.monotonic() + ALLREDUCE_TIMEOUT_S
         while len(self.peer_grads.get(key, {})) < self.learners - 1:
             if self.services.stop_event.is_set():

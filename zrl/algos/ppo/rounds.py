@@ -105,9 +105,15 @@ def round_tensors(
         values = model.value(obs).numpy().reshape(E, T)
         bootstrap = model.value(torch.from_numpy(cat["bootstrap_obs"])).numpy()
     advantages, returns = rollout_gae(
-        cat["reward"], values, cat["terminated"], cat["truncated"], cat["valid"], bootstrap,
-        gamma, lam,
-    )  # fmt: skip
+        cat["reward"],
+        values,
+        cat["terminated"],
+        cat["truncated"],
+        cat["valid"],
+        bootstrap,
+        gamma,
+        lam,
+    )
     valid = cat["valid"].reshape(-1)
     return {
         "obs": obs[torch.from_numpy(valid)],
@@ -140,15 +146,23 @@ def recurrent_round_tensors(
     with torch.no_grad():
         _, values, bootstrap = unroll_outputs(model, rows)
     advantages, returns = rollout_gae(
-        cat["reward"], values.numpy(), cat["terminated"], cat["truncated"], cat["valid"],
-        bootstrap.numpy(), gamma, lam,
-    )  # fmt: skip
+        cat["reward"],
+        values.numpy(),
+        cat["terminated"],
+        cat["truncated"],
+        cat["valid"],
+        bootstrap.numpy(),
+        gamma,
+        lam,
+    )
     return {
-        "obs": obs, "state": state, "first": first,
+        "obs": obs,
+        "state": state,
+        "first": first,
         "valid": torch.from_numpy(cat["valid"]),
         "action": torch.from_numpy(cat["action"]),
         "logp": torch.from_numpy(cat["logp"]),
         "value": values,
         "advantage": torch.from_numpy(advantages),
         "return": torch.from_numpy(returns),
-    }  # fmt: skip
+    }

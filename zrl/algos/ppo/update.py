@@ -267,10 +267,19 @@ class PPOUpdate(BaseUpdate):
         log_probs = torch.log_softmax(logits, dim=-1)
         new_logp = log_probs.gather(1, mb["action"].unsqueeze(1))[:, 0]
         return ppo_loss(
-            new_logp, mb["logp"], adv, values, mb["value"], mb["return"],
-            categorical_entropy(logits), c.clip, c.value_clip, c.entropy_coef, c.value_coef,
+            new_logp,
+            mb["logp"],
+            adv,
+            values,
+            mb["value"],
+            mb["return"],
+            categorical_entropy(logits),
+            c.clip,
+            c.value_clip,
+            c.entropy_coef,
+            c.value_coef,
             normalize_advantages=False,
-        )  # fmt: skip
+        )
 
     def sequence_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The PPO loss of this learner's part of a recurrent minibatch of env rows
@@ -295,10 +304,19 @@ class PPOUpdate(BaseUpdate):
         logits = logits[valid]
         new_logp = torch.log_softmax(logits, dim=-1).gather(1, mb["action"][valid, None])[:, 0]
         loss, parts = ppo_loss(
-            new_logp, mb["logp"][valid], adv[valid], values[valid], mb["value"][valid],
-            mb["return"][valid], categorical_entropy(logits), c.clip, c.value_clip,
-            c.entropy_coef, c.value_coef, normalize_advantages=False,
-        )  # fmt: skip
+            new_logp,
+            mb["logp"][valid],
+            adv[valid],
+            values[valid],
+            mb["value"][valid],
+            mb["return"][valid],
+            categorical_entropy(logits),
+            c.clip,
+            c.value_clip,
+            c.entropy_coef,
+            c.value_coef,
+            normalize_advantages=False,
+        )
         return loss * (count * self.learners / total), parts
 
     # --- what the role asks -------------------------------------------------------------

@@ -39,9 +39,13 @@ def actor_priorities(
     q = torch.from_numpy(seqs.q)
     boot = inverse_value_rescale(q.max(dim=-1).values, eps)
     raw = nstep_double_q_targets(
-        torch.from_numpy(seqs.reward), torch.from_numpy(seqs.terminated),
-        torch.from_numpy(seqs.mask), boot, gamma, n_step,
-    )  # fmt: skip
+        torch.from_numpy(seqs.reward),
+        torch.from_numpy(seqs.terminated),
+        torch.from_numpy(seqs.mask),
+        boot,
+        gamma,
+        n_step,
+    )
     taken = q[:, :-1].gather(-1, torch.from_numpy(seqs.action)[..., None])[..., 0]
     td = (value_rescale(raw, eps) - taken).abs()[:, burn_in:]
     return sequence_priority(td, torch.from_numpy(seqs.mask)[:, burn_in:], eta).numpy()
@@ -58,16 +62,26 @@ class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
         E = setup.num_envs
         self.init_states(setup.model, E)
         self.cutter = SequenceCutter(
-            E, cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in,
-            M.obs_shape(setup.observation_space), M.obs_dtype(setup.observation_space),
-            self.state.shape[1], self.num_actions,
-        )  # fmt: skip
+            E,
+            cfg.section(R2D2Config).sequence_length,
+            cfg.section(R2D2Config).burn_in,
+            M.obs_shape(setup.observation_space),
+            M.obs_dtype(setup.observation_space),
+            self.state.shape[1],
+            self.num_actions,
+        )
         self.sequences_sent = 0
         setup.log.info(
             "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
-            setup.actor_index, E, cfg.env.id, float(self.epsilons.max()),
-            float(self.epsilons.min()), cfg.section(R2D2Config).sequence_length, cfg.section(R2D2Config).burn_in, setup.seed,
-        )  # fmt: skip
+            setup.actor_index,
+            E,
+            cfg.env.id,
+            float(self.epsilons.max()),
+            float(self.epsilons.min()),
+            cfg.section(R2D2Config).sequence_length,
+            cfg.section(R2D2Config).burn_in,
+            setup.seed,
+        )
 
     @torch.no_grad()
     def act(
@@ -84,9 +98,16 @@ class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
     def finish(self, trajectory: Trajectory) -> Outgoing:
         tr, x = trajectory, trajectory.extras
         seqs = self.cutter.add(
-            tr.obs, tr.action, tr.reward, tr.terminated, tr.valid, x["first"], x["state"], x["q"],
+            tr.obs,
+            tr.action,
+            tr.reward,
+            tr.terminated,
+            tr.valid,
+            x["first"],
+            x["state"],
+            x["q"],
             version=tr.weights_version,
-        )  # fmt: skip
+        )
         c, rc = self.config.section(R2D2Config), self.config.replay
         priority = actor_priorities(
             seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon

@@ -45,11 +45,16 @@ class Sequences:
 
     def arrays(self, priority: np.ndarray) -> dict[str, np.ndarray]:
         return {
-            "obs": self.obs, "action": self.action, "reward": self.reward,
-            "terminated": self.terminated, "mask": self.mask, "first": self.first,
-            "state": self.state, "priority": priority.astype(np.float32),
+            "obs": self.obs,
+            "action": self.action,
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "mask": self.mask,
+            "first": self.first,
+            "state": self.state,
+            "priority": priority.astype(np.float32),
             "weights_version": self.weights_version,
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -79,9 +84,15 @@ class _Episode:
 
 class SequenceCutter:
     def __init__(
-        self, num_envs: int, length: int, burn_in: int, obs_shape: tuple[int, ...],
-        obs_dtype: np.dtype, state_size: int, num_actions: int,
-    ) -> None:  # fmt: skip
+        self,
+        num_envs: int,
+        length: int,
+        burn_in: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype,
+        state_size: int,
+        num_actions: int,
+    ) -> None:
         if not 0 <= burn_in < length:
             raise ValueError(f"burn_in must be in [0, sequence_length), got {burn_in}, {length}")
         self.length, self.burn_in, self.period = length, burn_in, length - burn_in
@@ -92,9 +103,17 @@ class SequenceCutter:
         """Episodes dropped unfinished (all envs were reset after an env error)."""
 
     def add(
-        self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-        valid: np.ndarray, first: np.ndarray, state: np.ndarray, q: np.ndarray, version: int = 0,
-    ) -> Sequences:  # fmt: skip
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        valid: np.ndarray,
+        first: np.ndarray,
+        state: np.ndarray,
+        q: np.ndarray,
+        version: int = 0,
+    ) -> Sequences:
         """The steps of one trajectory, ``[E, T, ...]`` as the actor recorded them (``first``:
         the policy zeroed the state before this step; ``state``: the state before each step;
         ``q``: the Q-values it acted on; ``version``: the weights version that acted) -> the
@@ -125,9 +144,16 @@ class SequenceCutter:
                     del episode.steps[:drop]
                     episode.offset += drop
                 episode.steps.append(
-                    _Step(obs[e, t], int(action[e, t]), float(reward[e, t]),
-                          bool(terminated[e, t]), state[e, t], q[e, t], version)
-                )  # fmt: skip
+                    _Step(
+                        obs[e, t],
+                        int(action[e, t]),
+                        float(reward[e, t]),
+                        bool(terminated[e, t]),
+                        state[e, t],
+                        q[e, t],
+                        version,
+                    )
+                )
         return self.stack(built)
 
     def build(
@@ -172,11 +198,13 @@ class SequenceCutter:
         if n == 0:
             return Sequences(
                 obs=np.zeros((0, L + 1, *self.obs_shape), self.obs_dtype),
-                action=np.zeros((0, L), np.int64), reward=np.zeros((0, L), np.float32),
-                terminated=np.zeros((0, L), bool), mask=np.zeros((0, L), bool),
+                action=np.zeros((0, L), np.int64),
+                reward=np.zeros((0, L), np.float32),
+                terminated=np.zeros((0, L), bool),
+                mask=np.zeros((0, L), bool),
                 first=np.zeros((0, L + 1), bool),
                 state=np.zeros((0, self.state_size), np.float32),
                 q=np.zeros((0, L + 1, self.num_actions), np.float32),
                 weights_version=np.zeros(0, np.int64),
-            )  # fmt: skip
+            )
         return Sequences(**{k: np.stack([s[k] for s in built]) for k in built[0]})

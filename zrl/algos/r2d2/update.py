@@ -64,9 +64,13 @@ class R2D2Update(QTargetUpdate):
     def receive(self, msg: P.Message, version: int) -> None:
         c = self.config.section(R2D2Config)
         dims = M.validate(
-            msg, M.SEQUENCE_BATCH, O=self.obs_shape, R=self.state_size, T=c.sequence_length,
+            msg,
+            M.SEQUENCE_BATCH,
+            O=self.obs_shape,
+            R=self.state_size,
+            T=c.sequence_length,
             P=c.sequence_length + 1,
-        )  # fmt: skip
+        )
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
