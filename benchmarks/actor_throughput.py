@@ -3,10 +3,11 @@
 (1) A bare loop in its own process, 1 torch thread, no messaging: the actor's vector env
     (``zrl.envs.vector.make_vector_env``) and, every vector step, the same batched Q forward
     (``zrl.nets.discrete.build_q_network``, same seed) and Ape-X epsilon-greedy as the Ape-X DQN
-    policy's ``act`` (``zrl.algos.apex_dqn.policy.ApexDQNPolicy``). Not included: the actor's trajectory buffers, episode bookkeeping, n-step returns and
-    initial priorities (a second forward per trajectory), encoding and sending. As a second
-    reference, the real generic ``Actor.setup`` + ``Actor.collect`` (with the algorithm's
-    policy, as a running actor builds it) in a loop with sockets stubbed out separates the actor's own compute from its messaging.
+    policy's ``act`` (``zrl.algos.apex_dqn.policy.ApexDQNPolicy``). Not included: the actor's
+    trajectory buffers, episode bookkeeping, n-step returns and initial priorities (a second
+    forward per trajectory), encoding and sending. As a second reference, the real generic
+    ``Actor.setup`` + ``Actor.collect`` (with the algorithm's policy, as a running actor builds
+    it) in a loop with sockets stubbed out separates the actor's own compute from its messaging.
 (2) ``python -m zrl start actor`` pushing to a real broker and replay shard
     (``python -m zrl start replay``), no learner, params or evaluator, with the config
     ``configs/cartpole_apex_dqn.yaml`` plus ``replay.samples_per_insert: 0`` (inserts are
@@ -206,7 +207,7 @@ def measure_actor(
 ) -> dict[str, Any]:
     import zmq
 
-    from zrl.roles.base import registry_request
+    from zrl.roles.registry_client import registry_request
     from zrl.transport import protocol as P
     from zrl.transport.endpoints import broker_endpoints
     from zrl.transport.sockets import Channel, TransportStats, make_socket

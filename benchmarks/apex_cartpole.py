@@ -177,9 +177,8 @@ def main() -> None:
         z = [r[0] if r[0] is not None else float("inf") for r in results["zrl Ape-X DQN"]]
         s = [r[0] if r[0] is not None else float("inf") for r in results["SB3 DQN (zoo)"]]
         zm, sm = statistics.median(z), statistics.median(s)
-        print(
-            f"\nratio zrl/SB3 wall-clock: {zm / sm:.2f}  target < 1: {'MET' if zm < sm else 'NOT MET'}"
-        )
+        verdict = "MET" if zm < sm else "NOT MET"
+        print(f"\nratio zrl/SB3 wall-clock: {zm / sm:.2f}  target < 1: {verdict}")
 
 
 if __name__ == "__main__":

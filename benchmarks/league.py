@@ -145,7 +145,8 @@ def report(game: str, run_dir: Path, bare: float, wall: float) -> None:
             rates = [number(row.get(f"{opponent}_{o}_rate")) for o in ("win", "draw", "loss")]
             cells.append("  ".join("  -  " if r is None else f"{r:.2f}" for r in rates))
         print(
-            f"{float(row['time']):6.0f} {float(row['env_steps']):11,.0f}   {cells[0]:20}   {cells[1]}"
+            f"{float(row['time']):6.0f} {float(row['env_steps']):11,.0f}   "
+            f"{cells[0]:20}   {cells[1]}"
         )
         if first_bar is None and meets_bar(game, row):
             first_bar = float(row["time"])

@@ -233,8 +233,8 @@ def main() -> None:
     last = evals[-args.final_evals :]
     final = statistics.fmean(e[2] for e in last)
     print(
-        f"\nfinal (mean of the last {len(last)} evaluations, {last[0][0]:.0f}-{last[-1][0]:.0f} s): "
-        f"{final:.2f} per agent"
+        f"\nfinal (mean of the last {len(last)} evaluations, "
+        f"{last[0][0]:.0f}-{last[-1][0]:.0f} s): {final:.2f} per agent"
     )
     print(
         f"vs random {random_mean:.2f}: difference {final - random_mean:+.2f}, "

@@ -5,13 +5,13 @@ and iproute2). In one run:
 
 (A) env steps/s of actors, one per namespace, in 1, 2 and 4 namespaces, against the same
     number of actors all in the broker's own namespace (same broker address, which is local
-    there, so the kernel carries it like loopback: the difference is the veth + bridge hop). Broker and one replay shard run in h0 with
-    ``replay.samples_per_insert: 0`` (inserts are never held back) and no learner. Both sets
-    of a count start together; then only one set runs at a time (the other is SIGSTOPped),
-    alternating ``--windows`` times, so both see the same load from whatever else shares the
-    machine. A set's rate is the sum over its actors of their ``info.env_steps`` deltas in
-    ``zrl status``, each divided by the time between the two heartbeats that carried them
-    (status time minus row age).
+    there, so the kernel carries it like loopback: the difference is the veth + bridge hop).
+    Broker and one replay shard run in h0 with ``replay.samples_per_insert: 0`` (inserts are
+    never held back) and no learner. Both sets of a count start together; then only one set
+    runs at a time (the other is SIGSTOPped), alternating ``--windows`` times, so both see the
+    same load from whatever else shares the machine. A set's rate is the sum over its actors of
+    their ``info.env_steps`` deltas in ``zrl status``, each divided by the time between the two
+    heartbeats that carried them (status time minus row age).
 (B) the throughput cost of CurveZMQ on the experience stream: 64 KiB zrl messages from a PUSH
     in h1 through the broker's ``experience`` device in h0 to a PULL in h2 (decoded and
     validated like a replay shard does), broker and both ends with ``--keys`` vs
@@ -84,13 +84,16 @@ from zrl.transport.security import load_keys
 from zrl.transport.endpoints import broker_endpoints
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
-side, broker, keydir, size, seconds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+side, broker, keydir = sys.argv[1], sys.argv[2], sys.argv[3]
+size, seconds = int(sys.argv[4]), float(sys.argv[5])
 keys = load_keys(keydir) if keydir != "-" else None
 eps = broker_endpoints(broker, list(DEFAULT_STREAMS))
 kbuf = BrokerConfig().stream_buffer_bytes
 ctx = zmq.Context()
 if side == "push":
-    sock = make_socket(ctx, zmq.PUSH, sndhwm=2, sndtimeo_ms=100, kernel_buffer_bytes=kbuf, keys=keys)
+    sock = make_socket(
+        ctx, zmq.PUSH, sndhwm=2, sndtimeo_ms=100, kernel_buffer_bytes=kbuf, keys=keys
+    )
     sock.connect(eps["experience_in"])
     ch = Channel(sock, "experience", "bench-producer", TransportStats())
     # First a tiny one-frame message: with CURVE, the first message on a connection is what
@@ -102,7 +105,9 @@ if side == "push":
     while True:
         ch.send(P.Message(P.TRAJECTORY, arrays={"x": payload}))
 else:
-    sock = make_socket(ctx, zmq.PULL, rcvhwm=2, rcvtimeo_ms=100, kernel_buffer_bytes=kbuf, keys=keys)
+    sock = make_socket(
+        ctx, zmq.PULL, rcvhwm=2, rcvtimeo_ms=100, kernel_buffer_bytes=kbuf, keys=keys
+    )
     sock.connect(eps["experience_out"])
     ch = Channel(sock, "experience", "bench-consumer", TransportStats())
     deadline = time.monotonic() + 30.0

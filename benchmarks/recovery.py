@@ -91,7 +91,8 @@ class Run:
         return self.addr
 
     def status(self, timeout: float = 1.0) -> dict[str, Any] | None:
-        from zrl.roles.base import RoleError, registry_request
+        from zrl.roles.errors import RoleError
+        from zrl.roles.registry_client import registry_request
         from zrl.transport import protocol as P
 
         try:

@@ -787,7 +787,8 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
     print(
         "      CPU: broker CPU seconds per wall second (1 core = 100%), all threads; loop/IO: "
         "its registry loop (main thread) and libzmq's I/O thread; RSS: peak; STATUS KB: "
-        f"one reply; unacked/acked: heartbeats sent in the window unanswered {WARMUP_S:g} s after it / answered; "
+        "one reply; unacked/acked: heartbeats sent in the window unanswered "
+        f"{WARMUP_S:g} s after it / answered; "
         "load generator (sim workers) CPU in the heartbeat half: "
         + ", ".join(f"N={r['n']} {r['sims_cpu']:.0%}" for r in rows)
     )
@@ -1234,8 +1235,8 @@ def print_fan_in(rows: list[dict[str, Any]] | str, seconds: float) -> None:
         return
     print(
         f"{'case':>9} | {'msg bytes':>10} | {'sink msg/s':>10} | {'sink MB/s':>9} | "
-        f"{'transitions/s':>13} | {'broker CPU':>10} | {'sink CPU':>8} | {'demand msg/s':>12} | {'verdict':>7} | "
-        f"{'load avg':>14}"
+        f"{'transitions/s':>13} | {'broker CPU':>10} | {'sink CPU':>8} | {'demand msg/s':>12} | "
+        f"{'verdict':>7} | {'load avg':>14}"
     )
     for r in rows:
         c = FANIN_CASES[r["case"]]
@@ -1253,8 +1254,8 @@ def print_fan_in(rows: list[dict[str, Any]] | str, seconds: float) -> None:
     print(
         "      demand (derived target): "
         + "; ".join(
-            f"{r['case']} {actors} actors x {FANIN_CASES[r['case']]['steps_per_s']:,} env steps/s / "
-            f"{FANIN_CASES[r['case']]['T'] * FANIN_CASES[r['case']]['E']} per message"
+            f"{r['case']} {actors} actors x {FANIN_CASES[r['case']]['steps_per_s']:,} env steps/s"
+            f" / {FANIN_CASES[r['case']]['T'] * FANIN_CASES[r['case']]['E']} per message"
             for r in rows
         )
     )

@@ -18,10 +18,10 @@ threads) share two cores, so msg/s swings with the scheduler. Messages per CPU-s
 path costs) do not depend on who waited for a core, though kernel time still varies between
 runs; the second table gives c/b of that, the third each process's share. Every socket of
 (a), (b) and (c) uses the broker's stream settings (``broker.stream_hwm`` messages,
-``broker.stream_buffer_bytes`` kernel buffers) so c/b isolates zrl's own cost. ``--hwm`` / ``--buffer`` sweep those two settings (a broker and a
-proxy per point) at ``--sweep-sizes``. Then: a 10 MiB weights dict through the broker's topic
-bus to 4 subscriber processes, and the cost of ``encode()`` + ``decode()`` against
-``arr.copy()``. Run from the repo root::
+``broker.stream_buffer_bytes`` kernel buffers) so c/b isolates zrl's own cost. ``--hwm`` /
+``--buffer`` sweep those two settings (a broker and a proxy per point) at ``--sweep-sizes``.
+Then: a 10 MiB weights dict through the broker's topic bus to 4 subscriber processes, and the
+cost of ``encode()`` + ``decode()`` against ``arr.copy()``. Run from the repo root::
 
     python benchmarks/transport.py                      # defaults: 5 s cells, 3 pairs
     python benchmarks/transport.py --seconds 2 --sizes 65536,1048576 --pairs 2
@@ -383,7 +383,7 @@ def start_broker(
 ) -> tuple[subprocess.Popen, dict[str, str]]:
     """A broker process with these stream settings; its endpoints over ``transport``."""
     from zrl.config.sections import DEFAULT_STREAMS
-    from zrl.roles.base import registry_request
+    from zrl.roles.registry_client import registry_request
     from zrl.transport import protocol as P
     from zrl.transport.endpoints import broker_endpoints, ipc_broker_endpoints
 

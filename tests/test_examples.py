@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.api import UpdateResult
+from zrl.algos.api.learner import UpdateResult
 from zrl.algos.models import build_model, experiment_model
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig

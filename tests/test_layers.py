@@ -18,7 +18,10 @@ import grimp
 import pytest
 import tomllib
 
-LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+LINT = (
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())"
+)
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 

@@ -1,10 +1,10 @@
 """An MkDocs hook that writes the config reference into ``docs/configs.md`` at build time.
 
 The reference is generated from the config classes themselves: every top-level key of
-``zrl.config.experiment.config_schema()`` (the sections every algorithm shares and the algorithms' own,
-in the order ``zrl config show`` prints them), each section's fields with their type, default
-and bounds from pydantic, and the doc line under each field from the class's source. So the
-page cannot drift from the code. ``tests/test_docs.py`` renders it too.
+``zrl.config.experiment.config_schema()`` (the sections every algorithm shares and the
+algorithms' own, in the order ``zrl config show`` prints them), each section's fields with their
+type, default and bounds from pydantic, and the doc line under each field from the class's
+source. So the page cannot drift from the code. ``tests/test_docs.py`` renders it too.
 """
 
 from __future__ import annotations

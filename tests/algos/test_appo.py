@@ -15,8 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from tests.algos import test_updates as harness
-from tests.algos.test_impala_update import layout
+from tests.helpers.updates import (
+    batch,
+    check_non_finite_batch_is_dropped,
+    config,
+    layout,
+    setup,
+    trained,
+    unroll_batch,
+)
 from zrl.algos.appo.losses import appo_loss, masked_normalize
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
@@ -295,13 +302,13 @@ def test_appo_loss_refuses_bad_inputs():
 
 
 def appo_config(**appo: Any) -> Any:
-    return harness.config("appo", appo=appo, replay={"batch_size": 8})
+    return config("appo", appo=appo, replay={"batch_size": 8})
 
 
 def train_on(update: AppoUpdate, versions: list[int], seed: int = 0) -> Any:
     """Receive and train one batch of unrolls collected with ``versions`` (learner at 0)."""
-    arrays = harness.unroll_batch(np.random.default_rng(seed), versions)
-    return harness.trained(update, harness.batch(arrays))
+    arrays = unroll_batch(np.random.default_rng(seed), versions)
+    return trained(update, batch(arrays))
 
 
 def adam_steps(update: AppoUpdate) -> int:
@@ -314,7 +321,7 @@ def test_appo_is_registered_with_impala_wiring():
     assert appo.policy == impala.policy and appo.model == impala.model
     assert appo.reads == ("replay", "learner", "appo")
     with pytest.raises(ValueError, match="appo.minibatches"):
-        harness.config("appo", appo={"minibatches": 9}, replay={"batch_size": 8})
+        config("appo", appo={"minibatches": 9}, replay={"batch_size": 8})
 
 
 @pytest.mark.parametrize(
@@ -322,7 +329,7 @@ def test_appo_is_registered_with_impala_wiring():
     [(1, 1, 4, 1), (3, 2, 4, 6), (2, 4, 8, 8), (3, 4, 2, 6)],  # last: 2 unrolls, 2 minibatches
 )
 def test_appo_takes_epochs_times_minibatches_steps(epochs, minibatches, fresh, steps) -> None:
-    update = AppoUpdate(harness.setup(appo_config(epochs=epochs, minibatches=minibatches)))
+    update = AppoUpdate(setup(appo_config(epochs=epochs, minibatches=minibatches)))
     result = train_on(update, [0] * fresh, seed=0)
     assert result.updates == steps and update.updates == steps
     assert adam_steps(update) == steps
@@ -339,9 +346,9 @@ def test_appo_minibatches_hold_whole_unrolls(monkeypatch) -> None:
         return unroll_forward(model, b, **kw)
 
     monkeypatch.setattr("zrl.algos.appo.update.unroll_forward", spy)
-    update = AppoUpdate(harness.setup(appo_config(epochs=2, minibatches=3)))
-    arrays = harness.unroll_batch(np.random.default_rng(0), [0] * 7)
-    harness.trained(update, harness.batch(arrays))
+    update = AppoUpdate(setup(appo_config(epochs=2, minibatches=3)))
+    arrays = unroll_batch(np.random.default_rng(0), [0] * 7)
+    trained(update, batch(arrays))
     assert [len(b["obs"]) for b in seen] == [3, 2, 2] * 2
     for epoch in (seen[:3], seen[3:]):
         obs = torch.cat([b["obs"] for b in epoch])  # [7, T, 4]: every unroll once, whole
@@ -350,16 +357,16 @@ def test_appo_minibatches_hold_whole_unrolls(monkeypatch) -> None:
 
 
 def test_appo_non_finite_loss_raises_before_the_step() -> None:
-    update = AppoUpdate(harness.setup(appo_config(epochs=2, minibatches=2)))
-    arrays = harness.unroll_batch(np.random.default_rng(2), [0, 0, 0, 0])
+    update = AppoUpdate(setup(appo_config(epochs=2, minibatches=2)))
+    arrays = unroll_batch(np.random.default_rng(2), [0, 0, 0, 0])
     # Finite (receive refuses NaN), but the value loss overflows: every minibatch fails.
     arrays["reward"] = np.full_like(arrays["reward"], 3e38)
-    harness.check_non_finite_batch_is_dropped(update, arrays)
+    check_non_finite_batch_is_dropped(update, arrays)
     assert update.trained_unrolls == 0
 
 
 def test_appo_value_clip_trains() -> None:
-    update = AppoUpdate(harness.setup(appo_config(value_clip=0.2, epochs=2, minibatches=2)))
+    update = AppoUpdate(setup(appo_config(value_clip=0.2, epochs=2, minibatches=2)))
     result = train_on(update, [0] * 4, seed=3)
     assert result.updates == 4 and np.isfinite(result.loss)
 
@@ -367,8 +374,8 @@ def test_appo_value_clip_trains() -> None:
 def test_unroll_forward_bootstraps_from_denormalized_values() -> None:
     """With a normalizer, V-trace runs on the denormalized values: the same targets as a model
     whose head outputs raw values; ``values`` stays the (normalized) head output."""
-    model = harness.setup(appo_config()).model
-    arrays = harness.unroll_batch(np.random.default_rng(4), [0] * 3)
+    model = setup(appo_config()).model
+    arrays = unroll_batch(np.random.default_rng(4), [0] * 3)
     arrays["reward"] = np.random.default_rng(5).normal(size=arrays["reward"].shape) * 10
     arrays["terminated"][1, 3] = True
     batch = {k: torch.as_tensor(arrays[k]) for k in TRAINED_ARRAYS}
@@ -391,31 +398,31 @@ def test_unroll_forward_bootstraps_from_denormalized_values() -> None:
 
 
 def test_appo_normalize_returns_counts_each_target_once_and_checkpoints() -> None:
-    update = AppoUpdate(harness.setup(appo_config(normalize_returns=True, epochs=3, minibatches=2)))
-    arrays = harness.unroll_batch(np.random.default_rng(6), [0] * 4)
+    update = AppoUpdate(setup(appo_config(normalize_returns=True, epochs=3, minibatches=2)))
+    arrays = unroll_batch(np.random.default_rng(6), [0] * 4)
     arrays["reward"] *= 100.0  # targets of order 1e3: the statistics must say so
     arrays["valid"][0, -2:] = False
-    result = harness.trained(update, harness.batch(arrays))
+    result = trained(update, batch(arrays))
     norm = update.value_normalizer
     assert norm is not None and result.updates == 6
     assert norm.count == int(arrays["valid"].sum())  # once per batch, not once per epoch
     assert norm.mean > 100 and norm.std > 1
     info = update.train_info()
     assert info["return_mean"] == norm.mean and info["return_std"] == norm.std
-    again = AppoUpdate(harness.setup(appo_config(normalize_returns=True)))
+    again = AppoUpdate(setup(appo_config(normalize_returns=True)))
     again.load_state_dict(update.state_dict())
     assert again.value_normalizer is not None
     assert again.value_normalizer.state_dict() == norm.state_dict()
-    plain = AppoUpdate(harness.setup(appo_config()))
+    plain = AppoUpdate(setup(appo_config()))
     assert plain.value_normalizer is None and "return_mean" not in plain.train_info()
     plain.load_state_dict(update.state_dict())  # a normalized run's checkpoint loads
 
 
 def test_learner_adam_eps_reaches_the_optimizer() -> None:
-    cfg = harness.config("appo", replay={"batch_size": 8}, learner={"adam_eps": 1e-5})
-    update = AppoUpdate(harness.setup(cfg))
+    cfg = config("appo", replay={"batch_size": 8}, learner={"adam_eps": 1e-5})
+    update = AppoUpdate(setup(cfg))
     assert update.optimizer.param_groups[0]["eps"] == 1e-5
-    assert AppoUpdate(harness.setup(appo_config())).optimizer.param_groups[0]["eps"] == 1e-8
+    assert AppoUpdate(setup(appo_config())).optimizer.param_groups[0]["eps"] == 1e-8
 
 
 class ImageActorCritic(nn.Module):
@@ -438,7 +445,7 @@ class ImageActorCritic(nn.Module):
 def test_appo_trains_on_image_observations() -> None:
     """uint8 ``[B, T, C, H, W]`` observations reach the model as ``[B * T, C, H, W]``."""
     torch.manual_seed(0)
-    s = harness.setup(appo_config(epochs=2, minibatches=2))
+    s = setup(appo_config(epochs=2, minibatches=2))
     s.model = ImageActorCritic()
     update = AppoUpdate(s)
     rng = np.random.default_rng(0)
@@ -462,13 +469,13 @@ def test_appo_trains_on_image_observations() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("normalize_returns", [False, True])
 def test_appo_trains_a_batch_on_the_gpu(normalize_returns: bool) -> None:
-    s = harness.setup(
+    s = setup(
         appo_config(epochs=2, minibatches=2, value_clip=0.2, normalize_returns=normalize_returns)
     )
     update = AppoUpdate(s)
     update.model.cuda()
     update.optimizer = torch.optim.Adam(update.model.parameters(), lr=1e-3)
-    arrays = harness.unroll_batch(np.random.default_rng(0), [0] * 4)
+    arrays = unroll_batch(np.random.default_rng(0), [0] * 4)
     tensors = {k: torch.from_numpy(arrays[k]).cuda() for k in TRAINED_ARRAYS}
     result = update.train_unrolls(tensors)
     assert result.updates == 4 and np.isfinite(result.loss)

@@ -17,12 +17,11 @@ from zrl.algos.apex_ddpg.losses import (
     critic_targets,
     ddpg_update,
     initial_priorities,
-    soft_update,
     target_policy_smoothing,
 )
-from zrl.algos.apex_dqn.losses import huber
+from zrl.algos.apex_dqn.losses import huber, soft_update
 from zrl.algos.apex_dqn.losses import soft_update as dqn_soft_update
-from zrl.algos.api import NonFiniteLossError
+from zrl.algos.api.learner import NonFiniteLossError
 from zrl.nets.continuous import DDPGModel
 
 torch.set_num_threads(1)

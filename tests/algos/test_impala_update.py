@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.api import NonFiniteLossError
+from tests.helpers.updates import layout
+from zrl.algos.api.learner import NonFiniteLossError
 from zrl.algos.impala.vtrace import (
-    ImpalaUpdate,
+    ImpalaStepResult,
     VTraceReturns,
     categorical_entropy,
     impala_loss,
@@ -29,21 +30,6 @@ from zrl.nets.discrete import ActorCritic
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=50, deadline=None)
 thresholds = st.sampled_from([0.5, 1.0, 2.0, math.inf])
-
-
-def layout(rng: np.random.Generator, B: int, T: int, p_term: float, p_trunc: float):
-    """Env-major [B, T] episode ends and valid flags as a NEXT_STEP-autoreset actor records
-    them: the step after an episode end is invalid; t=0 may be invalid too."""
-    term = np.zeros((B, T), bool)
-    trunc = np.zeros((B, T), bool)
-    valid = np.ones((B, T), bool)
-    for b in range(B):
-        for t in range(T):
-            valid[b, t] = rng.random() < 0.7 if t == 0 else not (term[b, t - 1] or trunc[b, t - 1])
-            if valid[b, t]:
-                term[b, t] = rng.random() < p_term
-                trunc[b, t] = not term[b, t] and rng.random() < p_trunc
-    return term, trunc, valid
 
 
 @st.composite
@@ -349,7 +335,7 @@ def unroll_batch(model: ActorCritic, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def update(model, optimizer, batch, grad_clip: float = 10.0) -> ImpalaUpdate:
+def update(model, optimizer, batch, grad_clip: float = 10.0) -> ImpalaStepResult:
     batch = {k: v for k, v in batch.items() if k != "truncated"}
     return impala_update(model, optimizer, batch, gamma=GAMMA, grad_clip=grad_clip, **HYPER)
 
@@ -398,7 +384,7 @@ def test_impala_update_on_policy_is_actor_critic_on_nstep_returns():
     ref_opt.step()
 
     result = update(model, make_adam(model.parameters(), 1e-2), batch, grad_clip=grad_clip)
-    assert isinstance(result, ImpalaUpdate)
+    assert isinstance(result, ImpalaStepResult)
     assert result.mean_rho == pytest.approx(1.0, abs=1e-5)
     assert result.parts["policy_loss"] == pytest.approx(policy_loss.item(), rel=1e-4, abs=1e-6)
     assert result.parts["value_loss"] == pytest.approx(value_loss.item(), rel=1e-4)

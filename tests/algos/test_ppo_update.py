@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.api import NonFiniteLossError, UpdateResult
+from zrl.algos.api.learner import NonFiniteLossError, UpdateResult
 from zrl.algos.models import build_model
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
@@ -46,7 +46,7 @@ class FakeChannel:
     def recv(self, *, block: bool = True) -> tuple[bytes | None, P.Message] | None:
         return (None, self.inbox.pop(0)) if self.inbox else None
 
-    def _drop(self, sender: str, reason: str) -> None:
+    def drop(self, sender: str, reason: str) -> None:
         self.dropped.append(reason)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.api import Trajectory
+from zrl.algos.api.actor import Trajectory
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.sequences import SequenceCutter
@@ -24,6 +24,7 @@ from zrl.replay.assemble import assemble_sequences
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 OBS = 2  # observation width of the synthetic streams
 STATE = 2
@@ -305,7 +306,7 @@ def test_the_actors_sequences_carry_the_version_that_acted():
         weights_version=7,
     )
     out = policy.finish(trajectory)
-    sizes = M.validate(as_message(out.arrays), M.SEQUENCES)
+    sizes = validate(as_message(out.arrays), M.SEQUENCES)
     assert sizes["E"] == E and out.arrays["weights_version"].tolist() == [7] * E
 
 

@@ -3,9 +3,10 @@ actor's step-by-step computation (episode starts inside the unroll, a reset-only
 the FIFO shard storing each unroll's state and resets and refusing the other kind, the
 learners' refusals, one update of each, and a task that needs memory.
 
-The reset convention is recurrent PPO's (``tests/algos/test_recurrent_ppo.py``, whose scripted
-actor drives the policy here): ``first[e, t]`` marks where the actor zeroed the state, and the
-bootstrap state is zeroed where the last step only reset the env."""
+The reset convention is recurrent PPO's (``tests/algos/test_recurrent_ppo.py``; its scripted
+actor, ``tests/helpers/recurrent.py``, drives the policy here): ``first[e, t]`` marks where the
+actor zeroed the state, and the bootstrap state is zeroed where the last step only reset the
+env."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.algos.test_recurrent_ppo import ACT_SPACE, CORE, OBS_SPACE, ScriptedActor, step_by_step
-from tests.algos.test_recurrent_ppo import E as ENVS
-from tests.algos.test_recurrent_ppo import T as STEPS
+from tests.helpers.recurrent import ACT_SPACE, CORE, OBS_SPACE, ScriptedActor, step_by_step
+from tests.helpers.recurrent import E as ENVS
+from tests.helpers.recurrent import T as STEPS
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_update
@@ -35,11 +36,13 @@ from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.replay.assemble import assemble_unrolls
+from zrl.replay.layout import ExperienceLayout
 from zrl.replay.tables import make_table
 from zrl.roles.replay import ReplayServer
 from zrl.testing.fakes import actor_setup, cue_recall, learner_setup
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 torch.set_num_threads(1)
 R = 2 * CORE  # an LSTM's state: h and c
@@ -181,7 +184,7 @@ def test_unroll_outputs_of_a_feed_forward_model_are_one_forward_pass():
     torch.testing.assert_close(bootstrap, want_boot)
 
 
-# ----------------------------------------------------------------------------- actor -> shard -> learner
+# ------------------------------------------------------------------------ actor -> shard -> learner
 
 
 def test_the_learner_replays_what_the_actor_computed_through_the_fifo():
@@ -197,9 +200,9 @@ def test_the_learner_replays_what_the_actor_computed_through_the_fifo():
     msgs = [actor.collect({0: [2], 2: [STEPS - 2]}), actor.collect({1: [1]})]
     for msg in msgs:
         assert msg.kind == P.TRAJECTORY
-        M.validate(msg, M.RECURRENT_UNROLL, O=(2,), R=R)
+        validate(msg, M.RECURRENT_UNROLL, O=(2,), R=R)
     batch = shard_batch(msgs)
-    sizes = M.validate(batch, M.RECURRENT_UNROLL_BATCH, O=(2,), R=R)
+    sizes = validate(batch, M.RECURRENT_UNROLL_BATCH, O=(2,), R=R)
     assert sizes["B"] == 2 * ENVS
     a = batch.arrays
     for i, msg in enumerate(msgs):  # oldest first: each message's envs in order
@@ -243,10 +246,13 @@ def unroll_messages() -> tuple[P.Message, P.Message]:
 
 
 def fake_shard(cfg: ExperimentConfig) -> Any:
-    """A ``ReplayServer`` reduced to what ``on_trajectory`` touches, over a FIFO table."""
+    """A ``ReplayServer`` reduced to what ``on_trajectory`` touches, over a FIFO table, with
+    the layout of the unrolls ``cfg``'s model makes."""
     table = make_table("fifo", 64)
-    return SimpleNamespace(
+    schema = M.RECURRENT_UNROLL if cfg.model.core != "none" else M.UNROLL
+    shard = SimpleNamespace(
         config=cfg,
+        layout=ExperienceLayout("unroll", schema, {}, np.dtype(np.float32)),
         table=table,
         _table_for=lambda items: table,
         last_insert=0,
@@ -258,6 +264,8 @@ def fake_shard(cfg: ExperimentConfig) -> Any:
         incarnation=1,
         acks=SimpleNamespace(send=lambda *a, **k: None),
     )
+    shard.assemble = lambda msg: ReplayServer.assemble(shard, msg)
+    return shard
 
 
 def test_a_shard_stores_the_kind_of_unroll_its_model_makes_and_refuses_the_other():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from zrl.algos.api import NonFiniteLossError
+from zrl.algos.api.learner import NonFiniteLossError
 from zrl.algos.sac.losses import (
     SACUpdate,
     default_target_entropy,

@@ -6,59 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers.updates import (
+    SHARD,
+    B,
+    T,
+    batch,
+    check_non_finite_batch_is_dropped,
+    config,
+    setup,
+    trained,
+    unroll_batch,
+)
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
-from zrl.algos.api import LearnerSetup, LearnerUpdate, NonFiniteLossError, UpdateResult
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.algos.models import experiment_model
 from zrl.algos.unrolls import UnrollUpdate
-from zrl.config.experiment import ExperimentConfig
-from zrl.testing.fakes import learner_setup
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
-
-B, T = 8, 5
-SHARD = "replay-0"
-ENV = {
-    "apex_dqn": "CartPole-v1",
-    "impala": "CartPole-v1",
-    "appo": "CartPole-v1",
-    "apex_ddpg": "Pendulum-v1",
-}
-
-
-def config(algo: str, **sections: dict[str, Any]) -> ExperimentConfig:
-    data: dict[str, Any] = {
-        "algo": algo,
-        "seed": 3,
-        "env": {"id": ENV.get(algo, "Pendulum-v1")},
-        "model": {"hidden": [16]},
-        "roles": {"actors": 1, "replay": 1, "learners": 1},
-        "replay": {"table": "fifo" if algo in ("impala", "appo") else "prioritized"},
-    }
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
-    return ExperimentConfig.model_validate(data)
-
-
-def setup(cfg: ExperimentConfig, seed: int = 0) -> LearnerSetup:
-    torch.manual_seed(seed)
-    env = gym.make(cfg.env.id)
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    model = experiment_model(cfg, obs_space, act_space)
-    return learner_setup(cfg, model, obs_space, act_space)
-
-
-def batch(arrays: dict[str, np.ndarray], shard: Any = SHARD) -> P.Message:
-    return P.Message(P.BATCH, meta={"shard": shard, "table_size": 100}, arrays=arrays)
 
 
 def transitions(rng: np.random.Generator, obs_dim: int, action: np.ndarray) -> dict[str, Any]:
@@ -82,47 +52,9 @@ def continuous_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return transitions(rng, 3, rng.uniform(-2.0, 2.0, size=(B, 1)).astype(np.float32))
 
 
-def unroll_batch(rng: np.random.Generator, versions: list[int]) -> dict[str, np.ndarray]:
-    n = len(versions)
-    return {
-        "obs": rng.normal(size=(n, T, 4)).astype(np.float32),
-        "action": rng.integers(0, 2, size=(n, T)).astype(np.int64),
-        "logp": np.full((n, T), np.log(0.5), np.float32),
-        "reward": np.ones((n, T), np.float32),
-        "terminated": np.zeros((n, T), bool),
-        "truncated": np.zeros((n, T), bool),
-        "valid": np.ones((n, T), bool),
-        "bootstrap_obs": rng.normal(size=(n, 4)).astype(np.float32),
-        "weights_version": np.array(versions, np.int64),
-        "weight": np.ones(n, np.float32),
-        "key": np.arange(n, dtype=np.int64),
-    }
-
-
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
-def trained(update: LearnerUpdate, msg: P.Message, version: int = 0) -> UpdateResult:
-    update.receive(msg, version)
-    result = update.train(version)
-    assert result is not None
-    return result
-
-
-def check_non_finite_batch_is_dropped(update: Any, arrays: dict[str, np.ndarray]) -> None:
-    """``arrays`` (finite: ``receive`` refuses NaN) make a non-finite loss: ``train`` raises
-    NonFiniteLossError naming the shard before any optimizer step; the batch is dropped."""
-    before = {k: v.clone() for k, v in update.model.state_dict().items()}
-    update.receive(batch(arrays, shard="replay-3"), 0)
-    with pytest.raises(NonFiniteLossError) as info:
-        update.train(0)
-    assert info.value.source == "a batch from replay-3"
-    assert all(torch.equal(before[k], v) for k, v in update.model.state_dict().items())
-    assert not update.optimizer.state  # no step was taken
-    assert update.train(0) is None  # dropped, not retried
-    assert update.updates == 0
 
 
 # --- Ape-X DQN ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from zrl import __version__
-from zrl.broker import Broker
+from zrl.broker.broker import Broker
 from zrl.broker.limits import (
     MAX_ENTRIES_PER_CONNECTION,
     STATUS_PAGE_BYTES,
@@ -32,8 +32,9 @@ from zrl.broker.limits import (
 )
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.sections import DEFAULT_STREAMS
-from zrl.roles.base import Role, RoleError, registry_request
-from zrl.roles.registry_client import read_status
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import read_status, registry_request
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
@@ -316,7 +317,7 @@ class StreamReceiver(threading.Thread):
                 got = self.ch.recv()
                 if got is not None:
                     quiet_since = time.monotonic()
-                    P.require_arrays(got[1], {"obs": ("float32", 1)})
+                    assert got[1].arrays["obs"].dtype == np.float32, got[1].arrays
                     self.values.append(int(got[1].arrays["obs"][0]))
                 elif self.producer_done.is_set() and time.monotonic() - quiet_since > 1.0:
                     break
@@ -493,7 +494,7 @@ def test_sigterm_stops_broker_with_full_stream_queue(spawn, zmq_ctx, broker_addr
     assert not broker_up(zmq_ctx, broker_addr)
 
 
-# --- hostile input against an in-process broker (each was a bug) ------------------------------------------------
+# --- hostile input against an in-process broker (each was a bug) ---------------------------
 
 
 @pytest.fixture
@@ -934,8 +935,8 @@ def test_a_stuck_subscriber_does_not_grow_broker_memory(spawn, zmq_ctx, broker_a
 
 
 def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
-    from zrl.run import Supervisor
     from zrl.run.metrics import MetricsWriter
+    from zrl.run.supervisor import Supervisor
 
     cfg = ExperimentConfig()
     cfg.stop.eval_return = 500.0
@@ -958,7 +959,7 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
         def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
             return (None, self.msgs.pop(0)) if self.msgs else None
 
-        def _drop(self, sender: str, reason: str) -> None:
+        def drop(self, sender: str, reason: str) -> None:
             dropped.append(sender)
 
     try:
@@ -1017,8 +1018,8 @@ def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes
     could read it, the head never stopped at its target) and filled the registry."""
     from dataclasses import replace
 
-    from zrl.run import Supervisor
     from zrl.run.metrics import MetricsWriter
+    from zrl.run.supervisor import Supervisor
 
     cfg = ExperimentConfig()
     planned = planned_ids(cfg.roles.model_dump())
@@ -1081,7 +1082,7 @@ def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes
                 def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
                     return (None, msgs.pop()) if msgs else None
 
-                def _drop(self, sender: str, reason: str) -> None:
+                def drop(self, sender: str, reason: str) -> None:
                     raise AssertionError(reason)
 
             sup.monitor.drain(Feed(), writer, 1.0)
@@ -1166,8 +1167,8 @@ def test_the_head_warns_once_for_many_failed_status_refreshes(
     import logging
     from dataclasses import replace
 
-    from zrl.run import Supervisor
     from zrl.run import monitor as run_monitor
+    from zrl.run.supervisor import Supervisor
 
     monkeypatch.setattr(run_monitor, "STATUS_TIMEOUT_S", 0.05)
     sup = Supervisor(ExperimentConfig(), run_dir=tmp_path / "run", show_status=False)

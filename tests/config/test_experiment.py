@@ -240,7 +240,7 @@ def test_assigning_a_field_runs_the_algorithms_checks():
 
 
 def test_an_algorithm_section_may_not_shadow_a_common_one():
-    from zrl.algos.api import Algorithm, Wiring
+    from zrl.algos.api.algorithm import Algorithm, Wiring
     from zrl.config.algorithms import register, unregister
     from zrl.config.sections import ReplayConfig
 
@@ -408,7 +408,8 @@ def test_the_config_and_the_cli_import_no_torch():
     # (zrl/algos/<name>/__init__.py and config.py), and `zrl --help` imports the CLI: neither
     # may pull in torch.
     code = (
-        "import sys, zrl.cli.main, zrl.config.experiment; zrl.config.experiment.ExperimentConfig(); "
+        "import sys, zrl.cli.main, zrl.config.experiment; "
+        "zrl.config.experiment.ExperimentConfig(); "
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -444,23 +445,21 @@ def merge_bomb(levels: int = 40) -> str:
     ],
     ids=["alias-bomb", "merge-bomb", "recursive", "deep"],
 )
-def test_yaml_bombs_are_refused_at_once_in_little_memory(tmp_path, kwargs, match):
-    import time
+def test_yaml_bombs_are_refused_in_little_memory(tmp_path, kwargs, match):
+    # Memory, not time, is the bound asserted: a bomb that expanded would take gigabytes.
     import tracemalloc
 
     path = write(tmp_path, f"env:\n  kwargs: {kwargs}\n")
     assert path.stat().st_size < 2048
     load_config(CARTPOLE)  # the imports done, not timed
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         with pytest.raises(ConfigError, match=match) as info:
             load_config(path)
-        took = time.perf_counter() - started
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert took < 0.5 and peak < 16 * 2**20, (took, peak)
+    assert peak < 16 * 2**20, peak
     assert str(path) in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigError, match=match):  # the same through --set
         load_config(CARTPOLE, [f"env.kwargs={kwargs}"])

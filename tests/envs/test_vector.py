@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 
 from zrl.config.sections import EnvConfig
 from zrl.envs.base import EnvError
-from zrl.envs.vector import EpisodeTracker, flat_obs_dim, make_vector_env
+from zrl.envs.vector import EpisodeTracker, make_vector_env
 
 torch.set_num_threads(1)
 
@@ -80,12 +80,6 @@ def test_bad_env_id_is_an_env_error_naming_it(mode):
 def test_bad_env_kwargs_are_an_env_error():
     with pytest.raises(EnvError, match="CartPole-v1"):
         make_vector_env(EnvConfig(id="CartPole-v1", num_envs=2, kwargs={"bogus": 1}))
-
-
-def test_flat_obs_dim():
-    assert flat_obs_dim(gym.spaces.Box(0, 1, (3, 4))) == 12
-    with pytest.raises(EnvError, match="not a Box"):
-        flat_obs_dim(gym.spaces.Discrete(3))
 
 
 # --- EpisodeTracker -----------------------------------------------------------------------
@@ -213,7 +207,7 @@ def probe_module(tmp_path, monkeypatch):
 def broker_naming(addr, env_id, ctx):
     """A broker (unkeyed unless ``addr`` is inproc) whose config names ``env_id``, as a rogue
     broker's would, in a thread stopped on exit."""
-    from zrl.broker import Broker
+    from zrl.broker.broker import Broker
     from zrl.config.experiment import ExperimentConfig
 
     cfg = ExperimentConfig.model_validate({"name": "env-id-test", "env": {"id": env_id}})

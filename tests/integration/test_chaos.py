@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,8 +27,10 @@ import torch
 import zmq
 
 from zrl.config.experiment import ExperimentConfig
-from zrl.roles.base import RoleError, registry_request
-from zrl.run import Child, Supervisor
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
+from zrl.run.children import Child
+from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, status_rows, zrl_processes, zrl_status_json
 from zrl.transport import protocol as P
@@ -214,21 +215,16 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
     assert summary["updates"] > kills[-1]["updates_before"], (summary, kills)
     assert summary["evaluations"] >= 1, summary
 
-    # The learner resumed once, from the checkpoint it had (or a later one), never before it.
-    resumed = re.findall(
-        r"resumed from \S+: update (\d+)", (run_dir / "logs" / "learner-0.log").read_text()
-    )
-    assert len(resumed) == 1, resumed
-    n = int(resumed[0])
+    # The learner (restarted once, above) resumed from the checkpoint it had (or a later one),
+    # never before it.
+    beats = summary["heartbeats"]
+    n = beats["learner-0"]["resumed_from"]
     learner_kill = kills[2]
     assert n >= learner_kill["checkpoint_updates"], (n, learner_kill)
     # ... and it never reported fewer updates than it resumed with.
     assert seen_after_resume and min(seen_after_resume) >= n, (n, seen_after_resume[:5])
     # The replay shard restarted from its snapshot.
-    restored = re.findall(
-        r"restored \S+: (\d+) items", (run_dir / "logs" / "replay-0.log").read_text()
-    )
-    assert len(restored) == 1 and int(restored[0]) > 0, restored
+    assert beats["replay-0"]["restored_items"] > 0, beats["replay-0"]
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
 
 

@@ -45,17 +45,18 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zrl.broker import MAX_TOPIC_FRAMES
+from zrl.broker.topic_bus import MAX_TOPIC_FRAMES
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.discrete import QNetwork
 from zrl.nets.wire import model_to_arrays
 from zrl.roles.actor import Actor
-from zrl.roles.base import registry_request
 from zrl.roles.evaluator import Evaluator
+from zrl.roles.registry_client import registry_request
 from zrl.roles.replay import ReplayServer
 from zrl.roles.weights import WeightsFollower
-from zrl.run import Aggregator, Supervisor
+from zrl.run.aggregator import Aggregator
 from zrl.run.metrics import MetricsWriter
+from zrl.run.supervisor import Supervisor
 from zrl.testing.fakes import trajectory
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for, wait_for_subscriber, wait_subscribed
@@ -233,9 +234,10 @@ def test_replay_survives_an_unhashable_dtype(inproc):
 # --- receivers that accept what they should count as malformed ----------------------------------
 
 
-# Regression (found here, since fixed): insert_acks.py InsertAcks.read: any message on acks/<id>/ with
-# an int `seq` counts as an ack (any kind, any sender, seqs never sent), so one forged ack (or an
-# ack meant for the actor's previous incarnation) opens the credit window for as many trajectories
+# Regression (found here, since fixed): insert_acks.py InsertAcks.read: any message on acks/<id>/
+# with an int `seq` counts as an ack (any kind, any sender, seqs never sent), so one forged ack (or
+# an ack meant for the actor's previous incarnation) opens the credit window for as many
+# trajectories
 def test_actor_ignores_forged_acks(inproc):
     inproc.start_broker(small_config())
     experience = inproc.pull("experience")
@@ -298,7 +300,7 @@ def test_supervisor_survives_an_eval_message_without_std(tmp_path):
         def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
             return (None, self.msgs.pop(0)) if self.msgs else None
 
-        def _drop(self, sender: str, reason: str) -> None:
+        def drop(self, sender: str, reason: str) -> None:
             pass
 
     try:

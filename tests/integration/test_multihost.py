@@ -126,7 +126,8 @@ def drain(until):
                 return
 
 if mode == "control":
-    result["status_roles"] = len(registry_request(ctx, broker, P.Message(P.STATUS), 10.0, keys).meta["roles"])
+    status = registry_request(ctx, broker, P.Message(P.STATUS), 10.0, keys)
+    result["status_roles"] = len(status.meta["roles"])
     drain(time.monotonic() + 15.0)
 else:
     # Fake weights on the bus, as the parameter server would publish them.
@@ -163,7 +164,10 @@ else:
     published = 0
     until = time.monotonic() + 3.0
     while time.monotonic() < until:
-        pubch.send(P.Message(P.WEIGHTS, meta={"version": fake_version}, arrays={"w": np.zeros(4, np.float32)}), topic=P.WEIGHTS_TOPIC, block=False)
+        weights = P.Message(
+            P.WEIGHTS, meta={"version": fake_version}, arrays={"w": np.zeros(4, np.float32)}
+        )
+        pubch.send(weights, topic=P.WEIGHTS_TOPIC, block=False)
         published += 1
         drain(time.monotonic() + 0.05)
     result["fake_weights_published"] = published
@@ -172,11 +176,16 @@ else:
     watch(dealer, "registry")
     dealer.connect(broker)
     reg = Channel(dealer, "registry", "actor", stats)
-    reg.send(P.Message(P.HELLO, meta={"role": "actor", "id": None, "index": 9, "host": socket.gethostname(), "pid": os.getpid(), "rpc": "", "zrl_version": __version__}), block=False)
+    hello = {
+        "role": "actor", "id": None, "index": 9, "host": socket.gethostname(),
+        "pid": os.getpid(), "rpc": "", "zrl_version": __version__,
+    }
+    reg.send(P.Message(P.HELLO, meta=hello), block=False)
     got = reg.recv()
     result["hello_reply"] = None if got is None else got[1].kind
     try:
-        result["status_reply"] = len(registry_request(ctx, broker, P.Message(P.STATUS), 3.0, keys).meta["roles"])
+        status = registry_request(ctx, broker, P.Message(P.STATUS), 3.0, keys)
+        result["status_reply"] = len(status.meta["roles"])
     except RoleError as exc:
         result["status_reply"] = None
         result["status_error"] = str(exc)

@@ -35,6 +35,7 @@ from zrl.config.base import Section
 from zrl.config.experiment import ConfigError, config_from_dict, config_to_yaml
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 
 class TinyQConfig(Section):
@@ -85,7 +86,7 @@ class TinyQUpdate(BaseUpdate):
         self.updates = 0
 
     def receive(self, msg: P.Message, version: int) -> None:
-        M.validate(msg, M.TRANSITION_BATCH)
+        validate(msg, M.TRANSITION_BATCH)
         self.pending.append(msg)
 
     def train(self, version: int) -> UpdateResult | None:

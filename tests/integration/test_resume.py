@@ -13,7 +13,6 @@ roles' start-up alone varies from 5 to 20 s. The wall time is only a safety net.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -28,7 +27,8 @@ import torch
 import zmq
 
 from zrl.replay.snapshot import load_state
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
 from zrl.run.rundir import ACROSS_SEGMENTS
 from zrl.testing.processes import REPO, kill_pids, zrl_processes
 from zrl.transport import protocol as P
@@ -124,6 +124,8 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
     assert first["stop_reason"] == "interrupted" and first["error"] is None, first
     assert first["updates"] > 0 and first["env_steps"] > 0, first
     assert first["weights_version"] is not None and first["weights_version"] > 1, first
+    assert "resumed_from" not in first["heartbeats"]["learner-0"], first["heartbeats"]
+    assert "restored_items" not in first["heartbeats"]["replay-0"], first["heartbeats"]
     assert_no_processes_left(run_dir)
 
     # What the first run left behind: its last checkpoint and replay snapshot.
@@ -163,18 +165,11 @@ def test_resume_continues_learner_replay_and_counters(tmp_path: Path) -> None:
     # progress.csv ended with the first run's figures at its stop: counted on from there.
     assert second["resumed_at_env_steps"] == first["env_steps"]
 
-    learner_log = (run_dir / "logs" / "learner-0.log").read_text()
-    resumed = re.findall(r"resumed from (\S+): update (\d+), weights v(\d+)", learner_log)
-    assert len(resumed) == 1, learner_log[-3000:]
-    path, n, version = resumed[0]
-    assert Path(path) == (ckpt / "learner-0.pt").resolve()
-    assert int(n) == saved_updates and int(version) == saved_version
-
-    replay_log = (run_dir / "logs" / "replay-0.log").read_text()
-    restored = re.findall(r"restored (\S+): (\d+) items", replay_log)
-    assert len(restored) == 1, replay_log[-3000:]
-    assert Path(restored[0][0]) == (ckpt / "replay-0.snapshot").resolve()
-    assert int(restored[0][1]) == snapshot_items
+    # The learner resumed from its checkpoint, the shard from its snapshot (the ones above).
+    learner, replay = second["heartbeats"]["learner-0"], second["heartbeats"]["replay-0"]
+    assert learner["resumed_from"] == saved_updates, learner
+    assert learner["resumed_version"] == saved_version, learner
+    assert replay["restored_items"] == snapshot_items, replay
 
     # The run went on from there: more updates than the checkpoint, a newer version than the
     # first run ended with, more env steps (which count on from the first run's).

@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from tests.integration.netns import Hosts, netns_available
-from zrl.testing import slurm
+from tests.launchers.slurm_cluster import SlurmCluster, missing, one_node_cluster
 from zrl.testing.processes import REPO, kill_pids
 
 SSHD = Path("/usr/sbin/sshd")
@@ -228,11 +228,11 @@ def netns_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsSshd]:
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmCluster]:
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A real one-node Slurm cluster (munged, slurmctld, slurmd) owned by this module's tests;
     every daemon and job process is stopped by PID at teardown."""
-    reason = slurm.missing()
+    reason = missing()
     if reason is not None:
         pytest.skip(f"{reason} (CI installs it)")
-    with slurm.slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+    with one_node_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster

@@ -471,8 +471,8 @@ def test_launch_over_ssh_runs_a_head_and_agents_and_ctrl_c_stops_everything(
         assert re.search(
             rf"^\[node2 host\] .*{re.escape(str(tmp_path / 'logs' / 'node2'))}", text, re.M
         ), text
-        log = tmp_path / "logs" / "node2" / "actor-1.log"
-        wait_for(lambda: "registered as actor-1" in log.read_text(errors="replace"), timeout=10)
+        log = tmp_path / "logs" / "node2" / "actor-1.log"  # actor-1 is alive (above)
+        wait_for(lambda: log.exists() and log.stat().st_size > 0, timeout=10)
 
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(timeout=60) == 0, out.read_text(errors="replace")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from zrl.league import LeagueConfig
+from zrl.config.league import LeagueConfig
 
 
 def test_defaults_validate() -> None:

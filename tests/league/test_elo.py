@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from zrl.league import Elo
+from zrl.league.elo import Elo
 
 
 @pytest.mark.parametrize(("outcome", "a", "b"), [(1, 1008, 992), (0, 1000, 1000), (-1, 992, 1008)])

@@ -8,7 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from zrl.league import MAIN, League, LeagueConfig
+from zrl.config.league import MAIN, LeagueConfig
+from zrl.league.population import League
 from zrl.testing.fakes import FakeClock
 
 
@@ -64,17 +65,17 @@ def test_game_against_a_departed_member_is_dropped() -> None:
 
 def test_win_rate_trigger_waits_for_min_games_on_every_snapshot() -> None:
     lg, _ = league(min_games=5, payoff_decay=1.0, snapshot_win_rate=0.7, fixed_opponents=[])
-    assert not lg.should_snapshot()  # no snapshots: the win-rate rule has nothing to count
+    assert not lg.snapshot_reason()  # no snapshots: the win-rate rule has nothing to count
     a, b = lg.add_snapshot(1), lg.add_snapshot(2)
     play(lg, a, wins=4)
     play(lg, b, wins=4)
     assert lg.main_win_rate() == 1.0
-    assert not lg.should_snapshot()  # 4 < 5 games on both
+    assert not lg.snapshot_reason()  # 4 < 5 games on both
     play(lg, a, wins=1)
-    assert not lg.should_snapshot()  # b still has 4
+    assert not lg.snapshot_reason()  # b still has 4
     play(lg, b, wins=1)
     assert lg.snapshot_reason() == "win_rate"
-    assert lg.should_snapshot()
+    assert lg.snapshot_reason()
 
 
 def test_win_rate_trigger_needs_the_rate() -> None:
@@ -83,9 +84,9 @@ def test_win_rate_trigger_needs_the_rate() -> None:
     play(lg, a, wins=5)  # 1.0
     play(lg, b, wins=2, losses=3)  # 0.4: mean 0.7
     assert lg.main_win_rate() == pytest.approx(0.7)
-    assert lg.should_snapshot()
+    assert lg.snapshot_reason()
     play(lg, b, losses=1)  # 2/6: mean 0.667
-    assert not lg.should_snapshot()
+    assert not lg.snapshot_reason()
 
 
 def test_min_games_counts_decayed_games() -> None:
@@ -94,9 +95,9 @@ def test_min_games_counts_decayed_games() -> None:
     a = lg.add_snapshot(1)
     play(lg, a, wins=6)
     assert lg.payoff.games(MAIN, a) == pytest.approx((1 - 0.9**6) / 0.1)
-    assert not lg.should_snapshot()
+    assert not lg.snapshot_reason()
     play(lg, a, wins=1)
-    assert lg.should_snapshot()
+    assert lg.snapshot_reason()
 
 
 def test_time_trigger_with_a_fake_clock() -> None:
@@ -106,9 +107,9 @@ def test_time_trigger_with_a_fake_clock() -> None:
     clock.t = 10.0
     assert lg.snapshot_reason() == "time"
     lg.add_snapshot(7)
-    assert not lg.should_snapshot()
+    assert not lg.snapshot_reason()
     clock.t = 19.99
-    assert not lg.should_snapshot()
+    assert not lg.snapshot_reason()
     clock.t = 20.0
     assert lg.snapshot_reason() == "time"
 

@@ -18,7 +18,7 @@ vector against the strategies of the opponents ``League.choose_opponent`` gives 
 is its current self, a snapshot the strategy stored under the id ``add_snapshot`` returned,
 "random" the uniform strategy) and plays the softmax of beta times that average. Game
 results sampled from the strategies go to ``League.record``; main is snapshot whenever
-``League.should_snapshot`` says so, under the default config and a fake clock that moves
+``League.snapshot_reason`` says so, under the default config and a fake clock that moves
 6 s per iteration (a snapshot every 20 iterations unless the win-rate rule fires first).
 
 The check: the mean of the strategies of the snapshots in the league (the last 50 by
@@ -39,7 +39,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zrl.league import MAIN, League, LeagueConfig
+from zrl.config.league import MAIN, LeagueConfig
+from zrl.league.population import League
 from zrl.testing.fakes import FakeClock
 
 A = np.array([[3.0, -2.0], [-2.0, 1.0]])
@@ -82,7 +83,7 @@ def train(
             league.record(name, -outcome(rng, opponent[ROW], main[COL]))
             average += step * (payoffs(opponent) - average)
         clock.t += 6.0
-        if league.should_snapshot():
+        if league.snapshot_reason():
             strategies[league.add_snapshot(version)] = softmax(beta * average)
     return league, strategies
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from zrl.league import Payoff
+from zrl.league.payoff import Payoff
 
 INDEX = {1: 0, 0: 1, -1: 2}  # outcome -> [wins, draws, losses]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zrl.league import pfsp_weights
+from zrl.league.pfsp import pfsp_weights
 
 WIN_RATES = np.array([0.0, 0.25, 0.5, 1.0])
 

@@ -17,7 +17,7 @@ from zrl.nets.discrete import (
     policy_logits,
     sample_categorical,
 )
-from zrl.nets.wire import load_arrays, model_to_arrays
+from zrl.nets.wire import load_arrays, model_to_arrays, non_finite_array
 
 torch.set_num_threads(1)
 
@@ -137,6 +137,21 @@ def test_load_arrays_errors_name_the_problem_and_leave_model_untouched():
 
     for name, tensor in net.state_dict().items():
         np.testing.assert_array_equal(tensor.numpy(), before[name])
+
+
+def test_non_finite_array_names_the_first_array_with_a_nan_or_inf():
+    """One min and max per array: NaN and either inf anywhere are found, and finite values
+    whose sum would overflow to inf are not taken for one."""
+    big = np.full(1000, np.finfo(np.float32).max, np.float32)
+    arrays = {"steps": np.arange(5), "empty": np.zeros(0, np.float32), "big": big}
+    assert non_finite_array(arrays) is None
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(big.sum())
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, 517, 999):
+            poisoned = big.copy()
+            poisoned[where] = bad
+            assert non_finite_array({**arrays, "w": np.ones(3, np.float64), "x": poisoned}) == "x"
 
 
 def test_sample_categorical_draws_the_softmax_probabilities():

@@ -265,7 +265,7 @@ class FakeAcks:
     def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
         return (None, self.msgs.pop(0)) if self.msgs else None
 
-    def _drop(self, sender: str, reason: str) -> None:
+    def drop(self, sender: str, reason: str) -> None:
         self.dropped.append(reason)
 
 

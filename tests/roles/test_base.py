@@ -13,9 +13,11 @@ import zmq
 
 import zrl.roles.base as base
 from zrl import __version__
-from zrl.broker import Broker
+from zrl.broker.broker import Broker
 from zrl.config.experiment import ExperimentConfig
-from zrl.roles.base import Role, RoleError, registry_request
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 

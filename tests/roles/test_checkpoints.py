@@ -29,8 +29,9 @@ import pytest
 import torch
 
 from zrl.algos.apex_dqn.losses import dqn_update
-from zrl.algos.api import BasePolicy, NonFiniteLossError
-from zrl.broker import Broker
+from zrl.algos.api.actor import BasePolicy
+from zrl.algos.api.learner import NonFiniteLossError
+from zrl.broker.broker import Broker
 from zrl.config.experiment import ExperimentConfig, config_from_dict
 from zrl.config.factories import Factories
 from zrl.envs.vector import EpisodeTracker
@@ -38,7 +39,8 @@ from zrl.nets.discrete import QNetwork
 from zrl.nets.wire import model_to_arrays
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.roles.actor import Actor
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
 from zrl.roles.learner import MAX_NON_FINITE_IN_A_ROW, Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer

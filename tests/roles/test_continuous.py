@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from zrl.algos.apex_ddpg.config import DDPGConfig
-from zrl.algos.api import ActorSetup
+from zrl.algos.api.actor import ActorSetup
 from zrl.algos.api.train_stats import TrainStats
 from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
 from zrl.algos.models import build_model
@@ -35,8 +35,9 @@ from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dic
 from zrl.envs.vector import EpisodeTracker, make_vector_env
 from zrl.nets.continuous import DDPGModel, SACModel
 from zrl.replay.assemble import assemble_transitions
-from zrl.roles import RoleError, role_class
+from zrl.roles import role_class
 from zrl.roles.actor import Actor
+from zrl.roles.errors import RoleError
 from zrl.roles.evaluation import greedy_returns
 from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
@@ -357,7 +358,7 @@ class Input:
     def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
         return (None, self.queue.popleft()) if self.queue else None
 
-    def _drop(self, sender: str, reason: str) -> None:
+    def drop(self, sender: str, reason: str) -> None:
         self.dropped.append((sender, reason))
 
 

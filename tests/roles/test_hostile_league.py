@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.roles.test_league import W, force_snapshot, league_rpc, make_config, publish, weights
+from tests.helpers.league import W, force_snapshot, league_rpc, make_config, publish, weights
 from zrl.roles.league import SNAPSHOTS_FILE, LeagueRole
 from zrl.roles.params import ParameterServer
 from zrl.testing.fakes import Rpc

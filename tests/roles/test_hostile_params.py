@@ -12,7 +12,7 @@ import pytest
 import torch
 import zmq
 
-from tests.roles.test_params import (
+from tests.helpers.params import (
     TinyModel,
     assert_same_arrays,
     config,

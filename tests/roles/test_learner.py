@@ -232,3 +232,67 @@ def test_impala_learner_trains_each_batch_epochs_times(inproc):
     assert params.weights_meta.get("updates") == 6
     settle(lambda: params.version == 3, 0.3)
     assert update.stale_unrolls == 0
+
+
+def test_publish_every_s_bounds_the_versions_of_a_fast_learner(inproc):
+    """``learner.publish_every_s``: a learner due to publish after every update sends at most
+    one version per that many seconds, and the version it held back still reaches params."""
+    every = 0.5
+    cfg = config().model_dump()
+    cfg["learner"].update(publish_interval=1, publish_every_s=every)
+    inproc.start_broker(ExperimentConfig.model_validate(cfg))
+    params = inproc.start(ParameterServer, index=0)
+    learner = inproc.start(Learner, index=0)
+    assert isinstance(learner, Learner) and isinstance(params, ParameterServer)
+    wait_for(lambda: params.version == 1 and learner.weights_version == 1, timeout=10)
+    replay = inproc.push("batches", sender="replay-0")
+    rng = np.random.default_rng(3)
+    n = 30
+    started = time.monotonic()
+    for i in range(n):
+        assert replay.send(batch_msg(batch(rng, 100 * i)))
+    wait_for(lambda: learner.updates == n, timeout=15)
+    took = time.monotonic() - started
+    # publish_interval 1 alone: n more versions. Bounded: one per `every` seconds, and one
+    # held back that goes out after the last update.
+    bound = 1 + took / every + 1
+    assert learner.weights_sent <= bound < n
+    wait_for(lambda: params.weights_meta.get("updates") == n, timeout=5)
+    trained = model_to_arrays(learner.online)
+    for k, v in trained.items():
+        np.testing.assert_array_equal(params.arrays[k], v)
+    settle(lambda: learner.weights_sent <= bound + 1 and not learner.publish_due, 0.3)
+
+
+def test_learner_reports_where_its_time_goes(inproc):
+    """A learner starved of input reports that: ``wait_ms`` (per gradient step) far above
+    ``copy_ms`` and ``update_ms``, and most of its time in ``wait_share``."""
+    inproc.start_broker(config())
+    inproc.start(ParameterServer, index=0)
+    learner = inproc.start(Learner, index=0)
+    assert isinstance(learner, Learner)
+    wait_for(lambda: learner.weights_version == 1, timeout=10)
+    metrics = inproc.sub(P.METRICS_TOPIC)
+    inproc.wait_subscribed(metrics)
+    replay = inproc.push("batches", sender="replay-0")
+    rng = np.random.default_rng(4)
+    for i in range(8):  # a batch every 0.15 s: the update takes a few ms of it
+        assert replay.send(batch_msg(batch(rng, 100 * i)))
+        time.sleep(0.15)
+    wait_for(lambda: learner.updates == 8, timeout=10)
+    reports: list[dict[str, Any]] = []
+
+    def a_report_with_figures() -> bool:
+        got = metrics.recv()
+        if got is not None and got[1].sender == "learner-0":
+            reports.append(got[1].meta)
+        return bool(reports) and "wait_ms" in reports[-1].get("train", {})
+
+    wait_for(a_report_with_figures, timeout=5, interval=0)
+    train = reports[-1]["train"]
+    assert {"wait_ms", "copy_ms", "update_ms"} <= set(train)
+    assert train["wait_ms"] > 5 * train["update_ms"] and train["wait_ms"] > 5 * train["copy_ms"]
+    shares = {k: v for k, v in reports[-1].items() if k.endswith("_share")}
+    assert set(shares) == {"wait_share", "copy_share", "update_share", "publish_share"}
+    assert shares["wait_share"] > 0.5 > shares["update_share"] + shares["copy_share"]
+    assert sum(shares.values()) <= 1.01

@@ -9,38 +9,28 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config.experiment import ExperimentConfig
-from zrl.roles.base import Role, registry_request
+from tests.helpers.params import (
+    TinyModel,
+    assert_same_arrays,
+    config,
+    connected,
+    model_arrays,
+    weights,
+)
+from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
+from zrl.roles.registry_client import registry_request
 from zrl.roles.weights import (
     PARAMS_LOOKUP_INTERVAL_S,
     RESYNC_INTERVAL_S,
     WeightsFollower,
     request_latest_weights,
 )
-from zrl.testing.fakes import config_model, model_weights
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
-from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
-
-
-def config() -> ExperimentConfig:
-    return ExperimentConfig.model_validate(
-        {
-            "name": "params-test",
-            # CartPole's model with one small layer: torso.0 (8, 4), advantage_head (2, 8).
-            "model": {"hidden": [8], "dueling": False},
-            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
-        }
-    )
-
-
-def weights(seed: int, **extra: np.ndarray) -> dict[str, np.ndarray]:
-    """Random values in the layout of ``config()``'s model, plus ``extra`` arrays."""
-    return {**model_weights(config(), seed), **extra}
 
 
 @pytest.fixture
@@ -58,13 +48,6 @@ def params(inproc) -> ParameterServer:
     ps = inproc.start(ParameterServer, index=0)
     assert isinstance(ps, ParameterServer)
     return ps
-
-
-def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert set(got) == set(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_versions_acks_publishing_and_late_join(inproc, params, rpc, zmq_ctx):
@@ -150,15 +133,6 @@ def test_weights_with_other_shapes_are_dropped(params, rpc):
     assert params.version == 1
 
 
-def TinyModel() -> torch.nn.Module:  # noqa: N802 - a model class to its callers
-    """The model of ``config()``: parameters named and shaped like ``weights()``."""
-    return config_model(config())
-
-
-def model_arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 def test_weights_follower_applies_only_newer_versions(inproc, params, rpc):
     # A bare role registered with the broker, as actors and the evaluator are.
     follower_role = Role(inproc.addr, ctx=inproc.ctx, connect_timeout=5)
@@ -240,20 +214,6 @@ def nan_weights(seed: int) -> dict[str, np.ndarray]:
     w = weights(seed)
     w["advantage_head.weight"][0, 0] = np.nan
     return w
-
-
-def connected(inproc: InProc, follower: WeightsFollower, sender: str) -> Channel:
-    """A publisher whose messages reach ``follower`` (a probe of a kind it drops got through)."""
-    pub = inproc.pub(f"probe-{sender}")  # probes late to arrive are not counted as ``sender``
-
-    def through() -> bool:
-        pub.send(P.Message(P.METRICS), topic=P.WEIGHTS_TOPIC)
-        follower.update()
-        return follower.sub.stats.dropped_by_sender.get(pub.sender, 0) > 0
-
-    wait_for(through, timeout=5, interval=0.05)
-    pub.sender = sender
-    return pub
 
 
 def assert_finite_model(model: torch.nn.Module) -> None:

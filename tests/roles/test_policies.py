@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.roles.test_params import assert_same_arrays, model_arrays
+from tests.helpers.params import assert_same_arrays, model_arrays
 from zrl.config.experiment import ConfigError, ExperimentConfig, load_config
 from zrl.config.league import MAIN
 from zrl.roles.base import Role
@@ -273,7 +273,7 @@ class FakeParams:
     def recv(self, block: bool = True) -> Any:
         return self.acks.pop(0) if self.acks else None
 
-    def _drop(self, sender: str, why: str) -> None:
+    def drop(self, sender: str, why: str) -> None:
         self.dropped.append(why)
 
 

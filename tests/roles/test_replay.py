@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.config.experiment import ExperimentConfig, config_from_dict, load_config
+from tests.helpers.replay import replay_config
+from zrl.config.experiment import config_from_dict, load_config
 from zrl.replay.assemble import assemble_transitions
 from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor
@@ -28,29 +29,6 @@ from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
-
-
-def replay_config(**replay: Any) -> ExperimentConfig:
-    return ExperimentConfig.model_validate(
-        {
-            "name": "replay-test",
-            "seed": 3,
-            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
-            # The layout of ``trajectory()``: 2 CartPole envs, 5 steps.
-            "env": {"id": "CartPole-v1", "num_envs": 2},
-            "actor": {"trajectory_length": 5},
-            "replay": {
-                "capacity": 500,
-                "min_size": 50,
-                "batch_size": 16,
-                "samples_per_insert": 4,
-                "samples_per_insert_tolerance": 64,
-                "n_step": 3,
-                "gamma": 0.9,
-                **replay,
-            },
-        }
-    )
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import io
 from pathlib import Path
 
 from zrl.config.experiment import ExperimentConfig
-from zrl.run import Supervisor
 from zrl.run.display import StatusDisplay, make_console
+from zrl.run.supervisor import Supervisor
 
 
 def display_into(tmp_path: Path) -> tuple[StatusDisplay, io.StringIO]:

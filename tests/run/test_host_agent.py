@@ -22,14 +22,9 @@ from zrl import __version__
 from zrl.broker.limits import info_fits
 from zrl.cli.common import UserError
 from zrl.cli.main import app
-from zrl.roles.base import (
-    MAX_ROLE_INDEX,
-    PARENT_REPORT_ENV,
-    Role,
-    RoleError,
-    registry_request,
-    write_parent_report,
-)
+from zrl.roles.base import MAX_ROLE_INDEX, PARENT_REPORT_ENV, Role, write_parent_report
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
 from zrl.run import host_agent
 from zrl.run.children import RestartPolicy
 from zrl.run.host_agent import (
@@ -289,7 +284,7 @@ def test_forged_status_rows_cannot_make_the_agent_give_up_its_role(zmq_ctx, tmp_
     id, which the forger held: every restart was refused until the role was given up. The
     agent's real loop (step and tick, registered with a real broker) learns the id from its
     child only, and the restarted child is actor-0 again."""
-    from zrl.broker import Broker
+    from zrl.broker.broker import Broker
     from zrl.config.experiment import ExperimentConfig
 
     addr = f"inproc://zrl-test-host-agent-{os.getpid()}"
@@ -550,12 +545,9 @@ def test_agent_gives_up_a_role_that_keeps_crashing_and_stops_when_the_broker_is_
         report = wait_for(given_up, timeout=60)
         assert isinstance(report, dict)
         assert report["restarts"] == 2 and report["exit_code"] not in (0, None)
-        assert any("host-agent-crash" in line for line in report["tail"])
+        assert any("no such simulator: host-agent-crash" in line for line in report["tail"])
         rows = status_rows(zmq_ctx, broker_addr)
         assert agent_report(rows, "replay-0")["state"] == "running"
-        agent_log = (tmp_path / "agent-1.log").read_text()
-        assert "actor-0 crashed 3 times (last exit code" in agent_log
-        assert "no such simulator: host-agent-crash" in agent_log
 
         broker.kill()  # the experiment is gone: the agent stops the replay shard and exits
         broker.wait(timeout=10)

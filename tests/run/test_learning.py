@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.run.test_supervisor import check_run_dir, stop_supervisor
+from tests.helpers.run_dir import check_run_dir, stop_supervisor
 from zrl.config.experiment import ExperimentConfig
 from zrl.run.learning import did_not_learn
 

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.sections import LoggingConfig
-from zrl.run import Aggregator
+from zrl.run.aggregator import Aggregator
 from zrl.run.metrics import MetricsWriter, MissingExtraError, read_csv
 
 Scalars = dict[str, list[tuple[int, float]]]
@@ -239,7 +239,7 @@ def test_mlflow_file_store_run_holds_the_same_scalars(tmp_path: Path, monkeypatc
 
 
 def test_zrl_run_stops_before_starting_anything_when_an_extra_is_missing(tmp_path, monkeypatch):
-    from zrl.run import Supervisor
+    from zrl.run.supervisor import Supervisor
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)

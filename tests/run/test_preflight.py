@@ -139,7 +139,7 @@ def test_model_factory_is_used():
 
 
 def test_supervisor_fails_before_the_run_directory_or_any_role(tmp_path):
-    from zrl.run import Supervisor
+    from zrl.run.supervisor import Supervisor
 
     run_dir = tmp_path / "run"
     sup = Supervisor(cartpole("env.id=CartPol-v1"), run_dir=run_dir, inproc=True, show_status=False)

@@ -27,9 +27,12 @@ import zmq
 
 import zrl
 import zrl.run.children
+from tests.helpers.run_dir import check_run_dir, stop_supervisor
 from zrl.config.experiment import ExperimentConfig
-from zrl.roles.base import RoleError, registry_request
-from zrl.run import Aggregator, Supervisor
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
+from zrl.run.aggregator import MAX_TRAIN_KEYS, Aggregator
+from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
@@ -168,6 +171,30 @@ def test_the_aggregator_keeps_figures_of_its_roster_only_and_a_bounded_set_of_ta
     assert set(agg.latest) == {"actor-0"} and agg.row(1.0)["env_steps"] == 500
 
 
+def test_the_last_heartbeats_keep_each_roles_numeric_counters_only():
+    agg = Aggregator(roles=["learner-0", "params-0"])
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 3, "mixed_rounds": 0})
+    agg.on_metrics(
+        {
+            "id": "learner-0",
+            "role": "learner",
+            "updates": 7,
+            "mixed_rounds": 1,
+            "weight_drift": 0.5,
+            "loss": float("nan"),
+            "train": {"loss": 1.0},
+            "mode": "sync",
+            "Bad-Name": 1,
+        }
+    )
+    agg.on_metrics({"id": "learner-9", "role": "learner", "updates": 99})  # not planned
+    agg.on_metrics({"id": "params-0", "role": "params", **{f"k{i}": i for i in range(200)}})
+    beats = agg.last_heartbeats()
+    assert beats["learner-0"] == {"updates": 7, "mixed_rounds": 1, "weight_drift": 0.5}
+    assert set(beats) == {"learner-0", "params-0"}
+    assert len(beats["params-0"]) == MAX_TRAIN_KEYS - 2  # past the id and role
+
+
 # --- the stop rule on evaluations -----------------------------------------------------------
 
 
@@ -180,7 +207,7 @@ class EvalFeed:
     def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
         return (None, self.msgs.pop(0)) if self.msgs else None
 
-    def _drop(self, sender: str, reason: str) -> None:
+    def drop(self, sender: str, reason: str) -> None:
         raise AssertionError(f"dropped an eval from {sender}: {reason}")
 
 
@@ -290,37 +317,6 @@ def test_an_eval_window_of_one_stops_on_any_evaluation(tmp_path: Path):
 # An --inproc supervisor with its broker and no role (start_roles is a no-op): what is under
 # test is what the stop writes, not the roles. Each stop is brought about as the monitor
 # loop would see it.
-
-RUN_FILES = ("config.yaml", "progress.csv", "eval.csv", "summary.json")
-
-
-def stop_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **stop: Any) -> Supervisor:
-    cfg = ExperimentConfig.model_validate(
-        {
-            "name": "stop-test",
-            "env": {"id": "CartPole-v1", "num_envs": 1},
-            "model": {"hidden": [8]},
-            "logging": {"backends": ["csv"]},
-            "stop": {"eval_return": None, "wall_time": 60, **stop},
-        }
-    )
-    sup = Supervisor(cfg, run_dir=tmp_path / "run", inproc=True, show_status=False)
-    monkeypatch.setattr(sup.pool, "start_roles", lambda plan: None)
-    return sup
-
-
-def check_run_dir(sup: Supervisor, summary: dict[str, Any]) -> list[dict[str, float]]:
-    """Every file there, summary.json the summary returned; progress.csv's rows."""
-    from zrl.run.metrics import read_csv
-
-    missing = [name for name in RUN_FILES if not (sup.run_dir / name).is_file()]
-    assert not missing, f"{missing} missing after a stop ({summary['stop_reason']})"
-    assert json.loads((sup.run_dir / "summary.json").read_text()) == summary
-    rows = read_csv(sup.run_dir / "progress.csv")
-    assert rows, "progress.csv has no row"
-    assert rows[-1]["env_steps"] == summary["env_steps"]  # it ends where the summary does
-    assert sup.pool.broker is not None and not sup.pool.broker.alive()  # and all stopped
-    return rows
 
 
 def test_an_interrupted_run_leaves_a_complete_run_dir(tmp_path, monkeypatch):

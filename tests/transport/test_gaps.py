@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from tests.roles.test_replay import replay_config
+from tests.helpers.replay import replay_config
 from zrl.roles.replay import ReplayServer
 from zrl.testing.fakes import trajectory
 from zrl.testing.inproc import InProc

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zrl.broker import Broker
+from zrl.broker.broker import Broker
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.testing.probes import wait_for

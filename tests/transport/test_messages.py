@@ -13,12 +13,13 @@ import pytest
 
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import ANY, Schema, validate
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 SIZES = {"E": 2, "T": 3, "O": 4, "A": 2, "B": 5, "N": 6, "S": 7, "P": 4, "R": 8}
 
 
-def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
+def good_arrays(schema: Schema, **sizes: int) -> dict[str, np.ndarray]:
     """Arrays that fit ``schema`` with the dims of ``SIZES`` (overridden by ``sizes``)."""
     dims = {**SIZES, **sizes}
     rng = np.random.default_rng(0)
@@ -29,7 +30,7 @@ def good_arrays(schema: M.Schema, **sizes: int) -> dict[str, np.ndarray]:
     return out
 
 
-def message(schema: M.Schema, arrays: dict[str, np.ndarray], kind: str | None = None) -> P.Message:
+def message(schema: Schema, arrays: dict[str, np.ndarray], kind: str | None = None) -> P.Message:
     return P.Message(kind or schema.kind, arrays=arrays, sender="peer-0")
 
 
@@ -42,7 +43,7 @@ SCHEMAS = list(M.SCHEMAS)
 
 
 def test_schemas_are_the_module_constants():
-    constants = {v.name: v for k, v in vars(M).items() if k.isupper() and isinstance(v, M.Schema)}
+    constants = {v.name: v for k, v in vars(M).items() if k.isupper() and isinstance(v, Schema)}
     assert constants == M.SCHEMAS
     assert set(M.SCHEMAS) == {
         "transitions",
@@ -63,7 +64,7 @@ def test_schemas_are_the_module_constants():
         assert schema.doc and "\n" not in schema.doc
         for spec in schema.arrays.values():
             assert all(np.dtype(name).str in P.ALLOWED_DTYPES for name in spec.dtypes)
-            assert spec.dims and all(d == M.ANY or d in SIZES for d in spec.dims)
+            assert spec.dims and all(d == ANY or d in SIZES for d in spec.dims)
             assert not spec.finite or any(np.dtype(n).kind == "f" for n in spec.dtypes)
 
 
@@ -75,12 +76,12 @@ def test_accepts_a_good_message_of_every_schema(name):
     if M.OBS in want:
         want[M.OBS] = (want[M.OBS],)  # the observation dim is a shape
     msg = message(schema, good_arrays(schema))
-    assert M.validate(msg, schema) == want
-    assert M.validate(roundtrip(msg), schema) == want  # decoded dtypes are '<f4' etc.
-    assert M.validate(msg, schema, **want) == want
+    assert validate(msg, schema) == want
+    assert validate(roundtrip(msg), schema) == want  # decoded dtypes are '<f4' etc.
+    assert validate(msg, schema, **want) == want
     # Empty batches and zero-length trajectories are well-formed too.
     empty = {d: 0 for d in ("E", "B", "N")}
-    assert M.validate(message(schema, good_arrays(schema, **empty)), schema)
+    assert validate(message(schema, good_arrays(schema, **empty)), schema)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -90,7 +91,7 @@ def test_rejects_a_missing_array(name):
         arrays = good_arrays(schema)
         del arrays[missing]
         with pytest.raises(P.ProtocolError, match=f"lacks array '{missing}'"):
-            M.validate(message(schema, arrays), schema)
+            validate(message(schema, arrays), schema)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -98,14 +99,14 @@ def test_rejects_an_extra_array(name):
     schema = M.SCHEMAS[name]
     arrays = {**good_arrays(schema), "smuggled": np.zeros(3, np.float32)}
     with pytest.raises(P.ProtocolError, match="unexpected array 'smuggled'"):
-        M.validate(message(schema, arrays), schema)
+        validate(message(schema, arrays), schema)
 
 
 def test_rejects_another_kind():
     for schema in M.SCHEMAS.values():
         other = P.BATCH if schema.kind != P.BATCH else P.TRAJECTORY
         with pytest.raises(P.ProtocolError, match=f"kind '{other}', expected '{schema.kind}'"):
-            M.validate(message(schema, good_arrays(schema), kind=other), schema)
+            validate(message(schema, good_arrays(schema), kind=other), schema)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -118,7 +119,7 @@ def test_rejects_a_wrong_dtype(name):
         with pytest.raises(
             P.ProtocolError, match=f"'{array}' has dtype {wrong}, expected {spec.dtype_text}"
         ):
-            M.validate(message(schema, arrays), schema)
+            validate(message(schema, arrays), schema)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -135,10 +136,10 @@ def test_rejects_a_wrong_rank(name):
             with pytest.raises(
                 P.ProtocolError, match=f"'{array}' has rank {bad.ndim}, expected {expected}"
             ):
-                M.validate(message(schema, arrays), schema)
+                validate(message(schema, arrays), schema)
 
 
-def image_arrays(schema: M.Schema, shape: tuple[int, ...] = (4, 8, 8)) -> dict[str, np.ndarray]:
+def image_arrays(schema: Schema, shape: tuple[int, ...] = (4, 8, 8)) -> dict[str, np.ndarray]:
     """``good_arrays`` with uint8 image observations of ``shape``."""
     arrays = good_arrays(schema)
     for name, spec in schema.arrays.items():
@@ -151,15 +152,15 @@ def image_arrays(schema: M.Schema, shape: tuple[int, ...] = (4, 8, 8)) -> dict[s
 @pytest.mark.parametrize("name", ["transitions", "unroll", "transition_batch", "unroll_batch"])
 def test_uint8_image_observations_pass_with_their_shape(name):
     schema = M.SCHEMAS[name]
-    sizes = M.validate(roundtrip(message(schema, image_arrays(schema))), schema, O=(4, 8, 8))
+    sizes = validate(roundtrip(message(schema, image_arrays(schema))), schema, O=(4, 8, 8))
     assert sizes["O"] == (4, 8, 8)
     with pytest.raises(P.ProtocolError, match=r"dim O must be \(4, 84, 84\), not \(4, 8, 8\)"):
-        M.validate(message(schema, image_arrays(schema)), schema, O=(4, 84, 84))
+        validate(message(schema, image_arrays(schema)), schema, O=(4, 84, 84))
     arrays = image_arrays(schema)
     first = next(n for n, s in schema.arrays.items() if s.dims[-1] == M.OBS)
     arrays[first] = arrays[first].astype(np.int16)
     with pytest.raises(P.ProtocolError, match="expected float32 or uint8"):
-        M.validate(message(schema, arrays), schema)
+        validate(message(schema, arrays), schema)
 
 
 def test_the_obs_shape_and_dtype_of_a_space():
@@ -185,7 +186,7 @@ def test_rejects_an_inconsistent_dim_naming_the_odd_array(name):
             shape[axis] += 1
             arrays[array] = np.zeros(shape, arrays[array].dtype)
             with pytest.raises(P.ProtocolError, match=f"'{array}' has shape") as err:
-                M.validate(message(schema, arrays), schema)
+                validate(message(schema, arrays), schema)
             assert f"dim {dim}: {SIZES[dim]} vs {SIZES[dim] + 1}" in str(err.value)
 
 
@@ -193,37 +194,35 @@ def test_an_inconsistent_dim_of_two_arrays_blames_the_second():
     arrays = good_arrays(M.TRANSITIONS)
     arrays["next_obs"] = np.zeros((2, 3, 5), np.float32)
     with pytest.raises(P.ProtocolError) as err:
-        M.validate(message(M.TRANSITIONS, arrays), M.TRANSITIONS)
+        validate(message(M.TRANSITIONS, arrays), M.TRANSITIONS)
     msg = str(err.value)
     assert "'next_obs' has shape (2, 3, 5), expected (E=2, T=3, O=4)" in msg
     assert "obs and next_obs widths differ (dim O: 4 vs 5)" in msg
     arrays = good_arrays(M.UNROLL)
     arrays["bootstrap_obs"] = np.zeros((2, 7), np.float32)
     with pytest.raises(P.ProtocolError, match="obs and bootstrap_obs widths differ"):
-        M.validate(message(M.UNROLL, arrays), M.UNROLL)
+        validate(message(M.UNROLL, arrays), M.UNROLL)
     arrays = {"key": np.arange(6), "priority": np.ones(5, np.float32)}
     with pytest.raises(P.ProtocolError, match="'priority' has shape .* key and priority lengths"):
-        M.validate(message(M.PRIORITIES, arrays), M.PRIORITIES)
+        validate(message(M.PRIORITIES, arrays), M.PRIORITIES)
 
 
 def test_rejects_a_wrong_given_size():
     for schema in M.SCHEMAS.values():
         for array, spec in schema.arrays.items():
-            for dim in set(spec.dims) - {M.ANY}:
+            for dim in set(spec.dims) - {ANY}:
                 first = next(a for a, s in schema.arrays.items() if dim in s.dims)
                 if first != array:
                     continue
                 bad = SIZES[dim] + 1
                 with pytest.raises(P.ProtocolError) as err:
-                    M.validate(message(schema, good_arrays(schema)), schema, **{dim: bad})
+                    validate(message(schema, good_arrays(schema)), schema, **{dim: bad})
                 assert f"'{array}' has shape" in str(err.value)
                 assert f"dim {dim} must be {bad}, not {SIZES[dim]}" in str(err.value)
     # A size that is right passes, and a dim the schema does not have is a caller's bug.
-    M.validate(
-        message(M.TRANSITION_BATCH, good_arrays(M.TRANSITION_BATCH)), M.TRANSITION_BATCH, O=4
-    )
+    validate(message(M.TRANSITION_BATCH, good_arrays(M.TRANSITION_BATCH)), M.TRANSITION_BATCH, O=4)
     with pytest.raises(TypeError, match="no dims"):
-        M.validate(message(M.TRANSITIONS, good_arrays(M.TRANSITIONS)), M.TRANSITIONS, A=2)
+        validate(message(M.TRANSITIONS, good_arrays(M.TRANSITIONS)), M.TRANSITIONS, A=2)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -240,10 +239,10 @@ def test_rejects_non_finite_values_where_finite(name, value):
         msg = message(schema, arrays)
         if spec.finite:
             with pytest.raises(P.ProtocolError, match=f"'{array}' holds NaN or inf") as err:
-                M.validate(msg, schema)
+                validate(msg, schema)
             assert f"at {[n - 1 for n in bad.shape]}" in str(err.value)
         else:
-            M.validate(msg, schema)  # e.g. an unroll batch's importance weights
+            validate(msg, schema)  # e.g. an unroll batch's importance weights
 
 
 def test_finiteness_as_the_receivers_check_it():
@@ -280,15 +279,11 @@ def test_replay_batches_fit_the_batch_schemas():
     """``ReplayServer.sample_batch`` over the items ``assemble_*`` stores: exactly the arrays
     of the batch schema a learner validates against, each item's ``weights_version`` that of
     the trajectory (or sequence) it came from."""
+    from zrl.replay.assemble import assemble_sequences, assemble_transitions, assemble_unrolls
     from zrl.replay.tables import make_table
-    from zrl.roles.replay import (
-        ReplayServer,
-        assemble_sequences,
-        assemble_transitions,
-        assemble_unrolls,
-    )
+    from zrl.roles.replay import ReplayServer
 
-    cases: list[tuple[M.Schema, M.Schema, Any]] = [
+    cases: list[tuple[Schema, Schema, Any]] = [
         (M.TRANSITIONS, M.TRANSITION_BATCH, lambda m: assemble_transitions(m, 3, 0.9)[0]),
         (
             M.CONTINUOUS_TRANSITIONS,
@@ -311,7 +306,7 @@ def test_replay_batches_fit_the_batch_schemas():
         if "valid" in arrays:
             arrays["valid"] = np.ones_like(arrays["valid"])
         msg = P.Message(P.TRAJECTORY, meta={"weights_version": 3}, arrays=arrays, sender="a")
-        M.validate(msg, trajectory)
+        validate(msg, trajectory)
         for table_kind in ("uniform", "prioritized", "fifo"):
             table = make_table(table_kind, 64)
             table.insert(assemble(msg))
@@ -323,7 +318,7 @@ def test_replay_batches_fit_the_batch_schemas():
                 id="replay-0",
             )
             sampled = ReplayServer.sample_batch(shard)  # type: ignore[arg-type]
-            sizes = M.validate(roundtrip(sampled), batch, O=SIZES["O"])
+            sizes = validate(roundtrip(sampled), batch, O=SIZES["O"])
             assert sizes["B"] == 2
             assert sampled.arrays["weights_version"].tolist() == [3, 3], batch.name
     # A trajectory of transitions without a version: its items' is unknown.

@@ -356,7 +356,7 @@ def test_peek_sender():
     assert P.peek_sender([header(s=5)]) == "?"
 
 
-# --- require_arrays / require_meta -------------------------------------------------------
+# --- require_meta -------------------------------------------------------------------
 
 
 def make_msg() -> P.Message:
@@ -366,17 +366,6 @@ def make_msg() -> P.Message:
         meta={"n": 3, "x": 0.5, "flag": True, "name": "a"},
         arrays={"obs": np.zeros((2, 3), np.float32), "act": np.zeros(2, np.int64)},
     )
-
-
-def test_require_arrays():
-    msg = make_msg()
-    P.require_arrays(msg, {"obs": ("float32", 2), "act": (None, None)})
-    with pytest.raises(P.ProtocolError, match="trajectory from actor-0 lacks array 'rew'"):
-        P.require_arrays(msg, {"rew": (None, None)})
-    with pytest.raises(P.ProtocolError, match="'obs' has dtype float32, expected float64"):
-        P.require_arrays(msg, {"obs": ("float64", None)})
-    with pytest.raises(P.ProtocolError, match="'act' has rank 1, expected 2"):
-        P.require_arrays(msg, {"act": ("int64", 2)})
 
 
 def test_require_meta():

@@ -58,8 +58,12 @@ def test_may_send_follows_the_role_not_the_message() -> None:
     assert not S.may_send(P.STOP_RUN, "actor", "registry")
     assert not any(S.may_send(P.ERROR, s, "none") for s in S.SENDERS)
     assert not S.may_send("no-such-kind", "actor", "registry")
-    assert S.senders_of(P.WEIGHTS, "rpc:params") == {"learner", "params"}
-    assert S.senders_of(P.RESULTS, "rpc:league") == {"actor"}
+
+    def senders(kind: str, channel: str) -> set[str]:
+        return {s for r in S.routes(kind) if r.channel == channel for s in r.senders}
+
+    assert senders(P.WEIGHTS, "rpc:params") == {"learner", "params"}
+    assert senders(P.RESULTS, "rpc:league") == {"actor"}
 
 
 def test_planned_ids_follow_the_config_role_counts() -> None:

@@ -19,6 +19,7 @@ from zrl.transport.sockets import (
     Channel,
     StreamStats,
     TransportStats,
+    frames_nbytes,
     make_socket,
 )
 
@@ -131,6 +132,19 @@ def test_channel_sequence_and_counters(push_pull):
     assert rx.recv(block=False) is None  # nothing left, and no drop counted for a timeout
     assert rx.stats.snapshot() == {"sent": 0, "received": 5, "dropped": 0, "gaps": 0}
     assert rx.stats.last_seq == {"actor-0": 4}
+
+
+def test_channel_counts_the_bytes_it_sent(push_pull):
+    """``sent_bytes``: every frame of each message sent (header and arrays), what a role
+    reports of its experience path; the receiver's counts stay at 0."""
+    tx, rx, _ = push_pull
+    for i in range(3):
+        assert tx.send(traj(i))
+    received = [rx.recv() for _ in range(3)]
+    sizes = [frames_nbytes(P.encode(got[1])) for got in received if got is not None]
+    assert tx.stats.sent_bytes == sum(sizes) > 3 * 2 * 3 * 4  # the arrays and their headers
+    assert rx.stats.sent_bytes == 0
+    assert "sent_bytes" not in tx.stats.snapshot()  # heartbeats' stats keep their counters
 
 
 def test_channel_send_false_when_queue_full(zmq_ctx):

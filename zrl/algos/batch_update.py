@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zrl.algos.api import BaseUpdate, NonFiniteLossError, Priorities, UpdateResult
+from zrl.algos.api.learner import BaseUpdate, NonFiniteLossError, Priorities, UpdateResult
 from zrl.algos.batches import PendingBatches, policy_lags
 
 if TYPE_CHECKING:

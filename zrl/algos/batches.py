@@ -84,7 +84,7 @@ def policy_lags(item_versions: np.ndarray, learner_version: int) -> np.ndarray:
     return (learner_version - versions[versions >= 0]).astype(np.float64)
 
 
-class SampledBatch(NamedTuple):
+class DeviceBatch(NamedTuple):
     shard: str
     """The replay shard that sampled it: the new priorities of ``keys`` go back there."""
     keys: np.ndarray
@@ -128,12 +128,12 @@ class PendingBatches:
             moved.set_result(to_device(arrays, self.device))
         self._queue.append((shard, np.ascontiguousarray(msg.arrays["key"]), versions, moved))
 
-    def pop(self) -> SampledBatch | None:
+    def pop(self) -> DeviceBatch | None:
         """The oldest batch (taken out: a batch whose update raises is dropped, not retried)."""
         if not self._queue:
             return None
         shard, keys, versions, moved = self._queue.popleft()
-        return SampledBatch(shard, keys, moved.result(), versions)
+        return DeviceBatch(shard, keys, moved.result(), versions)
 
     def close(self) -> None:
         if self._mover is not None:

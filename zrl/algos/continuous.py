@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from zrl.algos.apex_ddpg.config import DDPGConfig
 from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
 from zrl.algos.apex_dqn.losses import apex_epsilons
-from zrl.algos.api import ActorSetup, BasePolicy, LearnerSetup, Outgoing, Trajectory
+from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.batch_update import BatchStep, BatchUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
@@ -47,6 +48,7 @@ from zrl.nets.continuous import DDPGModel, SACModel, clip_to_bounds
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 
 def critic_parameters(model: DDPGModel | SACModel) -> list[nn.Parameter]:
@@ -107,7 +109,7 @@ class ContinuousUpdate(BatchUpdate):
 
     def receive(self, msg: P.Message, version: int) -> None:
         model = self.online
-        dims = M.validate(msg, M.CONTINUOUS_TRANSITION_BATCH, O=model.obs_dim, A=model.act_dim)
+        dims = validate(msg, M.CONTINUOUS_TRANSITION_BATCH, O=model.obs_dim, A=model.act_dim)
         actions = msg.arrays["action"]
         low = model.policy.action_low.cpu().numpy()
         high = model.policy.action_high.cpu().numpy()
@@ -239,7 +241,7 @@ class ContinuousPolicy(BasePolicy):
         torch.manual_seed(setup.seed)
         self.sigmas = np.zeros(setup.num_envs, np.float32)
         if not self.sac:
-            slots = max(cfg.roles.actors, setup.actor_index + 1) * setup.num_envs
+            slots = max(cfg.roles.count("actors"), setup.actor_index + 1) * setup.num_envs
             all_sigmas = apex_epsilons(
                 slots, cfg.section(DDPGConfig).noise_sigma, cfg.section(DDPGConfig).noise_alpha
             )

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zrl.algos.api import NonFiniteLossError
+from zrl.algos.api.learner import NonFiniteLossError
 
 
 def make_adam(params: Iterable[Any], lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:

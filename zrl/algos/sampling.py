@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.nets.discrete import policy_logits, sample_categorical
 from zrl.nets.recurrent import EnvStates, is_recurrent
 from zrl.transport import protocol as P

@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import policy_lags, to_device
 from zrl.algos.optim import make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import Size, validate
 
 # The arrays of an unroll batch that the updates read (weights_version only picks the rows).
 TRAINED_ARRAYS = ("obs", "action", "logp", "reward", "terminated", "valid", "bootstrap_obs")
@@ -84,7 +85,7 @@ class UnrollUpdate(BaseUpdate):
         self.device = torch.device(setup.device)
         self.recurrent = is_recurrent(self.model)
         self.schema = M.RECURRENT_UNROLL_BATCH if self.recurrent else M.UNROLL_BATCH
-        self.sizes: dict[str, M.Size] = {"O": self.obs_shape}
+        self.sizes: dict[str, Size] = {"O": self.obs_shape}
         if self.recurrent:
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.trained_arrays = RECURRENT_TRAINED_ARRAYS if self.recurrent else TRAINED_ARRAYS
@@ -99,7 +100,7 @@ class UnrollUpdate(BaseUpdate):
         """Received batches not trained on yet: (shard, arrays)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
-        dims = M.validate(msg, self.schema, **self.sizes)
+        dims = validate(msg, self.schema, **self.sizes)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")

@@ -11,29 +11,3 @@
 - ``limits``: the bounds on what peers send (ids, fields, heartbeat info, counters) and
   the rate-limited log of what the broker drops.
 """
-
-from zrl.broker.broker import Broker
-from zrl.broker.limits import (
-    MAX_FIELD_CHARS,
-    MAX_ID_CHARS,
-    clean_stats,
-    for_log,
-    info_fits,
-    valid_name,
-    valid_text,
-)
-from zrl.broker.registry import RoleEntry
-from zrl.broker.topic_bus import MAX_TOPIC_FRAMES
-
-__all__ = [
-    "MAX_FIELD_CHARS",
-    "MAX_ID_CHARS",
-    "MAX_TOPIC_FRAMES",
-    "Broker",
-    "RoleEntry",
-    "clean_stats",
-    "for_log",
-    "info_fits",
-    "valid_name",
-    "valid_text",
-]

@@ -39,11 +39,12 @@ import zmq
 from zrl import __version__
 from zrl.broker.devices import Devices
 from zrl.broker.limits import DropLog
-from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, RoleEntry, registry_socket
+from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_socket
+from zrl.broker.role_table import RoleEntry
 from zrl.broker.topic_bus import TopicBus, topic_sockets
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
-from zrl.config.sections import DEFAULT_STREAMS
+from zrl.config.sections import DEFAULT_STREAMS, ROLE_COUNT_KEYS
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import (
     broker_endpoints,
@@ -140,7 +141,10 @@ class Broker:
             welcome=self._welcome,
             broker_status=self._status,
             stop_token=stop_token,
-            planned=planned_ids(config.roles.model_dump()) if config is not None else frozenset(),
+            # roles.count: ValueError for an actors: auto the head has not resolved.
+            planned=planned_ids({k: config.roles.count(k) for k in ROLE_COUNT_KEYS})
+            if config is not None
+            else frozenset(),
         )
         xsub, xpub, bulk = topic_sockets(
             self._devices,

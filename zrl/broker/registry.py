@@ -173,7 +173,8 @@ class Registry:
                 ident,
                 P.REFUSED,
                 reason=(
-                    f"zrl version mismatch: this broker runs zrl {__version__}, the role runs zrl {theirs}"
+                    f"zrl version mismatch: this broker runs zrl {__version__}, "
+                    f"the role runs zrl {theirs}"
                 ),
             )
             return
@@ -421,7 +422,7 @@ class Registry:
         except zmq.Again:
             return None
         if len(frames) < 2:
-            self.channel._drop("?", "no routing envelope")
+            self.channel.drop("?", "no routing envelope")
             return None
         ident = frames[0].bytes
         self._header_bytes = len(frames[1])
@@ -430,10 +431,10 @@ class Registry:
         except P.VersionMismatch as exc:
             # Answer so the peer can say exactly which versions disagree.
             self._reply(ident, P.REFUSED, reason=str(exc), protocol=P.PROTOCOL_VERSION)
-            self.channel._drop(P.peek_sender(frames[1:]), str(exc))
+            self.channel.drop(P.peek_sender(frames[1:]), str(exc))
             return None
         except P.ProtocolError as exc:
-            self.channel._drop(P.peek_sender(frames[1:]), str(exc))
+            self.channel.drop(P.peek_sender(frames[1:]), str(exc))
             return None
         self.channel.stats.received += 1
         return ident, msg
@@ -457,10 +458,10 @@ class Registry:
                     try:
                         self._handle(*got)
                     except P.ProtocolError as exc:
-                        self.channel._drop(got[1].sender or "?", str(exc))
+                        self.channel.drop(got[1].sender or "?", str(exc))
                     except Exception as exc:  # noqa: BLE001 - one message must not stop the broker
                         log.exception("registry failed on %s from %s", got[1].kind, got[1].sender)
-                        self.channel._drop(got[1].sender or "?", f"handler error: {exc!r}")
+                        self.channel.drop(got[1].sender or "?", f"handler error: {exc!r}")
             if time.monotonic() >= next_check:
                 self.table.check_liveness()
                 next_check = time.monotonic() + LIVENESS_CHECK_S

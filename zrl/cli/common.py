@@ -1,8 +1,8 @@
 """What the ``zrl`` commands share: their common options, user errors, and loading an
 experiment (a YAML config or a script) and CurveZMQ keys.
 
-Like every module of the CLI it imports the heavy parts (zrl.config.experiment, torch) inside functions,
-so ``zrl --help`` stays fast.
+Like every module of the CLI it imports the heavy parts (zrl.config.experiment, torch) inside
+functions, so ``zrl --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def run_head(
     from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has some);
     ``missing_config``: the error when neither is given; ``supervisor``: the rest of the
     ``Supervisor``'s arguments. Exit code 1 when the run failed (summary.json says why)."""
-    from zrl.run import Supervisor
+    from zrl.run.supervisor import Supervisor
 
     if resume is None:
         if config is None:

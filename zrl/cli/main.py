@@ -375,7 +375,7 @@ def main() -> None:
         from click.exceptions import UsageError  # type: ignore[no-redef,assignment]
 
     from zrl.config.experiment import ConfigError
-    from zrl.roles.base import RoleError
+    from zrl.roles.errors import RoleError
 
     try:
         # Inside the try: a signal can arrive as soon as the first handler is installed.

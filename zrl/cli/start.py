@@ -120,7 +120,7 @@ def start_broker(
 ) -> None:
     """Run the broker: registry, topic bus and stream devices; with --run-dir, also the
     experiment's head (what `zrl run` does, with every role started elsewhere)."""
-    from zrl.broker import Broker
+    from zrl.broker.broker import Broker
     from zrl.config.factories import Factories
     from zrl.transport.endpoints import is_loopback
     from zrl.utils.runtime import install_stop_signals, setup_logging
@@ -155,6 +155,12 @@ def start_broker(
             "--insecure to accept that."
         )
     cfg, factories = load_experiment(config, overrides)
+    if cfg is not None:  # the spec the roles get carries numbers, never auto
+        from zrl.run.sizing import resolve_auto_roles
+
+        cfg, sizing = resolve_auto_roles(cfg)
+        if sizing is not None:
+            typer.echo(sizing.describe())
     if factories_file is not None:
         factories = Factories.from_wire(factories.references, factories_file.read_bytes())
     if env_factory:
@@ -271,7 +277,8 @@ def _add_role_command(name: str, help_text: str) -> None:
 for _name, _help in (
     (
         "actor",
-        "Run an actor (an A3C worker for algo a3c): vector envs, batched inference, experience out.",
+        "Run an actor (an A3C worker for algo a3c): vector envs, batched inference, "
+        "experience out.",
     ),
     ("replay", "Run a replay shard: tables, rate limiter, batches to `batches`."),
     (

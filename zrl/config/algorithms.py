@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zrl.algos.api import Algorithm
+    from zrl.algos.api.algorithm import Algorithm
     from zrl.config.base import Section
 
 ALGORITHMS: dict[str, str] = {

@@ -147,8 +147,8 @@ class ExperimentConfig(Section):
     hosts: list[HostConfig] = Field(default_factory=list)
     """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
     _algorithm_sections: dict[str, Section] = PrivateAttr(default_factory=dict)
-    """Every section of ``zrl.config.algorithms.algorithm_sections()``, by YAML key (defaults where the
-    config has none), whichever algorithm runs: ``--all`` shows them, a config keeps them."""
+    """Every section of ``zrl.config.algorithms.algorithm_sections()``, by YAML key (defaults where
+    the config has none), whichever algorithm runs: ``--all`` shows them, a config keeps them."""
 
     def section(self, model: type[S]) -> S:
         """The algorithm config section of class ``model``: ``cfg.section(PPOConfig).clip``."""
@@ -183,11 +183,15 @@ class ExperimentConfig(Section):
         for key in ROLE_COUNT_KEYS:
             placed = sum(h.roles.get(key, 0) for h in self.hosts)
             total = getattr(self.roles, key)
-            if placed > total:
+            if total != "auto" and placed > total:  # auto: this host's actors plus theirs
                 raise ValueError(f"hosts place {placed} {key} but roles.{key} is {total}")
 
     def _roles_fit_registry(self) -> None:
-        planned = {key: getattr(self.roles, key) for key in ROLE_COUNT_KEYS}
+        planned = {  # an auto count is checked once the head has resolved it
+            key: getattr(self.roles, key)
+            for key in ROLE_COUNT_KEYS
+            if getattr(self.roles, key) != "auto"
+        }
         if sum(planned.values()) > self.broker.max_roles:
             counts = ", ".join(f"roles.{k}: {n}" for k, n in planned.items() if n)
             raise ValueError(
@@ -231,7 +235,7 @@ class ExperimentConfig(Section):
                 f"roles.learners ({r.learners}) must be 1 + {keys} = {players}: each learning "
                 "player has its own learner"
             )
-        if r.actors < players:
+        if r.actors != "auto" and r.actors < players:
             raise ValueError(
                 f"roles.actors ({r.actors}) must be at least 1 + {keys} = {players}: each "
                 "learning player needs an actor"
@@ -279,7 +283,9 @@ class ExperimentConfig(Section):
 
     def policy_actors(self, policy: str) -> int:
         """How many actors act for ``policy`` (a PPO round is one rollout from each)."""
-        return sum(self.actor_policy(i) == policy for i in range(max(1, self.roles.actors)))
+        return sum(
+            self.actor_policy(i) == policy for i in range(max(1, self.roles.count("actors")))
+        )
 
     @field_validator("name")
     @classmethod
@@ -507,7 +513,7 @@ def check_fits_machine(
         measured = machine_size()
         cores, memory_bytes = cores or measured[0], memory_bytes or measured[1]
     local = {
-        key: getattr(cfg.roles, key) - sum(h.roles.get(key, 0) for h in cfg.hosts)
+        key: cfg.roles.count(key) - sum(h.roles.get(key, 0) for h in cfg.hosts)
         for key in ROLE_COUNT_KEYS
     }
     machine = f"this host's {cores} cores and {memory_bytes / 2**30:.1f} GiB"

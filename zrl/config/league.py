@@ -27,10 +27,11 @@ RESERVED_NAMES = ("main", "self")
 
 class LeagueConfig(Section):
     """A self-play league: the learning players (the main agent, optionally main and league
-    exploiters), frozen snapshots of them, and fixed opponents. Each main-agent episode's opponent is drawn from three branches: self-play (the learning
-    policy's current weights), verification (snapshots that main has "forgotten" how to beat)
-    and prioritized fictitious self-play (PFSP) over all snapshots and fixed opponents, weighted
-    by main's win rate against each (Vinyals et al. 2019)."""
+    exploiters), frozen snapshots of them, and fixed opponents. Each main-agent episode's
+    opponent is drawn from three branches: self-play (the learning policy's current weights),
+    verification (snapshots that main has "forgotten" how to beat) and prioritized fictitious
+    self-play (PFSP) over all snapshots and fixed opponents, weighted by main's win rate against
+    each (Vinyals et al. 2019)."""
 
     self_play: float = Field(0.35, ge=0, le=1)
     """Share of episodes against the learning policy's current weights."""

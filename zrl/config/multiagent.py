@@ -15,10 +15,6 @@ FIXED_PLAYERS = ("random", "scripted")
 """The players that need no weights: uniformly random legal moves, and the game's scripted
 player (``zrl.envs.multiagent.games``)."""
 
-OPPONENT_NAMES = ("self", *FIXED_PLAYERS)
-"""Who can play an ``opponent`` seat without a league: the learning policy's current weights,
-uniformly random legal moves, or the game's scripted player (``zrl.envs.multiagent.games``)."""
-
 SEAT_POLICIES = ("main", "opponent", *FIXED_PLAYERS)
 
 MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
@@ -64,9 +60,8 @@ class MultiAgentConfig(Section):
     def _known_policies(cls, mapping: dict[str, str]) -> dict[str, str]:
         for agent, policy in mapping.items():
             if policy not in SEAT_POLICIES:
-                raise ValueError(
-                    f"policy_mapping[{agent!r}]: {policy!r} is not one of {', '.join(SEAT_POLICIES)}"
-                )
+                known = ", ".join(SEAT_POLICIES)
+                raise ValueError(f"policy_mapping[{agent!r}]: {policy!r} is not one of {known}")
         return mapping
 
     @field_validator("eval_opponents")

@@ -1,16 +1,17 @@
 """The sections of an experiment config that every algorithm shares (``env:``, ``broker:``,
 ``roles:``, ``replay:``, ...), one pydantic model each with a doc line per field.
 
-``zrl.config.experiment`` composes them into ``ExperimentConfig`` (and re-exports them); an algorithm's
-own sections are in its package. Pydantic only: it imports nothing from zrl but the base of
-every section and the ``multiagent`` section, so the CLI stays fast.
+``zrl.config.experiment`` composes them into ``ExperimentConfig`` (and re-exports them); an
+algorithm's own sections are in its package. Pydantic only: it imports nothing from zrl but the
+base of every section and the ``multiagent`` section, so the CLI stays fast.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticKnownError
 
 from zrl.config.base import Section
 from zrl.config.multiagent import MultiAgentConfig
@@ -18,8 +19,8 @@ from zrl.config.multiagent import MultiAgentConfig
 DEFAULT_STREAMS = ("experience", "batches", "priorities", "gradients")
 
 # Ceilings of the sizes, whatever the machine: a config (or a forged spec) cannot make a role
-# allocate past them. ``zrl.config.experiment.check_fits_machine`` measures a config against the cores and
-# memory of the host that starts it.
+# allocate past them. ``zrl.config.experiment.check_fits_machine`` measures a config against the
+# cores and memory of the host that starts it.
 MAX_ROLES = 16_384
 """Roles of an experiment (and registry entries, ``broker.max_roles``)."""
 MAX_NUM_ENVS = 16_384
@@ -138,7 +139,8 @@ class BrokerConfig(Section):
     """A tcp broker also listens on ipc:// (a private directory under the temp directory), and
     roles on its machine connect there instead of through the loopback TCP stack."""
     max_message_bytes: int = Field(256 * 2**20, ge=1024)
-    """Largest message any socket accepts (ZMQ_MAXMSGSIZE); libzmq disconnects a peer that sends more."""
+    """Largest message any socket accepts (ZMQ_MAXMSGSIZE); libzmq disconnects a peer that sends
+    more."""
     small_topic_message_bytes: int = Field(64 * 1024, ge=1024)
     """Topic messages up to this size (acks, priorities, metrics, eval) go out on the topic
     bus's small lane, which queues `topic_hwm` of them per subscriber: bursts of thousands
@@ -166,7 +168,11 @@ class BrokerConfig(Section):
 
 
 class RolesConfig(Section):
-    actors: int = Field(2, ge=0, le=MAX_ROLES)
+    actors: int | Literal["auto"] = 2
+    """A number, or auto: as many as the cores of the host that runs `zrl run` leave once
+    the broker and this host's other roles have their share (``zrl.run.sizing``: a learner on
+    a GPU half a core, one on the CPU its learner.torch_threads), at least 1, plus those
+    ``hosts`` place elsewhere. `zrl run` prints what it chose; roles only see the number."""
     replay: int = Field(1, ge=0, le=MAX_ROLES)
     params: int = Field(1, ge=0, le=1)
     learners: int = Field(1, ge=0, le=MAX_ROLES)
@@ -174,6 +180,32 @@ class RolesConfig(Section):
     league: int = Field(0, ge=0, le=1)
     """1: a league role picks the opponents of multi-agent games and snapshots the learning
     policy (see ``league:``); 0: ``env.multiagent.opponent`` plays them."""
+
+    @field_validator("actors", mode="before")
+    @classmethod
+    def _number_or_auto(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            # Known error types only: a config's errors are raised again by type, all together.
+            expected = f"a number from 0 to {MAX_ROLES}, or auto"
+            raise PydanticKnownError("literal_error", {"expected": expected})
+        if value > MAX_ROLES:
+            raise PydanticKnownError("less_than_equal", {"le": MAX_ROLES})
+        return value
+
+    def count(self, key: str) -> int:
+        """``roles.<key>`` as a number; ValueError for ``actors: auto``, which the head resolves
+        (``zrl.run.sizing``) before any role starts."""
+        value = getattr(self, key)
+        if value == "auto":
+            raise ValueError(
+                f"roles.{key}: auto is resolved by the head (zrl run, zrl start broker) "
+                "before any role starts; a role's config must carry a number"
+            )
+        return int(value)
 
 
 ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league")
@@ -251,6 +283,9 @@ class LearnerConfig(Section):
     huber_delta: float = Field(1.0, gt=0)
     publish_interval: int = Field(20, ge=1)
     """Updates between sending weights to the parameter server."""
+    publish_every_s: float = Field(0.0, ge=0, le=3600)
+    """Least seconds between two such sends (0: none): a fast learner (on a GPU, say) then
+    copies and sends its weights at the rate the actors can use, not after every few updates."""
     torch_threads: int = Field(1, ge=1, le=MAX_THREADS)
     """Threads torch may use in the learner (the actors have actor.torch_threads): keep the
     sum over a host's roles at most its cores, or they fight."""
@@ -270,7 +305,8 @@ class EvaluatorConfig(Section):
 
 class CheckpointConfig(Section):
     dir: str | None = None
-    """Where the learner and replay shards save and resume from (`zrl run` sets RUN_DIR/checkpoints)."""
+    """Where the learner and replay shards save and resume from (`zrl run` sets
+    RUN_DIR/checkpoints)."""
     interval: float = Field(30.0, gt=0)
     """Seconds between checkpoints (written atomically: write, then rename)."""
     replay: bool = True

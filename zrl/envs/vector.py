@@ -95,12 +95,6 @@ def _check_next_step(env: gym.vector.VectorEnv, env_id: str) -> None:
         raise EnvError(f"{env_id}: native vector env autoresets in {mode}, zrl needs NEXT_STEP")
 
 
-def flat_obs_dim(space: gym.Space[Any]) -> int:
-    if not isinstance(space, gym.spaces.Box):
-        raise EnvError(f"observation space {space} is not a Box")
-    return int(np.prod(space.shape))
-
-
 class EpisodeTracker:
     """Returns and lengths of finished episodes across the envs of a vector env."""
 

@@ -235,10 +235,6 @@ class League:
             enough = self._since_snapshot[player] >= self.cfg.min_games
         return enough and self.win_rate(player) >= self.cfg.snapshot_win_rate
 
-    def should_snapshot(self, player: str = MAIN) -> bool:
-        """Whether ``player`` should be snapshot now (see ``snapshot_reason``)."""
-        return self.snapshot_reason(player) is not None
-
     def add_snapshot(self, version: int, player: str = MAIN) -> str:
         """Freeze ``player`` at weights ``version``: returns the new member's id. The snapshot
         starts at the player's Elo and without games; the player's interval clock and games

@@ -173,7 +173,8 @@ class ActorCritic(CategoricalActorCritic):
         init_actor_critic(torsos, self.policy_head, self.value_head)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """``obs [B, *obs_shape]`` (or ``[B, obs_dim]``) -> ``(logits [B, num_actions], value [B])``."""
+        """``obs [B, *obs_shape]`` (or ``[B, obs_dim]``) ->
+        ``(logits [B, num_actions], value [B])``."""
         x = self.torso(obs)  # the shared encoder, or the identity before separate MLPs
         return self.policy_head(self.policy_torso(x)), self.value_head(self.value_torso(x))[:, 0]
 

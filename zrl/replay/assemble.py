@@ -1,5 +1,6 @@
 """What a replay shard stores of a TRAJECTORY message: its items, checked, with the initial
-priorities the actor computed. Each algorithm's ``wiring.replay_item`` names one:
+priorities the actor computed (:func:`assemble_items`, by the shard's layout). Each
+algorithm's ``wiring.replay_item`` names one:
 ``transitions`` (n-step transitions of Ape-X DQN, DDPG, SAC), ``unroll`` (one whole env
 unroll per item, IMPALA/APPO), ``sequences`` (the fixed-length sequences an R2D2 actor cut).
 Frame stacks are ``zrl.replay.frames``'s. A malformed message raises ProtocolError (the shard
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from zrl.replay.layout import ExperienceLayout
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 
 def assemble_transitions(
@@ -25,7 +28,7 @@ def assemble_transitions(
 
     ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
     int64 ``[E, T]`` indices."""
-    sizes = M.validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
+    sizes = validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
     if continuous and sizes["A"] < 1:
         raise P.ProtocolError("trajectory actions have no dimensions")
     a = msg.arrays
@@ -52,7 +55,7 @@ def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.nd
     ``recurrent_unroll``, and each item keeps its ``state [R]`` and ``first [T]`` too; else a
     plain ``unroll``. The other kind raises ProtocolError (lacks / unexpected array)."""
     schema = M.RECURRENT_UNROLL if recurrent else M.UNROLL
-    E = M.validate(msg, schema)["E"]
+    E = validate(msg, schema)["E"]
     a = msg.arrays
     try:
         version = M.trajectory_version(msg.meta, required=True)
@@ -66,7 +69,7 @@ def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.nd
 def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """An R2D2 TRAJECTORY of sequences -> (one item per sequence, with its weights version,
     and their initial priorities)."""
-    sizes = M.validate(msg, M.SEQUENCES)
+    sizes = validate(msg, M.SEQUENCES)
     if sizes["P"] != sizes["T"] + 1:
         raise P.ProtocolError(
             f"sequences of {sizes['T']} steps carry {sizes['P']} observations, not {sizes['T'] + 1}"
@@ -78,3 +81,18 @@ def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarra
     if np.any((versions < 0) | (versions > M.MAX_VERSION)):
         raise P.ProtocolError(f"sequence weights versions outside [0, {M.MAX_VERSION}]")
     return {k: v for k, v in msg.arrays.items() if k != "priority"}, priorities
+
+
+def assemble_items(
+    layout: ExperienceLayout, msg: P.Message, n_step: int, gamma: float
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """A TRAJECTORY of ``layout`` (checked against it) -> (the items a shard of that layout
+    stores, their initial priorities; None for unrolls, which a FIFO queue keeps without).
+    ``n_step`` and ``gamma`` are ``replay.n_step`` and ``replay.gamma`` (transitions only).
+    Frame stacks (``layout.frames``) go through ``zrl.replay.frames`` instead."""
+    if layout.item == "unroll":
+        return assemble_unrolls(msg, recurrent=layout.schema is M.RECURRENT_UNROLL), None
+    if layout.item == "sequences":
+        return assemble_sequences(msg)
+    continuous = layout.schema is M.CONTINUOUS_TRANSITIONS
+    return assemble_transitions(msg, n_step, gamma, continuous=continuous)

@@ -58,7 +58,7 @@ from zrl.replay.tables import (
     PrioritizedTable,
     SampledBatch,
     Table,
-    _check_priorities,
+    check_priorities,
     make_table,
 )
 
@@ -238,13 +238,13 @@ class FrameTable:
         t = self.table
         if not t.size:
             return t.inserts
-        col = t._columns["first_frame"]
-        start = t._first_key % t.capacity
+        col = t.column("first_frame")
+        start = t.first_key % t.capacity
         head = col[start : min(t.capacity, start + t.size)]
         i = int(np.searchsorted(head, frame))
         if i == len(head) and t.size > len(head):
             i += int(np.searchsorted(col[: t.size - len(head)], frame))
-        return t._first_key + i
+        return t.first_key + i
 
     # ------------------------------------------------------------------ insert / sample
     def insert_trajectory(
@@ -269,7 +269,7 @@ class FrameTable:
             raise ValueError(
                 f"{n_frames} frames in one trajectory: the ring holds {self.frame_capacity}"
             )
-        arrays, n = self.table._validate_items(items)
+        arrays, n = self.table.validate_items(items)
         if not set(FRAME_REFS) <= set(arrays):
             raise ValueError(f"items need the frame indices {FRAME_REFS}, got {sorted(arrays)}")
         obs, nxt, first = (arrays[name].astype(np.int64) for name in FRAME_REFS)
@@ -281,10 +281,10 @@ class FrameTable:
             raise ValueError("frame indices out of order or outside the trajectory's stacks")
         prioritized = isinstance(self.table, PrioritizedTable)
         if prioritized and priorities is not None:
-            _check_priorities(priorities, n)
+            check_priorities(priorities, n)
         # Make room: evict what reads frames the new ones overwrite, then write them.
         oldest = max(0, self.frame_inserts + n_frames - self.frame_capacity)
-        self.table.evict_oldest(self._first_key_reading(oldest) - self.table._first_key)
+        self.table.evict_oldest(self._first_key_reading(oldest) - self.table.first_key)
         slots = (self.frame_inserts + np.arange(n_frames)) % self.frame_capacity
         self._frames[slots] = frames.reshape(n_frames, *self.frame_shape)
         arrays.update(
@@ -321,9 +321,9 @@ class FrameTable:
     def lookup(self, keys: np.ndarray) -> dict[str, np.ndarray]:
         """The items of live ``keys`` as ``sample`` returns them (ValueError for others)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        if not np.all(self.table._live_mask(keys)):
-            raise ValueError(f"keys not live: {keys[~self.table._live_mask(keys)][:5]}")
-        return self._rebuild(self.table._gather(keys))
+        if not np.all(self.table.live_mask(keys)):
+            raise ValueError(f"keys not live: {keys[~self.table.live_mask(keys)][:5]}")
+        return self._rebuild(self.table.gather(keys))
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         return self.table.update_priorities(keys, priorities)
@@ -361,7 +361,7 @@ class FrameTable:
         table.load_state_dict(state["table"])
         frame_inserts = check_int("frame_inserts", state["frame_inserts"], 0)
         if table.size:
-            small = table._gather(np.arange(table._first_key, table.inserts))
+            small = table.gather(np.arange(table.first_key, table.inserts))
             if small["first_frame"].min() < max(0, frame_inserts - self.frame_capacity) or (
                 small["next_frame"].max() >= frame_inserts
             ):

@@ -24,6 +24,7 @@ import numpy as np
 
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import Schema, Size, validate
 
 ReplayItem = Literal["transitions", "unroll", "sequences"]
 
@@ -35,8 +36,8 @@ class ExperienceLayout:
     range."""
 
     item: ReplayItem
-    schema: M.Schema
-    sizes: dict[str, M.Size]
+    schema: Schema
+    sizes: dict[str, Size]
     obs_dtype: np.dtype
     num_actions: int | None = None  # discrete: actions in [0, num_actions)
     action_low: np.ndarray | None = field(default=None, compare=False)  # box bounds, [A]
@@ -70,7 +71,7 @@ class ExperienceLayout:
 
     def check(self, msg: P.Message) -> dict[str, Any]:
         """``msg``'s dim sizes if it is exactly this layout; ProtocolError naming what differs."""
-        sizes = M.validate(msg, self.schema, **self.sizes)
+        sizes = validate(msg, self.schema, **self.sizes)
         what = f"{msg.kind} ({self.schema.name}) from {msg.sender or '?'}"
         for name, spec in self.schema.arrays.items():
             if spec.dims[-1:] == (M.OBS,) and msg.arrays[name].dtype != self.obs_dtype:
@@ -108,6 +109,13 @@ class ExperienceLayout:
         return P.Message(P.TRAJECTORY, meta={"weights_version": 0}, arrays=arrays, sender="example")
 
 
+def carries_state(item: ReplayItem, recurrent_model: bool) -> bool:
+    """Whether items of ``item`` keep the recurrent state their actor started from (so the
+    layout needs the model's ``state_size``): R2D2's sequences always, unrolls when the model
+    is recurrent (``model.core``), transitions never."""
+    return item == "sequences" or (item == "unroll" and recurrent_model)
+
+
 def envs_per_actor(num_envs: int, env_groups: int, envs_per_game: int) -> int:
     """Rows of an actor's trajectories: ``env.num_envs`` split into ``actor.env_groups``
     vector envs of ``num_envs // env_groups`` games, each game ``envs_per_game`` env slots (a
@@ -136,7 +144,7 @@ def experience_layout(
     E, T = num_envs, trajectory_length
     num_actions: int | None = None
     low = high = None
-    sizes: dict[str, M.Size] = {"O": obs_shape}
+    sizes: dict[str, Size] = {"O": obs_shape}
     if actions == "discrete":
         num_actions = int(action_space.n)
     else:

@@ -36,7 +36,7 @@ class SampledBatch:
         return int(self.keys.shape[0])
 
 
-def _check_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
+def check_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
     pri = np.asarray(priorities, dtype=np.float64).reshape(-1)
     if pri.shape != (n,):
         raise ValueError(f"expected {n} priorities, got {pri.size}")
@@ -72,6 +72,16 @@ class Table(ABC):
         return self.inserts - self._first_key
 
     @property
+    def first_key(self) -> int:
+        """The oldest live key: live keys are ``[first_key, inserts)``."""
+        return self._first_key
+
+    def column(self, name: str) -> np.ndarray:
+        """The storage of field ``name``, ``[capacity, ...]``, indexed by ``key % capacity``
+        (read it, do not write it)."""
+        return self._columns[name]
+
+    @property
     def schema(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """Field name -> (dtype, per-item shape), fixed by the first insert."""
         return {k: (v.dtype, v.shape[1:]) for k, v in self._columns.items()}
@@ -87,13 +97,15 @@ class Table(ABC):
         must match it; a table that holds items keeps its columns."""
         if self.size:
             raise ValueError("allocate fixes the schema of an empty table only")
-        arrays, _ = self._validate_items(example)
+        arrays, _ = self.validate_items(example)
         self._columns = {
             name: np.zeros((self.capacity, *arr.shape[1:]), dtype=arr.dtype)
             for name, arr in arrays.items()
         }
 
-    def _validate_items(self, items: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    def validate_items(self, items: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """``items`` as arrays and their common length; ValueError where they do not fit the
+        table's schema (once it has one)."""
         if not isinstance(items, dict) or not items:
             raise ValueError(f"items must be a non-empty dict of arrays, got {type(items)}")
         arrays = {str(k): np.asarray(v) for k, v in items.items()}
@@ -125,7 +137,7 @@ class Table(ABC):
 
     def _write(self, items: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
         """Store items; returns (all keys, slots actually written, index of first kept item)."""
-        arrays, n = self._validate_items(items)
+        arrays, n = self.validate_items(items)
         if not self._columns:
             self._columns = {
                 name: np.zeros((self.capacity, *arr.shape[1:]), dtype=arr.dtype)
@@ -142,7 +154,8 @@ class Table(ABC):
         self._first_key = new_first
         return keys, slots, start
 
-    def _live_mask(self, keys: np.ndarray) -> np.ndarray:
+    def live_mask(self, keys: np.ndarray) -> np.ndarray:
+        """Which of ``keys`` are live."""
         return (keys >= self._first_key) & (keys < self.inserts)
 
     def _keys_of_slots(self, slots: np.ndarray) -> np.ndarray:
@@ -150,7 +163,8 @@ class Table(ABC):
         # exactly one live key without storing a slot->key array.
         return self._first_key + (slots - self._first_key) % self.capacity
 
-    def _gather(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+    def gather(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the items of ``keys`` (live ones: the caller checks), field by field."""
         slots = keys % self.capacity
         return {name: col[slots] for name, col in self._columns.items()}
 
@@ -257,7 +271,7 @@ class UniformTable(Table):
         self.samples += batch_size
         return SampledBatch(
             keys=keys,
-            items=self._gather(keys),
+            items=self.gather(keys),
             weights=np.ones(batch_size, dtype=np.float32),
             probabilities=np.full(batch_size, 1.0 / size, dtype=np.float64),
         )
@@ -300,8 +314,8 @@ class PrioritizedTable(Table):
         every new transition is likely to be replayed at least once before its error is known.
         """
         # Validate priorities before touching storage so a bad call leaves the table unchanged.
-        n = self._validate_items(items)[1]
-        raw = None if priorities is None else _check_priorities(priorities, n)
+        n = self.validate_items(items)[1]
+        raw = None if priorities is None else check_priorities(priorities, n)
         keys, slots, start = self._write(items)
         if raw is None:
             stored = np.full(slots.shape, self._transform(np.array(self.max_priority)))
@@ -325,7 +339,7 @@ class PrioritizedTable(Table):
         self.samples += batch_size
         return SampledBatch(
             keys=keys,
-            items=self._gather(keys),
+            items=self.gather(keys),
             weights=weights.astype(np.float32),
             probabilities=probabilities,
         )
@@ -341,8 +355,8 @@ class PrioritizedTable(Table):
         if keys.size and not np.issubdtype(keys.dtype, np.integer):
             raise ValueError(f"keys must be integers, got dtype {keys.dtype}")
         keys = keys.astype(np.int64, copy=False)
-        raw = _check_priorities(priorities, keys.size)
-        live = self._live_mask(keys)
+        raw = check_priorities(priorities, keys.size)
+        live = self.live_mask(keys)
         applied = int(live.sum())
         if applied:
             raw_live = raw[live]
@@ -400,7 +414,7 @@ class FifoQueue(Table):
         if self.size < batch_size:
             raise ValueError(f"fifo queue holds {self.size} items, cannot pop {batch_size}")
         keys = np.arange(self._first_key, self._first_key + batch_size, dtype=np.int64)
-        items = self._gather(keys)
+        items = self.gather(keys)
         self._first_key += batch_size
         self.samples += batch_size
         return SampledBatch(

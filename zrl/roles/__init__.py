@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
 
 ROLE_MODULES = {
     "actor": "zrl.roles.actor:Actor",
@@ -26,4 +27,4 @@ def role_class(name: str) -> type[Role]:
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 
 
-__all__ = ["ROLE_MODULES", "Role", "RoleError", "role_class"]
+__all__ = ["ROLE_MODULES", "role_class"]

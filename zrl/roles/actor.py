@@ -43,10 +43,10 @@ the actor lends it who plays the others (``make_opponents``: its own model for `
 snapshots by id, the random and scripted players), and is otherwise unchanged.
 
 Double-buffered sampling (``actor.env_groups: G`` > 1, Sample Factory's): the E envs are G
-vector envs of E/G (``zrl.envs.vector.EnvGroups``); the actor sends one group's actions, then computes
-the next group's while the first steps (ale-py's C++ threads, gymnasium's async workers), so
-inference and env stepping overlap. The trajectory is the same ``[E, T, ...]`` message, group
-0's envs first.
+vector envs of E/G (``zrl.envs.vector.EnvGroups``); the actor sends one group's actions, then
+computes the next group's while the first steps (ale-py's C++ threads, gymnasium's async
+workers), so inference and env stepping overlap. The trajectory is the same ``[E, T, ...]``
+message, group 0's envs first.
 
 A NaN/inf observation or reward from the env, or an env that raises, is counted
 (``non_finite_env``, ``env_errors``), logged with the actor's id and env step, and handled the
@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.api import ActorPolicy, ActorSetup, Trajectory
+from zrl.algos.api.actor import ActorPolicy, ActorSetup, Trajectory
 from zrl.config.algorithms import get_algorithm
 from zrl.envs.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
 from zrl.envs.vector import EnvGroups, EpisodeTracker
@@ -108,6 +108,8 @@ class Actor(Role):
         self.waiting_since: float | None = None
         self.next_fetch = 0.0
         self.acks: Channel | None = None
+        self.output_stream = ""
+        """The stream its experience leaves by (``open_outputs``)."""
         self.credit = InsertAcks(1, self.log, lambda: self.output.next_seq)
         self.started = time.monotonic()
         self.matchmaker: Any = None  # the league's client, in a run with a league
@@ -215,6 +217,7 @@ class Actor(Role):
             self.output_topic = M.policy_topic(P.ROLLOUTS_TOPIC, self.policy_name)
         else:
             self.output = self.open_push("gradients", hwm=2)
+        self.output_stream = self.output.name
 
     def on_reregistered(self) -> None:
         # Trajectories in flight through a broker that died are gone: say how many, and
@@ -427,6 +430,11 @@ class Actor(Role):
             **self.credit.report(),
             **self.policy.heartbeat_info(),
         }
+        if self.output_stream:
+            # The bytes of its experience path (experience, rollouts or gradients): the head
+            # divides them by the env steps (summary.json's wire.<path>.bytes_per_env_step).
+            sent = self.stats.stream(self.output_stream).sent_bytes
+            info[f"wire_bytes_{self.output_stream}"] = sent
         if self.matchmaker is not None:
             info.update(self.matchmaker.heartbeat_info())
         if len(self.config.policies) > 1:

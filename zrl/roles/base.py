@@ -236,7 +236,7 @@ class Role(RoleSockets):
         except P.VersionMismatch as exc:
             raise RoleError(f"broker refused us: {exc}") from None
         except P.ProtocolError as exc:
-            self._registry._drop("broker", str(exc))
+            self._registry.drop("broker", str(exc))
             return None
         self._registry.stats.received += 1
         return msg
@@ -261,6 +261,8 @@ class Role(RoleSockets):
         spec = m.get("spec")
         if spec is not None:
             config = ExperimentConfig.model_validate(spec)
+            if config.roles.actors == "auto":  # the head resolves it before any role starts
+                raise RoleError("the broker's spec says roles.actors: auto, not a number")
             config.checkpoint.dir = checked_checkpoint_dir(
                 config.checkpoint.dir, self.checkpoint_root, self.broker
             )
@@ -449,6 +451,20 @@ class Role(RoleSockets):
                 train = self.train_metrics()
                 self.publish_metrics({**info, "train": train} if train else info)
 
+    def heartbeat_now(self, timeout: float = 1.0) -> bool:
+        """Heartbeat now (showing the role's current info, its rpc keys among it) and wait, at
+        most ``timeout``, until the broker acknowledged it: a server asking STATUS after that
+        sees the keys (``zrl.roles.rpc_identity``)."""
+        sent_at = time.monotonic()
+        self._next_heartbeat = 0.0
+        self.tick()
+        while self._last_ack <= sent_at:
+            if time.monotonic() >= sent_at + timeout or self._registry is None:
+                return False
+            self._registry.sock.poll(20)
+            self.tick()
+        return True
+
     def check_memory(self) -> float:
         """Resident memory in MB; past ``limits.memory_mb`` the role stops, saying why.
 
@@ -458,7 +474,8 @@ class Role(RoleSockets):
         limit = self.config.limits.memory_mb
         if limit is not None and rss_mb > limit:
             raise RoleError(
-                f"{self.id} uses {rss_mb:.0f} MB of memory, above limits.memory_mb={limit:g}: stopping"
+                f"{self.id} uses {rss_mb:.0f} MB of memory, "
+                f"above limits.memory_mb={limit:g}: stopping"
             )
         return round(rss_mb, 1)
 
@@ -500,7 +517,7 @@ class Role(RoleSockets):
             try:
                 self.on_request(ident, msg)
             except P.ProtocolError as exc:
-                rpc._drop(msg.sender or "?", str(exc))
+                rpc.drop(msg.sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
         """One request on the role's rpc (``serve_requests``); ProtocolError: dropped."""

@@ -1,5 +1,6 @@
 """Greedy evaluation of a policy (Q-network argmax, actor-critic mode or the deterministic
-continuous action, clipped to the bounds; recurrent models carry their state), shared by the evaluator role and ``zrl eval``."""
+continuous action, clipped to the bounds; recurrent models carry their state), shared by the
+evaluator role and ``zrl eval``."""
 
 from __future__ import annotations
 

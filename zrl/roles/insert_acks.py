@@ -31,7 +31,7 @@ class AckSource(Protocol):
 
     def recv(self, *, block: bool = True) -> tuple[bytes | None, P.Message] | None: ...
 
-    def _drop(self, sender: str, reason: str) -> None: ...
+    def drop(self, sender: str, reason: str) -> None: ...
 
 
 class InsertAcks:
@@ -59,7 +59,7 @@ class InsertAcks:
             try:
                 self.on_ack(got[1])
             except P.ProtocolError as exc:
-                acks._drop(got[1].sender or "?", str(exc))
+                acks.drop(got[1].sender or "?", str(exc))
 
     def on_ack(self, msg: P.Message) -> None:
         """A replay shard's ACK of an insert, or its INCARNATION. Raises ProtocolError for

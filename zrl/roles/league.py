@@ -16,7 +16,7 @@ Sockets:
   past that they are dropped and counted (``replies_dropped``).
 - SUB ``weights`` (topic bus, one per learning player: ``M.policy_topic``): which version
   each player's params stream is at, nothing more: the bus is open to forgers. A snapshot,
-  when ``zrl.league.League`` says (a win rate reached ``league.snapshot_win_rate``, or
+  when ``zrl.league.population.League`` says (a win rate reached ``league.snapshot_win_rate``, or
   ``league.snapshot_interval_s`` passed), freezes weights fetched with GET_WEIGHTS from
   params' rpc (the LOOKUP "params" answer), in the layout of the model the config builds for
   the env's spaces; anything else is dropped and counted (``weights_refused``).
@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.league import MAIN, League, snapshot_version
+from zrl.config.league import MAIN
+from zrl.league.population import League, snapshot_version
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.params import (
     REPLY_DRAIN_S,
@@ -59,8 +60,6 @@ from zrl.roles.params import (
 from zrl.roles.rpc_identity import (
     ClientKeys,
     RegisteredPeers,
-    connect_with_key,
-    heartbeat_now,
     status_rows,
 )
 from zrl.roles.weights import RESYNC_TIMEOUT_S, WeightsFollower, request_latest_weights
@@ -102,7 +101,7 @@ class LatestArrays(WeightsFollower):
         problem = self.problem(msg.arrays)
         if problem is not None:
             self.refused += 1
-            self.sub._drop(msg.sender or "?", f"weights v{version} refused: {problem}")
+            self.sub.drop(msg.sender or "?", f"weights v{version} refused: {problem}")
             return False
         self.version = version  # the arrays are not kept: the bus is open to forgers
         return True
@@ -130,7 +129,7 @@ class LatestArrays(WeightsFollower):
         problem = "no version in [1, 2**53]" if version is None else self.problem(msg.arrays)
         if problem is not None:
             self.refused += 1
-            self.sub._drop(msg.sender or "?", f"served weights refused: {problem}")
+            self.sub.drop(msg.sender or "?", f"served weights refused: {problem}")
             return False
         assert version is not None
         self.arrays = {k: np.array(v) for k, v in msg.arrays.items()}
@@ -207,7 +206,11 @@ class LeagueRole(Role):
     def planned_actor(self, row: dict) -> bool:
         """Whether a STATUS row is an actor the config plans (they report results)."""
         index = index_of_id(row.get("id"), "actor")
-        return row.get("role") == "actor" and index is not None and index < self.config.roles.actors
+        return (
+            row.get("role") == "actor"
+            and index is not None
+            and index < self.config.roles.count("actors")
+        )
 
     # --- snapshots ------------------------------------------------------------------------
 
@@ -275,10 +278,14 @@ class LeagueRole(Role):
             services = self.lookup("params", timeout=1.0)
             if not services:
                 return
-            sock = self._sock(zmq.DEALER, sndhwm=16, sndtimeo_ms=0)
-            connect_with_key(sock, services[0]["rpc"], self.rpc_keys.renew("params"))
-            self.params = self._channel(sock, "params-rpc")
-            heartbeat_now(self)  # params asks the registry who holds this connection
+            self.params = self.connect_rpc(
+                services[0]["rpc"],
+                self.rpc_keys.renew("params"),
+                "params-rpc",
+                sndhwm=16,
+                sndtimeo_ms=0,
+            )
+            self.heartbeat_now()  # params asks the registry who holds this connection
         for player in pending:
             meta = {"resets": self.league.resets[player], **M.policy_meta(player)}
             self.params.send(P.Message(P.RESET, meta=meta), block=False)
@@ -303,7 +310,7 @@ class LeagueRole(Role):
             try:
                 self.on_request(ident, msg)
             except P.ProtocolError as exc:
-                self.rpc._drop(msg.sender or "?", str(exc))
+                self.rpc.drop(msg.sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
         if msg.kind == P.MATCH:
@@ -320,7 +327,7 @@ class LeagueRole(Role):
                 oldest = self.actors.park(ident, msg)
                 if oldest is not None:
                     self.results_refused += 1
-                    self.rpc._drop(oldest.sender or "?", "results refused: too many waiting")
+                    self.rpc.drop(oldest.sender or "?", "results refused: too many waiting")
                 return
             if peer is None or not may_send(msg.kind, peer.role, "rpc:league"):
                 self.results_refused += 1
@@ -403,7 +410,8 @@ class LeagueRole(Role):
 
     def train_info(self) -> dict[str, float]:
         """The league's figures and the Elo ratings of main, the fixed opponents and the
-        newest snapshots (metric names are ``[a-z][a-z0-9_]*``: ``main@120`` -> ``elo_main_120``)."""
+        newest snapshots (metric names are ``[a-z][a-z0-9_]*``: ``main@120`` ->
+        ``elo_main_120``)."""
         out = self.league.info()
         for name in self.league.snapshots[-TRACKED_SNAPSHOTS:]:
             out[f"elo_{name.replace('@', '_')}"] = self.league.elo.rating(name)

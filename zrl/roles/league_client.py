@@ -4,10 +4,10 @@ Socket: one DEALER to the league's rpc ROUTER (found with LOOKUP "league", looke
 when it goes quiet), under a random routing id whose digest the actor's heartbeat shows
 (``rpc_keys``, ``zrl.roles.rpc_identity``): the league takes RESULTS only from a connection a
 planned actor's registry entry vouches for. A heartbeat showing a new key is acknowledged
-before the connection is used. MATCH asks for the opponents of the next ``MATCH_BATCH`` episodes before
-the queue runs dry, so an episode start rarely waits; RESULTS carries the outcomes of finished
-episodes, at least every ``RESULTS_INTERVAL_S``; GET_SNAPSHOT fetches a snapshot's weights the
-first time an opponent names it (they never change, so they are kept).
+before the connection is used. MATCH asks for the opponents of the next ``MATCH_BATCH``
+episodes before the queue runs dry, so an episode start rarely waits; RESULTS carries the
+outcomes of finished episodes, at least every ``RESULTS_INTERVAL_S``; GET_SNAPSHOT fetches a
+snapshot's weights the first time an opponent names it (they never change, so they are kept).
 
 MATCH and RESULTS name the learning player the actor acts for (``policy``; absent for the main
 agent). An opponent that is another learning player at its current weights (the main agent,
@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import zmq
 
 from zrl.config.multiagent import FIXED_PLAYERS
-from zrl.roles.base import Role, RoleError
-from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
+from zrl.roles.rpc_identity import ClientKeys
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -88,17 +88,16 @@ class LeagueClient:
         if not endpoints:
             return None
         # The role's own socket and channel: its keys and message limits, closed with it.
-        sock = self.role._sock(zmq.DEALER, rcvtimeo_ms=100)
-        connect_with_key(sock, endpoints[0], self.rpc_keys.renew("league"))
-        self.channel = self.role._channel(sock, "league")
-        heartbeat_now(self.role)  # the league asks the registry who holds this connection
+        self.channel = self.role.connect_rpc(
+            endpoints[0], self.rpc_keys.renew("league"), "league", rcvtimeo_ms=100
+        )
+        self.role.heartbeat_now()  # the league asks the registry who holds this connection
         return self.channel
 
     def _reconnect(self) -> None:
         """The league went quiet: forget the socket, look it up again next time."""
         if self.channel is not None:
-            self.channel.close()
-            self.role._channels.remove(self.channel)
+            self.role.close_channel(self.channel)
         self.channel = None
         self.asked = False
 
@@ -122,7 +121,7 @@ class LeagueClient:
             else:
                 raise P.ProtocolError(f"{msg.kind!r} from the league")
         except P.ProtocolError as exc:
-            channel._drop(msg.sender or "?", str(exc))
+            channel.drop(msg.sender or "?", str(exc))
         return msg
 
     def _keep_snapshot(self, name: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -213,8 +212,7 @@ class LeagueClient:
         closes (the role closes its other sockets at once)."""
         self._flush(force=True)
         if self.channel is not None:
-            self.channel.close(linger_ms=200)
-            self.role._channels.remove(self.channel)
+            self.role.close_channel(self.channel, linger_ms=200)
             self.channel = None
 
     def heartbeat_info(self) -> dict[str, Any]:

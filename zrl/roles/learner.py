@@ -14,7 +14,9 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
 - **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
   open more sockets through the learner (DD-PPO's ``allreduce/`` topic).
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
-  ``learner.publish_interval`` updates (or when the update says so), answered with
+  ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s`` (a
+  version held back goes out when that time has passed, updates or not), or at once when the
+  update says so; the weights leave the device only then. Answered with
   ACK {version, resets}. The DEALER connects under a random routing id whose digest the
   learner's heartbeat shows (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS
   only from a connection a live learner entry vouches for. A heartbeat with a new key goes
@@ -31,6 +33,12 @@ A message the update rejects is dropped and counted. A NaN/inf loss or gradient 
 before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
 learner cleanly (it is diverging), reporting its id and update number and keeping the last
 good checkpoint and published weights.
+
+Where the learner's time goes (``TIME_PARTS``): waiting for input, handing it to the update
+(its checks and the copy to the device), updating and publishing. Training figures
+``wait_ms`` and ``copy_ms`` per gradient step, beside the update's ``update_ms``; the heartbeat
+shows each part's share of the learner's time since its first step (``wait_share``, ...),
+kept in summary.json with the learner's other heartbeat figures.
 """
 
 from __future__ import annotations
@@ -42,16 +50,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import zmq
 from torch import nn
 
-from zrl.algos.api import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
+from zrl.algos.api.learner import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
 from zrl.algos.batches import learner_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import model_to_arrays
-from zrl.roles.base import Role, RoleError
-from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
+from zrl.roles.rpc_identity import ClientKeys
 from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import messages as M
@@ -67,6 +75,8 @@ PARAMS_ACK_TIMEOUT_S = 3.0
 PARAMS_RESEND_S = 1.0
 MAX_NON_FINITE_IN_A_ROW = 10
 MAX_READS_PER_STEP = 256  # rollouts read before training: bounded, so a flood cannot starve us
+TIME_PARTS = ("wait", "copy", "update", "publish")
+"""Where a learner's time goes: the heartbeat's ``<part>_share`` of each."""
 
 
 class Learner(Role):
@@ -84,13 +94,16 @@ class Learner(Role):
         self.samples_trained = 0  # distinct env steps trained on, since this process started
         self.weights_version = 0
         self.last_loss = float("nan")
+        # The update count and weights version of the checkpoint it resumed from (None: afresh).
         self.resumed_from: int | None = None
+        self.resumed_version: int | None = None
         # While a checkpoint at the path is not loaded (it could not be): it is kept for the
         # user, never saved over.
         self.checkpoint_unread = False
         self.params_acked = False
         self.diverged = False
         self.non_finite_in_a_row = 0
+        self.non_finite_batches = 0  # batches dropped for a NaN/inf loss, in all
         self.checkpoints = 0
         self.checkpoint: Path | None = None
         self.next_checkpoint = 0.0
@@ -105,6 +118,11 @@ class Learner(Role):
         self.rpc_keys = ClientKeys()  # our params connection's routing id, shown in heartbeats
         self.weights_sent = 0
         self.weights_acked = 0
+        self.publish_due = False  # publish_interval updates passed, held by publish_every_s
+        self.published_at = -float("inf")  # time.monotonic() of the last WEIGHTS built
+        self.stepping_since: float | None = None  # the first step, after setup
+        self.time_s = dict.fromkeys(TIME_PARTS, 0.0)  # since then
+        self.unreported_s = dict.fromkeys(("wait", "copy"), 0.0)  # since the last update
 
     def setup(self) -> None:
         cfg = self.config
@@ -183,18 +201,25 @@ class Learner(Role):
         if not services:
             self.log.info("no parameter server registered yet")
             return False
-        sock = self._sock(zmq.DEALER, sndhwm=4, sndtimeo_ms=0)
-        connect_with_key(sock, services[0]["rpc"], self.rpc_keys.renew("params"))
         self.params_endpoint = services[0]["rpc"]
-        self.params = self._channel(sock, "params-rpc")
+        self.params = self.connect_rpc(
+            self.params_endpoint,
+            self.rpc_keys.renew("params"),
+            "params-rpc",
+            sndhwm=4,
+            sndtimeo_ms=0,
+        )
         # params asks the registry who holds this connection: show the new key first.
-        heartbeat_now(self)
+        self.heartbeat_now()
         return True
 
     def send_weights(self) -> None:
         if not self.update.may_publish() or not self._connect_params():
             return
         assert self.params is not None
+        started = time.monotonic()
+        self.publish_due = False
+        self.published_at = started
         msg = P.Message(
             P.WEIGHTS,
             # min_version: after a resume, versions continue instead of starting again at 1.
@@ -211,6 +236,13 @@ class Learner(Role):
             self.weights_sent += 1
             if self._unacked_since is None:
                 self._unacked_since = time.monotonic()
+        self.time_s["publish"] += time.monotonic() - started
+
+    def publish_if_due(self) -> None:
+        """Send the weights held back by ``learner.publish_every_s`` once that time passed."""
+        every = self.config.learner.publish_every_s
+        if self.publish_due and time.monotonic() - self.published_at >= every:
+            self.send_weights()
 
     def read_acks(self) -> None:
         if self.params is None:
@@ -228,7 +260,7 @@ class Learner(Role):
                 try:
                     resets = M.reset_count(got[1].meta)
                 except P.ProtocolError as exc:
-                    self.params._drop(got[1].sender or "?", str(exc))
+                    self.params.drop(got[1].sender or "?", str(exc))
                     continue
                 if resets > self.resets:
                     self.reset(resets)
@@ -243,8 +275,7 @@ class Learner(Role):
             self.log.warning(
                 "parameter server %s stopped answering; looking it up again", self.params_endpoint
             )
-            self.params.close()
-            self._channels.remove(self.params)
+            self.close_channel(self.params)
             self.params = None
             self._unacked_since = None
             self._resent = False
@@ -281,7 +312,7 @@ class Learner(Role):
             self.on_non_finite(exc, exc.source or "a batch")
             return
         except RuntimeError as exc:  # torch rejected the batch: a peer's bug, not ours
-            self.input._drop(self.last_sender, f"the update failed on it: {exc}")
+            self.input.drop(self.last_sender, f"the update failed on it: {exc}")
             return
         if result is None:
             return
@@ -304,16 +335,20 @@ class Learner(Role):
                 block=False,
             )
         interval = self.config.learner.publish_interval
-        if result.publish or self.updates // interval > before // interval:
+        if result.publish:  # the update needs them out now (PPO's next round)
             self.send_weights()
+        elif self.updates // interval > before // interval:
+            self.publish_due = True
+            self.publish_if_due()
 
     def on_non_finite(self, exc: NonFiniteLossError, source: str) -> None:
         """A NaN/inf loss, raised before the optimizer step, so the weights are intact. One
         such batch (e.g. huge values from a peer) is dropped; a run of them means we diverged:
         stop cleanly, keeping the last good checkpoint and published weights."""
         self.non_finite_in_a_row += 1
+        self.non_finite_batches += 1
         if self.non_finite_in_a_row < MAX_NON_FINITE_IN_A_ROW:
-            self.input._drop(self.last_sender, f"{source} gives a {exc}")
+            self.input.drop(self.last_sender, f"{source} gives a {exc}")
             return
         self.diverged = True
         raise RoleError(
@@ -363,7 +398,7 @@ class Learner(Role):
                 f"{self.checkpoint} is not a checkpoint of this learner "
                 f"({type(exc).__name__}: {str(exc)[:200]}); move it away to start afresh"
             ) from None
-        self.resumed_from = self.updates
+        self.resumed_from, self.resumed_version = self.updates, self.weights_version
         self.checkpoint_unread = False
         self.log.info(
             "resumed from %s: update %d, weights v%d",
@@ -379,9 +414,26 @@ class Learner(Role):
         self.read_acks()
         if not self.params_acked and self._unacked_since is None:
             self.send_weights()  # until the parameter server has our first version
+        started = time.monotonic()
+        if self.stepping_since is None:
+            self.stepping_since = started
+        copy_before = self.time_s["copy"]
         received = self.receive()
+        trained_from = time.monotonic()
+        copied = self.time_s["copy"] - copy_before
+        waited = trained_from - started - copied
+        self.time_s["wait"] += waited
+        self.unreported_s["wait"] += waited
+        self.unreported_s["copy"] += copied
         before = self.updates
+        published = self.time_s["publish"]
         self.train()
+        self.time_s["update"] += (
+            time.monotonic() - trained_from - (self.time_s["publish"] - published)
+        )
+        if self.updates > before:
+            self.report_input_time(self.updates - before)
+        self.publish_if_due()
         if self.updates > before:
             self.waiting_since = None
         elif not received and self.waiting_since is None:
@@ -411,10 +463,28 @@ class Learner(Role):
     def hand_over(self, msg: P.Message) -> None:
         """One message to the update; one it rejects is dropped and counted."""
         self.last_sender = msg.sender or "?"
+        started = time.monotonic()
         try:
             self.update.receive(msg, self.weights_version)
         except P.ProtocolError as exc:
-            self.input._drop(self.last_sender, str(exc))
+            self.input.drop(self.last_sender, str(exc))
+        finally:
+            self.time_s["copy"] += time.monotonic() - started
+
+    def report_input_time(self, updates: int) -> None:
+        """``wait_ms`` and ``copy_ms``: the input's time since the last update, per gradient
+        step of this one (comparable with the update's ``update_ms``)."""
+        self.train_stats.add(
+            **{f"{part}_ms": s * 1e3 / updates for part, s in self.unreported_s.items()}
+        )
+        self.unreported_s = dict.fromkeys(self.unreported_s, 0.0)
+
+    def time_shares(self) -> dict[str, float]:
+        """Each of ``TIME_PARTS`` as a share of the learner's time since its first step."""
+        if self.stepping_since is None:
+            return {}
+        total = max(time.monotonic() - self.stepping_since, 1e-9)
+        return {f"{part}_share": round(s / total, 3) for part, s in self.time_s.items()}
 
     @staticmethod
     def ack_batch(batch_acks: Channel, msg: P.Message) -> None:
@@ -430,6 +500,8 @@ class Learner(Role):
             )
 
     def teardown(self) -> None:
+        if self.publish_due and not self.diverged:
+            self.send_weights()  # held back by publish_every_s: the last updates go out too
         # A graceful stop resumes exactly where it stopped; a diverged learner keeps the last
         # good checkpoint instead of overwriting it.
         if self.checkpoint is not None and not self.diverged:
@@ -451,11 +523,16 @@ class Learner(Role):
             "checkpoints": self.checkpoints,
             "weights_sent": self.weights_sent,
             "weights_acked": self.weights_acked,
+            "non_finite_batches": self.non_finite_batches,
             **self.rpc_keys.info(),
         }
+        if self.resumed_from is not None:
+            info["resumed_from"] = self.resumed_from
+            info["resumed_version"] = self.resumed_version
         if len(self.config.policies) > 1:
             info["policy"] = self.policy
             info["resets"] = self.resets
+        info.update(self.time_shares())
         if self.waiting_since is not None:
             info["waiting_for_batches_s"] = round(time.monotonic() - self.waiting_since, 1)
         info.update(self.update.heartbeat_info())

@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.algos.api import GradientServer, GradientServerSetup
+from zrl.algos.api.learner import GradientServer, GradientServerSetup
 from zrl.config.algorithms import get_algorithm
+from zrl.nets.wire import non_finite_array
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.errors import RoleError
 from zrl.roles.rpc_identity import Parked, Peer, RegisteredPeers, status_rows
@@ -295,7 +296,7 @@ class ParameterServer(Role):
             try:
                 self.on_request(ident, msg)
             except P.ProtocolError as exc:
-                self.rpc._drop(msg.sender or "?", str(exc))
+                self.rpc.drop(msg.sender or "?", str(exc))
 
     def drain_gradients(self) -> None:
         if self.gradients is None or not self.gradients.sock.poll(20):
@@ -307,7 +308,7 @@ class ParameterServer(Role):
             try:
                 self.on_gradients(got[1])
             except P.ProtocolError as exc:
-                self.gradients._drop(got[1].sender or "?", str(exc))
+                self.gradients.drop(got[1].sender or "?", str(exc))
 
     def on_request(self, ident: bytes, msg: P.Message) -> None:
         """One rpc request (ProtocolError: dropped and counted); a guarded one from a
@@ -358,7 +359,7 @@ class ParameterServer(Role):
             oldest = self.peers.park(ident, msg)
             if oldest is not None:
                 self.weights_refused += 1
-                self.rpc._drop(oldest.sender or "?", f"{oldest.kind} refused: too many waiting")
+                self.rpc.drop(oldest.sender or "?", f"{oldest.kind} refused: too many waiting")
             raise Parked
         if peer is None:
             problem = "no live registry entry vouches for its connection"
@@ -384,8 +385,9 @@ class ParameterServer(Role):
             self.weights_refused += 1
             raise P.ProtocolError(f"weights of another layout than the model's: {problem}")
         self.vouched_sender(ident, msg, policy)
-        if not all(np.all(np.isfinite(a)) for a in msg.arrays.values()):
-            raise P.ProtocolError("weights with NaN or inf values")
+        bad = non_finite_array(msg.arrays)  # once per version, each array reduced in C
+        if bad is not None:
+            raise P.ProtocolError(f"weights with NaN or inf values in {bad!r}")
         floor = msg.meta.get("min_version", 0)
         if not isinstance(floor, int) or isinstance(floor, bool) or floor > M.MAX_VERSION:
             raise P.ProtocolError(f"weights with min_version {floor!r}, not an int <= 2**53")

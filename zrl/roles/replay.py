@@ -5,14 +5,13 @@ Sockets:
 - PULL ``experience`` <- actors (via the broker): TRAJECTORY messages of the one layout
   fixed at setup from the config and the env's spaces (``zrl.replay.layout``: a probe env,
   and for recurrent items the model's state width; anything else is dropped and counted in
-  ``layout_refused``), assembled
-  (``zrl.replay.assemble``) into n-step transitions (R2D2: the sequences the actor cut, one
-  item each; IMPALA/APPO:
-  each env's whole unroll, with its recurrent state and episode starts when ``model.core``
-  is set) and inserted (``frame_transitions`` of Atari frame stacks into a
-  ``FrameTable``, which stores each frame once and rebuilds the stacks when it samples). Read only while the rate limiter allows
-  inserts, so a shard that is ahead of its learners applies back-pressure to the
-  actors instead of growing.
+  ``layout_refused``), assembled (``zrl.replay.assemble``) into n-step transitions (R2D2: the
+  sequences the actor cut, one item each; IMPALA/APPO: each env's whole unroll, with its
+  recurrent state and episode starts when ``model.core`` is set) and inserted
+  (``frame_transitions`` of Atari frame stacks into a ``FrameTable``, which stores each frame
+  once and rebuilds the stacks when it samples). Read only while the rate limiter allows
+  inserts, so a shard that is ahead of its learners applies back-pressure to the actors
+  instead of growing.
 - PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
   rate limiter allows and fewer than ``replay.prefetch`` batches are unacknowledged.
   That credit window, not the sockets' high-water marks, bounds how much sampled data
@@ -54,15 +53,22 @@ import zmq
 
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig
-from zrl.replay.assemble import assemble_sequences, assemble_transitions, assemble_unrolls
+from zrl.replay.assemble import assemble_items
 from zrl.replay.frames import FrameTable, assemble_frame_transitions
-from zrl.replay.layout import ExperienceLayout, envs_per_actor, experience_layout
+from zrl.replay.layout import (
+    ExperienceLayout,
+    carries_state,
+    envs_per_actor,
+    experience_layout,
+)
 from zrl.replay.rate_limiter import RateLimiter
 from zrl.replay.snapshot import SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
@@ -70,19 +76,6 @@ BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds s
 INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to the actors
 KEY_BYTES = 16  # per item beyond its columns: its key and priority
 SNAPSHOT_SLACK_BYTES = 1 << 16  # a snapshot's arrays beyond the table's own (rng, counters)
-
-
-def assemble(
-    config: ExperimentConfig, msg: P.Message
-) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-    """A TRAJECTORY of the shard's layout -> (the items a shard of ``config`` stores, their
-    initial priorities or None). Frame stacks go through :func:`frame_items` instead."""
-    rc, wiring = config.replay, get_algorithm(config.algo).wiring
-    if wiring.replay_item == "unroll":
-        return assemble_unrolls(msg, config.model.core != "none"), None
-    if wiring.replay_item == "sequences":
-        return assemble_sequences(msg)
-    return assemble_transitions(msg, rc.n_step, rc.gamma, continuous=wiring.actions == "box")
 
 
 def frame_items(
@@ -158,6 +151,7 @@ class ReplayServer(Role):
         self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
         self.snapshots = 0
         self.snapshot_refused: str | None = None  # where a snapshot it could not load went
+        self.restored_items: int | None = None  # the items of the snapshot it restored
         # Written to only once what was there is restored or moved aside.
         self.snapshot_path = path if path is None or self.load_snapshot(path) else None
         self.log.info(
@@ -184,12 +178,11 @@ class ReplayServer(Role):
         finally:
             probe.close()
         item = wiring.replay_item or "transitions"
-        recurrent = item == "sequences" or (item == "unroll" and cfg.model.core != "none")
-        state_size = int(self.make_model(*spaces).state_size) if recurrent else None
+        state_size = None
+        if carries_state(item, cfg.model.core != "none"):
+            state_size = int(self.make_model(*spaces).state_size)
         sequence_length = None
-        if item == "sequences":
-            if algorithm.sequence_length is None:
-                raise RoleError(f"algo {cfg.algo} replays sequences but names no sequence_length")
+        if algorithm.sequence_length is not None:
             sequence_length = algorithm.sequence_length(cfg)
         return experience_layout(
             item,
@@ -201,6 +194,12 @@ class ReplayServer(Role):
             sequence_length=sequence_length,
             state_size=state_size,
         )
+
+    def assemble(self, msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """A TRAJECTORY of the shard's layout -> (the items it stores, their initial priorities
+        or None). Frame stacks go through :func:`frame_items` instead."""
+        rc = self.config.replay
+        return assemble_items(self.layout, msg, rc.n_step, rc.gamma)
 
     def _table_kwargs(self) -> dict[str, Any]:
         rc = self.config.replay
@@ -230,7 +229,7 @@ class ReplayServer(Role):
                 raise RoleError(f"replay: {exc}") from None
             frames.table.allocate(frame_items(self.config, example, layout.stack)[0])
             return frames
-        items = assemble(self.config, example)[0]
+        items = self.assemble(example)[0]
         item_bytes = sum(v[0].nbytes for v in items.values()) + KEY_BYTES
         capacity = rc.capacity
         if rc.capacity_bytes:
@@ -297,6 +296,7 @@ class ReplayServer(Role):
         except Exception as exc:  # noqa: BLE001 - whatever the file trips on, it is not restored
             return self.refuse_snapshot(path, exc)
         self.table, self.limiter, self.rng, self.trajectories = table, limiter, rng, trajectories
+        self.restored_items = self.table.size
         self.log.info("restored %s: %d items", path, self.table.size)
         return True
 
@@ -390,7 +390,7 @@ class ReplayServer(Role):
         if isinstance(self.table, FrameTable):
             n = self.insert_frames(msg)
         else:
-            items, priorities = assemble(self.config, msg)
+            items, priorities = self.assemble(msg)
             n = len(items["reward"])
             if n > 0:  # an actor may complete no sequence in a trajectory
                 prioritized = isinstance(self.table, PrioritizedTable)
@@ -454,7 +454,7 @@ class ReplayServer(Role):
         return True
 
     def on_priorities(self, msg: P.Message) -> None:
-        M.validate(msg, M.PRIORITIES)
+        validate(msg, M.PRIORITIES)
         keys, prios = msg.arrays["key"], msg.arrays["priority"]
         if np.any(prios < 0):
             raise P.ProtocolError("priority update with negative values")
@@ -489,7 +489,7 @@ class ReplayServer(Role):
                 handler(got[1])
             except (P.ProtocolError, ValueError) as exc:
                 # A bad message from one actor must not stop the shard: count and drop it.
-                channel._drop(got[1].sender or "?", str(exc))
+                channel.drop(got[1].sender or "?", str(exc))
 
     def can_insert(self) -> bool:
         """The rate limiter allows it and, for a FIFO table, the queue has room: a full queue
@@ -567,6 +567,7 @@ class ReplayServer(Role):
             "trajectories_received": self.trajectories_received,
             "steps_received": self.steps_received,
             "batches": self.batches_sent,
+            "wire_bytes_batches": self.batches.stats.sent_bytes,
             "batches_in_flight": self.batches_in_flight,
             "batch_ack_timeouts": self.batch_ack_timeouts,
             "stale_priority_keys": self.stale_priority_keys,
@@ -574,6 +575,8 @@ class ReplayServer(Role):
         }
         if self.snapshot_refused is not None:
             info["snapshot_refused"] = self.snapshot_refused
+        if self.restored_items is not None:
+            info["restored_items"] = self.restored_items
         blocked = self.limiter.why_blocked(rc.batch_size, self.size)
         if blocked:
             info["sampling_blocked"] = blocked

@@ -7,7 +7,8 @@ Sockets (every one counted in the role's ``stats`` and closed by ``Role.close``)
 - PUB -> XSUB ``topics_in`` (:meth:`RoleSockets.open_publisher`) and SUB <- both XPUB lanes
   ``topics_out``/``topics_bulk_out`` (:meth:`RoleSockets.open_subscriber`): the topic bus,
   with ``broker.max_topic_message_bytes`` as its message bound.
-- ROUTER ``rpc`` (:meth:`RoleSockets.bind_rpc`): the role's own, which peers find with LOOKUP.
+- ROUTER ``rpc`` (:meth:`RoleSockets.bind_rpc`): the role's own, which peers find with LOOKUP;
+  DEALER -> another role's ``rpc`` (:meth:`RoleSockets.connect_rpc`).
 
 ``RoleSockets`` is a part of ``zrl.roles.base.Role``; the endpoints and limits it uses are
 what the broker's WELCOME told the role.
@@ -123,6 +124,20 @@ class RoleSockets:
             self.rpc_endpoint = f"inproc://zrl-rpc-{self.role}-{id(self)}"
             sock.bind(self.rpc_endpoint)
         return self._channel(sock, "rpc", envelope=True)
+
+    def connect_rpc(self, endpoint: str, routing_key: bytes, name: str, **kw: Any) -> Channel:
+        """A DEALER to another role's rpc ROUTER (found with LOOKUP), connected under the
+        routing id ``routing_key`` (see ``zrl.roles.rpc_identity``); ``kw`` are
+        ``make_socket``'s options. Closed with the role, or before by :meth:`close_channel`."""
+        sock = self._sock(zmq.DEALER, **kw)
+        sock.setsockopt(zmq.ROUTING_ID, routing_key)
+        sock.connect(endpoint)
+        return self._channel(sock, name)
+
+    def close_channel(self, channel: Channel, linger_ms: int = 0) -> None:
+        """Close one of the role's channels before the role closes (a peer to find again)."""
+        channel.close(linger_ms=linger_ms)
+        self._channels.remove(channel)
 
     def _bind_host(self) -> str:
         return "127.0.0.1" if self.advertise.startswith("127.") else "*"

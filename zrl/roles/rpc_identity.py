@@ -11,7 +11,7 @@ league to params, an actor to the league):
 - shows the SHA-256 of that key in its heartbeat info, ``rpc_keys: {<server role>: <hex>}``
   (:class:`ClientKeys`), which anyone may read in STATUS but nobody can turn back into the key;
   it sends its first guarded request on that connection once the broker acknowledged a
-  heartbeat showing the key (:func:`heartbeat_now`), and sends it again if no answer came.
+  heartbeat showing the key (``Role.heartbeat_now``), and sends it again if no answer came.
 
 The server (:class:`RegisteredPeers`) takes a guarded request only from a routing id whose
 digest a live registry entry of an allowed role shows: it looks in the rows of its last
@@ -40,7 +40,6 @@ from typing import Any
 
 import zmq
 
-from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import read_status
 from zrl.transport import protocol as P
@@ -179,20 +178,6 @@ class RegisteredPeers:
     def may_ask(self) -> bool:
         """Whether the next ``identify`` of an unknown connection would ask STATUS."""
         return time.monotonic() >= self.next_status
-
-
-def heartbeat_now(role: Role, timeout: float = 1.0) -> bool:
-    """Heartbeat now (showing the role's current keys) and wait, at most ``timeout``, until
-    the broker acknowledged it: a server asking STATUS after that sees the keys."""
-    sent_at = time.monotonic()
-    role._next_heartbeat = 0.0
-    role.tick()
-    while role._last_ack <= sent_at:
-        if time.monotonic() >= sent_at + timeout or role._registry is None:
-            return False
-        role._registry.sock.poll(20)
-        role.tick()
-    return True
 
 
 def status_rows(ctx: zmq.Context, broker: str, keys: Any, roles: tuple[str, ...]) -> list[dict]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zrl.algos.api import ActorPolicy, Trajectory
+from zrl.algos.api.actor import ActorPolicy, Trajectory
 
 
 def env_major(x: np.ndarray) -> np.ndarray:

@@ -43,7 +43,8 @@ import zmq
 from torch import nn
 
 from zrl.nets.wire import load_arrays
-from zrl.roles.base import Role, RoleError
+from zrl.roles.base import Role
+from zrl.roles.errors import RoleError
 from zrl.roles.params import MAX_VERSION_STEP
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -119,7 +120,7 @@ class WeightsFollower:
         try:
             load_arrays(self.model, msg.arrays)
         except ValueError as exc:
-            self.sub._drop(msg.sender or "?", f"weights v{version} refused: {exc}")
+            self.sub.drop(msg.sender or "?", f"weights v{version} refused: {exc}")
             return False
         self.version = version
         return True
@@ -137,16 +138,16 @@ class WeightsFollower:
             msg = got[1]
             sender = msg.sender or "?"
             if msg.kind != P.WEIGHTS:
-                self.sub._drop(sender, f"{msg.kind!r} on the weights topic")
+                self.sub.drop(sender, f"{msg.kind!r} on the weights topic")
                 continue
             if not self.from_params(sender):
-                self.sub._drop(sender, f"weights from {sender!r}, not a registered params role")
+                self.sub.drop(sender, f"weights from {sender!r}, not a registered params role")
                 continue
             version = weights_version(msg.meta)
             if msg.meta.get("policy", M.DEFAULT_POLICY) != self.policy:
-                self.sub._drop(sender, f"weights of policy {msg.meta.get('policy')!r}")
+                self.sub.drop(sender, f"weights of policy {msg.meta.get('policy')!r}")
             elif version is None:
-                self.sub._drop(
+                self.sub.drop(
                     sender, f"weights version {msg.meta.get('version')!r} is not in [1, 2**53]"
                 )
             elif version - self.version > MAX_VERSION_STEP:
@@ -169,7 +170,7 @@ class WeightsFollower:
         changed = self.resync_due and self.resync(at_once=self.unconfirmed_jump)
         for version, sender in jumps:
             if version > self.version:  # the params server itself did not confirm it
-                self.sub._drop(
+                self.sub.drop(
                     sender,
                     f"weights v{version} jump more than {MAX_VERSION_STEP} versions past "
                     f"v{self.version}, and the params rpc does not confirm it",
@@ -208,7 +209,7 @@ class WeightsFollower:
             return False
         version = weights_version(msg.meta)
         if version is None:
-            self.sub._drop(msg.sender or "?", "served weights without a version in [1, 2**53]")
+            self.sub.drop(msg.sender or "?", "served weights without a version in [1, 2**53]")
             return False
         if version == self.version:
             self.unconfirmed_jump = False

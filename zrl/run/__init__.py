@@ -16,9 +16,3 @@
 - ``stop_rule``: the target on evaluations, confirmed by the evaluator's heartbeat, and the
   limits.
 """
-
-from zrl.run.aggregator import Aggregator
-from zrl.run.children import Child
-from zrl.run.supervisor import Supervisor
-
-__all__ = ["Aggregator", "Child", "Supervisor"]

@@ -43,6 +43,16 @@ MAX_TRAIN_TAGS = 64
 TensorBoard, W&B, MLflow); later new names are dropped (``train_dropped``)."""
 
 
+WIRE_PATHS = {
+    "trajectories": ("actor", "experience"),
+    "rollouts": ("actor", "rollouts"),
+    "gradients": ("actor", "gradients"),
+    "batches": ("replay", "batches"),
+}
+"""The experience paths: their name in summary.json's ``wire`` -> (the role kind that sends on
+it, the stream it reports as ``wire_bytes_<stream>``)."""
+
+
 class Aggregator:
     """Turns the roles' latest metrics into the figures the display and CSV show."""
 
@@ -148,6 +158,35 @@ class Aggregator:
             got[f"{unit}_received_by_replay"] = self._monotonic_sum("replay", f"{unit}_received")
         got["trajectories_in_flight"] = sum(count(m.get("in_flight")) for m in self._of("actor"))
         return got
+
+    def wire(self) -> dict[str, dict[str, float]]:
+        """What each experience path carried, as the roles that send on it count it (every
+        frame of every message sent, headers included): ``bytes``, the ``env_steps`` the
+        actors had taken at their last report, and ``bytes_per_env_step``. Paths
+        (``WIRE_PATHS``): trajectories from the actors to replay, rollouts from the actors to
+        the learners, gradients from the A3C actors, batches from replay to the learners;
+        those that carried nothing are left out."""
+        env_steps = self._monotonic_sum("actor", "env_steps")
+        out: dict[str, dict[str, float]] = {}
+        for path, (role, stream) in WIRE_PATHS.items():
+            sent = self._monotonic_sum(role, f"wire_bytes_{stream}")
+            if sent:
+                per_step = round(sent / env_steps, 1) if env_steps else 0.0
+                out[path] = {"bytes": sent, "env_steps": env_steps, "bytes_per_env_step": per_step}
+        return out
+
+    def last_heartbeats(self) -> dict[str, dict[str, float]]:
+        """Each role's numeric counters from its last heartbeat (a restarted role's count from
+        its restart), by role id: summary.json's ``heartbeats``. The figures of the roster's
+        roles only, at most ``MAX_TRAIN_KEYS`` short snake_case names each."""
+        out: dict[str, dict[str, float]] = {}
+        for rid, meta in sorted(self.latest.items()):
+            figures: dict[str, float] = {}
+            for k, v in list(meta.items())[:MAX_TRAIN_KEYS]:
+                if isinstance(k, str) and TRAIN_KEY.fullmatch(k) and number(v) is not None:
+                    figures[k] = v
+            out[rid] = figures
+        return out
 
     def _of(self, role: str) -> list[dict[str, Any]]:
         return [m for m in self.latest.values() if m.get("role") == role]

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from zrl.run import Supervisor
+    from zrl.run.supervisor import Supervisor
 
 STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
 
@@ -155,8 +155,10 @@ class StatusDisplay:
                 if r["state"] == "alive" and r.get("id") in planned
             )
             self.console.print(
-                f"[{row['time']:6.0f}s] steps {row['env_steps']:,} ({row['env_steps_per_s']:,.0f}/s) "
-                f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) replay {row['replay_size']:,} "
+                f"[{row['time']:6.0f}s] steps {row['env_steps']:,} "
+                f"({row['env_steps_per_s']:,.0f}/s) "
+                f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) "
+                f"replay {row['replay_size']:,} "
                 f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
                 f"lag {row['max_version_lag']} eval {_fmt(row.get('eval_return'))} "
                 f"roles alive {alive}/{len(planned)}",
@@ -235,7 +237,8 @@ class StatusDisplay:
         if summary["reached_target"]:
             self.console.print(
                 f"[green]reached eval return {summary['target_return']} in "
-                f"{summary['seconds_to_target']:.1f} s and {summary['env_steps_to_target']:,} env steps[/]"
+                f"{summary['seconds_to_target']:.1f} s and "
+                f"{summary['env_steps_to_target']:,} env steps[/]"
             )
         else:
             self.console.print(f"[yellow]stopped: {summary['stop_reason']}[/]")

@@ -34,7 +34,7 @@ import cloudpickle
 
 from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict, load_config
 from zrl.config.factories import Factories
-from zrl.run import Supervisor
+from zrl.run.supervisor import Supervisor
 
 
 class RunFailed(RuntimeError):
@@ -42,7 +42,8 @@ class RunFailed(RuntimeError):
 
     def __init__(self, summary: dict[str, Any]) -> None:
         super().__init__(
-            f"the run failed: {summary.get('error')} (summary: {summary.get('run_dir')}/summary.json)"
+            f"the run failed: {summary.get('error')} "
+            f"(summary: {summary.get('run_dir')}/summary.json)"
         )
         self.summary = summary
 

@@ -38,13 +38,8 @@ from typing import Any
 
 from zrl.broker.limits import info_fits
 from zrl.roles import ROLE_MODULES
-from zrl.roles.base import (
-    MAX_ROLE_INDEX,
-    PARENT_REPORT_ENV,
-    Role,
-    RoleError,
-    read_parent_report,
-)
+from zrl.roles.base import MAX_ROLE_INDEX, PARENT_REPORT_ENV, Role, read_parent_report
+from zrl.roles.errors import RoleError
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
 from zrl.run.zygote import Zygote

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import zmq
 
 from zrl.config.experiment import ExperimentConfig
-from zrl.roles.base import RoleError, registry_request
-from zrl.roles.registry_client import read_status
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import read_status, registry_request
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.metrics import MetricsWriter
 from zrl.run.placement import BrokerAccess
@@ -55,7 +55,7 @@ class TopicSource(Protocol):
 
     def recv(self, *, block: bool = True) -> tuple[bytes | None, P.Message] | None: ...
 
-    def _drop(self, sender: str, reason: str) -> None: ...
+    def drop(self, sender: str, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -112,10 +112,10 @@ class RunMonitor:
             if meta.get("kind") == "eval":
                 if self.registered(sender, "evaluator") is None:
                     self.evals_dropped += 1
-                    source._drop(sender or "?", "eval from no registered evaluator of this run")
+                    source.drop(sender or "?", "eval from no registered evaluator of this run")
                     continue
                 if number(meta.get("mean")) is None:
-                    source._drop(sender or "?", "eval result without a numeric mean")
+                    source.drop(sender or "?", "eval result without a numeric mean")
                     continue
                 row = self.agg.on_eval(meta, elapsed)
                 writer.write_eval(row)
@@ -125,7 +125,7 @@ class RunMonitor:
                 role = self.planned_role(rid)
                 if role is None or meta.get("role") != role:
                     self.metrics_dropped += 1
-                    source._drop("unplanned", "metrics under no planned role id of this run")
+                    source.drop("unplanned", "metrics under no planned role id of this run")
                     continue
                 assert isinstance(rid, str)
                 # The counters come from the heartbeats (count_rows): only the training figures.

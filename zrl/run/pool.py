@@ -24,7 +24,8 @@ import zmq
 
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import FACTORIES_FILE, Factories
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
 from zrl.run.children import (
     STOP_GRACE_S,
     Child,
@@ -140,7 +141,7 @@ class ChildPool:
         """Start the broker and wait until it answers STATUS."""
         addr, log_path = self.access.broker_addr, self.rundir.log_path("broker")
         if self.inproc:
-            from zrl.broker import Broker
+            from zrl.broker.broker import Broker
 
             self.inproc_broker = Broker(
                 addr, self.cfg, ctx=self.ctx, factories=self.factories, stop_token=self.stop_token

@@ -16,6 +16,7 @@ from typing import Any
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, ExperimentConfig, check_fits_machine
 from zrl.config.factories import Factories, FactoryError
+from zrl.run.sizing import resolve_auto_roles
 
 
 def _one_line(exc: BaseException) -> str:
@@ -88,7 +89,7 @@ def check_env(cfg: ExperimentConfig, factories: Factories | None = None) -> tupl
     roles this host runs must fit its cores and memory (``check_fits_machine``)."""
     from zrl.envs.vector import make_vector_env
 
-    check_fits_machine(cfg)
+    check_fits_machine(resolve_auto_roles(cfg)[0])
     env_fn = _factory(factories or Factories(), "env")
     if env_fn is None:
         check_env_id(cfg.env.id)
@@ -147,7 +148,10 @@ def check_model(
     try:
         experiment_model(cfg, observation_space, action_space, model_fn)
     except Exception as exc:  # noqa: BLE001 - a user's model may raise anything
-        spaces = f"observations {describe_space(observation_space)}, actions {describe_space(action_space)}"
+        spaces = (
+            f"observations {describe_space(observation_space)}, "
+            f"actions {describe_space(action_space)}"
+        )
         why = f"{type(exc).__name__}: {_one_line(exc)}"
         if model_fn is not None:
             raise ConfigError(

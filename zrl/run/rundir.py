@@ -31,7 +31,8 @@ import zmq
 
 from zrl.config.experiment import ExperimentConfig, config_to_yaml
 from zrl.config.factories import FACTORIES_FILE, Factories
-from zrl.roles.base import RoleError, registry_request
+from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import registry_request
 from zrl.run.aggregator import Aggregator, number
 from zrl.run.metrics import read_csv
 from zrl.run.placement import BrokerAccess
@@ -143,7 +144,8 @@ class RunDir:
         seeds = {
             "run_seed": self.cfg.seed,
             "actors": {
-                f"actor-{i}": actor_seed(self.cfg.seed, i) for i in range(self.cfg.roles.actors)
+                f"actor-{i}": actor_seed(self.cfg.seed, i)
+                for i in range(self.cfg.roles.count("actors"))
             },
         }
         (self.path / "seeds.json").write_text(json.dumps(seeds, indent=2))
@@ -276,6 +278,7 @@ class RunDir:
             "env_steps": row.get("env_steps", 0),
             "updates": row.get("updates", 0),
             "experience": agg.experience(),
+            "wire": agg.wire(),
             "stop_rule": target.describe(),
             # The mean that met the stop rule; best and last are single evaluations, and a
             # best at the target alone is not a solved task.
@@ -292,6 +295,8 @@ class RunDir:
             "model": str(self.path / "model.pt") if version is not None else None,
             "restarts": restarts,
             "roles": roles,
+            # Each role's counters as its last heartbeat had them (what the learner closed on).
+            "heartbeats": agg.last_heartbeats(),
             # The whole run, across `zrl run` and each `--resume`:
             "segment": len(self.earlier) + 1,
             "total_wall_time": round(earlier_wall + wall_time, 2),

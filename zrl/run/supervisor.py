@@ -11,12 +11,13 @@ with no role placed here (``elsewhere``): every role registers from wherever it 
 started, by hand, by ``zrl host`` or by a launcher.
 
 ``Supervisor`` wires the parts together and runs the monitor loop; the jobs are theirs:
-``placement`` (the broker's addresses, where each role runs, the security policy),
-``roster`` (which roles were placed where, which took part, which never came), ``rundir``
-(the run directory, summary.json, model.pt), ``pool`` and ``children`` (starting,
-restarting and stopping the broker and the roles, the zygote), ``monitor`` (what the head
-hears: metrics and evals, the registry's rows, STOP_RUN), ``aggregator`` (the figures of the
-live status and progress.csv) and ``stop_rule`` (the target and the limits).
+``sizing`` (what ``roles.actors: auto`` comes to here), ``placement`` (the broker's
+addresses, where each role runs, the security policy), ``roster`` (which roles were placed
+where, which took part, which never came), ``rundir`` (the run directory, summary.json,
+model.pt), ``pool`` and ``children`` (starting, restarting and stopping the broker and the
+roles, the zygote), ``monitor`` (what the head hears: metrics and evals, the registry's rows,
+STOP_RUN), ``aggregator`` (the figures of the live status, progress.csv and the summary) and
+``stop_rule`` (the target and the limits).
 
 Sockets: none of its own; ``monitor`` owns the SUB on the topic bus and the DEALERs for
 STATUS and STOP_RUN, ``rundir`` the LOOKUP and the final GET_WEIGHTS.
@@ -48,6 +49,7 @@ from zrl.run.placement import BrokerAccess, factory_args, placement, remote_comm
 from zrl.run.pool import ChildPool
 from zrl.run.roster import ANY_HOST, Roster
 from zrl.run.rundir import RunDir
+from zrl.run.sizing import resolve_auto_roles
 from zrl.run.stop_rule import StopRule
 from zrl.run.zygote import Zygote
 from zrl.utils.durable import atomic_write_text
@@ -55,7 +57,6 @@ from zrl.utils.durable import atomic_write_text
 log = logging.getLogger("zrl.supervisor")
 
 MONITOR_INTERVAL_S = 0.5
-PLAIN_STATUS_INTERVAL_S = 5.0
 MISSING_NOTICE_S = 15.0
 """How often the head names the placed roles that have not registered yet."""
 
@@ -84,6 +85,8 @@ class Supervisor:
         self.resume = resume
         self.elsewhere = elsewhere
         self.preflight = preflight
+        # roles.actors: auto becomes a number before config.yaml and the broker's spec see it.
+        cfg, self.sizing = resolve_auto_roles(cfg)
         self.cfg = cfg
         self.factories = factories or Factories()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -311,6 +314,8 @@ class Supervisor:
         row: dict[str, Any] = {}
         try:
             display.message(f"run directory: {self.run_dir}")
+            if self.sizing is not None:
+                display.message(self.sizing.describe())
             self._describe_env(display)
             self.pool.start_broker()
             (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")

@@ -9,8 +9,6 @@
 - :mod:`zrl.testing.processes`: real ``zrl`` processes: ``start_zrl``, ``run_zrl``,
   ``zrl_processes`` (leak checks), ``kill_pids`` (cleanup by PID), ``run_broker_address``,
   ``zrl_status_json``, ``status_rows``, ``REPO``.
-- :mod:`zrl.testing.slurm`: ``slurm_cluster``, a real one-node Slurm cluster (munged, slurmctld,
-  slurmd) in a directory of the caller's, for the sbatch launcher; ``missing`` says why not here.
 - :mod:`zrl.testing.fakes`: ``Rpc`` (a learner's rpc to the parameter server), ``FakeClock``
   (a clock the test moves), ``trajectory`` and ``as_message`` (an actor's experience).
 

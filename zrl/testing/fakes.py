@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.algos.api import ActorSetup, LearnerSetup, Trajectory
+from zrl.algos.api.actor import ActorSetup, Trajectory
+from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.api.train_stats import TrainStats
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
-from zrl.roles.rpc_identity import ClientKeys, connect_with_key, heartbeat_now
+from zrl.roles.rpc_identity import ClientKeys, connect_with_key
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -57,7 +58,7 @@ class _Registered(Role):
 
     def heartbeat(self) -> None:
         """A heartbeat now (with the keys), acknowledged by the broker."""
-        heartbeat_now(self)
+        self.heartbeat_now()
 
 
 class Rpc:

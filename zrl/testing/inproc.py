@@ -28,7 +28,7 @@ from typing import Any
 
 import zmq
 
-from zrl.broker import Broker
+from zrl.broker.broker import Broker
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.testing.probes import (

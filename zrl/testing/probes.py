@@ -157,7 +157,7 @@ def _read_probes(sub: Channel | zmq.Socket, token: str, others: list[P.Message])
                 highest = probe[1] if highest is None else max(highest, probe[1])
             continue
         if isinstance(sub, Channel):
-            got = sub._parse(frames)  # counted (received, dropped, gaps) as Channel.recv does
+            got = sub.parse(frames)  # counted (received, dropped, gaps) as Channel.recv does
             if got is not None:
                 others.append(got[1])
             continue

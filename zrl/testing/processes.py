@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import zmq
 
-from zrl.roles.base import RoleError
+from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import read_status
 from zrl.testing.probes import wait_for
 

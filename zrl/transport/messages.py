@@ -1,19 +1,21 @@
 """Every zrl message kind: who sends it to whom, on which socket, its metadata and arrays.
 
 This docstring is the contract; ``docs/protocol.md`` section 4 says the same at more length.
-Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the
-array schemas of the data kinds are the :class:`Schema` constants below, checked by
-:func:`validate` (both from :mod:`zrl.transport.schema`, used through this module). Dims: ``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action
-width (continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames, ``P`` a
-sequence's observation positions (its steps + 1), ``R`` the recurrent state's width. "Registry" is the broker's ROUTER
-(roles talk to it through a DEALER); streams pass the broker's PULL/PUSH devices, topics its
-XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with LOOKUP).
+Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the array
+schemas of the data kinds are the :class:`Schema` constants below, checked by
+:func:`zrl.transport.schema.validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation
+shape (all trailing axes), ``A`` action width (continuous), ``B`` batch rows, ``N`` updated
+keys, ``S`` stored frames, ``P`` a sequence's observation positions (its steps + 1), ``R`` the
+recurrent state's width. "Registry" is the broker's ROUTER (roles talk to it through a DEALER);
+streams pass the broker's PULL/PUSH devices, topics its XSUB/XPUB bus; rpc goes straight to a
+server's own ROUTER (found with LOOKUP).
 
 Registry (role DEALER <-> broker ROUTER):
 
 - ``hello``: role -> broker. Meta ``role`` str, ``id`` str|None (the id to keep),
   ``index`` int|None, ``host`` str, ``pid`` int, ``rpc`` str (own rpc endpoint or ""),
-  ``instance`` str (random, per role object: HELLOs it repeats get one id), ``zrl_version`` str. No arrays.
+  ``instance`` str (random, per role object: HELLOs it repeats get one id), ``zrl_version`` str.
+  No arrays.
 - ``welcome``: broker -> role. Meta ``id``, ``spec`` (resolved config or None),
   ``endpoints`` (name -> address), ``ipc_endpoints`` (the same names on ipc://, empty
   unless a tcp broker has ``broker.ipc``), ``host`` (the broker's ``hostname`` and
@@ -47,10 +49,10 @@ Data paths:
 - ``trajectory``: actor -> one replay shard, PUSH stream ``experience``; on-policy actor ->
   replay FIFO (impala, appo, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
   Meta ``weights_version`` (the version the steps acted with, :func:`trajectory_version`),
-  ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS`
-  (apex_dqn; :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac), :data:`SEQUENCES`
-  (r2d2), :data:`UNROLL` (impala, appo, ppo) or :data:`RECURRENT_UNROLL` (impala, appo and ppo
-  with ``model.core``).
+  ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS` (apex_dqn;
+  :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
+  :data:`SEQUENCES` (r2d2), :data:`UNROLL` (impala, appo, ppo) or :data:`RECURRENT_UNROLL`
+  (impala, appo and ppo with ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table), :data:`RECURRENT_UNROLL_BATCH`
@@ -113,12 +115,7 @@ from typing import Any
 import numpy as np
 
 from zrl.transport import protocol as P
-
-# The validator and the schema types are used through this module (``M.validate``): re-exported.
-from zrl.transport.schema import ANY as ANY
 from zrl.transport.schema import OBS, Array, Schema, schema
-from zrl.transport.schema import Size as Size
-from zrl.transport.schema import validate as validate
 
 MAX_VERSION = P.MAX_SEQ
 """The largest weights version a WEIGHTS message may carry (every version is a sequence)."""

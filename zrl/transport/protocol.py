@@ -373,22 +373,6 @@ def decode(frames: Sequence[Any], *, max_bytes: int = 256 * 2**20) -> Message:
     )
 
 
-def require_arrays(msg: Message, spec: Mapping[str, tuple[str | None, int | None]]) -> None:
-    """Check that ``msg`` carries each named array with the given dtype and rank (None: any).
-
-    Receivers call this for the kinds they consume; a mismatch is a ProtocolError."""
-    for name, (dtype, ndim) in spec.items():
-        arr = msg.arrays.get(name)
-        if arr is None:
-            raise ProtocolError(f"{msg.kind} from {msg.sender or '?'} lacks array {name!r}")
-        if dtype is not None and arr.dtype != np.dtype(dtype):
-            raise ProtocolError(
-                f"{msg.kind} array {name!r} has dtype {arr.dtype}, expected {dtype}"
-            )
-        if ndim is not None and arr.ndim != ndim:
-            raise ProtocolError(f"{msg.kind} array {name!r} has rank {arr.ndim}, expected {ndim}")
-
-
 def require_meta(msg: Message, spec: Mapping[str, type | tuple[type, ...]]) -> None:
     """Check metadata fields and their types; a mismatch is a ProtocolError."""
     for key, typ in spec.items():

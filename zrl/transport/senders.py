@@ -217,12 +217,6 @@ def routes(kind: str) -> tuple[Route, ...]:
     return tuple(r for r in TABLE if r.kind == kind)
 
 
-def senders_of(kind: str, channel: str) -> frozenset[str]:
-    """The roles (and non-role senders) that may send ``kind`` on ``channel``."""
-    family = channel_family(channel)
-    return frozenset(s for r in TABLE if r.kind == kind and r.channel == family for s in r.senders)
-
-
 def may_send(kind: str, role: str, channel: str) -> bool:
     """Whether a sender whose role (as the registry knows it, never as the message says) is
     ``role`` may send ``kind`` on ``channel``. ``client`` rows admit every sender."""

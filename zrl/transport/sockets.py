@@ -107,6 +107,10 @@ class StreamStats:
     received: int = 0
     dropped: int = 0
     gaps: int = 0
+    sent_bytes: int = 0
+    """Bytes of the messages sent (their frames, without a routing id or topic frame): what
+    a role reports of its experience paths (``wire_bytes_<stream>``), not in heartbeats'
+    ``stats``."""
     dropped_by_sender: dict[str, int] = field(default_factory=dict)
     last_seq: dict[str, int] = field(default_factory=dict)
 
@@ -378,10 +382,11 @@ class Channel:
         key: str | bytes | None = topic_name if self.topics else (to if self.envelope else None)
         msg.seq = self._topic_seq.get(key, 0) if key is not None else self._seq
         frames = encode(msg)
+        nbytes = frames_nbytes(frames)
         if self.envelope:
             if to is None:
                 raise ValueError("a ROUTER channel needs the recipient's routing id")
-            if budget is not None and not budget.admit(to, frames_nbytes(frames)):
+            if budget is not None and not budget.admit(to, nbytes):
                 self.stats.dropped = saturate(self.stats.dropped + 1)
                 return False
             frames = [to, *frames]
@@ -401,6 +406,7 @@ class Channel:
             return False
         self._advance(key, msg.seq)
         self.stats.sent = saturate(self.stats.sent + 1)
+        self.stats.sent_bytes = saturate(self.stats.sent_bytes + nbytes)
         return True
 
     def _advance(self, key: str | bytes | None, seq: int) -> None:
@@ -422,30 +428,32 @@ class Channel:
                 frames = self.sock.recv_multipart(flags=0 if wait else zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return None
-            got = self._parse(frames)
+            got = self.parse(frames)
             if got is not None:
                 return got
         return None
 
-    def _parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
+    def parse(self, frames: list[Any]) -> tuple[bytes | None, Message] | None:
+        """Frames received on this channel's socket as ``(routing id, message)``, counted
+        (received, dropped, gaps) as :meth:`recv` counts them; None for a dropped message."""
         ident: bytes | None = None
         if self.envelope:
             if len(frames) < 2:
-                self._drop("?", "no routing envelope")
+                self.drop("?", "no routing envelope")
                 return None
             ident = frames[0].bytes
             frames = frames[1:]
         topic = ""
         if self.topics:
             if len(frames) < 2:
-                self._drop("?", "no topic frame")
+                self.drop("?", "no topic frame")
                 return None
             topic = frames[0].bytes.decode("utf-8", "replace")
             frames = frames[1:]
         try:
             msg = decode(frames, max_bytes=self.max_message_bytes)
         except ProtocolError as exc:
-            self._drop(peek_sender(frames), str(exc))
+            self.drop(peek_sender(frames), str(exc))
             return None
         # A publisher numbers each topic on its own: one subscriber receiving two topics from
         # the same sender (a shard's priorities and batch acks) tracks each sequence apart.
@@ -462,14 +470,15 @@ class Channel:
             try:
                 self.stats.note_seq(key, msg.seq)
             except ProtocolError as exc:
-                self._drop(msg.sender, str(exc))
+                self.drop(msg.sender, str(exc))
                 return None
         self.stats.received = saturate(self.stats.received + 1)
         return ident, msg
 
-    def _drop(self, sender: str, reason: str) -> None:
-        """Count a dropped message; warn at most once per ``DROP_LOG_INTERVAL_S`` per channel,
-        with how many went unlogged, so a flood cannot flood the log."""
+    def drop(self, sender: str, reason: str) -> None:
+        """Drop a malformed or refused message from ``sender``: count it in ``stats`` and warn
+        at most once per ``DROP_LOG_INTERVAL_S`` per channel, with how many went unlogged, so a
+        flood cannot flood the log. Roles call it for messages they refuse after decoding."""
         sender = sender[:MAX_NAME_CHARS]
         self.stats.note_drop(sender)
         now = time.monotonic()

@@ -8,7 +8,7 @@ its own rollout and pushes it to the parameter server, which applies it (no lear
 """
 
 from zrl.algos.a3c.config import A3CConfig
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Wiring
 
 ALGORITHM = Algorithm(
     name="a3c",

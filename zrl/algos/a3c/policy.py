@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from zrl.algos.a3c.config import A3CConfig
-from zrl.algos.api import ActorSetup, Outgoing, Trajectory
+from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.policy_gradient import a2c_loss
 from zrl.algos.returns import rollout_gae

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from zrl.algos.a3c.config import A3CConfig
-from zrl.algos.api import GradientServerSetup
+from zrl.algos.api.learner import GradientServerSetup
 from zrl.algos.optim import make_adam
 from zrl.algos.policy_gradient import reduce_gradients
 from zrl.transport import protocol as P

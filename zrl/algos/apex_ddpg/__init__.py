@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zrl.algos.apex_ddpg.config import DDPGConfig
-from zrl.algos.api import Algorithm
+from zrl.algos.api.algorithm import Algorithm
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig

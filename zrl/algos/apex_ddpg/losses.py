@@ -1,8 +1,8 @@
 """Ape-X DDPG / TD3 learner math: n-step critic targets, target policy smoothing, one update.
 
-Transitions are n-step as in :mod:`zrl.algos.apex_dqn.losses`: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}``
-and ``discount`` is ``gamma^k`` (0 when the episode terminated). With the target actor ``mu'``
-and target critics ``Q'_1, Q'_2``:
+Transitions are n-step as in :mod:`zrl.algos.apex_dqn.losses`: ``reward`` is
+``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is ``gamma^k`` (0 when the episode
+terminated). With the target actor ``mu'`` and target critics ``Q'_1, Q'_2``:
 
 * DDPG (Lillicrap et al. 2016; distributed as in Ape-X, Horgan et al. 2018)::
 

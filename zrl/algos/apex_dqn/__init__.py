@@ -6,7 +6,7 @@ transitions in (prioritized) replay, double DQN learners.
 - ``update``: the learner side (``ApexDQNUpdate``).
 """
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Wiring
 
 ALGORITHM = Algorithm(
     name="apex_dqn",

@@ -44,7 +44,8 @@ def td_errors(q_values: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
 
 
 def huber(x: Tensor, delta: float = 1.0) -> Tensor:
-    """Elementwise Huber loss: ``0.5 x^2`` if ``|x| <= delta`` else ``delta * (|x| - delta / 2)``."""
+    """Elementwise Huber loss: ``0.5 x^2`` if ``|x| <= delta`` else
+    ``delta * (|x| - delta / 2)``."""
     abs_x = x.abs()
     return torch.where(abs_x <= delta, 0.5 * x.square(), delta * (abs_x - 0.5 * delta))
 

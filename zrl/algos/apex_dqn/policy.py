@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
-from zrl.algos.api import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.replay.frames import frames_of, is_frame_stack
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import protocol as P
@@ -36,7 +36,7 @@ class EpsilonGreedyPolicy(BasePolicy):
         self.rng = setup.rng
         self.num_actions = int(setup.action_space.n)
         E = setup.num_envs
-        slots = max(cfg.roles.actors, setup.actor_index + 1) * E
+        slots = max(cfg.roles.count("actors"), setup.actor_index + 1) * E
         all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
         first = setup.actor_index * E
         self.epsilons = all_eps[first : first + E].astype(np.float32)

@@ -23,12 +23,13 @@ import copy
 from torch import Tensor
 
 from zrl.algos.apex_dqn.losses import dqn_update
-from zrl.algos.api import LearnerSetup
+from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 
 class ApexDQNUpdate(QTargetUpdate):
@@ -51,7 +52,7 @@ class ApexDQNUpdate(QTargetUpdate):
         """Received batches not trained on yet: (shard, keys, tensors)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
-        dims = M.validate(msg, M.TRANSITION_BATCH, O=self.obs_shape)
+        dims = validate(msg, M.TRANSITION_BATCH, O=self.obs_shape)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")

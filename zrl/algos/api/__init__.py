@@ -1,8 +1,8 @@
 """What an algorithm package gives the generic roles, and what they give it.
 
 An algorithm is a package ``zrl/algos/<name>/`` whose ``__init__.py`` defines ``ALGORITHM``,
-an :class:`Algorithm`, and one line in ``zrl.config.algorithms.ALGORITHMS`` names it. The roles never ask
-which algorithm runs; they ask the ``Algorithm``:
+an :class:`Algorithm`, and one line in ``zrl.config.algorithms.ALGORITHMS`` names it. The roles
+never ask which algorithm runs; they ask the ``Algorithm``:
 
 - ``wiring``: where actors send (a replay shard, every learner, or the parameter server), what
   a replay shard stores, what the learner reads, and the action space it is for.
@@ -25,7 +25,9 @@ and the CLI never import torch.
 It imports nothing else from zrl at run time, so every layer may use it. Its modules:
 ``algorithm`` (:class:`Algorithm`, :class:`Wiring`), ``actor`` (what the actor and its policy
 exchange) and ``learner`` (what the learner or the parameter server and the algorithm's update
-or gradient server exchange); everything is imported from here.
+or gradient server exchange). This package's names are the public API for an algorithm package
+written outside zrl (``from zrl.algos.api import Algorithm, Wiring``); zrl's own code imports
+each name from its module.
 """
 
 from zrl.algos.api.actor import ActorPolicy, ActorSetup, BasePolicy, Outgoing, Trajectory

@@ -153,7 +153,7 @@ class Algorithm:
             raise ValueError(
                 f"{self.name} sends its experience past the replay server: set roles.replay: 0"
             )
-        if w.replay_item and r.replay == 0 and (r.actors > 0 or r.learners > 0):
+        if w.replay_item and r.replay == 0 and (r.actors != 0 or r.learners > 0):
             raise ValueError(f"{self.name} learns from replay: set roles.replay >= 1")
         if w.replay_tables and r.replay > 0 and cfg.replay.table not in w.replay_tables:
             raise ValueError(
@@ -169,6 +169,11 @@ class Algorithm:
             raise ValueError(
                 f"algorithm {self.name}: gradient_server must name the class that applies the "
                 "actors' gradients exactly when wiring.experience is 'gradients'"
+            )
+        if (w.replay_item == "sequences") != (self.sequence_length is not None):
+            raise ValueError(
+                f"algorithm {self.name}: sequence_length must give the steps of each sequence "
+                "exactly when wiring.replay_item is 'sequences'"
             )
         if w.experience == "gradients" and r.params == 0:
             raise ValueError(

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 def check_config(cfg: ExperimentConfig) -> None:
     impala.check_recurrent(cfg)
-    if cfg.section(AppoConfig).minibatches > cfg.replay.batch_size:
+    minibatches = cfg.section(AppoConfig).minibatches
+    if minibatches > cfg.replay.batch_size:
         raise ValueError(
-            f"appo.minibatches ({cfg.section(AppoConfig).minibatches}) must be at most replay.batch_size "
+            f"appo.minibatches ({minibatches}) must be at most replay.batch_size "
             f"({cfg.replay.batch_size}): a minibatch holds whole unrolls"
         )
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zrl.algos.api import LearnerSetup, UpdateResult
+from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward

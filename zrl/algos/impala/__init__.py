@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Wiring
 from zrl.algos.impala.config import ImpalaConfig
 
 if TYPE_CHECKING:

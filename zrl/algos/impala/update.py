@@ -22,7 +22,7 @@ import time
 
 from torch import Tensor
 
-from zrl.algos.api import LearnerSetup, UpdateResult
+from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.impala.config import ImpalaConfig
 from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.unrolls import UnrollUpdate

@@ -211,7 +211,7 @@ def impala_loss(
 
 
 @dataclass
-class ImpalaUpdate:
+class ImpalaStepResult:
     """Result of one :func:`impala_update` step."""
 
     parts: dict[str, float]  # loss, policy_loss, value_loss, entropy
@@ -305,7 +305,7 @@ def impala_update(
     value_coef: float,
     grad_clip: float,
     lambda_: float = 1.0,
-) -> ImpalaUpdate:
+) -> ImpalaStepResult:
     """One IMPALA step on a batch of unrolls from the actors' queue (``batch`` as
     :func:`unroll_forward` reads it).
 
@@ -316,4 +316,4 @@ def impala_update(
         f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
     )
     grad_norm = checked_step(optimizer, loss, list(model.parameters()), grad_clip)
-    return ImpalaUpdate(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
+    return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))

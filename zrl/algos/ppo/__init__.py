@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Wiring
 from zrl.algos.ppo.config import PPOConfig
 
 if TYPE_CHECKING:

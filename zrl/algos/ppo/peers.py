@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.algos.api import LearnerServices
+from zrl.algos.api.learner import LearnerServices
 from zrl.algos.policy_gradient import reduce_gradients
 from zrl.transport import protocol as P
 
@@ -74,7 +74,7 @@ class DDPPOPeers:
     def on_ready(self, msg: P.Message) -> None:
         who, heard = msg.meta.get("learner"), msg.meta.get("heard")
         if not isinstance(heard, list):
-            self.sub._drop(msg.sender or "?", "READY without the peers it heard")
+            self.sub.drop(msg.sender or "?", "READY without the peers it heard")
             return
         assert isinstance(who, int)  # checked by read
         newly_heard = who not in self.heard
@@ -167,7 +167,7 @@ class DDPPOPeers:
             if who == self.index:
                 continue  # our own publication comes back through the bus
             if not isinstance(who, int) or not 0 <= who < self.learners:
-                sub._drop(msg.sender or "?", f"allreduce from learner {who!r}")
+                sub.drop(msg.sender or "?", f"allreduce from learner {who!r}")
                 continue
             if msg.kind == P.READY:
                 self.on_ready(msg)
@@ -180,7 +180,7 @@ class DDPPOPeers:
                 or any(msg.arrays[k].shape != names[k] for k in names)
                 or not all(np.all(np.isfinite(v)) for v in msg.arrays.values())
             ):
-                sub._drop(msg.sender or "?", "malformed allreduce gradients")
+                sub.drop(msg.sender or "?", "malformed allreduce gradients")
                 continue
             # Copies: the received frames are read-only, and torch wants writable arrays.
             self.peer_grads.setdefault((r, s), {})[who] = {

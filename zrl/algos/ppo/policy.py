@@ -11,7 +11,7 @@ env's state and sends ``recurrent_unroll`` rollouts.
 
 from __future__ import annotations
 
-from zrl.algos.api import ActorSetup
+from zrl.algos.api.actor import ActorSetup
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.sampling import CategoricalPolicy, RecurrentCategoricalPolicy
 from zrl.nets.recurrent import is_recurrent

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.algos.api import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss
@@ -42,14 +42,8 @@ from zrl.nets.discrete import ActorCritic
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.transport import protocol as P
-from zrl.transport.messages import (
-    RECURRENT_UNROLL,
-    UNROLL,
-    Size,
-    obs_shape,
-    validate,
-    weights_version,
-)
+from zrl.transport.messages import RECURRENT_UNROLL, UNROLL, obs_shape, weights_version
+from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
 
@@ -172,10 +166,10 @@ class PPOUpdate(BaseUpdate):
             msg = got[1]
             version, rounds = weights_version(msg.meta), msg.meta.get("rounds")
             if msg.kind != P.WEIGHTS or version is None:
-                follow.sub._drop(msg.sender or "?", "not versioned weights")
+                follow.sub.drop(msg.sender or "?", "not versioned weights")
                 continue
             if not follow.from_params(msg.sender or "?"):
-                follow.sub._drop(msg.sender or "?", "weights not from a params role")
+                follow.sub.drop(msg.sender or "?", "weights not from a params role")
                 continue
             follow.version = max(follow.version, version)
             if rounds != self.rounds:
@@ -184,7 +178,7 @@ class PPOUpdate(BaseUpdate):
             try:
                 load_arrays(self.model, msg.arrays)
             except ValueError as exc:
-                follow.sub._drop(msg.sender or "?", f"weights do not fit the model: {exc}")
+                follow.sub.drop(msg.sender or "?", f"weights do not fit the model: {exc}")
                 continue
             self.weight_drift = max(
                 float(np.max(np.abs(before[k] - msg.arrays[k]))) for k in before
@@ -367,8 +361,9 @@ class PPOUpdate(BaseUpdate):
     def summary(self) -> str:
         drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
         timeouts = f", allreduce timeouts {self.peers.timeouts}" if self.peers is not None else ""
+        mode = self.config.section(PPOConfig).mode
         return (
-            f"{self.rounds} rounds ({self.config.section(PPOConfig).mode}), {self.updates} updates, "
+            f"{self.rounds} rounds ({mode}), {self.updates} updates, "
             f"mixed-version rounds {self.mixed_rounds}, stale rollouts {self.buffer.stale}, "
             f"short rounds {self.buffer.short_rounds}{drift}{timeouts}, "
             f"{self.training_s:.1f} s training of {time.monotonic() - self.started:.1f} s"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Wiring
 from zrl.algos.r2d2.config import R2D2Config
 
 if TYPE_CHECKING:
@@ -23,13 +23,12 @@ if TYPE_CHECKING:
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    if (
-        cfg.replay.n_step
-        > cfg.section(R2D2Config).sequence_length - cfg.section(R2D2Config).burn_in
-    ):
+    r2d2 = cfg.section(R2D2Config)
+    steps_after_burn_in = r2d2.sequence_length - r2d2.burn_in
+    if cfg.replay.n_step > steps_after_burn_in:
         raise ValueError(
             f"replay.n_step ({cfg.replay.n_step}) must be at most r2d2.sequence_length - "
-            f"r2d2.burn_in ({cfg.section(R2D2Config).sequence_length - cfg.section(R2D2Config).burn_in})"
+            f"r2d2.burn_in ({steps_after_burn_in})"
         )
     if cfg.actor.env_groups > 1:
         raise ValueError("r2d2 actors run with actor.env_groups: 1")

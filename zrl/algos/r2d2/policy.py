@@ -3,9 +3,10 @@
 Env slot k of all N = actors x envs slots explores with the Ape-X epsilon
 (``EpsilonGreedyPolicy``, shared with Ape-X DQN). The policy keeps each env's recurrent
 state, zeroes it when the actor says an episode starts (``episodes_started``), and records at
-every step the state it acted from, whether it was zeroed there, and the Q-values. ``finish`` hands them to the ``SequenceCutter``; the completed
-sequences go as a ``sequences`` TRAJECTORY with initial priorities computed from the
-recorded Q-values (the actor's network as online and target network: no second forward).
+every step the state it acted from, whether it was zeroed there, and the Q-values. ``finish``
+hands them to the ``SequenceCutter``; the completed sequences go as a ``sequences`` TRAJECTORY
+with initial priorities computed from the recorded Q-values (the actor's network as online and
+target network: no second forward).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from zrl.algos.apex_dqn.policy import EpsilonGreedyPolicy
-from zrl.algos.api import ActorSetup, Outgoing, Trajectory
+from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     inverse_value_rescale,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from zrl.algos.api import LearnerSetup
+from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import checked_step, make_adam
@@ -41,6 +41,7 @@ from zrl.algos.r2d2.losses import (
 )
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.schema import validate
 
 
 class R2D2Update(QTargetUpdate):
@@ -63,7 +64,7 @@ class R2D2Update(QTargetUpdate):
 
     def receive(self, msg: P.Message, version: int) -> None:
         c = self.config.section(R2D2Config)
-        dims = M.validate(
+        dims = validate(
             msg,
             M.SEQUENCE_BATCH,
             O=self.obs_shape,

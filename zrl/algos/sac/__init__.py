@@ -5,7 +5,7 @@ Ape-X way: actors sample the squashed-Gaussian policy, n-step transitions in rep
 - ``zrl.algos.continuous``: the actor side and the learner side, shared with Ape-X DDPG.
 """
 
-from zrl.algos.api import Algorithm
+from zrl.algos.api.algorithm import Algorithm
 from zrl.algos.sac.config import SACConfig
 
 ALGORITHM = Algorithm.box_off_policy(

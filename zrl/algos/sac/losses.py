@@ -2,8 +2,8 @@
 automatic temperature and n-step, prioritized transitions.
 
 With ``R`` the n-step return and ``discount = gamma^k`` (0 at termination) as in
-:mod:`zrl.algos.apex_dqn.losses`, ``a' ~ pi(.|s')`` sampled from the *current* policy, and target critics
-``Q'_1, Q'_2``::
+:mod:`zrl.algos.apex_dqn.losses`, ``a' ~ pi(.|s')`` sampled from the *current* policy, and
+target critics ``Q'_1, Q'_2``::
 
     y       = R + discount * (min(Q'_1, Q'_2)(s', a') - alpha * log pi(a'|s'))
     L_Q     = mean_b w_b * sum_i (y_b - Q_i(s_b, a_b))^2 / 2
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.apex_ddpg.losses import check_batch, frozen
-from zrl.algos.api import NonFiniteLossError
+from zrl.algos.api.learner import NonFiniteLossError
 from zrl.algos.optim import checked_step
 from zrl.nets.continuous import SACModel
 
@@ -101,9 +101,10 @@ def sac_update(
 ) -> SACUpdate:
     """One SAC step: critic step, then actor step, then temperature step.
 
-    ``batch`` is as for :func:`zrl.algos.apex_ddpg.losses.ddpg_update` (``action [B, A]`` float); the
-    importance weights scale the critic loss. ``target`` supplies only the target critics (SAC
-    has no target policy: ``a'`` is sampled from ``model.policy``). ``critic_optimizer`` holds
+    ``batch`` is as for :func:`zrl.algos.apex_ddpg.losses.ddpg_update` (``action [B, A]``
+    float); the importance weights scale the critic loss. ``target`` supplies only the target
+    critics (SAC has no target policy: ``a'`` is sampled from ``model.policy``).
+    ``critic_optimizer`` holds
     ``q1`` and ``q2``, ``actor_optimizer`` the policy and ``alpha_optimizer`` the scalar
     ``log_alpha``. With ``fixed_alpha`` the temperature is that constant and ``log_alpha`` /
     ``alpha_optimizer`` are left alone. Gradients of the critic and actor are clipped to global

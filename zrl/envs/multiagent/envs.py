@@ -157,7 +157,8 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         learning = [a for a in agents if self.mapping[a] == "main"]
         if len(learning) > 1:
             raise MultiAgentEnvError(
-                f"env.multiagent.policy_mapping: a turn-based game has one main seat, not {learning}"
+                "env.multiagent.policy_mapping: a turn-based game has one main seat, "
+                f"not {learning}"
             )
         self.fixed_seat = learning[0] if learning else None
         # Without a main seat the learning policy takes turns over the opponent seats (never

@@ -5,7 +5,8 @@ pieces of the player to move, plane 1 the other player's.
 The scripted player searches two plies: it wins at once when it can, blocks a square where
 the other player would win next, and (with gravity) avoids a move that opens the square above
 it to the other player's win. Among the moves left it prefers the squares the most lines of k
-pass through (the centre, then corners in tic-tac-toe), ties broken at random. It is the yardstick for "loses at most 5% against a scripted opponent".
+pass through (the centre, then corners in tic-tac-toe), ties broken at random. It is the
+yardstick for "loses at most 5% against a scripted opponent".
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ then any process still carrying this cluster's ``SLURM_CONF`` in its environment
 ``slurmstepd`` and the job's processes inherit it), never a match on a name.
 
 - :func:`missing`: why this machine cannot run the cluster (``None`` when it can).
-- :func:`slurm_cluster`: a context manager that starts the cluster, waits until ``sinfo``
+- :func:`one_node_cluster`: a context manager that starts the cluster, waits until ``sinfo``
   shows the node idle, and stops everything on exit.
 - :class:`SlurmCluster`: ``sbatch`` / ``scancel``, a job's state, its processes, the logs.
 """
@@ -254,7 +254,7 @@ def _wait_until(
 
 
 @contextmanager
-def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
+def one_node_cluster(root: Path) -> Iterator[SlurmCluster]:
     """Start munged, slurmctld and slurmd with their files under ``root``; yield once ``sinfo``
     shows the node idle; stop everything on exit, however the body ended."""
     for sub in ("munge", "state", "spool", "log"):

@@ -1,0 +1,43 @@
+"""The head's wire figures: bytes per env step of each experience path (summary.json's
+``wire``). The other figures of ``Aggregator`` are tested beside the supervisor."""
+
+from __future__ import annotations
+
+from zrl.run.aggregator import Aggregator
+
+
+def test_wire_divides_each_paths_bytes_by_the_env_steps_across_restarts():
+    agg = Aggregator()
+    assert agg.wire() == {}  # nothing sent yet: no path shown
+    agg.on_metrics(
+        {"id": "actor-0", "role": "actor", "env_steps": 100, "wire_bytes_experience": 3000}
+    )
+    agg.on_metrics(
+        {"id": "actor-1", "role": "actor", "env_steps": 300, "wire_bytes_experience": 9000}
+    )
+    agg.on_metrics({"id": "replay-0", "role": "replay", "wire_bytes_batches": 6000})
+    assert agg.wire() == {
+        "trajectories": {"bytes": 12000, "env_steps": 400, "bytes_per_env_step": 30.0},
+        "batches": {"bytes": 6000, "env_steps": 400, "bytes_per_env_step": 15.0},
+    }
+    # actor-0 restarted: its counters start again from 0, and the totals carry on.
+    agg.on_metrics(
+        {"id": "actor-0", "role": "actor", "env_steps": 50, "wire_bytes_experience": 2000}
+    )
+    assert agg.wire()["trajectories"] == {
+        "bytes": 14000,
+        "env_steps": 450,
+        "bytes_per_env_step": 31.1,
+    }
+
+
+def test_wire_names_the_path_of_each_algorithm_and_ignores_malformed_counts():
+    agg = Aggregator()
+    agg.on_metrics({"id": "actor-0", "role": "actor", "env_steps": 8, "wire_bytes_rollouts": 100})
+    agg.on_metrics({"id": "actor-1", "role": "actor", "env_steps": 8, "wire_bytes_gradients": 60})
+    agg.on_metrics({"id": "actor-2", "role": "actor", "wire_bytes_experience": "lots"})
+    agg.on_metrics({"id": "learner-0", "role": "learner", "wire_bytes_batches": 10**9})
+    assert agg.wire() == {
+        "rollouts": {"bytes": 100, "env_steps": 16, "bytes_per_env_step": 6.2},
+        "gradients": {"bytes": 60, "env_steps": 16, "bytes_per_env_step": 3.8},
+    }
