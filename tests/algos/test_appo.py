@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -29,9 +30,12 @@ from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.returns import rollout_gae
-from zrl.algos.unrolls import TRAINED_ARRAYS
+from zrl.algos.unrolls import FRAME_TRAINED_ARRAYS, TRAINED_ARRAYS
 from zrl.algos.value_normalizer import ValueNormalizer
 from zrl.config.algorithms import get_algorithm
+from zrl.testing.fakes import learner_setup
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -464,6 +468,49 @@ def test_appo_trains_on_image_observations() -> None:
     assert result.updates == 4 and np.isfinite(result.loss)
     after = update.model.state_dict()
     assert not all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_appo_takes_frame_batches_and_rebuilds_the_stacks(monkeypatch) -> None:
+    """On stacks of k = 2 frames ``[2, 5, 5]``: a ``frame_unroll_batch`` (``frames [B, T + 2,
+    5, 5]``) is checked (T + k frames per unroll) and trained on the stacks rebuilt from it."""
+    torch.manual_seed(0)
+    cfg = appo_config(epochs=1, minibatches=1)
+    obs_space = gym.spaces.Box(0, 255, ImageActorCritic.obs_shape, np.uint8)
+    update = AppoUpdate(learner_setup(cfg, ImageActorCritic(), obs_space, gym.spaces.Discrete(3)))
+    assert update.schema is M.FRAME_UNROLL_BATCH and update.trained_arrays == FRAME_TRAINED_ARRAYS
+    rng = np.random.default_rng(0)
+    B, T = 3, 5
+    valid = np.ones((B, T), bool)
+    valid[0, 2] = valid[1, 0] = False  # episodes start at obs_3 of row 0 and obs_1 of row 1
+    arrays = {
+        "frames": rng.integers(1, 256, (B, T + 2, 5, 5), dtype=np.uint8),
+        "action": rng.integers(0, 3, (B, T)),
+        "logp": np.full((B, T), math.log(1 / 3), np.float32),
+        "reward": np.ones((B, T), np.float32),
+        "terminated": np.zeros((B, T), bool),
+        "truncated": np.zeros((B, T), bool),
+        "valid": valid,
+        "weights_version": np.zeros(B, np.int64),
+        "weight": np.ones(B, np.float32),
+        "key": np.arange(B, dtype=np.int64),
+    }
+    with pytest.raises(P.ProtocolError, match="T \\+ 2"):
+        update.receive(batch({**arrays, "frames": arrays["frames"][:, 1:]}), 0)
+    seen: list[dict[str, torch.Tensor]] = []
+    train_unrolls = AppoUpdate.train_unrolls
+    monkeypatch.setattr(
+        AppoUpdate, "train_unrolls", lambda self, b: seen.append(b) or train_unrolls(self, b)
+    )
+    result = trained(update, batch(arrays))
+    assert result.samples == valid.sum() and len(seen) == 1
+    obs, bootstrap = seen[0]["obs"].numpy(), seen[0]["bootstrap_obs"].numpy()
+    frames = arrays["frames"]
+    assert obs.shape == (B, T, 2, 5, 5) and bootstrap.shape == (B, 2, 5, 5)
+    np.testing.assert_array_equal(obs[2, 3], frames[2, 3:5])  # one episode: frames[i : i + k]
+    np.testing.assert_array_equal(bootstrap[2], frames[2, T : T + 2])
+    np.testing.assert_array_equal(obs[0, 3], np.stack([np.zeros((5, 5)), frames[0, 4]]))
+    np.testing.assert_array_equal(obs[1, 1], np.stack([np.zeros((5, 5)), frames[1, 2]]))
+    np.testing.assert_array_equal(obs[1, 2], frames[1, 2:4])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

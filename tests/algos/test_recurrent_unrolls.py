@@ -84,7 +84,7 @@ def shard_batch(msgs: list[P.Message], recurrent: bool = True) -> P.Message:
     """What a FIFO shard sends after storing ``msgs``: all their unrolls, oldest first."""
     table = make_table("fifo", 256)
     for msg in msgs:
-        table.insert(assemble_unrolls(msg, recurrent))
+        table.insert(assemble_unrolls(msg, M.RECURRENT_UNROLL if recurrent else M.UNROLL))
     shard = SimpleNamespace(
         config=SimpleNamespace(replay=SimpleNamespace(batch_size=table.size)),
         table=table,

@@ -16,6 +16,7 @@ import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.config.experiment import ExperimentConfig
+from zrl.nets.frames import stacks_from_frames
 from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
@@ -99,17 +100,38 @@ def test_pong_frames_stay_uint8_from_env_to_learner(inproc, monkeypatch):
     assert info["samples_trained"] >= 16 * 4 and info["samples_trained"] % 16 == 0
 
 
-def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypatch):
+def test_pong_unrolls_carry_each_frame_once_and_appo_rebuilds_the_stacks(inproc, monkeypatch):
+    """``frame_unroll`` from the actor, each env's frames ``[T + 4, 84, 84]`` in the FIFO,
+    ``frame_unroll_batch`` to the learner, which rebuilds the actor's uint8 stacks exactly."""
+    from zrl.algos.appo.update import AppoUpdate
+    from zrl.algos.sampling import CategoricalPolicy
     from zrl.algos.unrolls import UnrollUpdate
 
+    sent: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # logp row -> (obs, bootstrap obs)
     seen: list[tuple[str, Any, tuple[int, ...]]] = []
-    receive = UnrollUpdate.receive
+    trained: list[dict[str, torch.Tensor]] = []
+    finish, receive, train_unrolls = (
+        CategoricalPolicy.finish,
+        UnrollUpdate.receive,
+        AppoUpdate.train_unrolls,
+    )
 
-    def spy(self: UnrollUpdate, msg: P.Message, version: int) -> None:
-        seen.extend((k, v.dtype, v.shape) for k, v in msg.arrays.items() if "obs" in k)
+    def spy_finish(self: CategoricalPolicy, trajectory: Any) -> Any:
+        for e, logp in enumerate(trajectory.extras["logp"]):
+            sent[logp.tobytes()] = (trajectory.obs[e].copy(), trajectory.final_obs[e].copy())
+        return finish(self, trajectory)
+
+    def spy_receive(self: UnrollUpdate, msg: P.Message, version: int) -> None:
+        seen.extend((k, v.dtype, v.shape) for k, v in msg.arrays.items())
         receive(self, msg, version)
 
-    monkeypatch.setattr(UnrollUpdate, "receive", spy)
+    def spy_train(self: AppoUpdate, batch: dict[str, torch.Tensor]) -> Any:
+        trained.append({k: v.clone() for k, v in batch.items()})
+        return train_unrolls(self, batch)
+
+    monkeypatch.setattr(CategoricalPolicy, "finish", spy_finish)
+    monkeypatch.setattr(UnrollUpdate, "receive", spy_receive)
+    monkeypatch.setattr(AppoUpdate, "train_unrolls", spy_train)
     cfg = atari_config(
         algo="appo",
         replay={
@@ -124,16 +146,25 @@ def test_pong_unrolls_stay_uint8_through_the_fifo_queue_to_appo(inproc, monkeypa
     )
     inproc.start_broker(cfg)
     inproc.start(ParameterServer)
-    inproc.start(ReplayServer, index=0)
+    replay = inproc.start(ReplayServer, index=0)
     learner = inproc.start(Learner, index=0)
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor) and isinstance(learner, Learner)
+    assert isinstance(replay, ReplayServer) and replay.layout.schema.name == "frame_unroll"
     wait_for(lambda: learner.updates >= 4, timeout=120, interval=0.2)
-    assert seen and {(k, d, s[-3:]) for k, d, s in seen} == {
-        ("obs", np.dtype(np.uint8), (4, 84, 84)),
-        ("bootstrap_obs", np.dtype(np.uint8), (4, 84, 84)),
-    }
-    assert {s[:2] for k, d, s in seen if k == "obs"} == {(4, 16)}  # 4 unrolls of 16 steps
+    arrays = {k: (d, s) for k, d, s in seen}
+    assert "obs" not in arrays and "bootstrap_obs" not in arrays
+    assert {s for k, d, s in seen if k == "frames"} == {(4, 16 + 4, 84, 84)}  # 4 unrolls
+    assert arrays["frames"][0] == np.dtype(np.uint8)
+    assert replay.table.column("frames").shape[1:] == (16 + 4, 84, 84)
+    # The learner trained on the stacks the actor's env gave, rebuilt on its device.
+    assert trained
+    for batch in trained:
+        assert batch["obs"].dtype == torch.uint8 and batch["obs"].shape == (4, 16, 4, 84, 84)
+        for b, logp in enumerate(batch["logp"].numpy()):
+            obs, bootstrap = sent[logp.tobytes()]
+            np.testing.assert_array_equal(batch["obs"][b].numpy(), obs)
+            np.testing.assert_array_equal(batch["bootstrap_obs"][b].numpy(), bootstrap)
     # A CPU learner trains its CNN channels-last (learner.memory_format: auto); the actor
     # below still loads the weights it publishes.
     conv = next(m for m in learner.online.modules() if isinstance(m, torch.nn.Conv2d))
@@ -164,13 +195,15 @@ def test_pong_with_two_env_groups_sends_uint8_unrolls_of_every_env(inproc):
     assert [m.seq for m in msgs] == [0, 1]
     for m in msgs:
         a = m.arrays
-        assert a["obs"].dtype == np.uint8 and a["obs"].shape == (4, 16, 4, 84, 84)
-        assert a["bootstrap_obs"].dtype == np.uint8 and a["bootstrap_obs"].shape == (4, 4, 84, 84)
+        assert a["frames"].dtype == np.uint8 and a["frames"].shape == (4, 16 + 4, 84, 84)
         assert a["valid"].shape == a["logp"].shape == a["action"].shape == (4, 16)
         assert np.isfinite(a["logp"]).all()
     assert inproc.error_of(actor) is None
     # Group 1 (rows 2, 3), stepped alone from its seed with the same actions, gives the same.
-    first = msgs[0].arrays
+    first = dict(msgs[0].arrays)
+    first["obs"] = stacks_from_frames(
+        torch.from_numpy(np.array(first["frames"])), torch.from_numpy(np.array(first["valid"]))
+    )[0].numpy()
     alone = make_vector_env(cfg.env, num_envs=2)
     obs, _ = alone.reset(seed=actor.seed + 2)
     np.testing.assert_array_equal(first["obs"][2:, 0], obs)

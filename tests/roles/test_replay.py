@@ -598,3 +598,62 @@ def test_a_frame_shard_refuses_other_frames_and_stays_its_size(inproc, tmp_path)
     assert isinstance(restored, ReplayServer) and isinstance(restored.table, FrameTable)
     assert restored.table.size == 4 and restored.table.frame_inserts == table.frame_inserts
     assert restored.table.nbytes == allocated and restored.snapshot_refused is None
+
+
+def frame_unroll(E: int = 1, T: int = 4, k: int = 4, hw: int = 84) -> dict[str, np.ndarray]:
+    """A ``frame_unroll`` TRAJECTORY: each frame once, ``frames [E, T + k, hw, hw]``."""
+    steps = {k_: v for k_, v in trajectory(E, T).items() if k_ not in ("obs", "next_obs")}
+    del steps["priority"]
+    return {
+        "frames": np.full((E, T + k, hw, hw), 7, np.uint8),
+        **steps,
+        "logp": np.full((E, T), -1.0, np.float32),
+    }
+
+
+def test_a_frame_unroll_fifo_takes_its_layout_from_the_config(inproc):
+    """An APPO shard on Pong stores each env's frames ``[T + 4, 84, 84]`` in its FIFO: forged
+    frames (4096 x 4096, stacks of 2), full-stack ``unroll``s and a CartPole-shaped unroll
+    are refused without allocating anything; a frame unroll of the layout is stored."""
+    pytest.importorskip("ale_py")
+    cfg = config_from_dict(
+        replay_config(capacity=8, min_size=8, samples_per_insert=0).model_dump(mode="json"),
+        [
+            "algo=appo",
+            "replay.table=fifo",
+            "replay.batch_size=4",
+            "env.id=ALE/Pong-v5",
+            "env.num_envs=1",
+            "actor.trajectory_length=4",
+        ],
+    )
+    inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer) and replay.layout.schema.name == "frame_unroll"
+    table = replay.table
+    assert table.kind == "fifo" and table.column("frames").shape == (8, 4 + 4, 84, 84)
+    allocated = table.nbytes
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    stacks = {k: v for k, v in frame_unroll().items() if k != "frames"}
+    forged = [
+        frame_unroll(hw=4096),  # would size a table of 4096 x 4096 frames
+        frame_unroll(k=2),  # stacks of another depth
+        frame_unroll(E=2),  # more envs than the actor has
+        {  # the full stacks of a plain unroll: this shard takes each frame once
+            **stacks,
+            "obs": np.zeros((1, 4, 4, 84, 84), np.uint8),
+            "bootstrap_obs": np.zeros((1, 4, 84, 84), np.uint8),
+        },
+        {**stacks, "obs": np.zeros((1, 4, 4), np.float32), "bootstrap_obs": np.zeros((1, 4))},
+    ]
+    meta = {"weights_version": 1}
+    for arrays in forged:
+        assert experience.send(P.Message(P.TRAJECTORY, meta=meta, arrays=arrays))
+    assert experience.send(P.Message(P.TRAJECTORY, meta=meta, arrays=frame_unroll()))
+    assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [len(forged)]
+    assert replay.layout_refused == len(forged)
+    assert replay.table is table and table.nbytes == allocated and table.size == 1
+    np.testing.assert_array_equal(table.column("frames")[0], frame_unroll()["frames"][0])
+    assert inproc.error_of(replay) is None

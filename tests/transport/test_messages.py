@@ -53,6 +53,8 @@ def test_schemas_are_the_module_constants():
         "transition_batch",
         "continuous_transition_batch",
         "unroll_batch",
+        "frame_unroll",
+        "frame_unroll_batch",
         "sequences",
         "sequence_batch",
         "recurrent_unroll",
@@ -267,6 +269,8 @@ def test_finiteness_as_the_receivers_check_it():
         "sequence_batch": {"obs", "reward", "state", "weight"},
         "recurrent_unroll": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "unroll_batch": {"obs", "logp", "reward", "bootstrap_obs"},
+        "frame_unroll": {"logp", "reward"},
+        "frame_unroll_batch": {"logp", "reward"},
         "recurrent_unroll_batch": {"obs", "logp", "reward", "bootstrap_obs", "state"},
         "priorities": {"priority"},
     }
@@ -291,7 +295,12 @@ def test_replay_batches_fit_the_batch_schemas():
             lambda m: assemble_transitions(m, 3, 0.9, continuous=True)[0],
         ),
         (M.UNROLL, M.UNROLL_BATCH, assemble_unrolls),
-        (M.RECURRENT_UNROLL, M.RECURRENT_UNROLL_BATCH, lambda m: assemble_unrolls(m, True)),
+        (
+            M.RECURRENT_UNROLL,
+            M.RECURRENT_UNROLL_BATCH,
+            lambda m: assemble_unrolls(m, M.RECURRENT_UNROLL),
+        ),
+        (M.FRAME_UNROLL, M.FRAME_UNROLL_BATCH, lambda m: assemble_unrolls(m, M.FRAME_UNROLL)),
         (M.SEQUENCES, M.SEQUENCE_BATCH, lambda m: assemble_sequences(m)[0]),
     ]
     for trajectory, batch, assemble in cases:

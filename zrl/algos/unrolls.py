@@ -4,15 +4,17 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
 
 - ``receive``: a BATCH of :data:`zrl.transport.messages.UNROLL_BATCH` (whole unrolls, each
   with the weights version it was collected with; :data:`RECURRENT_UNROLL_BATCH`, with each
-  unroll's recurrent state and episode starts, for a recurrent model), checked against the
-  model (observation width, state width, actions in ``[0, num_actions)``) and kept; a
-  malformed one raises ProtocolError.
+  unroll's recurrent state and episode starts, for a recurrent model;
+  :data:`FRAME_UNROLL_BATCH` for a feed-forward model on frame stacks ``[k, H, W]``, each
+  frame once), checked against the model (observation width, state width, actions in
+  ``[0, num_actions)``, k frames per stack) and kept; a malformed one raises ProtocolError.
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
   the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
   a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
   (``policy_lag`` and ``policy_lag_max``), and the subclass's :meth:`train_unrolls` trains on
-  them. A :class:`NonFiniteLossError` it raises names the shard of the batch, which is
-  dropped, never retried.
+  them (a frame batch's stacks rebuilt on the learner's device first,
+  ``zrl.nets.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
+  shard of the batch, which is dropped, never retried.
 - the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
 """
 
@@ -30,7 +32,9 @@ from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, 
 from zrl.algos.batches import policy_lags, to_device
 from zrl.algos.optim import make_adam
 from zrl.nets.encoders import observe_inputs
+from zrl.nets.frames import stacks_from_frames
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
+from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Size, validate
@@ -39,6 +43,9 @@ from zrl.transport.schema import Size, validate
 TRAINED_ARRAYS = ("obs", "action", "logp", "reward", "terminated", "valid", "bootstrap_obs")
 RECURRENT_TRAINED_ARRAYS = (*TRAINED_ARRAYS, "state", "first")
 """A recurrent model's: also the state each unroll started from and its episode starts."""
+FRAME_TRAINED_ARRAYS = ("frames", "action", "logp", "reward", "terminated", "valid")
+"""A frame batch's: ``frames`` in place of ``obs`` and ``bootstrap_obs``, which the learner
+rebuilds from them on its device."""
 
 
 def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -84,11 +91,19 @@ class UnrollUpdate(BaseUpdate):
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.device = torch.device(setup.device)
         self.recurrent = is_recurrent(self.model)
-        self.schema = M.RECURRENT_UNROLL_BATCH if self.recurrent else M.UNROLL_BATCH
+        self.frames = not self.recurrent and is_frame_space(setup.observation_space)
+        """Frame stacks ``[k, H, W]`` come as :data:`FRAME_UNROLL_BATCH` (as the replay
+        shard's layout, ``zrl.replay.layout``, takes them from the actors)."""
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
+        self.trained_arrays: tuple[str, ...]
         if self.recurrent:
+            self.schema, self.trained_arrays = M.RECURRENT_UNROLL_BATCH, RECURRENT_TRAINED_ARRAYS
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
-        self.trained_arrays = RECURRENT_TRAINED_ARRAYS if self.recurrent else TRAINED_ARRAYS
+        elif self.frames:
+            self.schema, self.trained_arrays = M.FRAME_UNROLL_BATCH, FRAME_TRAINED_ARRAYS
+            self.sizes["O"] = self.obs_shape[1:]
+        else:
+            self.schema, self.trained_arrays = M.UNROLL_BATCH, TRAINED_ARRAYS
         self.max_lag = max_lag
         self.updates = 0
         """Updates this object made (for the summary); restored from the learner's
@@ -101,6 +116,11 @@ class UnrollUpdate(BaseUpdate):
 
     def receive(self, msg: P.Message, version: int) -> None:
         dims = validate(msg, self.schema, **self.sizes)
+        if self.frames and dims["S"] != dims["T"] + self.obs_shape[0]:
+            raise P.ProtocolError(
+                f"batch frames: {dims['S']} per unroll of {dims['T']} steps, not T + "
+                f"{self.obs_shape[0]}"
+            )
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
@@ -124,6 +144,10 @@ class UnrollUpdate(BaseUpdate):
         lags = policy_lags(a["weights_version"][rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
         batch = to_device({name: a[name][rows] for name in self.trained_arrays}, self.device)
+        if self.frames:  # zero padding, as zrl's Atari envs stack (zrl.envs.atari)
+            batch["obs"], batch["bootstrap_obs"] = stacks_from_frames(
+                batch.pop("frames"), batch["valid"]
+            )
         observe_inputs(self.model, batch["obs"])  # once per batch, whatever the epochs
         try:
             result = self.train_unrolls(batch)

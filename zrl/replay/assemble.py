@@ -17,7 +17,7 @@ from zrl.replay.layout import ExperienceLayout
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.schema import validate
+from zrl.transport.schema import Schema, validate
 
 
 def assemble_transitions(
@@ -47,14 +47,16 @@ def assemble_transitions(
     return items, priorities
 
 
-def assemble_unrolls(msg: P.Message, recurrent: bool = False) -> dict[str, np.ndarray]:
+def assemble_unrolls(msg: P.Message, schema: Schema = M.UNROLL) -> dict[str, np.ndarray]:
     """An IMPALA/APPO TRAJECTORY message -> one queue item per env: its whole ``[T, ...]``
     unroll with the behaviour log-probs and the weights version it was collected with.
 
-    ``recurrent`` (the experiment's ``model.core`` is set): the message must be a
-    ``recurrent_unroll``, and each item keeps its ``state [R]`` and ``first [T]`` too; else a
-    plain ``unroll``. The other kind raises ProtocolError (lacks / unexpected array)."""
-    schema = M.RECURRENT_UNROLL if recurrent else M.UNROLL
+    ``schema``: the shard's unroll layout. ``recurrent_unroll`` (the experiment's
+    ``model.core`` is set): each item keeps its ``state [R]`` and ``first [T]`` too;
+    ``frame_unroll`` (frame stacks): its ``frames [T + k, H, W]`` in place of ``obs`` and
+    ``bootstrap_obs``. Another kind raises ProtocolError (lacks / unexpected array)."""
+    if schema not in (M.UNROLL, M.RECURRENT_UNROLL, M.FRAME_UNROLL):
+        raise ValueError(f"{schema.name} is not an unroll layout")
     E = validate(msg, schema)["E"]
     a = msg.arrays
     try:
@@ -89,9 +91,9 @@ def assemble_items(
     """A TRAJECTORY of ``layout`` (checked against it) -> (the items a shard of that layout
     stores, their initial priorities; None for unrolls, which a FIFO queue keeps without).
     ``n_step`` and ``gamma`` are ``replay.n_step`` and ``replay.gamma`` (transitions only).
-    Frame stacks (``layout.frames``) go through ``zrl.replay.frames`` instead."""
+    Frame transitions (``layout.frame_table``) go through ``zrl.replay.frames`` instead."""
     if layout.item == "unroll":
-        return assemble_unrolls(msg, recurrent=layout.schema is M.RECURRENT_UNROLL), None
+        return assemble_unrolls(msg, layout.schema), None
     if layout.item == "sequences":
         return assemble_sequences(msg)
     continuous = layout.schema is M.CONTINUOUS_TRANSITIONS

@@ -73,6 +73,13 @@ def is_frame_stack(obs: np.ndarray) -> bool:
     return obs.dtype == np.uint8 and obs.ndim == 5
 
 
+def is_frame_space(space: Any) -> bool:
+    """An observation space of uint8 frame stacks ``[k, H, W]``, whose observations travel as
+    single frames (``frame_transitions``, ``frame_unroll``)."""
+    shape = getattr(space, "shape", None) or ()
+    return getattr(space, "dtype", None) == np.uint8 and len(shape) == 3
+
+
 def frames_of(obs_t: np.ndarray, final_obs: np.ndarray) -> np.ndarray:
     """Stacked observations ``[E, T, k, H, W]`` and the final one ``[E, k, H, W]`` -> the
     trajectory's ``frames [E, T + k, H, W]``: obs_0's k frames, then the newest frame of

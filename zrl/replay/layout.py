@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Schema, Size, validate
@@ -44,8 +45,9 @@ class ExperienceLayout:
     action_high: np.ndarray | None = field(default=None, compare=False)
 
     @property
-    def frames(self) -> bool:
-        """Frame stacks that travel as single frames (``frame_transitions``)."""
+    def frame_table(self) -> bool:
+        """Frame transitions, which a :class:`~zrl.replay.frames.FrameTable` stores (a FIFO
+        keeps each frame unroll as it came)."""
         return self.schema is M.FRAME_TRANSITIONS
 
     def dim(self, name: str) -> int:
@@ -151,20 +153,26 @@ def experience_layout(
         sizes["A"] = math.prod(action_space.shape)
         low = np.asarray(action_space.low, np.float32).reshape(-1)
         high = np.asarray(action_space.high, np.float32).reshape(-1)
+    frame_stacks = is_frame_space(observation_space)  # stacks of k frames [k, H, W]
     if item == "transitions":
         if actions == "box":
             schema = M.CONTINUOUS_TRANSITIONS
-        elif obs_dtype == np.uint8 and len(obs_shape) == 3:  # stacks of k frames [k, H, W]
+        elif frame_stacks:
             schema = M.FRAME_TRANSITIONS
             sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
         else:
             schema = M.TRANSITIONS
         sizes.update(E=E, T=T)
     elif item == "unroll":
-        schema = M.UNROLL if state_size is None else M.RECURRENT_UNROLL
-        sizes.update(E=E, T=T)
         if state_size is not None:
+            schema = M.RECURRENT_UNROLL
             sizes["R"] = state_size
+        elif frame_stacks:
+            schema = M.FRAME_UNROLL
+            sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
+        else:
+            schema = M.UNROLL
+        sizes.update(E=E, T=T)
     elif item == "sequences":
         if sequence_length is None or state_size is None:
             raise ValueError("a layout of sequences needs sequence_length and state_size")

@@ -213,7 +213,7 @@ class ReplayServer(Role):
         or fewer if ``replay.capacity_bytes`` holds fewer at the layout's item size."""
         rc = self.config.replay
         example = layout.example()
-        if layout.frames:
+        if layout.frame_table:
             try:
                 frames = FrameTable.for_budget(
                     rc.table,

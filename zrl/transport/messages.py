@@ -51,11 +51,13 @@ Data paths:
   Meta ``weights_version`` (the version the steps acted with, :func:`trajectory_version`),
   ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS` (apex_dqn;
   :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
-  :data:`SEQUENCES` (r2d2), :data:`UNROLL` (impala, appo, ppo) or :data:`RECURRENT_UNROLL`
-  (impala, appo and ppo with ``model.core``).
+  :data:`SEQUENCES` (r2d2), :data:`UNROLL` (impala, appo, ppo; :data:`FRAME_UNROLL` for
+  impala and appo on frame stacks) or :data:`RECURRENT_UNROLL` (impala, appo and ppo with
+  ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
-  , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table), :data:`RECURRENT_UNROLL_BATCH`
+  , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table; :data:`FRAME_UNROLL_BATCH` on frame
+  stacks), :data:`RECURRENT_UNROLL_BATCH`
   (impala, appo with ``model.core``) or :data:`SEQUENCE_BATCH` (r2d2). Every batch carries
   each item's ``weights_version`` (:data:`UNKNOWN_VERSION` where the shard does not know it):
   learners report the policy lag from it.
@@ -247,6 +249,16 @@ UNROLL = schema(
     **_OUTCOMES,
     bootstrap_obs=Array(OBS_DTYPES, ("E", OBS), finite=True),
 )
+FRAME_UNROLL = schema(
+    P.TRAJECTORY,
+    "frame_unroll",
+    "impala/appo actor on frame stacks -> replay FIFO: the unroll layout with each frame once.",
+    frames=Array("uint8", ("E", "S", OBS)),
+    **{k: v for k, v in UNROLL.arrays.items() if k not in ("obs", "bootstrap_obs")},
+)
+"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
+:data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
+bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.nets.frames``)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
@@ -292,6 +304,17 @@ UNROLL_BATCH = schema(
     weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
     key=_KEY,
 )
+FRAME_UNROLL_BATCH = schema(
+    P.BATCH,
+    "frame_unroll_batch",
+    "replay FIFO -> IMPALA/APPO learner on frame stacks: B whole frame unrolls.",
+    **_rows(FRAME_UNROLL.arrays),
+    weights_version=_VERSION,
+    weight=Array("float32", ("B",)),
+    key=_KEY,
+)
+"""What a FIFO shard stores of each :data:`FRAME_UNROLL` row, sampled: ``frames [B, S, H, W]``
+in place of ``obs`` and ``bootstrap_obs``."""
 SEQUENCES = schema(
     P.TRAJECTORY,
     "sequences",
@@ -445,6 +468,8 @@ SCHEMAS: dict[str, Schema] = {
         TRANSITION_BATCH,
         CONTINUOUS_TRANSITION_BATCH,
         UNROLL_BATCH,
+        FRAME_UNROLL,
+        FRAME_UNROLL_BATCH,
         SEQUENCES,
         SEQUENCE_BATCH,
         RECURRENT_UNROLL,

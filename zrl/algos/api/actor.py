@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from zrl.replay.frames import frames_of
+
 if TYPE_CHECKING:
     import numpy as np
     from torch import nn
@@ -81,6 +83,13 @@ class Trajectory:
             "valid": self.valid,
             "bootstrap_obs": self.final_obs.copy(),
         }
+
+    def frame_unroll(self) -> dict[str, np.ndarray]:
+        """The arrays of a ``frame_unroll`` TRAJECTORY: :meth:`unroll` with each frame of the
+        ``[E, T, k, H, W]`` stacks once (``zrl.replay.frames.frames_of``)."""
+        arrays = self.unroll()
+        del arrays["obs"], arrays["bootstrap_obs"]
+        return {"frames": frames_of(self.obs, self.final_obs), **arrays}
 
 
 @dataclass

@@ -20,6 +20,8 @@ KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind th
 
 
 class PPOPolicy(CategoricalPolicy):
+    frame_unrolls = False  # rollouts go to the learners as ``unroll``s, full stacks
+
     def __init__(self, setup: ActorSetup) -> None:
         super().__init__(setup)
         c = setup.config.section(PPOConfig)

@@ -1,0 +1,65 @@
+"""``stacks_from_frames``: the stacks a frame unroll's learner rebuilds are the env's, bit for
+bit, across episode ends (both paddings), with the scripted envs of the FrameTable's tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.frames import Collector, scripted_actions
+from zrl.nets.frames import stacks_from_frames
+from zrl.replay.frames import frames_of
+
+
+def rebuilt(traj: dict[str, np.ndarray], padding: str) -> tuple[np.ndarray, np.ndarray]:
+    frames = torch.from_numpy(frames_of(traj["obs"], traj["final_obs"]))
+    obs, bootstrap = stacks_from_frames(frames, torch.from_numpy(traj["valid"]), padding)
+    assert obs.dtype == bootstrap.dtype == torch.uint8
+    return obs.numpy(), bootstrap.numpy()
+
+
+@pytest.mark.parametrize("padding", ["zero", "reset"])
+def test_scripted_episode_ends_rebuild_exact_stacks(padding):
+    T, E, k = 8, 5, 4
+    collector = Collector(E, k, padding)
+    for actions in scripted_actions(T, E):
+        traj = collector.collect(actions)
+        obs, bootstrap = rebuilt(traj, padding)
+        np.testing.assert_array_equal(obs, traj["obs"])
+        np.testing.assert_array_equal(bootstrap, traj["final_obs"])
+
+
+@pytest.mark.parametrize("k,padding", [(1, "zero"), (2, "reset"), (4, "zero"), (4, "reset")])
+def test_random_episode_ends_rebuild_exact_stacks(k, padding):
+    E, T = 3, 7
+    rng = np.random.default_rng(k)
+    collector = Collector(E, k, padding, seed=k)
+    ends = 0
+    for _ in range(6):
+        traj = collector.collect(rng.choice(3, size=(T, E), p=[0.6, 0.25, 0.15]))
+        ends += int((~traj["valid"]).sum())
+        obs, bootstrap = rebuilt(traj, padding)
+        np.testing.assert_array_equal(obs, traj["obs"])
+        np.testing.assert_array_equal(bootstrap, traj["final_obs"])
+    assert ends > 5
+
+
+def test_rejects_frames_that_do_not_fit():
+    frames, valid = torch.zeros(2, 5, 3, 3, dtype=torch.uint8), torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="T \\+ k"):
+        stacks_from_frames(frames, valid)
+    with pytest.raises(ValueError, match="valid"):
+        stacks_from_frames(frames, valid[0])
+    with pytest.raises(ValueError, match="padding"):
+        stacks_from_frames(torch.zeros(2, 8, 3, 3), valid, "edge")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_rebuilds_on_the_gpu():
+    traj = Collector(2, 4, seed=2).collect(np.random.default_rng(0).choice(3, size=(9, 2)))
+    frames = torch.from_numpy(frames_of(traj["obs"], traj["final_obs"])).cuda()
+    obs, bootstrap = stacks_from_frames(frames, torch.from_numpy(traj["valid"]).cuda())
+    assert obs.is_cuda
+    np.testing.assert_array_equal(obs.cpu().numpy(), traj["obs"])
+    np.testing.assert_array_equal(bootstrap.cpu().numpy(), traj["final_obs"])
