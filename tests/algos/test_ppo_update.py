@@ -13,11 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.frames import SHAPE, Collector, scripted_actions
+from zrl.algos.api.actor import Trajectory
 from zrl.algos.api.learner import NonFiniteLossError, UpdateResult
 from zrl.algos.models import build_model
+from zrl.algos.ppo import update as ppo_update
+from zrl.algos.ppo.policy import make_policy
+from zrl.algos.ppo.rounds import Rollout, round_tensors
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
-from zrl.testing.fakes import learner_setup
+from zrl.testing.fakes import actor_setup, as_message, learner_setup
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -276,3 +282,128 @@ def test_dd_ppo_leader_publishes_only_after_the_handshake():
     assert up.peers_ready and up.may_publish()
     assert up.peers.heard == {1} and up.peers.confirmed == {1}
     assert up.heartbeat_info()["allreduce_timeouts"] == 0
+
+
+# ----------------------------------------------------------------------------- frame rollouts
+
+K, FE, FT = 4, 5, 8  # frames per stack, env.num_envs, actor.trajectory_length
+FRAME_SPACE = gym.spaces.Box(0, 255, (K, *SHAPE), np.uint8)
+FRAME_ACTIONS = gym.spaces.Discrete(3)  # CONTINUE, TERMINATE, TRUNCATE: the scripted envs'
+
+
+def frame_config(core: str = "none") -> ExperimentConfig:
+    return ExperimentConfig(
+        algo="ppo",
+        seed=3,
+        roles={"actors": 3, "learners": 1, "replay": 0, "params": 1, "evaluator": 0},
+        env={"num_envs": FE},
+        actor={"trajectory_length": FT},
+        model={"encoder": "mlp", "hidden": [16], "core": core},
+        ppo={"epochs": 1, "minibatch_size": 8},
+    )
+
+
+def frame_update(cfg: ExperimentConfig) -> PPOUpdate:
+    torch.manual_seed(0)
+    model = build_model(FRAME_SPACE, FRAME_ACTIONS, cfg.model, "ppo")
+    return PPOUpdate(learner_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS))
+
+
+def frame_rollouts() -> tuple[list[P.Message], list[dict[str, np.ndarray]]]:
+    """Three rollouts (actors 0, 1, 2, version 1) of scripted frame-stacked envs with episode
+    ends everywhere (``tests.helpers.frames``), as the PPO actor's policy sends them, and the
+    collector's trajectories with their log-probabilities."""
+    cfg = frame_config()
+    model = build_model(FRAME_SPACE, FRAME_ACTIONS, cfg.model, "ppo")
+    policy = make_policy(actor_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS, FE))
+    collector = Collector(FE, K)
+    rng = np.random.default_rng(5)
+    msgs, trajs = [], []
+    for actor, actions in enumerate(scripted_actions(FT, FE)):
+        traj = collector.collect(actions)
+        traj["logp"] = np.log(rng.uniform(0.2, 0.6, (FE, FT))).astype(np.float32)
+        out = policy.finish(
+            Trajectory(
+                obs=traj["obs"],
+                next_obs=None,
+                action=traj["action"],
+                reward=traj["reward"],
+                terminated=traj["terminated"],
+                truncated=traj["truncated"],
+                valid=traj["valid"],
+                final_obs=traj["final_obs"],
+                extras={"logp": traj["logp"]},
+            )
+        )
+        assert out.kind == P.TRAJECTORY and set(out.arrays) == set(M.FRAME_UNROLL.arrays)
+        assert out.arrays["frames"].shape == (FE, FT + K, *SHAPE)
+        msgs.append(as_message(out.arrays, weights_version=1, actor=actor))
+        trajs.append(traj)
+    return msgs, trajs
+
+
+def stack_arrays(traj: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The full-stack ``unroll`` arrays of a collected trajectory."""
+    arrays = {k: traj[k] for k in M.UNROLL.arrays if k in traj}
+    return {**arrays, "bootstrap_obs": traj["final_obs"]}
+
+
+def test_frame_rollouts_train_on_the_stacks_the_envs_produced(monkeypatch):
+    """The PPO actor sends each frame once; the learner's round is built from exactly the
+    stacks the frame-stacked envs produced, across episode ends: the same samples, values,
+    advantages and returns as the round of the full stacks."""
+    up = frame_update(frame_config())
+    assert up.schema is M.FRAME_UNROLL
+    msgs, trajs = frame_rollouts()
+    seen: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+
+    def recording(model, rollouts, gamma, lam, frames=False):
+        data = round_tensors(model, rollouts, gamma, lam, frames=frames)
+        stacks = [Rollout(r.version, r.actor, stack_arrays(trajs[r.actor])) for r in rollouts]
+        seen.append((data, round_tensors(model, stacks, gamma, lam)))
+        return data
+
+    monkeypatch.setattr(ppo_update, "round_tensors", recording)
+    for msg in msgs:
+        up.receive(msg, 1)
+    result = up.train(1)
+    valid = np.concatenate([t["valid"] for t in trajs])
+    assert result is not None and result.samples == valid.sum() and len(seen) == 1
+    data, reference = seen[0]
+    stacks = np.concatenate([t["obs"] for t in trajs])[valid]
+    assert data["obs"].dtype == torch.uint8
+    np.testing.assert_array_equal(data["obs"].numpy(), stacks)
+    assert set(data) == set(reference)
+    for name, want in reference.items():
+        torch.testing.assert_close(data[name], want, rtol=0, atol=0, msg=name)
+
+
+def test_frame_learners_refuse_full_stacks_and_forged_frames():
+    """The layout comes from the observation space at setup, never from the message: a frame
+    learner refuses full stacks and frames that do not make T + k per row; a learner of full
+    stacks (float observations, or a recurrent model on frames) refuses frames."""
+    up = frame_update(frame_config())
+    msgs, trajs = frame_rollouts()
+    good = dict(msgs[0].arrays)
+    frames = good["frames"]
+    forged = {
+        "full stacks": stack_arrays(trajs[0]),
+        "frames and stacks": {**good, "obs": trajs[0]["obs"]},
+        "a frame short": {**good, "frames": frames[:, 1:]},
+        "a frame over": {**good, "frames": np.concatenate([frames, frames[:, :1]], axis=1)},
+        "narrower frames": {**good, "frames": frames[..., 1:]},
+        "float frames": {**good, "frames": frames.astype(np.float32)},
+    }
+    for name, arrays in forged.items():
+        with pytest.raises(P.ProtocolError):
+            up.receive(as_message(arrays, weights_version=1, actor=0), 1)
+            pytest.fail(f"{name}: accepted")
+    assert not up.buffer.pending
+    up.receive(msgs[0], 1)
+    assert len(up.buffer.pending) == 1
+    recurrent = frame_update(frame_config(core="gru"))
+    assert recurrent.schema is M.RECURRENT_UNROLL
+    for learner in (make_update(), recurrent):
+        with pytest.raises(P.ProtocolError, match="lacks array 'obs'"):
+            learner.receive(msgs[0], 1)
+        assert not learner.buffer.pending

@@ -14,10 +14,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.frames import SHAPE, Collector, scripted_actions
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
 from zrl.algos.returns import rollout_gae
 from zrl.nets.discrete import ActorCritic
-from zrl.transport.messages import UNROLL
+from zrl.replay.frames import frames_of
+from zrl.transport.messages import FRAME_UNROLL, UNROLL
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -336,3 +338,34 @@ def test_round_tensors_all_invalid_round_is_empty():
     data = round_tensors(model, [Rollout(1, 0, arrays)], 0.9, 0.9)
     assert all(len(v) == 0 for v in data.values())
     assert data["obs"].shape == (0, OBS_DIM)
+
+
+def test_round_tensors_rebuild_the_stacks_of_frame_rollouts():
+    """Rollouts of each frame once (``frames [E, T + k, H, W]``, ``frame_unroll``) make the
+    round of the stacks the frame-stacked envs produced across episode ends: the same samples,
+    values, advantages and returns as the round of their full stacks."""
+    E, T, k = 5, 8, 4
+    collector = Collector(E, k)
+    torch.manual_seed(0)
+    model = ActorCritic(k * SHAPE[0] * SHAPE[1], 3, hidden=(8,))
+    rng = np.random.default_rng(1)
+    framed, stacked, valid, stacks = [], [], [], []
+    for actor, actions in enumerate(scripted_actions(T, E)):
+        traj = collector.collect(actions)
+        arrays = {n: traj[n] for n in ("action", "reward", "terminated", "truncated", "valid")}
+        arrays["logp"] = np.log(rng.uniform(0.2, 0.6, (E, T))).astype(np.float32)
+        frames = frames_of(traj["obs"], traj["final_obs"])
+        framed.append(Rollout(1, actor, {**arrays, "frames": frames}))
+        stacked.append(
+            Rollout(1, actor, {**arrays, "obs": traj["obs"], "bootstrap_obs": traj["final_obs"]})
+        )
+        valid.append(traj["valid"])
+        stacks.append(traj["obs"][traj["valid"]])
+    assert set(framed[0].arrays) == set(FRAME_UNROLL.arrays)
+    data = round_tensors(model, framed, 0.9, 0.8, frames=True)
+    reference = round_tensors(model, stacked, 0.9, 0.8)
+    assert not np.concatenate(valid).all()  # episode ends inside the rollouts
+    np.testing.assert_array_equal(data["obs"].numpy(), np.concatenate(stacks))
+    assert set(data) == set(reference)
+    for name, want in reference.items():
+        torch.testing.assert_close(data[name], want, rtol=0, atol=0, msg=name)

@@ -5,8 +5,7 @@ seeded by the actor index: the actors differ only by their seeds), and their beh
 log-probabilities are recorded. Each trajectory becomes an ``unroll`` TRAJECTORY
 (``zrl.transport.messages.UNROLL``): the steps plus the observation to bootstrap from; on
 frame stacks a ``frame_unroll`` (``FRAME_UNROLL``: each frame once, the learner rebuilds the
-stacks) where the policy's ``frame_unrolls`` says so (IMPALA, APPO; PPO's learners take
-``unroll`` rollouts).
+stacks), to a replay FIFO (IMPALA, APPO) and to PPO's learners alike.
 With ``actor.random_policy`` the actions are uniform and the model is never run (their
 log-probability is ``-log(num_actions)``): what the pipeline costs without inference.
 
@@ -34,8 +33,6 @@ from zrl.transport import protocol as P
 
 class CategoricalPolicy(BasePolicy):
     records_next_obs = False
-    frame_unrolls = True
-    """Frame-stacked observations travel as ``frame_unroll`` (to a replay FIFO)."""
     action_dtype = np.int64
     action_shape: tuple[int, ...] = ()
 
@@ -76,7 +73,7 @@ class CategoricalPolicy(BasePolicy):
         return actions, {"logp": taken_logp.astype(np.float32, copy=False)}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
-        if self.frame_unrolls and is_frame_stack(trajectory.obs):
+        if is_frame_stack(trajectory.obs):  # each frame once: ``Trajectory.frame_unroll``
             return Outgoing(P.TRAJECTORY, trajectory.frame_unroll())
         return Outgoing(P.TRAJECTORY, trajectory.unroll())
 

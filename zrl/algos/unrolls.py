@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.batches import policy_lags, to_device
+from zrl.algos.batches import HostStaging, policy_lags
 from zrl.algos.optim import make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
@@ -113,6 +113,8 @@ class UnrollUpdate(BaseUpdate):
         self.mean_rho = math.nan
         self.pending: deque[tuple[str, dict[str, np.ndarray]]] = deque()
         """Received batches not trained on yet: (shard, arrays)."""
+        self.staging = HostStaging(self.device)
+        """The fresh rows' way to the device (reused pinned buffers, a copy stream)."""
 
     def receive(self, msg: P.Message, version: int) -> None:
         dims = validate(msg, self.schema, **self.sizes)
@@ -143,7 +145,8 @@ class UnrollUpdate(BaseUpdate):
             return None
         lags = policy_lags(a["weights_version"][rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
-        batch = to_device({name: a[name][rows] for name in self.trained_arrays}, self.device)
+        picked = rows if len(rows) < len(a["weights_version"]) else None  # None: all of them
+        batch = self.staging.move({name: a[name] for name in self.trained_arrays}, picked).wait()
         if self.frames:  # zero padding, as zrl's Atari envs stack (zrl.envs.atari)
             batch["obs"], batch["bootstrap_obs"] = stacks_from_frames(
                 batch.pop("frames"), batch["valid"]

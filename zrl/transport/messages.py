@@ -52,7 +52,7 @@ Data paths:
   ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS` (apex_dqn;
   :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
   :data:`SEQUENCES` (r2d2), :data:`UNROLL` (impala, appo, ppo; :data:`FRAME_UNROLL` for
-  impala and appo on frame stacks) or :data:`RECURRENT_UNROLL` (impala, appo and ppo with
+  impala, appo and ppo on frame stacks) or :data:`RECURRENT_UNROLL` (impala, appo and ppo with
   ``model.core``).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
@@ -252,7 +252,8 @@ UNROLL = schema(
 FRAME_UNROLL = schema(
     P.TRAJECTORY,
     "frame_unroll",
-    "impala/appo actor on frame stacks -> replay FIFO: the unroll layout with each frame once.",
+    "impala/appo/ppo actor on frame stacks -> replay FIFO or PPO learners: the unroll layout "
+    "with each frame once.",
     frames=Array("uint8", ("E", "S", OBS)),
     **{k: v for k, v in UNROLL.arrays.items() if k not in ("obs", "bootstrap_obs")},
 )

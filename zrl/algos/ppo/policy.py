@@ -6,7 +6,8 @@ Version 0 is the actor's own initialisation, never the learner's weights: it wai
 
 :func:`make_policy` (the algorithm's ``policy``) builds :class:`PPOPolicy` for a feed-forward
 model and :class:`RecurrentPPOPolicy` for a recurrent one (``model.core``), which carries each
-env's state and sends ``recurrent_unroll`` rollouts.
+env's state and sends ``recurrent_unroll`` rollouts. The feed-forward policy's rollouts of
+frame stacks are ``frame_unroll``s, each frame once (``zrl.algos.sampling``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind th
 
 
 class PPOPolicy(CategoricalPolicy):
-    frame_unrolls = False  # rollouts go to the learners as ``unroll``s, full stacks
-
     def __init__(self, setup: ActorSetup) -> None:
         super().__init__(setup)
         c = setup.config.section(PPOConfig)

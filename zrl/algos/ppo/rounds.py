@@ -1,6 +1,9 @@
 """Which rollouts form a PPO round (``RoundBuffer``), and the round's samples (``round_tensors``,
 or ``recurrent_round_tensors`` for a recurrent actor-critic).
 
+Rollouts of frame stacks (``frame_unroll``: each frame once) become the round of their
+stacks, rebuilt by ``round_tensors(..., frames=True)`` before the values and GAE.
+
 A round is one rollout per actor (``roles.actors``). Sync mode: every rollout in a round was
 collected with the same weights version (the one the round trains); actors wait for the next
 version before collecting again. Async mode: rollouts up to ``ppo.max_lag`` versions old are
@@ -18,8 +21,9 @@ import torch
 from zrl.algos.returns import rollout_gae
 from zrl.algos.unrolls import unroll_outputs
 from zrl.nets.discrete import ActorCritic
+from zrl.nets.frames import stacks_from_frames
 from zrl.nets.recurrent import RecurrentActorCritic
-from zrl.transport.messages import RECURRENT_UNROLL, UNROLL
+from zrl.transport.messages import FRAME_UNROLL, RECURRENT_UNROLL, UNROLL
 
 
 @dataclass
@@ -94,16 +98,33 @@ class RoundBuffer:
 
 
 def round_tensors(
-    model: ActorCritic, rollouts: list[Rollout], gamma: float, lam: float
+    model: ActorCritic,
+    rollouts: list[Rollout],
+    gamma: float,
+    lam: float,
+    *,
+    frames: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The valid samples of a round, flattened, with old values, GAE advantages and returns
-    computed with the current weights (the behaviour weights, in sync mode)."""
-    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in UNROLL.arrays}
+    computed with the current weights (the behaviour weights, in sync mode).
+
+    ``frames``: the rollouts are ``frame_unroll``s (the learner's layout, taken from the
+    observation space at setup); their ``obs`` and ``bootstrap_obs`` stacks are rebuilt from
+    ``frames [E, T + k, H, W]`` first (``zrl.nets.frames.stacks_from_frames``, zero padding
+    before an episode's first frame, as zrl's Atari envs stack)."""
+    schema = FRAME_UNROLL if frames else UNROLL
+    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in schema.arrays}
     E, T = cat["reward"].shape
+    if frames:
+        stacks, last = stacks_from_frames(
+            torch.from_numpy(cat["frames"]), torch.from_numpy(cat["valid"])
+        )
+    else:
+        stacks, last = torch.from_numpy(cat["obs"]), torch.from_numpy(cat["bootstrap_obs"])
     with torch.no_grad():
-        obs = torch.from_numpy(cat["obs"].reshape(E * T, *cat["obs"].shape[2:]))
+        obs = stacks.reshape(E * T, *stacks.shape[2:])
         values = model.value(obs).numpy().reshape(E, T)
-        bootstrap = model.value(torch.from_numpy(cat["bootstrap_obs"])).numpy()
+        bootstrap = model.value(last).numpy()
     advantages, returns = rollout_gae(
         cat["reward"],
         values,

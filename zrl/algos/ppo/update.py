@@ -16,7 +16,13 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
   round (and count any drift, which should stay 0).
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
-A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts: its
+On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
+each frame once: the layout comes from the observation space at setup (full stacks from an
+actor are refused, counted by the role), and a round's stacks are rebuilt from the frames
+(``zrl.nets.frames``) before GAE and the updates.
+
+A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts (full
+stacks on frame-stacked envs too): its
 minibatches are whole env rows (``ppo.minibatch_size // actor.trajectory_length`` of them),
 each unrolled from the state its actor recorded, and its loss is over their valid steps
 (:meth:`PPOUpdate.sequence_loss`). DD-PPO learners each take their share of the rows.
@@ -41,8 +47,15 @@ from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, 
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
+from zrl.replay.frames import is_frame_space
 from zrl.transport import protocol as P
-from zrl.transport.messages import RECURRENT_UNROLL, UNROLL, obs_shape, weights_version
+from zrl.transport.messages import (
+    FRAME_UNROLL,
+    RECURRENT_UNROLL,
+    UNROLL,
+    obs_shape,
+    weights_version,
+)
 from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
@@ -62,10 +75,18 @@ class PPOUpdate(BaseUpdate):
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         # A recurrent actor-critic's rollouts carry the state [E, R] they started from.
         self.recurrent = is_recurrent(self.model)
-        self.schema = RECURRENT_UNROLL if self.recurrent else UNROLL
+        self.frames = not self.recurrent and is_frame_space(setup.observation_space)
+        """Frame stacks ``[k, H, W]`` come as ``frame_unroll`` rollouts (as the actors'
+        policy sends them, ``zrl.algos.sampling``)."""
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
         if self.recurrent:
+            self.schema = RECURRENT_UNROLL
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
+        elif self.frames:
+            self.schema = FRAME_UNROLL
+            self.sizes["O"] = self.obs_shape[1:]
+        else:
+            self.schema = UNROLL
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)
         # DD-PPO among the learners of this learner's policy (one each in a league with
         # exploiters: they train different players and must not average their gradients).
@@ -106,10 +127,15 @@ class PPOUpdate(BaseUpdate):
 
     def validate(self, msg: P.Message) -> Rollout:
         """The rollout in ``msg`` (an ``unroll`` TRAJECTORY, ``recurrent_unroll`` for a
-        recurrent model); raises ProtocolError."""
+        recurrent model, ``frame_unroll`` on frame stacks); raises ProtocolError."""
         sizes = validate(msg, self.schema, **self.sizes)
         if sizes["E"] == 0 or sizes["T"] == 0:
             raise P.ProtocolError(f"empty rollout ({sizes['E']} envs, {sizes['T']} steps)")
+        if self.frames and sizes["S"] != sizes["T"] + self.obs_shape[0]:
+            raise P.ProtocolError(
+                f"rollout frames: {sizes['S']} per env for {sizes['T']} steps, not T + "
+                f"{self.obs_shape[0]}"
+            )
         a = msg.arrays
         if a["action"].min() < 0 or a["action"].max() >= self.num_actions:
             raise P.ProtocolError(f"rollout actions outside [0, {self.num_actions})")
@@ -204,7 +230,8 @@ class PPOUpdate(BaseUpdate):
             data = recurrent_round_tensors(model, chosen, c.gamma, c.gae_lambda)
             mb = max(1, c.minibatch_size // T)
         else:
-            data = round_tensors(cast(ActorCritic, self.model), chosen, c.gamma, c.gae_lambda)
+            feed_forward = cast(ActorCritic, self.model)
+            data = round_tensors(feed_forward, chosen, c.gamma, c.gae_lambda, frames=self.frames)
             mb, nominal = c.minibatch_size, nominal * T
         n = len(data["obs"])
         if n == 0 or (self.recurrent and not data["valid"].any()):
