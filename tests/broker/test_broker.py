@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.helpers.run_dir import eval_supervisor
 from zrl import __version__
 from zrl.broker.broker import Broker
 from zrl.broker.limits import (
@@ -936,19 +937,9 @@ def test_a_stuck_subscriber_does_not_grow_broker_memory(spawn, zmq_ctx, broker_a
 
 def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
     from zrl.run.metrics import MetricsWriter
-    from zrl.run.supervisor import Supervisor
 
-    cfg = ExperimentConfig()
-    cfg.stop.eval_return = 500.0
-    cfg.stop.eval_window = 1  # any single eval may stop: the forging is what is tested here
-    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
-    (tmp_path / "run").mkdir()
-    sup.monitor.status_rows = [
-        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
-    ]
-    # The broker's answer to a STATUS about one role (what the head confirms with).
-    rows = sup.monitor.status_rows
-    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
+    # Any single eval may stop: the forging is what is tested here.
+    sup = eval_supervisor(tmp_path, eval_return=500.0, eval_window=1)
     writer = MetricsWriter(tmp_path / "run")
     dropped: list[str] = []
 
@@ -1022,7 +1013,7 @@ def test_status_decodes_and_planned_roles_register_with_a_full_registry_of_fakes
     from zrl.run.supervisor import Supervisor
 
     cfg = ExperimentConfig()
-    planned = planned_ids(cfg.roles.model_dump())
+    planned = planned_ids(cfg.roles.counts())
     fakes = 1000
     b = make_broker(max_roles=fakes + len(planned))
     socks = fill_registry(zmq_ctx, b.bind_address, fakes, 7 * 1024)

@@ -21,6 +21,7 @@ from zrl.config.experiment import (
     parse_override,
 )
 from zrl.config.sections import DEFAULT_STREAMS
+from zrl.testing.fakes import welcome_message
 from zrl.testing.processes import REPO
 
 CARTPOLE = REPO / "configs" / "cartpole_apex_dqn.yaml"
@@ -628,22 +629,10 @@ def test_a_role_refuses_a_forged_spec_past_a_ceiling(zmq_ctx):
     from pydantic import ValidationError
 
     from zrl.roles.actor import Actor
-    from zrl.transport import protocol as P
 
     spec = ExperimentConfig().model_dump(mode="json")
     spec["env"]["num_envs"] = 10**12
-    welcome = P.Message(
-        P.WELCOME,
-        meta={
-            "id": "actor-0",
-            "spec": spec,
-            "factories": {},
-            "endpoints": {},
-            "heartbeat_interval": 0.5,
-            "heartbeat_timeout": 3.0,
-            "max_message_bytes": 2**20,
-        },
-    )
+    welcome = welcome_message(spec, "actor-0")
     actor = Actor("tcp://127.0.0.1:1", index=0, ctx=zmq_ctx)
     try:
         with pytest.raises(ValidationError, match=r"env\.num_envs[\s\S]*1000000000000"):

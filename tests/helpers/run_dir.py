@@ -1,5 +1,6 @@
 """A supervisor whose roles never start, stopped by its rules, and the run directory it must
-leave. Shared by ``tests/run/test_supervisor.py`` and ``test_learning.py``."""
+leave. Shared by ``tests/run/test_supervisor.py``, ``test_learning.py`` and
+``tests/broker/test_broker.py``."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def check_run_dir(sup: Supervisor, summary: dict[str, Any]) -> list[dict[str, fl
     assert rows[-1]["env_steps"] == summary["env_steps"]  # it ends where the summary does
     assert sup.pool.broker is not None and not sup.pool.broker.alive()  # and all stopped
     return rows
+
+
+def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
+    """A head of a default config with ``stop`` (eval_return 475 unless given), not started,
+    whose registry shows ``evaluator-0`` alive, and whose one-role query about the evaluator
+    (what the head confirms an evaluation with) answers from those rows."""
+    cfg = ExperimentConfig.model_validate({"stop": {"eval_return": 475, **stop}})
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
+    (tmp_path / "run").mkdir()
+    sup.monitor.status_rows = [
+        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
+    ]
+    # The broker's answer to a STATUS about one role (the head confirms with it).
+    rows = sup.monitor.status_rows
+    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
+    return sup

@@ -18,6 +18,7 @@ from zrl.config.experiment import ExperimentConfig
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import registry_request
+from zrl.testing.fakes import welcome_message
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 
@@ -241,18 +242,7 @@ def welcome(checkpoint_dir: str | None = None, rid: str = "fake-0", **factories:
     """A WELCOME as the broker sends it (or as a forger would)."""
     spec = make_config().model_dump(mode="json")
     spec["checkpoint"]["dir"] = checkpoint_dir
-    return P.Message(
-        P.WELCOME,
-        meta={
-            "id": rid,
-            "spec": spec,
-            "factories": factories,
-            "endpoints": {},
-            "heartbeat_interval": 0.5,
-            "heartbeat_timeout": 3.0,
-            "max_message_bytes": 2**20,
-        },
-    )
+    return welcome_message(spec, rid, factories)
 
 
 TCP = "tcp://127.0.0.1:1"  # never connected: _on_welcome is fed directly
@@ -358,16 +348,7 @@ def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading
         try:
             if sock.poll(10_000):
                 ident, *_ = sock.recv_multipart()
-                meta = {
-                    "id": rid,
-                    "spec": spec,
-                    "factories": {},
-                    "endpoints": {},
-                    "heartbeat_interval": 0.5,
-                    "heartbeat_timeout": 3.0,
-                    "max_message_bytes": 2**20,
-                }
-                sock.send_multipart([ident, *P.encode(P.Message(P.WELCOME, meta=meta))])
+                sock.send_multipart([ident, *P.encode(welcome_message(spec, rid))])
         finally:
             sock.close(linger=1000)
 

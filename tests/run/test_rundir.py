@@ -21,6 +21,7 @@ from zrl.run.metrics import MetricsWriter
 from zrl.run.roster import Roster
 from zrl.run.rundir import ACROSS_SEGMENTS, UNFINISHED_SEGMENT, RunDir, earlier_segments
 from zrl.run.stop_rule import StopRule
+from zrl.testing.fakes import welcome_message
 from zrl.utils.durable import atomic_write_text
 
 
@@ -156,7 +157,6 @@ def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch)
     from zrl.run.children import Child
     from zrl.run.placement import BrokerAccess, role_trust_args
     from zrl.run.pool import ChildPool
-    from zrl.transport import protocol as P
 
     original, copy = tmp_path / "original", tmp_path / "copy"
     segment(original, resume=False, wall_time=5.0, steps=[100])
@@ -191,18 +191,7 @@ def test_a_copied_run_directory_resumes_into_itself(tmp_path: Path, monkeypatch)
     assert config_path == str(copy / "config.yaml") and broker_cfg.checkpoint.dir == str(own)
 
     learner = Learner("tcp://127.0.0.1:1", ctx=ctx, checkpoint_root=own)
-    welcome = P.Message(
-        P.WELCOME,
-        meta={
-            "id": "learner-0",
-            "spec": broker_cfg.model_dump(mode="json"),
-            "factories": {},
-            "endpoints": {},
-            "heartbeat_interval": 0.5,
-            "heartbeat_timeout": 3.0,
-            "max_message_bytes": 2**20,
-        },
-    )
+    welcome = welcome_message(broker_cfg.model_dump(mode="json"), "learner-0")
     learner._on_welcome(welcome)
     assert learner.checkpoint_path() == own / "learner-0.pt"
     assert sorted((p.name, p.stat().st_mtime_ns) for p in original.rglob("*")) == before

@@ -13,6 +13,7 @@ from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dic
 from zrl.run import sizing
 from zrl.run.sizing import resolve_auto_roles, size_actors
 from zrl.run.supervisor import Supervisor
+from zrl.testing.fakes import welcome_message
 
 
 def auto(**sections) -> ExperimentConfig:
@@ -144,21 +145,9 @@ def test_a_role_refuses_a_spec_with_an_unresolved_auto(zmq_ctx):
     auto (a broker started some other way) stops the role, saying so."""
     from zrl.roles.actor import Actor
     from zrl.roles.errors import RoleError
-    from zrl.transport import protocol as P
 
     spec = auto().model_dump(mode="json")
-    welcome = P.Message(
-        P.WELCOME,
-        meta={
-            "id": "actor-0",
-            "spec": spec,
-            "factories": {},
-            "endpoints": {},
-            "heartbeat_interval": 0.5,
-            "heartbeat_timeout": 3.0,
-            "max_message_bytes": 2**20,
-        },
-    )
+    welcome = welcome_message(spec, "actor-0")
     actor = Actor("tcp://127.0.0.1:1", index=0, ctx=zmq_ctx)
     try:
         with pytest.raises(RoleError, match=r"roles\.actors: auto, not a number"):

@@ -27,7 +27,7 @@ import zmq
 
 import zrl
 import zrl.run.children
-from tests.helpers.run_dir import check_run_dir, stop_supervisor
+from tests.helpers.run_dir import check_run_dir, eval_supervisor, stop_supervisor
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import registry_request
@@ -209,19 +209,6 @@ class EvalFeed:
 
     def drop(self, sender: str, reason: str) -> None:
         raise AssertionError(f"dropped an eval from {sender}: {reason}")
-
-
-def eval_supervisor(tmp_path: Path, **stop: Any) -> Supervisor:
-    cfg = ExperimentConfig.model_validate({"stop": {"eval_return": 475, **stop}})
-    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
-    (tmp_path / "run").mkdir()
-    sup.monitor.status_rows = [
-        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": {}}
-    ]
-    # The broker's answer to a STATUS about one role (the head confirms with it).
-    rows = sup.monitor.status_rows
-    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
-    return sup
 
 
 def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool = False) -> None:

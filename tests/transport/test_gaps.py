@@ -56,7 +56,7 @@ def test_invented_and_forged_sender_ids_move_no_gap_counter_of_a_replay_shard(in
         assert actor.send(P.Message(P.TRAJECTORY, arrays=trajectory()))
     wait_for(lambda: replay.trajectories_received + stream.dropped >= 46, timeout=30)
     assert stream.gaps == 0
-    assert set(stream.last_seq) <= planned_ids(cfg.roles.model_dump())
+    assert set(stream.last_seq) <= planned_ids(cfg.roles.counts())
     assert stream.last_seq["actor-0"] == 4
 
 

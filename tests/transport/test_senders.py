@@ -69,7 +69,7 @@ def test_may_send_follows_the_role_not_the_message() -> None:
 def test_planned_ids_follow_the_config_role_counts() -> None:
     from zrl.config.experiment import ExperimentConfig
 
-    counts = ExperimentConfig().roles.model_dump()
+    counts = ExperimentConfig().roles.counts()
     ids = S.planned_ids({**counts, "actors": 3, "league": 0})
     assert {"actor-0", "actor-1", "actor-2", "learner-0", "replay-0", "params-0"} <= ids
     assert "actor-3" not in ids and not any(i.startswith("league-") for i in ids)

@@ -44,7 +44,7 @@ from zrl.broker.role_table import RoleEntry
 from zrl.broker.topic_bus import TopicBus, topic_sockets
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
-from zrl.config.sections import DEFAULT_STREAMS, ROLE_COUNT_KEYS
+from zrl.config.sections import DEFAULT_STREAMS
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import (
     broker_endpoints,
@@ -142,9 +142,7 @@ class Broker:
             broker_status=self._status,
             stop_token=stop_token,
             # roles.count: ValueError for an actors: auto the head has not resolved.
-            planned=planned_ids({k: config.roles.count(k) for k in ROLE_COUNT_KEYS})
-            if config is not None
-            else frozenset(),
+            planned=planned_ids(config.roles.counts()) if config is not None else frozenset(),
         )
         xsub, xpub, bulk = topic_sockets(
             self._devices,

@@ -207,6 +207,11 @@ class RolesConfig(Section):
             )
         return int(value)
 
+    def counts(self) -> dict[str, int]:
+        """Every ``roles`` count as a number (:meth:`count`), by key: what the run's planned
+        ids are made of (``zrl.transport.senders.planned_ids``)."""
+        return {key: self.count(key) for key in ROLE_COUNT_KEYS}
+
 
 ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league")
 

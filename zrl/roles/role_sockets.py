@@ -49,7 +49,7 @@ class RoleSockets:
         kw.setdefault("max_message_bytes", self.max_message_bytes)
         ch = Channel(sock, name, self.id, self.stats, **kw)
         # Sequence counters (gaps) follow the run's own roles only, never invented ids.
-        ch.expected_peers = planned_ids(self.config.roles.model_dump())
+        ch.expected_peers = planned_ids(self.config.roles.counts())
         self._channels.append(ch)
         return ch
 

@@ -297,3 +297,22 @@ def learner_setup(
         train_stats=TrainStats(),
         services=services or SimpleNamespace(id=f"learner-{index}"),
     )
+
+
+def welcome_message(
+    spec: dict[str, Any], rid: str, factories: dict[str, str] | None = None
+) -> P.Message:
+    """A WELCOME as the broker sends it (or as a forger would): ``spec`` is the config it
+    carries, ``rid`` the id it gives. A role's ``_on_welcome`` takes it directly."""
+    return P.Message(
+        P.WELCOME,
+        meta={
+            "id": rid,
+            "spec": spec,
+            "factories": dict(factories or {}),
+            "endpoints": {},
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 3.0,
+            "max_message_bytes": 2**20,
+        },
+    )

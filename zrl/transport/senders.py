@@ -51,7 +51,7 @@ ROLE_OF_COUNT = {
 
 def planned_ids(counts: Mapping[str, int]) -> frozenset[str]:
     """The ids of a run's own roles: ``<role>-<n>`` for n below each ``roles`` count of the
-    config (``counts``: ``config.roles.model_dump()``). The registry keeps a slot for each,
+    config (``counts``: ``config.roles.counts()``). The registry keeps a slot for each,
     and counters follow these peers only."""
     return frozenset(
         f"{ROLE_OF_COUNT[key]}-{n}"

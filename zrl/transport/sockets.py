@@ -113,13 +113,12 @@ class StreamStats:
     ``stats``."""
     dropped_by_sender: dict[str, int] = field(default_factory=dict)
     last_seq: dict[str, int] = field(default_factory=dict)
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in STAT_COUNTERS}
-
     other_seq: dict[str, int] = field(default_factory=dict)
     """A second sequence per sender, below ``last_seq``'s: a restarted sender's new one (or a
     forger's), followed apart so that a forged low number cannot reset the real sequence."""
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in STAT_COUNTERS}
 
     def note_seq(self, sender: str, seq: int) -> None:
         """Count missing sequence numbers. A number at or below what ``sender`` sent so far
