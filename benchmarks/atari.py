@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SF_LAUNCHER = REPO / "benchmarks" / "sf_pong.py"
 SF_VENV = Path(os.environ.get("ZRL_SF_VENV", Path.home() / ".cache" / "zrl-bench" / "sf-venv"))
+SF_WHEELS = os.environ.get("ZRL_SF_WHEELS")  # a folder of wheels: build the venv offline
 SF_PACKAGES = ["sample-factory==2.1.1", "gymnasium<1.0", "ale-py==0.12.1"]
 CURVE_OUT = REPO / "docs" / "atari_pong_curve"  # .png and .csv
 TARGET_THROUGHPUT = 1.5  # (a) zrl / SF
@@ -63,6 +65,7 @@ TARGET_CPU = 1.5  # (b) zrl / SF
 TARGET_PIPELINE = 0.8  # (c) zrl / bare loop
 FINAL_FRACTION = 0.1  # (d) the final score: episodes of the last 10 % of the wall time
 MONITOR_EVERY_S = 1.0
+STOP_CHECK_S = 5.0  # how often a run's stop_when is asked
 ZRL = "zrl APPO"
 SF = "Sample Factory"
 
@@ -80,11 +83,15 @@ def sf_venv_ok(venv: Path = SF_VENV) -> bool:
     return py.is_file() and subprocess.run([py, "-c", check], capture_output=True).returncode == 0
 
 
-def build_sf_venv(venv: Path = SF_VENV) -> Path:
+def build_sf_venv(venv: Path = SF_VENV, wheels: Path | None = None) -> Path:
     """Sample Factory 2.1.1's own venv (it pins gymnasium < 1.0; zrl needs >= 1.0), reused
-    if it imports. It sees the machine's site-packages, so it reuses the installed torch;
-    a constraint pins torch to that very version so pip never pulls another (a CUDA) build.
-    The commands (22 s here, 68 s under load; everything from PyPI)::
+    if it imports. With ``wheels`` (or ``$ZRL_SF_WHEELS``), a folder holding the wheels of
+    ``SF_PACKAGES`` and their dependencies (``pip download -d DIR`` them on a machine that
+    reaches PyPI), pip installs from it alone (``--no-index --find-links``): offline.
+
+    It sees the machine's site-packages, so it reuses the installed torch; a constraint pins
+    torch to that very version so pip never pulls another (a CUDA) build. The
+    commands (22 s here, 68 s under load; everything from PyPI)::
 
         python -m venv --system-site-packages VENV
         VENV/bin/python -m pip install --upgrade pip
@@ -101,15 +108,20 @@ def build_sf_venv(venv: Path = SF_VENV) -> Path:
         import torch
     except ImportError:
         sys.exit("install the CPU build of torch first: the SF venv reuses it")
-    print(f"building Sample Factory's venv in {venv} ...", flush=True)
+    wheels = wheels or (Path(SF_WHEELS) if SF_WHEELS else None)
+    where = f" from the wheels in {wheels}" if wheels else ""
+    print(f"building Sample Factory's venv in {venv}{where} ...", flush=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = str(sf_python(venv))
-    subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+    offline = ["--no-index", "--find-links", str(wheels)] if wheels else []
+    if not wheels:
+        subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
     constraints = venv / "constraints.txt"
     constraints.write_text(f"torch=={torch.__version__}\n")
     subprocess.run(
-        [py, "-m", "pip", "install", "-q", "-c", str(constraints), *SF_PACKAGES], check=True
+        [py, "-m", "pip", "install", "-q", *offline, "-c", str(constraints), *SF_PACKAGES],
+        check=True,
     )
     if not sf_venv_ok(venv):
         sys.exit(f"{venv}: Sample Factory does not import after the install")
@@ -204,6 +216,7 @@ class Run:
     episodes: list[tuple[float, float, float]] = field(default_factory=list)  # time, return, n
     notes: list[str] = field(default_factory=list)
     failed: str | None = None
+    command: list[str] = field(default_factory=list)
 
     def steady(self, warmup: float) -> dict[str, float] | None:
         """Rates from ``warmup`` s after the first trained batch to the last sample."""
@@ -254,8 +267,18 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_sf(s: Settings, seconds: float, seed: int, tmp: Path, python: Path) -> Run:
-    """One Sample Factory run through benchmarks/sf_pong.py in its venv."""
+def run_sf(
+    s: Settings,
+    seconds: float,
+    seed: int,
+    tmp: Path,
+    python: Path,
+    device: str = "cpu",
+    stop_when: Callable[[Run], bool] | None = None,
+) -> Run:
+    """One Sample Factory run through benchmarks/sf_pong.py in its venv, its learner and
+    inference on ``device`` (``cpu`` or ``gpu``). ``stop_when``, if given, is asked about the
+    run so far every ``STOP_CHECK_S`` seconds; the run stops when it says so."""
     out, log = tmp / "sf.jsonl", tmp / "sf.log"
     if s.batch % s.minibatch:
         raise SystemExit(f"batch {s.batch} is not a multiple of the minibatch {s.minibatch}")
@@ -282,17 +305,37 @@ def run_sf(s: Settings, seconds: float, seed: int, tmp: Path, python: Path) -> R
         str(seconds),
         "--seed",
         str(seed),
+        "--device",
+        device,
     ]
     run = Run(SF, time.time())
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(seconds + 180)
-        except subprocess.TimeoutExpired:
-            run.notes.append("did not stop by itself: killed")
+            deadline = time.time() + seconds + 180
+            while proc.poll() is None and time.time() < deadline:
+                time.sleep(STOP_CHECK_S if stop_when else MONITOR_EVERY_S)
+                if stop_when is not None and stop_when(_sf_events(out, Run(SF, run.launched))):
+                    run.notes.append("stopped: stop_when met")
+                    break
+            else:
+                if proc.poll() is None:
+                    run.notes.append("did not stop by itself: killed")
         finally:
             _stop_group(proc)
-    events = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    _sf_events(out, run)
+    if not run.samples:
+        run.failed = f"no figures (log: {log})\n" + log.read_text()[-2000:]
+    return run
+
+
+def _sf_events(out: Path, run: Run) -> Run:
+    """``run`` with the stats and episodes of sf_pong.py's JSON-lines file ``out`` added (a
+    line still being written is skipped)."""
+    events = []
+    for line in out.read_text().splitlines() if out.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
     for e in events:
         if e["event"] == "stats":
             lag = e.get("lag_avg")
@@ -308,8 +351,6 @@ def run_sf(s: Settings, seconds: float, seed: int, tmp: Path, python: Path) -> R
             )
         elif e["event"] == "episode":
             run.episodes.append((e["time"], e["reward"], 1.0))
-    if not run.samples:
-        run.failed = f"no figures (log: {log})\n" + log.read_text()[-2000:]
     return run
 
 
@@ -324,10 +365,19 @@ def _last_csv_row(path: Path) -> dict[str, str] | None:
 
 
 def run_zrl(
-    s: Settings, config: Path, seconds: float, seed: int, tmp: Path, extra: list[str]
+    s: Settings,
+    config: Path,
+    seconds: float,
+    seed: int,
+    tmp: Path,
+    extra: list[str],
+    stop_when: Callable[[Run], bool] | None = None,
 ) -> Run:
     """One ``zrl run``, watched once a second: progress.csv's counters and the CPU time of its
-    processes (the learner is the one whose title is ``... zrl start learner ...``)."""
+    processes (the learner is the one whose title is ``... zrl start learner ...``). Its run
+    directory is ``tmp/zrl`` (summary.json there after the stop). ``stop_when``, if given, is
+    asked about the run so far (its episodes read afresh) every ``STOP_CHECK_S`` seconds; the
+    run is stopped (SIGTERM: a clean stop) when it says so."""
     import psutil
 
     run_dir = tmp / "zrl"
@@ -346,7 +396,7 @@ def run_zrl(
         **os.environ,
         "PYTHONPATH": os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x),
     }
-    run = Run(ZRL, time.time())
+    run = Run(ZRL, time.time(), command=cmd)
     log = tmp / "zrl.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(
@@ -357,8 +407,15 @@ def run_zrl(
         cpu: dict[int, float] = {}  # the last CPU time seen per process: it stays counted
         learners: set[int] = set()  # after the process has gone
         deadline = time.time() + seconds + 180
+        next_check = time.time() + STOP_CHECK_S
         while proc.poll() is None and time.time() < deadline:
             time.sleep(MONITOR_EVERY_S)
+            if stop_when is not None and time.time() >= next_check:
+                next_check = time.time() + STOP_CHECK_S
+                run.episodes = _zrl_episodes(run_dir, run.launched)
+                if stop_when(run):
+                    run.notes.append("stopped: stop_when met")
+                    break
             try:
                 for p in [root, *root.children(recursive=True)]:
                     procs.setdefault(p.pid, p)
@@ -386,7 +443,7 @@ def run_zrl(
                     float(lag) if lag else None,
                 )
             )
-        if proc.poll() is None:
+        if proc.poll() is None and not run.notes:
             run.notes.append("did not stop by itself: killed")
         _stop_group(proc)
     run.episodes = _zrl_episodes(run_dir, run.launched)

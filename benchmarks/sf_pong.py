@@ -1,10 +1,11 @@
-"""Sample Factory 2.1.1 APPO on PongNoFrameskip-v4, for ``benchmarks/atari.py``.
+"""Sample Factory 2.1.1 APPO on PongNoFrameskip-v4, for ``benchmarks/atari.py`` and gpu_host.py.
 
 Runs in Sample Factory's own virtual environment (gymnasium 0.29), never in zrl's: build it
 with ``python benchmarks/atari.py --build-sf-venv`` (``atari.py`` calls this file with that
 venv's Python). Its Atari defaults (``sf_examples.atari``: Nature CNN ``convnet_atari``, the
-SB3/CleanRL wrappers, PPO loss with GAE) with ``--async_rl=True`` on the CPU, plus the settings
-given here. Writes one JSON object a line to ``--out``:
+SB3/CleanRL wrappers, PPO loss with GAE) with ``--async_rl=True``, learner and inference on
+``--device`` (``cpu``, the default, or ``gpu``), plus the settings given here. Writes one JSON
+object a line to ``--out``:
 
   {"event": "start", "time": ..., "learner_pid": ..., "cfg": {...}}
   {"event": "stats", "time": ..., "env_frames": ..., "samples_trained": ...,
@@ -43,7 +44,7 @@ def sf_argv(args: argparse.Namespace) -> list[str]:
         "--env=atari_pong",
         f"--experiment={args.experiment}",
         f"--train_dir={args.train_dir}",
-        "--device=cpu",
+        f"--device={args.device}",
         "--async_rl=True",
         "--encoder_conv_architecture=convnet_atari",  # the Nature CNN (also its Atari default)
         f"--num_workers={args.workers}",
@@ -76,6 +77,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=90)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("sf_args", nargs="*", help="more Sample Factory arguments (after --)")
     args = parser.parse_args()
 

@@ -532,3 +532,33 @@ def test_appo_trains_a_batch_on_the_gpu(normalize_returns: bool) -> None:
             update.value_normalizer is not None
             and update.value_normalizer.count == arrays["valid"].sum()
         )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_appo_on_the_gpu_moves_a_batch_while_the_last_one_trains() -> None:
+    """On a GPU: the checks stay on the device, the copy of a received batch is in flight on
+    the staging's stream, and the update takes it from there."""
+    s = setup(appo_config(epochs=2, minibatches=2, normalize_returns=True))
+    s.model.cuda()
+    s.device = torch.device("cuda")
+    update = AppoUpdate(s)
+    assert update.defer_checks and update.staging.stream is not None
+    msgs = [batch(unroll_batch(np.random.default_rng(i), [0] * 4)) for i in range(3)]
+    update.receive(msgs[0], 0)
+    first = update.train(0)  # the first step's state and buffers are made here
+    update.receive(msgs[1], 0)  # its copy queued behind nothing: the update runs meanwhile
+    assert len(update.pending) == 1 and update.pending[0].moving.ready is not None
+    torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
+    try:
+        second = update.train(0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert first is not None and second is not None
+    assert first.finite is not None and bool(first.finite) and bool(second.finite)
+    assert isinstance(second.loss, torch.Tensor) and second.loss.is_cuda
+    arrays = unroll_batch(np.random.default_rng(9), [0] * 4)
+    arrays["reward"] = np.full_like(arrays["reward"], 3e38)
+    before = {k: v.clone() for k, v in update.model.state_dict().items()}
+    bad = trained(update, batch(arrays))
+    assert bad.finite is not None and not bool(bad.finite)
+    assert all(torch.equal(before[k], v) for k, v in update.model.state_dict().items())

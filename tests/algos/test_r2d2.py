@@ -9,18 +9,24 @@ sent while its trained part ``[start + burn_in, start + L)`` holds a step of the
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers.frames import SHAPE, Collector, act_on, first_of, scripted_actions
 from zrl.algos.api.actor import Trajectory
+from zrl.algos.r2d2 import update as r2d2_update
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
 from zrl.config.experiment import ExperimentConfig
+from zrl.nets.frames import sequence_stacks_from_frames
 from zrl.nets.recurrent import recurrent_q_network_for
-from zrl.replay.assemble import assemble_sequences
+from zrl.replay.assemble import assemble_items, assemble_sequences
+from zrl.replay.layout import experience_layout
+from zrl.replay.tables import make_table
 from zrl.testing.fakes import actor_setup, as_message, learner_setup, sequences
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -386,3 +392,135 @@ def test_learner_refuses_a_batch_of_another_sequence_length():
     update = update_for(config(sequence_length=8, burn_in=2))
     with pytest.raises(P.ProtocolError, match="P must be 9"):
         update.receive(batch_message(), 0)
+
+
+# --- frame stacks: each frame once per sequence ---------------------------------------------
+
+FRAME_SPACE = gym.spaces.Box(0, 255, (4, *SHAPE), np.uint8)  # stacks of 4 scripted frames
+FRAME_ACTIONS = gym.spaces.Discrete(3)
+
+
+def frame_config(**r2d2: object) -> ExperimentConfig:
+    cfg = config(**r2d2).model_dump(mode="json")
+    cfg["model"]["encoder"] = "mlp"
+    cfg["env"]["num_envs"] = 5
+    return ExperimentConfig.model_validate(cfg)
+
+
+def frame_sizes(L: int, R: int = STATE, k: int = 4) -> dict[str, object]:
+    return {"O": SHAPE, "S": L + k, "T": L, "P": L + 1, "R": R}
+
+
+@pytest.mark.parametrize("padding", ["zero", "reset"])
+@pytest.mark.parametrize("burn_in", [0, 2])
+def test_frame_sequences_rebuild_the_actors_stacks_exactly(padding: str, burn_in: int):
+    """Sequences cut from frame-stacked envs (episode ends inside and across trajectories,
+    one-step episodes, a burn-in padded in front, sequences padded after an episode's end)
+    travel as ``frame_sequences`` and rebuild, from ``first`` and ``mask`` alone, into
+    exactly the stacks the actor cut, padding included."""
+    E, T, L, k = 5, 8, 5, 4
+    collector = Collector(E, k, padding)
+    cutter = SequenceCutter(E, L, burn_in, (k, *SHAPE), np.dtype(np.uint8), STATE, 3)
+    started = np.ones(E, bool)
+    rng = np.random.default_rng(burn_in)
+    rounds = scripted_actions(T, E) + [rng.choice(3, (T, E), p=[0.7, 0.2, 0.1]) for _ in range(4)]
+    sent = []
+    for actions in rounds:
+        traj = collector.collect(actions)
+        seqs = cutter.add(
+            traj["obs"],
+            traj["action"],
+            traj["reward"],
+            traj["terminated"],
+            traj["valid"],
+            first_of(traj, started),
+            np.zeros((E, T, STATE), np.float32),
+            np.zeros((E, T, 3), np.float32),
+        )
+        arrays = seqs.arrays(np.ones(len(seqs), np.float32), frames=True)
+        validate(as_message(arrays), M.FRAME_SEQUENCES, **frame_sizes(L))
+        sent.append((seqs, arrays))
+    obs = np.concatenate([s.obs for s, _ in sent])
+    a = {name: np.concatenate([arrays[name] for _, arrays in sent]) for name in sent[0][1]}
+    assert a["frames"].nbytes * k == obs.nbytes * (L + k) // (L + 1)  # (L + k) frames, not k(L + 1)
+    first, mask = a["first"], a["mask"]
+    assert first[:, 1:].any() == (burn_in > 0)  # an episode's first sequence, padded in front
+    assert (~first.any(axis=1)).any()  # sequences that start inside an episode
+    assert (~mask[:, -1]).sum() >= 3  # sequences padded after an episode's end
+    rebuilt = sequence_stacks_from_frames(
+        torch.from_numpy(a["frames"]), torch.from_numpy(first), torch.from_numpy(mask), padding
+    )
+    assert rebuilt.dtype == torch.uint8
+    np.testing.assert_array_equal(rebuilt.numpy(), obs)
+
+
+def test_r2d2_on_frame_stacks_sends_each_frame_once_and_trains_on_the_actors_stacks(monkeypatch):
+    """The policy on frame stacks sends ``frame_sequences`` of the replay layout its spaces
+    fix; a shard stores them and samples ``frame_sequence_batch``es; the learner (whose schema
+    comes from its spaces: it refuses full stacks) trains on exactly the stacks the actor cut."""
+    cfg = frame_config()
+    c = cfg.section(R2D2Config)
+    L, E, T = c.sequence_length, 5, 8
+    torch.manual_seed(0)
+    model = recurrent_q_network_for(FRAME_SPACE, FRAME_ACTIONS, cfg.model)
+    policy = R2D2Policy(actor_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS, E))
+    layout = experience_layout(
+        "sequences",
+        actions="discrete",
+        observation_space=FRAME_SPACE,
+        action_space=FRAME_ACTIONS,
+        num_envs=E,
+        trajectory_length=T,
+        sequence_length=L,
+        state_size=model.state_size,
+    )
+    assert layout.schema is M.FRAME_SEQUENCES and layout.stack == 4
+    reference = SequenceCutter(
+        E, L, c.burn_in, (4, *SHAPE), np.dtype(np.uint8), model.state_size, 3
+    )
+    table = make_table("fifo", 64)
+    expected = []
+    collector = Collector(E, 4, seed=3)
+    for actions in scripted_actions(T, E) + scripted_actions(T, E):
+        trajectory = act_on(policy, collector.collect(actions))
+        out = policy.finish(trajectory)
+        msg = as_message(out.arrays, weights_version=1, actor=0, env_steps=0)
+        assert set(out.arrays) == set(M.FRAME_SEQUENCES.arrays)
+        layout.check(msg)
+        items, _ = assemble_items(layout, msg, cfg.replay.n_step, cfg.replay.gamma)
+        if len(items["reward"]):
+            table.insert(items)
+        x = trajectory.extras
+        expected.append(
+            reference.add(
+                trajectory.obs,
+                trajectory.action,
+                trajectory.reward,
+                trajectory.terminated,
+                trajectory.valid,
+                x["first"],
+                x["state"],
+                x["q"],
+            ).obs
+        )
+    stacks = np.concatenate(expected)
+    assert len(stacks) == table.size >= 6
+    sampled = table.sample(table.size, np.random.default_rng(0))  # oldest first
+    arrays = {**sampled.items, "weight": sampled.weights, "key": sampled.keys.astype(np.int64)}
+    batch = P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
+    validate(batch, M.FRAME_SEQUENCE_BATCH, **frame_sizes(L, model.state_size))
+
+    update = R2D2Update(learner_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS))
+    assert update.schema is M.FRAME_SEQUENCE_BATCH
+    full = {k: v for k, v in arrays.items() if k != "frames"}
+    with pytest.raises(P.ProtocolError, match="frames"):
+        update.receive(P.Message(P.BATCH, meta=batch.meta, arrays={**full, "obs": stacks}), 0)
+    seen: list[torch.Tensor] = []
+    unroll = r2d2_update.burn_in_unroll
+    monkeypatch.setattr(
+        r2d2_update, "burn_in_unroll", lambda f, obs, *a: seen.append(obs) or unroll(f, obs, *a)
+    )
+    update.receive(batch, 0)
+    result = update.train(0)
+    assert result is not None and np.isfinite(result.loss) and len(seen) == 1
+    np.testing.assert_array_equal(seen[0].numpy(), stacks)

@@ -14,10 +14,13 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers.frames import SHAPE as FRAME_SHAPE
+from tests.helpers.frames import Collector, act_on, scripted_actions
 from tests.helpers.recurrent import ACT_SPACE, CORE, OBS_SPACE, ScriptedActor, step_by_step
 from tests.helpers.recurrent import E as ENVS
 from tests.helpers.recurrent import T as STEPS
@@ -26,6 +29,7 @@ from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.models import build_model
 from zrl.algos.optim import make_adam
+from zrl.algos.ppo.policy import RecurrentPPOPolicy
 from zrl.algos.sampling import (
     CategoricalPolicy,
     RecurrentCategoricalPolicy,
@@ -35,11 +39,11 @@ from zrl.algos.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_out
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic
-from zrl.replay.assemble import assemble_unrolls
-from zrl.replay.layout import ExperienceLayout
+from zrl.replay.assemble import assemble_items, assemble_unrolls
+from zrl.replay.layout import ExperienceLayout, experience_layout
 from zrl.replay.tables import make_table
 from zrl.roles.replay import ReplayServer
-from zrl.testing.fakes import actor_setup, cue_recall, learner_setup
+from zrl.testing.fakes import actor_setup, as_message, cue_recall, learner_setup
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import validate
@@ -406,3 +410,92 @@ def test_recurrent_learners_learn_a_task_that_needs_memory(algo: str, memory: bo
         assert np.mean(success[-5:]) > 0.9, success
     else:
         assert np.mean(success[-5:]) < 0.75, success
+
+
+# ------------------------------------------------------------------ frame stacks: each frame once
+
+FRAME_SPACE = gym.spaces.Box(0, 255, (4, *FRAME_SHAPE), np.uint8)  # stacks of 4 scripted frames
+FRAME_ACTIONS = gym.spaces.Discrete(3)
+
+
+def frame_policy(algo: str, E: int) -> tuple[ExperimentConfig, torch.nn.Module, Any]:
+    ppo: dict[str, Any] = {"roles__replay": 0} if algo == "ppo" else {}
+    cfg = make_config(algo, model__encoder="mlp", env__num_envs=E, **ppo)
+    torch.manual_seed(0)
+    model = build_model(FRAME_SPACE, FRAME_ACTIONS, cfg.model, cfg.algo)
+    setup = actor_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS, E, seed=1)
+    policy = RecurrentPPOPolicy(setup) if algo == "ppo" else make_categorical_policy(setup)
+    return cfg, model, policy
+
+
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_recurrent_frame_unrolls_through_the_fifo_rebuild_the_actors_stacks(algo: str, monkeypatch):
+    """On frame stacks a recurrent policy sends ``recurrent_frame_unroll``s (each frame once,
+    with its state and resets) of the layout the shard's spaces fix; the FIFO's
+    ``recurrent_frame_unroll_batch`` gives the learner (which refuses full stacks) exactly
+    the actor's stacks across episode ends, and it replays the log-probs the actor computed."""
+    E, T = 5, STEPS
+    cfg, model, policy = frame_policy(algo, E)
+    layout = experience_layout(
+        "unroll",
+        actions="discrete",
+        observation_space=FRAME_SPACE,
+        action_space=FRAME_ACTIONS,
+        num_envs=E,
+        trajectory_length=T,
+        state_size=R,
+    )
+    assert layout.schema is M.RECURRENT_FRAME_UNROLL
+    collector = Collector(E, 4, seed=5)
+    table = make_table("fifo", 64)
+    trajectories = []
+    for actions in scripted_actions(T, E):
+        trajectory = act_on(policy, collector.collect(actions))
+        out = policy.finish(trajectory)
+        assert set(out.arrays) == set(M.RECURRENT_FRAME_UNROLL.arrays)
+        msg = as_message(out.arrays, weights_version=1, actor=0, env_steps=0)
+        layout.check(msg)
+        table.insert(assemble_items(layout, msg, 1, 0.99)[0])
+        trajectories.append(trajectory)
+    sampled = table.sample(table.size, np.random.default_rng(0))  # oldest first
+    arrays = {**sampled.items, "weight": sampled.weights, "key": sampled.keys.astype(np.int64)}
+    batch = P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
+    validate(batch, M.RECURRENT_FRAME_UNROLL_BATCH, O=FRAME_SHAPE, S=T + 4, T=T, R=R)
+
+    setup = learner_setup(cfg, model, FRAME_SPACE, FRAME_ACTIONS)
+    update = ImpalaUpdate(setup) if algo == "impala" else AppoUpdate(setup)
+    assert update.schema is M.RECURRENT_FRAME_UNROLL_BATCH
+    obs = np.concatenate([t.obs for t in trajectories])
+    final_obs = np.concatenate([t.final_obs for t in trajectories])
+    full = {k: v for k, v in arrays.items() if k != "frames"}
+    with pytest.raises(P.ProtocolError, match="frames"):
+        update.receive(
+            P.Message(P.BATCH, arrays={**full, "obs": obs, "bootstrap_obs": final_obs}), 1
+        )
+    seen: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
+    train_unrolls = type(update).train_unrolls
+
+    def spy(self: UnrollUpdate, b: dict[str, torch.Tensor]) -> Any:
+        with torch.no_grad():
+            logits, _, _ = unroll_outputs(self.model, b)
+        seen.append((b, torch.log_softmax(logits, -1).gather(-1, b["action"][..., None])[..., 0]))
+        return train_unrolls(self, b)
+
+    monkeypatch.setattr(type(update), "train_unrolls", spy)
+    update.receive(batch, 1)
+    assert update.train(1) is not None and len(seen) == 1
+    trained, logp = seen[0]
+    np.testing.assert_array_equal(trained["obs"].numpy(), obs)
+    np.testing.assert_array_equal(trained["bootstrap_obs"].numpy(), final_obs)
+    np.testing.assert_array_equal(trained["first"].numpy(), arrays["first"])
+    np.testing.assert_allclose(logp.numpy(), arrays["logp"], atol=1e-6)
+
+
+def test_recurrent_ppo_rollouts_keep_the_full_stacks():
+    """Recurrent PPO's learners take ``recurrent_unroll`` rollouts: its policy sends the full
+    stacks on frame stacks too (``frame_unrolls`` False)."""
+    _, _, policy = frame_policy("ppo", 5)
+    trajectory = act_on(policy, Collector(5, 4).collect(np.zeros((STEPS, 5), np.int64)))
+    out = policy.finish(trajectory)
+    validate(as_message(out.arrays), M.RECURRENT_UNROLL, O=FRAME_SPACE.shape, R=R)
+    np.testing.assert_array_equal(out.arrays["obs"], trajectory.obs)

@@ -170,6 +170,53 @@ def test_unroll_updates_train_on_fresh_unrolls_and_count_stale_ones(algo: str) -
     assert set(update.train_info()) == {"lr"}
 
 
+@pytest.mark.parametrize("algo", UNROLL_UPDATES)
+def test_unroll_updates_drop_the_unrolls_gone_stale_since_they_arrived(
+    algo: str, monkeypatch
+) -> None:
+    """Received at version 10 (lags 0, 2, 3: two fresh, moved to the device), trained at 11:
+    only the first is fresh still, and it is the one trained on."""
+    update = UNROLL_UPDATES[algo](setup(config(algo, **{algo: {"max_lag": 2}})))
+    seen: list[dict[str, torch.Tensor]] = []
+    train_unrolls = type(update).train_unrolls
+    monkeypatch.setattr(
+        update, "train_unrolls", lambda b: seen.append(b) or train_unrolls(update, b)
+    )
+    arrays = unroll_batch(np.random.default_rng(4), [10, 8, 7])
+    update.receive(batch(arrays), 10)
+    result = update.train(11)
+    assert result is not None and result.samples == int(arrays["valid"][0].sum())
+    assert update.stale_unrolls == 2 and update.trained_unrolls == 1
+    np.testing.assert_array_equal(seen[0]["obs"].numpy(), arrays["obs"][:1])
+
+
+@pytest.mark.parametrize("algo", UNROLL_UPDATES)
+def test_unroll_updates_checked_on_the_device_train_as_checked_at_once(algo: str) -> None:
+    """``defer_checks`` (a GPU learner's; forced here on the CPU, whose fused Adam skips a
+    step the same way): the same weights as the checked path, the loss and the finite flag
+    left as tensors; a batch whose loss overflows raises nothing, its steps are skipped and
+    the result says so for the learner to drop it."""
+    cfg = config(algo, **{algo: {"epochs": 2}})
+    checked, deferred = UNROLL_UPDATES[algo](setup(cfg)), UNROLL_UPDATES[algo](setup(cfg))
+    deferred.defer_checks = True
+    for seed in range(2):
+        msg = batch(unroll_batch(np.random.default_rng(seed), [0] * 4))
+        a, b = trained(checked, msg), trained(deferred, msg)
+        assert a.finite is None and isinstance(a.loss, float)
+        assert isinstance(b.loss, torch.Tensor) and b.finite is not None and bool(b.finite)
+        assert float(b.loss) == a.loss
+    assert same_weights(checked.model, deferred.model)
+    assert deferred.heartbeat_info()["mean_rho"] == checked.heartbeat_info()["mean_rho"]
+    before = {k: v.clone() for k, v in deferred.model.state_dict().items()}
+    arrays = unroll_batch(np.random.default_rng(2), [0] * 4)
+    arrays["reward"] = np.full_like(arrays["reward"], 3e38)
+    result = trained(deferred, batch(arrays))
+    assert result.finite is not None and not bool(result.finite)
+    assert all(torch.equal(before[k], v) for k, v in deferred.model.state_dict().items())
+    steps = {int(s["step"]) for s in deferred.optimizer.state.values()}
+    assert steps == {checked.updates}  # the two good batches' steps only
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -50,3 +50,46 @@ def test_state_round_trips_and_bad_input_is_refused() -> None:
         norm.update(torch.ones(3), torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match="eps"):
         ValueNormalizer(eps=0.0)
+
+
+def test_folding_on_the_device_keeps_the_statistics_of_update() -> None:
+    """``fold`` (a GPU learner's, nothing read back; here on the CPU) gives the statistics and
+    the maps ``update`` gives, and skips a batch with a NaN/inf target instead of raising."""
+    rng = np.random.default_rng(1)
+    exact, folded = ValueNormalizer(), ValueNormalizer()
+    folded.fold(torch.zeros(0))
+    for n in (1, 7, 64, 3):
+        x = torch.from_numpy(rng.normal(loc=5.0, scale=3.0, size=(n, 2)).astype(np.float32))
+        valid = torch.from_numpy(rng.random((n, 2)) < 0.7)
+        exact.update(x, valid)
+        folded.fold(x.masked_fill(~valid, float("nan")), valid)  # what is invalid is not read
+        assert folded.count == exact.count
+        assert folded.mean == pytest.approx(exact.mean, rel=1e-12)
+        assert folded.var == pytest.approx(exact.var, rel=1e-12)
+    folded.fold(torch.tensor([1.0, float("inf")]))
+    assert folded.count == exact.count and folded.mean == pytest.approx(exact.mean, rel=1e-12)
+    v = torch.tensor([0.0, 5.0, 11.0])
+    assert torch.allclose(folded.normalize(v), exact.normalize(v))
+    assert torch.allclose(folded.denormalize(v), exact.denormalize(v))
+    again = ValueNormalizer()
+    again.load_state_dict(folded.state_dict())
+    assert again.count == exact.count and again.m2 == pytest.approx(exact.m2, rel=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_targets_on_the_gpu_are_folded_in_without_reading_them_back() -> None:
+    norm, exact = ValueNormalizer(), ValueNormalizer()
+    x = torch.arange(12.0).reshape(3, 4)
+    valid = x.remainder(3) != 0
+    norm.update(x[:1].cuda(), valid[:1].cuda())  # the statistics move to the device
+    exact.update(x[:1], valid[:1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync raises
+    try:
+        norm.update(x[1:].cuda(), valid[1:].cuda())
+        out = norm.normalize(x.cuda())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    exact.update(x[1:], valid[1:])
+    assert norm.count == exact.count and norm.mean == pytest.approx(exact.mean)
+    assert torch.allclose(out.cpu(), exact.normalize(x), atol=1e-6)

@@ -484,14 +484,11 @@ def test_sigterm_stops_broker_with_full_stream_queue(spawn, zmq_ctx, broker_addr
         assert sent > 4  # the device took some (its queue is bounded), then blocked
         assert broker_up(zmq_ctx, broker_addr)  # the registry still answers
 
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=15)
-        elapsed = time.monotonic() - t0
+        code = proc.wait(timeout=30)  # a device that kept it blocked would hang here
     finally:
         push.close(linger=0)
     assert code == 0
-    assert elapsed < 5.0
     assert not broker_up(zmq_ctx, broker_addr)
 
 

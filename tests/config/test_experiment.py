@@ -640,3 +640,32 @@ def test_a_role_refuses_a_forged_spec_past_a_ceiling(zmq_ctx):
     finally:
         actor.close()
     assert actor.config.env.num_envs == ExperimentConfig().env.num_envs
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"algo": "ppo"}, r"roles.inference: 1: ppo's actors need the weights in their own"),
+        ({"algo": "a3c", "roles": {"replay": 0, "learners": 0}}, r"a3c's actors need the weights"),
+        ({"algo": "sac", "env": {"id": "Pendulum-v1"}}, r"sac's actors need the weights"),
+        (
+            {"algo": "ppo", "env": {"id": "pettingzoo/tictactoe_v3"}, "roles": {"league": 1}},
+            r"roles.inference: 1: the actors of multi-agent games play their opponents",
+        ),
+        (
+            {"algo": "appo", "replay": {"table": "fifo"}, "actor": {"random_policy": True}},
+            r"roles.inference: 1: actor.random_policy never runs the model",
+        ),
+    ],
+)
+def test_inference_roles_serve_only_actors_that_can_act_through_them(data, match):
+    roles = {"inference": 1, **data.pop("roles", {})}
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict({**data, "roles": roles})
+
+
+@pytest.mark.parametrize("algo", ["apex_dqn", "r2d2", "impala", "appo"])
+def test_the_algorithms_whose_actors_act_through_inference_roles(algo):
+    table = {"impala": "fifo", "appo": "fifo"}.get(algo, "prioritized")
+    cfg = config_from_dict({"algo": algo, "roles": {"inference": 2}, "replay": {"table": table}})
+    assert cfg.roles.counts()["inference"] == 2

@@ -1,14 +1,18 @@
 """Frame-stacked envs stepped the way ``Actor.collect`` steps them: the reference the frame
-tests (``tests/replay/test_frames.py``, ``tests/nets/test_frames.py``) rebuild stacks against.
-``Scripted`` frames carry their step since reset, and the action places episode ends."""
+tests (``tests/replay/test_frames.py``, ``tests/nets/test_frames.py``, the recurrent and R2D2
+frame paths) rebuild stacks against. ``Scripted`` frames carry their step since reset, and the
+action places episode ends; :func:`act_on` runs a recurrent policy over collected steps."""
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+
+from zrl.algos.api.actor import Trajectory
 
 CONTINUE, TERMINATE, TRUNCATE = 0, 1, 2
 SHAPE = (5, 6)
@@ -94,3 +98,44 @@ def scripted_actions(T: int, E: int) -> list[np.ndarray]:
     a[1][1, 2] = TRUNCATE  # ... after an invalid first step: a one-step episode
     a[0][T - 2, 4] = TERMINATE  # env 4: the final obs is a reset obs
     return a  # env 3 never ends: its episode spans all trajectories
+
+
+def first_of(traj: dict[str, np.ndarray], started: np.ndarray) -> np.ndarray:
+    """``first [E, T]`` as a recurrent policy records it for the collected ``traj``: step t's
+    observation starts an episode after a reset-only step (``valid[:, t - 1]`` False), and at
+    step 0 where ``started`` (the actor's first observations, or a reset-only last step of the
+    trajectory before). ``started`` is updated for the next trajectory."""
+    valid = traj["valid"]
+    first = np.empty(valid.shape, bool)
+    first[:, 0] = started
+    first[:, 1:] = ~valid[:, :-1]
+    started[:] = ~valid[:, -1]
+    return first
+
+
+def act_on(policy: Any, traj: dict[str, np.ndarray], version: int = 1) -> Trajectory:
+    """``traj`` (from :meth:`Collector.collect`) as the actor role hands it to a recurrent
+    ``policy``: ``begin``, ``act`` on each step's observations (the policy's actions are
+    recorded; the scripted env ended episodes by its own), ``episodes_started`` after every
+    reset-only step."""
+    E, T = traj["valid"].shape
+    policy.begin(T, 0)
+    actions, extras = [], []
+    for t in range(T):
+        a, x = policy.act(traj["obs"][:, t], t)
+        actions.append(a)
+        extras.append(x)
+        if not traj["valid"][:, t].all():
+            policy.episodes_started(np.flatnonzero(~traj["valid"][:, t]))
+    return Trajectory(
+        obs=traj["obs"],
+        next_obs=None,
+        action=np.stack(actions, 1).astype(np.int64),
+        reward=traj["reward"],
+        terminated=traj["terminated"],
+        truncated=traj["truncated"],
+        valid=traj["valid"],
+        final_obs=traj["final_obs"],
+        extras={k: np.stack([x[k] for x in extras], 1) for k in extras[0]},
+        weights_version=version,
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from zrl.roles.evaluation import SOURCES
 from zrl.testing.processes import (
     RANDOM_POLICY_RETURN,
     REPO,
@@ -94,6 +95,11 @@ def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     )
     assert ev.returncode == 0, ev.stderr
     assert "mean" in ev.stdout
+    # model.pt is the weights that met the stop rule (else the best evaluated), and says so.
+    which = "confirmed" if summary["reached_target"] else "best"
+    assert summary["model_source"] == which, summary["model_note"]
+    first = ev.stdout.splitlines()[0]
+    assert first.startswith(f"model.pt: {SOURCES[which]}, weights v"), ev.stdout
     mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
     assert mean > 2 * RANDOM_POLICY_RETURN, ev.stdout
 

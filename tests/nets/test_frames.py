@@ -1,5 +1,7 @@
 """``stacks_from_frames``: the stacks a frame unroll's learner rebuilds are the env's, bit for
-bit, across episode ends (both paddings), with the scripted envs of the FrameTable's tests."""
+bit, across episode ends (both paddings), with the scripted envs of the FrameTable's tests.
+``sequence_stacks_from_frames`` (R2D2's frame sequences) is checked against the sequences the
+actor cuts in ``tests/algos/test_r2d2.py``; here its refusals and its GPU variant."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.frames import Collector, scripted_actions
-from zrl.nets.frames import stacks_from_frames
+from zrl.nets.frames import sequence_stacks_from_frames, stacks_from_frames
 from zrl.replay.frames import frames_of
 
 
@@ -63,3 +65,31 @@ def test_rebuilds_on_the_gpu():
     assert obs.is_cuda
     np.testing.assert_array_equal(obs.cpu().numpy(), traj["obs"])
     np.testing.assert_array_equal(bootstrap.cpu().numpy(), traj["final_obs"])
+
+
+def test_sequence_stacks_reject_flags_that_do_not_fit():
+    frames = torch.zeros(2, 9, 3, 3, dtype=torch.uint8)
+    first, mask = torch.zeros(2, 6, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
+    assert sequence_stacks_from_frames(frames, first, mask).shape == (2, 6, 4, 3, 3)
+    with pytest.raises(ValueError, match="first \\[B, T \\+ 1\\]"):
+        sequence_stacks_from_frames(frames, first[:, :5], mask)
+    with pytest.raises(ValueError, match="T \\+ k"):
+        sequence_stacks_from_frames(frames[:, :5], first, mask)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_rebuilds_sequences_on_the_gpu():
+    """A sequence padded in front (its episode starts at position 2) and after its end (the
+    bootstrap observation at position 4): rebuilt on the GPU as on the CPU."""
+    rng = np.random.default_rng(0)
+    frames = torch.from_numpy(rng.integers(1, 256, (1, 9, 3, 3), dtype=np.uint8))
+    frames[0, :5] = 0  # positions 0 and 1 are padding: their frames are zeros
+    frames[0, 8] = 0  # position 5 lies past the bootstrap observation
+    first = torch.tensor([[False, False, True, False, False, False]])
+    mask = torch.tensor([[False, False, True, True, False]])
+    cpu = sequence_stacks_from_frames(frames, first, mask)
+    gpu = sequence_stacks_from_frames(frames.cuda(), first.cuda(), mask.cuda())
+    assert gpu.is_cuda
+    np.testing.assert_array_equal(gpu.cpu().numpy(), cpu.numpy())
+    np.testing.assert_array_equal(cpu[0, 2, 3].numpy(), frames[0, 5].numpy())
+    assert not cpu[0, 2, :3].any() and not cpu[0, :2].any() and not cpu[0, 5].any()

@@ -333,6 +333,60 @@ def test_fifo_wraps_around_many_times():
     assert q.evicted == 0 and q.size == 0
 
 
+def allocated_fifo(capacity: int) -> FifoQueue:
+    q = FifoQueue(capacity)
+    q.allocate(transitions(0, 1))
+    return q
+
+
+def test_fifo_passes_whole_inserts_on_without_writing_its_columns():
+    """A batch of whole inserts is their arrays concatenated: one copy, the columns never
+    written."""
+    q = allocated_fifo(16)
+    inserts = [transitions(0, 4), transitions(4, 4)]
+    for items in inserts:
+        q.insert(items)
+    batch = q.sample(8, np.random.default_rng(0))
+    np.testing.assert_array_equal(batch.keys, np.arange(8))
+    assert_items_match_keys(batch)
+    for name, arr in batch.items.items():
+        assert not any(np.shares_memory(arr, items[name]) for items in inserts), name
+        assert not q.column(name).any(), name  # the storage is as allocated: zeros
+    assert q.size == 0 and q.samples == 8 and q.inserts == 8
+
+
+def test_fifo_splits_an_insert_and_keeps_its_rest():
+    q = allocated_fifo(16)
+    q.insert(transitions(0, 5))
+    rng = np.random.default_rng(0)
+    first = q.sample(3, rng)
+    q.insert(transitions(5, 5))
+    rest = q.sample(7, rng)
+    np.testing.assert_array_equal(first.keys, [0, 1, 2])
+    np.testing.assert_array_equal(rest.keys, np.arange(3, 10))
+    assert_items_match_keys(first)
+    assert_items_match_keys(rest)
+    assert q.size == 0
+
+
+def test_fifo_held_inserts_reach_the_columns_when_they_are_read():
+    """Eviction, gather and snapshots see the held items as the ring holds them."""
+    q = allocated_fifo(4)
+    q.insert(transitions(0, 3))
+    q.insert(transitions(3, 3))  # 6 for 4 slots: the ring's way, keys 0 and 1 evicted
+    assert q.evicted == 2 and q.size == 4
+    q.sample(1, np.random.default_rng(0))  # key 2, out of the columns
+    q.insert(transitions(6, 1))  # held again
+    np.testing.assert_array_equal(q.gather(np.arange(3, 7))["action"], np.arange(3, 7))
+    q.insert(transitions(7, 1))  # full: key 3 evicted
+    restored = FifoQueue(4)
+    restored.load_state_dict(q.state_dict())
+    for table in (q, restored):
+        batch = table.sample(4, np.random.default_rng(0))
+        np.testing.assert_array_equal(batch.keys, np.arange(4, 8))
+        assert_items_match_keys(batch)
+
+
 # ---------------------------------------------------------------------------- checkpoints
 def build(kind: str) -> Table:
     table = make_table(kind, 16)

@@ -448,7 +448,7 @@ def grouped_actor(algo: str, num_envs: int, groups: int, vectorization: str = "s
     torch.manual_seed(0)
     actor.model = build_model(*spaces, cfg.model, cfg.algo)
     actor.weights = SimpleNamespace(version=0)  # type: ignore[assignment]
-    actor.policy = actor.make_policy(spaces)
+    actor.policy = actor.make_policy(spaces, actor.model)
     obs, _ = actor.envs.reset(seed=actor.seed)
     actor.obs = np.asarray(obs, np.float32).reshape(num_envs, -1)
     actor.needs_reset = np.zeros(num_envs, bool)

@@ -161,7 +161,8 @@ def bare_actor(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int = 
     actor.num_envs = envs.num_envs
     actor.model = model
     actor.weights = SimpleNamespace(version=0)  # type: ignore[assignment]
-    actor.policy = actor.make_policy((envs.single_observation_space, envs.single_action_space))
+    spaces = (envs.single_observation_space, envs.single_action_space)
+    actor.policy = actor.make_policy(spaces, actor.model)
     assert isinstance(actor.policy, ContinuousPolicy)
     obs, _ = envs.reset(seed=actor.seed)
     actor.obs = np.asarray(obs, np.float32).reshape(actor.num_envs, -1)

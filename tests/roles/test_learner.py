@@ -11,14 +11,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
+from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.wire import model_to_arrays
+from zrl.roles.errors import RoleError
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.testing.inproc import InProc, collect
@@ -296,3 +299,82 @@ def test_learner_reports_where_its_time_goes(inproc):
     assert set(shares) == {"wait_share", "copy_share", "update_share", "publish_share"}
     assert shares["wait_share"] > 0.5 > shares["update_share"] + shares["copy_share"]
     assert sum(shares.values()) <= 1.01
+
+
+class Drops:
+    """Stands in for the learner's input: records what it drops (sender, reason)."""
+
+    def __init__(self) -> None:
+        self.dropped: list[tuple[str, str]] = []
+
+    def drop(self, sender: str, reason: str) -> None:
+        self.dropped.append((sender, reason))
+
+
+def deferring_appo_learner() -> Learner:
+    """An APPO learner without sockets whose update checks finiteness on the device, as on a
+    GPU (forced here on the CPU: the same fused Adam skips the step)."""
+    cfg = config().model_dump()
+    cfg.update(algo="appo", appo={"epochs": 1, "minibatches": 1})
+    cfg["replay"].update(table="fifo", batch_size=4)
+    cfg["learner"]["publish_interval"] = 10**6  # never due: no parameter server here
+    learner = Learner("inproc://unused", index=0)
+    learner.config = ExperimentConfig.model_validate(cfg)
+    learner.input = Drops()  # type: ignore[assignment]
+    probe = gym.make("CartPole-v1")
+    learner.update = learner.make_update((probe.observation_space, probe.action_space))
+    probe.close()
+    assert isinstance(learner.update, AppoUpdate)
+    learner.update.defer_checks = True
+    return learner
+
+
+def unrolls(rng: np.random.Generator, reward: float = 1.0) -> P.Message:
+    U, T = 4, 6
+    arrays = {
+        "obs": rng.standard_normal((U, T, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, (U, T)).astype(np.int64),
+        "logp": np.full((U, T), np.log(0.5), np.float32),
+        "reward": np.full((U, T), reward, np.float32),
+        "terminated": np.zeros((U, T), bool),
+        "truncated": np.zeros((U, T), bool),
+        "valid": np.ones((U, T), bool),
+        "bootstrap_obs": rng.standard_normal((U, 4)).astype(np.float32),
+        "weights_version": np.zeros(U, np.int64),
+        "weight": np.ones(U, np.float32),
+        "key": np.arange(U, dtype=np.int64),
+    }
+    return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
+
+
+def feed(learner: Learner, msg: P.Message, sender: str) -> None:
+    """One learner step's work on one batch: hand it to the update, then train."""
+    msg.sender = sender
+    learner.hand_over(msg)
+    learner.train()
+
+
+def test_a_learner_counts_an_update_checked_on_the_device_one_update_later():
+    """The finite flag of an update is read once the next update is on its way: a finite one
+    is counted then, a non-finite one dropped (its sender named) and counted in
+    ``non_finite_batches``, its steps skipped; ten in a row still stop the learner."""
+    learner = deferring_appo_learner()
+    rng = np.random.default_rng(0)
+    feed(learner, unrolls(rng), "replay-0")
+    assert learner.updates == 0 and learner.unchecked is not None  # not read yet
+    before = {k: v.clone() for k, v in learner.online.state_dict().items()}
+    feed(learner, unrolls(rng, reward=3e38), "replay-1")  # its loss overflows
+    assert learner.updates == 1 and learner.samples_trained == 24  # the first, counted
+    assert all(torch.equal(before[k], v) for k, v in learner.online.state_dict().items())
+    feed(learner, unrolls(rng), "replay-0")
+    assert learner.non_finite_batches == 1 and learner.updates == 1
+    assert [s for s, _ in learner.input.dropped] == ["replay-1"]  # type: ignore[attr-defined]
+    assert "non-finite loss" in learner.input.dropped[0][1]  # type: ignore[attr-defined]
+    learner.settle()
+    assert learner.updates == 2 and learner.non_finite_in_a_row == 0
+    assert learner.heartbeat_info()["loss"] is not None
+    for _ in range(10):
+        feed(learner, unrolls(rng, reward=3e38), "replay-1")
+    with pytest.raises(RoleError, match="learner-0: .* at update 3 "):
+        feed(learner, unrolls(rng, reward=3e38), "replay-1")
+    assert learner.diverged and learner.non_finite_batches == 11 and learner.updates == 2

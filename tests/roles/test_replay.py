@@ -502,12 +502,39 @@ FAST = ["broker.heartbeat_interval=0.2", "broker.heartbeat_timeout=10", "replay.
         ("cartpole_impala.yaml", ["env.num_envs=2", "model.core=gru", "model.core_size=8"]),
         ("pendulum_sac.yaml", ["env.num_envs=2"]),
         ("tictactoe_impala.yaml", ["env.num_envs=2", "roles.league=0"]),
+        (  # recurrent_frame_unroll
+            "pong_appo.yaml",
+            ["env.num_envs=2", "model.core=lstm", "model.core_size=16", "replay.capacity=8"],
+        ),
+        (  # frame_sequences
+            "cartpole_novel_r2d2.yaml",
+            [
+                "env.id=ALE/Pong-v5",
+                "env.num_envs=2",
+                "r2d2.sequence_length=8",
+                "r2d2.burn_in=2",
+                "replay.n_step=2",
+                "actor.trajectory_length=4",
+                "replay.capacity=64",
+            ],
+        ),
     ],
-    ids=["apex_dqn-env-groups", "r2d2", "impala-recurrent", "sac", "multiagent-impala"],
+    ids=[
+        "apex_dqn-env-groups",
+        "r2d2",
+        "impala-recurrent",
+        "sac",
+        "multiagent-impala",
+        "pong-appo-recurrent",
+        "pong-r2d2",
+    ],
 )
 def test_real_actors_send_the_layout_the_shard_fixed_at_setup(inproc, config_file, overrides):
     """Each algorithm's actor, as it runs: every trajectory fits the layout the shard derived
-    from the config and the env's spaces alone (nothing refused), and is stored."""
+    from the config and the env's spaces alone (nothing refused), and is stored (on Pong each
+    frame once: ``recurrent_frame_unroll``, ``frame_sequences``)."""
+    if config_file.startswith("pong") or "env.id=ALE/Pong-v5" in overrides:
+        pytest.importorskip("ale_py")
     cfg = load_config(CONFIGS / config_file, [*overrides, *FAST])
     inproc.start_broker(cfg)
     replay = inproc.start(ReplayServer, index=0)
@@ -656,4 +683,68 @@ def test_a_frame_unroll_fifo_takes_its_layout_from_the_config(inproc):
     assert replay.layout_refused == len(forged)
     assert replay.table is table and table.nbytes == allocated and table.size == 1
     np.testing.assert_array_equal(table.column("frames")[0], frame_unroll()["frames"][0])
+    assert inproc.error_of(replay) is None
+
+
+@pytest.mark.parametrize("algo", ["appo", "r2d2"])
+def test_recurrent_and_sequence_frame_layouts_come_from_the_config(inproc, algo):
+    """A recurrent APPO FIFO and an R2D2 shard on Pong store each frame once
+    (``recurrent_frame_unroll``, ``frame_sequences``): the layout comes from the config and a
+    probe env, so the full stacks of the other layout, frames of another size or depth and a
+    message without the recurrent state are refused and counted, allocating nothing; a
+    message of the layout is stored as it came."""
+    pytest.importorskip("ale_py")
+    sets = [
+        f"algo={algo}",
+        "env.id=ALE/Pong-v5",
+        "env.num_envs=1",
+        "actor.trajectory_length=4",
+        "model.core=lstm",
+        "model.core_size=16",
+    ]
+    if algo == "appo":
+        sets += ["replay.table=fifo", "replay.batch_size=4"]
+    else:
+        sets += ["r2d2.sequence_length=6", "r2d2.burn_in=2", "replay.n_step=2"]
+    cfg = config_from_dict(
+        replay_config(capacity=8, min_size=8, samples_per_insert=0).model_dump(mode="json"), sets
+    )
+    inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    steps = 6 if algo == "r2d2" else 4  # positions T + 1 (a sequence) or T (an unroll)
+    expected = "frame_sequences" if algo == "r2d2" else "recurrent_frame_unroll"
+    assert replay.layout.schema.name == expected
+    table = replay.table
+    assert table.column("frames").shape == (8, steps + 4, 84, 84)
+    allocated = table.nbytes
+    good = dict(replay.layout.example().arrays)
+    good["frames"] = np.full_like(good["frames"], 7)
+    other = {k: v for k, v in good.items() if k != "frames"}
+    full_stacks = (  # the layout without frames: sequences, recurrent_unroll
+        {**other, "obs": np.zeros((1, steps + 1, 4, 84, 84), np.uint8)}
+        if algo == "r2d2"
+        else {
+            **other,
+            "obs": np.zeros((1, steps, 4, 84, 84), np.uint8),
+            "bootstrap_obs": np.zeros((1, 4, 84, 84), np.uint8),
+        }
+    )
+    forged = [
+        full_stacks,
+        {**good, "frames": np.zeros((1, steps + 2, 84, 84), np.uint8)},  # stacks of 2
+        {**good, "frames": np.zeros((1, steps + 4, 512, 512), np.uint8)},  # larger frames
+        {k: v for k, v in good.items() if k != "state"},  # a feed-forward model's
+    ]
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    meta = {"weights_version": 1}
+    for arrays in forged:
+        assert experience.send(P.Message(P.TRAJECTORY, meta=meta, arrays=arrays))
+    assert experience.send(P.Message(P.TRAJECTORY, meta=meta, arrays=good))
+    assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [len(forged)]
+    assert replay.layout_refused == len(forged)
+    assert replay.table is table and table.nbytes == allocated and table.size == 1
+    np.testing.assert_array_equal(table.column("frames")[0], good["frames"][0])
     assert inproc.error_of(replay) is None

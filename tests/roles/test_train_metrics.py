@@ -109,7 +109,7 @@ def bare_actor(cfg: ExperimentConfig, index: int, seed: int = 1) -> Actor:
     actor.num_envs = cfg.env.num_envs
     actor.model = actor.make_model(*spaces)
     actor.rng = np.random.default_rng(seed)
-    actor.policy = actor.make_policy(spaces)
+    actor.policy = actor.make_policy(spaces, actor.model)
     actor.envs = SimpleNamespace(close=lambda: None)  # set up: it reports its exploration
     actor.episodes = EpisodeTracker(actor.num_envs)
     return actor

@@ -44,6 +44,8 @@ def test_the_summary_shows_the_rule_the_first_env_step_and_a_failed_roles_log(tm
         "env_steps": 12_345,
         "wall_time": 8.04,
         "seconds_to_first_env_step": 2.31,
+        "model_note": "model.pt: the best evaluated weights (v7, eval return 500.00); the run "
+        "never met its stop rule",
     }
     display.final(summary)
     lines = out.getvalue().splitlines()
@@ -51,6 +53,7 @@ def test_the_summary_shows_the_rule_the_first_env_step_and_a_failed_roles_log(tm
     assert lines[2:4] == ["  | Traceback (most recent call last):", "  | RuntimeError: [no] sim"]
     assert "best eval return 500.0, last 190.0" in lines[4]
     assert lines[4].endswith("first env step after 2.3 s")
+    assert lines[5] == summary["model_note"]  # which weights model.pt holds
 
 
 def test_the_league_line_names_each_exploiters_win_rate_elo_snapshots_and_resets():
@@ -73,3 +76,21 @@ def test_the_league_line_names_each_exploiters_win_rate_elo_snapshots_and_resets
     assert league_line(info) == (
         "120 games, 3 snapshots, main's win rate over them 0.61; Elo: main 1040"
     )
+
+
+def test_the_inference_line_says_how_many_requests_each_forward_joined():
+    from zrl.run.display import inference_line, role_note
+
+    info = {
+        "device": "cuda:0",
+        "requests": 2249,
+        "forwards": 1681,
+        "rows": 35968,
+        "forward_s": 0.384,
+        "requests_refused": 0,
+        "weights_version": 69,
+    }
+    line = "on cuda:0: 1,681 forwards of 2,249 requests (1.3 per forward), 35,968 rows, "
+    assert inference_line(info) == line + "0.384 s forwarding, 0 refused, weights v69"
+    assert role_note(info) == inference_line(info)
+    assert inference_line({"env_steps": 5}) == ""

@@ -145,3 +145,29 @@ def test_the_roster_waits_for_ever_without_a_limit(tmp_path: Path):
     roster = Roster.of([], {ANY_HOST: [("actor", 0)]}, wait_s=None)
     assert roster.overdue(1e9) == []
     assert roster.missing() == ["actor-0"]
+
+
+def test_each_actor_knows_the_inference_roles_placed_beside_it():
+    cfg = ExperimentConfig.model_validate(
+        {
+            "algo": "appo",
+            "replay": {"table": "fifo"},
+            "roles": {"actors": 5, "inference": 3},
+            "hosts": [
+                {"name": "b", "roles": {"actors": 2, "inference": 2}},
+                {"name": "c", "roles": {"actors": 1}},
+            ],
+        }
+    )
+    assert cfg.indices_by_host("actors") == {None: [0, 1], "b": [2, 3], "c": [4]}
+    assert cfg.indices_by_host("inference") == {None: [0], "b": [1, 2], "c": []}
+    assert [cfg.beside("actors", i, "inference") for i in range(5)] == [
+        [0],
+        [0],
+        [1, 2],
+        [1, 2],
+        [],  # host c has none: its actor runs its own model
+    ]
+    assert cfg.beside("actors", 9, "inference") == []  # not a planned actor
+    local, remote = placement_module.placement(cfg)
+    assert ("inference", 0) in local and remote["b"][:2] == [("inference", 1), ("inference", 2)]

@@ -58,7 +58,7 @@ def segment(
     row = {"env_steps": agg.env_steps_offset + steps[-1], "updates": 10 * len(steps)}
     summary = rundir.summary(
         row,
-        3,
+        None,
         stop_reason=stop_reason,
         fatal="",
         fatal_tail=[],

@@ -154,3 +154,18 @@ def test_a_role_refuses_a_spec_with_an_unresolved_auto(zmq_ctx):
             actor._on_welcome(welcome)
     finally:
         actor.close()
+
+
+def test_inference_roles_take_their_share_of_the_cores():
+    gpu = auto(roles={"inference": 1}, algo="appo", replay={"table": "fifo"})
+    gpu = gpu.model_copy(update={"learner": gpu.learner.model_copy(update={"device": "cuda"})})
+    chosen = size_actors(gpu, cores=16, gpu=True)
+    assert chosen.actors == 16 - 3  # .5 + .5 + .5 + .25 + .25 + 1 (inference on the GPU) -> 3
+    assert "1 inference role on the GPU" in chosen.describe()
+    cpu = auto(
+        roles={"inference": 2},
+        algo="appo",
+        replay={"table": "fifo"},
+        inference={"device": "cpu", "torch_threads": 2},
+    )
+    assert size_actors(cpu, cores=16, gpu=True).actors == 16 - 6  # 2 x 2 threads on the CPU

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -211,14 +212,23 @@ class EvalFeed:
         raise AssertionError(f"dropped an eval from {sender}: {reason}")
 
 
-def feed(sup: Supervisor, writer: Any, means: list[float], *, confirming: bool = False) -> None:
-    """Evals as the evaluator sends them: on the topic bus, then in its own heartbeat."""
+def feed(
+    sup: Supervisor,
+    writer: Any,
+    means: list[float],
+    *,
+    confirming: bool = False,
+    versions: list[int] | None = None,
+) -> None:
+    """Evals as the evaluator sends them: on the topic bus, then in its own heartbeat (of
+    weights ``versions``, one per mean, when given)."""
     info = sup.monitor.status_rows[0]["info"]
-    for mean in means:
+    for i, mean in enumerate(means):
         t = len(sup.agg.evals) + 1.0
-        sup.monitor.drain(
-            EvalFeed("evaluator-0", [{"mean": mean, "confirming": confirming}]), writer, t
-        )
+        meta = {"mean": mean, "confirming": confirming}
+        if versions is not None:
+            meta["weights_version"] = versions[i]
+        sup.monitor.drain(EvalFeed("evaluator-0", [meta]), writer, t)
         info["recent_returns"] = [*info.get("recent_returns", []), round(mean, 2)][-32:]
         info["eval_return"] = round(mean, 2)
         if confirming:
@@ -297,6 +307,125 @@ def test_an_eval_window_of_one_stops_on_any_evaluation(tmp_path: Path):
         assert sup._stop.is_set() and sup.target_time == 2.0
     finally:
         writer.close()
+
+
+# --- the saved model: the weights that met the stop rule (issue 30) -------------------------
+
+
+def evaluated_run(tmp_path: Path, means: list[float], **stop: Any) -> tuple[Supervisor, Any]:
+    """A head whose evaluator evaluated weights v1, v2, ... at ``means``: the evals reach
+    the head as they do (``feed``), and the evaluator kept its files as it does
+    (``EvaluatedKeeper``, in the run's checkpoint directory); the keeper."""
+    from zrl.roles.evaluated_weights import EvaluatedKeeper
+    from zrl.run.metrics import MetricsWriter
+    from zrl.testing.fakes import model_weights
+
+    sup = eval_supervisor(tmp_path, **stop)
+    folder = tmp_path / "run" / "checkpoints"
+    sup.cfg.checkpoint.dir = str(folder)  # as RunDir.prepare resolves it
+    keeper = EvaluatedKeeper(lambda suffix: folder / f"evaluator-0{suffix}", sup.cfg.stop, 1 << 24)
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+    try:
+        for version, mean in enumerate(means, start=1):
+            keeper.on_eval(version, mean, 10, False, lambda v=version: model_weights(sup.cfg, v))
+            feed(sup, writer, [mean], versions=[version])
+    finally:
+        writer.close()
+    return sup, keeper
+
+
+def saved_arrays(path: Path) -> tuple[int, dict[str, Any]]:
+    saved = torch.load(path, weights_only=True)
+    return saved["version"], {k: v.numpy() for k, v in saved["weights"].items()}
+
+
+def same_weights(path: Path, cfg: ExperimentConfig, version: int) -> bool:
+    from zrl.testing.fakes import model_weights
+
+    got_version, got = saved_arrays(path)
+    want = model_weights(cfg, version)
+    return got_version == version and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_model_pt_is_the_confirmed_weights_not_the_last_nor_the_best(tmp_path: Path):
+    from zrl.roles.evaluated_weights import Evaluated
+    from zrl.roles.evaluation import describe_saved
+    from zrl.testing.fakes import model_weights
+
+    # v2 is the best single evaluation; v4 completes the window that meets 475 (520, 440,
+    # 480: 480); the run stops at v6, which is worse (never evaluated).
+    sup, _ = evaluated_run(tmp_path, [200.0, 520.0, 440.0, 480.0])
+    assert sup._stop.is_set() and sup.target.confirmed_version == 4
+    assert sup.target.confirmed_by == "evaluator-0"
+    saved = sup.rundir.write_models(Evaluated(6, model_weights(sup.cfg, 6)), sup.target)
+    run = tmp_path / "run"
+    assert same_weights(run / "model.pt", sup.cfg, 4)
+    assert same_weights(run / "model_best.pt", sup.cfg, 2)
+    assert same_weights(run / "model_last.pt", sup.cfg, 6)
+    summary = sup._summary({}, saved, interrupted=False)
+    assert summary["model_source"] == "confirmed" and summary["reached_target"]
+    assert summary["models"] == {
+        "model.pt": {"source": "confirmed", "weights_version": 4, "eval_return": 480.0},
+        "model_best.pt": {"weights_version": 2, "eval_return": 520.0},
+        "model_last.pt": {"weights_version": 6, "eval_return": None},
+    }
+    assert summary["model_note"] == (
+        "model.pt: the weights that met the stop rule (v4, eval return 480.00)"
+    )
+    assert summary["weights_version"] == 6  # the final weights', as before
+    assert summary["model"] == str(run / "model.pt")
+    assert describe_saved(run) == (
+        "model.pt: the weights that met the stop rule, weights v4, eval return 480.00"
+    )
+
+
+def test_a_run_that_never_met_its_rule_saves_its_best_evaluated_weights(tmp_path: Path):
+    from zrl.roles.evaluated_weights import Evaluated
+    from zrl.testing.fakes import model_weights
+
+    sup, _ = evaluated_run(tmp_path, [200.0, 320.0, 100.0])
+    assert not sup._stop.is_set()
+    last = Evaluated(3, model_weights(sup.cfg, 3), 100.0)
+    summary = sup._summary({}, sup.rundir.write_models(last, sup.target), interrupted=False)
+    assert same_weights(tmp_path / "run" / "model.pt", sup.cfg, 2)
+    assert summary["model_source"] == "best" and not summary["reached_target"]
+    assert summary["model_note"] == (
+        "model.pt: the best evaluated weights (v2, eval return 320.00); the run never met "
+        "its stop rule"
+    )
+    assert summary["models"]["model_last.pt"] == {"weights_version": 3, "eval_return": 100.0}
+
+
+def test_weights_that_cannot_be_had_fall_back_to_the_best_then_the_last(tmp_path: Path):
+    """An evaluator on another host keeps its files there: the head says what it saved."""
+    from zrl.roles.evaluated_weights import BEST_SUFFIX, Evaluated, met_suffix, write_evaluated
+    from zrl.testing.fakes import model_weights
+
+    sup, _ = evaluated_run(tmp_path, [200.0, 520.0, 440.0, 480.0])
+    folder = tmp_path / "run" / "checkpoints"
+    (folder / f"evaluator-0{met_suffix(4)}").unlink()
+    last = Evaluated(6, model_weights(sup.cfg, 6))
+    saved = sup.rundir.write_models(last, sup.target)
+    assert saved.source == "best" and saved.model["weights_version"] == 2
+    assert saved.note.startswith(
+        "model.pt: the best evaluated weights (v2, eval return 520.00); not those that met the "
+        "stop rule (v4), which could not be had ("
+    )
+    assert "evaluator-0.met-4.pt cannot be read" in saved.note
+
+    (folder / f"evaluator-0{BEST_SUFFIX}").unlink()
+    saved = sup.rundir.write_models(last, sup.target)
+    assert saved.source == "last" and saved.best is None
+    assert saved.note.startswith(
+        "model.pt: the final weights (v6, never evaluated); not those that met the stop rule"
+    )
+    assert same_weights(tmp_path / "run" / "model.pt", sup.cfg, 6)
+
+    # Weights of another model (a checkpoint.dir shared with another run) are not taken.
+    other = {"w": np.zeros(3, np.float32)}
+    write_evaluated(folder / f"evaluator-0{BEST_SUFFIX}", Evaluated(9, other, 600.0))
+    saved = sup.rundir.write_models(last, sup.target)
+    assert saved.source == "last" and "does not fit the run's weights" in saved.note
 
 
 # --- every way a run stops leaves its run directory complete --------------------------------

@@ -57,9 +57,15 @@ def test_schemas_are_the_module_constants():
         "frame_unroll_batch",
         "sequences",
         "sequence_batch",
+        "frame_sequences",
+        "frame_sequence_batch",
         "recurrent_unroll",
         "recurrent_unroll_batch",
+        "recurrent_frame_unroll",
+        "recurrent_frame_unroll_batch",
         "priorities",
+        "infer_obs",
+        "infer_step",
     }
     for schema in M.SCHEMAS.values():
         assert schema.kind in P.KINDS
@@ -272,7 +278,13 @@ def test_finiteness_as_the_receivers_check_it():
         "frame_unroll": {"logp", "reward"},
         "frame_unroll_batch": {"logp", "reward"},
         "recurrent_unroll_batch": {"obs", "logp", "reward", "bootstrap_obs", "state"},
+        "recurrent_frame_unroll": {"logp", "reward", "state"},
+        "recurrent_frame_unroll_batch": {"logp", "reward", "state"},
+        "frame_sequences": {"reward", "state", "priority"},
+        "frame_sequence_batch": {"reward", "state", "weight"},
         "priorities": {"priority"},
+        "infer_obs": {"obs"},
+        "infer_step": {"obs", "state"},
     }
 
 
@@ -301,11 +313,21 @@ def test_replay_batches_fit_the_batch_schemas():
             lambda m: assemble_unrolls(m, M.RECURRENT_UNROLL),
         ),
         (M.FRAME_UNROLL, M.FRAME_UNROLL_BATCH, lambda m: assemble_unrolls(m, M.FRAME_UNROLL)),
+        (
+            M.RECURRENT_FRAME_UNROLL,
+            M.RECURRENT_FRAME_UNROLL_BATCH,
+            lambda m: assemble_unrolls(m, M.RECURRENT_FRAME_UNROLL),
+        ),
         (M.SEQUENCES, M.SEQUENCE_BATCH, lambda m: assemble_sequences(m)[0]),
+        (
+            M.FRAME_SEQUENCES,
+            M.FRAME_SEQUENCE_BATCH,
+            lambda m: assemble_sequences(m, M.FRAME_SEQUENCES)[0],
+        ),
     ]
     for trajectory, batch, assemble in cases:
         arrays = good_arrays(trajectory)  # sequences: P = T + 1 already
-        if trajectory is M.SEQUENCES:
+        if trajectory in (M.SEQUENCES, M.FRAME_SEQUENCES):
             arrays["weights_version"] = np.full(SIZES["E"], 3, np.int64)  # per sequence
         if "action" in arrays and arrays["action"].dtype == np.int64:
             arrays["action"] = np.ones_like(arrays["action"])

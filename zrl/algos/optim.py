@@ -1,4 +1,6 @@
-"""The optimizer step every algorithm takes: Adam, and a step that refuses NaN/inf."""
+"""The optimizer step every algorithm takes: Adam, and a step that refuses NaN/inf: at once
+(:func:`checked_step`, which reads the loss back to the host) or on the device
+(:func:`deferred_step`, which reads nothing back: a GPU learner's)."""
 
 from __future__ import annotations
 
@@ -47,3 +49,39 @@ def checked_step(
     grad_norm = clipped_gradients(loss, parameters, grad_clip)
     optimizer.step()
     return float(grad_norm.item())
+
+
+def defers_checks(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
+    """Whether an update on ``device`` with ``optimizer`` checks finiteness on the device
+    (:func:`deferred_step`): on a GPU, with a fused optimizer (which can skip a step there)."""
+    return device.type == "cuda" and bool(optimizer.defaults.get("fused"))
+
+
+def deferred_step(
+    optimizer: torch.optim.Optimizer,
+    loss: Tensor,
+    parameters: Sequence[Tensor],
+    grad_clip: float,
+    finite: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """:func:`checked_step` without reading anything back to the host: ``zero_grad``,
+    backward, clip to global L2 norm ``grad_clip``, then a step that the device skips (the
+    weights, the moments and the step count untouched) unless ``finite`` (a 0-d bool tensor)
+    holds and the loss and the pre-clip norm are finite. Returns ``(grad_norm, finite)``,
+    both 0-d tensors on the device, ``finite`` the AND of the three: the caller passes it on
+    to its next step (one NaN skips the rest of a batch) and reads it later.
+
+    ``optimizer`` must be fused (``make_adam`` on a GPU): its step takes the skip as
+    ``found_inf``, as mixed precision's ``GradScaler`` hands it."""
+    if not optimizer.defaults.get("fused"):
+        raise ValueError(f"deferred_step needs a fused optimizer, got {type(optimizer).__name__}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(parameters, grad_clip)
+    finite = finite & torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
+    optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+    return grad_norm, finite

@@ -12,7 +12,10 @@ log-probability is ``-log(num_actions)``): what the pipeline costs without infer
 :class:`RecurrentCategoricalPolicy` samples a recurrent actor-critic (``zrl.nets.recurrent``) the
 same way, carrying each env's state ``[E, S]`` from step to step and across trajectories; its
 trajectories become a ``recurrent_unroll`` TRAJECTORY (``RECURRENT_UNROLL``): the unroll plus
-the state before step 0 (``state [E, S]``) and the steps whose state was zeroed (``first``).
+the state before step 0 (``state [E, S]``) and the steps whose state was zeroed (``first``);
+on frame stacks a ``recurrent_frame_unroll`` (``RECURRENT_FRAME_UNROLL``: the same with each
+frame once) where its ``frame_unrolls`` says so (IMPALA, APPO; recurrent PPO's learners take
+``recurrent_unroll`` rollouts).
 :func:`make_categorical_policy` (IMPALA's and APPO's ``policy``) picks one for the model.
 """
 
@@ -91,6 +94,10 @@ class RecurrentCategoricalPolicy(EnvStates, CategoricalPolicy):
     computes what this policy computed. All envs act at once (``actor.env_groups: 1``).
     """
 
+    frame_unrolls = True
+    """Frame stacks go as ``recurrent_frame_unroll`` (to a replay FIFO); False: as
+    ``recurrent_unroll``, full stacks."""
+
     def __init__(self, setup: ActorSetup) -> None:
         super().__init__(setup)
         if self.random:
@@ -117,7 +124,10 @@ class RecurrentCategoricalPolicy(EnvStates, CategoricalPolicy):
         return actions, {"logp": taken_logp.astype(np.float32, copy=False), "first": first}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
-        arrays = trajectory.unroll()
+        if self.frame_unrolls and is_frame_stack(trajectory.obs):
+            arrays = trajectory.frame_unroll()  # each frame once
+        else:
+            arrays = trajectory.unroll()
         arrays.update(state=self.start_state, first=trajectory.extras["first"])
         return Outgoing(P.TRAJECTORY, arrays)
 

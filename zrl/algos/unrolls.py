@@ -5,16 +5,23 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
 - ``receive``: a BATCH of :data:`zrl.transport.messages.UNROLL_BATCH` (whole unrolls, each
   with the weights version it was collected with; :data:`RECURRENT_UNROLL_BATCH`, with each
   unroll's recurrent state and episode starts, for a recurrent model;
-  :data:`FRAME_UNROLL_BATCH` for a feed-forward model on frame stacks ``[k, H, W]``, each
-  frame once), checked against the model (observation width, state width, actions in
-  ``[0, num_actions)``, k frames per stack) and kept; a malformed one raises ProtocolError.
+  :data:`FRAME_UNROLL_BATCH` on frame stacks ``[k, H, W]``, each frame once, and
+  :data:`RECURRENT_FRAME_UNROLL_BATCH` for a recurrent model on them), checked against the
+  model (observation width, state width, actions in ``[0, num_actions)``, k frames per
+  stack); a malformed one raises ProtocolError. Its fresh unrolls start for the device at
+  once (``zrl.algos.batches.HostStaging``: on a GPU the copy runs on a stream of its own
+  while the update before it trains).
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
   the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
   a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
   (``policy_lag`` and ``policy_lag_max``), and the subclass's :meth:`train_unrolls` trains on
   them (a frame batch's stacks rebuilt on the learner's device first,
   ``zrl.nets.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
-  shard of the batch, which is dropped, never retried.
+  shard of the batch, which is dropped, never retried. On a GPU (``defer_checks``) nothing is
+  read back to the host per update: the loss, ``mean_rho`` and the figures stay tensors until
+  the metrics report, a NaN/inf step is skipped on the device
+  (``zrl.algos.optim.deferred_step``) and the result's ``finite`` flag tells the learner,
+  which reads it one update later.
 - the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
 """
 
@@ -22,15 +29,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.batches import HostStaging, policy_lags
-from zrl.algos.optim import make_adam
+from zrl.algos.batches import HostStaging, InFlight, policy_lags
+from zrl.algos.optim import defers_checks, make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
@@ -46,6 +53,8 @@ RECURRENT_TRAINED_ARRAYS = (*TRAINED_ARRAYS, "state", "first")
 FRAME_TRAINED_ARRAYS = ("frames", "action", "logp", "reward", "terminated", "valid")
 """A frame batch's: ``frames`` in place of ``obs`` and ``bootstrap_obs``, which the learner
 rebuilds from them on its device."""
+RECURRENT_FRAME_TRAINED_ARRAYS = (*FRAME_TRAINED_ARRAYS, "state", "first")
+"""A recurrent model's on frame stacks."""
 
 
 def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -76,6 +85,20 @@ def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, 
     return logits, values_all[: B * T].reshape(B, T), values_all[B * T :]
 
 
+class PendingUnrolls(NamedTuple):
+    """A received batch: what the host keeps of it, and its fresh unrolls on their way to the
+    device."""
+
+    shard: str
+    versions: np.ndarray
+    """Each unroll's ``weights_version`` (all of them, stale ones too)."""
+    valid: np.ndarray
+    rows: np.ndarray
+    """The unrolls fresh when it arrived, in ``moving``: those fresh at ``train`` are among
+    them (versions only grow)."""
+    moving: InFlight | None
+
+
 class UnrollUpdate(BaseUpdate):
     """The actor-critic, its Adam and the queue of received unroll batches; subclasses give
     :meth:`train_unrolls`."""
@@ -91,42 +114,59 @@ class UnrollUpdate(BaseUpdate):
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.device = torch.device(setup.device)
         self.recurrent = is_recurrent(self.model)
-        self.frames = not self.recurrent and is_frame_space(setup.observation_space)
-        """Frame stacks ``[k, H, W]`` come as :data:`FRAME_UNROLL_BATCH` (as the replay
-        shard's layout, ``zrl.replay.layout``, takes them from the actors)."""
-        self.sizes: dict[str, Size] = {"O": self.obs_shape}
+        self.frames = is_frame_space(setup.observation_space)
+        """Frame stacks ``[k, H, W]`` come as :data:`FRAME_UNROLL_BATCH`
+        (:data:`RECURRENT_FRAME_UNROLL_BATCH` for a recurrent model), as the replay shard's
+        layout, ``zrl.replay.layout``, takes them from the actors."""
+        self.sizes: dict[str, Size] = {"O": self.obs_shape[1:] if self.frames else self.obs_shape}
         self.trained_arrays: tuple[str, ...]
-        if self.recurrent:
+        if self.recurrent and self.frames:
+            self.schema = M.RECURRENT_FRAME_UNROLL_BATCH
+            self.trained_arrays = RECURRENT_FRAME_TRAINED_ARRAYS
+        elif self.recurrent:
             self.schema, self.trained_arrays = M.RECURRENT_UNROLL_BATCH, RECURRENT_TRAINED_ARRAYS
-            self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         elif self.frames:
             self.schema, self.trained_arrays = M.FRAME_UNROLL_BATCH, FRAME_TRAINED_ARRAYS
-            self.sizes["O"] = self.obs_shape[1:]
         else:
             self.schema, self.trained_arrays = M.UNROLL_BATCH, TRAINED_ARRAYS
+        if self.recurrent:
+            self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.max_lag = max_lag
         self.updates = 0
         """Updates this object made (for the summary); restored from the learner's
         ``updates`` when its checkpoint carries one."""
         self.stale_unrolls = 0
         self.trained_unrolls = 0
-        self.mean_rho = math.nan
-        self.pending: deque[tuple[str, dict[str, np.ndarray]]] = deque()
-        """Received batches not trained on yet: (shard, arrays)."""
+        self.mean_rho: float | Tensor = math.nan
+        """The last update's mean importance ratio (a 0-d tensor where it was computed)."""
+        self.pending: deque[PendingUnrolls] = deque()
+        """Received batches not trained on yet, on their way to the device."""
         self.staging = HostStaging(self.device)
         """The fresh rows' way to the device (reused pinned buffers, a copy stream)."""
+        self.defer_checks = defers_checks(self.optimizer, self.device)
+        """Finiteness checked on the device, read by the learner one update later
+        (``UpdateResult.finite``): on a GPU. Otherwise a NaN/inf raises at once."""
 
     def receive(self, msg: P.Message, version: int) -> None:
+        """Check a batch and start moving its fresh unrolls (at ``version``) to the device: on
+        a GPU the copy runs on the staging's stream while the update before it trains."""
         dims = validate(msg, self.schema, **self.sizes)
         if self.frames and dims["S"] != dims["T"] + self.obs_shape[0]:
             raise P.ProtocolError(
                 f"batch frames: {dims['S']} per unroll of {dims['T']} steps, not T + "
                 f"{self.obs_shape[0]}"
             )
-        actions = msg.arrays["action"]
+        a = msg.arrays
+        actions = a["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
-        self.pending.append((str(msg.meta.get("shard", "?")), msg.arrays))
+        rows = self.fresh_rows(a["weights_version"], version)
+        picked = rows if len(rows) < len(a["weights_version"]) else None  # None: all of them
+        moving = None  # all stale: nothing to move
+        if len(rows):
+            moving = self.staging.move({name: a[name] for name in self.trained_arrays}, picked)
+        shard = str(msg.meta.get("shard", "?"))
+        self.pending.append(PendingUnrolls(shard, a["weights_version"], a["valid"], rows, moving))
 
     def fresh_rows(self, versions: np.ndarray, version: int) -> np.ndarray:
         """Indices of the unrolls at most ``max_lag`` versions behind ``version``."""
@@ -138,15 +178,18 @@ class UnrollUpdate(BaseUpdate):
         is none, or all of its unrolls are stale."""
         if not self.pending:
             return None
-        shard, a = self.pending.popleft()  # dropped, not retried, if it raises
-        rows = self.fresh_rows(a["weights_version"], version)
-        self.stale_unrolls += len(a["weights_version"]) - len(rows)
-        if len(rows) == 0:
+        kept = self.pending.popleft()  # dropped, not retried, if it raises
+        rows = self.fresh_rows(kept.versions, version)
+        rows = rows[np.isin(rows, kept.rows)]  # fresh then and now (versions only grow)
+        self.stale_unrolls += len(kept.versions) - len(rows)
+        if len(rows) == 0 or kept.moving is None:
             return None
-        lags = policy_lags(a["weights_version"][rows], version)
+        lags = policy_lags(kept.versions[rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
-        picked = rows if len(rows) < len(a["weights_version"]) else None  # None: all of them
-        batch = self.staging.move({name: a[name] for name in self.trained_arrays}, picked).wait()
+        batch = kept.moving.wait()
+        if len(rows) < len(kept.rows):  # more went stale since it arrived
+            at = torch.from_numpy(np.searchsorted(kept.rows, rows)).to(self.device)
+            batch = {name: tensor[at] for name, tensor in batch.items()}
         if self.frames:  # zero padding, as zrl's Atari envs stack (zrl.envs.atari)
             batch["obs"], batch["bootstrap_obs"] = stacks_from_frames(
                 batch.pop("frames"), batch["valid"]
@@ -155,10 +198,10 @@ class UnrollUpdate(BaseUpdate):
         try:
             result = self.train_unrolls(batch)
         except NonFiniteLossError as exc:
-            exc.source = f"a batch from {shard}"
+            exc.source = f"a batch from {kept.shard}"
             raise
         self.trained_unrolls += len(rows)
-        result.samples = int(a["valid"][rows].sum())
+        result.samples = int(kept.valid[rows].sum())
         return result
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
@@ -183,8 +226,9 @@ class UnrollUpdate(BaseUpdate):
             "stale_unrolls": self.stale_unrolls,
             "trained_unrolls": self.trained_unrolls,
         }
-        if math.isfinite(self.mean_rho):
-            info["mean_rho"] = round(self.mean_rho, 3)
+        mean_rho = float(self.mean_rho)  # a tensor on the device: read here, once a beat
+        if math.isfinite(mean_rho):
+            info["mean_rho"] = round(mean_rho, 3)
         return info
 
     def summary(self) -> str:

@@ -81,7 +81,7 @@ def status(
     from rich.table import Table
 
     from zrl.roles.registry_client import NoAnswer, read_status, refuses_handshake
-    from zrl.run.display import league_line, make_console
+    from zrl.run.display import inference_line, league_line, make_console
 
     ctx: zmq.Context = zmq.Context.instance()
     client_keys = load_keys(keys, key_name)
@@ -158,6 +158,8 @@ def status(
         console.print("alive per host: " + ", ".join(f"{h}: {n}" for h, n in sorted(hosts.items())))
     for r in roles:
         line = league_line(r.get("info", {})) if r["role"] == "league" else ""
+        if r["role"] == "inference":
+            line = inference_line(r.get("info", {}))
         if r["role"] == "host" and r["state"] == "alive":
             line = _host_line(r.get("info", {}))
         if line:
@@ -298,17 +300,38 @@ def eval_run(
             help="Record every episode as an mp4 in this directory (needs zrl[video]).",
         ),
     ] = None,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="model.pt (the weights that met the stop rule, else the best evaluated), "
+            "model_best.pt or model_last.pt (the final weights).",
+        ),
+    ] = "model.pt",
 ) -> None:
     """Play the saved policy of a run greedily and print the returns (in a turn-based game,
-    also its win/draw/loss rates against the opponent)."""
+    also its win/draw/loss rates against the opponent). It first says which of the run's
+    weights it plays: model.pt holds those that met the stop rule."""
     from zrl.config.multiagent import FIXED_PLAYERS
-    from zrl.roles.evaluation import evaluate_run_dir, outcome_rates
+    from zrl.roles.evaluation import MODEL_FILES, describe_saved, evaluate_run_dir, outcome_rates
 
     if opponent is not None and opponent not in FIXED_PLAYERS:
-        raise typer.BadParameter(f"{opponent!r} is not random or scripted", param_hint="--opponent")
+        raise typer.BadParameter(
+            f"{opponent!r} is not one of {', '.join(FIXED_PLAYERS)}", param_hint="--opponent"
+        )
+    if model not in MODEL_FILES:
+        raise typer.BadParameter(
+            f"{model!r} is not one of {', '.join(MODEL_FILES)}", param_hint="--model"
+        )
     try:
+        typer.echo(describe_saved(run_dir, model))
         returns = evaluate_run_dir(
-            run_dir, episodes=episodes, seed=seed, opponent=opponent, video_dir=video
+            run_dir,
+            episodes=episodes,
+            seed=seed,
+            opponent=opponent,
+            video_dir=video,
+            model_file=model,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--video" if video else None) from None

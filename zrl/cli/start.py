@@ -288,5 +288,6 @@ for _name, _help in (
     ("learner", "Run a learner (DQN, DDPG, SAC, IMPALA or PPO, as the config's algo says)."),
     ("evaluator", "Run the evaluator: greedy episodes with the latest weights."),
     ("league", "Run the self-play league: opponents for actors, snapshots, payoffs, Elo."),
+    ("inference", "Run an inference role: batched policy forwards for the actors of its host."),
 ):
     _add_role_command(_name, _help)

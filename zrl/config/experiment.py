@@ -55,6 +55,7 @@ from zrl.config.sections import (
     EnvConfig,
     EvaluatorConfig,
     HostConfig,
+    InferenceConfig,
     LearnerConfig,
     LimitsConfig,
     LoggingConfig,
@@ -121,6 +122,9 @@ class ExperimentConfig(Section):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     """The actors: trajectory length, Ape-X exploration, unacknowledged trajectories in
     flight, torch threads and double-buffered sampling (``env_groups``)."""
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    """The inference roles (``roles.inference``): the device they run the policy on and the
+    size of one batched forward."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     """The replay shards, for the algorithms that replay: table kind, capacity, priorities,
     n-step returns, batches and the sample-to-insert ratio."""
@@ -177,6 +181,7 @@ class ExperimentConfig(Section):
         self._env_groups_divide()
         self._multiagent_fits()
         self._exploiters_fit()
+        self._inference_fits()
         return self
 
     def _placement_fits(self) -> None:
@@ -249,6 +254,41 @@ class ExperimentConfig(Section):
                 "one policy; exploiters need an algorithm whose actors publish rollouts to "
                 "the learners (ppo)"
             )
+
+    def _inference_fits(self) -> None:
+        if not self.roles.inference:
+            return
+        why = ""
+        if self.roles.league or is_multiagent(self.env.id):
+            why = "the actors of multi-agent games play their opponents with models of their own"
+        elif self.actor.random_policy:
+            why = "actor.random_policy never runs the model"
+        if why:
+            raise ValueError(
+                f"roles.inference: {self.roles.inference}: {why}; set roles.inference: 0 "
+                "(the actors run their own model)"
+            )
+
+    def indices_by_host(self, key: str) -> dict[str | None, list[int]]:
+        """The indices of ``roles.<key>`` on each host as ``zrl run`` places them: its own host
+        (None) takes the first ones, then each of ``hosts`` in the order listed (indices are
+        global per role kind, so seeds and exploration stay distinct)."""
+        total = self.roles.count(key)
+        placed = [h.roles.get(key, 0) for h in self.hosts]
+        out: dict[str | None, list[int]] = {None: list(range(total - sum(placed)))}
+        start = total - sum(placed)
+        for host, n in zip(self.hosts, placed, strict=True):
+            out[host.name] = list(range(start, start + n))
+            start += n
+        return out
+
+    def beside(self, key: str, index: int, other: str) -> list[int]:
+        """The indices of ``roles.<other>`` placed on the host of ``<key>`` number ``index``
+        (``indices_by_host``); empty when it has none or ``index`` is not planned."""
+        for host, indices in self.indices_by_host(key).items():
+            if index in indices:
+                return self.indices_by_host(other)[host]
+        return []
 
     # --- learning policies (weights streams) ---------------------------------------------
 

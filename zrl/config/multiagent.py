@@ -11,9 +11,12 @@ from pydantic import Field, field_validator
 
 from zrl.config.base import Section
 
-FIXED_PLAYERS = ("random", "scripted")
-"""The players that need no weights: uniformly random legal moves, and the game's scripted
-player (``zrl.envs.multiagent.games``)."""
+SEARCH_PLAYERS = ("perfect", "alphabeta2", "alphabeta4")
+"""Strong players by game-tree search (``zrl.envs.multiagent.search``): ``perfect`` solves the
+game (tic-tac-toe), ``alphabeta<depth>`` searches that many plies (connect four)."""
+FIXED_PLAYERS = ("random", "scripted", *SEARCH_PLAYERS)
+"""The players that need no weights: uniformly random legal moves, the game's scripted player
+(``zrl.envs.multiagent.games``) and the search players."""
 
 SEAT_POLICIES = ("main", "opponent", *FIXED_PLAYERS)
 
@@ -44,16 +47,18 @@ class MultiAgentConfig(Section):
     turn-based games give one seat to main and the others to opponent, the seat alternating
     every episode so the learner moves first in half its games; parallel envs map every agent
     to main (shared parameters)."""
-    opponent: Literal["self", "random", "scripted"] = "self"
+    opponent: Literal["self", "random", "scripted", "perfect", "alphabeta2", "alphabeta4"] = "self"
     """Who plays the opponent seats when no league runs (``roles.league: 0``): the
-    learning policy's current weights (naive self-play), random legal moves, or the game's
-    scripted player."""
+    learning policy's current weights (naive self-play), random legal moves, the game's
+    scripted player, or a search player (``perfect``: tic-tac-toe; ``alphabeta2``,
+    ``alphabeta4``: alpha-beta that many plies deep)."""
     central_value: bool = False
     """Append the env's global state (``state()``) to every slot's observation; zrl's
     actor-critic gives it only to the value function (a centralised critic, MAPPO)."""
     eval_opponents: list[str] = Field(default_factory=lambda: ["random"])
-    """The evaluator plays the learning policy against each of these (random, scripted) and
-    reports win/draw/loss rates; the first one's mean return is the evaluation return."""
+    """The evaluator plays the learning policy against each of these (random, scripted,
+    perfect, alphabeta2, alphabeta4) and reports win/draw/loss rates; the first one's mean
+    return is the evaluation return."""
 
     @field_validator("policy_mapping")
     @classmethod
@@ -69,7 +74,9 @@ class MultiAgentConfig(Section):
     def _fixed_opponents(cls, names: list[str]) -> list[str]:
         for name in names:
             if name not in FIXED_PLAYERS:
-                raise ValueError(f"eval_opponents: {name!r} is not random or scripted")
+                raise ValueError(
+                    f"eval_opponents: {name!r} is not one of {', '.join(FIXED_PLAYERS)}"
+                )
         if not names:
-            raise ValueError("eval_opponents: give at least one (random or scripted)")
+            raise ValueError(f"eval_opponents: give at least one ({', '.join(FIXED_PLAYERS)})")
         return names

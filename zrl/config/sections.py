@@ -180,6 +180,10 @@ class RolesConfig(Section):
     league: int = Field(0, ge=0, le=1)
     """1: a league role picks the opponents of multi-agent games and snapshots the learning
     policy (see ``league:``); 0: ``env.multiagent.opponent`` plays them."""
+    inference: int = Field(0, ge=0, le=MAX_ROLES)
+    """Inference roles: each serves batched forwards of the policy for the actors of its host
+    (``inference:``; on a GPU host, one with ``inference.device: cuda`` keeps the actors'
+    cores for their envs). 0: every actor runs its own model on its CPU."""
 
     @field_validator("actors", mode="before")
     @classmethod
@@ -213,7 +217,7 @@ class RolesConfig(Section):
         return {key: self.count(key) for key in ROLE_COUNT_KEYS}
 
 
-ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league")
+ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league", "inference")
 
 
 class HostConfig(Section):
@@ -252,6 +256,22 @@ class ActorConfig(Section):
     env_groups: int = Field(1, ge=1, le=MAX_NUM_ENVS)
     """2: double-buffered sampling, the envs as two vector envs of env.num_envs / 2 each; the
     actor computes one group's actions while the other steps (Atari: ale-py's threads)."""
+
+
+class InferenceConfig(Section):
+    """The inference roles (``roles.inference``): where they run the policy and how much one
+    forward may take."""
+
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    """auto (a GPU if torch sees one, else cpu), cpu, cuda or cuda:N."""
+    max_batch_rows: int = Field(4096, ge=1, le=MAX_NUM_ENVS)
+    """Observations of one batched forward: the requests waiting when the server looks are
+    joined up to this many rows (one actor's request is never split)."""
+    torch_threads: int = Field(1, ge=1, le=MAX_THREADS)
+    """Threads torch may use in an inference role on the CPU."""
+    request_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """How long an actor waits for a reply before it asks again (the same or another
+    inference role of its host); it resends until one answers or the run stops."""
 
 
 class ReplayConfig(Section):

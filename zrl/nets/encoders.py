@@ -130,7 +130,10 @@ class InputNormalizer(nn.Module):
         batch_mean, batch_var = raw_mean * scale, raw_var * (scale * scale)
         total = self.count + n
         delta = batch_mean - self.mean
-        old, new = float(self.count / total), float(n / total)
+        old: float | Tensor = self.count / total
+        new: float | Tensor = n / total
+        if total.device.type == "cpu":  # floats; on a GPU they stay there (no host sync)
+            old, new = float(old), float(new)
         self.mean += delta * new
         self.var.copy_(self.var * old + batch_var * new + delta.square() * old * new)
         self.count.copy_(total)

@@ -5,7 +5,12 @@ A frame unroll (``zrl.transport.messages.FRAME_UNROLL``, the wire format of
 newest frame of obs_1..obs_T (obs_T: the bootstrap observation). :func:`stacks_from_frames`
 rebuilds obs_0..obs_T with the episode-start rule of ``zrl.replay.frames``: obs_{i+1} is the
 first obs of a new episode iff ``valid[b, i]`` is False, and the positions of a stack before
-its episode's first frame are padding (zeros, or copies of that first frame).
+its episode's first frame are padding (zeros, or copies of that first frame). A recurrent
+frame unroll (``RECURRENT_FRAME_UNROLL``) carries its frames the same way.
+
+An R2D2 frame sequence (``FRAME_SEQUENCES``) carries ``frames [B, T + k, H, W]`` of its
+``T + 1`` positions, built the same way from the positions' stacks, padding included:
+:func:`sequence_stacks_from_frames` rebuilds them from its ``first`` and ``mask``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,38 @@ def stacks_from_frames(
 ) -> tuple[Tensor, Tensor]:
     """``frames [B, T + k, H, W]`` and ``valid [B, T]`` -> ``(obs [B, T, k, H, W],
     bootstrap_obs [B, k, H, W])`` on ``frames``' device, in its dtype."""
+    stacks = all_stacks(frames, valid, padding)
+    T = valid.shape[1]
+    return stacks[:, :T], stacks[:, T]
+
+
+def sequence_stacks_from_frames(
+    frames: Tensor, first: Tensor, mask: Tensor, padding: Padding = "zero"
+) -> Tensor:
+    """An R2D2 frame sequence's ``frames [B, T + k, H, W]``, ``first [B, T + 1]`` and
+    ``mask [B, T]`` -> its observations ``obs [B, T + 1, k, H, W]`` on ``frames``' device.
+
+    A sequence (``zrl.algos.r2d2.sequences``) holds one episode's steps, the real ones
+    (``mask``) contiguous, with zero observations before the episode's first position
+    (``first``, the front padding of its burn-in) and after the position that follows its last
+    real step (the bootstrap observation). A position starts a new stack where ``first`` says
+    so or where it lies past that one: the front padding's zero frames then rebuild as zero
+    stacks, the episode's first stack is padded (``padding``) and the end padding rebuilds as
+    zero stacks, as the actor sent them."""
+    if first.ndim != 2 or mask.ndim != 2 or first.shape[1] != mask.shape[1] + 1:
+        raise ValueError(
+            f"need first [B, T + 1] and mask [B, T], got {tuple(first.shape)} and "
+            f"{tuple(mask.shape)}"
+        )
+    real = mask.to(frames.device).bool()
+    after_end = ~real & (torch.cumsum(real.int(), dim=1) > 0)  # the steps past the last real
+    valid = ~(first[:, 1:].to(frames.device).bool() | after_end)
+    return all_stacks(frames, valid, padding)
+
+
+def all_stacks(frames: Tensor, valid: Tensor, padding: Padding = "zero") -> Tensor:
+    """``frames [B, T + k, H, W]`` and ``valid [B, T]`` -> the stacks of all ``T + 1``
+    observations ``[B, T + 1, k, H, W]`` (:func:`stacks_from_frames` without the split)."""
     if frames.ndim != 4 or valid.ndim != 2 or valid.shape[0] != frames.shape[0]:
         raise ValueError(
             f"need frames [B, T + k, H, W] and valid [B, T], got {tuple(frames.shape)} and "
@@ -47,4 +84,4 @@ def stacks_from_frames(
     stacks = frames[rows, torch.maximum(index, lowest)]  # [B, T + 1, k, H, W]
     if padding == "zero":
         stacks.masked_fill_((index < lowest)[..., None, None], 0)
-    return stacks[:, :T], stacks[:, T]
+    return stacks

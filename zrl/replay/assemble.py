@@ -54,8 +54,9 @@ def assemble_unrolls(msg: P.Message, schema: Schema = M.UNROLL) -> dict[str, np.
     ``schema``: the shard's unroll layout. ``recurrent_unroll`` (the experiment's
     ``model.core`` is set): each item keeps its ``state [R]`` and ``first [T]`` too;
     ``frame_unroll`` (frame stacks): its ``frames [T + k, H, W]`` in place of ``obs`` and
-    ``bootstrap_obs``. Another kind raises ProtocolError (lacks / unexpected array)."""
-    if schema not in (M.UNROLL, M.RECURRENT_UNROLL, M.FRAME_UNROLL):
+    ``bootstrap_obs``; ``recurrent_frame_unroll``: both. Another kind raises ProtocolError
+    (lacks / unexpected array)."""
+    if schema not in (M.UNROLL, M.RECURRENT_UNROLL, M.FRAME_UNROLL, M.RECURRENT_FRAME_UNROLL):
         raise ValueError(f"{schema.name} is not an unroll layout")
     E = validate(msg, schema)["E"]
     a = msg.arrays
@@ -68,14 +69,22 @@ def assemble_unrolls(msg: P.Message, schema: Schema = M.UNROLL) -> dict[str, np.
     return items
 
 
-def assemble_sequences(msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def assemble_sequences(
+    msg: P.Message, schema: Schema = M.SEQUENCES
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """An R2D2 TRAJECTORY of sequences -> (one item per sequence, with its weights version,
-    and their initial priorities)."""
-    sizes = validate(msg, M.SEQUENCES)
+    and their initial priorities). ``schema``: the shard's layout, ``sequences`` or
+    ``frame_sequences`` (frame stacks: each item keeps its ``frames [T + k, H, W]`` in place
+    of ``obs``); a message of the other raises ProtocolError."""
+    if schema not in (M.SEQUENCES, M.FRAME_SEQUENCES):
+        raise ValueError(f"{schema.name} is not a sequences layout")
+    sizes = validate(msg, schema)
     if sizes["P"] != sizes["T"] + 1:
         raise P.ProtocolError(
             f"sequences of {sizes['T']} steps carry {sizes['P']} observations, not {sizes['T'] + 1}"
         )
+    if schema is M.FRAME_SEQUENCES and sizes["S"] <= sizes["T"]:
+        raise P.ProtocolError(f"sequences of {sizes['T']} steps carry {sizes['S']} frames")
     priorities = msg.arrays["priority"]
     if np.any(priorities < 0):
         raise P.ProtocolError("sequences carry negative priorities")
@@ -95,6 +104,6 @@ def assemble_items(
     if layout.item == "unroll":
         return assemble_unrolls(msg, layout.schema), None
     if layout.item == "sequences":
-        return assemble_sequences(msg)
+        return assemble_sequences(msg, layout.schema)
     continuous = layout.schema is M.CONTINUOUS_TRANSITIONS
     return assemble_transitions(msg, n_step, gamma, continuous=continuous)

@@ -9,7 +9,10 @@ and the action range. :meth:`ExperienceLayout.check` refuses anything else with 
 ProtocolError (the shard counts and drops it), so the first message cannot choose what the
 shard stores: a frame table on a CartPole shard, or a table sized from a forged shape.
 :meth:`ExperienceLayout.example` is a message that passes, from which the shard learns the
-columns (and bytes) of one stored item before any message comes.
+columns (and bytes) of one stored item before any message comes. On uint8 frame stacks
+``[k, H, W]`` (Atari) the schema is its item's frame variant, each frame once:
+``frame_transitions``, ``frame_unroll`` (``recurrent_frame_unroll`` with ``model.core``) or
+``frame_sequences``.
 
 Sockets: none.
 """
@@ -165,19 +168,20 @@ def experience_layout(
         sizes.update(E=E, T=T)
     elif item == "unroll":
         if state_size is not None:
-            schema = M.RECURRENT_UNROLL
+            schema = M.RECURRENT_FRAME_UNROLL if frame_stacks else M.RECURRENT_UNROLL
             sizes["R"] = state_size
-        elif frame_stacks:
-            schema = M.FRAME_UNROLL
-            sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
         else:
-            schema = M.UNROLL
+            schema = M.FRAME_UNROLL if frame_stacks else M.UNROLL
+        if frame_stacks:
+            sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
         sizes.update(E=E, T=T)
     elif item == "sequences":
         if sequence_length is None or state_size is None:
             raise ValueError("a layout of sequences needs sequence_length and state_size")
-        schema = M.SEQUENCES
+        schema = M.FRAME_SEQUENCES if frame_stacks else M.SEQUENCES
         sizes.update(T=sequence_length, P=sequence_length + 1, R=state_size)
+        if frame_stacks:  # each sequence's frames once
+            sizes.update(S=sequence_length + obs_shape[0], O=obs_shape[1:])
     else:
         raise ValueError(f"no replay layout for items {item!r}")
     return ExperienceLayout(item, schema, sizes, obs_dtype, num_actions, low, high)

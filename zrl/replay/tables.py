@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -401,9 +402,50 @@ class FifoQueue(Table):
     ``sample`` removes what it returns. If actors outrun the learner and the queue is full,
     the oldest unconsumed items are dropped and counted in ``evicted`` so staleness pressure
     is visible in metrics rather than silent.
+
+    Items pass through without a stop in the columns where they can: an insert that fits is
+    kept as it came (the arrays referenced, not copied: the caller hands them over and does
+    not write them again), and a sample of the oldest held inserts concatenates them
+    straight into the batch, one copy per field (a split insert's rest stays held, a view).
+    Whatever reads the columns (a full queue's eviction, :meth:`gather`, :meth:`column`, a
+    snapshot) writes the held items into them first, so the keys, the counters, the byte
+    bound (``capacity`` items) and the snapshot format are the ring's.
     """
 
     kind = "fifo"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._held: deque[dict[str, np.ndarray]] = deque()
+        """Inserts not written to the columns, oldest first: the newest live keys, each
+        insert's ``[n, ...]`` arrays as given."""
+        self._held_items = 0
+
+    def insert(
+        self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> np.ndarray:
+        arrays, n = self.validate_items(items)
+        if not self._columns or self.size + n > self.capacity:  # the ring's: fix or evict
+            self.write_held()
+            return super().insert(arrays)
+        keys = np.arange(self.inserts, self.inserts + n, dtype=np.int64)
+        if n:
+            self._held.append(arrays)
+            self._held_items += n
+            self.inserts += n
+        return keys
+
+    def write_held(self) -> None:
+        """Write the held inserts into the columns, at their keys' slots."""
+        key = self.inserts - self._held_items
+        while self._held:
+            arrays = self._held.popleft()
+            n = len(next(iter(arrays.values())))
+            slots = np.arange(key, key + n) % self.capacity
+            for name, arr in arrays.items():
+                self._columns[name][slots] = arr
+            key += n
+        self._held_items = 0
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledBatch:
         """Pop the oldest ``batch_size`` items. ``rng`` is unused (kept for a common API).
@@ -414,7 +456,11 @@ class FifoQueue(Table):
         if self.size < batch_size:
             raise ValueError(f"fifo queue holds {self.size} items, cannot pop {batch_size}")
         keys = np.arange(self._first_key, self._first_key + batch_size, dtype=np.int64)
-        items = self.gather(keys)
+        if self._held_items == self.size:  # all held: straight from the inserts
+            items = self._take_held(batch_size)
+        else:
+            self.write_held()
+            items = self.gather(keys)
         self._first_key += batch_size
         self.samples += batch_size
         return SampledBatch(
@@ -423,6 +469,47 @@ class FifoQueue(Table):
             weights=np.ones(batch_size, dtype=np.float32),
             probabilities=np.ones(batch_size, dtype=np.float64),
         )
+
+    def _take_held(self, n: int) -> dict[str, np.ndarray]:
+        """The oldest ``n`` held items, concatenated (one copy) and no longer held."""
+        parts: list[dict[str, np.ndarray]] = []
+        taken = 0
+        while taken < n:
+            arrays = self._held.popleft()
+            m = len(next(iter(arrays.values())))
+            if taken + m > n:  # split it: the rest stays held, a view
+                cut = n - taken
+                self._held.appendleft({name: arr[cut:] for name, arr in arrays.items()})
+                arrays, m = {name: arr[:cut] for name, arr in arrays.items()}, cut
+            parts.append(arrays)
+            taken += m
+        self._held_items -= n
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def gather(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        self.write_held()
+        return super().gather(keys)
+
+    def column(self, name: str) -> np.ndarray:
+        self.write_held()
+        return super().column(name)
+
+    def evict_oldest(self, n: int) -> int:
+        self.write_held()
+        return super().evict_oldest(n)
+
+    def fill_missing_column(self, name: str, value: int | float, dtype: Any) -> bool:
+        self.write_held()
+        return super().fill_missing_column(name, value, dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        self.write_held()
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._held.clear()
+        self._held_items = 0
 
 
 _TABLES: dict[str, type[Table]] = {

@@ -14,6 +14,7 @@ ROLE_MODULES = {
     "learner": "zrl.roles.learner:Learner",
     "evaluator": "zrl.roles.evaluator:Evaluator",
     "league": "zrl.roles.league:LeagueRole",
+    "inference": "zrl.roles.inference:InferenceServer",
 }
 
 

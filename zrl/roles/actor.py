@@ -28,6 +28,11 @@ Sockets (where the algorithm's ``wiring.experience`` says):
   gradient of the rollout).
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest version is
   applied before each trajectory and reported with it.
+- DEALER -> an inference role's rpc (found with LOOKUP "inference"), only where the config
+  places inference roles on the actor's host (``roles.inference``): INFER/INFERRED
+  (``zrl.roles.inference_client``). The inference role runs the model at its weights; the
+  actor then follows no weights itself and reports, with each trajectory, the oldest version
+  that answered for it.
 - DEALER -> the league's rpc (found with LOOKUP "league"), only in a run with a league
   (``roles.league``): MATCH, RESULTS, GET_SNAPSHOT (``zrl.roles.league_client``).
 
@@ -66,6 +71,12 @@ from zrl.config.algorithms import get_algorithm
 from zrl.envs.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
 from zrl.envs.vector import EnvGroups, EpisodeTracker
 from zrl.roles.base import Role
+from zrl.roles.inference_client import (
+    InferenceClient,
+    InferenceStopped,
+    RemoteModel,
+    connect_inference,
+)
 from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.model_opponents import ModelOpponents
 from zrl.roles.step_buffers import ALL_ENVS, StepBuffers, env_major
@@ -116,6 +127,8 @@ class Actor(Role):
         self.policy_name = M.DEFAULT_POLICY
         self.live: dict[str, WeightsFollower] = {}  # other learning players we play against
         self.build_opponent: Any = None  # a fresh model for an opponent (multi-agent envs)
+        self.weights: WeightsFollower | None = None  # None: an inference role runs the model
+        self.inference: InferenceClient | None = None
 
     def setup(self) -> None:
         cfg = self.config
@@ -136,11 +149,16 @@ class Actor(Role):
         spaces = (self.envs.single_observation_space, self.envs.single_action_space)
         self.model = self.make_model(*spaces)
         self.model.eval()
-        self.weights = WeightsFollower(self, self.model, self.policy_name)
-        self.policy: ActorPolicy = self.make_policy(spaces)
+        self.inference = connect_inference(self, self.actor_index)
+        if self.inference is None:
+            self.weights = WeightsFollower(self, self.model, self.policy_name)
+            self.policy: ActorPolicy = self.make_policy(spaces, self.model)
+        else:  # the inference role of this host runs the forwards (connected at the first)
+            self.policy = self.make_policy(spaces, RemoteModel(self.model, self.inference))
         if isinstance(self.envs, MultiAgentVectorEnv):
             self.envs.opponents = self.make_opponents(self.envs, spaces)
-        self.weights.fetch_latest()
+        if self.weights is not None:
+            self.weights.fetch_latest()
         self.obs_dtype = M.obs_dtype(spaces[0])
         obs, _ = self.envs.reset(seed=self.seed)
         self.obs = M.as_obs(obs, self.num_envs, self.obs_dtype)
@@ -151,9 +169,10 @@ class Actor(Role):
         # the socket buffers between here and the shard could hold.
         self.credit = InsertAcks(cfg.actor.max_in_flight, self.log, lambda: self.output.next_seq)
 
-    def make_policy(self, spaces: tuple[Any, Any]) -> ActorPolicy:
-        """The algorithm's policy over this actor's model, envs, seed and random stream, for
-        ``spaces`` (observation, action)."""
+    def make_policy(self, spaces: tuple[Any, Any], model: Any) -> ActorPolicy:
+        """The algorithm's policy over ``model`` (this actor's, or the inference role's
+        stand-in for it), its envs, seed and random stream, for ``spaces`` (observation,
+        action)."""
         algorithm = get_algorithm(self.config.algo)
         return algorithm.load(algorithm.policy)(
             ActorSetup(
@@ -161,7 +180,7 @@ class Actor(Role):
                 observation_space=spaces[0],
                 action_space=spaces[1],
                 num_envs=self.num_envs,
-                model=self.model,
+                model=model,
                 actor_index=self.actor_index,
                 seed=self.seed,
                 rng=self.rng,
@@ -265,7 +284,9 @@ class Actor(Role):
         policy = self.policy
         buf = StepBuffers.empty(T, self.obs, policy)
         first_needs_reset = self.needs_reset
-        version = self.weights.version
+        version = self.weights_version
+        if self.inference is not None:
+            self.inference.take_oldest_version()  # count this trajectory's replies only
         policy.begin(T, self.env_steps)
         try:
             self.check_finite(self.obs, None, 0)  # after a reset, nothing checked it yet
@@ -281,10 +302,14 @@ class Actor(Role):
                     self.check_finite(obs, r, t)
                     buf.stepped(t, ALL_ENVS, obs, r, term, trunc)
                     self.report_episode_starts(buf, t, ALL_ENVS, first_needs_reset)
+        except InferenceStopped:  # the run stops: the partial trajectory goes nowhere
+            return None
         except Exception as exc:  # noqa: BLE001 - a user's env must not stop the actor
             self.on_env_error(exc)
             return None
         self.obs = obs
+        if self.inference is not None:  # the oldest version among the replies that acted
+            version = self.inference.take_oldest_version()
         trajectory = self.end_trajectory(first_needs_reset, buf)
         trajectory.weights_version = version
         out = policy.finish(trajectory)
@@ -369,10 +394,11 @@ class Actor(Role):
                 self.acks.sock.poll(100)
                 return
         if self.pending is None:
-            self.weights.update()
+            if self.weights is not None:
+                self.weights.update()
             for follower in self.live.values():
                 follower.update()
-            if not self.policy.may_collect(self.weights.version):
+            if not self.policy.may_collect(self.weights_version):
                 self.wait_for_weights()
                 return
             self.waiting_since = None
@@ -389,7 +415,17 @@ class Actor(Role):
         elif self.blocked_since is None:
             self.blocked_since = time.monotonic()
 
+    @property
+    def weights_version(self) -> int:
+        """The weights version the actor acts with: its own model's, or the last one its
+        inference role answered with."""
+        if self.inference is not None:
+            return self.inference.version
+        assert self.weights is not None
+        return self.weights.version
+
     def wait_for_weights(self) -> None:
+        assert self.weights is not None, "policies that wait for weights need them here"
         now = time.monotonic()
         if self.waiting_since is None:
             self.waiting_since = now
@@ -424,7 +460,7 @@ class Actor(Role):
         info: dict[str, Any] = {
             "env_steps": self.env_steps,
             "episodes": self.episodes.episodes,
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             "env_errors": self.env_errors,
             "non_finite_env": self.non_finite_env,
             **self.credit.report(),
@@ -437,6 +473,8 @@ class Actor(Role):
             info[f"wire_bytes_{self.output_stream}"] = sent
         if self.matchmaker is not None:
             info.update(self.matchmaker.heartbeat_info())
+        if self.inference is not None:
+            info.update(self.inference.heartbeat_info())
         if len(self.config.policies) > 1:
             info["policy"] = self.policy_name
         if isinstance(self.envs, MultiAgentVectorEnv):

@@ -78,9 +78,19 @@ def outcome_rates(returns: np.ndarray) -> dict[str, float]:
     }
 
 
-def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Factories]:
-    """The model saved by ``zrl run`` in ``run_dir/model.pt``, the run's config and factories."""
-    path = Path(run_dir) / "model.pt"
+MODEL_FILES = ("model.pt", "model_best.pt", "model_last.pt")
+"""The weights ``zrl run`` saves (``zrl.run.rundir``): those that met the stop rule (else the
+best evaluated), the best single evaluation's, the final ones."""
+SOURCES = {
+    "confirmed": "the weights that met the stop rule",
+    "best": "the best evaluated weights",
+    "last": "the final weights",
+}
+
+
+def _read_saved(path: Path) -> dict[str, Any]:
+    """A saved model file as ``torch.load`` gives it; FileNotFoundError or ValueError (naming
+    the file) for a missing or foreign one."""
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist: was the run stopped before saving a model?"
@@ -88,6 +98,34 @@ def load_policy(run_dir: Path) -> tuple[torch.nn.Module, ExperimentConfig, Facto
     try:
         # Tensors, strings and dicts only (the config is JSON): nothing in model.pt runs code.
         saved = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(saved, dict):
+            raise TypeError(f"a {type(saved).__name__}, not a dict")
+        return saved
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which one
+        raise ValueError(f"{path} is not a model zrl saved: {_first_line(exc)}") from None
+
+
+def describe_saved(run_dir: Path, name: str = "model.pt") -> str:
+    """Which of a run's weights ``run_dir/name`` holds, with their version and evaluation
+    return: what ``zrl eval`` says before it plays them."""
+    saved = _read_saved(Path(run_dir) / name)
+    source = saved.get("source")
+    what = SOURCES.get(source, "the final weights") if isinstance(source, str) else None
+    if what is None:  # written before model.pt was the confirmed weights: always the last
+        what = "the final weights (saved by an older zrl)"
+    ret = saved.get("eval_return")
+    evaluated = f"eval return {ret:.2f}" if isinstance(ret, float) else "never evaluated"
+    return f"{name}: {what}, weights v{saved.get('version', '?')}, {evaluated}"
+
+
+def load_policy(
+    run_dir: Path, name: str = "model.pt"
+) -> tuple[torch.nn.Module, ExperimentConfig, Factories]:
+    """A model saved by ``zrl run`` in ``run_dir/name`` (one of ``MODEL_FILES``; model.pt:
+    the weights that met the stop rule), the run's config and factories."""
+    path = Path(run_dir) / name
+    saved = _read_saved(path)
+    try:
         cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
         weights = {k: v.numpy() for k, v in saved["weights"].items()}
         factories = Factories(**saved.get("factory_refs", {}))
@@ -177,13 +215,14 @@ def evaluate_run_dir(
     seed: int = 12345,
     opponent: str | None = None,
     video_dir: Path | None = None,
+    model_file: str = "model.pt",
 ) -> list[float]:
-    """Greedy returns of a run's saved policy; a turn-based multi-agent game is played against
-    ``opponent`` (random or scripted; random when None). With ``video_dir`` every episode is
-    recorded there (``video_envs``)."""
+    """Greedy returns of a run's saved policy (``model_file``, one of ``MODEL_FILES``); a
+    turn-based multi-agent game is played against ``opponent`` (random or scripted; random
+    when None). With ``video_dir`` every episode is recorded there (``video_envs``)."""
     from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 
-    model, cfg, factories = load_policy(run_dir)
+    model, cfg, factories = load_policy(run_dir, model_file)
     env_fn = factories.env_fn()
 
     def make_envs(n: int) -> Any:

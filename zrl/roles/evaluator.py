@@ -11,6 +11,11 @@ supervisor stops on evaluations only once the evaluator's own heartbeat, which n
 peer can forge, reports them too. With ``stop.confirm: fresh`` an evaluation at
 ``stop.eval_return`` is followed at once by a confirming one of ``stop.eval_episodes``
 episodes on new seeds with the same weights.
+
+Files (no socket): before it publishes an evaluation, the weights it evaluated go to its
+checkpoint directory if that is its best evaluation yet (``<id>.best.pt``) or if it met the
+stop rule (``<id>.met-<version>.pt``), for the head's ``model.pt`` and ``model_best.pt``
+(``zrl.roles.evaluated_weights``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import numpy as np
 import torch
 
 from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
+from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role
+from zrl.roles.evaluated_weights import EvaluatedKeeper
 from zrl.roles.evaluation import greedy_returns, outcome_rates
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import protocol as P
@@ -57,6 +64,9 @@ class Evaluator(Role):
         self.last: dict[str, Any] = {}
         self.recent_returns: list[float] = []
         self.confirming_return: float | None = None
+        self.kept = EvaluatedKeeper(
+            self.checkpoint_file, self.config.stop, self.config.broker.max_message_bytes
+        )
         self.weights.fetch_latest()
 
     def step(self) -> None:
@@ -138,6 +148,14 @@ class Evaluator(Role):
                 for k, v in against.items()
                 if k.endswith("win_rate") or k.endswith("loss_rate")
             ),
+        )
+        # Before the result goes out: once the head hears of it, the file is there to take.
+        self.kept.on_eval(
+            version,
+            self.last["mean"],
+            len(returns),
+            confirming,
+            lambda: model_to_arrays(self.model),
         )
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),

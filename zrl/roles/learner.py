@@ -32,13 +32,20 @@ increasing. Each WEIGHTS carries ``resets`` so the league sees the reset done.
 A message the update rejects is dropped and counted. A NaN/inf loss or gradient raises
 before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
 learner cleanly (it is diverging), reporting its id and update number and keeping the last
-good checkpoint and published weights.
+good checkpoint and published weights. On a GPU the update reads nothing back per update:
+the device skips a non-finite step (``zrl.algos.optim.deferred_step``) and the result carries
+a finite flag, which the learner reads once the next update is queued behind it
+(:meth:`Learner.settle`): the update is counted then, or its batch dropped as above. The copy
+of the next batch runs meanwhile on a stream of its own (``zrl.algos.batches.HostStaging``),
+so the GPU has the next update and its input queued while the host receives the one after.
 
 Where the learner's time goes (``TIME_PARTS``): waiting for input, handing it to the update
 (its checks and the copy to the device), updating and publishing. Training figures
 ``wait_ms`` and ``copy_ms`` per gradient step, beside the update's ``update_ms``; the heartbeat
 shows each part's share of the learner's time since its first step (``wait_share``, ...),
-kept in summary.json with the learner's other heartbeat figures.
+kept in summary.json with the learner's other heartbeat figures. On a GPU, "copy" is the host's
+part (staging into pinned memory, queueing the copy), and "update" includes waiting for the
+update before the last one to finish on the device (``update_ms`` only the queueing).
 """
 
 from __future__ import annotations
@@ -52,7 +59,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.algos.api.learner import LearnerServices, LearnerSetup, LearnerUpdate, NonFiniteLossError
+from zrl.algos.api.learner import (
+    LearnerServices,
+    LearnerSetup,
+    LearnerUpdate,
+    NonFiniteLossError,
+    UpdateResult,
+)
 from zrl.algos.batches import learner_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
@@ -93,7 +106,7 @@ class Learner(Role):
         self.updates = 0
         self.samples_trained = 0  # distinct env steps trained on, since this process started
         self.weights_version = 0
-        self.last_loss = float("nan")
+        self.last_loss: float | torch.Tensor = float("nan")
         # The update count and weights version of the checkpoint it resumed from (None: afresh).
         self.resumed_from: int | None = None
         self.resumed_version: int | None = None
@@ -123,6 +136,9 @@ class Learner(Role):
         self.stepping_since: float | None = None  # the first step, after setup
         self.time_s = dict.fromkeys(TIME_PARTS, 0.0)  # since then
         self.unreported_s = dict.fromkeys(("wait", "copy"), 0.0)  # since the last update
+        # The last update checked on the device (UpdateResult.finite) and the sender of its
+        # batch: counted (or dropped) once the next update is on its way.
+        self.unchecked: tuple[UpdateResult, str] | None = None
 
     def setup(self) -> None:
         cfg = self.config
@@ -305,17 +321,41 @@ class Learner(Role):
     # --- updates ----------------------------------------------------------------------
 
     def train(self) -> None:
-        """Train on what the update holds; count, publish priorities and weights."""
+        """Train on what the update holds; count, publish priorities and weights. A result
+        checked on the device waits as ``unchecked`` until the next update was started."""
         try:
             result = self.update.train(self.weights_version)
         except NonFiniteLossError as exc:
-            self.on_non_finite(exc, exc.source or "a batch")
+            self.settle()
+            self.on_non_finite(exc, exc.source or "a batch", self.last_sender)
             return
         except RuntimeError as exc:  # torch rejected the batch: a peer's bug, not ours
+            self.settle()
             self.input.drop(self.last_sender, f"the update failed on it: {exc}")
             return
+        self.settle()  # the update before: done by now, or soon (this one queued behind it)
         if result is None:
             return
+        if result.finite is not None:
+            self.unchecked = (result, self.last_sender)
+            return
+        self.count(result)
+
+    def settle(self) -> None:
+        """Count the update whose finiteness the device checked (``UpdateResult.finite``),
+        or drop its batch as non-finite: reading the flag waits for that update only."""
+        if self.unchecked is None:
+            return
+        (result, sender), self.unchecked = self.unchecked, None
+        assert result.finite is not None
+        if bool(result.finite):
+            self.count(result)
+            return
+        loss = float(result.loss)
+        self.on_non_finite(NonFiniteLossError(loss, float("nan")), "a batch", sender)
+
+    def count(self, result: UpdateResult) -> None:
+        """A finite update: count it, send its priorities, publish the weights when due."""
         self.non_finite_in_a_row = 0
         before = self.updates
         self.updates += result.updates
@@ -341,14 +381,15 @@ class Learner(Role):
             self.publish_due = True
             self.publish_if_due()
 
-    def on_non_finite(self, exc: NonFiniteLossError, source: str) -> None:
-        """A NaN/inf loss, raised before the optimizer step, so the weights are intact. One
-        such batch (e.g. huge values from a peer) is dropped; a run of them means we diverged:
-        stop cleanly, keeping the last good checkpoint and published weights."""
+    def on_non_finite(self, exc: NonFiniteLossError, source: str, sender: str) -> None:
+        """A NaN/inf loss, raised before the optimizer step (or the step skipped on the
+        device), so the weights are intact. One such batch (e.g. huge values from a peer,
+        ``sender``) is dropped; a run of them means we diverged: stop cleanly, keeping the
+        last good checkpoint and published weights."""
         self.non_finite_in_a_row += 1
         self.non_finite_batches += 1
         if self.non_finite_in_a_row < MAX_NON_FINITE_IN_A_ROW:
-            self.input.drop(self.last_sender, f"{source} gives a {exc}")
+            self.input.drop(sender, f"{source} gives a {exc}")
             return
         self.diverged = True
         raise RoleError(
@@ -364,6 +405,7 @@ class Learner(Role):
     def save_checkpoint(self) -> None:
         if self.checkpoint is None or self.checkpoint_unread:
             return
+        self.settle()  # the counters of the last update, which the device checked
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         state = {
             **self.update.state_dict(),
@@ -500,6 +542,8 @@ class Learner(Role):
             )
 
     def teardown(self) -> None:
+        if not self.diverged:
+            self.settle()  # the last update checked on the device
         if self.publish_due and not self.diverged:
             self.send_weights()  # held back by publish_every_s: the last updates go out too
         # A graceful stop resumes exactly where it stopped; a diverged learner keeps the last
@@ -515,11 +559,12 @@ class Learner(Role):
         return self.update.train_info()
 
     def heartbeat_info(self) -> dict[str, Any]:
+        loss = float(self.last_loss)  # a tensor on the device: read here, once a beat
         info: dict[str, Any] = {
             "updates": self.updates,
             "samples_trained": self.samples_trained,
             "weights_version": self.weights_version,
-            "loss": round(self.last_loss, 5) if np.isfinite(self.last_loss) else None,
+            "loss": round(loss, 5) if np.isfinite(loss) else None,
             "checkpoints": self.checkpoints,
             "weights_sent": self.weights_sent,
             "weights_acked": self.weights_acked,

@@ -9,9 +9,10 @@ Sockets:
   sequences the actor cut, one item each; IMPALA/APPO: each env's whole unroll, with its
   recurrent state and episode starts when ``model.core`` is set) and inserted
   (``frame_transitions`` of Atari frame stacks into a ``FrameTable``, which stores each frame
-  once and rebuilds the stacks when it samples). Read only while the rate limiter allows
-  inserts, so a shard that is ahead of its learners applies back-pressure to the actors
-  instead of growing.
+  once and rebuilds the stacks when it samples; a FIFO queue keeps the decoded unrolls as
+  they came and concatenates them into the batch, one copy: ``zrl.replay.tables.FifoQueue``).
+  Read only while the rate limiter allows inserts, so a shard that is ahead of its learners
+  applies back-pressure to the actors instead of growing.
 - PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
   rate limiter allows and fewer than ``replay.prefetch`` batches are unacknowledged.
   That credit window, not the sockets' high-water marks, bounds how much sampled data

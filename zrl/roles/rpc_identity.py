@@ -105,15 +105,18 @@ class RegisteredPeers:
     """The rpc connections of a server role that live registry entries vouch for.
 
     ``allowed(row)`` says whether a STATUS row's role may use this server for what is guarded
-    (e.g. a planned learner); ``status`` asks the registry (a role's STATUS request)."""
+    (e.g. a planned learner); ``status`` asks the registry (a role's STATUS request); at most
+    ``max_known`` confirmed connections are remembered (the least recently used forgotten)."""
 
     def __init__(
         self,
         server: str,
         status: Callable[[], list[dict[str, Any]]],
         allowed: Callable[[dict[str, Any]], bool],
+        max_known: int = MAX_KNOWN_PEERS,
     ) -> None:
         self.server = server
+        self.max_known = max_known
         self.status = status
         self.allowed = allowed
         self.known: OrderedDict[bytes, Peer] = OrderedDict()
@@ -144,7 +147,7 @@ class RegisteredPeers:
             peer = self.vouched_now.get(digest)
         if peer is not None:
             self.known[ident] = peer
-            while len(self.known) > MAX_KNOWN_PEERS:
+            while len(self.known) > self.max_known:
                 self.known.popitem(last=False)
         return peer
 

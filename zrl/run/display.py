@@ -62,6 +62,20 @@ def league_line(info: dict[str, Any]) -> str:
     return line
 
 
+def inference_line(info: dict[str, Any]) -> str:
+    """An inference role's forwards and what it refused, from its heartbeat info ("" for
+    others)."""
+    forwards, requests = info.get("forwards"), info.get("requests")
+    if not isinstance(forwards, int) or not isinstance(requests, int) or "rows" not in info:
+        return ""
+    per = f" ({requests / forwards:.1f} per forward)" if forwards else ""
+    return (
+        f"on {info.get('device', '?')}: {forwards:,} forwards of {requests:,} requests{per}, "
+        f"{info.get('rows', 0):,} rows, {info.get('forward_s', 0)} s forwarding, "
+        f"{info.get('requests_refused', 0)} refused, weights v{info.get('weights_version', 0)}"
+    )
+
+
 def role_note(info: dict[str, Any]) -> str:
     """Why a role is waiting or what went wrong, from its heartbeat info (the league: its
     Elo ratings)."""
@@ -73,7 +87,7 @@ def role_note(info: dict[str, Any]) -> str:
         return f"{info['env_errors']} env errors (reset and went on)"
     if info.get("blocked_s"):
         return f"waiting {info['blocked_s']}s for replay to take trajectories"
-    return league_line(info)
+    return league_line(info) or inference_line(info)
 
 
 class StatusDisplay:
@@ -263,4 +277,6 @@ class StatusDisplay:
                 f"segment {summary['segment']} of this run: {summary['total_wall_time']:.1f} s "
                 f"of wall time in all, resumed at {summary['resumed_at_env_steps']:,} env steps"
             )
+        if summary.get("model_note"):  # which weights model.pt holds, and why
+            self.message(summary["model_note"])
         self.console.print(f"run directory: {summary['run_dir']}")

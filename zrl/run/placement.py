@@ -163,21 +163,14 @@ def placement(
         ("learners", "learner"),
         ("evaluator", "evaluator"),
         ("league", "league"),
+        ("inference", "inference"),
         ("actors", "actor"),
     )
     local: list[tuple[str, int]] = []
     remote: dict[str, list[tuple[str, int]]] = {h.name: [] for h in cfg.hosts}
     for key, role in order:
-        total = getattr(cfg.roles, key)
-        placed = sum(h.roles.get(key, 0) for h in cfg.hosts)
-        index = 0
-        for _ in range(total - placed):
-            local.append((role, index))
-            index += 1
-        for h in cfg.hosts:
-            for _ in range(h.roles.get(key, 0)):
-                remote[h.name].append((role, index))
-                index += 1
+        for host, indices in cfg.indices_by_host(key).items():
+            (local if host is None else remote[host]).extend((role, i) for i in indices)
     return local, remote
 
 

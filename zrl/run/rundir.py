@@ -3,7 +3,9 @@
     RUN_DIR/config.yaml      the resolved config       RUN_DIR/seeds.json     per-actor seeds
     RUN_DIR/logs/<id>.log    one log per role          RUN_DIR/progress.csv   one row a second
     RUN_DIR/eval.csv         every evaluation          RUN_DIR/tensorboard/   event files
-    RUN_DIR/model.pt         final weights             RUN_DIR/summary.json   how it ended
+    RUN_DIR/model.pt         the weights that met      RUN_DIR/summary.json   how it ended
+                             the stop rule (else the   RUN_DIR/model_best.pt  best evaluated
+                             best evaluated)           RUN_DIR/model_last.pt  final weights
 
 plus ``factories.pkl`` (a script's pickled factories), ``keys/`` (the run's own keys, see
 ``BrokerAccess.use_run_keys``), ``checkpoints/`` and ``remote_commands.txt``. The CSV and
@@ -13,8 +15,14 @@ config.yaml keeps a ``checkpoint.dir`` inside the run directory relative to it (
 and a relative one read back from there (``--resume``) is relative to the run directory: a copy
 of a run directory resumes from, and writes to, its own checkpoints, never the original's.
 
+``model.pt`` is the weights version that met the stop rule, which the run's evaluator kept in
+its checkpoint directory (``zrl.roles.evaluated_weights``); when those cannot be had (an
+evaluator on another host keeps them there), or the run never met its rule, the best evaluated
+weights; else the final ones. summary.json names which (``model_source``, ``model_note``) and
+each file's weights version and evaluation return (``models``).
+
 Sockets: throwaway DEALERs for the LOOKUP of the params server and the final GET_WEIGHTS
-(``model.pt``).
+(``model_last.pt``).
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +42,13 @@ import zmq
 from zrl.config.experiment import ExperimentConfig, config_to_yaml
 from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.roles.errors import RoleError
+from zrl.roles.evaluated_weights import (
+    BEST_SUFFIX,
+    Evaluated,
+    met_suffix,
+    read_evaluated,
+    same_layout,
+)
 from zrl.roles.registry_client import registry_request
 from zrl.run.aggregator import Aggregator, number
 from zrl.run.metrics import read_csv
@@ -51,6 +68,78 @@ LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
 # and each `--resume` of it is a segment).
 ACROSS_SEGMENTS = ("segment", "segments", "total_wall_time", "resumed_at_env_steps")
 UNFINISHED_SEGMENT = "this segment wrote no summary.json (it was killed, or its machine went down)"
+EVALUATOR_ID = re.compile(r"evaluator-[0-9]{1,6}")
+
+
+@dataclass
+class SavedModels:
+    """What the run saved: which weights ``model.pt`` holds (``source``: confirmed, best or
+    last), in words (``note``), and each file's weights version and evaluation return."""
+
+    source: str
+    note: str
+    model: dict[str, Any]
+    best: dict[str, Any] | None
+    last: dict[str, Any]
+
+    def files(self) -> dict[str, dict[str, Any] | None]:
+        """summary.json's ``models``: each file's weights version and evaluation return."""
+        return {
+            "model.pt": {"source": self.source, **self.model},
+            "model_best.pt": self.best,
+            "model_last.pt": self.last,
+        }
+
+
+def _figures(kept: Evaluated) -> dict[str, Any]:
+    ret = None if kept.eval_return is None else round(kept.eval_return, 2)
+    return {"weights_version": kept.version, "eval_return": ret}
+
+
+def _named(kept: Evaluated) -> str:
+    ret = "never evaluated" if kept.eval_return is None else f"eval return {kept.eval_return:.2f}"
+    return f"v{kept.version}, {ret}"
+
+
+def choose_model(
+    *,
+    confirmed: Evaluated | None,
+    best: Evaluated | None,
+    last: Evaluated,
+    rule: bool,
+    met: bool,
+    met_version: int | None,
+    why_not: str = "",
+) -> SavedModels:
+    """Which weights ``model.pt`` holds: those that met the stop rule (``confirmed``; ``met``:
+    the rule was met, with weights version ``met_version``), else the best evaluated, else
+    the last; ``rule``: whether the run had a target on evaluations; ``why_not``: why the
+    weights that met it (or any evaluated ones) could not be had."""
+    because = f" ({why_not})" if why_not else ""
+    if met:
+        missed = f"not those that met the stop rule (v{met_version}), which could not be had"
+    elif rule:
+        missed = "the run never met its stop rule"
+    else:
+        missed = "the run had no stop rule on evaluations"
+    if confirmed is not None:
+        source, chosen = "confirmed", confirmed
+        note = f"model.pt: the weights that met the stop rule ({_named(confirmed)})"
+    elif best is not None:
+        source, chosen = "best", best
+        note = f"model.pt: the best evaluated weights ({_named(best)}); {missed}"
+        note += because if met else ""
+    else:
+        source, chosen = "last", last
+        gone = missed if met else "no evaluated weights could be had"
+        note = f"model.pt: the final weights ({_named(last)}); {gone}{because}"
+    return SavedModels(
+        source=source,
+        note=note,
+        model=_figures(chosen),
+        best=_figures(best) if best is not None else None,
+        last=_figures(last),
+    )
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, window: int = 64 * 1024) -> list[str]:
@@ -194,13 +283,17 @@ class RunDir:
         (self.path / "remote_commands.txt").write_text("\n".join(lines) + "\n")
         return lines
 
-    def save_model(
-        self, ctx: zmq.Context, access: BrokerAccess, is_ours: Callable[[Any], bool]
-    ) -> int | None:
-        """``model.pt``: the latest weights of this run's params server (``is_ours`` tells
-        a registered id of this run from any other); its version, or None if none came."""
-        import torch
-
+    def save_models(
+        self,
+        ctx: zmq.Context,
+        access: BrokerAccess,
+        is_ours: Callable[[Any], bool],
+        target: StopRule,
+        evals: list[dict[str, Any]],
+    ) -> SavedModels | None:
+        """``model.pt``, ``model_best.pt`` and ``model_last.pt`` (``write_models``), the last
+        being the latest weights of this run's params server (``is_ours`` tells a registered
+        id of this run from any other); None if no weights came from params."""
         from zrl.roles.weights import request_latest_weights
 
         try:
@@ -220,22 +313,91 @@ class RunDir:
         )
         if msg is None:
             return None
-        with atomic_write(self.path / "model.pt") as f:
+        version = int(msg.meta.get("version", 0))
+        # The last weights' own evaluation, if an evaluator got to them.
+        returns = [e["mean"] for e in evals if e.get("weights_version") == version]
+        last = Evaluated(version, dict(msg.arrays), returns[-1] if returns else None)
+        return self.write_models(last, target)
+
+    def write_models(self, last: Evaluated, target: StopRule) -> SavedModels:
+        """``model_last.pt`` (``last``: the final weights), ``model_best.pt`` (the best single
+        evaluation's weights, from the evaluators' best files) and ``model.pt``: the weights
+        that met the stop rule (the evaluator's ``met`` file of the confirmed version), else
+        the best evaluated, else the last; ``SavedModels.note`` says which, and why."""
+        folder = Path(self.cfg.checkpoint.dir) if self.cfg.checkpoint.dir else None
+        max_bytes = self.cfg.broker.max_message_bytes
+        misses: list[str] = []  # why a file was not taken, in the order asked
+
+        def kept(name: str) -> Evaluated | None:
+            if folder is None:
+                misses.append("the run has no checkpoint.dir")
+                return None
+            try:
+                got = read_evaluated(folder / name, max_bytes)
+            except ValueError as exc:
+                misses.append(str(exc))
+                return None
+            unfit = same_layout(got.weights, last.weights)
+            if unfit is not None:
+                misses.append(f"{folder / name} does not fit the run's weights: {unfit}")
+                return None
+            return got
+
+        best: Evaluated | None = None
+        for i in range(self.cfg.roles.count("evaluator")):
+            found = kept(f"evaluator-{i}{BEST_SUFFIX}")
+            if found is not None and (
+                best is None or (found.eval_return or 0.0) > (best.eval_return or 0.0)
+            ):
+                best = found
+        confirmed: Evaluated | None = None
+        best_misses = len(misses)
+        v, by = target.confirmed_version, target.confirmed_by
+        if target.target_time is not None and v is not None and by is not None:
+            confirmed = kept(f"{by}{met_suffix(v)}") if EVALUATOR_ID.fullmatch(by) else None
+            if confirmed is not None and confirmed.version != v:
+                misses.append(f"{by}{met_suffix(v)} holds weights v{confirmed.version}")
+                confirmed = None
+        saved = choose_model(
+            confirmed=confirmed,
+            best=best,
+            last=last,
+            rule=self.cfg.stop.eval_return is not None,
+            met=target.target_time is not None,
+            met_version=v,
+            # Why the confirmed weights could not be had, or (none taken) why no file was.
+            why_not="; ".join((misses[best_misses:] if best is not None else misses)[:3]),
+        )
+        self.write_model("model_last.pt", last, "last")
+        if best is not None:
+            self.write_model("model_best.pt", best, "best")
+        chosen = {"confirmed": confirmed, "best": best, "last": last}[saved.source]
+        assert chosen is not None
+        self.write_model("model.pt", chosen, saved.source)
+        return saved
+
+    def write_model(self, name: str, kept: Evaluated, source: str) -> None:
+        """One weights set as ``zrl eval`` reads it: the weights, their version and evaluation
+        return, which of the run's weights they are (``source``), the config, the factories."""
+        import torch
+
+        with atomic_write(self.path / name) as f:
             torch.save(
                 {
-                    "weights": {k: torch.from_numpy(v.copy()) for k, v in msg.arrays.items()},
-                    "version": msg.meta.get("version"),
+                    "weights": {k: torch.from_numpy(v.copy()) for k, v in kept.weights.items()},
+                    "version": kept.version,
+                    "source": source,
+                    "eval_return": kept.eval_return,
                     "config": json.dumps(self.cfg.model_dump(mode="json")),
                     "factory_refs": self.factories.references,
                 },
                 f,
             )
-        return int(msg.meta.get("version", 0))
 
     def summary(
         self,
         row: dict[str, Any],
-        version: int | None,
+        saved: SavedModels | None,
         *,
         stop_reason: str,
         fatal: str,
@@ -291,8 +453,14 @@ class RunDir:
             # Metrics under no planned role's id, and training figures past the tag bound.
             "metrics_dropped": metrics_dropped,
             "train_figures_dropped": agg.train_dropped,
-            "weights_version": version,
-            "model": str(self.path / "model.pt") if version is not None else None,
+            # The final weights' version (model_last.pt); model.pt's is in "models".
+            "weights_version": saved.last["weights_version"] if saved is not None else None,
+            "model": str(self.path / "model.pt") if saved is not None else None,
+            # Which weights model.pt holds: confirmed (they met the stop rule), best (the
+            # best single evaluation's) or last (the final ones), and why.
+            "model_source": saved.source if saved is not None else None,
+            "model_note": saved.note if saved is not None else None,
+            "models": saved.files() if saved is not None else None,
             "restarts": restarts,
             "roles": roles,
             # Each role's counters as its last heartbeat had them (what the learner closed on).

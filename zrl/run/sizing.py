@@ -9,7 +9,9 @@ broker and every other role placed on it take a share of them, rounded up as a w
 - the broker: half a core;
 - a learner on a GPU: half a core (it feeds the GPU); on the CPU: ``learner.torch_threads``;
 - a replay shard: half a core;
-- params, the evaluator, the league: a quarter of a core each.
+- params, the evaluator, the league: a quarter of a core each;
+- an inference role (``roles.inference``): one core when its device is a GPU (it receives,
+  joins and answers every actor's observations), ``inference.torch_threads`` on the CPU.
 
 Actors here = max(1, C - that), each stepping its ``env.num_envs`` envs on its core; the
 actors that ``hosts`` place elsewhere come on top. The shares are what a profile of Pong APPO
@@ -38,6 +40,8 @@ LEARNER_GPU_CORES = 0.5
 REPLAY_CORES = 0.5
 LIGHT_ROLE_CORES = 0.25
 """params, the evaluator, the league."""
+INFERENCE_GPU_CORES = 1.0
+"""An inference role whose forwards run on a GPU."""
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
@@ -88,18 +92,26 @@ def size_actors(
     this one's), ``gpu``: whether a learner with ``learner.device: auto`` is on a GPU
     (default: ``gpu_visible()``); see the module docstring."""
     cores = cores if cores is not None else machine_size()[0]
-    device = cfg.learner.device
-    on_gpu = device.startswith("cuda") or (
-        device == "auto" and (gpu if gpu is not None else gpu_visible())
-    )
+
+    def on_gpu_for(device: str) -> bool:
+        return device.startswith("cuda") or (
+            device == "auto" and (gpu if gpu is not None else gpu_visible())
+        )
+
+    on_gpu = on_gpu_for(cfg.learner.device)
 
     def here(key: str) -> int:
         return int(getattr(cfg.roles, key)) - sum(h.roles.get(key, 0) for h in cfg.hosts)
 
-    learners, replay = here("learners"), here("replay")
+    learners, replay, inference = here("learners"), here("replay"), here("inference")
     light = here("params") + here("evaluator") + here("league")
     learner_cores = LEARNER_GPU_CORES if on_gpu else float(cfg.learner.torch_threads)
+    inference_on_gpu = on_gpu_for(cfg.inference.device)
+    inference_cores = (
+        INFERENCE_GPU_CORES if inference_on_gpu else float(cfg.inference.torch_threads)
+    )
     share = BROKER_CORES + learners * learner_cores + replay * REPLAY_CORES
+    share += inference * inference_cores
     reserved = math.ceil(share + light * LIGHT_ROLE_CORES)
     parts = ["the broker"]
     if learners:
@@ -107,6 +119,9 @@ def size_actors(
         parts.append(f"{learners} learner{'s' * (learners > 1)} on the {where}")
     if replay:
         parts.append(f"{replay} replay shard{'s' * (replay > 1)}")
+    if inference:
+        where = "GPU" if inference_on_gpu else "CPU"
+        parts.append(f"{inference} inference role{'s' * (inference > 1)} on the {where}")
     parts += [key for key in ("params", "evaluator", "league") if here(key)]
     return ActorSizing(
         cores=cores,

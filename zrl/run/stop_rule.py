@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zrl.config.experiment import ExperimentConfig
+from zrl.roles.evaluated_weights import KEEP_MET, rule_met
 from zrl.run.aggregator import number
 
 
@@ -27,6 +28,10 @@ class StopRule:
         self.target_reached_at: float | None = None
         self.confirming_return: float | None = None
         """The mean that met the rule."""
+        self.confirmed_by: str | None = None
+        """The evaluator whose evaluations met the rule."""
+        self.confirmed_version: int | None = None
+        """The weights version of the evaluation that met the rule (the last of a window)."""
         # Evals that meet the stop rule, awaiting the evaluator's heartbeat:
         # (sender, row, time, the means that met it).
         self.candidates: list[tuple[str, dict[str, Any], float, list[float]]] = []
@@ -51,12 +56,9 @@ class StopRule:
         self._eval_means[sender] = means
         if s.eval_return is None or self.target_time is not None:
             return
-        if s.confirm == "fresh":
-            met = [row["mean"]] if row["confirming"] else []
-        else:
-            met = means if len(means) >= s.eval_window else []
-        if met and sum(met) / len(met) >= s.eval_return:
-            self.candidates = [*self.candidates[-7:], (sender, row, time.time(), met)]
+        met = rule_met(s, means, row["confirming"])
+        if met:
+            self.candidates = [*self.candidates[-(KEEP_MET - 1) :], (sender, row, time.time(), met)]
 
     def confirm(self, evaluator_row: Callable[[str], dict[str, Any] | None]) -> bool:
         """Whether the target is met now: the evaluator's own heartbeat (its row in the
@@ -92,6 +94,9 @@ class StopRule:
             self.target_reached_at = wall
             self.target_steps = hit["env_steps"]
             self.confirming_return = round(sum(met) / len(met), 2)
+            self.confirmed_by = sender
+            version = hit.get("weights_version")
+            self.confirmed_version = version if isinstance(version, int) else None
             return True
         return False
 

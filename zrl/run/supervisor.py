@@ -14,10 +14,11 @@ started, by hand, by ``zrl host`` or by a launcher.
 ``sizing`` (what ``roles.actors: auto`` comes to here), ``placement`` (the broker's
 addresses, where each role runs, the security policy), ``roster`` (which roles were placed
 where, which took part, which never came), ``rundir`` (the run directory, summary.json,
-model.pt), ``pool`` and ``children`` (starting, restarting and stopping the broker and the
-roles, the zygote), ``monitor`` (what the head hears: metrics and evals, the registry's rows,
-STOP_RUN), ``aggregator`` (the figures of the live status, progress.csv and the summary) and
-``stop_rule`` (the target and the limits).
+model.pt: the weights that met the stop rule), ``pool`` and ``children`` (starting,
+restarting and stopping the broker and the roles, the zygote), ``monitor`` (what the head
+hears: metrics and evals, the registry's rows, STOP_RUN), ``aggregator`` (the figures of
+the live status, progress.csv and the summary) and ``stop_rule`` (the target and the
+limits).
 
 Sockets: none of its own; ``monitor`` owns the SUB on the topic bus and the DEALERs for
 STATUS and STOP_RUN, ``rundir`` the LOOKUP and the final GET_WEIGHTS.
@@ -48,7 +49,7 @@ from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
 from zrl.run.pool import ChildPool
 from zrl.run.roster import ANY_HOST, Roster
-from zrl.run.rundir import RunDir
+from zrl.run.rundir import RunDir, SavedModels
 from zrl.run.sizing import resolve_auto_roles
 from zrl.run.stop_rule import StopRule
 from zrl.run.zygote import Zygote
@@ -263,9 +264,15 @@ class Supervisor:
             log.error("%s", reason)
             self.pool.fatal = reason
 
-    def _save_model(self) -> int | None:
-        return self.rundir.save_model(
-            self.ctx, self.access, lambda rid: bool(self.monitor.registered(rid, "params"))
+    def _save_model(self) -> SavedModels | None:
+        """model.pt (the weights that met the stop rule, else the best evaluated, else the
+        last), model_best.pt and model_last.pt; see RunDir.save_models."""
+        return self.rundir.save_models(
+            self.ctx,
+            self.access,
+            lambda rid: bool(self.monitor.registered(rid, "params")),
+            self.target,
+            self.agg.evals,
         )
 
     # --- main -------------------------------------------------------------------------
@@ -376,14 +383,14 @@ class Supervisor:
         as progress.csv's last row, model.pt, summary.json and the learning curve."""
         display.stop()
         interrupted = interrupted or self.stop_reason == "interrupted"
-        version = None
+        saved = None
         written = row  # the monitor loop's last progress row ({} if it wrote none)
         try:
             try:
                 if self.broker_child is not None:
                     row = self.monitor.final_row(row, time.monotonic() - self.started)
                     self._check_learned()
-                    version = self._save_model()
+                    saved = self._save_model()
                 self._finishing = True
             except KeyboardInterrupt:
                 # Ctrl-C again while the final model was fetched: go without it, but stop
@@ -405,7 +412,7 @@ class Supervisor:
             for sig, h in previous_handlers.items():
                 signal.signal(sig, h)
         self.pool.keeps_crashing(self.target.target_time is not None)
-        summary = self._summary(row, version, interrupted)
+        summary = self._summary(row, saved, interrupted)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if self.agg.evals:
             try:
@@ -463,11 +470,11 @@ class Supervisor:
         self._stop.set()
 
     def _summary(
-        self, row: dict[str, Any], version: int | None, interrupted: bool
+        self, row: dict[str, Any], saved: SavedModels | None, interrupted: bool
     ) -> dict[str, Any]:
         return self.rundir.summary(
             row,
-            version,
+            saved,
             stop_reason="interrupted" if interrupted else (self.stop_reason or "unknown"),
             fatal=self.pool.fatal,
             fatal_tail=self.pool.fatal_tail,

@@ -51,14 +51,16 @@ Data paths:
   Meta ``weights_version`` (the version the steps acted with, :func:`trajectory_version`),
   ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS` (apex_dqn;
   :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
-  :data:`SEQUENCES` (r2d2), :data:`UNROLL` (impala, appo, ppo; :data:`FRAME_UNROLL` for
-  impala, appo and ppo on frame stacks) or :data:`RECURRENT_UNROLL` (impala, appo and ppo with
-  ``model.core``).
+  :data:`SEQUENCES` (r2d2; :data:`FRAME_SEQUENCES` for frame stacks), :data:`UNROLL` (impala,
+  appo, ppo; :data:`FRAME_UNROLL` for impala, appo and ppo on frame stacks) or
+  :data:`RECURRENT_UNROLL` (impala, appo and ppo with ``model.core``;
+  :data:`RECURRENT_FRAME_UNROLL` for impala and appo on frame stacks).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table; :data:`FRAME_UNROLL_BATCH` on frame
-  stacks), :data:`RECURRENT_UNROLL_BATCH`
-  (impala, appo with ``model.core``) or :data:`SEQUENCE_BATCH` (r2d2). Every batch carries
+  stacks), :data:`RECURRENT_UNROLL_BATCH` (impala, appo with ``model.core``;
+  :data:`RECURRENT_FRAME_UNROLL_BATCH` on frame stacks) or :data:`SEQUENCE_BATCH` (r2d2;
+  :data:`FRAME_SEQUENCE_BATCH` on frame stacks). Every batch carries
   each item's ``weights_version`` (:data:`UNKNOWN_VERSION` where the shard does not know it):
   learners report the policy lag from it.
 - ``priorities``: learner -> the shard that sampled, PUB topic ``priorities/<shard id>/``.
@@ -105,6 +107,15 @@ Data paths:
   ``policy`` as in ``match``. Not answered. No arrays.
 - ``get_snapshot``: actor -> the league's rpc. Meta ``id`` (a snapshot's name); answered with
   ``weights`` (meta ``id``, ``version``; arrays as for params) or ``no_weights``.
+- ``infer``: actor -> an inference role's rpc (DEALER; ``zrl.roles.inference``). Meta
+  ``method`` (one of :data:`INFER_METHODS`), ``seq`` (the actor's request number, echoed).
+  Arrays: :data:`INFER_OBS` (``forward``, ``policy_logits``) or :data:`INFER_STEP` (``step``
+  of a recurrent model), checked against the server's config and env spaces, at most
+  :func:`max_infer_rows` rows; answered with ``inferred``.
+- ``inferred``: inference role -> the actor that asked. Meta ``seq`` (the request's),
+  ``weights_version`` (the version that computed it). Arrays ``out0``, ``out1``, ...: the
+  method's outputs (one, or each of the tuple it returned), float32, B rows each
+  (model-dependent: checked by :func:`inferred_outputs`, not a schema).
 """
 
 from __future__ import annotations
@@ -346,6 +357,31 @@ SEQUENCE_BATCH = schema(
     weight=_ROW_F32,
     key=_KEY,
 )
+FRAME_SEQUENCES = schema(
+    P.TRAJECTORY,
+    "frame_sequences",
+    "R2D2 actor on frame stacks -> replay: the sequences layout with each frame once per sequence.",
+    frames=Array("uint8", ("E", "S", OBS)),
+    **{k: v for k, v in SEQUENCES.arrays.items() if k != "obs"},
+)
+"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the
+sequence's position 0, then the newest frame of positions 1..T (``zrl.replay.frames.frames_of``
+of its ``obs``), in place of ``obs [E, T + 1, k, H, W]``. Each sequence carries its own
+frames, so overlapping sequences repeat the frames of their overlap (``r2d2.burn_in`` steps).
+The learner rebuilds the stacks on its device from ``first`` and ``mask``
+(``zrl.nets.frames.sequence_stacks_from_frames``): padding positions are zero stacks, as the
+actor's."""
+FRAME_SEQUENCE_BATCH = schema(
+    P.BATCH,
+    "frame_sequence_batch",
+    "replay -> R2D2 learner on frame stacks: B frame sequences, importance weights, table "
+    "keys and weights versions.",
+    **_rows(FRAME_SEQUENCES.arrays, drop=("priority",)),
+    weight=_ROW_F32,
+    key=_KEY,
+)
+"""What a shard stores of each :data:`FRAME_SEQUENCES` row, sampled: ``frames [B, S, H, W]``
+in place of ``obs``."""
 RECURRENT_UNROLL = schema(
     P.TRAJECTORY,
     "recurrent_unroll",
@@ -368,6 +404,27 @@ RECURRENT_UNROLL_BATCH = schema(
 )
 """What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
 ``first [B, T]`` as the actor recorded them (the same convention)."""
+RECURRENT_FRAME_UNROLL = schema(
+    P.TRAJECTORY,
+    "recurrent_frame_unroll",
+    "recurrent impala/appo actor on frame stacks -> replay FIFO: the frame unroll, the "
+    "recurrent state before its first step and the steps where an episode starts.",
+    **FRAME_UNROLL.arrays,
+    state=RECURRENT_UNROLL.arrays["state"],
+    first=_STEP_BOOL,
+)
+""":data:`RECURRENT_UNROLL` with each frame once: ``frames [E, T + k, H, W]`` (as
+:data:`FRAME_UNROLL`) in place of ``obs`` and ``bootstrap_obs``."""
+RECURRENT_FRAME_UNROLL_BATCH = schema(
+    P.BATCH,
+    "recurrent_frame_unroll_batch",
+    "replay FIFO -> recurrent IMPALA/APPO learner on frame stacks: the frame unroll batch with "
+    "each unroll's recurrent state and episode starts.",
+    **FRAME_UNROLL_BATCH.arrays,
+    **_rows(RECURRENT_FRAME_UNROLL.arrays, drop=tuple(FRAME_UNROLL.arrays)),  # state and first
+)
+"""What a FIFO shard stores of each :data:`RECURRENT_FRAME_UNROLL` row, sampled; the learner
+rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.nets.frames``)."""
 PRIORITIES = schema(
     P.PRIORITIES,
     "priorities",
@@ -459,6 +516,75 @@ def league_results(meta: Mapping[str, Any]) -> list[tuple[str, int]]:
     return out
 
 
+# --- inference (actor <-> inference role) ----------------------------------------------------
+
+INFER_OBS = schema(
+    P.INFER,
+    "infer_obs",
+    "actor -> inference role: the observations of B envs for a feed-forward method.",
+    obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
+)
+INFER_STEP = schema(
+    P.INFER,
+    "infer_step",
+    "actor -> inference role: observations and recurrent states of B envs for ``step``.",
+    obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
+    state=Array("float32", ("B", "R"), finite=True),
+)
+INFER_METHODS: dict[str, Schema] = {
+    "forward": INFER_OBS,
+    "policy_logits": INFER_OBS,
+    "step": INFER_STEP,
+}
+"""The model methods an actor may ask an inference role to run, and their arrays. Which of them
+a server runs is the model's: one its model lacks is refused."""
+MAX_INFER_OUTPUTS = 8
+"""Arrays an ``inferred`` reply may carry."""
+
+
+def max_infer_rows(num_envs: int, trajectory_length: int) -> int:
+    """The most rows one ``infer`` may carry: an actor asks for at most its envs' observations
+    of one trajectory and the one after (Ape-X's priorities of a whole trajectory)."""
+    return num_envs * (trajectory_length + 1)
+
+
+def infer_request(meta: Mapping[str, Any]) -> tuple[str, int]:
+    """The ``method`` and ``seq`` of an ``infer``; ProtocolError when either is bad."""
+    method = meta.get("method")
+    if not isinstance(method, str) or method not in INFER_METHODS:
+        raise P.ProtocolError(
+            f"infer method {str(method)[:40]!r} is not one of {sorted(INFER_METHODS)}"
+        )
+    seq = meta.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= P.MAX_SEQ:
+        raise P.ProtocolError(f"infer seq {str(seq)[:40]!r} is not an int in [0, {P.MAX_SEQ}]")
+    return method, seq
+
+
+def inferred_outputs(msg: P.Message, rows: int) -> tuple[int, list[np.ndarray]]:
+    """The ``weights_version`` and output arrays of an ``inferred`` reply to a request of
+    ``rows`` rows: ``out0``..``out{n-1}`` (1 to :data:`MAX_INFER_OUTPUTS`), float32, ``rows``
+    rows each, finite. ProtocolError otherwise."""
+    version = trajectory_version(msg.meta, required=True)
+    n = len(msg.arrays)
+    names = [f"out{i}" for i in range(n)]
+    if not 1 <= n <= MAX_INFER_OUTPUTS or sorted(msg.arrays) != sorted(names):
+        raise P.ProtocolError(
+            f"inferred carries arrays {sorted(msg.arrays)[:MAX_INFER_OUTPUTS]}, expected "
+            f"out0..out{{n-1}} with n from 1 to {MAX_INFER_OUTPUTS}"
+        )
+    outputs = [msg.arrays[name] for name in names]
+    for name, out in zip(names, outputs, strict=True):
+        if out.dtype != np.float32 or out.ndim < 1 or out.shape[0] != rows:
+            raise P.ProtocolError(
+                f"inferred array {name!r} is {out.dtype} {out.shape}, expected float32 with "
+                f"{rows} rows"
+            )
+        if not np.isfinite(out).all():
+            raise P.ProtocolError(f"inferred array {name!r} holds NaN or inf")
+    return version, outputs
+
+
 SCHEMAS: dict[str, Schema] = {
     s.name: s
     for s in (
@@ -473,8 +599,14 @@ SCHEMAS: dict[str, Schema] = {
         FRAME_UNROLL_BATCH,
         SEQUENCES,
         SEQUENCE_BATCH,
+        FRAME_SEQUENCES,
+        FRAME_SEQUENCE_BATCH,
         RECURRENT_UNROLL,
         RECURRENT_UNROLL_BATCH,
+        RECURRENT_FRAME_UNROLL,
+        RECURRENT_FRAME_UNROLL_BATCH,
         PRIORITIES,
+        INFER_OBS,
+        INFER_STEP,
     )
 }

@@ -63,6 +63,8 @@ GET_SNAPSHOT = "get_snapshot"  # actor -> league rpc: a snapshot's weights (answ
 STOP_RUN = "stop_run"  # head -> broker registry: the experiment is over; every role stops
 INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard>/): it restarted?
 RESET = "reset"  # league -> params rpc: a named policy's learner restarts from its initial weights
+INFER = "infer"  # actor -> inference rpc: observations to run the policy on
+INFERRED = "inferred"  # inference -> actor: the policy's outputs for them
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -95,6 +97,8 @@ KINDS: tuple[str, ...] = (
     STOP_RUN,
     INCARNATION,
     RESET,
+    INFER,
+    INFERRED,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from

@@ -34,7 +34,7 @@ CLIENT = "client"
 """Any peer that may reach the registry (the head, host agents, ``zrl status``, any role)."""
 NOBODY = "nobody"
 
-ROLES = ("actor", "replay", "learner", "params", "evaluator", "league")
+ROLES = ("actor", "replay", "learner", "params", "evaluator", "league", "inference")
 """The role names of ``zrl.roles.ROLE_MODULES`` (not imported: that pulls in torch)."""
 SENDERS = (*ROLES, BROKER, HEAD, CLIENT)
 
@@ -45,6 +45,7 @@ ROLE_OF_COUNT = {
     "learners": "learner",
     "evaluator": "evaluator",
     "league": "league",
+    "inference": "inference",
 }
 """The config's ``roles`` count keys (``config_sections.ROLE_COUNT_KEYS``) -> role names."""
 
@@ -143,7 +144,7 @@ TABLE: tuple[Route, ...] = (
         P.WEIGHTS,
         "topic:weights",
         ("params",),
-        "actor, evaluator, learner",
+        "actor, evaluator, learner, inference",
         "layout of the model the config builds; versions only grow",
     ),
     Route(
@@ -193,6 +194,14 @@ TABLE: tuple[Route, ...] = (
         "reply to get_snapshot: confirmed params versions only (fetched from params' rpc)",
     ),
     Route(P.NO_WEIGHTS, "rpc:league", ("league",), "actor", "reply to get_snapshot"),
+    Route(
+        P.INFER,
+        "rpc:inference",
+        ("actor",),
+        "inference",
+        "the run's registered actors only; arrays from the config and the env's spaces",
+    ),
+    Route(P.INFERRED, "rpc:inference", ("inference",), "actor", "reply on its connection"),
 )
 
 

@@ -27,7 +27,7 @@ def test_eval_opponents_are_fixed_players():
         "scripted",
         "random",
     ]
-    with pytest.raises(ValidationError, match="'self' is not random or scripted"):
+    with pytest.raises(ValidationError, match="'self' is not one of random, scripted, perfect"):
         MultiAgentConfig(eval_opponents=["self"])
     with pytest.raises(ValidationError, match="at least one"):
         MultiAgentConfig(eval_opponents=[])

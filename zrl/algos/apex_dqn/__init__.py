@@ -16,4 +16,5 @@ ALGORITHM = Algorithm(
     update="zrl.algos.apex_dqn.update:ApexDQNUpdate",
     model="zrl.nets.discrete:q_network_for",
     sections=("replay", "learner"),
+    remote_inference=True,
 )

@@ -81,6 +81,11 @@ class Algorithm:
     """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
     random_actions: bool = False
     """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
+    remote_inference: bool = False
+    """Its actor policy only calls the model's forward methods (``forward``,
+    ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
+    its actors; one that needs the weights in the actor (PPO's synchronous rounds, A3C's
+    gradients, the continuous policies' critics) has False."""
     config: Mapping[str, type[Section]] = field(default_factory=dict)
     """The config sections it defines, YAML key -> section model (``{"ppo": PPOConfig}``):
     ``ExperimentConfig`` validates them beside its own, and the algorithm reads its section
@@ -148,6 +153,12 @@ class Algorithm:
             raise ValueError(
                 f"model.normalize_input: {self.name}'s learner does not update the statistics "
                 "(the learners of unrolls do: impala and appo); set model.normalize_input: false"
+            )
+        if r.inference and not self.remote_inference:
+            raise ValueError(
+                f"roles.inference: {r.inference}: {self.name}'s actors need the weights in "
+                "their own model (apex_dqn, r2d2, impala and appo can act through inference "
+                "roles); set roles.inference: 0"
             )
         if not w.replay_item and r.replay > 0:
             raise ValueError(

@@ -70,13 +70,21 @@ class UpdateResult:
 
     updates: int
     """Optimizer steps taken."""
-    loss: float
+    loss: float | torch.Tensor
+    """The last step's loss: a 0-d tensor where reading it would wait for the device (the
+    learner reads it for its heartbeat)."""
     priorities: Priorities | None = None
     samples: int = 0
     """Distinct env steps (transitions) trained on, each counted once however many epochs
     used it: what ``samples_trained`` in progress.csv adds up."""
     publish: bool = False
     """Publish the weights now, whatever ``learner.publish_interval`` says (end of a round)."""
+    finite: torch.Tensor | None = None
+    """Checked on the device (``zrl.algos.optim.deferred_step``): a 0-d bool tensor, False
+    when a step of this batch met a NaN/inf loss or gradient and the device skipped it and
+    the batch's later steps. The learner reads it one update later, while the next update
+    runs, and drops the batch then as a :class:`NonFiniteLossError` would have. None: checked
+    at once (the error raised)."""
 
 
 class BaseUpdate:

@@ -11,7 +11,10 @@ needs whole sequences; fewer when fewer unrolls are fresh). Every minibatch is o
 step: a forward pass (:func:`zrl.algos.unrolls.unroll_outputs`: a recurrent model unrolls
 from each unroll's recorded state), V-trace under the current weights, :func:`appo_loss`,
 gradient clipping to ``learner.grad_clip``. A NaN/inf loss raises :class:`NonFiniteLossError`
-before that step's optimizer step; the batch is dropped, never retried.
+before that step's optimizer step; the batch is dropped, never retried. On a GPU the check
+stays on the device: the step and the batch's later ones are skipped there, and the learner
+reads the result's ``finite`` flag one update later (:class:`zrl.algos.unrolls.UnrollUpdate`).
+The loss and its parts stay 0-d tensors until the metrics report.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
-from zrl.algos.optim import checked_step
+from zrl.algos.optim import checked_step, deferred_step
 from zrl.algos.unrolls import UnrollUpdate, unroll_outputs
 from zrl.algos.value_normalizer import ValueNormalizer
 
@@ -76,8 +79,13 @@ class AppoUpdate(UnrollUpdate):
         steps = 0
         loss = torch.tensor(float("nan"))
         parts: dict[str, Tensor] = {}
+        # On a GPU nothing is read back per step (see UnrollUpdate): a NaN/inf step is
+        # skipped on the device, and so are the batch's later ones.
+        finite = torch.ones((), dtype=torch.bool, device=self.device) if self.defer_checks else None
         for epoch in range(c.epochs):
-            order = torch.randperm(n, generator=self.rng).to(batch["reward"].device)
+            order = torch.randperm(n, generator=self.rng)  # the same draws on any device
+            if batch["reward"].is_cuda:  # from pinned memory: the host does not wait
+                order = order.pin_memory().to(batch["reward"].device, non_blocking=True)
             for rows in order.tensor_split(groups):
                 started = time.perf_counter()
                 f = unroll_forward(
@@ -108,16 +116,21 @@ class AppoUpdate(UnrollUpdate):
                     old_values=None if old_values is None else old_values[:, rows],
                     normalize_advantages=c.normalize_advantages,
                 )
-                grad_norm = checked_step(
-                    self.optimizer,
-                    loss,
-                    list(self.model.parameters()),
-                    self.config.learner.grad_clip,
-                )
+                params = list(self.model.parameters())
+                grad_clip = self.config.learner.grad_clip
+                grad_norm: float | Tensor
+                if finite is None:
+                    grad_norm = checked_step(self.optimizer, loss, params, grad_clip)
+                else:
+                    grad_norm, finite = deferred_step(
+                        self.optimizer, loss, params, grad_clip, finite
+                    )
                 self.updates += 1
                 steps += 1
                 self.train_stats.add(
                     **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
                 )
-        self.mean_rho = float(parts["mean_rho"])
-        return UpdateResult(updates=steps, loss=float(loss.detach()))
+        self.mean_rho = parts["mean_rho"]  # read at the heartbeat
+        if finite is None:  # checked already: the CPU path, where reading costs nothing
+            return UpdateResult(updates=steps, loss=float(loss.detach()))
+        return UpdateResult(updates=steps, loss=loss.detach(), finite=finite)

@@ -50,6 +50,7 @@ ALGORITHM = Algorithm(
     model="zrl.nets.recurrent:actor_critic_for",
     recurrent=True,
     random_actions=True,
+    remote_inference=True,
     config={"impala": ImpalaConfig},
     sections=("replay", "learner"),
     check_config=check_recurrent,

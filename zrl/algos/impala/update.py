@@ -11,7 +11,9 @@ Receiving, dropping the unrolls more than ``impala.max_lag`` versions behind the
 updates, and the result carries the last loss.
 
 A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step (the weights are
-intact); the batch is dropped, never retried. The math is
+intact); the batch is dropped, never retried. On a GPU the check stays on the device: the step
+and the batch's later ones are skipped there, and the learner reads the result's ``finite``
+flag one update later (:class:`zrl.algos.unrolls.UnrollUpdate`). The math is
 ``zrl.algos.impala.vtrace.impala_update``.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 
+import torch
 from torch import Tensor
 
 from zrl.algos.api.learner import LearnerSetup, UpdateResult
@@ -36,7 +39,10 @@ class ImpalaUpdate(UnrollUpdate):
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
         c = self.config.section(ImpalaConfig)
-        loss = math.nan
+        loss: float | Tensor = math.nan
+        # On a GPU nothing is read back per update (see UnrollUpdate): a NaN/inf step is
+        # skipped on the device, and so are the batch's later ones.
+        finite = torch.ones((), dtype=torch.bool, device=self.device) if self.defer_checks else None
         for _ in range(c.epochs):
             started = time.perf_counter()
             result = impala_update(
@@ -50,7 +56,9 @@ class ImpalaUpdate(UnrollUpdate):
                 value_coef=c.value_coef,
                 grad_clip=self.config.learner.grad_clip,
                 lambda_=c.vtrace_lambda,
+                finite=finite,
             )
+            finite = result.finite
             self.updates += 1
             loss = result.parts["loss"]
             self.mean_rho = result.mean_rho
@@ -60,4 +68,4 @@ class ImpalaUpdate(UnrollUpdate):
                 mean_rho=result.mean_rho,
                 update_ms=(time.perf_counter() - started) * 1e3,
             )
-        return UpdateResult(updates=c.epochs, loss=loss)
+        return UpdateResult(updates=c.epochs, loss=loss, finite=finite)

@@ -8,14 +8,14 @@ of ``rewards`` / ``discounts`` belongs to the transition ``x_t -> x_{t+1}`` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zrl.algos.optim import checked_step
-from zrl.algos.policy_gradient import loss_parts
+from zrl.algos.optim import checked_step, deferred_step
 from zrl.algos.returns import check_nonnegative
 from zrl.algos.unrolls import unroll_outputs
 from zrl.algos.value_normalizer import ValueNormalizer
@@ -183,8 +183,26 @@ def impala_loss(
     ``logits [T, B, A]`` and ``values [T, B]`` come from the learner's forward pass (with
     gradients); ``actions [T, B]`` are the actors' actions. The V-trace outputs are constants:
     if they require grad (not computed by :func:`vtrace`) this raises ``ValueError``. Returns
-    ``(loss, parts)`` with the float parts ``loss, policy_loss, value_loss, entropy``.
+    ``(loss, parts)`` with the float parts ``loss, policy_loss, value_loss, entropy``
+    (:func:`impala_loss_tensors` leaves them on the device).
     """
+    loss, parts = impala_loss_tensors(
+        logits, values, actions, vtrace_returns, entropy_coef, value_coef, valid
+    )
+    return loss, {name: float(part.item()) for name, part in parts.items()}
+
+
+def impala_loss_tensors(
+    logits: Tensor,
+    values: Tensor,
+    actions: Tensor,
+    vtrace_returns: VTraceReturns,
+    entropy_coef: float,
+    value_coef: float,
+    valid: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`impala_loss` with its parts as detached 0-d tensors, nothing read back to the
+    host (a GPU learner's: ``TrainStats`` reads them at the metrics report)."""
     expected = check_loss_inputs(
         "impala_loss", logits, vtrace_returns, values=values, actions=actions, valid=valid
     )
@@ -207,16 +225,20 @@ def impala_loss(
     value_loss = 0.5 * ((vs - values).square() * weight).sum()
     entropy = (categorical_entropy(logits) * weight).sum()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
-    return loss, loss_parts(loss, policy_loss, value_loss, entropy)
+    parts = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
+    return loss, {name: part.detach() for name, part in parts.items()}
 
 
 @dataclass
 class ImpalaStepResult:
     """Result of one :func:`impala_update` step."""
 
-    parts: dict[str, float]  # loss, policy_loss, value_loss, entropy
-    grad_norm: float  # global L2 norm of the gradients before clipping
-    mean_rho: float  # mean importance ratio pi/mu over the valid steps (1.0 on-policy)
+    parts: Mapping[str, float | Tensor]  # loss, policy_loss, value_loss, entropy
+    grad_norm: float | Tensor  # global L2 norm of the gradients before clipping
+    mean_rho: float | Tensor  # mean importance ratio pi/mu over the valid steps (1.0 on-policy)
+    finite: Tensor | None = None
+    """Checked on the device (``finite`` given to :func:`impala_update`): 0-d tensors above,
+    and this flag, False when the step was skipped for a NaN/inf loss or gradient."""
 
 
 @dataclass
@@ -305,15 +327,26 @@ def impala_update(
     value_coef: float,
     grad_clip: float,
     lambda_: float = 1.0,
+    finite: Tensor | None = None,
 ) -> ImpalaStepResult:
     """One IMPALA step on a batch of unrolls from the actors' queue (``batch`` as
     :func:`unroll_forward` reads it).
 
-    Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss.
+    Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss. With
+    ``finite`` (a 0-d bool tensor: the batch's steps so far were finite) nothing is read back
+    to the host: the step is :func:`zrl.algos.optim.deferred_step`'s, skipped on the device
+    unless it and ``finite`` are finite, and the result holds tensors.
     """
     f = unroll_forward(model, batch, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
-    loss, parts = impala_loss(
+    params = list(model.parameters())
+    if finite is None:
+        loss, parts = impala_loss(
+            f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
+        )
+        grad_norm = checked_step(optimizer, loss, params, grad_clip)
+        return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
+    loss, tensors = impala_loss_tensors(
         f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
     )
-    grad_norm = checked_step(optimizer, loss, list(model.parameters()), grad_clip)
-    return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
+    norm, finite = deferred_step(optimizer, loss, params, grad_clip, finite)
+    return ImpalaStepResult(parts=tensors, grad_norm=norm, mean_rho=f.mean_rho(), finite=finite)

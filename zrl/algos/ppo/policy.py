@@ -40,6 +40,8 @@ class PPOPolicy(CategoricalPolicy):
 class RecurrentPPOPolicy(PPOPolicy, RecurrentCategoricalPolicy):
     """PPO's rounds over the recurrent categorical policy (its state, resets and rollouts)."""
 
+    frame_unrolls = False  # its learners take recurrent_unroll rollouts, full stacks
+
 
 def make_policy(setup: ActorSetup) -> PPOPolicy:
     """The PPO policy for the actor's model: recurrent when the model carries a state."""

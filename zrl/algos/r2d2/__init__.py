@@ -42,6 +42,7 @@ ALGORITHM = Algorithm(
     update="zrl.algos.r2d2.update:R2D2Update",
     model="zrl.nets.recurrent:recurrent_q_network_for",
     recurrent=True,
+    remote_inference=True,
     config={"r2d2": R2D2Config},
     sections=("replay", "learner"),
     check_config=check_config,

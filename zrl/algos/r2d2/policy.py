@@ -6,7 +6,8 @@ state, zeroes it when the actor says an episode starts (``episodes_started``), a
 every step the state it acted from, whether it was zeroed there, and the Q-values. ``finish``
 hands them to the ``SequenceCutter``; the completed sequences go as a ``sequences`` TRAJECTORY
 with initial priorities computed from the recorded Q-values (the actor's network as online and
-target network: no second forward).
+target network: no second forward); on uint8 frame stacks ``[k, H, W]`` (Atari) a
+``frame_sequences`` TRAJECTORY, each sequence's frames once (the learner rebuilds the stacks).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from zrl.algos.r2d2.losses import (
 )
 from zrl.algos.r2d2.sequences import SequenceCutter, Sequences
 from zrl.nets.recurrent import EnvStates
+from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -71,6 +73,9 @@ class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
             self.state.shape[1],
             self.num_actions,
         )
+        self.frames = is_frame_space(setup.observation_space)
+        """Sequences of frame stacks go as ``frame_sequences`` (as the replay shard's layout,
+        ``zrl.replay.layout``, takes them)."""
         self.sequences_sent = 0
         setup.log.info(
             "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
@@ -114,7 +119,7 @@ class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
             seqs, c.burn_in, rc.gamma, rc.n_step, c.priority_eta, c.rescale_epsilon
         )
         self.sequences_sent += len(seqs)
-        return Outgoing(P.TRAJECTORY, seqs.arrays(priority))
+        return Outgoing(P.TRAJECTORY, seqs.arrays(priority, frames=self.frames))
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"sequences": self.sequences_sent, "episodes_discarded": self.cutter.discarded}

@@ -15,6 +15,7 @@ step (the next step's, or the episode's final observation), from which n-step ta
 bootstrap, and the recurrent state the actor had before its position 0 (zeros when that is
 padding). Steps arrive one trajectory at a time; a sequence is complete only when the step
 after it arrives, so each env keeps the steps of its sequences under way between trajectories.
+On frame stacks a sequence travels with each of its frames once (:meth:`Sequences.arrays`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from zrl.replay.frames import frames_of
 
 
 @dataclass
@@ -43,7 +46,15 @@ class Sequences:
     def __len__(self) -> int:
         return len(self.action)
 
-    def arrays(self, priority: np.ndarray) -> dict[str, np.ndarray]:
+    def arrays(self, priority: np.ndarray, frames: bool = False) -> dict[str, np.ndarray]:
+        """The arrays of a ``sequences`` TRAJECTORY; ``frames`` (uint8 frame stacks): of a
+        ``frame_sequences`` one, each sequence's ``obs [L + 1, k, H, W]`` sent as its
+        ``frames [L + k, H, W]`` (``zrl.replay.frames.frames_of``; the frames of the burn-in
+        overlap go in both sequences that hold it)."""
+        if frames:
+            arrays = self.arrays(priority)
+            del arrays["obs"]
+            return {"frames": frames_of(self.obs[:, :-1], self.obs[:, -1]), **arrays}
         return {
             "obs": self.obs,
             "action": self.action,

@@ -15,6 +15,10 @@ One step, for a batch of ``B`` sequences of ``L`` steps (``L + 1`` observations)
    n-step targets over the real steps (``mask``), rescaled by ``h``.
 4. The loss over the trained steps (after the burn-in), weighted by the importance weights.
 
+On uint8 frame stacks ``[k, H, W]`` (Atari) the batches are ``frame_sequence_batch``es (each
+sequence's frames once): each step first rebuilds ``obs`` from them on the learner's device
+(``zrl.nets.frames.sequence_stacks_from_frames``, zero padding as zrl's Atari envs stack).
+
 A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step.
 """
 
@@ -39,9 +43,11 @@ from zrl.algos.r2d2.losses import (
     sequence_priority,
     value_rescale,
 )
+from zrl.nets.frames import sequence_stacks_from_frames
+from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.schema import validate
+from zrl.transport.schema import Size, validate
 
 
 class R2D2Update(QTargetUpdate):
@@ -58,20 +64,25 @@ class R2D2Update(QTargetUpdate):
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.state_size: int = setup.model.state_size  # type: ignore[assignment]
+        self.frames = is_frame_space(setup.observation_space)
+        """Frame stacks come as :data:`~zrl.transport.messages.FRAME_SEQUENCE_BATCH` (as the
+        replay shard's layout, ``zrl.replay.layout``, takes them from the actors)."""
+        L = self.config.section(R2D2Config).sequence_length
+        self.schema = M.FRAME_SEQUENCE_BATCH if self.frames else M.SEQUENCE_BATCH
+        self.sizes: dict[str, Size] = {
+            "O": self.obs_shape,
+            "R": self.state_size,
+            "T": L,
+            "P": L + 1,
+        }
+        if self.frames:
+            self.sizes.update(O=self.obs_shape[1:], S=L + self.obs_shape[0])
         self.updates = 0
         self.pending = PendingBatches(setup.device)
         self.send_priorities = self.config.replay.table == "prioritized"
 
     def receive(self, msg: P.Message, version: int) -> None:
-        c = self.config.section(R2D2Config)
-        dims = validate(
-            msg,
-            M.SEQUENCE_BATCH,
-            O=self.obs_shape,
-            R=self.state_size,
-            T=c.sequence_length,
-            P=c.sequence_length + 1,
-        )
+        dims = validate(msg, self.schema, **self.sizes)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
@@ -79,7 +90,11 @@ class R2D2Update(QTargetUpdate):
 
     def step(self, batch: dict[str, Tensor]) -> BatchStep:
         c, rc, lc = self.config.section(R2D2Config), self.config.replay, self.config.learner
-        obs, first, state = batch["obs"], batch["first"], batch["state"]
+        first, state = batch["first"], batch["state"]
+        if self.frames:  # zero padding, as zrl's Atari envs stack (zrl.envs.atari)
+            obs = sequence_stacks_from_frames(batch["frames"], first, batch["mask"])
+        else:
+            obs = batch["obs"]
         if c.zero_state:
             state = torch.zeros_like(state)
         L, burn = c.sequence_length, c.burn_in

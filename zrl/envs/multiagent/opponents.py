@@ -2,7 +2,8 @@
 
 :class:`Opponents` is what the vector envs of ``zrl.envs.multiagent.envs`` ask: a name for each
 episode's opponent, actions for a batch of that opponent's observations, and the result of
-the episode. :class:`FixedOpponents` plays ``random`` and ``scripted`` (no torch); the actor
+the episode. :class:`FixedOpponents` plays ``random``, ``scripted`` and the search players
+(``perfect``, ``alphabeta2``, ``alphabeta4``: ``zrl.envs.multiagent.search``; no torch); the actor
 adds its model's players (``self`` and league snapshots, ``zrl.roles.model_opponents``).
 """
 
@@ -12,10 +13,14 @@ from typing import Protocol
 
 import numpy as np
 
+from zrl.config.multiagent import FIXED_PLAYERS, SEARCH_PLAYERS
 from zrl.envs.multiagent.games import BoardGame
+from zrl.envs.multiagent.search import AlphaBetaPlayer, PerfectPlayer
 from zrl.envs.multiagent.spaces import AgentObservationSpace
 
 OUTCOMES = {1: "win", 0: "draw", -1: "loss"}
+MAX_SOLVED_SQUARES = 9
+"""The largest board the perfect player solves (tic-tac-toe's)."""
 
 
 class Opponents(Protocol):
@@ -34,7 +39,7 @@ class UnknownOpponentError(ValueError):
 
 
 class FixedOpponents:
-    """Random legal moves and the game's scripted player; every episode's opponent is
+    """Random legal moves, the game's scripted and search players; every episode's opponent is
     ``opponent``. Keeps win/draw/loss counts per opponent for whoever holds it to read (the
     evaluator scores its games from their returns, ``zrl.roles.evaluation.outcome_rates``)."""
 
@@ -52,6 +57,7 @@ class FixedOpponents:
         self.game = game
         self.rng = np.random.default_rng(seed)
         self.results: dict[str, np.ndarray] = {}
+        self.searchers: dict[str, PerfectPlayer | AlphaBetaPlayer] = {}
 
     def choose(self) -> str:
         return self.opponent
@@ -65,14 +71,38 @@ class FixedOpponents:
             scores = np.where(mask, self.rng.random(mask.shape), -1.0)
             return scores.argmax(axis=1)
         if name == "scripted":
-            if self.game is None:
-                raise UnknownOpponentError(
-                    "this env has no scripted player (tictactoe and connect_four have)"
-                )
+            game = self.board_game(name)
             return np.array(
-                [self.game.scripted_action(own[i], mask[i], self.rng) for i in range(len(obs))]
+                [game.scripted_action(own[i], mask[i], self.rng) for i in range(len(obs))]
             )
-        raise UnknownOpponentError(f"no opponent named {name!r} here (random, scripted)")
+        if name in SEARCH_PLAYERS:
+            player = self.searcher(name)
+            return np.array([player.action(own[i], self.rng) for i in range(len(obs))])
+        raise UnknownOpponentError(f"no opponent named {name!r} here ({', '.join(FIXED_PLAYERS)})")
+
+    def board_game(self, name: str) -> BoardGame:
+        if self.game is None:
+            raise UnknownOpponentError(
+                f"this env has no {name} player (tictactoe and connect_four have)"
+            )
+        return self.game
+
+    def searcher(self, name: str) -> PerfectPlayer | AlphaBetaPlayer:
+        """The search player ``name``, built once (the perfect player keeps what it solved)."""
+        player = self.searchers.get(name)
+        if player is None:
+            game = self.board_game(name)
+            if name == "perfect":
+                if game.rows * game.cols > MAX_SOLVED_SQUARES:
+                    raise UnknownOpponentError(
+                        f"perfect: a {game.rows}x{game.cols} board is too big to solve; "
+                        "play alphabeta2 or alphabeta4"
+                    )
+                player = PerfectPlayer(game)
+            else:
+                player = AlphaBetaPlayer(game, int(name.removeprefix("alphabeta")))
+            self.searchers[name] = player
+        return player
 
     def finished(self, name: str, outcome: int) -> None:
         counts = self.results.setdefault(name, np.zeros(3, np.int64))

@@ -1,0 +1,212 @@
+"""Strong players and exploitability (``zrl.envs.multiagent.search``): the perfect player
+against a plain minimax written from the rules, hand-checked positions, alpha-beta in connect
+four, exploitability of policies whose holes are counted by hand, and the observation the search
+shows a policy against PettingZoo's own."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+
+from tests.envs.multiagent.test_games import planes
+from zrl.envs.multiagent.games import GAMES
+from zrl.envs.multiagent.search import (
+    AlphaBetaPlayer,
+    Bitboards,
+    PerfectPlayer,
+    exploitability,
+    from_planes,
+    observation,
+)
+
+TICTACTOE = GAMES["tictactoe"]
+CONNECT_FOUR = GAMES["connect_four"]
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+
+@cache
+def reference_value(board: tuple[int, ...], player: int) -> int:
+    """Plain minimax from the rules: ``board`` 9 squares of 0 (empty), 1 or 2, ``player`` to
+    move; +1 when the player to move wins with perfect play, 0 draw, -1 loss."""
+    other = 3 - player
+    if any(all(board[i] == other for i in line) for line in LINES):
+        return -1
+    empty = [i for i in range(9) if board[i] == 0]
+    if not empty:
+        return 0
+    return max(-reference_value(board[:i] + (player,) + board[i + 1 :], other) for i in empty)
+
+
+def bits(squares: tuple[int, ...], who: int) -> int:
+    return sum(1 << i for i, v in enumerate(squares) if v == who)
+
+
+def test_the_perfect_player_values_every_position_as_plain_minimax_does() -> None:
+    player = PerfectPlayer(TICTACTOE)
+    checked = 0
+
+    def walk(board: tuple[int, ...], to_move: int) -> None:
+        nonlocal checked
+        other = 3 - to_move
+        if any(all(board[i] == other for i in line) for line in LINES) or 0 not in board:
+            return
+        expected = reference_value(board, to_move)
+        assert player.value(bits(board, to_move), bits(board, other)) == expected, board
+        checked += 1
+        for i in range(9):
+            if board[i] == 0:
+                walk(board[:i] + (to_move,) + board[i + 1 :], other)
+
+    walk((0,) * 9, 1)
+    assert checked >= 4520  # every non-final position reachable in play (4,520)
+    assert player.value(0, 0) == 0  # tic-tac-toe is a draw
+
+
+def test_hand_checked_tictactoe_positions() -> None:
+    player = PerfectPlayer(TICTACTOE, tie_break="first")
+    rng = np.random.default_rng(0)
+    # x to move wins at once.
+    assert player.best_actions(*from_planes(planes(["xx.", "oo.", "..."]))) == [2]
+    # After a corner, the centre is the only reply that does not lose.
+    assert player.best_actions(*from_planes(planes(["...", "...", "..."])[..., ::-1])) == list(
+        range(9)
+    )
+    corner = planes(["o..", "...", "..."])
+    assert player.best_actions(*from_planes(corner)) == [4]
+    assert player.action(corner, rng) == 4
+    # Random tie-breaking among equally good moves probes every one of them.
+    open_board = planes(["...", "...", "..."])
+    random = PerfectPlayer(TICTACTOE)
+    assert {random.action(open_board, np.random.default_rng(s)) for s in range(200)} == set(
+        range(9)
+    )
+
+
+def test_alpha_beta_wins_blocks_and_prefers_the_centre() -> None:
+    rng = np.random.default_rng(0)
+    empty = ["......."] * 6
+    for depth in (3, 4):  # most lines pass through the centre
+        assert AlphaBetaPlayer(CONNECT_FOUR, depth).action(planes(empty), rng) == 3
+    for depth in (2, 4):
+        player = AlphaBetaPlayer(CONNECT_FOUR, depth)
+        win = planes(empty[:5] + ["xxx.oo."])
+        assert player.action(win, rng) == 3
+        block = planes(empty[:4] + ["x......", "ooo.xx."])
+        assert player.action(block, rng) == 3
+    # Depth 4 sees a double threat two of its own moves ahead; depth 2 does not.
+    trap = planes(empty[:5] + [".xx..o."])
+    assert AlphaBetaPlayer(CONNECT_FOUR, 4).scores(*from_planes(trap))[3] > 10**5
+    with pytest.raises(ValueError, match="depth 0"):
+        AlphaBetaPlayer(CONNECT_FOUR, 0)
+
+
+def perfect_policy(hole: dict[tuple[int, int], int] | None = None):
+    """Greedy actions of a perfect player (first best move), with ``hole``: positions
+    (mine, theirs) where it plays the given move instead."""
+    player = PerfectPlayer(TICTACTOE, tie_break="first")
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        out = []
+        for row in obs:
+            board = row[:18].reshape(3, 3, 2)
+            position = from_planes(board)
+            if hole and position in hole:
+                out.append(hole[position])
+            else:
+                out.append(player.best_actions(*position)[0])
+        return np.array(out)
+
+    return policy
+
+
+def first_legal(obs: np.ndarray) -> np.ndarray:
+    return np.argmax(obs[:, 18:] > 0.5, axis=1)
+
+
+def test_exploitability_of_policies_counted_by_hand() -> None:
+    perfect = exploitability(TICTACTOE, perfect_policy())
+    assert perfect.outcomes == (0, 0) and perfect.value == 0 and perfect.losing_lines == (0, 0)
+    # One hole: answering a corner with an edge loses as the second mover, and only there.
+    holed = exploitability(TICTACTOE, perfect_policy({(0, 1): 1}))
+    assert holed.outcomes == (0, -1) and holed.value == 0.5
+    assert holed.losing_lines[0] == 0 and holed.losing_lines[1] >= 1
+    # Always the first legal square: as first mover x takes 0, 1, 3 while o takes 4, 2 and
+    # wins on 2-4-6; as second mover o takes 0, 1, 2 in turn and x wins on a line o cannot
+    # block. A best response beats it from both seats.
+    naive = exploitability(TICTACTOE, first_legal)
+    assert naive.outcomes == (-1, -1) and naive.value == 1.0
+    assert naive.positions < 600  # asked once per position it can reach
+
+
+def test_an_illegal_move_loses_at_once() -> None:
+    def occupied_square(obs: np.ndarray) -> np.ndarray:
+        taken = obs[:, :18].reshape(-1, 9, 2).sum(axis=2)
+        return np.where(taken.any(axis=1), taken.argmax(axis=1), 0)
+
+    result = exploitability(TICTACTOE, occupied_square)
+    assert result.outcomes[1] == -1  # second mover: it plays on x's first piece
+
+
+def test_the_search_shows_a_policy_pettingzoos_observation() -> None:
+    from pettingzoo.classic import tictactoe_v3
+
+    env = tictactoe_v3.env()
+    env.reset(seed=0)
+    boards = Bitboards(TICTACTOE)
+    mine = theirs = 0
+    for action in (4, 0, 8, 2):
+        raw = env.observe(env.agent_selection)
+        want = np.concatenate(
+            [np.asarray(raw["observation"], np.float32).ravel(), raw["action_mask"]]
+        )
+        np.testing.assert_array_equal(observation(TICTACTOE, mine, theirs), want)
+        env.step(action)
+        bit = dict(boards.moves(mine | theirs))[action]
+        mine, theirs = theirs, mine | bit
+    env.close()
+
+
+def play_random_against(env_id: str, opponent: str, games: int) -> np.ndarray:
+    """Win/draw/loss counts of random legal moves against ``opponent`` in the real env (the
+    random slot moving first in half the games)."""
+    from zrl.config.multiagent import MultiAgentConfig
+    from zrl.envs.multiagent.envs import fixed_opponents, make_multiagent_vector_env
+
+    env = make_multiagent_vector_env(env_id, {}, MultiAgentConfig(opponent=opponent), games)
+    fixed = fixed_opponents(env, opponent, seed=1)
+    env.opponents = fixed
+    rng = np.random.default_rng(0)
+    try:
+        obs, _ = env.reset(seed=0)
+        done = np.zeros(env.num_envs, bool)
+        while not done.all():
+            _, mask = env.single_observation_space.split(obs)
+            actions = np.where(mask, rng.random(mask.shape), -1.0).argmax(axis=1)
+            obs, _, terminated, truncated, _ = env.step(actions)
+            done |= terminated | truncated
+    finally:
+        env.close()
+    return fixed.results[opponent]
+
+
+def test_the_perfect_player_never_loses_in_the_real_env() -> None:
+    counts = play_random_against("pettingzoo/tictactoe_v3", "perfect", 200)
+    assert counts.sum() >= 200 and counts[0] == 0  # random moves never win
+    assert counts[2] / counts.sum() > 0.8
+
+
+def test_alpha_beta_beats_random_moves_in_connect_four() -> None:
+    counts = play_random_against("pettingzoo/connect_four_v3", "alphabeta2", 16)
+    assert counts.sum() >= 16 and counts[2] / counts.sum() > 0.9
+
+
+def test_the_perfect_player_refuses_a_board_too_big_to_solve() -> None:
+    from zrl.envs.multiagent.opponents import FixedOpponents, UnknownOpponentError
+    from zrl.envs.multiagent.spaces import AgentObservationSpace
+
+    space = AgentObservationSpace((6, 7, 2), 7, 0)
+    fixed = FixedOpponents("perfect", space, 7, CONNECT_FOUR, seed=0)
+    with pytest.raises(UnknownOpponentError, match="too big to solve; play alphabeta2"):
+        fixed.act("perfect", np.zeros((1, space.shape[0]), np.float32))
