@@ -19,11 +19,25 @@ and iproute2). In one run:
     The producer's first message on its connection is a tiny one-frame message: a large
     multipart first message makes the secure broker's device thread die (a zrl bug, see
     ``STREAM_END``); a run where a device died anyway is flagged in the table.
+(C) actor hosts into one learner: for 1, 2 and 4 actor hosts (``--hosts``), one real APPO
+    training run each (``--config``, default ``configs/cartpole_appo.yaml``): broker, one
+    replay shard (its FIFO queue), params and one learner (``learner.device: auto``) in h0,
+    one actor in each of h1..hN, each started with ``zrl start ROLE`` as in (A); nothing else
+    changes between counts. After every actor steps and the learner has updated, ``--warmup``
+    seconds of start-up are skipped, then over ``--train-seconds``: env steps/s (the actors'
+    heartbeat-timed ``env_steps``, as in (A)), the learner's updates/s and samples trained/s,
+    the learner's ``wait_share`` / ``copy_share`` / ``update_share`` / ``publish_share`` over
+    that window (see ``window_shares``), the FIFO's mean fill and the share of polls that
+    found it full, and the CPU cores each group of processes used; then the ratios against
+    the first count. ``--train-rounds`` rounds run the counts interleaved (1, 2, 4, 1, ...)
+    and add each count's medians. On one machine every "host" shares its cores: more actor
+    hosts split the same CPUs with the learner (figures and reading: docs/benchmarks.md).
 
 Run from the repo root as root::
 
-    python benchmarks/multihost.py                   # about 3 minutes
+    python benchmarks/multihost.py                   # about 8 minutes
     python benchmarks/multihost.py --seconds 10 --counts 1,2 --rounds 1
+    python benchmarks/multihost.py --skip-a --skip-b --hosts 1,2,4    # (C) only
 
 Every process is killed by PID and every namespace deleted on the way out, also on errors,
 Ctrl-C and SIGTERM.
@@ -35,6 +49,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +63,11 @@ sys.path.insert(0, str(REPO))
 from tests.integration.netns import Hosts, kill_procs, netns_available  # noqa: E402
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
+TRAIN_CONFIG = REPO / "configs" / "cartpole_appo.yaml"
+TRAIN_PORT = 5600  # (C): the run with N actor hosts binds TRAIN_PORT + 100 * its position
+TIME_PARTS = ("wait", "copy", "update", "publish")  # the learner's ``<part>_share`` fields
+SHARE_KEYS = tuple(f"{part}_share" for part in TIME_PARTS)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGET_CURVE_RATIO = 0.7
 POLL_S = 0.5
 START_TIMEOUT_S = 120.0
@@ -156,6 +176,20 @@ class Status:
             except json.JSONDecodeError:
                 continue
         return None
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every status the poller wrote, oldest first."""
+        try:
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # the line being written
+                continue
+        return out
 
     def actor_rows(self, pids: set[int]) -> tuple[float, dict[int, dict[str, Any]]] | None:
         st = self.latest()
@@ -387,6 +421,226 @@ def part_b(
     return results
 
 
+# --- (C) actor hosts into one learner ---------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a running process (all its threads), or None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15)
+
+
+def role_row(status: dict[str, Any], rid: str) -> dict[str, Any] | None:
+    return next((r for r in status["roles"] if r["id"] == rid), None)
+
+
+def heartbeat_time(status: dict[str, Any], row: dict[str, Any]) -> float:
+    """When the heartbeat whose figures ``row`` shows arrived (status time minus row age)."""
+    return float(status["t"]) - float(row["age"])
+
+
+def first_step_time(records: list[dict[str, Any]]) -> float | None:
+    """When the learner took its first step (its ``stepping_since``), from the first heartbeat
+    that carries time shares: the midpoint between it and the heartbeat before, if seen."""
+    before = None
+    for rec in records:
+        row = role_row(rec, "learner-0")
+        if row is None:
+            continue
+        h = heartbeat_time(rec, row)
+        if "wait_share" in row["info"]:
+            return h if before is None else (before + h) / 2
+        before = h
+    return None
+
+
+def window_shares(
+    t0: float, h0: float, info0: dict[str, Any], h1: float, info1: dict[str, Any]
+) -> dict[str, float]:
+    """Each part's share of the learner's time between its heartbeats at ``h0`` and ``h1``.
+
+    The heartbeat's ``<part>_share`` is cumulative since the first step at ``t0``, so the part
+    took ``share * (h - t0)`` seconds by ``h``; the window's share is the difference over
+    ``h1 - h0``. An error of d seconds in ``t0`` moves it by ``(share0 - share1) * d /
+    (h1 - h0)``: a few thousandths for a heartbeat's d and a window of 20 s."""
+    span = h1 - h0
+    out = {}
+    for key in SHARE_KEYS:
+        if key in info0 and key in info1 and span > 0:
+            spent = float(info1[key]) * (h1 - t0) - float(info0[key]) * (h0 - t0)
+            out[key] = spent / span
+    return out
+
+
+def train_run(
+    hosts: Hosts,
+    n: int,
+    port: int,
+    config: Path,
+    overrides: list[str],
+    seconds: float,
+    warmup: float,
+    logs: Path,
+) -> dict[str, Any]:
+    """One APPO run: broker, replay, params and learner in h0, one actor in each of h1..hn.
+    Its figures over ``seconds``, ``warmup`` s after every actor steps and the learner
+    updates; every process of the run is killed before it returns."""
+    broker = f"tcp://{hosts.addrs[0]}:{port}"
+    tag = f"c{n}-{port}"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs["broker"] = hosts.zrl(
+        0,
+        "start",
+        "broker",
+        "--bind",
+        broker,
+        "--config",
+        str(config),
+        "--insecure",
+        # On two loaded cores a role may miss beats at start; this is not what is measured.
+        "--set",
+        "broker.heartbeat_timeout=30",
+        *sets,
+        log=logs / f"broker-{tag}.log",
+    )
+    for role in ("replay", "params", "learner"):
+        procs[role] = hosts.zrl(
+            0, "start", role, "--broker", broker, log=logs / f"{role}-{tag}.log"
+        )
+    for i in range(n):
+        procs[f"actor-{i}"] = hosts.zrl(
+            i + 1,
+            "start",
+            "actor",
+            "--broker",
+            broker,
+            "--index",
+            str(i),
+            log=logs / f"actor-{i}-h{i + 1}-{tag}.log",
+        )
+    status_file = logs / f"status-{tag}.jsonl"
+    procs["poller"] = hosts.exec(
+        0,
+        sys.executable,
+        str(logs / "poller.py"),
+        broker,
+        str(POLL_S),
+        str(status_file),
+        log=logs / f"poller-{tag}.log",
+    )
+    status = Status(status_file)
+    actor_ids = [f"actor-{i}" for i in range(n)]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            st = status.latest()
+            if st is not None:
+                rows = {r["id"]: r for r in st["roles"]}
+                stepping = all(
+                    rows.get(a, {}).get("info", {}).get("env_steps", 0) > 0 for a in actor_ids
+                )
+                if stepping and rows.get("learner-0", {}).get("info", {}).get("updates", 0) > 0:
+                    break
+            exited = [name for name, p in procs.items() if p.poll() is not None]
+            if exited:
+                return {"error": f"{', '.join(exited)} exited (logs in {logs})"}
+            if time.monotonic() > deadline:
+                return {"error": f"not training after {START_TIMEOUT_S:g}s (logs in {logs})"}
+            time.sleep(POLL_S)
+        time.sleep(warmup)
+        cpu0 = {name: cpu_seconds(p.pid) for name, p in procs.items()}
+        w0 = time.time()
+        time.sleep(seconds)
+        w1 = time.time()
+        cpu1 = {name: cpu_seconds(p.pid) for name, p in procs.items()}
+        records = status.records()
+        window = [r for r in records if w0 <= r["t"] <= w1]
+        if len(window) < 2:
+            return {"error": f"fewer than two status answers in the window (logs in {logs})"}
+        first, last = window[0], window[-1]
+        ids = ["learner-0", "replay-0", *actor_ids]
+        rows0 = {rid: role_row(first, rid) for rid in ids}
+        rows1 = {rid: role_row(last, rid) for rid in ids}
+        missing = [rid for rid in ids if rows0[rid] is None or rows1[rid] is None]
+        if missing:
+            return {"error": f"{', '.join(missing)} missing from status (logs in {logs})"}
+        per_actor = []
+        for rid in actor_ids:
+            a0, a1 = rows0[rid], rows1[rid]
+            assert a0 is not None and a1 is not None
+            (ta, sa), (tb, sb) = heartbeat_steps(first["t"], a0), heartbeat_steps(last["t"], a1)
+            per_actor.append((sb - sa) / (tb - ta) if tb > ta else 0.0)
+        l0, l1 = rows0["learner-0"], rows1["learner-0"]
+        assert l0 is not None and l1 is not None
+        h0, h1 = heartbeat_time(first, l0), heartbeat_time(last, l1)
+        span = h1 - h0
+        i0, i1 = l0["info"], l1["info"]
+        t0 = first_step_time(records)
+        fills = []
+        for rec in window:
+            rep = role_row(rec, "replay-0")
+            if rep is not None and rep["info"].get("capacity"):
+                fills.append(rep["info"]["size"] / rep["info"]["capacity"])
+
+        def cores(names: list[str]) -> float:
+            """CPU seconds per second of the named processes over the window."""
+            used = 0.0
+            for k in names:
+                a, b = cpu0.get(k), cpu1.get(k)
+                if a is not None and b is not None:
+                    used += b - a
+            return used / (w1 - w0)
+
+        return {
+            "actor_hosts": n,
+            "steps_per_s": sum(per_actor),
+            "per_actor": per_actor,
+            "updates_per_s": (i1["updates"] - i0["updates"]) / span if span > 0 else 0.0,
+            "samples_per_s": (
+                (i1["samples_trained"] - i0["samples_trained"]) / span if span > 0 else 0.0
+            ),
+            "shares": window_shares(t0, h0, i0, h1, i1) if t0 is not None else {},
+            "shares_cumulative": {k: i1[k] for k in i1 if k.endswith("_share")},
+            "fifo_fill": sum(fills) / len(fills) if fills else float("nan"),
+            "fifo_full": sum(f >= 1.0 for f in fills) / len(fills) if fills else float("nan"),
+            "cores_learner": cores(["learner"]),
+            "cores_actors": cores(actor_ids),
+            "cores_other": cores(["broker", "replay", "params", "poller"]),
+            "window_s": w1 - w0,
+        }
+    finally:
+        kill_procs(list(procs.values()))
+
+
+def part_c(
+    hosts: Hosts,
+    counts: list[int],
+    config: Path,
+    overrides: list[str],
+    seconds: float,
+    warmup: float,
+    rounds: int,
+    logs: Path,
+) -> list[dict[str, Any]]:
+    """Every count in turn, ``rounds`` times over (1, 2, 4, 1, 2, 4, ...), so a change in
+    what else loads the machine falls on every count alike."""
+    (logs / "poller.py").write_text(POLLER)
+    results = []
+    k = 0
+    for r in range(rounds):
+        for n in counts:
+            print(f"  round {r + 1}, {n} actor host(s): training ...", flush=True)
+            port = TRAIN_PORT + 100 * k
+            res = train_run(hosts, n, port, config, overrides, seconds, warmup, logs)
+            results.append({"round": r + 1, "actor_hosts": n, **res})
+            k += 1
+    return results
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -457,6 +711,84 @@ def report_b(results: list[dict[str, Any]], size: int) -> None:
         )
 
 
+def train_row(r: dict[str, Any], base: dict[str, Any] | None, label: str) -> str:
+    """One line of the (C) table; ``x1`` columns against ``base``."""
+    if "error" in r:
+        return f"{label:>9} error: {r['error']}"
+
+    def ratio(key: str) -> float:
+        return r[key] / base[key] if base is not None and base.get(key) else float("nan")
+
+    sh = r["shares"]
+    pct = {k: f"{100 * sh[k]:.0f}%" if k in sh else "n/a" for k in SHARE_KEYS}
+    return (
+        f"{label:>9} {r['steps_per_s']:>11,.0f} {ratio('steps_per_s'):>5.2f} "
+        f"{r['updates_per_s']:>9.1f} {ratio('updates_per_s'):>5.2f} {r['samples_per_s']:>9,.0f} "
+        f"{pct['wait_share']:>5} {pct['copy_share']:>5} {pct['update_share']:>6} "
+        f"{pct['publish_share']:>7} {100 * r['fifo_fill']:>8.0f}% "
+        f"{100 * r['fifo_full']:>4.0f}% {r['cores_learner']:>14.2f} "
+        f"{r['cores_actors']:>6.2f} {r['cores_other']:>5.2f}"
+    )
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-field medians of a count's runs (of two: their mean)."""
+    out: dict[str, Any] = {"shares": {}}
+    for key in (
+        "steps_per_s",
+        "updates_per_s",
+        "samples_per_s",
+        "fifo_fill",
+        "fifo_full",
+        "cores_learner",
+        "cores_actors",
+        "cores_other",
+    ):
+        out[key] = statistics.median(r[key] for r in runs)
+    for key in SHARE_KEYS:
+        vals = [r["shares"][key] for r in runs if key in r["shares"]]
+        if vals:
+            out["shares"][key] = statistics.median(vals)
+    return out
+
+
+def report_c(results: list[dict[str, Any]], config: Path, overrides: list[str]) -> None:
+    print()
+    extra = f" {' '.join(overrides)}" if overrides else ""
+    shown = config.relative_to(REPO) if config.is_relative_to(REPO) else config
+    print(
+        f"(C) actor hosts into one learner: {shown}{extra}; broker, replay (FIFO), params, "
+        "learner in h0, one actor in each actor host"
+    )
+    print(
+        f"{'hosts':>9} {'env steps/s':>11} {'x1':>5} {'updates/s':>9} {'x1':>5} "
+        f"{'samples/s':>9} {'wait':>5} {'copy':>5} {'update':>6} {'publish':>7} "
+        f"{'fifo fill':>9} {'full':>5} {'cores: learner':>14} {'actors':>6} {'rest':>5}"
+    )
+    rounds = sorted({r["round"] for r in results})
+    for rnd in rounds:
+        runs = [r for r in results if r["round"] == rnd]
+        base = next((r for r in runs if "error" not in r), None)
+        for r in runs:
+            label = f"{r['actor_hosts']}" + (f" (r{rnd})" if len(rounds) > 1 else "")
+            print(train_row(r, base, label))
+    if len(rounds) > 1:
+        medians = []
+        for n in dict.fromkeys(r["actor_hosts"] for r in results):
+            runs = [r for r in results if r["actor_hosts"] == n and "error" not in r]
+            if runs:
+                medians.append((n, median_run(runs)))
+        for n, m in medians:
+            print(train_row(m, medians[0][1], f"{n} median"))
+    print(
+        "(x1: against the first count (of the same round; medians against the first median); "
+        "wait..publish:\n shares of the learner's time over the window; fifo fill: mean queue "
+        "size / capacity over the status\n polls, full: share of polls that found it full; "
+        "cores: CPU seconds per second of the learner,\n of all actors, of broker + replay + "
+        "params + status poller)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -470,14 +802,42 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64 * 1024, help="(B) message bytes")
     parser.add_argument("--stream-seconds", type=float, default=4.0, help="(B) window per run")
     parser.add_argument("--rounds", type=int, default=2, help="(B) rounds of insecure+secure")
+    parser.add_argument("--hosts", default="1,2,4", help="(C) actor host counts")
+    parser.add_argument(
+        "--config", type=Path, default=TRAIN_CONFIG, help="(C) the APPO run's config"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="(C) config override for every run, e.g. learner.device=cuda (repeatable)",
+    )
+    parser.add_argument(
+        "--train-seconds", type=float, default=15.0, help="(C) measured seconds per run"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=5.0, help="(C) seconds skipped once a run trains"
+    )
+    parser.add_argument(
+        "--train-rounds", type=int, default=2, help="(C) rounds of all counts, interleaved"
+    )
     parser.add_argument("--skip-a", action="store_true")
     parser.add_argument("--skip-b", action="store_true")
+    parser.add_argument("--skip-c", action="store_true")
     args = parser.parse_args()
     ok, reason = netns_available()
     if not ok:
         print(f"cannot run: {reason}", file=sys.stderr)
         sys.exit(2)
     counts = [int(c) for c in args.counts.split(",")]
+    host_counts = [int(c) for c in args.hosts.split(",")]
+    if any(c < 1 for c in host_counts):
+        parser.error(f"--hosts: counts of actor hosts are 1 or more, not {args.hosts!r}")
+    config = args.config.resolve()
+    if not config.is_file():
+        parser.error(f"--config: no such file: {args.config}")
 
     def terminate(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds through Hosts.__exit__: nothing is left behind
@@ -488,7 +848,10 @@ def main() -> None:
     started = time.monotonic()
     load0 = f"{os.getloadavg()[0]:.1f}"
     print(f"zrl multi-host benchmark (logs in {logs})")
-    with Hosts(max(3, 1 + max(counts, default=0))) as hosts:
+    needed = [3] if not args.skip_b else [1]
+    needed += [1 + max(counts, default=0)] if not args.skip_a else []
+    needed += [1 + max(host_counts, default=0)] if not args.skip_c else []
+    with Hosts(max(needed)) as hosts:
         print(
             f"hosts: {', '.join(f'{n}={a}' for n, a in zip(hosts.names, hosts.addrs, strict=True))}"
         )
@@ -496,10 +859,26 @@ def main() -> None:
             [] if args.skip_b else part_b(hosts, args.size, args.stream_seconds, args.rounds, logs)
         )
         res_a = [] if args.skip_a else part_a(hosts, counts, args.seconds, args.windows, logs)
+        res_c = (
+            []
+            if args.skip_c
+            else part_c(
+                hosts,
+                host_counts,
+                config,
+                args.overrides,
+                args.train_seconds,
+                args.warmup,
+                args.train_rounds,
+                logs,
+            )
+        )
     if res_a:
         report_a(res_a)
     if res_b:
         report_b(res_b, args.size)
+    if res_c:
+        report_c(res_c, config, args.overrides)
     print(
         f"\n{time.monotonic() - started:.0f} s; load average {load0} at start, "
         f"{os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs); every process and namespace "
