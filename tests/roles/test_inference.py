@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from zrl.algos.batches import resolve_device
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.actor import Actor
-from zrl.roles.inference import InferenceServer, JoinBuffers, Request, batches, inference_device
+from zrl.roles.inference import InferenceServer, JoinBuffers, Request, batches
 from zrl.testing.fakes import Rpc, config_model
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
@@ -266,7 +267,7 @@ def test_forwards_on_a_gpu_equal_those_on_the_cpu() -> None:
     cpu = InferenceServer("inproc://unused", index=0)
     cpu.model = config_model(cfg).eval()
     gpu = InferenceServer("inproc://unused", index=0)
-    gpu.device = inference_device("cuda")
+    gpu.device = resolve_device("cuda", "inference.device")
     gpu.staging = JoinBuffers(pinned=True)
     gpu.model = config_model(cfg).to(gpu.device).eval()
     gpu.model.load_state_dict(cpu.model.state_dict())
@@ -280,6 +281,6 @@ def test_forwards_on_a_gpu_equal_those_on_the_cpu() -> None:
 def test_no_gpu_for_inference_is_an_error_naming_the_key() -> None:
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
-    with pytest.raises(Exception, match=r"inference.device='cuda'"):
-        inference_device("cuda")
-    assert inference_device("auto").type == "cpu"
+    with pytest.raises(Exception, match=r"inference.device='cuda', but torch sees no GPU"):
+        resolve_device("cuda", "inference.device")
+    assert resolve_device("auto", "inference.device").type == "cpu"

@@ -299,6 +299,12 @@ def test_learner_reports_where_its_time_goes(inproc):
     assert set(shares) == {"wait_share", "copy_share", "update_share", "publish_share"}
     assert shares["wait_share"] > 0.5 > shares["update_share"] + shares["copy_share"]
     assert sum(shares.values()) <= 1.01
+    # The seconds behind the shares: two heartbeats give the shares of the time between them.
+    seconds = {k: reports[-1][k] for k in ("wait_s", "copy_s", "update_s", "publish_s")}
+    stepping = reports[-1]["stepping_s"]
+    assert stepping > 0 and sum(seconds.values()) <= stepping * 1.01
+    assert abs(seconds["wait_s"] / stepping - shares["wait_share"]) < 0.01
+    assert reports[-1]["device"] == "cpu"
 
 
 class Drops:

@@ -27,21 +27,20 @@ class DeviceError(ValueError):
     """A ``learner.device`` this machine does not have; user-facing."""
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` if torch sees a GPU, else ``cpu``; ``cuda[:i]`` must exist."""
+def resolve_device(name: str, key: str = "learner.device") -> torch.device:
+    """``auto`` -> ``cuda`` if torch sees a GPU, else ``cpu``; ``cuda[:i]`` must exist (the
+    error names the config ``key`` that asked for it)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(
-                f"learner.device={name!r}, but torch sees no GPU here (torch "
+                f"{key}={name!r}, but torch sees no GPU here (torch "
                 f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use cpu or auto"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise DeviceError(
-                f"learner.device={name!r}, but torch sees {torch.cuda.device_count()} GPU(s)"
-            )
+            raise DeviceError(f"{key}={name!r}, but torch sees {torch.cuda.device_count()} GPU(s)")
     return device
 
 

@@ -42,10 +42,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import zmq
 
+from zrl.algos.batches import resolve_device
 from zrl.roles.base import Role, index_of_id
-from zrl.roles.errors import RoleError
 from zrl.roles.params import REPLY_DRAIN_S, REPLY_HWM, REPLY_KERNEL_BUFFER_BYTES
 from zrl.roles.rpc_identity import RegisteredPeers, status_rows
 from zrl.roles.weights import WeightsFollower
@@ -62,26 +61,6 @@ MAX_WAITING = 1024
 """Requests taken off the socket and not yet answered (past it: the rest wait in the socket)."""
 MAX_KNOWN_ACTORS = 4096
 """Actor connections remembered once the registry vouched for them."""
-
-
-class InferenceDeviceError(RoleError):
-    """``inference.device`` names a device this host does not have."""
-
-
-def inference_device(name: str) -> torch.device:
-    """``inference.device``: ``auto`` -> ``cuda`` if torch sees a GPU, else ``cpu``; a
-    ``cuda[:i]`` this host lacks is an error naming it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index is not None and device.index >= count):
-            raise InferenceDeviceError(
-                f"inference.device={name!r}, but torch sees {count} GPU(s) here (torch "
-                f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use cpu or auto"
-            )
-    return device
 
 
 class JoinBuffers:
@@ -180,7 +159,7 @@ class InferenceServer(Role):
     def setup(self) -> None:
         cfg = self.config
         limit_torch_threads(cfg.inference.torch_threads)
-        self.device = inference_device(cfg.inference.device)
+        self.device = resolve_device(cfg.inference.device, "inference.device")
         probe = self.make_envs(num_envs=1)  # only for the spaces
         spaces = (probe.single_observation_space, probe.single_action_space)
         probe.close()
@@ -301,11 +280,7 @@ class InferenceServer(Role):
     def reply(self, ident: bytes, msg: P.Message) -> None:
         """Send ``msg`` to ``ident``; dropped and counted (``replies_dropped``) past the
         actor's queue or the total, or when it left."""
-        try:
-            sent = self.rpc.send(msg, to=ident, block=False, budget=self.reply_budget)
-        except zmq.ZMQError:  # EHOSTUNREACH: the actor is gone
-            sent = False
-        if not sent:
+        if not self.rpc.reply(msg, ident, self.reply_budget):
             self.replies_dropped += 1
 
     # --- loop -------------------------------------------------------------------------

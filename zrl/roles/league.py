@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zmq
 
 from zrl.config.league import MAIN
 from zrl.league.population import League, snapshot_version
@@ -74,6 +73,7 @@ STATE_FILE = "league.json"
 SNAPSHOTS_FILE = "league_snapshots.npz"
 TRACKED_SNAPSHOTS = 8  # newest snapshots whose Elo goes into the training metrics
 SEPARATOR = "/"  # between a snapshot's id and a parameter name in the npz file
+MAIN_VS_MEMBERS = 24  # pool members (the newest, fixed opponents first) in main_vs
 RESET_REPEAT_S = 1.0  # a RESET not yet seen on the player's stream is sent again
 FETCH_RETRY_S = 1.0  # a snapshot whose weights params' rpc did not give is tried again then
 
@@ -173,11 +173,7 @@ class LeagueRole(Role):
     def reply(self, ident: bytes, msg: P.Message) -> None:
         """Send ``msg`` to ``ident``; dropped and counted (``replies_dropped``) past the
         peer's queue (``REPLY_HWM``) or the total (``reply_budget``), or when it left."""
-        try:
-            sent = self.rpc.send(msg, to=ident, block=False, budget=self.reply_budget)
-        except zmq.ZMQError:  # EHOSTUNREACH: the peer is gone
-            sent = False
-        if not sent:
+        if not self.rpc.reply(msg, ident, self.reply_budget):
             self.replies_dropped += 1
 
     def setup(self) -> None:
@@ -417,6 +413,14 @@ class LeagueRole(Role):
             out[f"elo_{name.replace('@', '_')}"] = self.league.elo.rating(name)
         return out
 
+    def main_vs_members(self) -> list[str]:
+        """The pool members whose win rate the heartbeat's ``main_vs`` gives: the fixed
+        opponents, then the newest snapshots, MAIN_VS_MEMBERS in all (the heartbeat is
+        bounded)."""
+        fixed = self.league.fixed_opponents
+        newest = self.league.snapshots[::-1][: max(0, MAIN_VS_MEMBERS - len(fixed))]
+        return [*fixed, *newest][:MAIN_VS_MEMBERS]
+
     def heartbeat_info(self) -> dict[str, Any]:
         info = self.league.info()
         ratings = sorted(self.league.elo.ratings().items(), key=lambda kv: -kv[1])
@@ -426,6 +430,11 @@ class LeagueRole(Role):
             "main_win_rate": round(info["main_win_rate"], 3),
             "elo_main": round(info["elo_main"], 1),
             "elo_top": {name: round(r, 1) for name, r in ratings[:5]},
+            # Main's win rate against each pool member (decayed payoff; 0.5: no games yet).
+            "main_vs": {
+                name: round(self.league.payoff.win_rate(MAIN, name), 3)
+                for name in self.main_vs_members()
+            },
             "matches_served": self.matches_served,
             "weights_version": self.weights.version,
             "weights_refused": sum(f.refused for f in self.followers.values()),

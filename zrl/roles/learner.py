@@ -16,7 +16,8 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s`` (a
   version held back goes out when that time has passed, updates or not), or at once when the
-  update says so; the weights leave the device only then. Answered with
+  update says so; the weights leave the device only then, copied on a stream of their own
+  while the updates go on (``zrl.nets.wire.WeightsCopy``) and sent once there. Answered with
   ACK {version, resets}. The DEALER connects under a random routing id whose digest the
   learner's heartbeat shows (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS
   only from a connection a live learner entry vouches for. A heartbeat with a new key goes
@@ -69,7 +70,7 @@ from zrl.algos.api.learner import (
 from zrl.algos.batches import learner_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
-from zrl.nets.wire import model_to_arrays
+from zrl.nets.wire import WeightsCopy
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.rpc_identity import ClientKeys
@@ -133,6 +134,7 @@ class Learner(Role):
         self.weights_acked = 0
         self.publish_due = False  # publish_interval updates passed, held by publish_every_s
         self.published_at = -float("inf")  # time.monotonic() of the last WEIGHTS built
+        self.weights_copy = WeightsCopy()  # the weights on their way off the device
         self.stepping_since: float | None = None  # the first step, after setup
         self.time_s = dict.fromkeys(TIME_PARTS, 0.0)  # since then
         self.unreported_s = dict.fromkeys(("wait", "copy"), 0.0)  # since the last update
@@ -230,29 +232,38 @@ class Learner(Role):
         return True
 
     def send_weights(self) -> None:
+        """Publish the current weights: start their copy off the device (``WeightsCopy``:
+        on the CPU at once) and send them when it is done (``send_copied_weights``)."""
         if not self.update.may_publish() or not self._connect_params():
             return
-        assert self.params is not None
+        if self.weights_copy.busy:  # the last copy is still on its way: these follow it
+            self.publish_due = True
+            return
         started = time.monotonic()
         self.publish_due = False
         self.published_at = started
-        msg = P.Message(
-            P.WEIGHTS,
-            # min_version: after a resume, versions continue instead of starting again at 1.
-            meta={
-                "updates": self.updates,
-                "min_version": self.weights_version + 1,
-                **self.update.weights_meta(),
-                **M.policy_meta(self.policy),
-                **({"resets": self.resets} if self.resets else {}),
-            },
-            arrays=model_to_arrays(self.online),
-        )
-        if self.params.send(msg, block=False):
+        # min_version: after a resume, versions continue instead of starting again at 1.
+        meta = {
+            "updates": self.updates,
+            "min_version": self.weights_version + 1,
+            **self.update.weights_meta(),
+            **M.policy_meta(self.policy),
+            **({"resets": self.resets} if self.resets else {}),
+        }
+        self.weights_copy.start(self.online, meta)
+        self.send_copied_weights()
+        self.time_s["publish"] += time.monotonic() - started
+
+    def send_copied_weights(self, wait: bool = False) -> None:
+        """Send the weights whose copy off the device is done (``wait``: wait for it)."""
+        copied = self.weights_copy.take(wait)
+        if copied is None or self.params is None:
+            return
+        arrays, meta = copied
+        if self.params.send(P.Message(P.WEIGHTS, meta=meta, arrays=arrays), block=False):
             self.weights_sent += 1
             if self._unacked_since is None:
                 self._unacked_since = time.monotonic()
-        self.time_s["publish"] += time.monotonic() - started
 
     def publish_if_due(self) -> None:
         """Send the weights held back by ``learner.publish_every_s`` once that time passed."""
@@ -475,6 +486,7 @@ class Learner(Role):
         )
         if self.updates > before:
             self.report_input_time(self.updates - before)
+        self.send_copied_weights()
         self.publish_if_due()
         if self.updates > before:
             self.waiting_since = None
@@ -522,11 +534,15 @@ class Learner(Role):
         self.unreported_s = dict.fromkeys(self.unreported_s, 0.0)
 
     def time_shares(self) -> dict[str, float]:
-        """Each of ``TIME_PARTS`` as a share of the learner's time since its first step."""
+        """Each of ``TIME_PARTS`` as a share of the learner's time since its first step, and
+        the seconds themselves (``<part>_s``, ``stepping_s``: two heartbeats give the shares
+        of the time between them, without the start-up)."""
         if self.stepping_since is None:
             return {}
         total = max(time.monotonic() - self.stepping_since, 1e-9)
-        return {f"{part}_share": round(s / total, 3) for part, s in self.time_s.items()}
+        shares = {f"{part}_share": round(s / total, 3) for part, s in self.time_s.items()}
+        seconds = {f"{part}_s": round(s, 3) for part, s in self.time_s.items()}
+        return {**shares, **seconds, "stepping_s": round(total, 3)}
 
     @staticmethod
     def ack_batch(batch_acks: Channel, msg: P.Message) -> None:
@@ -544,8 +560,11 @@ class Learner(Role):
     def teardown(self) -> None:
         if not self.diverged:
             self.settle()  # the last update checked on the device
+        if not self.diverged:
+            self.send_copied_weights(wait=True)  # a copy still on its way
         if self.publish_due and not self.diverged:
             self.send_weights()  # held back by publish_every_s: the last updates go out too
+            self.send_copied_weights(wait=True)
         # A graceful stop resumes exactly where it stopped; a diverged learner keeps the last
         # good checkpoint instead of overwriting it.
         if self.checkpoint is not None and not self.diverged:
@@ -569,6 +588,7 @@ class Learner(Role):
             "weights_sent": self.weights_sent,
             "weights_acked": self.weights_acked,
             "non_finite_batches": self.non_finite_batches,
+            "device": str(self.device),
             **self.rpc_keys.info(),
         }
         if self.resumed_from is not None:

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zmq
 
 from zrl.algos.api.learner import GradientServer, GradientServerSetup
 from zrl.config.algorithms import get_algorithm
@@ -276,13 +275,7 @@ class ParameterServer(Role):
         """Send ``msg`` to the peer ``ident``; dropped and counted when its queue is full
         (``REPLY_HWM``), past the ``reply_budget`` (unless ``budget`` is False: a vouched
         learner's ACK, which no flood of other peers may crowd out) or it left."""
-        try:
-            sent = self.rpc.send(
-                msg, to=ident, block=False, budget=self.reply_budget if budget else None
-            )
-        except zmq.ZMQError:  # EHOSTUNREACH: the peer is gone
-            sent = False
-        if not sent:
+        if not self.rpc.reply(msg, ident, self.reply_budget if budget else None):
             self.replies_dropped += 1
 
     def step(self) -> None:

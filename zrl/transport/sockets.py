@@ -360,6 +360,15 @@ class Channel:
         """Messages sent so far (the sequence number of the next one on a stream)."""
         return self._seq
 
+    def reply(self, msg: Message, to: bytes, budget: ReplyBudget | None = None) -> bool:
+        """Queue a reply to the peer ``to`` of this ROUTER without blocking; False (counted in
+        ``dropped``, and in ``budget`` when past it) when its queue is full, past ``budget``
+        or the peer left (with ``ROUTER_MANDATORY``)."""
+        try:
+            return self.send(msg, to=to, block=False, budget=budget)
+        except zmq.ZMQError:  # EHOSTUNREACH: the peer is gone
+            return False
+
     def send(
         self,
         msg: Message,

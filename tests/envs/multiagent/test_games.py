@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zrl.config.multiagent import MultiAgentConfig
-from zrl.envs.multiagent.envs import fixed_opponents, make_multiagent_vector_env
+from tests.helpers.games import play_random_against
 from zrl.envs.multiagent.games import GAMES, board_game
 
 TICTACTOE = GAMES["tictactoe"]
@@ -131,22 +130,7 @@ def test_scripted_moves_are_legal_on_random_positions(game):
 def test_scripted_tictactoe_almost_never_loses_to_random_moves():
     """The evaluator's yardstick means something: random legal moves beat the scripted player
     in under 2% of 400+ games (the learning slot moving first in half of them)."""
-    env_id = "pettingzoo/tictactoe_v3"
-    env = make_multiagent_vector_env(env_id, {}, MultiAgentConfig(opponent="scripted"), 400)
-    scripted = fixed_opponents(env, "scripted", seed=1)
-    env.opponents = scripted
-    rng = np.random.default_rng(0)
-    try:
-        obs, _ = env.reset(seed=0)
-        done = np.zeros(env.num_envs, bool)
-        while not done.all():
-            _, mask = env.single_observation_space.split(obs)
-            actions = np.where(mask, rng.random(mask.shape), -1.0).argmax(axis=1)
-            obs, _, terminated, truncated, _ = env.step(actions)
-            done |= terminated | truncated
-    finally:
-        env.close()
-    counts = scripted.results["scripted"]  # the random player's wins, draws, losses
+    counts = play_random_against("pettingzoo/tictactoe_v3", "scripted", 400)
     assert counts.sum() >= 400
     assert counts[0] / counts.sum() < 0.02
     assert counts[2] / counts.sum() > 0.8  # and the scripted player wins most of them

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.envs.multiagent.test_games import planes
+from tests.helpers.games import play_random_against
 from zrl.envs.multiagent.games import GAMES
 from zrl.envs.multiagent.search import (
     AlphaBetaPlayer,
@@ -166,29 +167,6 @@ def test_the_search_shows_a_policy_pettingzoos_observation() -> None:
         bit = dict(boards.moves(mine | theirs))[action]
         mine, theirs = theirs, mine | bit
     env.close()
-
-
-def play_random_against(env_id: str, opponent: str, games: int) -> np.ndarray:
-    """Win/draw/loss counts of random legal moves against ``opponent`` in the real env (the
-    random slot moving first in half the games)."""
-    from zrl.config.multiagent import MultiAgentConfig
-    from zrl.envs.multiagent.envs import fixed_opponents, make_multiagent_vector_env
-
-    env = make_multiagent_vector_env(env_id, {}, MultiAgentConfig(opponent=opponent), games)
-    fixed = fixed_opponents(env, opponent, seed=1)
-    env.opponents = fixed
-    rng = np.random.default_rng(0)
-    try:
-        obs, _ = env.reset(seed=0)
-        done = np.zeros(env.num_envs, bool)
-        while not done.all():
-            _, mask = env.single_observation_space.split(obs)
-            actions = np.where(mask, rng.random(mask.shape), -1.0).argmax(axis=1)
-            obs, _, terminated, truncated, _ = env.step(actions)
-            done |= terminated | truncated
-    finally:
-        env.close()
-    return fixed.results[opponent]
 
 
 def test_the_perfect_player_never_loses_in_the_real_env() -> None:
