@@ -234,9 +234,10 @@ def test_on_policy_appo_is_ppo_on_nstep_returns(mb, rho_bar, norm, value_clip):
         normalize_advantages=norm,
         **coefs,
     )
-    # rollout_gae computes in float32.
+    # rollout_gae computes in float32; normalizing its advantages scales their rounding up
+    # (two near-equal advantages: a policy loss of -1.25e-6 for APPO's float64 -0.0).
     for name, value in ppo_parts.items():
-        assert float(parts[name]) == pytest.approx(value, rel=1e-5, abs=1e-6), name
+        assert float(parts[name]) == pytest.approx(value, rel=1e-5, abs=1e-5), name
     assert float(parts["mean_rho"]) == pytest.approx(1.0)
     got = torch.autograd.grad(loss, [mb["logits"], mb["values"]])
     want = torch.autograd.grad(ppo, [mb["logits"], mb["values"]])

@@ -357,8 +357,10 @@ def test_frame_rollouts_train_on_the_stacks_the_envs_produced(monkeypatch):
     msgs, trajs = frame_rollouts()
     seen: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
 
-    def recording(model, rollouts, gamma, lam, frames=False):
-        data = round_tensors(model, rollouts, gamma, lam, frames=frames)
+    def recording(model, rollouts, gamma, lam, frames=False, value_normalizer=None):
+        data = round_tensors(
+            model, rollouts, gamma, lam, frames=frames, value_normalizer=value_normalizer
+        )
         stacks = [Rollout(r.version, r.actor, stack_arrays(trajs[r.actor])) for r in rollouts]
         seen.append((data, round_tensors(model, stacks, gamma, lam)))
         return data

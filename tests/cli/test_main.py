@@ -25,7 +25,7 @@ from zrl.transport.endpoints import broker_endpoints, free_port_range
 from zrl.transport.protocol import PROTOCOL_VERSION
 
 CONFIG = "configs/cartpole_apex_dqn.yaml"
-COMMANDS = {"version", "status", "run", "eval", "plot", "start", "config", "keys", "host"}
+COMMANDS = {"version", "status", "run", "eval", "export", "plot", "start", "config", "keys", "host"}
 ROLES = {"broker", "actor", "replay", "params", "learner", "evaluator"}
 
 

@@ -407,9 +407,10 @@ def test_sections_used_per_algo(algo, present, absent):
 def test_the_config_and_the_cli_import_no_torch():
     # Validating a config imports every algorithm package for its config sections
     # (zrl/algos/<name>/__init__.py and config.py), and `zrl --help` imports the CLI: neither
-    # may pull in torch.
+    # may pull in torch; nor may the head (zrl run's supervisor), which leaves torch's import
+    # to the zygote and the roles.
     code = (
-        "import sys, zrl.cli.main, zrl.config.experiment; "
+        "import sys, zrl.cli.main, zrl.config.experiment, zrl.run.supervisor; "
         "zrl.config.experiment.ExperimentConfig(); "
         "assert 'torch' not in sys.modules"
     )

@@ -61,6 +61,37 @@ def test_the_rule_is_a_window_mean_or_a_confirming_evaluation():
     assert rule_met(StopConfig.model_validate({"eval_return": None}), [500], True) == []
 
 
+def test_the_exploitability_target_holds_for_every_evaluation_of_the_rule():
+    window = StopConfig.model_validate(
+        {"eval_return": None, "exploitability": 0.0, "eval_window": 2}
+    )
+    means = [0.9, 0.8, 0.95]
+    assert rule_met(window, means, False, [0.0, 0.5, 0.0]) == []  # one window member at 0.5
+    assert rule_met(window, means, False, [0.5, 0.0, 0.0]) == [0.8, 0.95]
+    assert rule_met(window, means, False, [0.0, None]) == []  # the latest was not searched
+    assert rule_met(window, means, False) == []  # none was
+    fresh = StopConfig.model_validate(
+        {"eval_return": None, "exploitability": 0.5, "confirm": "fresh"}
+    )
+    assert rule_met(fresh, [0.2], False, [0.0]) == []  # not a confirming evaluation
+    assert rule_met(fresh, [0.2], True, [0.5]) == [0.2]
+    assert rule_met(fresh, [0.2], True, [1.0]) == []
+    # Both targets: the return and the exploitability.
+    both = StopConfig.model_validate({"eval_return": 0.9, "exploitability": 0.0, "eval_window": 1})
+    assert rule_met(both, [0.95], False, [0.5]) == []
+    assert rule_met(both, [0.85], False, [0.0]) == []
+    assert rule_met(both, [0.95], False, [0.0]) == [0.95]
+
+
+def test_the_weights_that_met_an_exploitability_target_are_kept(tmp_path: Path):
+    keeper = keeper_in(tmp_path, eval_return=None, exploitability=0.0, eval_window=1)
+    assert keeper.on_eval(1, 0.9, 10, False, lambda: fake_weights(1), 0.5) == [
+        tmp_path / f"evaluator-0{BEST_SUFFIX}"
+    ]
+    written = keeper.on_eval(2, 0.8, 10, False, lambda: fake_weights(2), 0.0)
+    assert written == [tmp_path / f"evaluator-0{met_suffix(2)}"]
+
+
 def test_the_best_evaluation_and_those_that_met_the_rule_are_kept(tmp_path: Path):
     keeper = keeper_in(tmp_path, eval_window=2)
     asked: list[int] = []

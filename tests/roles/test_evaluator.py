@@ -70,3 +70,56 @@ def test_the_evaluated_weights_are_kept_before_the_result_goes_out(inproc, zmq_c
         assert inproc.error_of(evaluator) is None
     finally:
         rpc.close()
+
+
+def test_a_tictactoe_evaluation_reports_the_greedy_policys_exploitability(
+    inproc, zmq_ctx, tmp_path
+):
+    """Each evaluation of a tic-tac-toe policy carries the exploitability of its greedy policy
+    (the search over the model it evaluated), its heartbeat the same, and the weights that
+    met ``stop.exploitability`` are kept."""
+    from zrl.config.experiment import ExperimentConfig
+    from zrl.envs.multiagent.games import GAMES
+    from zrl.nets.wire import load_arrays
+    from zrl.roles.evaluation import exploitability_fields, greedy_exploitability
+    from zrl.testing.fakes import config_model, model_weights
+
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "evaluator-exploitability",
+            "algo": "ppo",
+            "env": {"id": "pettingzoo/tictactoe_v3", "num_envs": 2},
+            "roles": {"replay": 0},
+            "model": {"hidden": [8]},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            "evaluator": {"interval": 0.01, "episodes": 2},
+            "checkpoint": {"dir": str(tmp_path / "ckpt")},
+            # Any evaluation is at most 1: each one meets the rule.
+            "stop": {"eval_return": None, "exploitability": 1.0, "eval_window": 1},
+        }
+    )
+    inproc.start_broker(cfg)
+    params = inproc.start(ParameterServer, index=0)
+    assert isinstance(params, ParameterServer)
+    sub = inproc.sub(P.EVAL_TOPIC)
+    inproc.wait_subscribed(sub)
+    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    try:
+        sent = model_weights(cfg, 3)
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=sent)).meta["version"] == 1
+        evaluator = inproc.start(Evaluator, index=0)
+        (result,) = collect(sub, until=1, timeout=60)
+        assert inproc.error_of(evaluator) is None
+    finally:
+        rpc.close()
+    model = config_model(cfg)
+    load_arrays(model, sent)
+    model.eval()
+    want = exploitability_fields(greedy_exploitability(model, GAMES["tictactoe"]))
+    assert {k: result.meta[k] for k in want} == want
+    assert result.meta["random_win_rate"] + result.meta["random_loss_rate"] <= 1.0
+    info = evaluator.heartbeat_info()
+    assert info["recent_exploitability"] == [want["exploitability"]]
+    assert info["exploitability"] == want["exploitability"]
+    met = read_evaluated(tmp_path / "ckpt" / f"evaluator-0{met_suffix(1)}", 1 << 20)
+    assert met.version == 1

@@ -41,3 +41,31 @@ def test_wire_names_the_path_of_each_algorithm_and_ignores_malformed_counts():
         "rollouts": {"bytes": 100, "env_steps": 16, "bytes_per_env_step": 6.2},
         "gradients": {"bytes": 60, "env_steps": 16, "bytes_per_env_step": 3.8},
     }
+
+
+def test_an_evaluations_exploitability_is_kept_only_within_its_range():
+    agg = Aggregator()
+    row = agg.on_eval(
+        {
+            "mean": 0.9,
+            "exploitability": 0.5,
+            "exploitability_first": -1,
+            "exploitability_second": 0,
+            "losing_lines": 12,
+        },
+        1.0,
+    )
+    assert (row["exploitability"], row["exploitability_first"]) == (0.5, -1)
+    assert (row["exploitability_second"], row["losing_lines"]) == (0, 12)
+    forged = agg.on_eval(
+        {
+            "mean": 0.9,
+            "exploitability": 7.0,
+            "exploitability_first": "-1",
+            "exploitability_second": -3,
+            "losing_lines": 1e12,
+        },
+        2.0,
+    )
+    assert not {"exploitability", "exploitability_first", "losing_lines"} & set(forged)
+    assert "exploitability_second" not in forged

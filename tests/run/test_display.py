@@ -94,3 +94,16 @@ def test_the_inference_line_says_how_many_requests_each_forward_joined():
     assert inference_line(info) == line + "0.384 s forwarding, 0 refused, weights v69"
     assert role_note(info) == inference_line(info)
     assert inference_line({"env_steps": 5}) == ""
+
+
+def test_the_final_lines_name_a_few_pool_members_and_say_how_many_more():
+    from zrl.run.display import FINAL_MEMBERS, result_lines
+
+    members = {f"main@{k}": 0.5 for k in range(FINAL_MEMBERS + 4)}
+    league = {"games": 12345, "snapshots": 10, "elo_main": 1200.4, "main_win_rate": 0.6}
+    (line,) = result_lines({"league": {**league, "main_vs": members}})
+    assert line.startswith("league: 12,345 games, 10 snapshots; main's Elo 1200")
+    assert f"main@{FINAL_MEMBERS - 1} 0.50 (+4 more in summary.json)" in line
+    assert f"main@{FINAL_MEMBERS}" not in line
+    # A run without a league or a turn-based game has no such lines.
+    assert result_lines({"league": None, "exploitability": None}) == []

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zrl.run.metrics import MetricsWriter, read_csv
+from zrl.run.metrics import (
+    LEAGUE_COUNTS,
+    MAX_LEAGUE_MEMBERS,
+    MetricsWriter,
+    exploitability_summary,
+    league_figures,
+    league_record,
+    read_csv,
+    reference_rates,
+)
 
 
 def test_metrics_writer_csv_and_tensorboard_scalars(tmp_path: Path) -> None:
@@ -36,3 +48,128 @@ def test_the_supervisor_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_evaluations_exploitability_goes_to_eval_csv_and_tensorboard(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path)
+    writer.write_eval(
+        {
+            "time": 2.0,
+            "env_steps": 300,
+            "mean": 0.9,
+            "std": 0.1,
+            "exploitability": 0.5,
+            "exploitability_first": 0,
+            "exploitability_second": -1,
+            "losing_lines": 66,
+        }
+    )
+    writer.close()
+    (row,) = read_csv(tmp_path / "eval.csv")
+    assert row["exploitability"] == 0.5 and row["losing_lines"] == 66
+    assert (row["exploitability_first"], row["exploitability_second"]) == (0, -1)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    (point,) = events.Scalars("eval/exploitability")
+    assert (point.step, point.value) == (300, 0.5)
+
+
+def league_info(members: int = 3) -> dict[str, Any]:
+    """A league role's heartbeat info (``LeagueRole.heartbeat_info``)."""
+    return {
+        "games": 1200,
+        "snapshots": members,
+        "main_win_rate": 0.61,
+        "elo_main": 1234.5,
+        "elo_top": {"main": 1234.5, "main@40": 1200.0},
+        "main_vs": {"random": 0.98, **{f"main@{10 * k}": 0.6 for k in range(members)}},
+        "players": {"main": {"win_rate": 0.61, "elo": 1234.5, "snapshots": 2, "resets": 0}},
+        "matches_served": 99,
+    }
+
+
+def test_the_league_record_keeps_mains_figures_bounded() -> None:
+    record = league_record(league_info())
+    assert record == {
+        "games": 1200,
+        "snapshots": 3,
+        "elo_main": 1234.5,
+        "main_win_rate": 0.61,
+        "main_vs": {"random": 0.98, "main@0": 0.6, "main@10": 0.6, "main@20": 0.6},
+        "players": {"main": {"win_rate": 0.61, "elo": 1234.5, "snapshots": 2, "resets": 0}},
+        "elo_top": {"main": 1234.5, "main@40": 1200.0},
+    }
+    assert league_record({"games": 3}) is None and league_record("league") is None
+    # Whatever a heartbeat holds, the head keeps at most MAX_LEAGUE_MEMBERS plain names with
+    # numbers, and no other keys.
+    forged = league_info(members=5000)
+    forged["main_vs"].update({"x" * 65: 0.5, "bad name": 0.5, "ok": "0.5", "nested": {"a": 1}})
+    forged["players"] = {f"p{k}": {"win_rate": 0.5, "extra": "y" * 1000} for k in range(100)}
+    forged["junk"] = "z" * 100_000
+    record = league_record(forged)
+    assert record is not None and set(record) == {*LEAGUE_COUNTS, "main_vs", "players", "elo_top"}
+    assert len(record["main_vs"]) == len(record["players"]) == MAX_LEAGUE_MEMBERS
+    assert all(p == {"win_rate": 0.5} for p in record["players"].values())
+    assert len(json.dumps(record)) < 8192
+    odd = {**league_info(members=0), "main_vs": {"x" * 65: 0.5, "bad name": 0.5, "ok": "0.5"}}
+    record = league_record({**odd, "players": [1, 2], "elo_top": {"main": True, "a@1": 9.0}})
+    assert record is not None and record["main_vs"] == {} and record["players"] == {}
+    assert record["elo_top"] == {"a@1": 9.0}
+
+
+def test_league_csv_holds_the_league_and_the_latest_evaluation_over_time(tmp_path: Path) -> None:
+    record = league_record(league_info(members=1))
+    assert record is not None
+    evaluation = {"mean": 0.9, "random_win_rate": 0.97, "exploitability": 0.0, "losing_lines": 0}
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    assert not (tmp_path / "league.csv").exists()  # a run without a league writes none
+    writer.write_league(10.0, 500, league_figures(record, None))
+    writer.write_league(20.0, 900, league_figures({**record, "games": 1500}, evaluation))
+    writer.close()
+    with open(tmp_path / "league.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    at = {(float(r["time"]), r["name"]): float(r["value"]) for r in rows}
+    assert at[(10.0, "elo_main")] == 1234.5 and at[(10.0, "main_vs/main@0")] == 0.6
+    assert at[(10.0, "main/win_rate")] == 0.61 and at[(10.0, "elo/main@40")] == 1200.0
+    assert (10.0, "eval/exploitability") not in at
+    assert at[(20.0, "games")] == 1500 and at[(20.0, "eval/random_win_rate")] == 0.97
+    assert at[(20.0, "eval/exploitability")] == 0.0
+    assert {r["env_steps"] for r in rows} == {"500", "900"}
+
+
+def test_the_summary_figures_of_the_evaluations() -> None:
+    evals = [
+        {"weights_version": 1, "mean": 0.5},
+        {"weights_version": 2, "mean": 0.7, "exploitability": 1.0, "losing_lines": 90},
+        {"weights_version": 3, "mean": 0.8, "exploitability": 0.0, "losing_lines": 0},
+        {
+            "weights_version": 4,
+            "mean": 0.9,
+            "exploitability": 0.5,
+            "exploitability_first": 0,
+            "exploitability_second": -1,
+            "losing_lines": 3,
+            "random_win_rate": 0.9,
+            "random_draw_rate": 0.06,
+            "random_loss_rate": 0.04,
+            "scripted_draw_rate": 1.0,
+        },
+    ]
+    assert exploitability_summary(evals) == {
+        "last": {
+            "weights_version": 4,
+            "exploitability": 0.5,
+            "exploitability_first": 0,
+            "exploitability_second": -1,
+            "losing_lines": 3,
+        },
+        "best": 0.0,
+        "best_weights_version": 3,
+        "evaluations": 3,
+    }
+    assert exploitability_summary(evals[:1]) is None
+    assert reference_rates(evals[-1]) == {
+        "random": {"win": 0.9, "draw": 0.06, "loss": 0.04},
+        "scripted": {"draw": 1.0},
+    }
+    assert reference_rates(None) == {} and reference_rates(evals[0]) == {}

@@ -309,6 +309,104 @@ def test_an_eval_window_of_one_stops_on_any_evaluation(tmp_path: Path):
         writer.close()
 
 
+# --- exploitability and the league in the run record (issue 30) -----------------------------
+
+
+def test_a_league_run_records_exploitability_and_the_league_and_stops_at_exploitability_0(
+    tmp_path: Path,
+):
+    """A tic-tac-toe league head with ``stop.exploitability: 0``, fed the evals and
+    heartbeats its evaluator and league role send: it stops on the first evaluation at 0 that
+    the evaluator's heartbeat reports, league.csv gets a record per LEAGUE_CSV_INTERVAL_S
+    (and one at the end), and summary.json and the final lines carry the league's figures,
+    the reference opponents' rates and the exploitability."""
+    from zrl.config.experiment import load_config
+    from zrl.run.display import result_lines
+    from zrl.run.metrics import MetricsWriter
+    from zrl.run.supervisor import LEAGUE_CSV_INTERVAL_S
+
+    cfg = load_config(
+        REPO / "configs" / "tictactoe_league.yaml",
+        ["stop.exploitability=0", "stop.eval_window=1", "logging.backends=[csv]"],
+    )
+    sup = Supervisor(cfg, run_dir=tmp_path / "run", show_status=False)
+    (tmp_path / "run").mkdir()
+    evaluator_info: dict[str, Any] = {}
+    league_info: dict[str, Any] = {
+        "elo_top": {"main": 1210.0, "main@3": 1190.0},
+        "elo_main": 1210.0,
+        "main_win_rate": 0.6,
+        "snapshots": 2,
+        "main_vs": {"random": 0.97, "scripted": 0.7, "main@3": 0.55},
+    }
+    rows = [
+        {"id": "evaluator-0", "role": "evaluator", "state": "alive", "info": evaluator_info},
+        {"id": "league-0", "role": "league", "state": "alive", "info": league_info},
+    ]
+    sup.monitor.status_rows = rows
+    sup.monitor.role_row = lambda rid: next((r for r in rows if r["id"] == rid), None)  # type: ignore[method-assign]
+    writer = MetricsWriter(tmp_path / "run", tensorboard=False)
+
+    def league_at(t: float, games: int) -> None:
+        league_info["games"] = games
+        sup._record_league({"time": t, "env_steps": 100 * games}, writer)
+
+    def evaluate(t: float, version: int, found: float) -> None:
+        meta = {
+            "mean": 0.9,
+            "confirming": False,
+            "weights_version": version,
+            "random_win_rate": 0.95,
+            "random_draw_rate": 0.03,
+            "random_loss_rate": 0.02,
+            "exploitability": found,
+            "exploitability_first": 0,
+            "exploitability_second": -1 if found else 0,
+            "losing_lines": 4 if found else 0,
+        }
+        sup.monitor.drain(EvalFeed("evaluator-0", [meta]), writer, t)
+        evaluator_info["recent_returns"] = [*evaluator_info.get("recent_returns", []), 0.9]
+        evaluator_info["recent_exploitability"] = [
+            *evaluator_info.get("recent_exploitability", []),
+            found,
+        ]
+        sup._confirm_target()
+
+    try:
+        league_at(1.0, 100)
+        evaluate(2.0, 5, 0.5)
+        assert not sup._stop.is_set()
+        league_at(1.0 + LEAGUE_CSV_INTERVAL_S / 2, 200)  # too soon for another record
+        league_at(1.0 + LEAGUE_CSV_INTERVAL_S, 300)
+        evaluate(12.0, 6, 0.0)
+        assert sup._stop.is_set() and sup.stop_reason == "exploitability"
+        assert sup.target.confirmed_version == 6
+        league_at(12.0, 300)  # no games since: no record
+        league_info["games"] = 350
+        sup._record_league({"time": 13.0, "env_steps": 35_000}, writer, final=True)
+        summary = sup._summary({}, None, interrupted=False)
+    finally:
+        writer.close()
+    assert summary["reached_target"] and summary["target_exploitability"] == 0.0
+    assert summary["exploitability"]["best"] == 0.0
+    assert summary["exploitability"]["best_weights_version"] == 6
+    assert summary["exploitability"]["last"]["losing_lines"] == 0
+    assert summary["reference_opponents"] == {"random": {"win": 0.95, "draw": 0.03, "loss": 0.02}}
+    league = summary["league"]
+    assert league["games"] == 350 and league["snapshots"] == 2 and league["elo_main"] == 1210.0
+    assert league["main_vs"] == {"random": 0.97, "scripted": 0.7, "main@3": 0.55}
+    with open(tmp_path / "run" / "league.csv", newline="") as f:
+        records = list(csv.DictReader(f))
+    games = {float(r["time"]): float(r["value"]) for r in records if r["name"] == "games"}
+    assert games == {1.0: 100, 1.0 + LEAGUE_CSV_INTERVAL_S: 300, 13.0: 350}
+    final = {r["name"]: float(r["value"]) for r in records if float(r["time"]) == 13.0}
+    assert final["eval/exploitability"] == 0.0 and final["main_vs/random"] == 0.97
+    lines = "\n".join(result_lines(summary))
+    assert "random 0.95/0.03/0.02" in lines
+    assert "exploitability 0 (v6: draws moving first, draws moving second, 0 losing lines)" in lines
+    assert "main's Elo 1210" in lines and "against random 0.97, scripted 0.70" in lines
+
+
 # --- the saved model: the weights that met the stop rule (issue 30) -------------------------
 
 

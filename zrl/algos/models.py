@@ -24,7 +24,8 @@ def build_model(
     **options: Any,
 ) -> nn.Module:
     """The user's model (``model_fn(observation_space, action_space)``) or zrl's network for
-    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, appo, a3c and ppo, a DDPGModel
+    ``algo``: a QNetwork for apex_dqn, an ActorCritic for impala, appo, a3c and ppo (for
+    impala, appo and ppo on a Box action space a GaussianActorCritic), a DDPGModel
     (with a second critic if ``twin=True`` is among ``options``) for apex_ddpg, a SACModel for
     sac. ``options``: keyword arguments of the algorithm's builder (``experiment_model``
     takes them from the config)."""

@@ -16,7 +16,11 @@ the state before step 0 (``state [E, S]``) and the steps whose state was zeroed 
 on frame stacks a ``recurrent_frame_unroll`` (``RECURRENT_FRAME_UNROLL``: the same with each
 frame once) where its ``frame_unrolls`` says so (IMPALA, APPO; recurrent PPO's learners take
 ``recurrent_unroll`` rollouts).
-:func:`make_categorical_policy` (IMPALA's and APPO's ``policy``) picks one for the model.
+:class:`GaussianPolicy` samples the diagonal Gaussian of a Box action space
+(``zrl.nets.gaussian``) and sends ``continuous_unroll`` TRAJECTORYs (``CONTINUOUS_UNROLL``):
+the unroll with float32 actions ``[E, T, A]``, the samples before they were clipped to the Box.
+:func:`make_categorical_policy` (IMPALA's and APPO's ``policy``) picks one for the model and
+the action space.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.nets.discrete import policy_logits, sample_categorical
+from zrl.nets.gaussian import check_box
 from zrl.nets.recurrent import EnvStates, is_recurrent
 from zrl.replay.frames import is_frame_stack
 from zrl.transport import protocol as P
@@ -132,9 +138,81 @@ class RecurrentCategoricalPolicy(EnvStates, CategoricalPolicy):
         return Outgoing(P.TRAJECTORY, arrays)
 
 
-def make_categorical_policy(setup: ActorSetup) -> CategoricalPolicy:
-    """The categorical policy for the actor's model (IMPALA, APPO): recurrent when the model
+class GaussianPolicy(BasePolicy):
+    """The diagonal Gaussian policy of a Box action space (``zrl.nets.gaussian``): the model's
+    ``policy_logits`` are its mean and log-std ``[E, 2A]``; the actor samples ``u = mean +
+    std * eps`` with ``eps ~ N(0, I)`` drawn once per trajectory (``rng``), records ``u`` and
+    its log-density (summed over the action dims) and steps the env with ``u`` clipped to the
+    Box. Its trajectories become a ``continuous_unroll`` TRAJECTORY whose ``action`` is ``u``,
+    the unclipped sample (CleanRL's ``ppo_continuous_action.py``: the learner scores the
+    sample, the clipping is the env's business). No random mode, no recurrent state."""
+
+    records_next_obs = False
+    action_dtype = np.float32
+
+    def __init__(self, setup: ActorSetup) -> None:
+        self.config = setup.config
+        self.model: Any = setup.model
+        self.rng = setup.rng
+        box = check_box(setup.action_space)
+        if setup.config.actor.random_policy:
+            raise ValueError(
+                "actor.random_policy: the Gaussian policy (Box actions) has no random mode; "
+                "set actor.random_policy: false"
+            )
+        if is_recurrent(self.model):
+            raise ValueError("model.core: the Gaussian policy (Box actions) is feed-forward")
+        self.act_dim = int(box.shape[0])
+        self.action_shape = (self.act_dim,)
+        self.low = np.asarray(box.low, np.float32)
+        self.high = np.asarray(box.high, np.float32)
+        self.noise = np.zeros((0, setup.num_envs, self.act_dim), np.float32)
+        setup.log.info(
+            "actor %d (%s, Gaussian policy): %d x %s, seed %d",
+            setup.actor_index,
+            setup.config.algo,
+            setup.num_envs,
+            setup.config.env.id,
+            setup.seed,
+        )
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        shape = (steps, self.noise.shape[1], self.act_dim)
+        self.noise = self.rng.standard_normal(shape, dtype=np.float32)
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions clipped to the Box for the env, and per step the unclipped sample
+        (``sample``) and its log-density (``logp``)."""
+        rows = slice(None) if rows is None else rows
+        params = policy_logits(self.model, torch.from_numpy(obs)).numpy()
+        sample, logp = sample_gaussian(params, self.noise[t, rows])
+        return np.clip(sample, self.low, self.high), {"logp": logp, "sample": sample}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        arrays = trajectory.unroll()
+        arrays["action"] = trajectory.extras["sample"]  # the sample logp is the density of
+        return Outgoing(P.TRAJECTORY, arrays)
+
+
+def sample_gaussian(params: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Samples ``mean + exp(log_std) * noise`` of the diagonal Gaussians with ``params [B, 2A]``
+    (mean, log-std) and their log-densities ``[B]`` (summed over the A dims), float32:
+    ``sum_j -noise_j^2 / 2 - log_std_j - log(2 pi) / 2``."""
+    mean, log_std = np.split(params.astype(np.float32, copy=False), 2, axis=-1)
+    sample = mean + np.exp(log_std) * noise
+    logp = (-0.5 * np.square(noise) - log_std - 0.5 * math.log(2.0 * math.pi)).sum(axis=-1)
+    return sample.astype(np.float32, copy=False), logp.astype(np.float32, copy=False)
+
+
+def make_categorical_policy(setup: ActorSetup) -> CategoricalPolicy | GaussianPolicy:
+    """The policy for the actor's model (IMPALA, APPO), from the env's action space: the
+    Gaussian one for a Box; for a Discrete the categorical one, recurrent when the model
     carries a state (``model.core``), so its unrolls carry it too."""
+    if isinstance(setup.action_space, gym.spaces.Box):
+        return GaussianPolicy(setup)
     if is_recurrent(setup.model):
         return RecurrentCategoricalPolicy(setup)
     return CategoricalPolicy(setup)

@@ -8,7 +8,8 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   :data:`FRAME_UNROLL_BATCH` on frame stacks ``[k, H, W]``, each frame once, and
   :data:`RECURRENT_FRAME_UNROLL_BATCH` for a recurrent model on them), checked against the
   model (observation width, state width, actions in ``[0, num_actions)``, k frames per
-  stack); a malformed one raises ProtocolError. Its fresh unrolls start for the device at
+  stack); :data:`CONTINUOUS_UNROLL_BATCH` for a Gaussian policy (Box actions, float32
+  ``[B, T, A]``); a malformed one raises ProtocolError. Its fresh unrolls start for the device at
   once (``zrl.algos.batches.HostStaging``: on a GPU the copy runs on a stream of its own
   while the update before it trains).
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
@@ -40,6 +41,7 @@ from zrl.algos.batches import HostStaging, InFlight, policy_lags
 from zrl.algos.optim import defers_checks, make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
+from zrl.nets.gaussian import check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
@@ -58,7 +60,8 @@ RECURRENT_FRAME_TRAINED_ARRAYS = (*FRAME_TRAINED_ARRAYS, "state", "first")
 
 
 def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """The model's ``(logits [B, T, A], values [B, T], bootstrap_values [B])`` over a batch of
+    """The model's ``(logits [B, T, A], values [B, T], bootstrap_values [B])`` (a Gaussian
+    model's logits are its params ``[B, T, 2A]``, ``zrl.nets.gaussian``) over a batch of
     env-major unrolls (``obs [B, T, *O]``, ``bootstrap_obs [B, *O]``, ``valid [B, T]``), with
     gradients (callers detach what they hold constant).
 
@@ -111,6 +114,10 @@ class UnrollUpdate(BaseUpdate):
             self.model.parameters(), self.config.learner.lr, self.config.learner.adam_eps
         )
         self.num_actions = int(getattr(setup.action_space, "n", 0))
+        self.continuous = distribution_of(self.model).continuous
+        check_distribution(self.model, setup.action_space)
+        """Box actions (the Gaussian policy): :data:`CONTINUOUS_UNROLL_BATCH`, float32 actions
+        ``[B, T, A]``, any finite value (the samples before the actors clipped them)."""
         self.obs_shape = M.obs_shape(setup.observation_space)
         self.device = torch.device(setup.device)
         self.recurrent = is_recurrent(self.model)
@@ -120,7 +127,12 @@ class UnrollUpdate(BaseUpdate):
         layout, ``zrl.replay.layout``, takes them from the actors."""
         self.sizes: dict[str, Size] = {"O": self.obs_shape[1:] if self.frames else self.obs_shape}
         self.trained_arrays: tuple[str, ...]
-        if self.recurrent and self.frames:
+        if self.continuous:
+            if self.recurrent or self.frames:
+                raise ValueError("a Gaussian policy is feed-forward over flat observations")
+            self.schema, self.trained_arrays = M.CONTINUOUS_UNROLL_BATCH, TRAINED_ARRAYS
+            self.sizes["A"] = math.prod(setup.action_space.shape)
+        elif self.recurrent and self.frames:
             self.schema = M.RECURRENT_FRAME_UNROLL_BATCH
             self.trained_arrays = RECURRENT_FRAME_TRAINED_ARRAYS
         elif self.recurrent:
@@ -158,7 +170,9 @@ class UnrollUpdate(BaseUpdate):
             )
         a = msg.arrays
         actions = a["action"]
-        if dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
+        if self.continuous:
+            pass  # float32 samples, checked finite by the schema
+        elif dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
         rows = self.fresh_rows(a["weights_version"], version)
         picked = rows if len(rows) < len(a["weights_version"]) else None  # None: all of them

@@ -23,6 +23,7 @@ from zrl.cli.common import (
     LogOpt,
     SetOpt,
     UserError,
+    fail,
     load_keys,
     run_head,
 )
@@ -348,6 +349,71 @@ def eval_run(
             f"losses {rates['loss_rate']:.2f}"
         )
     typer.echo(f"mean {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes")
+
+
+@app.command("export")
+def export_run(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `zrl run`.")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="onnx or torchscript.")] = "onnx",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Where to write (default RUN/policy.onnx, policy.torchscript.pt)."
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Then run the file (onnxruntime / TorchScript) and zrl's forward side by side "
+            "on a few steps of the run's env; fail past a difference of 1e-5.",
+        ),
+    ] = False,
+    check_file: Annotated[
+        Path | None,
+        typer.Option("--check-file", help="Check this exported file against the run; write none."),
+    ] = None,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="model.pt (the weights that met the stop rule), model_best.pt or model_last.pt.",
+        ),
+    ] = "model.pt",
+) -> None:
+    """Write a run's greedy policy as one ONNX or TorchScript file (preprocessing, input
+    normalization and, for recurrent models, the state as an input and an output included);
+    with --check, also compare it with zrl's own forward (exit code 1 past 1e-5)."""
+    from zrl.nets.export import FORMATS
+    from zrl.roles.evaluation import MODEL_FILES
+    from zrl.run.export import check_run
+    from zrl.run.export import export_run as write_export
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(
+            f"{fmt!r} is not one of {', '.join(FORMATS)}", param_hint="--format"
+        )
+    if model not in MODEL_FILES:
+        raise typer.BadParameter(
+            f"{model!r} is not one of {', '.join(MODEL_FILES)}", param_hint="--model"
+        )
+    try:
+        path = check_file
+        if path is None:
+            path, signature = write_export(run_dir, fmt, out, model)  # type: ignore[arg-type]
+            typer.echo(
+                f"wrote {path}: inputs {', '.join(signature.inputs)} -> outputs "
+                f"{', '.join(signature.outputs)}"
+            )
+        if not (check or check_file is not None):
+            return
+        report = check_run(run_dir, path, model)
+    except (OSError, ValueError, ImportError) as exc:
+        fail(str(exc))
+    for line in report.lines():
+        typer.echo(line)
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -103,8 +103,9 @@ class ModelConfig(Section):
     otherwise; impala_resnet is the IMPALA deep ResNet. The CNNs ignore hidden."""
     normalize_input: bool = False
     """Normalize image observations per pixel by running mean and variance (Sample Factory's
-    normalize_input), updated by the learner and sent with the weights. Learners of unrolls
-    (impala, appo) update them."""
+    normalize_input), updated by the learner and sent with the weights; with Box actions the
+    Gaussian actor-critic's flat observations likewise. The learners of impala, appo and ppo
+    update them."""
     core: Literal["none", "lstm", "gru"] = "none"
     """A recurrent core after the encoder (r2d2, and the recurrent actor-critic of ppo, impala
     and appo): its state is carried per env by the actors, sent with every sequence or unroll
@@ -326,6 +327,11 @@ class EvaluatorConfig(Section):
     interval: float = Field(5.0, gt=0)
     """Seconds between evaluations (only when a new weights version exists)."""
     episodes: int = Field(20, ge=1, le=MAX_EPISODES)
+    exploitability: Literal["auto"] | bool = "auto"
+    """Also compute the exploitability of the greedy policy at each evaluation (the best
+    response's win rate over both seats, by exhaustive search: eval.csv's `exploitability`).
+    auto: for turn-based board games small enough to enumerate (tic-tac-toe); true: the same,
+    an error for any other env; false: never."""
 
 
 class CheckpointConfig(Section):
@@ -374,15 +380,26 @@ class StopConfig(Section):
     """Evaluations averaged by confirm: window (1: any single evaluation stops the run)."""
     eval_episodes: int = Field(100, ge=1, le=MAX_EPISODES)
     """Episodes of the confirming evaluation of confirm: fresh (on seeds no evaluation used)."""
+    exploitability: float | None = Field(None, ge=0.0, le=1.0)
+    """Stop when the greedy policy's exploitability (evaluator.exploitability) is at most
+    this (0: no seat can be beaten), as `confirm` says: every evaluation of the window, or a
+    confirming evaluation of the same weights. With eval_return set too, both must hold."""
     env_steps: int | None = Field(None, ge=1)
     wall_time: float | None = Field(600.0, gt=0)
     """Seconds."""
 
     @model_validator(mode="after")
     def _some_condition(self) -> StopConfig:
-        if self.eval_return is None and self.env_steps is None and self.wall_time is None:
-            raise ValueError("at least one of eval_return, env_steps, wall_time must be set")
+        if not self.on_evaluations and self.env_steps is None and self.wall_time is None:
+            raise ValueError(
+                "at least one of eval_return, exploitability, env_steps, wall_time must be set"
+            )
         return self
+
+    @property
+    def on_evaluations(self) -> bool:
+        """Whether the run has a target on evaluations (eval_return or exploitability)."""
+        return self.eval_return is not None or self.exploitability is not None
 
 
 __all__ = [

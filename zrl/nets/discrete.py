@@ -224,7 +224,8 @@ class AgentActorCritic(CategoricalActorCritic):
         return self.policy_logits(obs), self.value(obs)
 
     def policy_logits(self, obs: Tensor) -> Tensor:
-        obs = obs.reshape(len(obs), -1).float()
+        # obs.shape[0], not len(obs): a traced export (zrl.nets.export) keeps the batch free.
+        obs = obs.reshape(obs.shape[0], -1).float()
         logits = self.policy_head(self.policy_torso(obs[:, : self.features]))
         if not self.mask:
             return logits  # type: ignore[no-any-return]
@@ -232,7 +233,7 @@ class AgentActorCritic(CategoricalActorCritic):
         return torch.where(legal, logits, torch.full_like(logits, ILLEGAL_LOGIT))
 
     def value(self, obs: Tensor) -> Tensor:
-        obs = obs.reshape(len(obs), -1).float()
+        obs = obs.reshape(obs.shape[0], -1).float()
         own_and_state = torch.cat(
             [obs[:, : self.features], obs[:, self.features + self.mask :]], dim=1
         )

@@ -269,11 +269,17 @@ def use_channels_last(model: nn.Module) -> bool:
 
 
 def add_input_normalizers(model: nn.Module) -> bool:
-    """Give ``model``'s image encoders an :class:`InputNormalizer` (``model.normalize_input``);
-    whether it has any. Every role must do the same, as the statistics are in the weights."""
+    """Give ``model``'s image encoders an :class:`InputNormalizer` (``model.normalize_input``),
+    or the model itself where it normalizes flat observations (``model.add_normalizer()``, the
+    Gaussian actor-critic of ``zrl.nets.gaussian``); whether it got any. Every role must do the
+    same, as the statistics are in the weights."""
     encoders = image_encoders(model)
     for encoder in encoders:
         encoder.normalizer = InputNormalizer(encoder.obs_shape)
+    add_normalizer = getattr(model, "add_normalizer", None)
+    if not encoders and callable(add_normalizer):
+        add_normalizer()
+        return True
     return bool(encoders)
 
 
@@ -284,6 +290,10 @@ def observe_inputs(model: nn.Module, obs: Tensor) -> None:
         if encoder.normalizer is not None:
             images = obs.reshape(-1, *encoder.obs_shape)
             encoder.normalizer.observe(images, _pixel_scale(images))
+    flat = getattr(model, "normalizer", None)
+    if callable(getattr(model, "add_normalizer", None)) and isinstance(flat, InputNormalizer):
+        # the model's own, over the flattened observation (zrl.nets.gaussian)
+        flat.observe(obs.reshape(-1, int(flat.mean.numel())).float())
 
 
 def resolve_encoder(kind: str, obs_shape: Sequence[int]) -> str:

@@ -54,9 +54,17 @@ def assemble_unrolls(msg: P.Message, schema: Schema = M.UNROLL) -> dict[str, np.
     ``schema``: the shard's unroll layout. ``recurrent_unroll`` (the experiment's
     ``model.core`` is set): each item keeps its ``state [R]`` and ``first [T]`` too;
     ``frame_unroll`` (frame stacks): its ``frames [T + k, H, W]`` in place of ``obs`` and
-    ``bootstrap_obs``; ``recurrent_frame_unroll``: both. Another kind raises ProtocolError
+    ``bootstrap_obs``; ``recurrent_frame_unroll``: both; ``continuous_unroll`` (Box actions):
+    float32 actions ``[T, A]``. Another kind raises ProtocolError
     (lacks / unexpected array)."""
-    if schema not in (M.UNROLL, M.RECURRENT_UNROLL, M.FRAME_UNROLL, M.RECURRENT_FRAME_UNROLL):
+    unrolls = (
+        M.UNROLL,
+        M.RECURRENT_UNROLL,
+        M.FRAME_UNROLL,
+        M.RECURRENT_FRAME_UNROLL,
+        M.CONTINUOUS_UNROLL,
+    )
+    if schema not in unrolls:
         raise ValueError(f"{schema.name} is not an unroll layout")
     E = validate(msg, schema)["E"]
     a = msg.arrays

@@ -12,7 +12,7 @@ shard stores: a frame table on a CartPole shard, or a table sized from a forged 
 columns (and bytes) of one stored item before any message comes. On uint8 frame stacks
 ``[k, H, W]`` (Atari) the schema is its item's frame variant, each frame once:
 ``frame_transitions``, ``frame_unroll`` (``recurrent_frame_unroll`` with ``model.core``) or
-``frame_sequences``.
+``frame_sequences``. On Box actions an unroll is a ``continuous_unroll`` (float32 actions).
 
 Sockets: none.
 """
@@ -131,7 +131,7 @@ def envs_per_actor(num_envs: int, env_groups: int, envs_per_game: int) -> int:
 def experience_layout(
     item: ReplayItem,
     *,
-    actions: Literal["discrete", "box"],
+    actions: Literal["discrete", "box", "any"],
     observation_space: Any,
     action_space: Any,
     num_envs: int,
@@ -143,13 +143,18 @@ def experience_layout(
 
     ``num_envs``: rows per trajectory (:func:`envs_per_actor`); ``trajectory_length``: steps
     per trajectory; ``sequence_length``: steps per R2D2 sequence; ``state_size``: the width of
-    the recurrent state the model carries (recurrent unrolls and sequences), else None."""
+    the recurrent state the model carries (recurrent unrolls and sequences), else None.
+    ``actions``: the algorithm's (``Wiring.actions``); ``any`` follows the env's action space.
+    Box unrolls (``continuous_unroll``) carry the Gaussian policy's samples before the actor
+    clipped them, so their actions are checked finite, not inside the bounds."""
     obs_dtype = M.obs_dtype(observation_space)
     obs_shape = M.obs_shape(observation_space)
     E, T = num_envs, trajectory_length
     num_actions: int | None = None
     low = high = None
     sizes: dict[str, Size] = {"O": obs_shape}
+    if actions == "any":
+        actions = "discrete" if hasattr(action_space, "n") else "box"
     if actions == "discrete":
         num_actions = int(action_space.n)
     else:
@@ -167,7 +172,15 @@ def experience_layout(
             schema = M.TRANSITIONS
         sizes.update(E=E, T=T)
     elif item == "unroll":
-        if state_size is not None:
+        if actions == "box":
+            if state_size is not None or frame_stacks:
+                raise ValueError(
+                    "Box-action unrolls are feed-forward over flat observations: no recurrent "
+                    "state, no frame stacks"
+                )
+            schema = M.CONTINUOUS_UNROLL
+            low = high = None  # unclipped samples: any finite value
+        elif state_size is not None:
             schema = M.RECURRENT_FRAME_UNROLL if frame_stacks else M.RECURRENT_UNROLL
             sizes["R"] = state_size
         else:

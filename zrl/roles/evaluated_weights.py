@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from zrl.config.sections import StopConfig
 from zrl.utils.durable import atomic_write
@@ -50,22 +49,37 @@ def met_suffix(version: int) -> str:
     return f".met-{int(version)}.pt"
 
 
-def rule_met(stop: StopConfig, means: Sequence[float], confirming: bool) -> list[float]:
+def rule_met(
+    stop: StopConfig,
+    means: Sequence[float],
+    confirming: bool,
+    exploitabilities: Sequence[float | None] = (),
+) -> list[float]:
     """The means that meet the stop rule with the latest evaluation, or [] if it does not.
 
     ``means`` are one evaluator's evaluation means, oldest first, the latest last (confirming
-    ones included); ``confirming``: whether the latest was a confirming evaluation. With
-    ``confirm: fresh`` only a confirming evaluation at ``eval_return`` meets the rule; with
-    ``confirm: window``, the mean of the last ``eval_window`` evaluations reaching it. The
-    head (``StopRule``) and the evaluator count with this same function."""
-    if stop.eval_return is None or not means:
+    ones included); ``confirming``: whether the latest was a confirming evaluation;
+    ``exploitabilities``: the same evaluations' exploitability (None: not computed), aligned
+    with ``means`` at the end. With ``confirm: fresh`` only a confirming evaluation meets the
+    rule; with ``confirm: window``, the last ``eval_window`` evaluations. Their mean reaches
+    ``eval_return`` (when set) and each one's exploitability is at most ``exploitability``
+    (when set). The head (``StopRule``) and the evaluator count with this same function."""
+    if not stop.on_evaluations or not means:
         return []
     if stop.confirm == "fresh":
         met = [means[-1]] if confirming else []
     else:
         window = list(means[-stop.eval_window :])
         met = window if len(window) >= stop.eval_window else []
-    return met if met and sum(met) / len(met) >= stop.eval_return else []
+    if not met:
+        return []
+    if stop.eval_return is not None and sum(met) / len(met) < stop.eval_return:
+        return []
+    if stop.exploitability is not None:
+        found = list(exploitabilities[-len(met) :])
+        if len(found) < len(met) or any(e is None or e > stop.exploitability for e in found):
+            return []
+    return met
 
 
 @dataclass
@@ -81,6 +95,8 @@ class Evaluated:
 
 def write_evaluated(path: Path, kept: Evaluated) -> None:
     """``kept`` as a file at ``path``, atomically (a reader sees the old file or the new)."""
+    import torch  # here: the head reads this module's rules without paying torch's import
+
     with atomic_write(path) as f:
         torch.save(
             {
@@ -103,6 +119,8 @@ def read_evaluated(path: Path, max_bytes: int) -> Evaluated:
         raise ValueError(f"{path} cannot be read ({exc.strerror or exc})") from None
     if size > max_bytes + FILE_SLACK_BYTES:
         raise ValueError(f"{path} holds {size} bytes, more than weights may ({max_bytes})")
+    import torch  # here: the head imports torch only once it reads weights, at the end
+
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         weights = {str(k): v.numpy() for k, v in saved["weights"].items()}
@@ -142,6 +160,7 @@ class EvaluatedKeeper:
         self.file_for = file_for
         self.stop = stop
         self.means: list[float] = []  # the latest eval_window, unrounded as the head gets them
+        self.exploitabilities: list[float | None] = []  # theirs, aligned
         self.best_return: float | None = None
         self.met_files: list[Path] = []
         best = file_for(BEST_SUFFIX)
@@ -163,17 +182,20 @@ class EvaluatedKeeper:
         episodes: int,
         confirming: bool,
         weights: Callable[[], dict[str, np.ndarray]],
+        exploitability: float | None = None,
     ) -> list[Path]:
         """Keep what this evaluation calls for (``weights()`` is asked at most once); the
         files written. A file that cannot be written is logged, never fatal."""
-        self.means = [*self.means, mean][-max(self.stop.eval_window, 1) :]
+        keep = max(self.stop.eval_window, 1)
+        self.means = [*self.means, mean][-keep:]
+        self.exploitabilities = [*self.exploitabilities, exploitability][-keep:]
         wanted: list[Path] = []
         best = self.file_for(BEST_SUFFIX)
         if best is not None and (self.best_return is None or mean > self.best_return):
             self.best_return = mean
             wanted.append(best)
         met = self.file_for(met_suffix(version))
-        if met is not None and rule_met(self.stop, self.means, confirming):
+        if met is not None and rule_met(self.stop, self.means, confirming, self.exploitabilities):
             wanted.append(met)
         if not wanted:
             return []

@@ -17,6 +17,8 @@ import torch
 from zrl.algos.models import experiment_model
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import FACTORIES_FILE, Factories
+from zrl.envs.multiagent.games import BoardGame
+from zrl.envs.multiagent.search import Exploitability, enumerable_game, exploitability
 from zrl.envs.vector import make_vector_env
 from zrl.nets.continuous import clip_to_bounds
 from zrl.nets.discrete import greedy_actions
@@ -75,6 +77,49 @@ def outcome_rates(returns: np.ndarray) -> dict[str, float]:
         "win_rate": float(np.mean(sign > 0)),
         "draw_rate": float(np.mean(sign == 0)),
         "loss_rate": float(np.mean(sign < 0)),
+    }
+
+
+def exploitability_game(setting: str | bool, env_id: str) -> BoardGame | None:
+    """The game whose exploitability an evaluation computes (``evaluator.exploitability``:
+    auto, true or false), or None. ValueError naming the env when ``true`` asks for it on one
+    too big to enumerate or with no board game."""
+    game = enumerable_game(env_id)
+    if setting is True and game is None:
+        raise ValueError(
+            f"evaluator.exploitability: true, but {env_id} is no board game small enough to "
+            "enumerate (tic-tac-toe is): set it to auto or false"
+        )
+    return game if setting is not False else None
+
+
+@torch.no_grad()
+def greedy_exploitability(model: Any, game: BoardGame) -> Exploitability:
+    """The exploitability of ``model``'s greedy policy (its masked argmax on the slot
+    observation, ``greedy_actions``) in ``game``: a best response by exhaustive search from
+    both seats (``zrl.envs.multiagent.search.exploitability``). A feed-forward model only: a
+    recurrent one's action depends on its history, not on the position alone."""
+    if is_recurrent(model):
+        raise ValueError(
+            "exploitability: the model is recurrent; its moves are no function of "
+            "the position (set evaluator.exploitability: false)"
+        )
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        return greedy_actions(model, torch.from_numpy(obs)).numpy()
+
+    return exploitability(game, policy)
+
+
+def exploitability_fields(found: Exploitability) -> dict[str, Any]:
+    """An evaluation's exploitability figures (eval.csv's columns): the best response's win
+    rate over both seats, the policy's outcome under it moving first and second (+1 win, 0
+    draw, -1 loss) and the opponent lines that beat it, over both seats."""
+    return {
+        "exploitability": found.value,
+        "exploitability_first": found.outcomes[0],
+        "exploitability_second": found.outcomes[1],
+        "losing_lines": sum(found.losing_lines),
     }
 
 

@@ -4,13 +4,17 @@ Sockets:
 
 - SUB ``weights`` (topic bus) plus one GET_WEIGHTS at start (late join).
 - PUB ``eval`` (topic bus): one EVAL result per evaluation {weights_version, mean,
-  std, min, max, episodes, confirming}; the supervisor records it and checks the stop rule.
+  std, min, max, episodes, confirming; a turn-based game's ``<opponent>_{win,draw,loss}_rate``
+  per eval opponent; where the game is small enough (``evaluator.exploitability``),
+  ``exploitability``, ``exploitability_first``/``_second`` and ``losing_lines`` of the greedy
+  policy}; the supervisor records it and checks the stop rule.
 
-The heartbeat carries the means of the latest evaluations (``recent_returns``): the
-supervisor stops on evaluations only once the evaluator's own heartbeat, which no other
-peer can forge, reports them too. With ``stop.confirm: fresh`` an evaluation at
-``stop.eval_return`` is followed at once by a confirming one of ``stop.eval_episodes``
-episodes on new seeds with the same weights.
+The heartbeat carries the means of the latest evaluations (``recent_returns``) and their
+exploitability (``recent_exploitability``): the supervisor stops on evaluations only once
+the evaluator's own heartbeat, which no other peer can forge, reports them too. With
+``stop.confirm: fresh`` an evaluation at the targets (``stop.eval_return``,
+``stop.exploitability``) is followed at once by a confirming one of ``stop.eval_episodes``
+episodes on new seeds with the same weights (and the exploitability searched again).
 
 Files (no socket): before it publishes an evaluation, the weights it evaluated go to its
 checkpoint directory if that is its best evaluation yet (``<id>.best.pt``) or if it met the
@@ -30,7 +34,13 @@ from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role
 from zrl.roles.evaluated_weights import EvaluatedKeeper
-from zrl.roles.evaluation import greedy_returns, outcome_rates
+from zrl.roles.evaluation import (
+    exploitability_fields,
+    exploitability_game,
+    greedy_exploitability,
+    greedy_returns,
+    outcome_rates,
+)
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import protocol as P
 from zrl.utils.runtime import limit_torch_threads
@@ -55,6 +65,8 @@ class Evaluator(Role):
         )
         probe.close()
         self.model.eval()
+        # The exploitability of the greedy policy, where the game is small enough to search.
+        self.game = exploitability_game(self.config.evaluator.exploitability, self.config.env.id)
         self.weights = WeightsFollower(self, self.model)
         self.publisher = self.open_publisher(P.EVAL_TOPIC)
         self.evaluated_version = 0
@@ -63,7 +75,9 @@ class Evaluator(Role):
         self.confirmations = 0
         self.last: dict[str, Any] = {}
         self.recent_returns: list[float] = []
+        self.recent_exploitability: list[float | None] = []  # aligned with recent_returns
         self.confirming_return: float | None = None
+        self.confirming_exploitability: float | None = None
         self.kept = EvaluatedKeeper(
             self.checkpoint_file, self.config.stop, self.config.broker.max_message_bytes
         )
@@ -83,17 +97,24 @@ class Evaluator(Role):
         )
         self.evaluated_version = version
         self.evaluations += 1
-        stop = self.config.stop
-        if (
-            stop.confirm == "fresh"
-            and stop.eval_return is not None
-            and self.last["mean"] >= stop.eval_return
-        ):
+        if self.config.stop.confirm == "fresh" and self._at_target():
             # Far from the seeds of the regular evaluations, which count up by one.
             seed = self.config.seed + 7_000_003 + 100_003 * self.confirmations
             self.confirmations += 1
-            self._evaluate(version, stop.eval_episodes, seed, confirming=True)
+            self._evaluate(version, self.config.stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
+            self.confirming_exploitability = self.last.get("exploitability")
+
+    def _at_target(self) -> bool:
+        """Whether the latest evaluation reaches the stop rule's targets (eval_return,
+        exploitability: those set), so that ``confirm: fresh`` confirms it."""
+        stop, last = self.config.stop, self.last
+        if not stop.on_evaluations:
+            return False
+        if stop.eval_return is not None and last["mean"] < stop.eval_return:
+            return False
+        found = last.get("exploitability")
+        return stop.exploitability is None or (found is not None and found <= stop.exploitability)
 
     def make_eval_envs(self, num_envs: int, opponent: str | None = None, seed: int = 0) -> Any:
         """Envs for evaluation: Atari games whole (no episodic life) and unclipped rewards,
@@ -132,9 +153,25 @@ class Evaluator(Role):
             "confirming": confirming,
             **against,
         }
+        if self.game is not None:
+            started_search = time.monotonic()
+            with torch.no_grad():
+                found = greedy_exploitability(self.model, self.game)
+            self.last.update(exploitability_fields(found))
+            self.last["seconds"] = round(time.monotonic() - started, 3)
+            self.log.debug(
+                "exploitability of v%d: %s in %.2f s",
+                version,
+                found,
+                time.monotonic() - started_search,
+            )
         self.recent_returns = [
             *self.recent_returns[-(RECENT_RETURNS - 1) :],
             round(self.last["mean"], 2),
+        ]
+        self.recent_exploitability = [
+            *self.recent_exploitability[-(RECENT_RETURNS - 1) :],
+            self.last.get("exploitability"),
         ]
         self.log.info(
             "%s of weights v%d: %.1f +- %.1f over %d episodes%s",
@@ -147,6 +184,12 @@ class Evaluator(Role):
                 f", {k} {v:.2f}"
                 for k, v in against.items()
                 if k.endswith("win_rate") or k.endswith("loss_rate")
+            )
+            + (
+                f", exploitability {self.last['exploitability']:g} "
+                f"({self.last['losing_lines']} losing lines)"
+                if "exploitability" in self.last
+                else ""
             ),
         )
         # Before the result goes out: once the head hears of it, the file is there to take.
@@ -156,6 +199,7 @@ class Evaluator(Role):
             len(returns),
             confirming,
             lambda: model_to_arrays(self.model),
+            self.last.get("exploitability"),
         )
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),
@@ -171,6 +215,11 @@ class Evaluator(Role):
         if self.last:
             info["eval_return"] = round(self.last["mean"], 2)
             info["recent_returns"] = list(self.recent_returns)
+            if self.game is not None:
+                info["exploitability"] = self.last.get("exploitability")
+                info["recent_exploitability"] = list(self.recent_exploitability)
         if self.confirming_return is not None:
             info["confirming_return"] = self.confirming_return
+            if self.game is not None:
+                info["confirming_exploitability"] = self.confirming_exploitability
         return info

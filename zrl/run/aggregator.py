@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from zrl.run.metrics import OUTCOME_FIELDS
+from zrl.run.metrics import EXPLOITABILITY_RANGES, OUTCOME_FIELDS
 
 
 def count(value: Any) -> int:
@@ -234,5 +234,10 @@ class Aggregator:
             share = number(meta.get(key))
             if share is not None and 0.0 <= share <= 1.0:
                 row[key] = share
+        # A small board game's exploitability (EXPLOITABILITY_FIELDS), each in its range.
+        for key, low, high in EXPLOITABILITY_RANGES:
+            value = number(meta.get(key))
+            if value is not None and low <= value <= high:
+                row[key] = value
         self.evals.append(row)
         return row

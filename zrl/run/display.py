@@ -62,6 +62,52 @@ def league_line(info: dict[str, Any]) -> str:
     return line
 
 
+def result_lines(summary: dict[str, Any]) -> list[str]:
+    """The final lines of a turn-based game's run, from summary.json: the last evaluation
+    against each reference opponent, the exploitability (last and best) and the league's
+    record (main's Elo, its win rate against each pool member, the snapshots)."""
+    lines = []
+    rates = summary.get("reference_opponents")
+    if isinstance(rates, dict) and rates:
+        lines.append(
+            "last evaluation, win/draw/loss: "
+            + ", ".join(
+                f"{name} {r.get('win', 0):.2f}/{r.get('draw', 0):.2f}/{r.get('loss', 0):.2f}"
+                for name, r in rates.items()
+            )
+        )
+    found = summary.get("exploitability")
+    if isinstance(found, dict):
+        last = found.get("last", {})
+        lines.append(
+            f"exploitability {last.get('exploitability', 0):g} (v{last.get('weights_version')}: "
+            f"{_OUTCOME.get(last.get('exploitability_first'), '?')} moving first, "
+            f"{_OUTCOME.get(last.get('exploitability_second'), '?')} moving second, "
+            f"{last.get('losing_lines', 0):.0f} losing lines), best {found.get('best', 0):g} "
+            f"(v{found.get('best_weights_version')})"
+        )
+    league = summary.get("league")
+    if isinstance(league, dict):
+        vs = list((league.get("main_vs") or {}).items())
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in vs[:FINAL_MEMBERS])
+        more = (
+            f" (+{len(vs) - FINAL_MEMBERS} more in summary.json)" if len(vs) > FINAL_MEMBERS else ""
+        )
+        lines.append(
+            f"league: {league.get('games', 0):,.0f} games, {league.get('snapshots', 0):.0f} "
+            f"snapshots; main's Elo {league.get('elo_main', 0):.0f}, win rate over its "
+            f"snapshots {league.get('main_win_rate', 0):.2f}"
+            + (f"; against {shown}{more}" if vs else "")
+        )
+    return lines
+
+
+FINAL_MEMBERS = 6
+"""Pool members whose win rate the final lines name (the fixed players, then the newest)."""
+_OUTCOME = {1: "wins", 0: "draws", -1: "loses"}
+"""The policy's result under a best response (1.0 finds 1 too)."""
+
+
 def inference_line(info: dict[str, Any]) -> str:
     """An inference role's forwards and what it refused, from its heartbeat info ("" for
     others)."""
@@ -249,8 +295,20 @@ class StatusDisplay:
         if not self.enabled:
             return
         if summary["reached_target"]:
+            targets = " and ".join(
+                t
+                for t in (
+                    f"eval return {summary['target_return']}"
+                    if summary.get("target_return") is not None
+                    else "",
+                    f"exploitability {summary['target_exploitability']:g}"
+                    if summary.get("target_exploitability") is not None
+                    else "",
+                )
+                if t
+            )
             self.console.print(
-                f"[green]reached eval return {summary['target_return']} in "
+                f"[green]reached {targets} in "
                 f"{summary['seconds_to_target']:.1f} s and "
                 f"{summary['env_steps_to_target']:,} env steps[/]"
             )
@@ -277,6 +335,8 @@ class StatusDisplay:
                 f"segment {summary['segment']} of this run: {summary['total_wall_time']:.1f} s "
                 f"of wall time in all, resumed at {summary['resumed_at_env_steps']:,} env steps"
             )
+        for line in result_lines(summary):  # a league's, a turn-based game's evaluation
+            self.message(line)
         if summary.get("model_note"):  # which weights model.pt holds, and why
             self.message(summary["model_note"])
         self.console.print(f"run directory: {summary['run_dir']}")

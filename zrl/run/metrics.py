@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import logging as _logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -39,6 +40,22 @@ OUTCOME_FIELDS = [
 ]
 """Win/draw/loss shares of a turn-based game's evaluation against the fixed opponents (empty
 in the CSV for other envs)."""
+EXPLOITABILITY_FIELDS = [
+    "exploitability",
+    "exploitability_first",
+    "exploitability_second",
+    "losing_lines",
+]
+"""A small board game's exploitability of the greedy policy (``evaluator.exploitability``):
+the best response's win rate over both seats, the policy's outcome under it moving first and
+second (+1 win, 0 draw, -1 loss), and the opponent lines that beat it (empty for other envs)."""
+EXPLOITABILITY_RANGES = (
+    ("exploitability", 0.0, 1.0),
+    ("exploitability_first", -1.0, 1.0),
+    ("exploitability_second", -1.0, 1.0),
+    ("losing_lines", 0.0, 1e6),  # tic-tac-toe has fewer than 9! move sequences
+)
+"""Each exploitability field and its range: the head keeps a value only within it."""
 EVAL_FIELDS = [
     "time",
     "env_steps",
@@ -49,6 +66,7 @@ EVAL_FIELDS = [
     "max",
     "episodes",
     *OUTCOME_FIELDS,
+    *EXPLOITABILITY_FIELDS,
 ]
 
 
@@ -82,6 +100,129 @@ class ScalarWriter:
 
 
 TRAIN_FIELDS = ["time", "env_steps", "tag", "value"]
+LEAGUE_FIELDS = ["time", "env_steps", "name", "value"]
+"""league.csv, in long form: one row per figure and record (``league_figures``)."""
+MAX_LEAGUE_MEMBERS = 32
+"""Pool members (``main_vs``), learning players and Elo ratings the head keeps of a league."""
+MEMBER_NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
+LEAGUE_COUNTS = ("games", "snapshots", "elo_main", "main_win_rate")
+
+
+def league_record(info: Any) -> dict[str, Any] | None:
+    """Main's figures in a league role's heartbeat ``info`` (``zrl.roles.league``), checked
+    and bounded as the head keeps them (summary.json's ``league``): game and snapshot counts,
+    main's Elo and win rate over its snapshots, its win rate against each pool member
+    (``main_vs``), each learning player's win rate, Elo and snapshots (``players``) and the
+    top Elo ratings (``elo_top``); numbers only, at most ``MAX_LEAGUE_MEMBERS`` names of each
+    kind, each a short plain name. None when ``info`` is no league's."""
+    if not isinstance(info, dict) or not isinstance(info.get("elo_top"), dict):
+        return None
+    record: dict[str, Any] = {k: info[k] for k in LEAGUE_COUNTS if _is_number(info.get(k))}
+
+    def named(value: Any, figures: Callable[[Any], Any]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            return {}
+        out: dict[str, Any] = {}
+        for name, v in list(value.items())[:MAX_LEAGUE_MEMBERS]:
+            kept = figures(v)
+            if isinstance(name, str) and MEMBER_NAME.fullmatch(name) and kept is not None:
+                out[name] = kept
+        return out
+
+    def rate(v: Any) -> float | None:
+        return v if _is_number(v) else None
+
+    def player(v: Any) -> dict[str, float] | None:
+        if not isinstance(v, dict):
+            return None
+        return {k: v[k] for k in ("win_rate", "elo", "snapshots", "resets") if _is_number(v.get(k))}
+
+    record["main_vs"] = named(info.get("main_vs"), rate)
+    record["players"] = named(info.get("players"), player)
+    record["elo_top"] = named(info.get("elo_top"), rate)
+    return record
+
+
+def league_figures(
+    record: dict[str, Any], evaluation: Mapping[str, Any] | None
+) -> dict[str, float]:
+    """One league.csv record as ``name -> value``: the league's counts, ``main_vs/<member>``,
+    ``<player>/<figure>``, ``elo/<name>``, and from the latest ``evaluation`` (an eval.csv
+    row) the win/draw/loss rates against the reference opponents and the exploitability as
+    ``eval/<field>``."""
+    out: dict[str, float] = {k: record[k] for k in LEAGUE_COUNTS if k in record}
+    out.update({f"main_vs/{k}": v for k, v in record.get("main_vs", {}).items()})
+    for name, figures in record.get("players", {}).items():
+        out.update({f"{name}/{k}": v for k, v in figures.items()})
+    out.update({f"elo/{k}": v for k, v in record.get("elo_top", {}).items()})
+    if evaluation is not None:
+        for key in (*OUTCOME_FIELDS, *EXPLOITABILITY_FIELDS):
+            if _is_number(evaluation.get(key)):
+                out[f"eval/{key}"] = evaluation[key]
+    return out
+
+
+def exploitability_summary(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """summary.json's ``exploitability``: the last evaluation's figures
+    (``EXPLOITABILITY_FIELDS``, with its weights version) and the best (lowest) value with
+    its weights version; None when no evaluation computed it."""
+    found = [e for e in evals if _is_number(e.get("exploitability"))]
+    if not found:
+        return None
+    last = found[-1]
+    best = min(found, key=lambda e: e["exploitability"])
+    return {
+        "last": {k: last[k] for k in ("weights_version", *EXPLOITABILITY_FIELDS) if k in last},
+        "best": best["exploitability"],
+        "best_weights_version": best.get("weights_version"),
+        "evaluations": len(found),
+    }
+
+
+def reference_rates(evaluation: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
+    """The win/draw/loss rates of an evaluation (an eval.csv row) against each reference
+    opponent (``env.multiagent.eval_opponents``): ``{opponent: {win, draw, loss}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for key in OUTCOME_FIELDS:
+        if evaluation is not None and _is_number(evaluation.get(key)):
+            opponent, outcome, _ = key.rsplit("_", 2)
+            out.setdefault(opponent, {})[outcome] = evaluation[key]
+    return out
+
+
+class LeagueCSV:
+    """``league.csv`` in the run directory (opened at the first record): a league's figures
+    over time in long form (``LEAGUE_FIELDS``), one row per figure of ``league_figures``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / "league.csv"
+        self._file: Any = None
+        self.writer: csv.DictWriter[str] | None = None
+
+    def write(self, elapsed: float, env_steps: int, figures: Mapping[str, float]) -> None:
+        if self.writer is None:
+            self._file = open(self.path, "a", newline="")  # noqa: SIM115
+            self.writer = csv.DictWriter(self._file, LEAGUE_FIELDS)
+            if self._file.tell() == 0:
+                self.writer.writeheader()
+        for name, value in figures.items():
+            self.writer.writerow(
+                {
+                    "time": round(elapsed, 2),
+                    "env_steps": env_steps,
+                    "name": name,
+                    "value": f"{value:.6g}",
+                }
+            )
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self.writer = None
+
+
 LOGGER_EXTRAS = {"wandb": "wandb", "mlflow": "mlflow"}  # backend -> pip extra of zrl
 
 
@@ -129,7 +270,8 @@ class Logger(ABC):
     def log_eval(self, row: Mapping[str, Any]) -> None:
         """One evaluation (``EVAL_FIELDS``)."""
         scalars = {"eval/return_mean": row["mean"], "eval/return_std": row.get("std") or 0.0}
-        scalars.update({f"eval/{k}": row[k] for k in OUTCOME_FIELDS if _is_number(row.get(k))})
+        extra = (*OUTCOME_FIELDS, *EXPLOITABILITY_FIELDS)
+        scalars.update({f"eval/{k}": row[k] for k in extra if _is_number(row.get(k))})
         self.log_scalars(int(row.get("env_steps") or 0), scalars, float(row.get("time") or 0))
 
     def close(self) -> None:  # noqa: B027 - most backends have nothing to release
@@ -294,6 +436,7 @@ class MetricsWriter:
         opts = logging or LoggingConfig()
         name = opts.run_name or run_name or self.run_dir.name
         self._failed: set[str] = set()
+        self.league = LeagueCSV(self.run_dir)
         self.loggers: list[Logger] = [CSVLogger(self.run_dir)]
         try:
             if tensorboard and "tensorboard" in opts.backends:
@@ -330,7 +473,15 @@ class MetricsWriter:
         if scalars:
             self._each(lambda lg: lg.log_scalars(step, scalars, elapsed))
 
+    def write_league(self, elapsed: float, env_steps: int, figures: Mapping[str, float]) -> None:
+        """A league's figures (``league_figures``) to league.csv."""
+        try:
+            self.league.write(elapsed, env_steps, figures)
+        except OSError as exc:  # a full disk must not end the run either
+            log.warning("league.csv: %s", exc)
+
     def close(self) -> None:
+        self.league.close()
         loggers, self.loggers = self.loggers, []
         for logger in loggers:
             try:

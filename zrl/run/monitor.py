@@ -170,6 +170,15 @@ class RunMonitor:
             if isinstance(info, dict):
                 self.agg.on_metrics({**info, "id": r["id"], "role": role})
 
+    def league_info(self) -> dict[str, Any] | None:
+        """The heartbeat info of this run's league role (``ours``) in the last rows, or None
+        (no league, or none heard yet)."""
+        for r in self.status_rows:
+            if self.ours(r) == "league" and isinstance(r.get("info"), dict):
+                info: dict[str, Any] = r["info"]
+                return info
+        return None
+
     def registered(self, rid: Any, role: str, *, ask: bool = False) -> dict[str, Any] | None:
         """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and
         (when we started it here) run by the process we started; else None. ``ask``: the

@@ -166,7 +166,7 @@ def check_model(
         if not continuous and isinstance(action_space, gym.spaces.Box):
             raise ConfigError(
                 f"algo {cfg.algo!r} is for Discrete actions and env.id {cfg.env.id!r} has "
-                f"{describe_space(action_space)}: use apex_ddpg or sac ({why})"
+                f"{describe_space(action_space)}: use sac, apex_ddpg, ppo, impala or appo ({why})"
             ) from None
         raise ConfigError(
             f"model: the {cfg.algo} model with {cfg.model.model_dump()} does not build for "

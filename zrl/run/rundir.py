@@ -362,7 +362,7 @@ class RunDir:
             confirmed=confirmed,
             best=best,
             last=last,
-            rule=self.cfg.stop.eval_return is not None,
+            rule=self.cfg.stop.on_evaluations,
             met=target.target_time is not None,
             met_version=v,
             # Why the confirmed weights could not be had, or (none taken) why no file was.

@@ -1,6 +1,6 @@
-"""When ``zrl run`` stops by itself: the target on evaluations (``stop.eval_return``, met by
-the mean of a window of evaluations or by a confirming evaluation of fresh episodes) and the
-limits (``stop.env_steps``, ``stop.wall_time``).
+"""When ``zrl run`` stops by itself: the targets on evaluations (``stop.eval_return`` and
+``stop.exploitability``, met by a window of evaluations or by a confirming evaluation of fresh
+episodes) and the limits (``stop.env_steps``, ``stop.wall_time``).
 
 No sockets. Evaluations arrive on the open topic bus, where a sender's name can be forged,
 so an evaluation that meets the rule is only a candidate until the evaluator's own heartbeat
@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zrl.config.experiment import ExperimentConfig
+from zrl.config.experiment import ConfigError, ExperimentConfig
+from zrl.envs.multiagent.search import enumerable_game
 from zrl.roles.evaluated_weights import KEEP_MET, rule_met
 from zrl.run.aggregator import number
 
@@ -36,27 +37,64 @@ class StopRule:
         # (sender, row, time, the means that met it).
         self.candidates: list[tuple[str, dict[str, Any], float, list[float]]] = []
         self._eval_means: dict[str, list[float]] = {}  # per evaluator, for the window rule
+        self._eval_exploits: dict[str, list[float | None]] = {}  # theirs, aligned
+        s = cfg.stop
+        if cfg.evaluator.exploitability is True and enumerable_game(cfg.env.id) is None:
+            raise ConfigError(
+                f"evaluator.exploitability: true, but {cfg.env.id} is no board game small enough "
+                "to enumerate (tic-tac-toe is): set it to auto or false"
+            )
+        if s.exploitability is not None and (
+            cfg.evaluator.exploitability is False or enumerable_game(cfg.env.id) is None
+        ):
+            raise ConfigError(
+                f"stop.exploitability: {s.exploitability:g}, but the evaluator computes no "
+                f"exploitability for {cfg.env.id} (evaluator.exploitability: "
+                f"{cfg.evaluator.exploitability}; only board games small enough to enumerate, "
+                "tic-tac-toe, have one)"
+            )
 
     def describe(self) -> str:
         """The stop rule on evaluations, in words (for the summary and the README)."""
         s = self.cfg.stop
-        if s.eval_return is None:
+        if not s.on_evaluations:
             return "no eval_return target"
         if s.confirm == "fresh":
+            targets = " and ".join(
+                t
+                for t in (
+                    f"a mean return of {s.eval_return:g}" if s.eval_return is not None else "",
+                    f"exploitability {s.exploitability:g}" if s.exploitability is not None else "",
+                )
+                if t
+            )
             return (
-                f"an evaluation reaches {s.eval_return:g}, then a confirming evaluation of "
+                f"an evaluation reaches {targets}, then a confirming evaluation of "
                 f"{s.eval_episodes} fresh episodes with the same weights reaches it too"
             )
-        return f"the mean of the last {s.eval_window} evaluations reaches {s.eval_return:g}"
+        parts = []
+        if s.eval_return is not None:
+            parts.append(
+                f"the mean of the last {s.eval_window} evaluations reaches {s.eval_return:g}"
+            )
+        if s.exploitability is not None:
+            parts.append(
+                f"each of the last {s.eval_window} evaluations has exploitability at most "
+                f"{s.exploitability:g}"
+            )
+        return ", and ".join(parts)
 
     def on_eval(self, row: dict[str, Any], sender: str) -> None:
         """Note an eval that meets the stop rule; `confirm` stops the run on it."""
         s = self.cfg.stop
         means = [*self._eval_means.get(sender, []), row["mean"]][-s.eval_window :]
         self._eval_means[sender] = means
-        if s.eval_return is None or self.target_time is not None:
+        found = number(row.get("exploitability"))
+        exploits = [*self._eval_exploits.get(sender, []), found][-s.eval_window :]
+        self._eval_exploits[sender] = exploits
+        if not s.on_evaluations or self.target_time is not None:
             return
-        met = rule_met(s, means, row["confirming"])
+        met = rule_met(s, means, row["confirming"], exploits)
         if met:
             self.candidates = [*self.candidates[-(KEEP_MET - 1) :], (sender, row, time.time(), met)]
 
@@ -69,26 +107,15 @@ class StopRule:
         the connection the evaluator registered on (the broker drops others). It carries the
         means of the evaluator's latest evaluations (rounded to 2 places), and the latest
         confirming one: a candidate counts only if every mean it was met with is among them
-        in that order, so no forged eval can complete a window."""
-        target = self.cfg.stop.eval_return
-        if target is None or self.target_time is not None:
+        in that order, so no forged eval can complete a window. With ``stop.exploitability``
+        the heartbeat's exploitability of those evaluations must meet it too."""
+        s = self.cfg.stop
+        if not s.on_evaluations or self.target_time is not None:
             return False
-        fresh = self.cfg.stop.confirm == "fresh"
         for sender, hit, wall, met in self.candidates:
             row = evaluator_row(sender)
             info = row.get("info") if row is not None else None
-            if not isinstance(info, dict):
-                continue
-            mine: list[float | None] = [round(m, 2) for m in met]
-            if fresh:
-                reported = [number(info.get("confirming_return"))]
-            else:
-                recent = info.get("recent_returns")
-                # An evaluator without the list (an older one) reports its latest mean only.
-                reported = recent if isinstance(recent, list) else [info.get("eval_return")]
-                reported = [number(v) for v in reported]
-            runs = [reported[i : i + len(mine)] for i in range(len(reported) - len(mine) + 1)]
-            if mine not in runs:
+            if not isinstance(info, dict) or not self._reported(info, met):
                 continue
             self.target_time = hit["time"]
             self.target_reached_at = wall
@@ -98,6 +125,35 @@ class StopRule:
             version = hit.get("weights_version")
             self.confirmed_version = version if isinstance(version, int) else None
             return True
+        return False
+
+    def _reported(self, info: dict[str, Any], met: list[float]) -> bool:
+        """Whether the evaluator's heartbeat ``info`` reports the evaluations ``met`` (their
+        means, rounded to 2 places, in order) and, with ``stop.exploitability``, their
+        exploitability at most the target."""
+        s = self.cfg.stop
+        mine: list[float | None] = [round(m, 2) for m in met]
+        exploits: list[Any]
+        if s.confirm == "fresh":
+            reported = [number(info.get("confirming_return"))]
+            exploits = [info.get("confirming_exploitability")]
+        else:
+            recent = info.get("recent_returns")
+            # An evaluator without the list (an older one) reports its latest mean only.
+            reported = recent if isinstance(recent, list) else [info.get("eval_return")]
+            reported = [number(v) for v in reported]
+            found = info.get("recent_exploitability")
+            exploits = found if isinstance(found, list) else []
+        if s.exploitability is not None and len(exploits) != len(reported):
+            return False
+        for i in range(len(reported) - len(mine) + 1):
+            if reported[i : i + len(mine)] != mine:
+                continue
+            if s.exploitability is None:
+                return True
+            window = [number(e) for e in exploits[i : i + len(mine)]]
+            if all(e is not None and e <= s.exploitability for e in window):
+                return True
         return False
 
     def limit_reached(self, row: dict[str, Any]) -> str | None:

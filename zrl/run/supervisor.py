@@ -44,7 +44,15 @@ from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.run.aggregator import Aggregator
 from zrl.run.children import Child
 from zrl.run.learning import did_not_learn
-from zrl.run.metrics import MetricsWriter, ScalarWriter, require_backends
+from zrl.run.metrics import (
+    MetricsWriter,
+    ScalarWriter,
+    exploitability_summary,
+    league_figures,
+    league_record,
+    reference_rates,
+    require_backends,
+)
 from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
 from zrl.run.pool import ChildPool
@@ -58,6 +66,8 @@ from zrl.utils.durable import atomic_write_text
 log = logging.getLogger("zrl.supervisor")
 
 MONITOR_INTERVAL_S = 0.5
+LEAGUE_CSV_INTERVAL_S = 10.0
+"""Seconds between two records of league.csv (only when the league played games since)."""
 MISSING_NOTICE_S = 15.0
 """How often the head names the placed roles that have not registered yet."""
 
@@ -133,6 +143,9 @@ class Supervisor:
             cfg, self.ctx, self.access, self.pool, self.roster, self.agg, self.target
         )
         self._next_missing_notice = 0.0
+        self.league: dict[str, Any] | None = None
+        """Main's figures from the league role's latest heartbeat (``league_record``)."""
+        self._league_written: tuple[float, Any] = (-LEAGUE_CSV_INTERVAL_S, None)
 
     # What the display, the CLI and the tests read; the parts own it.
 
@@ -217,8 +230,28 @@ class Supervisor:
         if self.target.confirm(
             lambda sender: self.monitor.registered(sender, "evaluator", ask=True)
         ):
-            self.stop_reason = "eval_return"
+            stop = self.cfg.stop
+            self.stop_reason = "eval_return" if stop.eval_return is not None else "exploitability"
             self._stop.set()
+
+    def _record_league(
+        self, row: dict[str, Any], writer: MetricsWriter, final: bool = False
+    ) -> None:
+        """Keep main's figures from the league role's latest heartbeat and, every
+        LEAGUE_CSV_INTERVAL_S (and at the end) when the league played games since, write them
+        to league.csv with the latest evaluation's reference rates and exploitability."""
+        record = league_record(self.monitor.league_info())
+        if record is None:
+            return
+        self.league = record
+        last_time, last_games = self._league_written
+        if record.get("games") == last_games or (
+            not final and row["time"] - last_time < LEAGUE_CSV_INTERVAL_S
+        ):
+            return
+        self._league_written = (row["time"], record.get("games"))
+        evaluation = self.agg.evals[-1] if self.agg.evals else None
+        writer.write_league(row["time"], row["env_steps"], league_figures(record, evaluation))
 
     def _check_limits(self, row: dict[str, Any]) -> None:
         reason = self.target.limit_reached(row)
@@ -352,6 +385,7 @@ class Supervisor:
                     row = self.agg.row(elapsed)
                     writer.write_progress(row)
                     writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
+                    self._record_league(row, writer)
                     self._check_limits(row)
                     display.update(row)
                 self._stop.wait(MONITOR_INTERVAL_S / 5)
@@ -404,6 +438,7 @@ class Supervisor:
                 # --resume counts on from there).
                 writer.write_progress(row)
             writer.write_train(row["env_steps"], self.agg.train_row(), row["time"])
+            self._record_league(row, writer, final=True)
         finally:
             self.pool.stop(before_broker=self._stop_experiment)
             self.roster.ended_here({c.name: c.exit_code() for c in self.children})
@@ -470,6 +505,19 @@ class Supervisor:
         self._stop.set()
 
     def _summary(
+        self, row: dict[str, Any], saved: SavedModels | None, interrupted: bool
+    ) -> dict[str, Any]:
+        summary = self._run_summary(row, saved, interrupted)
+        evals = self.agg.evals
+        summary["target_exploitability"] = self.cfg.stop.exploitability
+        # A turn-based game's last evaluation against each reference opponent, a small board
+        # game's exploitability (last and best), and a league's figures (bounded: one record).
+        summary["reference_opponents"] = reference_rates(evals[-1] if evals else None) or None
+        summary["exploitability"] = exploitability_summary(evals)
+        summary["league"] = self.league
+        return summary
+
+    def _run_summary(
         self, row: dict[str, Any], saved: SavedModels | None, interrupted: bool
     ) -> dict[str, Any]:
         return self.rundir.summary(

@@ -54,12 +54,14 @@ Data paths:
   :data:`SEQUENCES` (r2d2; :data:`FRAME_SEQUENCES` for frame stacks), :data:`UNROLL` (impala,
   appo, ppo; :data:`FRAME_UNROLL` for impala, appo and ppo on frame stacks) or
   :data:`RECURRENT_UNROLL` (impala, appo and ppo with ``model.core``;
-  :data:`RECURRENT_FRAME_UNROLL` for impala and appo on frame stacks).
+  :data:`RECURRENT_FRAME_UNROLL` for impala and appo on frame stacks) or
+  :data:`CONTINUOUS_UNROLL` (impala, appo and ppo on Box actions).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table; :data:`FRAME_UNROLL_BATCH` on frame
   stacks), :data:`RECURRENT_UNROLL_BATCH` (impala, appo with ``model.core``;
-  :data:`RECURRENT_FRAME_UNROLL_BATCH` on frame stacks) or :data:`SEQUENCE_BATCH` (r2d2;
+  :data:`RECURRENT_FRAME_UNROLL_BATCH` on frame stacks), :data:`CONTINUOUS_UNROLL_BATCH`
+  (impala, appo on Box actions) or :data:`SEQUENCE_BATCH` (r2d2;
   :data:`FRAME_SEQUENCE_BATCH` on frame stacks). Every batch carries
   each item's ``weights_version`` (:data:`UNKNOWN_VERSION` where the shard does not know it):
   learners report the policy lag from it.
@@ -271,6 +273,16 @@ FRAME_UNROLL = schema(
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
 :data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
 bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.nets.frames``)."""
+CONTINUOUS_UNROLL = schema(
+    P.TRAJECTORY,
+    "continuous_unroll",
+    "impala/appo/ppo actor with Box actions -> replay FIFO or PPO learners: the unroll layout "
+    "with float32 [E, T, A] actions.",
+    **{**UNROLL.arrays, "action": Array("float32", ("E", "T", "A"), finite=True)},
+)
+"""The Gaussian policy's unroll (``zrl.nets.gaussian``): ``action`` is the sample whose
+log-density ``logp`` is, before the actor clipped it to the Box for the env (it may lie
+outside the bounds)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
@@ -327,6 +339,16 @@ FRAME_UNROLL_BATCH = schema(
 )
 """What a FIFO shard stores of each :data:`FRAME_UNROLL` row, sampled: ``frames [B, S, H, W]``
 in place of ``obs`` and ``bootstrap_obs``."""
+CONTINUOUS_UNROLL_BATCH = schema(
+    P.BATCH,
+    "continuous_unroll_batch",
+    "replay FIFO -> IMPALA/APPO learner with Box actions: the unroll batch with float32 "
+    "[B, T, A] actions.",
+    **_rows(CONTINUOUS_UNROLL.arrays),
+    weights_version=_VERSION,
+    weight=Array("float32", ("B",)),
+    key=_KEY,
+)
 SEQUENCES = schema(
     P.TRAJECTORY,
     "sequences",
@@ -595,6 +617,8 @@ SCHEMAS: dict[str, Schema] = {
         TRANSITION_BATCH,
         CONTINUOUS_TRANSITION_BATCH,
         UNROLL_BATCH,
+        CONTINUOUS_UNROLL,
+        CONTINUOUS_UNROLL_BATCH,
         FRAME_UNROLL,
         FRAME_UNROLL_BATCH,
         SEQUENCES,

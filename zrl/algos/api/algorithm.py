@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 class Wiring:
     """How an algorithm's data moves between the generic roles."""
 
-    actions: Literal["discrete", "box"]
-    """The env action space it is for: ``Discrete`` or a 1-D ``Box``."""
+    actions: Literal["discrete", "box", "any"]
+    """The env action space it is for: ``Discrete``, a 1-D ``Box``, or either (``any``: its
+    model and actor policy follow the env's action space, PPO's, IMPALA's and APPO's)."""
     experience: Literal["replay", "rollouts", "gradients"]
     """Where actors send what ``ActorPolicy.finish`` builds: PUSH ``experience`` to a replay
     shard (credit window of acknowledged inserts), PUB ``rollouts/`` to every learner, or PUSH
@@ -38,7 +39,7 @@ class Wiring:
     @classmethod
     def replayed(
         cls,
-        actions: Literal["discrete", "box"],
+        actions: Literal["discrete", "box", "any"],
         item: Literal["transitions", "unroll", "sequences"],
         tables: tuple[str, ...],
     ) -> Wiring:
@@ -149,10 +150,13 @@ class Algorithm:
                 f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala "
                 "and appo have); set model.core: none"
             )
-        if cfg.model.normalize_input and w.replay_item != "unroll":
+        if cfg.model.normalize_input and not (
+            w.replay_item == "unroll" or w.learner_input == "rollouts"
+        ):
             raise ValueError(
                 f"model.normalize_input: {self.name}'s learner does not update the statistics "
-                "(the learners of unrolls do: impala and appo); set model.normalize_input: false"
+                "(the learners of unrolls do: impala, appo and ppo); set "
+                "model.normalize_input: false"
             )
         if r.inference and not self.remote_inference:
             raise ValueError(

@@ -35,11 +35,11 @@ Every mean is over the valid steps (``valid [T, B]``; the autoreset steps carry 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from zrl.algos.impala.vtrace import VTraceReturns, categorical_entropy, check_loss_inputs
+from zrl.algos.impala.vtrace import VTraceReturns, check_loss_inputs
 from zrl.algos.returns import check_nonnegative
+from zrl.nets.gaussian import CATEGORICAL, ActionDistribution
 
 
 def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
@@ -75,6 +75,7 @@ def appo_loss(
     old_values: Tensor | None = None,
     normalize_advantages: bool = True,
     valid: Tensor | None = None,
+    distribution: ActionDistribution = CATEGORICAL,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """APPO's loss on one minibatch (see the module docstring), averaged over its valid steps.
 
@@ -82,9 +83,12 @@ def appo_loss(
     gradients); ``actions``, ``behaviour_logp`` (``log mu(a_t|x_t)``) and ``valid`` are ``[T,
     B]``; ``vtrace_returns`` (``vs`` and ``pg_advantages`` ``[T, B]``) are constants from
     :func:`zrl.algos.impala.vtrace.vtrace`. ``old_values [T, B]`` (constants) are required with
-    ``value_clip``. Returns ``(loss, parts)``, the parts detached 0-d tensors on the inputs'
-    device: ``loss, policy_loss, value_loss, entropy, approx_kl`` (``mean((r - 1) - log r)``,
-    an estimate of ``KL(mu || pi)``), ``clip_fraction`` and ``mean_rho`` (mean ``pi / mu``).
+    ``value_clip``. ``distribution`` reads the logits: categorical, or
+    :data:`zrl.nets.gaussian.DIAG_GAUSSIAN` (``logits [T, B, 2A]`` the mean and log-std,
+    ``actions [T, B, A]``; log-densities and entropies summed over the action dims). Returns
+    ``(loss, parts)``, the parts detached 0-d tensors on the inputs' device: ``loss,
+    policy_loss, value_loss, entropy, approx_kl`` (``mean((r - 1) - log r)``, an estimate of
+    ``KL(mu || pi)``), ``clip_fraction`` and ``mean_rho`` (mean ``pi / mu``).
     """
     check_loss_inputs(
         "appo_loss",
@@ -109,7 +113,7 @@ def appo_loss(
 
     # The ratio pi / mu of the taken actions, with gradients through pi. Set to 1 on invalid
     # steps, where mu is anything: an overflow there would put NaN into the gradients.
-    new_logp = F.log_softmax(logits, dim=-1).gather(-1, actions.long().unsqueeze(-1))[..., 0]
+    new_logp = distribution.log_prob(logits, actions)
     log_ratio = torch.where(mask, new_logp - behaviour_logp, torch.zeros_like(new_logp))
     ratio = log_ratio.exp()
 
@@ -126,7 +130,7 @@ def appo_loss(
         value_err = torch.max(value_err, (clipped - vs).square())
     value_loss = 0.5 * masked_mean(value_err, mask)
 
-    entropy = masked_mean(categorical_entropy(logits), mask)
+    entropy = masked_mean(distribution.entropy(logits), mask)
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
 
     with torch.no_grad():

@@ -115,6 +115,7 @@ class AppoUpdate(UnrollUpdate):
                     valid=f.valid,
                     old_values=None if old_values is None else old_values[:, rows],
                     normalize_advantages=c.normalize_advantages,
+                    distribution=f.distribution,
                 )
                 params = list(self.model.parameters())
                 grad_clip = self.config.learner.grad_clip

@@ -10,6 +10,11 @@ With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.r
 send each unroll with the state it started from and its episode starts
 (``RecurrentCategoricalPolicy``), the FIFO stores them with it, and the learner unrolls the
 core from that state (``zrl.algos.unrolls.unroll_outputs``).
+
+On a 1-D Box action space the model is the diagonal Gaussian actor-critic
+(``zrl.nets.gaussian.policy_model_for`` picks it from the env's action space), its actors
+``GaussianPolicy`` and its unrolls ``continuous_unroll``s; V-trace and the loss use the
+Gaussian's log-densities and entropies, summed over the action dims.
 """
 
 from __future__ import annotations
@@ -44,10 +49,10 @@ def check_recurrent(cfg: ExperimentConfig) -> None:
 ALGORITHM = Algorithm(
     name="impala",
     summary="IMPALA: asynchronous actors, unrolls through a FIFO queue, V-trace learner",
-    wiring=Wiring.replayed("discrete", "unroll", ("fifo",)),
+    wiring=Wiring.replayed("any", "unroll", ("fifo",)),
     policy="zrl.algos.sampling:make_categorical_policy",
     update="zrl.algos.impala.update:ImpalaUpdate",
-    model="zrl.nets.recurrent:actor_critic_for",
+    model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
     random_actions=True,
     remote_inference=True,

@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from zrl.algos.optim import checked_step, deferred_step
 from zrl.algos.returns import check_nonnegative
 from zrl.algos.unrolls import unroll_outputs
 from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.nets.gaussian import CATEGORICAL, ActionDistribution, distribution_of
+from zrl.nets.gaussian import categorical_entropy as categorical_entropy  # its old home
 
 
 @dataclass
@@ -132,23 +133,13 @@ def vtrace(
     return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
 
 
-def categorical_entropy(logits: Tensor) -> Tensor:
-    """Entropy ``H = -sum_a p_a log p_a`` of softmax(logits) over the last axis.
-
-    ``-inf`` logits (masked actions) contribute 0 rather than NaN, as in
-    ``torch.distributions.Categorical``.
-    """
-    log_probs = F.log_softmax(logits, dim=-1)
-    log_probs = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
-    return -(log_probs.exp() * log_probs).sum(dim=-1)
-
-
 def check_loss_inputs(
     loss: str, logits: Tensor, vtrace_returns: VTraceReturns, **tensors: Tensor | None
 ) -> tuple[int, int]:
     """``(T, B)`` of a loss's inputs: ``logits [T, B, A]``, the V-trace outputs and every one
     of ``tensors`` (None: not given) ``[T, B]``. ValueError (naming the input) otherwise, or when
-    the V-trace outputs require grad (not computed by :func:`vtrace`): they are constants."""
+    the V-trace outputs require grad (not computed by :func:`vtrace`): they are constants.
+    Continuous ``actions`` are ``[T, B, A]``: only their first two dims are checked."""
     vs, pg_adv = vtrace_returns.vs, vtrace_returns.pg_advantages
     if vs.requires_grad or pg_adv.requires_grad:
         raise ValueError(f"{loss}: vtrace_returns require grad; compute them with vtrace()")
@@ -157,6 +148,8 @@ def check_loss_inputs(
     expected = (logits.shape[0], logits.shape[1])
     named = {**tensors, "vtrace_returns.vs": vs, "vtrace_returns.pg_advantages": pg_adv}
     for name, arr in named.items():
+        if name == "actions" and arr is not None and arr.ndim == 3:
+            arr = arr[..., 0]  # continuous actions [T, B, A]
         if arr is not None and tuple(arr.shape) != expected:
             raise ValueError(
                 f"{name} has shape {tuple(arr.shape)}, expected {expected} (logits.shape[:2])"
@@ -172,6 +165,7 @@ def impala_loss(
     entropy_coef: float,
     value_coef: float,
     valid: Tensor | None = None,
+    distribution: ActionDistribution = CATEGORICAL,
 ) -> tuple[Tensor, dict[str, float]]:
     """IMPALA actor-critic loss on V-trace targets, averaged over the ``T * B`` steps (over the
     ``valid`` ones when a ``[T, B]`` mask is given).
@@ -181,13 +175,16 @@ def impala_loss(
     ``loss = policy_loss + value_coef * value_loss - entropy_coef * entropy``.
 
     ``logits [T, B, A]`` and ``values [T, B]`` come from the learner's forward pass (with
-    gradients); ``actions [T, B]`` are the actors' actions. The V-trace outputs are constants:
+    gradients); ``actions [T, B]`` are the actors' actions. ``distribution`` reads the logits:
+    categorical, or :data:`zrl.nets.gaussian.DIAG_GAUSSIAN` for a Gaussian policy (``logits
+    [T, B, 2A]`` the mean and log-std, ``actions [T, B, A]``, log-densities and entropies summed
+    over the action dims). The V-trace outputs are constants:
     if they require grad (not computed by :func:`vtrace`) this raises ``ValueError``. Returns
     ``(loss, parts)`` with the float parts ``loss, policy_loss, value_loss, entropy``
     (:func:`impala_loss_tensors` leaves them on the device).
     """
     loss, parts = impala_loss_tensors(
-        logits, values, actions, vtrace_returns, entropy_coef, value_coef, valid
+        logits, values, actions, vtrace_returns, entropy_coef, value_coef, valid, distribution
     )
     return loss, {name: float(part.item()) for name, part in parts.items()}
 
@@ -200,6 +197,7 @@ def impala_loss_tensors(
     entropy_coef: float,
     value_coef: float,
     valid: Tensor | None = None,
+    distribution: ActionDistribution = CATEGORICAL,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`impala_loss` with its parts as detached 0-d tensors, nothing read back to the
     host (a GPU learner's: ``TrainStats`` reads them at the metrics report)."""
@@ -219,11 +217,10 @@ def impala_loss_tensors(
         )
     else:
         weight = valid.to(logits.dtype) / valid.sum().clamp(min=1)
-    log_probs = F.log_softmax(logits, dim=-1)
-    logp_taken = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    logp_taken = distribution.log_prob(logits, actions)
     policy_loss = -(logp_taken * pg_adv * weight).sum()
     value_loss = 0.5 * ((vs - values).square() * weight).sum()
-    entropy = (categorical_entropy(logits) * weight).sum()
+    entropy = (distribution.entropy(logits) * weight).sum()
     loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
     parts = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
     return loss, {name: part.detach() for name, part in parts.items()}
@@ -245,15 +242,17 @@ class ImpalaStepResult:
 class UnrollForward:
     """The learner's forward pass over a batch of unrolls and its V-trace targets, time-major.
 
-    ``logits [T, B, A]`` and ``values [T, B]`` carry gradients; the rest are constants."""
+    ``logits [T, B, A]`` (``[T, B, 2A]``, the mean and log-std, for a Gaussian policy) and
+    ``values [T, B]`` carry gradients; the rest are constants."""
 
     logits: Tensor
     values: Tensor
-    actions: Tensor  # [T, B]
+    actions: Tensor  # [T, B]; continuous: [T, B, A]
     behaviour_logp: Tensor  # [T, B], log mu(a_t|x_t), recorded by the actors
     target_logp: Tensor  # [T, B], log pi(a_t|x_t), detached
     valid: Tensor  # [T, B], 1.0 on real transitions, 0.0 on autoreset steps
     returns: VTraceReturns
+    distribution: ActionDistribution = CATEGORICAL
 
     def mean_rho(self) -> Tensor:
         """The mean importance ratio pi/mu over the valid steps (1.0 on-policy), 0-d."""
@@ -281,7 +280,9 @@ def unroll_forward(
     observation shape and dtype: only the first two axes are flattened, the model gets the
     rest), ``action``, ``logp`` (behaviour), ``reward``, ``terminated``, ``valid`` ``[B, T]``
     and ``bootstrap_obs [B, *obs_shape]`` (and ``state [B, R]``, ``first [B, T]`` for a
-    recurrent model). ``model(obs) -> (logits, values)``. Discounts are
+    recurrent model). ``model(obs) -> (logits, values)``; a Gaussian model's (its
+    ``distribution``, :func:`zrl.nets.gaussian.distribution_of`) ``action`` is ``[B, T, A]``
+    and its log-probabilities are densities summed over the action dims. Discounts are
     ``gamma * (1 - terminated)`` on valid steps and 0 on invalid ones (see :func:`vtrace`).
     Everything stays on the batch's device. With a ``value_normalizer`` the model's values are
     normalized ones: V-trace bootstraps from them denormalized, and ``returns.vs`` is raw
@@ -292,9 +293,10 @@ def unroll_forward(
     values = values_bt.T
     bootstrap = bootstrap.detach()
     valid = batch["valid"].T.to(values.dtype)
-    actions = batch["action"].T
+    distribution = distribution_of(model)
+    actions = batch["action"].transpose(0, 1)
     behaviour_logp = batch["logp"].T.to(values.dtype)
-    target_logp = F.log_softmax(logits.detach(), dim=-1).gather(-1, actions.unsqueeze(-1))[..., 0]
+    target_logp = distribution.log_prob(logits.detach(), actions)
     discounts = gamma * (1.0 - batch["terminated"].T.to(values.dtype)) * valid
     raw_values = values.detach()
     if value_normalizer is not None:
@@ -312,7 +314,9 @@ def unroll_forward(
         valid=valid,
         lambda_=lambda_,
     )
-    return UnrollForward(logits, values, actions, behaviour_logp, target_logp, valid, returns)
+    return UnrollForward(
+        logits, values, actions, behaviour_logp, target_logp, valid, returns, distribution
+    )
 
 
 def impala_update(
@@ -341,12 +345,26 @@ def impala_update(
     params = list(model.parameters())
     if finite is None:
         loss, parts = impala_loss(
-            f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
+            f.logits,
+            f.values,
+            f.actions,
+            f.returns,
+            entropy_coef,
+            value_coef,
+            valid=f.valid,
+            distribution=f.distribution,
         )
         grad_norm = checked_step(optimizer, loss, params, grad_clip)
         return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
     loss, tensors = impala_loss_tensors(
-        f.logits, f.values, f.actions, f.returns, entropy_coef, value_coef, valid=f.valid
+        f.logits,
+        f.values,
+        f.actions,
+        f.returns,
+        entropy_coef,
+        value_coef,
+        valid=f.valid,
+        distribution=f.distribution,
     )
     norm, finite = deferred_step(optimizer, loss, params, grad_clip, finite)
     return ImpalaStepResult(parts=tensors, grad_norm=norm, mean_rho=f.mean_rho(), finite=finite)

@@ -10,6 +10,8 @@ each round on one weights version, ``async`` on rollouts up to ``ppo.max_lag`` v
 With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.recurrent``): actors
 send each rollout with the state it started from and its episode starts, and the learner
 unrolls the core over whole env rows from that state (``rounds.recurrent_round_tensors``).
+On a 1-D Box action space the model is the diagonal Gaussian actor-critic
+(``zrl.nets.gaussian``) and the actors send ``continuous_unroll`` rollouts.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def check_config(cfg: ExperimentConfig) -> None:
 ALGORITHM = Algorithm(
     name="ppo",
     summary="PPO / DD-PPO: rollouts to every learner, clipped surrogate, optional allreduce",
-    wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
+    wiring=Wiring(actions="any", experience="rollouts", learner_input="rollouts"),
     policy="zrl.algos.ppo.policy:make_policy",
     update="zrl.algos.ppo.update:PPOUpdate",
-    model="zrl.nets.recurrent:actor_critic_for",
+    model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
     config={"ppo": PPOConfig},
     sections=("learner",),

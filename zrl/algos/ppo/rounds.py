@@ -20,8 +20,10 @@ import torch
 
 from zrl.algos.returns import rollout_gae
 from zrl.algos.unrolls import unroll_outputs
+from zrl.algos.value_normalizer import ValueNormalizer
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.frames import stacks_from_frames
+from zrl.nets.gaussian import GaussianActorCritic
 from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.transport.messages import FRAME_UNROLL, RECURRENT_UNROLL, UNROLL
 
@@ -98,12 +100,13 @@ class RoundBuffer:
 
 
 def round_tensors(
-    model: ActorCritic,
+    model: ActorCritic | GaussianActorCritic,
     rollouts: list[Rollout],
     gamma: float,
     lam: float,
     *,
     frames: bool = False,
+    value_normalizer: ValueNormalizer | None = None,
 ) -> dict[str, torch.Tensor]:
     """The valid samples of a round, flattened, with old values, GAE advantages and returns
     computed with the current weights (the behaviour weights, in sync mode).
@@ -111,7 +114,11 @@ def round_tensors(
     ``frames``: the rollouts are ``frame_unroll``s (the learner's layout, taken from the
     observation space at setup); their ``obs`` and ``bootstrap_obs`` stacks are rebuilt from
     ``frames [E, T + k, H, W]`` first (``zrl.nets.frames.stacks_from_frames``, zero padding
-    before an episode's first frame, as zrl's Atari envs stack)."""
+    before an episode's first frame, as zrl's Atari envs stack).
+
+    Box actions (``continuous_unroll`` rollouts) keep their action dim: ``action [N, A]``.
+    With a ``value_normalizer`` the model's values are normalized ones: GAE runs on them
+    denormalized; ``value`` stays as the head gave it and ``return`` is raw."""
     schema = FRAME_UNROLL if frames else UNROLL
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in schema.arrays}
     E, T = cat["reward"].shape
@@ -123,11 +130,17 @@ def round_tensors(
         stacks, last = torch.from_numpy(cat["obs"]), torch.from_numpy(cat["bootstrap_obs"])
     with torch.no_grad():
         obs = stacks.reshape(E * T, *stacks.shape[2:])
-        values = model.value(obs).numpy().reshape(E, T)
-        bootstrap = model.value(last).numpy()
+        head_values = model.value(obs).reshape(E, T)
+        head_bootstrap = model.value(last)
+        raw_values, raw_bootstrap = head_values, head_bootstrap
+        if value_normalizer is not None:
+            raw_values = value_normalizer.denormalize(head_values)
+            raw_bootstrap = value_normalizer.denormalize(head_bootstrap)
+    values = head_values.numpy()
+    bootstrap = raw_bootstrap.numpy()
     advantages, returns = rollout_gae(
         cat["reward"],
-        values,
+        raw_values.numpy(),
         cat["terminated"],
         cat["truncated"],
         cat["valid"],
@@ -138,7 +151,7 @@ def round_tensors(
     valid = cat["valid"].reshape(-1)
     return {
         "obs": obs[torch.from_numpy(valid)],
-        "action": torch.from_numpy(cat["action"].reshape(-1)[valid]),
+        "action": torch.from_numpy(cat["action"].reshape(E * T, *cat["action"].shape[2:])[valid]),
         "logp": torch.from_numpy(cat["logp"].reshape(-1)[valid]),
         "value": torch.from_numpy(values.reshape(-1)[valid].astype(np.float32)),
         "advantage": torch.from_numpy(advantages.reshape(-1)[valid]),

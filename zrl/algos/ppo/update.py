@@ -26,6 +26,13 @@ stacks on frame-stacked envs too): its
 minibatches are whole env rows (``ppo.minibatch_size // actor.trajectory_length`` of them),
 each unrolled from the state its actor recorded, and its loss is over their valid steps
 (:meth:`PPOUpdate.sequence_loss`). DD-PPO learners each take their share of the rows.
+
+On a Box action space the model is the Gaussian actor-critic (``zrl.nets.gaussian``): its
+rollouts are ``continuous_unroll``s (float32 actions, the samples before the actors clipped
+them) and the losses score them with its log-densities and entropies (summed over the action
+dims). ``model.normalize_input`` statistics are updated after each round, from its
+observations, and go out with the weights published after it; ``ppo.normalize_returns``
+keeps the value targets' running statistics (in the checkpoint).
 """
 
 from __future__ import annotations
@@ -38,18 +45,21 @@ import torch
 from torch import nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.peers import DDPPOPeers
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
+from zrl.algos.value_normalizer import ValueNormalizer
 from zrl.nets.discrete import ActorCritic
+from zrl.nets.encoders import observe_inputs
+from zrl.nets.gaussian import GaussianActorCritic, check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.replay.frames import is_frame_space
 from zrl.transport import protocol as P
 from zrl.transport.messages import (
+    CONTINUOUS_UNROLL,
     FRAME_UNROLL,
     RECURRENT_UNROLL,
     UNROLL,
@@ -79,7 +89,14 @@ class PPOUpdate(BaseUpdate):
         """Frame stacks ``[k, H, W]`` come as ``frame_unroll`` rollouts (as the actors'
         policy sends them, ``zrl.algos.sampling``)."""
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
-        if self.recurrent:
+        self.distribution = distribution_of(self.model)
+        check_distribution(self.model, setup.action_space)
+        if self.distribution.continuous:  # the Gaussian policy: float32 actions [E, T, A]
+            if self.recurrent or self.frames:
+                raise ValueError("a Gaussian policy is feed-forward over flat observations")
+            self.schema = CONTINUOUS_UNROLL
+            self.sizes["A"] = int(np.prod(setup.action_space.shape))
+        elif self.recurrent:
             self.schema = RECURRENT_UNROLL
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         elif self.frames:
@@ -114,6 +131,8 @@ class PPOUpdate(BaseUpdate):
         self.last_parts: dict[str, float] = {}
         self.rng = torch.Generator().manual_seed(cfg.seed)
         self.started = time.monotonic()
+        self.value_normalizer = ValueNormalizer() if c.normalize_returns else None
+        """``ppo.normalize_returns``: the value head's targets' running statistics."""
 
     # --- receiving --------------------------------------------------------------------
 
@@ -137,7 +156,9 @@ class PPOUpdate(BaseUpdate):
                 f"{self.obs_shape[0]}"
             )
         a = msg.arrays
-        if a["action"].min() < 0 or a["action"].max() >= self.num_actions:
+        if self.distribution.continuous:
+            pass  # float32 samples, checked finite by the schema (unclipped: any value)
+        elif a["action"].min() < 0 or a["action"].max() >= self.num_actions:
             raise P.ProtocolError(f"rollout actions outside [0, {self.num_actions})")
         version, actor = msg.meta.get("weights_version"), msg.meta.get("actor")
         if (
@@ -230,8 +251,18 @@ class PPOUpdate(BaseUpdate):
             data = recurrent_round_tensors(model, chosen, c.gamma, c.gae_lambda)
             mb = max(1, c.minibatch_size // T)
         else:
-            feed_forward = cast(ActorCritic, self.model)
-            data = round_tensors(feed_forward, chosen, c.gamma, c.gae_lambda, frames=self.frames)
+            feed_forward = cast(ActorCritic | GaussianActorCritic, self.model)
+            data = round_tensors(
+                feed_forward,
+                chosen,
+                c.gamma,
+                c.gae_lambda,
+                frames=self.frames,
+                value_normalizer=self.value_normalizer,
+            )
+            if self.value_normalizer is not None:  # raw returns in, normalized targets out
+                self.value_normalizer.update(data["return"])
+                data["return"] = self.value_normalizer.normalize(data["return"])
             mb, nominal = c.minibatch_size, nominal * T
         n = len(data["obs"])
         if n == 0 or (self.recurrent and not data["valid"].any()):
@@ -248,6 +279,9 @@ class PPOUpdate(BaseUpdate):
                 steps += 1
                 if steps % TICK_EVERY_STEPS == 0:
                     self.services.tick()
+        # The input statistics move after the round, which trained under those its actors
+        # acted with (its ratios start at 1): the next weights carry them.
+        observe_inputs(self.model, data["obs"])
         self.rounds += 1
         self.train_stats.add(round_s=time.perf_counter() - round_started)
         return steps
@@ -285,16 +319,14 @@ class PPOUpdate(BaseUpdate):
             mb = {k: v[part] for k, v in mb.items()}
             adv = adv[part]
         logits, values = self.model(mb["obs"])
-        log_probs = torch.log_softmax(logits, dim=-1)
-        new_logp = log_probs.gather(1, mb["action"].unsqueeze(1))[:, 0]
         return ppo_loss(
-            new_logp,
+            self.distribution.log_prob(logits, mb["action"]),
             mb["logp"],
             adv,
             values,
             mb["value"],
             mb["return"],
-            categorical_entropy(logits),
+            self.distribution.entropy(logits),
             c.clip,
             c.value_clip,
             c.entropy_coef,
@@ -323,7 +355,7 @@ class PPOUpdate(BaseUpdate):
         if count == 0:  # only reset steps in these rows: a zero gradient, for the allreduce
             return (logits.sum() + values.sum()) * 0.0, {"loss": 0.0}
         logits = logits[valid]
-        new_logp = torch.log_softmax(logits, dim=-1).gather(1, mb["action"][valid, None])[:, 0]
+        new_logp = self.distribution.log_prob(logits, mb["action"][valid])
         loss, parts = ppo_loss(
             new_logp,
             mb["logp"][valid],
@@ -331,7 +363,7 @@ class PPOUpdate(BaseUpdate):
             values[valid],
             mb["value"][valid],
             mb["return"][valid],
-            categorical_entropy(logits),
+            self.distribution.entropy(logits),
             c.clip,
             c.value_clip,
             c.entropy_coef,
@@ -351,21 +383,30 @@ class PPOUpdate(BaseUpdate):
         return {"rounds": self.rounds}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "online": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rounds": self.rounds,
             "trained_version": self.buffer.trained_version,
         }
+        if self.value_normalizer is not None:
+            state["value_normalizer"] = self.value_normalizer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["online"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rounds = int(state["rounds"])
         self.buffer.trained_version = int(state["trained_version"])
+        if self.value_normalizer is not None and "value_normalizer" in state:
+            self.value_normalizer.load_state_dict(state["value_normalizer"])
 
     def train_info(self) -> dict[str, float]:
-        return {"lr": float(self.optimizer.param_groups[0]["lr"])}
+        info = {"lr": float(self.optimizer.param_groups[0]["lr"])}
+        if self.value_normalizer is not None:
+            info["return_mean"] = self.value_normalizer.mean
+            info["return_std"] = self.value_normalizer.std
+        return info
 
     def heartbeat_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {

@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from zrl.envs.multiagent.games import DIRECTIONS, BoardGame
+from zrl.envs.multiagent.games import DIRECTIONS, BoardGame, board_game
 
 WIN = 1_000_000
 """An alpha-beta score for a win now; a win d plies away scores WIN - d."""
@@ -221,6 +221,20 @@ class AlphaBetaPlayer:
         top = max(scores.values())
         best = [a for a, s in scores.items() if s == top]
         return best[int(rng.integers(len(best)))]
+
+
+MAX_ENUMERATED_SQUARES = 9
+"""The largest board :func:`exploitability` searches (tic-tac-toe's 3x3)."""
+
+
+def enumerable_game(env_id: str) -> BoardGame | None:
+    """The board game of a multi-agent env id (``pettingzoo/tictactoe_v3``) when it is small
+    enough for :func:`exploitability` (at most ``MAX_ENUMERATED_SQUARES`` squares), else
+    None (connect four, any other env)."""
+    game = board_game(env_id.partition("/")[2])
+    if game is None or game.rows * game.cols > MAX_ENUMERATED_SQUARES:
+        return None
+    return game
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,135 @@
+"""``StopRule`` on exploitability (``stop.exploitability``): met by a window of evaluations or
+a confirming one, only once the evaluator's own heartbeat reports the same evaluations and
+their exploitability; refused at once where no evaluation computes one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zrl.config.experiment import ConfigError, ExperimentConfig, load_config
+from zrl.run.stop_rule import StopRule
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tictactoe(*overrides: str) -> ExperimentConfig:
+    return load_config(REPO / "configs" / "tictactoe_league.yaml", list(overrides))
+
+
+class Evaluator:
+    """evaluator-0 as the head hears it: its evals on the topic bus (``StopRule.on_eval``)
+    and its heartbeat (the info ``StopRule.confirm`` reads)."""
+
+    def __init__(self, rule: StopRule) -> None:
+        self.rule = rule
+        self.info: dict[str, Any] = {}
+
+    def evaluate(self, mean: float, exploitability: float | None, confirming: bool = False) -> None:
+        row = {
+            "mean": mean,
+            "confirming": confirming,
+            "time": float(len(self.info.get("recent_returns", [])) + 1),
+            "env_steps": 100,
+            "weights_version": 7,
+        }
+        if exploitability is not None:
+            row["exploitability"] = exploitability
+        self.rule.on_eval(row, "evaluator-0")
+        self.info["recent_returns"] = [*self.info.get("recent_returns", []), round(mean, 2)]
+        self.info["recent_exploitability"] = [
+            *self.info.get("recent_exploitability", []),
+            exploitability,
+        ]
+        if confirming:
+            self.info["confirming_return"] = round(mean, 2)
+            self.info["confirming_exploitability"] = exploitability
+
+    def confirm(self) -> bool:
+        return self.rule.confirm(lambda sender: {"info": self.info})
+
+
+def test_a_window_of_unexploitable_evaluations_stops_the_run() -> None:
+    rule = StopRule(tictactoe("stop.exploitability=0", "stop.eval_window=2"))
+    assert "exploitability at most 0" in rule.describe()
+    evaluator = Evaluator(rule)
+    for found in (0.5, 0.0, 1.0, 0.0):
+        evaluator.evaluate(0.9, found)
+        assert not evaluator.confirm()
+    evaluator.evaluate(0.8, 0.0)
+    assert evaluator.confirm()
+    assert rule.confirmed_by == "evaluator-0" and rule.confirmed_version == 7
+    assert rule.confirming_return == 0.85 and rule.target_time == 5.0
+
+
+def test_a_forged_unexploitable_evaluation_does_not_stop_the_run() -> None:
+    rule = StopRule(tictactoe("stop.exploitability=0", "stop.eval_window=1"))
+    evaluator = Evaluator(rule)
+    evaluator.evaluate(0.9, 0.5)
+    # A forged eval at exploitability 0 with the mean the evaluator reported: its heartbeat
+    # says that evaluation was exploitable.
+    rule.on_eval(
+        {"mean": 0.9, "confirming": False, "exploitability": 0.0, "time": 2.0, "env_steps": 1},
+        "evaluator-0",
+    )
+    assert rule.candidates and not evaluator.confirm()
+    # An older evaluator's heartbeat, without the exploitability list, confirms nothing.
+    del evaluator.info["recent_exploitability"]
+    assert not evaluator.confirm()
+
+
+def test_the_fresh_rule_waits_for_a_confirming_evaluation() -> None:
+    rule = StopRule(tictactoe("stop.exploitability=0", "stop.confirm=fresh"))
+    assert "fresh episodes" in rule.describe() and "exploitability 0" in rule.describe()
+    evaluator = Evaluator(rule)
+    evaluator.evaluate(0.9, 0.0)
+    assert not evaluator.confirm()  # no confirming evaluation yet
+    evaluator.evaluate(0.9, 0.5, confirming=True)
+    assert not evaluator.confirm()
+    evaluator.evaluate(0.9, 0.0, confirming=True)
+    assert evaluator.confirm()
+
+
+def test_with_a_return_target_too_both_must_hold() -> None:
+    rule = StopRule(
+        tictactoe("stop.exploitability=0", "stop.eval_return=0.9", "stop.eval_window=1")
+    )
+    evaluator = Evaluator(rule)
+    evaluator.evaluate(0.95, 0.5)  # the return, not the exploitability
+    evaluator.evaluate(0.85, 0.0)  # the exploitability, not the return
+    assert not evaluator.confirm()
+    evaluator.evaluate(0.95, 0.0)
+    assert evaluator.confirm()
+
+
+def test_a_return_target_alone_works_as_before() -> None:
+    rule = StopRule(tictactoe("stop.eval_return=0.9", "stop.eval_window=2"))
+    evaluator = Evaluator(rule)
+    evaluator.evaluate(0.95, None)
+    evaluator.evaluate(0.9, None)
+    del evaluator.info["recent_exploitability"]  # an evaluator that computes none
+    assert evaluator.confirm() and rule.confirming_return == 0.93
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["env.id=pettingzoo/connect_four_v3"],
+        ["evaluator.exploitability=false"],
+    ],
+)
+def test_an_exploitability_target_without_an_exploitability_is_refused(
+    overrides: list[str],
+) -> None:
+    cfg = tictactoe("stop.exploitability=0", *overrides)
+    with pytest.raises(ConfigError, match="stop.exploitability"):
+        StopRule(cfg)
+
+
+def test_exploitability_asked_of_a_game_too_big_is_refused() -> None:
+    cfg = tictactoe("env.id=pettingzoo/connect_four_v3", "evaluator.exploitability=true")
+    with pytest.raises(ConfigError, match="connect_four_v3 is no board game small enough"):
+        StopRule(cfg)
+    StopRule(tictactoe("env.id=pettingzoo/connect_four_v3"))  # auto: none, and no error
