@@ -385,3 +385,13 @@ def test_eval_says_which_of_the_runs_weights_it_plays(tmp_path):
     assert lines[0] == "model_last.pt: the final weights, weights v5, never evaluated"
     result = CliRunner().invoke(app, ["eval", str(run_dir), "--model", "../x.pt"])
     assert result.exit_code == 2 and "is not one of model.pt, model_best.pt" in result.output
+
+
+def test_option_help_keeps_the_extras_in_brackets():
+    """Rich markup would take ``[video]`` for a style and drop it: the help must still say
+    which extra to install."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "(needs zrl[video])" in result.output

@@ -298,7 +298,7 @@ def eval_run(
         Path | None,
         typer.Option(
             "--video",
-            help="Record every episode as an mp4 in this directory (needs zrl[video]).",
+            help="Record every episode as an mp4 in this directory (needs zrl\\[video]).",
         ),
     ] = None,
     model: Annotated[
