@@ -402,3 +402,32 @@ def test_impala_and_appo_learners_train_on_continuous_unroll_batches(algo, cls) 
     bad = dict(arrays, action=np.zeros((4, cfg.actor.trajectory_length), np.int64))
     with pytest.raises(P.ProtocolError):
         update.receive(batch(bad), 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("algo", "cls"), [("impala", ImpalaUpdate), ("appo", AppoUpdate)])
+def test_gaussian_learners_train_on_the_gpu_without_host_syncs(algo, cls) -> None:
+    """On a GPU the Gaussian densities, the observation statistics and the checks stay on the
+    device: an update of a batch already there reads nothing back."""
+    own = {"appo": {"normalize_returns": True, "epochs": 2, "minibatches": 2}}
+    own = own if algo == "appo" else {}
+    cfg = config(algo, env={"id": "Pendulum-v1"}, model={"normalize_input": True}, **own)
+    s = setup(cfg)
+    s.model.cuda()
+    s.device = torch.device("cuda")
+    update = cls(s)
+    assert update.defer_checks
+    T = cfg.actor.trajectory_length
+    msgs = [batch(continuous_unroll_batch(np.random.default_rng(i), 4, T)) for i in range(2)]
+    update.receive(msgs[0], 0)
+    first = update.train(0)  # the optimizer's state is made here
+    update.receive(msgs[1], 0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
+    try:
+        second = update.train(0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert first is not None and second is not None and second.finite is not None
+    assert bool(second.finite) and s.model.normalizer is not None
+    assert float(s.model.normalizer.count) == 2 * 4 * T

@@ -148,7 +148,7 @@ def test_status_shows_roles_and_a_killed_role_goes_dead(spawn, zmq_ctx, broker_a
         spawn,
         zmq_ctx,
         broker_addr,
-        "broker.heartbeat_timeout=1.0",
+        "broker.heartbeat_timeout=4.0",  # a role on a loaded 2-core box misses 1 s at times
         "broker.heartbeat_interval=0.2",
     )
     role = ThreadRole(broker_addr, index=0, ctx=zmq_ctx, connect_timeout=10)
@@ -183,14 +183,14 @@ def test_status_shows_roles_and_a_killed_role_goes_dead(spawn, zmq_ctx, broker_a
         child.wait(timeout=10)
         wait_for(
             lambda: rows_by_id(status(zmq_ctx, broker_addr))["procrole-0"]["state"] == "dead",
-            timeout=10,
+            timeout=30,
             interval=0.05,
         )
         rows = rows_by_id(zrl_status_json(broker_addr))
         assert rows["procrole-0"]["state"] == "dead"
-        assert rows["procrole-0"]["age"] >= 1.0  # not before the heartbeat window ran out
+        assert rows["procrole-0"]["age"] >= 4.0  # not before the heartbeat window ran out
         assert rows["threaded-0"]["state"] == "alive"
-        assert rows["threaded-0"]["age"] < 1.0
+        assert rows["threaded-0"]["age"] < 4.0
     finally:
         kill_pids([child.pid])
 

@@ -118,13 +118,19 @@ def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
         "--run-dir",
         str(run_dir),
         "--set",
-        "stop.wall_time=15",
-        "--set",
         "evaluator.interval=3",
+        # The first evaluation ends it (any return meets -1): on a loaded machine one process
+        # with every role can take long to get there, so no short wall time.
+        "--set",
+        "stop.eval_return=-1",
+        "--set",
+        "stop.eval_window=1",
+        "--set",
+        "stop.wall_time=120",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             kill_pids([proc.pid])

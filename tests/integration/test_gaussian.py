@@ -16,13 +16,20 @@ from zrl.testing.processes import run_zrl
 # unloaded cores (docs/continuous.md); the test stops at -600, well clear of random.
 BEATS_RANDOM = -900.0
 CONFIGS = {"ppo": "pendulum_ppo.yaml", "appo": "pendulum_appo.yaml"}
+STOP = {"ppo": -600.0, "appo": -800.0}
+"""APPO takes about twice PPO's time to -600 on 2 cores (docs/continuous.md): the suite stops it
+earlier, still well clear of random."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "appo"])
 def test_gaussian_run_learns_pendulum(algo: str, tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, CONFIGS[algo], "stop.eval_return=-600", wall_time=150, beats=BEATS_RANDOM
+        tmp_path,
+        CONFIGS[algo],
+        f"stop.eval_return={STOP[algo]}",
+        wall_time=150,
+        beats=BEATS_RANDOM,
     )
     run_dir = summary["dir"]
     assert summary["stop_reason"] in ("eval_return", "wall_time"), summary

@@ -19,11 +19,12 @@ def cartpole(*overrides: str):
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
-def test_shipped_configs_pass(config):
+def test_shipped_configs_pass(config, tmp_path, monkeypatch):
     if "lunarlander" in config:
         pytest.importorskip("Box2D")
     if config.startswith(("halfcheetah", "hopper")):
         pytest.importorskip("mujoco", reason='MuJoCo configs need pip install -e ".[mujoco]"')
+        monkeypatch.chdir(tmp_path)  # MuJoCo logs its warnings to ./MUJOCO_LOG.TXT
     preflight(load_config(REPO / "configs" / config))
 
 
@@ -150,3 +151,13 @@ def test_supervisor_fails_before_the_run_directory_or_any_role(tmp_path):
         sup.run()
     assert not run_dir.exists()
     assert sup.children == [] and sup.broker_child is None
+
+
+def test_a_gaussian_policy_names_what_it_cannot_do():
+    """ppo, impala and appo take Box actions (a Gaussian policy), feed-forward only: the error
+    names model.core, not the action space."""
+    cfg = load_config(REPO / "configs" / "pendulum_ppo.yaml", ["model.core=lstm"])
+    with pytest.raises(ConfigError, match="model.core: lstm: the Gaussian policy") as exc:
+        preflight(cfg)
+    assert "is for Discrete actions" not in str(exc.value)
+    preflight(load_config(REPO / "configs" / "pendulum_appo.yaml", ["algo=impala"]))

@@ -157,13 +157,14 @@ def check_model(
             raise ConfigError(
                 f"the model factory {_name(model_fn)} does not build for {spaces}: {why}"
             ) from None
-        continuous = get_algorithm(cfg.algo).wiring.actions == "box"
+        actions = get_algorithm(cfg.algo).wiring.actions
+        continuous = actions == "box"
         if continuous and isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(
                 f"algo {cfg.algo!r} is for Box actions and env.id {cfg.env.id!r} has "
                 f"{describe_space(action_space)}: use apex_dqn, impala, appo, ppo or a3c ({why})"
             ) from None
-        if not continuous and isinstance(action_space, gym.spaces.Box):
+        if actions == "discrete" and isinstance(action_space, gym.spaces.Box):
             raise ConfigError(
                 f"algo {cfg.algo!r} is for Discrete actions and env.id {cfg.env.id!r} has "
                 f"{describe_space(action_space)}: use sac, apex_ddpg, ppo, impala or appo ({why})"
