@@ -119,12 +119,13 @@ def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
         str(run_dir),
         "--set",
         "evaluator.interval=3",
-        # The first evaluation ends it (any return meets -1): on a loaded machine one process
-        # with every role can take long to get there, so no short wall time.
+        # The second evaluation ends it (any return meets -1; the evaluator plays only a new
+        # weights version, so the learner has trained by then): on a loaded machine one
+        # process with every role can take long to get there, so no short wall time.
         "--set",
         "stop.eval_return=-1",
         "--set",
-        "stop.eval_window=1",
+        "stop.eval_window=2",
         "--set",
         "stop.wall_time=120",
     ]

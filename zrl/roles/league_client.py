@@ -13,10 +13,17 @@ MATCH and RESULTS name the learning player the actor acts for (``policy``; absen
 agent). An opponent that is another learning player at its current weights (the main agent,
 for a main exploiter) is played with the actor's ``live`` model of it (``Actor.live_opponent``).
 
+A snapshot's weights are asked for (one GET_SNAPSHOT in flight at a time) as soon as its
+name is in the queue, so they have usually come by the time an episode meets it.
+
 When the league does not answer within ``WAIT_S``, the episode is played against the current
-weights (self-play) and counted in ``fallbacks``: a league that restarts holds no actor back.
-A snapshot or live player whose weights cannot be had is replaced the same way, so the env
-never meets an opponent it cannot play.
+weights (self-play) and counted in ``fallbacks``, and the league counts as quiet
+(``league_timeouts``): until it answers again, episodes that find no opponent or no weights
+ready fall back at once instead of waiting ``WAIT_S`` each (a slow or restarting league holds no
+actor back; waiting per episode once left the main agent's actor a tenth of its peers' steps). A
+request unanswered for ``RECONNECT_S`` makes the client look the league up again. A snapshot
+or live player whose weights cannot be had is replaced the same way, so the env never meets
+an opponent it cannot play.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
 MATCH_BATCH = 64
-WAIT_S = 1.0
+WAIT_S = 1.0  # the longest an episode start waits for the league, and only while it answers
+RECONNECT_S = 5.0  # a request unanswered this long: look the league up again
 RESULTS_INTERVAL_S = 0.5
 LOOKUP_INTERVAL_S = 2.0
 KEPT_SNAPSHOTS = 64
@@ -59,6 +67,10 @@ class LeagueClient:
         self.channel: Channel | None = None
         self.queue: deque[str] = deque()
         self.asked = False
+        self.asked_at = 0.0  # when the MATCH in flight (``asked``) left
+        self.fetching: tuple[str, float] | None = None  # the GET_SNAPSHOT in flight, and when
+        self.quiet = False  # a wait for the league timed out and it has not answered since
+        self.timeouts = 0
         self.results: list[tuple[str, int]] = []
         self.next_flush = 0.0
         self.next_lookup = 0.0
@@ -100,6 +112,21 @@ class LeagueClient:
             self.role.close_channel(self.channel)
         self.channel = None
         self.asked = False
+        self.fetching = None
+
+    def _timed_out(self) -> None:
+        """A wait for the league ended without its answer: no more waiting until it answers
+        (the request stays in flight; ``_check_in_flight`` gives up on it later)."""
+        self.quiet = True
+        self.timeouts += 1
+
+    def _check_in_flight(self) -> None:
+        """Reconnect when a MATCH or GET_SNAPSHOT has gone unanswered for ``RECONNECT_S``."""
+        sent = [self.asked_at] if self.asked else []
+        if self.fetching is not None:
+            sent.append(self.fetching[1])
+        if sent and time.monotonic() - min(sent) >= RECONNECT_S:
+            self._reconnect()
 
     def _receive(self, wait_s: float = 0.0) -> P.Message | None:
         """One answer from the league (MATCHES go to the queue, snapshots to the cache)."""
@@ -110,19 +137,49 @@ class LeagueClient:
         if got is None:
             return None
         msg = got[1]
+        self.quiet = False
         try:
             if msg.kind == P.MATCHES:
                 self.queue.extend(M.match_opponents(msg.meta))
                 self.asked = False
             elif msg.kind == P.WEIGHTS:
-                self._keep_snapshot(M.member_name(msg.meta.get("id")), msg.arrays)
+                name = M.member_name(msg.meta.get("id"))
+                self._fetched(name)
+                self._keep_snapshot(name, msg.arrays)
             elif msg.kind == P.NO_WEIGHTS:
-                self.missing.add(M.member_name(msg.meta.get("id")))
+                name = M.member_name(msg.meta.get("id"))
+                self._fetched(name)
+                self.missing.add(name)
             else:
                 raise P.ProtocolError(f"{msg.kind!r} from the league")
         except P.ProtocolError as exc:
             channel.drop(msg.sender or "?", str(exc))
         return msg
+
+    def _fetched(self, name: str) -> None:
+        if self.fetching is not None and self.fetching[0] == name:
+            self.fetching = None
+
+    def _fetch(self, name: str) -> bool:
+        """Ask for snapshot ``name``'s weights unless they are here, known missing or already
+        asked for; False when it cannot be asked now (another fetch in flight, no league)."""
+        if name in self.snapshots or name in self.missing:
+            return True
+        if self.fetching is not None:
+            return self.fetching[0] == name
+        channel = self._connect()
+        if channel is None or not channel.send(P.Message(P.GET_SNAPSHOT, meta={"id": name})):
+            return False
+        self.fetching = (name, time.monotonic())
+        return True
+
+    def _prefetch(self) -> None:
+        """Ask for the weights of the first queued snapshot not held yet (the next episodes'
+        opponents), unless a fetch is in flight."""
+        for name in self.queue:
+            if "@" in name and name not in self.snapshots and name not in self.missing:
+                self._fetch(name)
+                return
 
     def _keep_snapshot(self, name: str, arrays: Mapping[str, np.ndarray]) -> None:
         if not arrays or not all(np.all(np.isfinite(a)) for a in arrays.values()):
@@ -139,6 +196,8 @@ class LeagueClient:
 
     def choose(self) -> str:
         self._drain()
+        self._check_in_flight()
+        self._prefetch()
         self._flush()
         if len(self.queue) < MATCH_BATCH // 2 and not self.asked:
             channel = self._connect()
@@ -146,14 +205,16 @@ class LeagueClient:
                 P.Message(P.MATCH, meta={"count": MATCH_BATCH, **M.policy_meta(self.player)})
             ):
                 self.asked = True
-        if not self.queue:
+                self.asked_at = time.monotonic()
+        if not self.queue and not self.quiet:
             deadline = time.monotonic() + WAIT_S
             while not self.queue and time.monotonic() < deadline:
                 self._receive(wait_s=0.05)
             if not self.queue:
-                self._reconnect()
-                self.fallbacks += 1
-                return SELF
+                self._timed_out()
+        if not self.queue:
+            self.fallbacks += 1
+            return SELF
         name = self.queue.popleft()
         self.games += 1
         if name == self.player:
@@ -175,15 +236,17 @@ class LeagueClient:
         if name in self.snapshots:
             self.snapshots.move_to_end(name)
             return self.snapshots[name]
-        channel = self._connect()
-        if channel is None or name in self.missing:
-            return None
-        if not channel.send(P.Message(P.GET_SNAPSHOT, meta={"id": name})):
+        if name in self.missing:
             return None
         deadline = time.monotonic() + WAIT_S
+        while not self._fetch(name):  # the fetch in flight first (answers come in order)
+            if self.quiet or self.channel is None or time.monotonic() >= deadline:
+                return None
+            self._receive(wait_s=0.05)
         while name not in self.snapshots and name not in self.missing:
-            if time.monotonic() >= deadline:
-                self._reconnect()
+            if self.quiet or time.monotonic() >= deadline:
+                if not self.quiet:
+                    self._timed_out()
                 return None
             self._receive(wait_s=0.05)
         return self.snapshots.get(name)
@@ -219,5 +282,6 @@ class LeagueClient:
         return {
             "league_games": self.games,
             "league_fallbacks": self.fallbacks,
+            "league_timeouts": self.timeouts,
             **self.rpc_keys.info(),
         }

@@ -91,14 +91,20 @@ def test_snapshots_come_from_the_matchmaker_and_are_cached():
 
 def test_the_least_recently_used_snapshot_is_dropped(monkeypatch):
     monkeypatch.setattr(model_opponents, "CACHED_MODELS", 2)
-    arrays = model_to_arrays(forcing(1))
-    matchmaker = FakeMatchmaker({f"main@{v}": arrays for v in range(4)})
+    weights = {f"main@{v}": model_to_arrays(forcing(v)) for v in range(4)}
+    matchmaker = FakeMatchmaker(weights)
     players = opponents(matchmaker)
+    built = []
+    players.build = lambda: built.append(1) or build()
     for name in ("main@0", "main@1", "main@0", "main@2"):
-        players.act(name, boards(1, [1]))
+        players.act(name, boards(1, [0, 1, 2, 3]))
     assert list(players.models) == ["main@0", "main@2"]
-    players.act("main@1", boards(1, [1]))
+    # main@1's network was reloaded with main@2's weights, not built again, and plays them.
+    assert len(built) == 2
+    assert (players.act("main@2", boards(20, [0, 1, 2, 3])) == 2).all()
+    assert (players.act("main@1", boards(20, [0, 1, 2, 3])) == 1).all()
     assert matchmaker.asked == ["main@0", "main@1", "main@2", "main@1"]
+    assert len(built) == 2
 
 
 def test_fixed_players_and_finished_reach_both():
