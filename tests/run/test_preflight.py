@@ -25,6 +25,8 @@ def test_shipped_configs_pass(config, tmp_path, monkeypatch):
     if config.startswith(("halfcheetah", "hopper")):
         pytest.importorskip("mujoco", reason='MuJoCo configs need pip install -e ".[mujoco]"')
         monkeypatch.chdir(tmp_path)  # MuJoCo logs its warnings to ./MUJOCO_LOG.TXT
+    if config.startswith("minigrid"):
+        pytest.importorskip("minigrid", reason='MiniGrid configs need pip install -e ".[minigrid]"')
     preflight(load_config(REPO / "configs" / config))
 
 

@@ -36,7 +36,7 @@ from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.nets.discrete import policy_logits, sample_categorical
 from zrl.nets.gaussian import check_box
 from zrl.nets.recurrent import EnvStates, is_recurrent
-from zrl.replay.frames import is_frame_stack
+from zrl.replay.frames import is_frame_space, is_frame_stack
 from zrl.transport import protocol as P
 
 
@@ -52,6 +52,7 @@ class CategoricalPolicy(BasePolicy):
         self.num_actions = int(setup.action_space.n)
         self.gumbel = np.zeros((0, setup.num_envs, self.num_actions))
         self.random = setup.config.actor.random_policy
+        self.frames = is_frame_space(setup.observation_space)  # stacks, not RGB images
         setup.log.info(
             "actor %d (%s): %d x %s, seed %d",
             setup.actor_index,
@@ -82,7 +83,7 @@ class CategoricalPolicy(BasePolicy):
         return actions, {"logp": taken_logp.astype(np.float32, copy=False)}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
-        if is_frame_stack(trajectory.obs):  # each frame once: ``Trajectory.frame_unroll``
+        if self.frames and is_frame_stack(trajectory.obs):  # ``Trajectory.frame_unroll``
             return Outgoing(P.TRAJECTORY, trajectory.frame_unroll())
         return Outgoing(P.TRAJECTORY, trajectory.unroll())
 
@@ -130,7 +131,7 @@ class RecurrentCategoricalPolicy(EnvStates, CategoricalPolicy):
         return actions, {"logp": taken_logp.astype(np.float32, copy=False), "first": first}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
-        if self.frame_unrolls and is_frame_stack(trajectory.obs):
+        if self.frame_unrolls and self.frames and is_frame_stack(trajectory.obs):
             arrays = trajectory.frame_unroll()  # each frame once
         else:
             arrays = trajectory.unroll()

@@ -4,6 +4,7 @@ gymnasium namespaces whose package registers them on import."""
 from __future__ import annotations
 
 import importlib
+from typing import TypeVar
 
 import gymnasium as gym
 
@@ -31,3 +32,21 @@ def register_env_namespace(env_id: str) -> None:
     except ImportError:
         return
     gym.register_envs(module)
+
+
+S = TypeVar("S")
+SINGLE_IMAGE = "zrl_single_image"
+"""The attribute :func:`mark_single_image` sets on an observation space."""
+
+
+def mark_single_image(space: S) -> S:
+    """``space`` (a uint8 ``[C, H, W]`` Box) marked as one image of C colour channels (RGB),
+    not a stack of C frames: zrl then sends and stores whole observations
+    (``zrl.replay.frames.is_frame_space`` is False). Returns ``space``."""
+    setattr(space, SINGLE_IMAGE, True)
+    return space
+
+
+def is_single_image(space: object) -> bool:
+    """Whether ``space`` was marked by :func:`mark_single_image`."""
+    return bool(getattr(space, SINGLE_IMAGE, False))

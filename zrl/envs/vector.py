@@ -61,6 +61,16 @@ def make_vector_env(
 
     if atari.is_atari(cfg.id):
         return atari.make_atari_vector_env(cfg, n, evaluation)
+    from zrl.envs import vizdoom
+
+    if vizdoom.is_vizdoom(cfg.id):  # RGB [3, 72, 128] frames, zrl.envs.vizdoom
+        return vizdoom.make_vizdoom_vector_env(cfg, n)
+    from zrl.envs import dmcontrol, minigrid
+
+    if minigrid.is_minigrid(cfg.id):  # FlatImage observations, zrl.envs.minigrid
+        return minigrid.make_minigrid_vector_env(cfg, n)
+    if dmcontrol.is_dm_control(cfg.id):  # FlatState observations, zrl.envs.dmcontrol
+        return dmcontrol.make_dm_control_vector_env(cfg, n)
     if mode == "envpool":
         raise EnvError(f"vectorization envpool is for Atari ids only, not {cfg.id!r}")
     register_env_namespace(cfg.id)

@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zrl.envs.base import is_single_image
 from zrl.replay.checks import check_int
 from zrl.replay.nstep import nstep_transitions
 from zrl.replay.tables import (
@@ -69,15 +70,20 @@ KEY_BYTES = 16  # per item in the inner table beyond its columns: key and priori
 
 
 def is_frame_stack(obs: np.ndarray) -> bool:
-    """``[E, T, k, H, W]`` uint8 observations: frame stacks that travel as single frames."""
+    """``[E, T, k, H, W]`` uint8 observations: frame stacks that travel as single frames.
+    The shape alone cannot tell RGB ``[3, H, W]`` images from stacks of 3 frames: actors
+    check :func:`is_frame_space` of their env's observation space first."""
     return obs.dtype == np.uint8 and obs.ndim == 5
 
 
 def is_frame_space(space: Any) -> bool:
     """An observation space of uint8 frame stacks ``[k, H, W]``, whose observations travel as
-    single frames (``frame_transitions``, ``frame_unroll``)."""
+    single frames (``frame_transitions``, ``frame_unroll``). The env decides: a space it
+    marked with ``zrl.envs.base.mark_single_image`` (VizDoom's RGB ``[3, H, W]``) is one
+    image, not a stack, and its observations travel whole."""
     shape = getattr(space, "shape", None) or ()
-    return getattr(space, "dtype", None) == np.uint8 and len(shape) == 3
+    uint8_chw = getattr(space, "dtype", None) == np.uint8 and len(shape) == 3
+    return uint8_chw and not is_single_image(space)
 
 
 def frames_of(obs_t: np.ndarray, final_obs: np.ndarray) -> np.ndarray:

@@ -61,6 +61,26 @@ def check_env_id(env_id: str) -> None:
         except EnvError as exc:
             raise ConfigError(f"env.id: {_one_line(exc)}") from None
         return
+    from zrl.envs.vizdoom import is_vizdoom, scenario_config
+
+    if is_vizdoom(name):  # no gymnasium id: the scenario file, or the install line
+        try:
+            scenario_config(name)
+        except EnvError as exc:
+            raise ConfigError(f"env.id: {_one_line(exc)}") from None
+        return
+    from zrl.envs.dmcontrol import is_dm_control, require_dm_control
+    from zrl.envs.minigrid import is_minigrid, require_minigrid
+
+    for is_family, require in (
+        (is_minigrid, require_minigrid),
+        (is_dm_control, require_dm_control),
+    ):
+        if is_family(name):
+            try:  # a missing extra: its install line, before any role starts
+                require(name)
+            except EnvError as exc:
+                raise ConfigError(f"env.id: {_one_line(exc)}") from None
     register_env_namespace(name)
     try:
         namespace, base, version = parse_env_id(name)

@@ -18,7 +18,7 @@ import torch
 
 from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
-from zrl.replay.frames import frames_of, is_frame_stack
+from zrl.replay.frames import frames_of, is_frame_space, is_frame_stack
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import protocol as P
 
@@ -70,6 +70,7 @@ class ApexDQNPolicy(EpsilonGreedyPolicy):
         self.model: Any = setup.model
         self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
         self.env_index = np.arange(setup.num_envs)
+        self.frames = is_frame_space(setup.observation_space)  # stacks, not RGB images
         setup.log.info(
             "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
             setup.actor_index,
@@ -103,7 +104,7 @@ class ApexDQNPolicy(EpsilonGreedyPolicy):
             tr.extras["q_taken"][ns.env, ns.start], ns.returns, ns.discounts, next_q
         )
         arrays = tr.transitions(priority)
-        if is_frame_stack(tr.obs):
+        if self.frames and is_frame_stack(tr.obs):
             # Each frame once: the replay server rebuilds the stacks (1/8 of the bytes).
             del arrays["obs"], arrays["next_obs"]
             arrays["frames"] = frames_of(tr.obs, tr.final_obs)
