@@ -16,9 +16,12 @@ from zrl.testing.processes import run_zrl
 # unloaded cores (docs/continuous.md); the test stops at -600, well clear of random.
 BEATS_RANDOM = -900.0
 CONFIGS = {"ppo": "pendulum_ppo.yaml", "appo": "pendulum_appo.yaml"}
-STOP = {"ppo": -600.0, "appo": -800.0}
+STOP = {"ppo": -600.0, "appo": -700.0}
 """APPO takes about twice PPO's time to -600 on 2 cores (docs/continuous.md): the suite stops it
-earlier, still well clear of random."""
+a little earlier, still well clear of random."""
+EVAL_BEATS = -1100.0
+"""What 3 greedy episodes of the saved policy must beat: an untrained Gaussian policy scores
+about -1300 and Pendulum's episodes vary by a few hundred, so the bar sits below the stop's."""
 
 
 @pytest.mark.slow
@@ -47,4 +50,4 @@ def test_gaussian_run_learns_pendulum(algo: str, tmp_path: Path) -> None:
     )
     assert ev.returncode == 0, ev.stderr
     mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
-    assert mean > BEATS_RANDOM, ev.stdout
+    assert mean > EVAL_BEATS, ev.stdout

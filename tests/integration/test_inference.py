@@ -23,7 +23,7 @@ def test_appo_learns_with_its_actors_acting_through_an_inference_role(tmp_path: 
         info = beats[actor]
         assert info["inference_requests"] > 0, info
         assert info["inference_replies_refused"] == 0, info
-    # Every request was answered by one forward or joined with another actor's.
-    asked = sum(beats[a]["inference_requests"] for a in ("actor-0", "actor-1"))
-    assert server["requests"] >= asked - 2, (server, asked)
-    assert server["forwards"] <= server["requests"], server
+    # Every request was answered by one forward or joined with another actor's (the roles'
+    # last heartbeats are not taken at one moment, so the counts are not compared across them).
+    assert 0 < server["forwards"] <= server["requests"], server
+    assert server["replies_dropped"] == 0, server
