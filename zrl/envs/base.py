@@ -4,9 +4,11 @@ gymnasium namespaces whose package registers them on import."""
 from __future__ import annotations
 
 import importlib
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import gymnasium as gym
+from gymnasium.vector import AutoresetMode
 
 
 class EnvError(ValueError):
@@ -50,3 +52,26 @@ def mark_single_image(space: S) -> S:
 def is_single_image(space: object) -> bool:
     """Whether ``space`` was marked by :func:`mark_single_image`."""
     return bool(getattr(space, SINGLE_IMAGE, False))
+
+
+MAKE_ERRORS: tuple[type[Exception], ...] = (gym.error.Error, TypeError, ValueError)
+"""What gymnasium and an env's constructor raise for an env that cannot be made."""
+
+
+def copies_of(
+    env_fn: Callable[[], gym.Env[Any, Any]],
+    num_envs: int,
+    mode: str,
+    what: str,
+    errors: tuple[type[Exception], ...] = MAKE_ERRORS,
+) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_fn()`` as one vector env in NEXT_STEP autoreset: async for
+    ``env.vectorization: async``, sync otherwise. One of ``errors`` while making them is an
+    EnvError saying it cannot make ``what``."""
+    vec_cls = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
+    try:
+        return vec_cls([env_fn] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
+    except EnvError:
+        raise
+    except errors as exc:
+        raise EnvError(f"cannot make {what}: {exc}") from None

@@ -17,10 +17,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from zrl.config.sections import EnvConfig
-from zrl.envs.base import EnvError
+from zrl.envs.base import EnvError, copies_of
 
 DM_CONTROL_INSTALL = 'pip install -e ".[dm_control]"'
 NAMESPACE = "dm_control"
@@ -87,10 +86,4 @@ def make_dm_control_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.Vect
     require_dm_control(cfg.id)
     make_dm_control_env(cfg).close()  # fail here, in this process, with the versions
     env_fn: Callable[[], gym.Env[Any, Any]] = lambda: make_dm_control_env(cfg)  # noqa: E731
-    vec_cls = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
-    try:
-        return vec_cls([env_fn] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
-    except EnvError:
-        raise
-    except (gym.error.Error, TypeError, ValueError) as exc:
-        raise EnvError(f"cannot make dm_control environment {cfg.id!r}: {exc}") from None
+    return copies_of(env_fn, num_envs, mode, f"dm_control environment {cfg.id!r}")

@@ -22,10 +22,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from zrl.config.sections import EnvConfig
-from zrl.envs.base import EnvError
+from zrl.envs.base import EnvError, copies_of
 
 MINIGRID_INSTALL = 'pip install -e ".[minigrid]"'
 _MINIGRID = re.compile(r"^(BabyAI|MiniGrid)-[A-Za-z0-9-]+-v\d+$")
@@ -79,10 +78,4 @@ def make_minigrid_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.Vector
         raise EnvError(f"vectorization envpool is for Atari ids only, not {cfg.id!r}")
     require_minigrid(cfg.id)
     env_fn: Callable[[], gym.Env[Any, Any]] = lambda: make_minigrid_env(cfg)  # noqa: E731
-    vec_cls = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
-    try:
-        return vec_cls([env_fn] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
-    except EnvError:
-        raise
-    except (gym.error.Error, TypeError, ValueError) as exc:
-        raise EnvError(f"cannot make MiniGrid environment {cfg.id!r}: {exc}") from None
+    return copies_of(env_fn, num_envs, mode, f"MiniGrid environment {cfg.id!r}")

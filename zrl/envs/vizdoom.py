@@ -27,10 +27,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
 
 from zrl.config.sections import EnvConfig
-from zrl.envs.base import EnvError, mark_single_image
+from zrl.envs.base import MAKE_ERRORS, EnvError, copies_of, mark_single_image
 
 PREFIX = "vizdoom/"
 VIZDOOM_INSTALL = 'pip install -e ".[vizdoom]"'
@@ -177,14 +176,11 @@ def make_vizdoom_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorE
     mode = cfg.vectorization
     if mode not in ("auto", "sync", "async"):
         raise EnvError(f"{cfg.id}: VizDoom runs with vectorization auto, sync or async, not {mode}")
-    vec_cls = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
     env_id = cfg.id
-    try:
-        return vec_cls(
-            [lambda: VizdoomEnv(env_id, **kwargs)] * num_envs,
-            autoreset_mode=AutoresetMode.NEXT_STEP,
-        )
-    except EnvError:
-        raise
-    except (gym.error.Error, TypeError, ValueError, RuntimeError) as exc:
-        raise EnvError(f"cannot make VizDoom environment {cfg.id!r}: {exc}") from None
+    return copies_of(
+        lambda: VizdoomEnv(env_id, **kwargs),
+        num_envs,
+        mode,
+        f"VizDoom environment {cfg.id!r}",
+        errors=(*MAKE_ERRORS, RuntimeError),
+    )
