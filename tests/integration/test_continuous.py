@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl, tensorboard_tags
+from zrl.testing.processes import run_zrl, tensorboard_tags, zrl_eval
 
 # A uniformly random policy scores about -1200 to -1500 on Pendulum-v1; an untrained
 # deterministic one (torque ~0) about -1200. Both configs reach -200 in ~20 s unloaded.
@@ -75,12 +73,5 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     assert summary["restarts"] == {} and summary["error"] is None, summary
 
     # The saved policy plays with Box actions (greedy, clipped to the bounds).
-    ev = subprocess.run(
-        [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ev.returncode == 0, ev.stderr
-    mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
-    assert mean > BEATS_RANDOM[algo] - 300, ev.stdout
+    mean, printed = zrl_eval(run_dir, 3)
+    assert mean > BEATS_RANDOM[algo] - 300, printed

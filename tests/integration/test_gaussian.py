@@ -3,13 +3,11 @@ actions), every role its own process, then `zrl eval` of the saved policy."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import run_zrl, zrl_eval
 
 # A uniformly random policy scores about -1200 to -1500 on Pendulum-v1, the untrained Gaussian
 # policy (mean ~0, std 1) about -1300. pendulum_ppo.yaml reaches -200 in about 40 s on 2
@@ -42,12 +40,5 @@ def test_gaussian_run_learns_pendulum(algo: str, tmp_path: Path) -> None:
     assert summary["restarts"] == {} and summary["error"] is None, summary
 
     # The saved policy (its observation statistics inside) plays greedily: the mean, clipped.
-    ev = subprocess.run(
-        [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ev.returncode == 0, ev.stderr
-    mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
-    assert mean > EVAL_BEATS, ev.stdout
+    mean, printed = zrl_eval(run_dir, 3)
+    assert mean > EVAL_BEATS, printed

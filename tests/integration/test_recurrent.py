@@ -6,13 +6,11 @@ rollouts and replayed by the learner from what was recorded."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import run_zrl, zrl_eval
 
 
 @pytest.mark.slow
@@ -25,15 +23,8 @@ def test_r2d2_learns_what_it_cannot_see(tmp_path: Path) -> None:
     assert experience["trajectories_lost"] == 0, experience
 
     # The saved recurrent model plays through `zrl eval`, carrying its state.
-    ev = subprocess.run(
-        [sys.executable, "-m", "zrl", "eval", str(summary["dir"]), "--episodes", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ev.returncode == 0, ev.stderr
-    mean = float(ev.stdout.strip().splitlines()[-1].split()[1])
-    assert mean > 75, ev.stdout
+    mean, printed = zrl_eval(summary["dir"], 5)
+    assert mean > 75, printed
 
 
 @pytest.mark.slow

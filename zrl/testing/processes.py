@@ -168,6 +168,19 @@ def run_zrl(
     return summary
 
 
+def zrl_eval(run_dir: Path, episodes: int) -> tuple[float, str]:
+    """`zrl eval RUN_DIR --episodes N`: it must exit 0; its mean return (the last line's) and
+    everything it printed."""
+    ev = subprocess.run(
+        [sys.executable, "-m", "zrl", "eval", str(run_dir), "--episodes", str(episodes)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ev.returncode == 0, ev.stderr
+    return float(ev.stdout.strip().splitlines()[-1].split()[1]), ev.stdout
+
+
 def tensorboard_tags(run_dir: Path) -> set[str]:
     """The scalar tags in ``run_dir``'s TensorBoard event files, read as TensorBoard does."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
