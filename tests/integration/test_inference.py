@@ -26,4 +26,5 @@ def test_appo_learns_with_its_actors_acting_through_an_inference_role(tmp_path: 
     # Every request was answered by one forward or joined with another actor's (the roles'
     # last heartbeats are not taken at one moment, so the counts are not compared across them).
     assert 0 < server["forwards"] <= server["requests"], server
-    assert server["replies_dropped"] == 0, server
+    # Only at the stop: an actor that left with its one request unanswered.
+    assert server["replies_dropped"] <= 2, server
