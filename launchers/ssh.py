@@ -629,6 +629,8 @@ class Launcher:
         """The launch itself went wrong (a start error, agents that all failed): exit 1."""
         self.stop_requested = threading.Event()
         self.force = threading.Event()
+        self.stop_signal: int | None = None
+        """The signal that asked this launcher to stop (SIGINT: Ctrl-C), if one did."""
 
     @property
     def agents(self) -> list[Remote]:
@@ -640,6 +642,7 @@ class Launcher:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.stop_requested.is_set():
             self.force.set()  # a second Ctrl-C: kill now instead of waiting
+        self.stop_signal = self.stop_signal or signum
         self.stop_requested.set()
 
     def _install_signals(self) -> None:
@@ -683,7 +686,8 @@ class Launcher:
 
     def run(self) -> int:
         """Launch, stream until the head exits or a stop is asked for, end. The head's exit
-        code; 1 when the launch itself failed."""
+        code (128 + the signal's number when a signal stopped the launcher and the run had not
+        failed: 130 for Ctrl-C); 1 when the launch itself failed."""
         self._install_signals()
         plan = self.plan
         head = plan.head_launch
@@ -710,6 +714,10 @@ class Launcher:
         if self.failed or code is None:
             return 1
         self.say(f"run directory: {plan.run_dir} on {head.host.name}")
+        if self.stop_signal is not None and code != 1:
+            # Stopped by our signal (the head heard it as the SIGTERM we sent): the signal's
+            # code, as a shell counts it (130 for Ctrl-C); a failed run stays a failure.
+            return 128 + self.stop_signal
         return code
 
     def _report_exits(self, verb: str) -> None:

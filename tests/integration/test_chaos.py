@@ -73,7 +73,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
                 "--run-dir",
                 str(run_dir),
                 "--set",
-                "stop.wall_time=150",
+                "stop.wall_time=900",
                 "--set",
                 "checkpoint.interval=3",
                 "--set",
@@ -101,7 +101,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
         wait_for(lambda: all_alive() or proc.poll() is not None, timeout=60, interval=0.25)
         assert proc.poll() is None, log.read_text()[-3000:]
         # Learning is under way before the first kill.
-        wait_for(lambda: (updates_of(status_rows(ctx, addr)) or 0) > 50, timeout=40)
+        wait_for(lambda: (updates_of(status_rows(ctx, addr)) or 0) > 50, timeout=90)
 
         for victim in ("actor-0", "replay-0", "learner-0"):
             assert proc.poll() is None, f"the run ended before {victim} was killed"
@@ -124,14 +124,14 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
                 row = status_rows(ctx, addr).get(victim)
                 return row is not None and row["state"] == "alive" and row["pid"] != old_pid
 
-            wait_for(lambda: back() or proc.poll() is not None, timeout=45, interval=0.25)
+            wait_for(lambda: back() or proc.poll() is not None, timeout=90, interval=0.25)
             assert proc.poll() is None, f"the run ended while {victim} was down"
             event["back_s"] = round(time.monotonic() - t_kill, 1)
             new = status_rows(ctx, addr)[victim]
             assert new["pid"] in descendants(proc.pid)
             assert new["restarts"] == 1 and new["id"] == victim
             # Learning goes on: the learner's update count grows again after the restart.
-            base = wait_for(lambda: updates_of(status_rows(ctx, addr)), timeout=30)
+            base = wait_for(lambda: updates_of(status_rows(ctx, addr)), timeout=60)
             assert isinstance(base, int)
 
             def learning(base: int = base, victim: str = victim) -> bool:
@@ -142,7 +142,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
 
             # (After a replay restart the actors reopen their windows once they hear the new
             # shard's incarnation, about a second after it is up.)
-            wait_for(learning, timeout=60, interval=0.25)
+            wait_for(learning, timeout=120, interval=0.25)
             assert proc.poll() is None, f"the run ended before learning resumed after {victim}"
             event["learning_s"] = round(time.monotonic() - t_kill, 1)
             kills.append(event)
@@ -157,17 +157,36 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
         os.kill(broker_pid, signal.SIGKILL)
         t_kill = time.monotonic()
 
+        last_rows: dict[str, Any] = {}
+
         def broker_back() -> bool:
             try:
                 reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
             except RoleError:
                 return proc.poll() is not None
             rows = {r["id"]: r for r in reply.meta.get("roles", [])}
+            last_rows.clear()
+            last_rows.update({i: rows.get(i, {}).get("state") for i in ROLE_IDS})
             return reply.meta["broker"]["pid"] != broker_pid and all(
                 rows.get(i, {}).get("state") == "alive" for i in ROLE_IDS
             )
 
-        wait_for(broker_back, timeout=30, interval=0.25)
+        def not_back() -> str:
+            """Who had not re-registered, with the tails of their logs (and the broker's)."""
+            missing = sorted(i for i in ROLE_IDS if last_rows.get(i) != "alive")
+            tails = {
+                name: (run_dir / "logs" / f"{name}.log").read_text(errors="replace")[-1500:]
+                for name in ["broker", *missing]
+                if (run_dir / "logs" / f"{name}.log").exists()
+            }
+            return f"not back after the broker's restart: {last_rows}\n{tails}"
+
+        # A role re-registers within its heartbeat timeout plus a back-off of at most 5 s; the
+        # wait is sized for a 2-core machine at a load of 10, where a role's loop can stall.
+        try:
+            wait_for(broker_back, timeout=90, interval=0.25)
+        except AssertionError:
+            raise AssertionError(not_back()) from None
         assert proc.poll() is None, "the run ended when its broker was killed"
         back_s = round(time.monotonic() - t_kill, 1)
         status = zrl_status_json(addr)
@@ -179,7 +198,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
                 (updates_of(status_rows(ctx, addr)) or 0) > (before or 0) + 20
                 or proc.poll() is not None
             ),
-            timeout=45,
+            timeout=90,
             interval=0.25,
         )
         kills.append(
@@ -206,7 +225,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
     text = log.read_text(errors="replace")
     print("kills:", kills)
     assert leftovers == [], [p.pid for p in leftovers]
-    assert proc.returncode == 0, text[-3000:]
+    assert proc.returncode == 130, text[-3000:]  # Ctrl-C's exit code
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["error"] is None, summary
     # Each killed process restarted exactly once, nothing else restarted.
@@ -337,14 +356,14 @@ def test_roles_reregister_with_a_restarted_broker(spawn, broker_addr, zmq_ctx) -
     assert isinstance(before, dict)
     assert {i: before[i]["pid"] for i in roles} == {i: p.pid for i, p in roles.items()}
     # Data flows: the shard inserts the actor's trajectories.
-    wait_for(lambda: trajectories() >= 3, timeout=30)
+    wait_for(lambda: trajectories() >= 3, timeout=60)
 
     os.kill(broker.pid, signal.SIGKILL)
     broker.wait(timeout=10)
     t_kill = time.monotonic()
     time.sleep(1.0)  # down for a moment: the roles notice nothing yet (heartbeat timeout 3 s)
     broker2 = spawn(*broker_args)
-    after = wait_for(registered, timeout=15, interval=0.2)
+    after = wait_for(registered, timeout=60, interval=0.2)
     reregistered_s = time.monotonic() - t_kill
     assert isinstance(after, dict)
     # The same processes, the same ids: nobody was restarted.
@@ -363,7 +382,7 @@ def test_roles_reregister_with_a_restarted_broker(spawn, broker_addr, zmq_ctx) -
 
     # And the experience stream flows again through the new broker's devices.
     base = after["replay-0"]["info"].get("trajectories", 0)
-    wait_for(lambda: trajectories() >= base + 3, timeout=45)
+    wait_for(lambda: trajectories() >= base + 3, timeout=90)
     flowing_s = time.monotonic() - t_kill
     print(f"re-registered {reregistered_s:.1f}s, data flowing {flowing_s:.1f}s after the kill")
     for rid, proc in roles.items():

@@ -904,9 +904,10 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
         ctx.destroy(linger=0)
     assert leftovers == []
     text = log.read_text(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
+    assert proc.returncode == 130, text[-3000:]  # Ctrl-C's exit code
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["error"] is None, summary
+    assert summary["signal"] == "SIGINT", summary
     assert summary["restarts"] == {}, summary
     for name in ROLE_IDS:
         role_log = (run_dir / "logs" / f"{name}.log").read_text()

@@ -62,6 +62,7 @@ def zrl_run_until(
             stdin=subprocess.DEVNULL,
             cwd=log.parent,
         )
+    interrupted = False
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
@@ -74,13 +75,15 @@ def zrl_run_until(
                 continue
             if done({r["id"]: r for r in reply.meta.get("roles", [])}):
                 proc.send_signal(signal.SIGINT)
+                interrupted = True
                 break
         proc.wait(timeout=max(deadline - time.monotonic(), 60))
     finally:
         if proc.poll() is None:
             kill_pids([proc.pid], grace=15)
         ctx.destroy(linger=0)
-    assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]
+    # Ctrl-C's exit code when our SIGINT stopped it, else its stop rule's.
+    assert proc.returncode == (130 if interrupted else 0), log.read_text(errors="replace")[-3000:]
 
 
 def assert_no_processes_left(run_dir: Path) -> None:

@@ -69,3 +69,22 @@ def test_an_evaluations_exploitability_is_kept_only_within_its_range():
     )
     assert not {"exploitability", "exploitability_first", "losing_lines"} & set(forged)
     assert "exploitability_second" not in forged
+
+
+def test_the_row_has_samples_trained_per_second_and_the_last_evaluations_version_and_age():
+    agg = Aggregator()
+    agg.on_metrics({"id": "learner-0", "role": "learner", "updates": 0, "samples_trained": 0})
+    first = agg.row(0.0)
+    assert first["samples_trained_per_s"] == 0.0
+    assert first["eval_return"] is None and first["eval_version"] is None
+    assert first["eval_age_s"] is None
+    for t in range(1, 4):
+        agg.on_metrics(
+            {"id": "learner-0", "role": "learner", "updates": 2 * t, "samples_trained": 512 * t}
+        )
+        row = agg.row(float(t))
+    assert row["samples_trained"] == 1536
+    assert row["samples_trained_per_s"] == 512.0
+    agg.on_eval({"mean": 21.5, "std": 1.0, "weights_version": 40, "episodes": 10}, 2.5)
+    row = agg.row(14.0)
+    assert (row["eval_return"], row["eval_version"], row["eval_age_s"]) == (21.5, 40, 11.5)

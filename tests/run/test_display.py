@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from zrl.config.experiment import ExperimentConfig
-from zrl.run.display import StatusDisplay, make_console
+from zrl.run.display import StatusDisplay, eval_text, make_console
 from zrl.run.supervisor import Supervisor
 
 
@@ -107,3 +107,9 @@ def test_the_final_lines_name_a_few_pool_members_and_say_how_many_more():
     assert f"main@{FINAL_MEMBERS}" not in line
     # A run without a league or a turn-based game has no such lines.
     assert result_lines({"league": None, "exploitability": None}) == []
+
+
+def test_an_evaluation_is_shown_with_its_weights_version_and_age():
+    assert eval_text({"eval_return": None}) == "-"
+    row = {"eval_return": -21.0, "eval_version": 0, "eval_age_s": 95.4}
+    assert eval_text(row) == "-21.0 (v0, 95 s ago)"

@@ -7,6 +7,7 @@ functions, so ``zrl --help`` stays fast.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -104,8 +105,18 @@ def run_head(
         resume=resume is not None,
         **supervisor,
     ).run()
+    raise typer.Exit(exit_code(summary))
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """A head's exit code: 1 when the run failed, 128 + the signal's number when a signal
+    stopped it (130 for Ctrl-C, 143 for SIGTERM, as shells count), else 0."""
     if summary.get("failed"):
-        raise typer.Exit(1)
+        return 1
+    name = summary.get("signal")
+    if summary.get("stop_reason") == "interrupted":
+        return 128 + int(getattr(signal.Signals, str(name), signal.SIGINT))
+    return 0
 
 
 def load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:

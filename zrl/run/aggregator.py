@@ -69,7 +69,8 @@ class Aggregator:
         self.latest: dict[str, dict[str, Any]] = {}
         self._carry: dict[tuple[str, str], int] = {}
         self._last_raw: dict[tuple[str, str], int] = {}
-        self._history: list[tuple[float, int, int]] = []
+        self._history: list[tuple[float, int, int, int]] = []
+        """(time, env steps, updates, samples trained) of the last ~5 s of rows: the rates."""
         self.evals: list[dict[str, Any]] = []
         self.env_steps_offset = 0
 
@@ -194,12 +195,14 @@ class Aggregator:
     def row(self, elapsed: float) -> dict[str, Any]:
         env_steps = self.env_steps_offset + self._monotonic_sum("actor", "env_steps")
         updates = self._monotonic_sum("learner", "updates")
-        self._history.append((elapsed, env_steps, updates))
+        trained = self._monotonic_sum("learner", "samples_trained")
+        self._history.append((elapsed, env_steps, updates, trained))
         # Rates over the last ~5 s, so the display reacts but does not flicker.
         while len(self._history) > 2 and elapsed - self._history[0][0] > 5.0:
             self._history.pop(0)
-        t0, s0, u0 = self._history[0]
+        t0, s0, u0, n0 = self._history[0]
         dt = max(elapsed - t0, 1e-6)
+        rated = len(self._history) > 1
         replays = self._of("replay")
         inserts = sum(count(m.get("inserts")) for m in replays)
         samples = sum(count(m.get("samples")) for m in replays)
@@ -209,16 +212,21 @@ class Aggregator:
         return {
             "time": round(elapsed, 2),
             "env_steps": env_steps,
-            "env_steps_per_s": round((env_steps - s0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "env_steps_per_s": round((env_steps - s0) / dt, 1) if rated else 0.0,
             "updates": updates,
-            "samples_trained": self._monotonic_sum("learner", "samples_trained"),
-            "updates_per_s": round((updates - u0) / dt, 1) if len(self._history) > 1 else 0.0,
+            "samples_trained": trained,
+            "samples_trained_per_s": round((trained - n0) / dt, 1) if rated else 0.0,
+            "updates_per_s": round((updates - u0) / dt, 1) if rated else 0.0,
             "replay_size": sum(count(m.get("size")) for m in replays),
             "samples_per_insert": round(samples / inserts, 2) if inserts else 0.0,
             "weights_version": version,
             # Metrics arrive at different moments: an actor may report a version params has not.
             "max_version_lag": max((max(version - v, 0) for v in actor_versions), default=0),
             "eval_return": self.evals[-1]["mean"] if self.evals else None,
+            # The last evaluation's weights version and age: a return is of the weights it
+            # played, measured when it ended, not of the weights training now.
+            "eval_version": self.evals[-1]["weights_version"] if self.evals else None,
+            "eval_age_s": round(elapsed - self.evals[-1]["time"], 1) if self.evals else None,
         }
 
     def on_eval(self, meta: dict[str, Any], elapsed: float) -> dict[str, Any]:

@@ -32,6 +32,16 @@ def _rate(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
 
 
+def eval_text(row: dict[str, Any]) -> str:
+    """The last evaluation's return with the weights version it played and its age, ``-``
+    before the first: ``21.5 (v40, 12 s ago)``."""
+    if row.get("eval_return") is None:
+        return "-"
+    age = row.get("eval_age_s")
+    when = f", {age:.0f} s ago" if isinstance(age, int | float) else ""
+    return f"{_fmt(row['eval_return'])} (v{row.get('eval_version')}{when})"
+
+
 def make_console(**kwargs: Any) -> Console:
     """A rich console; off a terminal (a log file, a pipe) one that never wraps: a record
     split over two lines cannot be grepped, and a wrapped command cannot be pasted."""
@@ -218,9 +228,10 @@ class StatusDisplay:
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} "
                 f"({row['env_steps_per_s']:,.0f}/s) "
                 f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) "
+                f"trained {_rate(row.get('samples_trained_per_s', 0.0))}/s "
                 f"replay {row['replay_size']:,} "
                 f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
-                f"lag {row['max_version_lag']} eval {_fmt(row.get('eval_return'))} "
+                f"lag {row['max_version_lag']} eval {eval_text(row)} "
                 f"roles alive {alive}/{len(planned)}",
                 highlight=False,
             )
@@ -236,6 +247,12 @@ class StatusDisplay:
             )
             figures.add_row("updates/s", _rate(r["updates_per_s"]), "updates", _fmt(r["updates"]))
             figures.add_row(
+                "samples trained/s",
+                _rate(r.get("samples_trained_per_s", 0.0)),
+                "samples trained",
+                _fmt(r.get("samples_trained")),
+            )
+            figures.add_row(
                 "replay size",
                 _fmt(r["replay_size"]),
                 "samples/insert",
@@ -248,7 +265,7 @@ class StatusDisplay:
                 _fmt(r["max_version_lag"]),
             )
             figures.add_row(
-                "eval return", _fmt(r.get("eval_return")), "run dir", str(self.sup.run_dir)
+                "eval return", eval_text(r), "run dir", str(self.sup.run_dir)
             )
         roles = Table(box=None, header_style="bold")
         for col in (

@@ -32,6 +32,9 @@ PROGRESS_FIELDS = [
     "max_version_lag",
     "eval_return",
     "samples_trained",  # distinct env steps the learners trained on, each once
+    "samples_trained_per_s",
+    "eval_version",  # the weights version eval_return is of
+    "eval_age_s",  # seconds since that evaluation ended
 ]
 OUTCOME_FIELDS = [
     f"{opponent}_{outcome}_rate"

@@ -135,6 +135,8 @@ class Supervisor:
         self.target = StopRule(cfg)
         self._stop = threading.Event()
         self.stop_reason = ""
+        self.stop_signal: int | None = None
+        """The signal that stopped the run (SIGINT for Ctrl-C), None when nothing did."""
         self._finishing = False  # roles being stopped and the run directory written
         self.started = time.monotonic()
         self._display: Any = None
@@ -394,6 +396,7 @@ class Supervisor:
             monitor.close()
         except KeyboardInterrupt:
             interrupted = True
+            self.stop_signal = self.stop_signal or signal.SIGINT
         except Exception as exc:
             # zrl run itself failed (the broker would not start, ...): the run directory is
             # completed all the same, summary.json says why, and the error goes on up.
@@ -502,6 +505,7 @@ class Supervisor:
         if self.stop_reason == "interrupted":
             raise KeyboardInterrupt  # a second Ctrl-C: stop waiting (for the final model)
         self.stop_reason = "interrupted"
+        self.stop_signal = signum
         self._stop.set()
 
     def _summary(
@@ -515,6 +519,9 @@ class Supervisor:
         summary["reference_opponents"] = reference_rates(evals[-1] if evals else None) or None
         summary["exploitability"] = exploitability_summary(evals)
         summary["league"] = self.league
+        summary["signal"] = (
+            signal.Signals(self.stop_signal).name if interrupted and self.stop_signal else None
+        )
         return summary
 
     def _run_summary(
