@@ -1052,3 +1052,31 @@ def make_socket_pub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     sock = make_socket(ctx, zmq.PUB, sndhwm=100_000)
     sock.connect(endpoint)
     return sock
+
+
+def test_a_role_the_broker_marks_dead_is_named_on_the_console_once(tmp_path: Path):
+    sup = eval_supervisor(tmp_path)
+    shown: list[str] = []
+
+    class Display:
+        def message(self, text: str) -> None:
+            shown.append(text)
+
+    learner = {"id": "learner-0", "role": "learner", "state": "alive", "host": "h1", "pid": 7}
+    stranger = {"id": "learner-9", "role": "learner", "state": "alive", "host": "h1", "pid": 8}
+    sup.monitor.status_rows = [learner, stranger]
+    sup._report_deaths(Display())
+    assert shown == []
+    for row in (learner, stranger):
+        row["state"] = "dead"
+    sup._report_deaths(Display())
+    sup._report_deaths(Display())  # still dead: said once
+    assert shown == [
+        "learner-0 (host h1, pid 7) missed its heartbeats for broker.heartbeat_timeout=3s: "
+        "the broker marked it dead"
+    ]  # learner-9 is no role of this run
+    learner["state"] = "alive"  # restarted, and dead again: said again
+    sup._report_deaths(Display())
+    learner["state"] = "dead"
+    sup._report_deaths(Display())
+    assert len(shown) == 2

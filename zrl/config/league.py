@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from zrl.config.base import Section
-from zrl.config.multiagent import FIXED_PLAYERS
+from zrl.config.multiagent import REFERENCE_PLAYERS
 
 MAIN = "main"
 """The main agent: the learning player every run has (the default weights stream)."""
@@ -82,8 +82,10 @@ class LeagueConfig(Section):
     elo_initial: float = 1000.0
     """Elo rating of a new member; a snapshot starts from main's rating at snapshot time."""
     fixed_opponents: list[str] = ["random"]
-    """Non-learning opponents (``random``, ``scripted``): members of the pool like snapshots (PFSP
-    picks them too, besides fixed_share), rated by Elo, never forgotten or evicted."""
+    """Non-learning opponents (``random``, ``scripted``, the search players ``perfect``,
+    ``alphabeta2``, ``alphabeta4``, and ``best_response``: the best response to the player's own
+    current greedy policy, tic-tac-toe): members of the pool like snapshots (PFSP picks them
+    too, besides fixed_share), rated by Elo, never forgotten or evicted."""
 
     @property
     def players(self) -> list[str]:
@@ -129,10 +131,10 @@ class LeagueConfig(Section):
                     f"fixed_opponents: {name!r} is not a usable name (empty, 'main' or "
                     "containing '@' are the league's own)"
                 )
-            if name not in FIXED_PLAYERS:  # the actors would fail on the first such match
+            if name not in REFERENCE_PLAYERS:  # the actors would fail on the first such match
                 raise ValueError(
                     f"fixed_opponents: {name!r} is not one of the players actors have "
-                    f"({', '.join(FIXED_PLAYERS)})"
+                    f"({', '.join(REFERENCE_PLAYERS)})"
                 )
 
 

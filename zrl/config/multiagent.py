@@ -18,6 +18,13 @@ FIXED_PLAYERS = ("random", "scripted", *SEARCH_PLAYERS)
 """The players that need no weights: uniformly random legal moves, the game's scripted player
 (``zrl.envs.multiagent.games``) and the search players."""
 
+BEST_RESPONSE = "best_response"
+"""The best response to the learning policy's current greedy policy, found by exhaustive search
+(``zrl.envs.multiagent.search.best_response``; small games: tic-tac-toe): a training opponent
+that plays every line the policy still loses, and draws once there is none."""
+REFERENCE_PLAYERS = (*FIXED_PLAYERS, BEST_RESPONSE)
+"""The players a run or a league can give the learning policy that are no snapshot's weights."""
+
 SEAT_POLICIES = ("main", "opponent", *FIXED_PLAYERS)
 
 MULTIAGENT_PACKAGES = ("pettingzoo", "mpe2")
@@ -47,11 +54,14 @@ class MultiAgentConfig(Section):
     turn-based games give one seat to main and the others to opponent, the seat alternating
     every episode so the learner moves first in half its games; parallel envs map every agent
     to main (shared parameters)."""
-    opponent: Literal["self", "random", "scripted", "perfect", "alphabeta2", "alphabeta4"] = "self"
+    opponent: Literal[
+        "self", "random", "scripted", "perfect", "alphabeta2", "alphabeta4", "best_response"
+    ] = "self"
     """Who plays the opponent seats when no league runs (``roles.league: 0``): the
     learning policy's current weights (naive self-play), random legal moves, the game's
-    scripted player, or a search player (``perfect``: tic-tac-toe; ``alphabeta2``,
-    ``alphabeta4``: alpha-beta that many plies deep)."""
+    scripted player, a search player (``perfect``: tic-tac-toe; ``alphabeta2``,
+    ``alphabeta4``: alpha-beta that many plies deep), or ``best_response``, the best response
+    to the learning policy's current greedy policy (tic-tac-toe)."""
     central_value: bool = False
     """Append the env's global state (``state()``) to every slot's observation; zrl's
     actor-critic gives it only to the value function (a centralised critic, MAPPO)."""

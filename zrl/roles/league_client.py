@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from zrl.config.multiagent import FIXED_PLAYERS
+from zrl.config.multiagent import REFERENCE_PLAYERS
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.rpc_identity import ClientKeys
@@ -219,12 +219,12 @@ class LeagueClient:
         self.games += 1
         if name == self.player:
             return SELF
-        if "@" not in name and name not in FIXED_PLAYERS:  # another learning player, live
+        if "@" not in name and name not in REFERENCE_PLAYERS:  # another learning player, live
             if self.live is None or self.live(name) is None:
                 self.fallbacks += 1
                 return SELF
             return name
-        if name not in FIXED_PLAYERS and self.weights(name) is None:
+        if name not in REFERENCE_PLAYERS and self.weights(name) is None:
             self.fallbacks += 1
             return SELF
         return name

@@ -1,7 +1,8 @@
 """The opponents an actor's model plays: the learning policy's current weights (``self``),
 another learning policy's current weights (``live``: a league's main agent for its main
-exploiters) and any other weights by name (league snapshots), besides the fixed random and
-scripted players.
+exploiters), any other weights by name (league snapshots), and the best response to the
+learning policy's current greedy policy (``best_response``, tic-tac-toe), besides the fixed
+random, scripted and search players.
 
 A model opponent samples its moves from its policy (masked logits), as the learning policy
 does while it collects, so self-play meets a varied opponent rather than one deterministic line.
@@ -9,6 +10,7 @@ does while it collects, so self-play meets a varied opponent rather than one det
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,11 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from zrl.config.multiagent import FIXED_PLAYERS
-from zrl.envs.multiagent.opponents import FixedOpponents
-from zrl.nets.discrete import policy_logits, sample_categorical
+from zrl.config.multiagent import BEST_RESPONSE, FIXED_PLAYERS
+from zrl.envs.multiagent.opponents import MAX_SOLVED_SQUARES, FixedOpponents, UnknownOpponentError
+from zrl.envs.multiagent.search import BestResponse, PerfectPlayer, best_response
+from zrl.nets.discrete import greedy_actions, policy_logits, sample_categorical
+from zrl.nets.recurrent import is_recurrent
 from zrl.nets.wire import load_arrays
 
+BEST_RESPONSE_REFRESH_S = 1.0
+"""How often the best response is searched again against the current weights (a search of
+tic-tac-toe asks the policy about 200-550 positions in one batch: tens of milliseconds)."""
 CACHED_MODELS = 16
 """Snapshot networks an actor keeps loaded (the least recently used one is reloaded with the
 next snapshot's weights: a network is built at most this many times)."""
@@ -52,6 +59,9 @@ class ModelOpponents:
     # main exploiter): models the caller keeps current, never cached here by name.
     live: Callable[[str], nn.Module | None] | None = None
     models: OrderedDict[str, nn.Module] = field(default_factory=OrderedDict, init=False)
+    responder: BestResponse | None = field(default=None, init=False)
+    responded_at: float = field(default=-float("inf"), init=False)
+    perfect: PerfectPlayer | None = field(default=None, init=False)
 
     def choose(self) -> str:
         return self.fixed.opponent if self.matchmaker is None else self.matchmaker.choose()
@@ -64,6 +74,11 @@ class ModelOpponents:
     def act(self, name: str, obs: np.ndarray) -> np.ndarray:
         if name in FIXED_PLAYERS:
             return self.fixed.act(name, obs)
+        if name == BEST_RESPONSE:
+            responder = self.best_response()
+            own, _ = self.fixed.space.split(obs)
+            rng = self.fixed.rng
+            return np.array([responder.action(own[i], rng) for i in range(len(obs))])
         live = None if self.live is None or name == "self" else self.live(name)
         if name == "self":
             model = self.model
@@ -74,6 +89,34 @@ class ModelOpponents:
         # Gumbel-max, as the learning policy samples its own moves.
         actions, _ = sample_categorical(logp, self.fixed.rng.gumbel(size=logp.shape))
         return actions
+
+    def best_response(self) -> BestResponse:
+        """The best response to ``model``'s greedy policy, searched again when the last search
+        is ``BEST_RESPONSE_REFRESH_S`` old (the weights move on in between)."""
+        now = time.monotonic()
+        if self.responder is not None and now - self.responded_at < BEST_RESPONSE_REFRESH_S:
+            return self.responder
+        game = self.fixed.game
+        if game is None or game.rows * game.cols > MAX_SOLVED_SQUARES:
+            raise UnknownOpponentError(
+                f"{BEST_RESPONSE}: needs a game small enough to search exhaustively (tic-tac-toe)"
+            )
+        if is_recurrent(self.model):
+            raise UnknownOpponentError(
+                f"{BEST_RESPONSE}: the model is recurrent; its moves are no function of the "
+                "position"
+            )
+        if self.perfect is None:  # keeps what it solved across searches
+            self.perfect = PerfectPlayer(game)
+        model = self.model
+
+        def policy(obs: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return greedy_actions(model, torch.from_numpy(obs)).numpy()
+
+        self.responder = best_response(game, policy, self.perfect)
+        self.responded_at = now
+        return self.responder
 
     def snapshot(self, name: str) -> nn.Module:
         """The network of snapshot ``name``, built and loaded on first use."""

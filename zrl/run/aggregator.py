@@ -53,6 +53,12 @@ WIRE_PATHS = {
 it, the stream it reports as ``wire_bytes_<stream>``)."""
 
 
+def eval_age(evaluation: dict[str, Any], elapsed: float) -> float | None:
+    """Seconds from an evaluation's record (its ``time``) to ``elapsed``; None without one."""
+    at = evaluation.get("time")
+    return round(elapsed - at, 1) if isinstance(at, int | float) else None
+
+
 class Aggregator:
     """Turns the roles' latest metrics into the figures the display and CSV show."""
 
@@ -225,8 +231,8 @@ class Aggregator:
             "eval_return": self.evals[-1]["mean"] if self.evals else None,
             # The last evaluation's weights version and age: a return is of the weights it
             # played, measured when it ended, not of the weights training now.
-            "eval_version": self.evals[-1]["weights_version"] if self.evals else None,
-            "eval_age_s": round(elapsed - self.evals[-1]["time"], 1) if self.evals else None,
+            "eval_version": self.evals[-1].get("weights_version") if self.evals else None,
+            "eval_age_s": eval_age(self.evals[-1], elapsed) if self.evals else None,
         }
 
     def on_eval(self, meta: dict[str, Any], elapsed: float) -> dict[str, Any]:

@@ -140,6 +140,7 @@ class Supervisor:
         self._finishing = False  # roles being stopped and the run directory written
         self.started = time.monotonic()
         self._display: Any = None
+        self._role_states: dict[str, Any] = {}  # each role's last state (_report_deaths)
         self.roster = Roster.of(*self.placement(), wait_s=cfg.broker.wait_for_roles)
         self.monitor = RunMonitor(
             cfg, self.ctx, self.access, self.pool, self.roster, self.agg, self.target
@@ -281,6 +282,22 @@ class Supervisor:
                 f"waiting for {len(missing)} role(s) to register: {self.roster.describe_missing()}"
             )
 
+    def _report_deaths(self, display: Any) -> None:
+        """Say on the console when the broker marks a role of ours dead (it missed its
+        heartbeats: a hung loop, a lost host), once per death; before, only broker.log said."""
+        for r in self.monitor.status_rows:
+            rid = r.get("id")
+            if not isinstance(rid, str) or not self.monitor.ours(r):
+                continue
+            state, last = r.get("state"), self._role_states.get(rid)
+            self._role_states[rid] = state
+            if state == "dead" and last not in (None, "dead"):
+                display.message(
+                    f"{rid} (host {r.get('host', '?')}, pid {r.get('pid', '?')}) missed its "
+                    f"heartbeats for broker.heartbeat_timeout="
+                    f"{self.cfg.broker.heartbeat_timeout:g}s: the broker marked it dead"
+                )
+
     def _check_children(self) -> None:
         """Restart crashed children (see ChildPool.check); stop the run past the budget."""
         show = self._display.message if self._display is not None else None
@@ -384,6 +401,7 @@ class Supervisor:
                     self._check_children()
                     if fresh:  # never call a role missing on rows the broker did not send
                         self._check_roster(elapsed, display)
+                        self._report_deaths(display)
                     row = self.agg.row(elapsed)
                     writer.write_progress(row)
                     writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
@@ -418,8 +436,14 @@ class Supervisor:
         """However the run stopped (target, limit, Ctrl-C, roles that keep crashing, an
         error here), stop every role and complete the run directory: the final figures, also
         as progress.csv's last row, model.pt, summary.json and the learning curve."""
-        display.stop()
         interrupted = interrupted or self.stop_reason == "interrupted"
+        # Saving the model and stopping the roles takes seconds (more on a loaded machine):
+        # say so at once rather than go quiet between the last figures and the summary.
+        display.message(
+            f"stopping ({'interrupted' if interrupted else self.stop_reason or 'stopped'}) at "
+            f"{time.monotonic() - self.started:.1f} s: saving the model, stopping the roles"
+        )
+        display.stop()
         saved = None
         written = row  # the monitor loop's last progress row ({} if it wrote none)
         try:

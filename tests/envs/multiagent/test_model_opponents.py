@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zrl.envs.multiagent.games import GAMES
-from zrl.envs.multiagent.opponents import FixedOpponents
+from zrl.envs.multiagent.opponents import FixedOpponents, UnknownOpponentError
 from zrl.envs.multiagent.spaces import AgentObservationSpace
 from zrl.nets.discrete import AgentActorCritic
 from zrl.nets.wire import model_to_arrays
@@ -122,3 +122,28 @@ def test_fixed_players_and_finished_reach_both():
     assert alone.choose() == "scripted"
     alone.finished("scripted", 0)
     assert alone.fixed.rates("scripted")["draw_rate"] == 1.0
+
+
+def test_best_response_answers_the_models_greedy_policy_and_refreshes():
+    # The model plays square 2 whenever it can: moving first, the best response wins along
+    # a line that avoids 2 (the model does not block), so its replies are legal winning moves.
+    players = opponents(model=forcing(2), opponent="best_response")
+    assert players.choose() == "best_response"
+    empty = boards(1, list(range(9)))
+    first = players.act("best_response", empty)
+    assert first.shape == (1,) and first[0] in players.best_response().moves[(0, 0)]
+    responder = players.best_response()
+    assert players.best_response() is responder  # searched once per refresh interval
+    players.responded_at -= model_opponents.BEST_RESPONSE_REFRESH_S
+    assert players.best_response() is not responder
+
+
+def test_best_response_refuses_a_game_too_big_to_search():
+    space = AgentObservationSpace((6, 7, 2), mask=7, state=0)
+    fixed = FixedOpponents("best_response", space, 7, GAMES["connect_four"], seed=0)
+    model = AgentActorCritic(space, 7, hidden=(8,))
+    players = ModelOpponents(fixed, model, lambda: model, None)
+    obs = np.zeros((1, space.shape[0]), np.float32)
+    obs[:, space.features :] = 1.0
+    with pytest.raises(UnknownOpponentError, match="tic-tac-toe"):
+        players.act("best_response", obs)

@@ -15,8 +15,10 @@ from tests.helpers.games import play_random_against
 from zrl.envs.multiagent.games import GAMES
 from zrl.envs.multiagent.search import (
     AlphaBetaPlayer,
+    BestResponse,
     Bitboards,
     PerfectPlayer,
+    best_response,
     exploitability,
     from_planes,
     observation,
@@ -188,3 +190,60 @@ def test_the_perfect_player_refuses_a_board_too_big_to_solve() -> None:
     fixed = FixedOpponents("perfect", space, 7, CONNECT_FOUR, seed=0)
     with pytest.raises(UnknownOpponentError, match="too big to solve; play alphabeta2"):
         fixed.act("perfect", np.zeros((1, space.shape[0]), np.float32))
+
+
+def play_out(policy, responder: BestResponse, policy_first: bool, rng: np.random.Generator) -> int:
+    """One game of ``policy`` (greedy, deterministic) against ``responder`` (an ``action(planes,
+    rng)`` player) on bitboards: +1 the policy won, 0 draw, -1 it lost."""
+    boards = Bitboards(TICTACTOE)
+    pieces = [0, 0]  # the policy's, the responder's
+    mover = 0 if policy_first else 1
+    while boards.moves(pieces[0] | pieces[1]):
+        own, other = pieces[mover], pieces[1 - mover]
+        obs = observation(TICTACTOE, own, other)
+        if mover == 0:
+            action = int(policy(obs[None])[0])
+        else:
+            action = responder.action(obs[:18].reshape(3, 3, 2), rng)
+        bit = dict(boards.moves(own | other))[action]
+        pieces[mover] = own | bit
+        if boards.completes_line(pieces[mover], bit):
+            return 1 if mover == 0 else -1
+        mover = 1 - mover
+    return 0
+
+
+def test_the_best_response_beats_exactly_the_seats_exploitability_says() -> None:
+    rng = np.random.default_rng(0)
+    # One planted hole (answering a corner with an edge as the second mover): the best
+    # response finds it every game it moves first, and cannot beat the policy moving first.
+    holed = perfect_policy({(0, 1): 1})
+    responder = best_response(TICTACTOE, holed)
+    assert all(play_out(holed, responder, False, rng) == -1 for _ in range(20))
+    assert all(play_out(holed, responder, True, rng) == 0 for _ in range(20))
+    # Its first move as first mover is the corner of the hole: the only winning one.
+    assert responder.moves[(0, 0)] == [0]
+    # Against perfect play nothing wins: every game is a draw, from both seats.
+    perfect = perfect_policy()
+    responder = best_response(TICTACTOE, perfect)
+    assert all(play_out(perfect, responder, first, rng) == 0 for first in (True, False) * 10)
+    # Against the first legal square it wins from both seats (exploitability 1).
+    responder = best_response(TICTACTOE, first_legal)
+    assert all(play_out(first_legal, responder, first, rng) == -1 for first in (True, False) * 5)
+
+
+def test_the_best_response_probes_every_winning_line_and_falls_back_off_them() -> None:
+    rng = np.random.default_rng(1)
+    responder = best_response(TICTACTOE, first_legal)
+    # Moving first against the first legal square, several first moves win: all are kept,
+    # and the choice among them is random.
+    winning = responder.moves[(0, 0)]
+    assert len(winning) > 1
+    empty = np.zeros((3, 3, 2), np.float32)
+    assert {responder.action(empty, rng) for _ in range(200)} == set(winning)
+    # A position outside its table (the policy sampled off its greedy line): perfect play.
+    fallback = BestResponse({}, PerfectPlayer(TICTACTOE))
+    odd = np.zeros((3, 3, 2), np.float32)
+    odd[0, 0, 1] = odd[0, 1, 1] = 1.0  # the other player holds 0 and 1; this one the centre
+    odd[1, 1, 0] = 1.0
+    assert {fallback.action(odd, rng) for _ in range(20)} == {2}

@@ -11,6 +11,8 @@ policy can be beaten by one.
 - :func:`exploitability`: the best response to a deterministic (greedy) policy, found by
   exhaustive search over every opponent move from both seats: whether it forces a win and
   along how many opponent lines the policy loses.
+- :func:`best_response`: that best response as a player (:class:`BestResponse`), for training
+  against the lines a policy still loses (``best_response`` opponent of a league or a run).
 
 Positions are two integer bitboards, the pieces of the player to move first (``mine``,
 ``theirs``); square ``r * cols + c`` is bit ``r * cols + c``, and an action is a square (a
@@ -255,11 +257,12 @@ class Exploitability:
         return sum(o == -1 for o in self.outcomes) / 2
 
 
-def exploitability(game: BoardGame, policy: Policy, batch: int = 4096) -> Exploitability:
-    """The best response to ``policy`` (greedy actions, one per observation) by exhaustive
-    search over every move of the other player, with the policy moving first and second. An
-    illegal action of the policy loses at once. For games small enough to enumerate
-    (tic-tac-toe); the policy is asked once per position it can reach, in batches."""
+def policy_choices(
+    game: BoardGame, policy: Policy, batch: int = 4096
+) -> dict[tuple[int, int], int]:
+    """The action ``policy`` takes in every position where it moves that it can reach from
+    either seat, whatever the other player does: ``(its pieces, the other's) -> action``.
+    The policy is asked once per position, in batches of ``batch`` observations."""
     boards = Bitboards(game)
     chosen: dict[tuple[int, int], int] = {}
 
@@ -287,6 +290,16 @@ def exploitability(game: BoardGame, policy: Policy, batch: int = 4096) -> Exploi
                 if not boards.completes_line(them, bit) and boards.moves(me | them):
                     nxt.append((me, them))
         frontier = nxt
+    return chosen
+
+
+def exploitability(game: BoardGame, policy: Policy, batch: int = 4096) -> Exploitability:
+    """The best response to ``policy`` (greedy actions, one per observation) by exhaustive
+    search over every move of the other player, with the policy moving first and second. An
+    illegal action of the policy loses at once. For games small enough to enumerate
+    (tic-tac-toe); the policy is asked once per position it can reach (``policy_choices``)."""
+    boards = Bitboards(game)
+    chosen = policy_choices(game, policy, batch)
 
     def agent_value(mine: int, theirs: int) -> tuple[int, int]:
         """(the policy's result under a best response, losing lines) with the policy to
@@ -330,3 +343,72 @@ def policy_move(boards: Bitboards, mine: int, theirs: int, action: int) -> tuple
         return None
     after = mine | bit
     return after, boards.completes_line(after, bit)
+
+
+@dataclass
+class BestResponse:
+    """The best response to one deterministic policy, as a player: in every position the
+    policy lets it reach, one of the moves that leave the policy its worst result under best
+    play (chosen at random among them, so it probes every such line); in any other position
+    (the policy sampled off its greedy line) the perfect player's move."""
+
+    moves: dict[tuple[int, int], list[int]]
+    """Position with the best response to move (its pieces, the policy's) -> its best actions."""
+    fallback: PerfectPlayer
+
+    def action(self, planes: np.ndarray, rng: np.random.Generator) -> int:
+        """The move for the player to move of ``planes [rows, cols, 2]``."""
+        best = self.moves.get(from_planes(planes))
+        if best is None:
+            return self.fallback.action(planes, rng)
+        return best[int(rng.integers(len(best)))]
+
+
+def best_response(
+    game: BoardGame, policy: Policy, fallback: PerfectPlayer | None = None, batch: int = 4096
+) -> BestResponse:
+    """The best response to ``policy`` (greedy actions, one per observation) from both
+    seats, by exhaustive search over the positions the policy can reach
+    (``policy_choices``); ``fallback`` plays elsewhere (a new perfect player if None). For
+    games small enough to enumerate (tic-tac-toe)."""
+    boards = Bitboards(game)
+    chosen = policy_choices(game, policy, batch)
+    values: dict[tuple[int, int], int] = {}
+    moves: dict[tuple[int, int], list[int]] = {}
+
+    def policy_value(mine: int, theirs: int) -> int:
+        """The policy's result under the best response, the policy to move."""
+        after = policy_move(boards, mine, theirs, chosen[(mine, theirs)])
+        if after is None:
+            return -1
+        if after[1]:
+            return 1
+        if not boards.moves(after[0] | theirs):
+            return 0
+        return respond(after[0], theirs)
+
+    def respond(policy_pieces: int, own: int) -> int:
+        """The policy's worst result with the best response (pieces ``own``) to move; its
+        best actions go into ``moves``."""
+        key = (own, policy_pieces)
+        known = values.get(key)
+        if known is not None:
+            return known
+        scored = []
+        for action, bit in boards.moves(policy_pieces | own):
+            after = own | bit
+            if boards.completes_line(after, bit):
+                value = -1
+            elif not boards.moves(policy_pieces | after):
+                value = 0
+            else:
+                value = policy_value(policy_pieces, after)
+            scored.append((action, value))
+        worst = min(v for _, v in scored)
+        moves[key] = [a for a, v in scored if v == worst]
+        values[key] = worst
+        return worst
+
+    policy_value(0, 0)  # the policy moves first
+    respond(0, 0)  # the best response moves first
+    return BestResponse(moves, fallback if fallback is not None else PerfectPlayer(game))
