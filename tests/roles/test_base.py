@@ -408,3 +408,16 @@ def test_the_checkpoint_files_of_every_role_lie_under_its_root(zmq_ctx, tmp_path
         r.checkpoint_file(suffix)
     with pytest.raises(RoleError, match="would leave"):
         base.checked_file(root, "../x")
+
+
+def test_a_role_stops_once_its_broker_is_gone_past_the_orphan_timeout(running, inproc_addr):
+    cfg = make_config()
+    cfg.broker.orphan_timeout = 1.5
+    b = running.broker(inproc_addr, cfg)
+    r = running.role(inproc_addr, connect_timeout=5)
+    wait_for(registered(b, r), timeout=10)
+    assert not r.orphaned
+    running.stop_broker(b)
+    # It reconnects meanwhile (heartbeat_timeout 0.6 s), then gives up and stops cleanly.
+    wait_for(lambda: r.stop_event.is_set(), timeout=30)
+    assert r.orphaned and r.error is None

@@ -123,6 +123,11 @@ class BrokerConfig(Section):
     """Seconds between a role's heartbeats."""
     heartbeat_timeout: float = Field(3.0, gt=0)
     """A role silent this long is marked dead."""
+    orphan_timeout: float | None = Field(600.0, gt=0)
+    """Seconds a registered role keeps reconnecting to a broker that stopped answering before
+    it stops itself, saying so in its log (exit code 0): the roles of a plain ``zrl start
+    broker`` end some time after it. null: reconnect for ever. Keep it well above the time a
+    broker takes to restart (``zrl run`` restarts a killed broker at once)."""
     setup_grace: float = Field(60.0, gt=0)
     """Seconds a role may take between HELLO and its first heartbeat (imports, envs, models)."""
     wait_for_roles: float | None = Field(300.0, gt=0)

@@ -18,7 +18,9 @@ Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
 role whose loop hangs is (correctly) declared dead. When the broker stops
 acknowledging for ``heartbeat_timeout`` the role drops its registry socket and
 re-registers with capped exponential back-off, keeping its id; stream sockets
-reconnect by themselves (ZeroMQ), so a broker restart needs nothing from the user.
+reconnect by themselves (ZeroMQ), so a broker restart needs nothing from the user. A broker
+gone for ``broker.orphan_timeout`` (a plain ``zrl start broker`` that was stopped) stops the
+role, which says so in its log.
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ class Role(RoleSockets):
         self._metrics_pub: Channel | None = None
         self.train_stats = TrainStats()  # running means of training figures, flushed per report
         self.registrations = 0
+        self.orphaned = False  # stopped because the broker was gone past broker.orphan_timeout
         self._process = psutil.Process()
         self._parent_report = os.environ.get(PARENT_REPORT_ENV) or None
 
@@ -417,6 +420,22 @@ class Role(RoleSockets):
                 self._hello()
             elif msg.kind == P.REFUSED:
                 self._refused(msg)
+        orphan = self.orphan_limit()
+        if (
+            orphan is not None
+            and self.registrations
+            and now - self._last_ack > orphan
+            and not self.stop_event.is_set()
+        ):
+            self.log.error(
+                "no answer from the broker at %s for %.0fs (broker.orphan_timeout=%gs): stopping",
+                self.broker,
+                now - self._last_ack,
+                orphan,
+            )
+            self.orphaned = True
+            self.request_stop()
+            return
         if now - self._last_ack > self.heartbeat_timeout and now >= self._reconnect_at:
             self.log.warning(
                 "no heartbeat ack from broker for %.1fs: reconnecting (back-off %.1fs)",
@@ -450,6 +469,11 @@ class Role(RoleSockets):
                 self._next_metrics = now + METRICS_INTERVAL_S
                 train = self.train_metrics()
                 self.publish_metrics({**info, "train": train} if train else info)
+
+    def orphan_limit(self) -> float | None:
+        """Seconds without an answer from the broker after which this role stops (None:
+        never): ``broker.orphan_timeout``."""
+        return self.config.broker.orphan_timeout
 
     def heartbeat_now(self, timeout: float = 1.0) -> bool:
         """Heartbeat now (showing the role's current info, its rpc keys among it) and wait, at

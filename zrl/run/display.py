@@ -264,9 +264,7 @@ class StatusDisplay:
                 "actor version lag",
                 _fmt(r["max_version_lag"]),
             )
-            figures.add_row(
-                "eval return", eval_text(r), "run dir", str(self.sup.run_dir)
-            )
+            figures.add_row("eval return", eval_text(r), "run dir", str(self.sup.run_dir))
         roles = Table(box=None, header_style="bold")
         for col in (
             "id",

@@ -310,6 +310,10 @@ class HostAgent(Role):
             self.log.info("every role of this host ended: stopping")
             self.request_stop()
 
+    def orphan_limit(self) -> float | None:
+        """None: the agent applies its own ``--orphan-timeout`` (``step``), and fails."""
+        return None
+
     def heartbeat_info(self) -> dict[str, Any]:
         return fit_info(
             {"log_dir": str(self.log_dir)}, self.children, self.config.broker.max_info_bytes
