@@ -306,3 +306,89 @@ def test_rollout_gae_episode_ends_of_another_shape_raise(name):
 def test_rollout_gae_rejects_broadcastable_truncated(shape):
     with pytest.raises(ValueError, match="truncated"):
         rollout_gae(**_args(truncated=np.zeros(shape, bool)))
+
+
+def negamax_reference(rewards, values, terminated, truncated, valid, bootstrap, passes, gamma, lam):
+    """``rollout_gae_reference`` for a slot that plays both seats of a two-player zero-sum game:
+    every value and reward after a pass is the other player's, so from step t's mover each term
+    i enters with the sign of the passes between t and i, and the bootstrap after a pass is
+    negated: delta_i = r_i + gamma * (-1 if passes_i else 1) * V'_i - V_i."""
+    num_envs, horizon = rewards.shape
+    adv = np.zeros((num_envs, horizon))
+    for e in range(num_envs):
+        for t in range(horizon):
+            if not valid[e, t]:
+                continue
+            sign = 1.0  # the mover of step i seen from the mover of step t
+            for i in range(t, horizon):
+                if terminated[e, i]:
+                    next_value = 0.0
+                elif i == horizon - 1:
+                    next_value = float(bootstrap[e])
+                else:
+                    next_value = float(values[e, i + 1])
+                flip = -1.0 if passes[e, i] else 1.0
+                delta = float(rewards[e, i]) + gamma * flip * next_value - float(values[e, i])
+                adv[e, t] += sign * (gamma * lam) ** (i - t) * delta
+                if terminated[e, i] or truncated[e, i]:
+                    break
+                sign *= flip
+    return adv, adv + values
+
+
+def test_a_game_played_from_both_seats_is_scored_by_negamax():
+    """x, o, x: x wins on its second move. With lam 1 the return of each move is the
+    discounted outcome from its mover's side: +1, -gamma, +gamma^2, whatever the values."""
+    gamma = 0.9
+    rewards = np.array([[0.0, 0.0, 1.0]])
+    terminated = np.array([[False, False, True]])
+    values = np.array([[0.3, -0.2, 0.5]])
+    passes = np.ones((1, 3), bool)
+    _, returns = rollout_gae(
+        rewards,
+        values,
+        terminated,
+        np.zeros_like(terminated),
+        np.ones_like(terminated),
+        np.zeros(1),
+        gamma,
+        1.0,
+        passes=passes,
+    )
+    np.testing.assert_allclose(returns[0], [gamma**2, -gamma, 1.0], rtol=1e-6)
+    # Without passes the same rewards would credit o's move with x's win.
+    _, same_side = rollout_gae(
+        rewards,
+        values,
+        terminated,
+        np.zeros_like(terminated),
+        np.ones_like(terminated),
+        np.zeros(1),
+        gamma,
+        1.0,
+    )
+    assert same_side[0, 1] > 0
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), gammas, st.sampled_from([0.0, 0.5, 0.95, 1.0]))
+def test_rollout_gae_with_passes_matches_the_negamax_reference(seed, gamma, lam):
+    rng = np.random.default_rng(seed)
+    E, T = 3, 7
+    rewards = rng.normal(size=(E, T))
+    values = rng.normal(size=(E, T))
+    terminated = rng.random((E, T)) < 0.15
+    truncated = ~terminated & (rng.random((E, T)) < 0.1)
+    done = terminated | truncated
+    valid = np.ones((E, T), bool)
+    valid[:, 1:] = ~done[:, :-1]
+    bootstrap = rng.normal(size=E)
+    passes = rng.random((E, T)) < 0.7
+    adv, ret = rollout_gae(
+        rewards, values, terminated, truncated, valid, bootstrap, gamma, lam, passes=passes
+    )
+    ref_adv, ref_ret = negamax_reference(
+        rewards, values, terminated, truncated, valid, bootstrap, passes, gamma, lam
+    )
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, np.where(valid, ref_ret, values), rtol=1e-5, atol=1e-5)

@@ -124,3 +124,23 @@ def test_main_exploiter_trains_and_joins_the_population(tmp_path: Path) -> None:
     # The main agent played the exploiter's snapshots (PFSP and verification).
     pairs = {(p, o) for p, o, *_ in league["payoff"]["pairs"]}
     assert any(p == "main" and o in exploiter_snapshots for p, o in pairs), sorted(pairs)
+
+
+@pytest.mark.slow
+def test_self_play_from_both_seats_learns_from_every_move(tmp_path: Path) -> None:
+    """No league: the slot plays both seats of every game against its own weights, sends
+    turn unrolls, and the learner trains on all of them (rollouts it refused would leave the
+    policy untrained: it would not beat random)."""
+    summary = run_zrl(
+        tmp_path,
+        "tictactoe_ppo.yaml",
+        "roles.league=0",
+        "env.multiagent.opponent=self",
+        "env.multiagent.self_play_seats=both",
+        "stop.eval_return=0.6",
+        "evaluator.interval=5",
+        wall_time=100,
+        beats=0.5,
+    )
+    best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
+    assert best["random_win_rate"] >= 0.7, best

@@ -369,3 +369,22 @@ def test_round_tensors_rebuild_the_stacks_of_frame_rollouts():
     assert set(data) == set(reference)
     for name, want in reference.items():
         torch.testing.assert_close(data[name], want, rtol=0, atol=0, msg=name)
+
+
+def test_round_tensors_negate_across_the_turn_passes_of_both_seat_games():
+    torch.manual_seed(0)
+    model = ActorCritic(OBS_DIM, NUM_ACTIONS, hidden=(8,), activation="tanh")
+    arrays = rollout_arrays(seed=4)
+    arrays["passes"] = np.random.default_rng(4).random(arrays["reward"].shape) < 0.6
+    gamma, lam = 0.9, 0.8
+    data = round_tensors(model, [Rollout(3, 0, arrays)], gamma, lam)
+    E, T = arrays["reward"].shape
+    with torch.no_grad():
+        values = model.value(torch.from_numpy(arrays["obs"].reshape(E * T, -1))).numpy()
+        boot = model.value(torch.from_numpy(arrays["bootstrap_obs"])).numpy()
+    common = (arrays["terminated"], arrays["truncated"], arrays["valid"], boot, gamma, lam)
+    adv, _ = rollout_gae(arrays["reward"], values.reshape(E, T), *common, passes=arrays["passes"])
+    plain, _ = rollout_gae(arrays["reward"], values.reshape(E, T), *common)
+    valid = arrays["valid"].reshape(-1)
+    np.testing.assert_allclose(data["advantage"].numpy(), adv.reshape(-1)[valid], rtol=1e-5)
+    assert not np.allclose(adv, plain)  # the passes changed the advantages

@@ -97,6 +97,7 @@ def rollout_gae(
     bootstrap_value: ArrayLike,
     gamma: float,
     lam: float,
+    passes: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """GAE over a rollout of NEXT_STEP-autoreset vector envs, ``[E, T]`` (time last).
 
@@ -111,6 +112,11 @@ def rollout_gae(
 
     with ``A = 0`` (and returns ``= V``) on invalid steps. Returns float32 ``(advantages,
     returns)``, ``returns = A + V``.
+
+    ``passes[e, t]`` (a two-player zero-sum game whose slot plays both seats): after step
+    ``t`` the other player is to move, so the values of the steps after it are that
+    player's, and they enter negated (negamax): ``V_{t+1}`` and ``A_{t+1}`` above are
+    multiplied by -1 where ``passes_t``.
     """
     rew = np.asarray(rewards, dtype=np.float64)
     val = np.asarray(values, dtype=np.float64)
@@ -118,10 +124,16 @@ def rollout_gae(
     trunc = np.asarray(truncated, dtype=bool)
     ok = np.asarray(valid, dtype=bool)
     boot = np.asarray(bootstrap_value, dtype=np.float64)
-    _check_time_major(
-        rew, {"values": val, "terminated": term, "truncated": trunc, "valid": ok}, boot
+    arrays = {"values": val, "terminated": term, "truncated": trunc, "valid": ok}
+    sign: np.ndarray | float = 1.0
+    if passes is not None:
+        turns = np.asarray(passes, dtype=bool)
+        arrays["passes"] = turns
+        sign = np.where(turns, -1.0, 1.0)
+    _check_time_major(rew, arrays, boot)
+    return _gae_scan(
+        rew, val, boot, sign * (1.0 - term), sign * (1.0 - (term | trunc)), ok, gamma, lam
     )
-    return _gae_scan(rew, val, boot, 1.0 - term, 1.0 - (term | trunc), ok, gamma, lam)
 
 
 def _gae_scan(

@@ -218,6 +218,14 @@ class ExperimentConfig(Section):
                 f"actor.env_groups: {self.actor.env_groups}: a PettingZoo env steps its games "
                 "in one process; set actor.env_groups: 1"
             )
+        if multiagent and self.env.multiagent.self_play_seats == "both":
+            why = ""
+            if not get_algorithm(self.algo).both_seats:
+                why = f"algo {self.algo!r} learns from one seat's moves (ppo learns from both)"
+            elif self.model.core != "none":
+                why = "a recurrent model (model.core) carries one seat's memory"
+            if why:
+                raise ValueError(f"env.multiagent.self_play_seats: both: {why}; set it to learning")
         if self.roles.league and not multiagent:
             raise ValueError(
                 f"roles.league: the league picks opponents in multi-agent envs "

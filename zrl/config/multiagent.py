@@ -62,6 +62,13 @@ class MultiAgentConfig(Section):
     scripted player, a search player (``perfect``: tic-tac-toe; ``alphabeta2``,
     ``alphabeta4``: alpha-beta that many plies deep), or ``best_response``, the best response
     to the learning policy's current greedy policy (tic-tac-toe)."""
+    self_play_seats: Literal["learning", "both"] = "learning"
+    """In a turn-based game against its own current weights (``self``, a league's
+    self-play): ``learning``, the learning policy learns from its seat only and its weights
+    play the other as an opponent; ``both``, one slot plays every move of the game, for
+    whichever seat is to move, and learns from all of them (negamax: each step's value and
+    advantage bootstrap on the next one's negated, ``passes`` in the rollouts). Algorithms
+    whose learners take those rollouts only (ppo, without ``model.core``)."""
     central_value: bool = False
     """Append the env's global state (``state()``) to every slot's observation; zrl's
     actor-critic gives it only to the value function (a centralised critic, MAPPO)."""

@@ -103,6 +103,9 @@ class Actor(Role):
         super().__init__(broker, **kwargs)
         self.actor_index = self.index if self.index is not None else 0
         self.envs: Any = None
+        self.step_info: tuple[str, ...] = ()
+        """The per-env arrays of the envs' step info recorded with each step (the
+        ``passes`` of a turn-based game played from both seats)."""
         self.num_envs = 0
         self.obs = np.zeros((0, 0), np.float32)
         self.obs_dtype = np.dtype(np.float32)
@@ -146,6 +149,8 @@ class Actor(Role):
         else:
             self.envs = self.make_envs()
         self.num_envs = self.envs.num_envs
+        one = self.envs.groups[0] if isinstance(self.envs, EnvGroups) else self.envs
+        self.step_info = tuple(getattr(one, "step_info", ()))
         spaces = (self.envs.single_observation_space, self.envs.single_action_space)
         self.model = self.make_model(*spaces)
         self.model.eval()
@@ -297,10 +302,11 @@ class Actor(Role):
                 for t in range(T):
                     buf.obs[t] = obs
                     buf.acted(t, ALL_ENVS, *policy.act(obs, t))
-                    next_obs, r, term, trunc, _ = self.envs.step(buf.action[t])
+                    next_obs, r, term, trunc, info = self.envs.step(buf.action[t])
                     obs = M.as_obs(next_obs, E, self.obs_dtype)
                     self.check_finite(obs, r, t)
                     buf.stepped(t, ALL_ENVS, obs, r, term, trunc)
+                    buf.recorded(t, ALL_ENVS, info, self.step_info)
                     self.report_episode_starts(buf, t, ALL_ENVS, first_needs_reset)
         except InferenceStopped:  # the run stops: the partial trajectory goes nowhere
             return None
@@ -337,10 +343,11 @@ class Actor(Role):
             act(0, g, rows)
         for t in range(T):
             for g, rows in enumerate(envs.rows):
-                next_obs, r, term, trunc, _ = envs.groups[g].step_wait()
+                next_obs, r, term, trunc, info = envs.groups[g].step_wait()
                 next_obs = M.as_obs(next_obs, rows.stop - rows.start, self.obs_dtype)
                 self.check_finite(next_obs, r, t)
                 buf.stepped(t, rows, next_obs, r, term, trunc)
+                buf.recorded(t, rows, info, self.step_info)
                 self.report_episode_starts(buf, t, rows, self.needs_reset)
                 if t + 1 < T:
                     buf.obs[t + 1, rows] = next_obs

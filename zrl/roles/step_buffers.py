@@ -52,10 +52,14 @@ class StepBuffers:
     def acted(self, t: int, rows: slice, action: np.ndarray, extras: dict[str, np.ndarray]) -> None:
         self.action[t, rows] = action
         for name, value in extras.items():
-            if name not in self.extras:
-                shape = (len(self.obs), self.reward.shape[1], *value.shape[1:])
-                self.extras[name] = np.empty(shape, value.dtype)
-            self.extras[name][t, rows] = value
+            self._extra(name, t, rows, value)
+
+    def _extra(self, name: str, t: int, rows: slice, value: np.ndarray) -> None:
+        """Store ``value`` as extra ``name`` of step ``t``, rows ``rows`` (made at first use)."""
+        if name not in self.extras:
+            shape = (len(self.obs), self.reward.shape[1], *value.shape[1:])
+            self.extras[name] = np.empty(shape, value.dtype)
+        self.extras[name][t, rows] = value
 
     def stepped(
         self, t: int, rows: slice, next_obs: np.ndarray, reward: Any, term: Any, trunc: Any
@@ -65,6 +69,11 @@ class StepBuffers:
         self.reward[t, rows] = reward
         self.terminated[t, rows] = term
         self.truncated[t, rows] = trunc
+
+    def recorded(self, t: int, rows: slice, info: dict[str, Any], keys: tuple[str, ...]) -> None:
+        """Keep the per-env arrays ``keys`` of step ``t``'s info among the extras."""
+        for name in keys:
+            self._extra(name, t, rows, np.asarray(info[name]))
 
     def trajectory(self, valid: np.ndarray, final_obs: np.ndarray) -> Trajectory:
         """The env-major trajectory of these buffers: ``valid[e, t]`` says which steps were

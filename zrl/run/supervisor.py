@@ -72,6 +72,28 @@ MISSING_NOTICE_S = 15.0
 """How often the head names the placed roles that have not registered yet."""
 
 
+def preload_finish_modules() -> threading.Thread:
+    """Import what the end of a run needs (torch to write model.pt, matplotlib for the
+    learning curve) in a thread, once the roles are collecting: at the stop those imports
+    took 2-4 s of a loaded machine between the stop rule and summary.json, while the run
+    itself can spare them (the head is mostly idle). Not at the start, where they would take
+    CPU from the roles starting up."""
+
+    def load() -> None:
+        try:
+            import matplotlib
+            import torch  # noqa: F401
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - imported again where used, failing there
+            log.debug("preloading the end-of-run modules failed: %s", exc)
+
+    thread = threading.Thread(target=load, name="preload-finish", daemon=True)
+    thread.start()
+    return thread
+
+
 class Supervisor:
     """One ``zrl run``: its broker and roles, from the start to summary.json."""
 
@@ -141,6 +163,7 @@ class Supervisor:
         self.started = time.monotonic()
         self._display: Any = None
         self._role_states: dict[str, Any] = {}  # each role's last state (_report_deaths)
+        self._finish_imports: threading.Thread | None = None  # preload_finish_modules
         self.roster = Roster.of(*self.placement(), wait_s=cfg.broker.wait_for_roles)
         self.monitor = RunMonitor(
             cfg, self.ctx, self.access, self.pool, self.roster, self.agg, self.target
@@ -395,6 +418,8 @@ class Supervisor:
                     # The evaluator's next heartbeat is at most heartbeat_interval away.
                     next_confirm = time.monotonic() + 0.25
                     self._confirm_target()
+                if self._finish_imports is None and self.monitor.first_env_step is not None:
+                    self._finish_imports = preload_finish_modules()
                 if time.monotonic() >= next_row:
                     next_row += 1.0
                     fresh = self.monitor.refresh()
@@ -469,21 +494,26 @@ class Supervisor:
         finally:
             self.pool.stop(before_broker=self._stop_experiment)
             self.roster.ended_here({c.name: c.exit_code() for c in self.children})
-            self.pool.zygote.stop()
+            # The zygote exits by itself once its input closes (a second or two with torch
+            # loaded): let it, while the summary is written, and reap it last.
+            self.pool.zygote.close_input()
             writer.close()
             for sig, h in previous_handlers.items():
                 signal.signal(sig, h)
-        self.pool.keeps_crashing(self.target.target_time is not None)
-        summary = self._summary(row, saved, interrupted)
-        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-        if self.agg.evals:
-            try:
-                from zrl.run.metrics import plot_run
+        try:
+            self.pool.keeps_crashing(self.target.target_time is not None)
+            summary = self._summary(row, saved, interrupted)
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+            if self.agg.evals:
+                try:
+                    from zrl.run.metrics import plot_run
 
-                plot_run(self.run_dir)
-            except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
-                log.warning("could not plot the learning curve: %s", exc)
-        display.final(summary)
+                    plot_run(self.run_dir)
+                except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
+                    log.warning("could not plot the learning curve: %s", exc)
+            display.final(summary)
+        finally:
+            self.pool.zygote.stop()
         return summary
 
     def _check_model(self, spaces: tuple[Any, Any]) -> None:

@@ -302,10 +302,15 @@ class Zygote:
             return None
         return ForkedRole(int(reply["pid"]))
 
+    def close_input(self) -> None:
+        """Close the zygote's input: it forks nothing more and exits by itself (``stop``
+        waits for that)."""
+        if self.proc is not None and self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.stdin:
-                self.proc.stdin.close()
+            self.close_input()
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -55,7 +55,8 @@ Data paths:
   appo, ppo; :data:`FRAME_UNROLL` for impala, appo and ppo on frame stacks) or
   :data:`RECURRENT_UNROLL` (impala, appo and ppo with ``model.core``;
   :data:`RECURRENT_FRAME_UNROLL` for impala and appo on frame stacks) or
-  :data:`CONTINUOUS_UNROLL` (impala, appo and ppo on Box actions).
+  :data:`CONTINUOUS_UNROLL` (impala, appo and ppo on Box actions) or :data:`TURN_UNROLL` (ppo on
+  a turn-based game played from both seats).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table; :data:`FRAME_UNROLL_BATCH` on frame
@@ -283,6 +284,16 @@ CONTINUOUS_UNROLL = schema(
 """The Gaussian policy's unroll (``zrl.nets.gaussian``): ``action`` is the sample whose
 log-density ``logp`` is, before the actor clipped it to the Box for the env (it may lie
 outside the bounds)."""
+TURN_UNROLL = schema(
+    P.TRAJECTORY,
+    "turn_unroll",
+    "ppo actor on a turn-based game played from both seats (env.multiagent.self_play_seats: "
+    "both) -> PPO learners: the unroll layout and whether the turn passed after each step.",
+    **UNROLL.arrays,
+    passes=_STEP_BOOL,
+)
+"""``passes[e, t]``: after step ``t`` the slot moves for the other seat, so GAE negates the
+values after it (``zrl.algos.returns.rollout_gae``)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
@@ -619,6 +630,7 @@ SCHEMAS: dict[str, Schema] = {
         UNROLL_BATCH,
         CONTINUOUS_UNROLL,
         CONTINUOUS_UNROLL_BATCH,
+        TURN_UNROLL,
         FRAME_UNROLL,
         FRAME_UNROLL_BATCH,
         SEQUENCES,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from zrl.config.experiment import ExperimentConfig
 from zrl.config.multiagent import MultiAgentConfig
 
 
@@ -33,3 +34,17 @@ def test_eval_opponents_are_fixed_players():
         MultiAgentConfig(eval_opponents=[])
     with pytest.raises(ValidationError):
         MultiAgentConfig(opponent="main@3")
+
+
+def test_both_seats_needs_an_algorithm_that_learns_from_both_and_a_feed_forward_model():
+    base = {
+        "env": {"id": "pettingzoo/tictactoe_v3", "multiagent": {"self_play_seats": "both"}},
+        "roles": {"replay": 0},
+    }
+    assert ExperimentConfig.model_validate({**base, "algo": "ppo"}).env.multiagent
+    with pytest.raises(ValidationError, match="algo 'impala' learns from one seat"):
+        ExperimentConfig.model_validate({**base, "algo": "impala", "roles": {"replay": 1}})
+    with pytest.raises(ValidationError, match="recurrent model"):
+        ExperimentConfig.model_validate({**base, "algo": "ppo", "model": {"core": "lstm"}})
+    with pytest.raises(ValidationError, match="self_play_seats"):
+        MultiAgentConfig.model_validate({"self_play_seats": "all"})

@@ -411,3 +411,72 @@ def test_scripted_seats_play_without_given_opponents():
         assert (own[:, 1, 1, 1] == 1).all()  # the scripted first move: the centre
     finally:
         env.close()
+
+
+class SelfAndRandom:
+    """Even games against ``self``, odd games against random moves; ``self`` is never asked
+    to move in a game played from both seats."""
+
+    def __init__(self, env: TurnBasedVectorEnv, game: BoardGame) -> None:
+        self.fixed = FixedOpponents("random", env.single_observation_space, 9, game, seed=5)
+        self.next = 0
+        self.results: list[tuple[str, int]] = []
+
+    def choose(self) -> str:
+        self.next += 1
+        return "self" if self.next % 2 else "random"
+
+    def act(self, name: str, obs: np.ndarray) -> np.ndarray:
+        assert name == "random", "a game played from both seats asked its opponent to move"
+        return self.fixed.act(name, obs)
+
+    def finished(self, name: str, outcome: int) -> None:
+        self.results.append((name, outcome))
+
+
+def test_self_play_from_both_seats_moves_for_the_seat_to_move_and_says_the_turn_passed():
+    env = make_multiagent_vector_env(
+        "pettingzoo/tictactoe_v3", {}, MultiAgentConfig(self_play_seats="both"), 2
+    )
+    assert isinstance(env, TurnBasedVectorEnv) and env.step_info == ("passes",)
+    env.opponents = opponents = SelfAndRandom(env, GAMES["tictactoe"])
+    space = env.single_observation_space
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    assert list(env.plays_both) == [True, False]
+    moves = {0: 0, 1: 0}
+    both_rewards: list[float] = []
+    for _ in range(40):
+        movers = list(env.seat)
+        pieces_before = [int(space.split(obs)[0][g].sum()) for g in range(2)]
+        playing = list(env.plays_both)
+        restarting = env.over.copy()
+        obs, reward, terminated, _, info = env.step(random_legal(obs, space, rng))
+        for g in range(2):
+            if restarting[g]:
+                assert not info["passes"][g]  # a reset step moves nobody
+                continue
+            moves[g] += 1
+            if playing[g]:
+                if terminated[g]:
+                    assert not info["passes"][g]
+                    assert reward[g] in (0.0, 1.0)  # the mover wins or draws on its move
+                    both_rewards.append(float(reward[g]))
+                else:
+                    # The slot now moves for the other seat, which sees one more piece.
+                    assert info["passes"][g] and env.seat[g] != movers[g]
+                    assert int(space.split(obs)[0][g].sum()) == pieces_before[g] + 1
+            else:
+                assert not info["passes"][g] and env.seat[g] == movers[g]
+    assert moves[0] > 0 and moves[1] > 0 and both_rewards
+    # A game against itself is even for the league; games against random keep their result.
+    assert {o for name, o in opponents.results if name == "self"} == {0}
+    assert any(name == "random" for name, _ in opponents.results)
+
+
+def test_both_seats_is_off_by_default():
+    env, _ = turn_based("pettingzoo/tictactoe_v3", 2)
+    assert env.step_info == () and not env.both_seats
+    env.reset(seed=0)
+    *_, info = env.step(np.zeros(2, np.int64) + 4)
+    assert info == {}

@@ -82,6 +82,10 @@ class Algorithm:
     """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
     random_actions: bool = False
     """Its actor policy honours ``actor.random_policy`` (uniform random actions, no model)."""
+    both_seats: bool = False
+    """Its actor policy sends, and its learners read, the turn passes of a turn-based game
+    played from both seats (``env.multiagent.self_play_seats: both``: ``turn_unroll``
+    rollouts, negamax GAE), for a feed-forward model."""
     remote_inference: bool = False
     """Its actor policy only calls the model's forward methods (``forward``,
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for

@@ -57,6 +57,7 @@ ALGORITHM = Algorithm(
     update="zrl.algos.ppo.update:PPOUpdate",
     model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
+    both_seats=True,
     config={"ppo": PPOConfig},
     sections=("learner",),
     check_config=check_config,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from zrl.algos.api.actor import ActorSetup
+from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.sampling import CategoricalPolicy, GaussianPolicy, RecurrentCategoricalPolicy
 from zrl.nets.recurrent import is_recurrent
@@ -45,6 +45,15 @@ class PPOPolicy(Rounds, CategoricalPolicy):
     def __init__(self, setup: ActorSetup) -> None:
         super().__init__(setup)
         self.init_rounds(setup)
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        """The unroll, with the turn passes of a game played from both seats (``turn_unroll``:
+        ``env.multiagent.self_play_seats: both``, recorded by the actor from the env)."""
+        out = super().finish(trajectory)
+        passes = trajectory.extras.get("passes")
+        if passes is not None:
+            out.arrays["passes"] = passes
+        return out
 
 
 class RecurrentPPOPolicy(PPOPolicy, RecurrentCategoricalPolicy):

@@ -120,7 +120,9 @@ def round_tensors(
     With a ``value_normalizer`` the model's values are normalized ones: GAE runs on them
     denormalized; ``value`` stays as the head gave it and ``return`` is raw."""
     schema = FRAME_UNROLL if frames else UNROLL
-    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in schema.arrays}
+    # A game played from both seats adds passes (TURN_UNROLL): GAE negates across them.
+    keys = [*schema.arrays, *(["passes"] if "passes" in rollouts[0].arrays else [])]
+    cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in keys}
     E, T = cat["reward"].shape
     if frames:
         stacks, last = stacks_from_frames(
@@ -147,6 +149,7 @@ def round_tensors(
         bootstrap,
         gamma,
         lam,
+        passes=cat.get("passes"),
     )
     valid = cat["valid"].reshape(-1)
     return {

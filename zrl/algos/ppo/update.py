@@ -62,6 +62,7 @@ from zrl.transport.messages import (
     CONTINUOUS_UNROLL,
     FRAME_UNROLL,
     RECURRENT_UNROLL,
+    TURN_UNROLL,
     UNROLL,
     obs_shape,
     weights_version,
@@ -102,6 +103,8 @@ class PPOUpdate(BaseUpdate):
         elif self.frames:
             self.schema = FRAME_UNROLL
             self.sizes["O"] = self.obs_shape[1:]
+        elif cfg.env.multiagent.self_play_seats == "both":  # the config's, not the message's
+            self.schema = TURN_UNROLL
         else:
             self.schema = UNROLL
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)

@@ -39,6 +39,9 @@ from zrl.envs.multiagent.pettingzoo import (
 )
 from zrl.envs.multiagent.spaces import AgentObservationSpace, agent_space, encode
 
+SELF_PLAY = "self"
+"""The opponents' name of the learning policy's own current weights."""
+
 
 def seat_policies(cfg: MultiAgentConfig, agents: list[str], turn_based: bool) -> dict[str, str]:
     """Agent id -> policy, from ``policy_mapping`` ("*" for the agents it does not name) or
@@ -69,6 +72,8 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
     turn_based: ClassVar[bool]
     """Whether the games take turns (PettingZoo's AEC API) or all agents act at once."""
+    step_info: tuple[str, ...] = ()
+    """The per-slot arrays of ``step``'s info the actor records with each step (``passes``)."""
 
     def __init__(
         self,
@@ -79,6 +84,7 @@ class MultiAgentVectorEnv(gym.vector.VectorEnv):
     ) -> None:
         self.games = [make() for _ in range(num_games)]
         self.agents = agents = list(self.games[0].possible_agents)
+        self.cfg = cfg
         self.mapping = seat_policies(cfg, agents, self.turn_based)
         probe = self.games[0]
         spaces = {a: probe.observation_space(a) for a in agents}
@@ -181,6 +187,11 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
         self.last_obs = np.zeros((num_games, *self.single_observation_space.shape), np.float32)
         self.forfeit = np.zeros(num_games, bool)
         self.illegal_moves = 0
+        # self_play_seats: both: in a game against "self" the slot makes every move, for
+        # whichever seat is to move, and reports in info["passes"] that the turn passed.
+        self.both_seats = self.cfg.self_play_seats == "both"
+        self.plays_both = np.zeros(num_games, bool)
+        self.step_info = ("passes",) if self.both_seats else ()
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"illegal_moves": self.illegal_moves}
@@ -200,6 +211,9 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
             self.seat[g] = seats[(g + int(self.episodes[g])) % len(seats)]
         if self._player_is_opponent(g):
             self.opponent[g] = self._opponents().choose()
+        self.plays_both[g] = self.both_seats and self.opponent[g] == SELF_PLAY
+        if self.plays_both[g]:  # the slot moves first, and then for every seat in turn
+            self.seat[g] = self.raw[g].agent_selection
         self.episode_return[g] = 0.0
         self.pending_reward[g] = 0.0
         self.over[g] = False
@@ -278,12 +292,18 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         n = self.num_envs
         restarted = self.over.copy()
+        passes = np.zeros(n, bool)
         for g in range(n):
             if restarted[g]:
                 self.episodes[g] += 1
                 self._start(g)
             elif not self._game_over(g):
                 self._apply(g, int(actions[g]), self.last_obs[g])
+                if self.plays_both[g] and not self._game_over(g):
+                    # The other seat is to move, and this slot plays it: its reward and
+                    # values are that seat's from now on (negamax).
+                    self.seat[g] = self.raw[g].agent_selection
+                    passes[g] = True
         self._play_others()
         rewards = np.zeros(n, np.float32)
         terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -298,10 +318,12 @@ class TurnBasedVectorEnv(MultiAgentVectorEnv):
                 truncated[g] = not terminated[g]
                 self.over[g] = True
                 if self._player_is_opponent(g):
-                    self._opponents().finished(
-                        self.opponent[g], int(np.sign(self.episode_return[g]))
-                    )
-        return self._observations(), rewards, terminated, truncated, {}
+                    # A game the slot played from both seats is even: its returns sum the
+                    # winner's reward, nobody's result.
+                    outcome = 0 if self.plays_both[g] else int(np.sign(self.episode_return[g]))
+                    self._opponents().finished(self.opponent[g], outcome)
+        info = {"passes": passes} if self.both_seats else {}
+        return self._observations(), rewards, terminated, truncated, info
 
     def _player_is_opponent(self, g: int) -> bool:
         """Whether game ``g`` has a seat the episode's chosen opponent plays."""
