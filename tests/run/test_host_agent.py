@@ -448,6 +448,9 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
         "replay=1@0",
         "--log-dir",
         str(log_dir),
+        # The name the other hosts reach this one by: the agent and its roles advertise it.
+        "--advertise",
+        "localhost",
         log_name="agent",
     )
     children: list[psutil.Process] = []
@@ -466,6 +469,7 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
         victim = rows["params-0"]["pid"]
         assert victim in {p.pid for p in children}
         assert rows["host-0"]["role"] == "host" and rows["host-0"]["pid"] == agent.pid
+        assert {rows[r]["address"] for r in ("host-0", "params-0", "replay-0")} == {"localhost"}
         os.kill(victim, signal.SIGKILL)
 
         def restarted() -> dict[str, dict[str, Any]] | None:

@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tictactoe(*overrides: str) -> ExperimentConfig:
-    return load_config(REPO / "configs" / "tictactoe_league.yaml", list(overrides))
+    """The shipped league config without its stop rule (stop.exploitability: 0) unless given."""
+    base = ["stop.exploitability=null"]
+    return load_config(REPO / "configs" / "tictactoe_league.yaml", [*base, *overrides])
 
 
 class Evaluator:

@@ -9,6 +9,7 @@ import typer
 
 from zrl.cli.common import BrokerOpt, KeyNameOpt, KeysOpt, LogOpt
 from zrl.cli.start import (
+    AdvertiseOpt,
     CheckpointRootOpt,
     EnvFactoryOpt,
     EnvIdOpt,
@@ -45,6 +46,7 @@ def host(
     ] = 300.0,
     keys: KeysOpt = None,
     key_name: KeyNameOpt = "client",
+    advertise: AdvertiseOpt = None,
     checkpoint_root: CheckpointRootOpt = None,
     env_factory: EnvFactoryOpt = None,
     model_factory: ModelFactoryOpt = None,
@@ -78,6 +80,8 @@ def host(
             role_args += [option, str(value.resolve())]
     if keys is not None:
         role_args += ["--key-name", key_name]
+    if advertise is not None:  # the address the other hosts reach this host's roles at
+        role_args += ["--advertise", advertise]
     refs = (
         ("--env-factory", env_factory),
         ("--model-factory", model_factory),
@@ -97,6 +101,7 @@ def host(
         role_args=role_args,
         orphan_timeout=orphan_timeout,
         restart=policy,
+        advertise=advertise,
         **options,
     )
     run_role(agent)  # the broker's stop, or a signal: the children are stopped
