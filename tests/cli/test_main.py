@@ -6,6 +6,7 @@ time); every child is waited for with a timeout and killed by PID if it overruns
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -271,6 +272,10 @@ def test_run_with_a_model_that_does_not_build_fails_before_any_role(tmp_path):
     assert leftovers == []
     assert not (run_dir / "broker_address").exists()
     assert {p.name for p in (run_dir / "logs").iterdir()} <= {"preflight.log", "zygote.log"}
+    # The run directory says why the run never started, as it does for any failed run.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"] and summary["stop_reason"] == "error" and summary["env_steps"] == 0
+    assert "hidden widths must be >= 1" in summary["error"]
 
 
 def test_public_bind_mentions_insecure(cli):

@@ -379,8 +379,10 @@ class Supervisor:
             ScalarWriter.preload()
             if spaces is not None:
                 self._check_model(spaces)
-        except BaseException:
+        except BaseException as exc:
             self.pool.zygote.stop()
+            if isinstance(exc, ConfigError):  # the run directory says why, as for any failure
+                self._write_preflight_summary(str(exc))
             raise
         writer = MetricsWriter(
             self.run_dir, logging=self.cfg.logging, config=self.cfg.model_dump(mode="json")
@@ -515,6 +517,21 @@ class Supervisor:
         finally:
             self.pool.zygote.stop()
         return summary
+
+    def _write_preflight_summary(self, error: str) -> None:
+        """summary.json of a run the preflight check stopped before anything started: failed,
+        ``stop_reason: error``, the check's error (its log: logs/preflight.log)."""
+        summary = {
+            "experiment": self.cfg.name,
+            "run_dir": str(self.run_dir),
+            "stop_reason": "error",
+            "failed": True,
+            "error": error,
+            "error_log": str(self.run_dir / "logs" / "preflight.log"),
+            "env_steps": 0,
+            "wall_time": round(time.monotonic() - self.started, 2),
+        }
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
 
     def _check_model(self, spaces: tuple[Any, Any]) -> None:
         """Build the model as the roles will, before any starts: in a child forked from the
