@@ -4,17 +4,20 @@ and those that met the stop rule) by the time the result is heard."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from tests.helpers.params import assert_same_arrays, config, weights
+from zrl.roles import evaluator as evaluator_module
 from zrl.roles.evaluated_weights import BEST_SUFFIX, met_suffix, read_evaluated
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.params import ParameterServer
 from zrl.testing.fakes import Rpc
 from zrl.testing.inproc import InProc, collect
+from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -69,6 +72,36 @@ def test_the_evaluated_weights_are_kept_before_the_result_goes_out(inproc, zmq_c
         assert best.version == better.meta["weights_version"]
         assert inproc.error_of(evaluator) is None
     finally:
+        rpc.close()
+
+
+def test_the_heartbeat_shows_the_evaluation_running_now(inproc, zmq_ctx, monkeypatch):
+    cfg = config()
+    cfg.evaluator.interval = 0.01
+    release = threading.Event()
+    real = evaluator_module.greedy_returns
+
+    def held(*args, **kwargs):  # the episodes, once the test has seen them running
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "greedy_returns", held)
+    inproc.start_broker(cfg)
+    params = inproc.start(ParameterServer, index=0)
+    assert isinstance(params, ParameterServer)
+    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    try:
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+        evaluator = inproc.start(Evaluator, index=0)
+        assert isinstance(evaluator, Evaluator)
+        running = wait_for(lambda: evaluator.heartbeat_info().get("evaluating"), timeout=30)
+        assert running["weights_version"] == 1 and running["for_s"] >= 0
+        release.set()
+        wait_for(lambda: evaluator.evaluations == 1, timeout=30)
+        assert "evaluating" not in evaluator.heartbeat_info()
+        assert inproc.error_of(evaluator) is None
+    finally:
+        release.set()
         rpc.close()
 
 

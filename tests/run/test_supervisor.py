@@ -1080,3 +1080,11 @@ def test_a_role_the_broker_marks_dead_is_named_on_the_console_once(tmp_path: Pat
     learner["state"] = "dead"
     sup._report_deaths(Display())
     assert len(shown) == 2
+
+
+def test_an_evaluation_the_stop_cut_short_is_named_in_the_summary(tmp_path: Path):
+    sup = eval_supervisor(tmp_path)
+    assert sup._summary({}, None, interrupted=True)["evaluations_cut_short"] == []
+    sup.monitor.status_rows[0]["info"] = {"evaluating": {"weights_version": 7, "for_s": 3.5}}
+    cut = sup._summary({}, None, interrupted=True)["evaluations_cut_short"]
+    assert cut == [{"evaluator": "evaluator-0", "weights_version": 7, "running_for_s": 3.5}]

@@ -9,7 +9,9 @@ Sockets:
   ``exploitability``, ``exploitability_first``/``_second`` and ``losing_lines`` of the greedy
   policy}; the supervisor records it and checks the stop rule.
 
-The heartbeat carries the means of the latest evaluations (``recent_returns``) and their
+The heartbeat carries the evaluation running now (``evaluating``: its weights version and
+how long it has run; the head records one the stop cut short) and the means of the latest
+evaluations (``recent_returns``) and their
 exploitability (``recent_exploitability``): the supervisor stops on evaluations only once
 the evaluator's own heartbeat, which no other peer can forge, reports them too. With
 ``stop.confirm: fresh`` an evaluation at the targets (``stop.eval_return``,
@@ -74,6 +76,8 @@ class Evaluator(Role):
         self.evaluations = 0
         self.confirmations = 0
         self.last: dict[str, Any] = {}
+        self.in_flight: tuple[int, float] | None = None
+        """The evaluation running now: (weights version, when it started)."""
         self.recent_returns: list[float] = []
         self.recent_exploitability: list[float | None] = []  # aligned with recent_returns
         self.confirming_return: float | None = None
@@ -126,6 +130,13 @@ class Evaluator(Role):
         return envs
 
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
+        self.in_flight = (version, time.monotonic())
+        try:
+            self._run_evaluation(version, episodes, seed, confirming)
+        finally:
+            self.in_flight = None
+
+    def _run_evaluation(self, version: int, episodes: int, seed: int, confirming: bool) -> None:
         started = time.monotonic()
         against: dict[str, float] = {}
         with torch.no_grad():
@@ -218,6 +229,12 @@ class Evaluator(Role):
             if self.game is not None:
                 info["exploitability"] = self.last.get("exploitability")
                 info["recent_exploitability"] = list(self.recent_exploitability)
+        if self.in_flight is not None:  # the head records it if the run stops meanwhile
+            version, started = self.in_flight
+            info["evaluating"] = {
+                "weights_version": version,
+                "for_s": round(time.monotonic() - started, 1),
+            }
         if self.confirming_return is not None:
             info["confirming_return"] = self.confirming_return
             if self.game is not None:

@@ -352,6 +352,11 @@ class StatusDisplay:
             )
         for line in result_lines(summary):  # a league's, a turn-based game's evaluation
             self.message(line)
+        for cut in summary.get("evaluations_cut_short") or []:
+            self.message(
+                f"{cut['evaluator']} was evaluating weights v{cut['weights_version']} at the "
+                f"stop ({_fmt(cut['running_for_s'])} s in): not recorded"
+            )
         if summary.get("model_note"):  # which weights model.pt holds, and why
             self.message(summary["model_note"])
         self.console.print(f"run directory: {summary['run_dir']}")

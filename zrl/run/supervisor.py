@@ -41,7 +41,7 @@ import zmq
 
 from zrl.config.experiment import ConfigError, ExperimentConfig
 from zrl.config.factories import FACTORIES_FILE, Factories
-from zrl.run.aggregator import Aggregator
+from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.children import Child
 from zrl.run.learning import did_not_learn
 from zrl.run.metrics import (
@@ -590,10 +590,28 @@ class Supervisor:
         summary["reference_opponents"] = reference_rates(evals[-1] if evals else None) or None
         summary["exploitability"] = exploitability_summary(evals)
         summary["league"] = self.league
+        summary["evaluations_cut_short"] = self._evaluations_in_flight()
         summary["signal"] = (
             signal.Signals(self.stop_signal).name if interrupted and self.stop_signal else None
         )
         return summary
+
+    def _evaluations_in_flight(self) -> list[dict[str, Any]]:
+        """The evaluations our evaluators were running at the stop, from their last
+        heartbeats (``evaluating``): not recorded in eval.csv, and the summary says so."""
+        out = []
+        for r in self.monitor.status_rows:
+            info = r.get("info") if self.monitor.ours(r) == "evaluator" else None
+            running = info.get("evaluating") if isinstance(info, dict) else None
+            if isinstance(running, dict):
+                out.append(
+                    {
+                        "evaluator": r.get("id"),
+                        "weights_version": count(running.get("weights_version")),
+                        "running_for_s": number(running.get("for_s")),
+                    }
+                )
+        return out
 
     def _run_summary(
         self, row: dict[str, Any], saved: SavedModels | None, interrupted: bool
