@@ -561,3 +561,82 @@ def test_agent_gives_up_a_role_that_keeps_crashing_and_stops_when_the_broker_is_
         assert_all_gone(children, broker_addr, broker.pid)
     finally:
         kill_pids([agent.pid, *(p.pid for p in children)])
+
+
+@pytest.mark.slow
+def test_an_agent_with_keys_runs_its_roles_on_a_keyed_broker(spawn, zmq_ctx, broker_addr, tmp_path):
+    """``zrl host --keys`` end to end: the agent and the roles it starts (which get the keys
+    from it) register with a CurveZMQ broker; an agent without the keys never does."""
+    from zrl.transport.security import init_keys, load_keys
+
+    keydir = init_keys(tmp_path / "keys")
+    keys = load_keys(keydir)
+    start_broker_keyed = spawn(
+        "start",
+        "broker",
+        "--bind",
+        broker_addr,
+        "--config",
+        CONFIG,
+        "--keys",
+        str(keydir),
+        "--log-level",
+        "WARNING",
+        log_name="broker",
+    )
+
+    def rows() -> dict[str, dict[str, Any]]:
+        try:
+            reply = registry_request(zmq_ctx, broker_addr, P.Message(P.STATUS), 0.5, keys)
+        except RoleError:
+            return {}
+        return {r["id"]: r for r in reply.meta.get("roles", [])}
+
+    def answers() -> bool:
+        try:
+            registry_request(zmq_ctx, broker_addr, P.Message(P.STATUS), 0.5, keys)
+        except RoleError:
+            return start_broker_keyed.poll() is not None
+        return True
+
+    wait_for(answers, timeout=30)
+    assert start_broker_keyed.poll() is None, "the keyed broker exited"
+    outsider = spawn(
+        "host",
+        "--broker",
+        broker_addr,
+        "--connect-timeout",
+        "3",
+        "params=1",
+        "--log-dir",
+        str(tmp_path / "outsider-logs"),
+        log_name="outsider",
+    )
+    agent = spawn(
+        "host",
+        "--broker",
+        broker_addr,
+        "--keys",
+        str(keydir),
+        "params=1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        log_name="agent",
+    )
+    try:
+
+        def up() -> bool:
+            assert agent.poll() is None, f"the agent exited with {agent.returncode}"
+            state = rows()
+            return state.get("params-0", {}).get("state") == "alive" and "host-0" in state
+
+        wait_for(up, timeout=60)
+        state = rows()
+        assert state["host-0"]["pid"] == agent.pid
+        assert state["params-0"]["pid"] in {p.pid for p in descendants(agent.pid)}
+        # The outsider's handshake fails: it gives up connecting, and nothing of it registers.
+        assert outsider.wait(timeout=60) != 0
+        assert {r["pid"] for r in rows().values()} & {outsider.pid} == set()
+        assert len([r for r in rows().values() if r["role"] == "host"]) == 1
+    finally:
+        kill_pids([agent.pid, outsider.pid, start_broker_keyed.pid])
