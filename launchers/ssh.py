@@ -360,6 +360,9 @@ class Options:
     connect_timeout: float = 120.0
     ssh: str = "ssh"
     ssh_options: list[str] = field(default_factory=list)
+    env_factory: str | None = None
+    model_factory: str | None = None
+    env_id: str | None = None
 
 
 def default_run_dir(name: str, now: datetime | None = None) -> str:
@@ -461,6 +464,8 @@ class Plan:
         head = zrl_command(
             o.python, "start", "broker", "--run-dir", self.run_dir, "--bind", self.bind_address
         )
+        factories = [("--env-factory", o.env_factory), ("--model-factory", o.model_factory)]
+        head += [arg for option, ref in factories if ref for arg in (option, ref)]
         if self.config_text is not None:
             config = '--config "$cfg"'  # the temporary file remote_script writes
         else:
@@ -484,9 +489,21 @@ class Plan:
             "--checkpoint-root",
             self.checkpoint_root,
             *self._common(),
+            *self._references(),
             *launch.specs,
         )
         return shlex.join(cmd)
+
+    def _references(self) -> list[str]:
+        """What the agents' roles may import when the broker names it without keys: the env
+        and model factories and a module env id (``zrl host --env-factory ...``)."""
+        o = self.opts
+        refs = (
+            ("--env-factory", o.env_factory),
+            ("--model-factory", o.model_factory),
+            ("--env-id", o.env_id),
+        )
+        return [arg for option, ref in refs if ref for arg in (option, ref)]
 
     def ssh_argv(self, target: str, remote_command: str) -> list[str]:
         """``ssh [user options] [defaults] TARGET COMMAND``: ssh keeps the first value it
@@ -894,6 +911,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--connect-timeout", type=float, default=120.0, help="Agents' and roles' --connect-timeout."
     )
+    p.add_argument(
+        "--env-factory",
+        help="Env factory package.module:name: the head's, and the agents' roles may import it.",
+    )
+    p.add_argument(
+        "--model-factory",
+        help="Model factory package.module:name: the head's, and the agents' roles may import it.",
+    )
+    p.add_argument(
+        "--env-id",
+        help="A module env.id (package.module:Env-v0) the agents' roles may import.",
+    )
     p.add_argument("--ssh", default="ssh", help="ssh client command.")
     p.add_argument("--dry-run", action="store_true", help="Print every command and exit.")
     p.add_argument(
@@ -935,6 +964,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             connect_timeout=args.connect_timeout,
             ssh=args.ssh,
             ssh_options=ssh_options,
+            env_factory=args.env_factory,
+            model_factory=args.model_factory,
+            env_id=args.env_id,
         )
         plan = Plan(opts)
     except (HostsFileError, LaunchError, ValueError) as exc:  # zrl's ConfigError is a ValueError

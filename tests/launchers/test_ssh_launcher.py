@@ -225,6 +225,34 @@ def test_dry_run_passes_keys_to_every_role(ssh_launcher: ModuleType, tmp_path: P
     assert "--insecure" not in output
 
 
+def test_dry_run_passes_factory_references_to_the_head_and_every_agent(
+    ssh_launcher: ModuleType, tmp_path: Path
+) -> None:
+    code, output = _dry_run(
+        ssh_launcher,
+        tmp_path,
+        "--keys",
+        "/srv/zrl-keys",
+        "--env-factory",
+        "mysim.envs:make",
+        "--model-factory",
+        "mysim.nets:build",
+        "--env-id",
+        "mysim.envs:Sim-v0",
+    )
+    assert code == 0, output
+    commands = [argv[-1] for argv in _commands(output)[:-1]]
+    head = [c for c in commands if "start broker" in c]
+    agents = [c for c in commands if " host " in c]
+    assert len(head) == 1 and agents, output
+    assert "--env-factory mysim.envs:make --model-factory mysim.nets:build" in head[0]
+    for agent in agents:
+        assert (
+            "--env-factory mysim.envs:make --model-factory mysim.nets:build "
+            "--env-id mysim.envs:Sim-v0" in agent
+        ), agent
+
+
 def test_public_broker_without_keys_is_refused(
     ssh_launcher: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
