@@ -26,6 +26,7 @@ ALGORITHMS: dict[str, str] = {
     "apex_ddpg": "zrl.algos.apex_ddpg",
     "sac": "zrl.algos.sac",
     "r2d2": "zrl.algos.r2d2",
+    "qmix": "zrl.algos.qmix",
 }
 """``algo`` name -> the package whose ``ALGORITHM`` describes it."""
 

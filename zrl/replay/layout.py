@@ -138,6 +138,7 @@ def experience_layout(
     trajectory_length: int,
     sequence_length: int | None = None,
     state_size: int | None = None,
+    team: int = 0,
 ) -> ExperienceLayout:
     """The TRAJECTORY layout a shard storing ``item`` takes from its actors.
 
@@ -146,17 +147,28 @@ def experience_layout(
     the recurrent state the model carries (recurrent unrolls and sequences), else None.
     ``actions``: the algorithm's (``Wiring.actions``); ``any`` follows the env's action space.
     Box unrolls (``continuous_unroll``) carry the Gaussian policy's samples before the actor
-    clipped them, so their actions are checked finite, not inside the bounds."""
+    clipped them, so their actions are checked finite, not inside the bounds.
+
+    ``team``: the agents per game of a multi-agent env whose actors send one transition per
+    game (``Wiring.team``, QMIX): ``E`` is the games (``num_envs // team``), an observation
+    the ``team`` slot observations side by side (``O = team * slot``), an action the joint
+    index in ``[0, n ** team)``; 0 for one transition per slot."""
     obs_dtype = M.obs_dtype(observation_space)
     obs_shape = M.obs_shape(observation_space)
     E, T = num_envs, trajectory_length
     num_actions: int | None = None
     low = high = None
+    if team:
+        if item != "transitions" or actions != "discrete" or obs_dtype != np.float32:
+            raise ValueError("team layouts are transitions of discrete actions over flat slots")
+        if num_envs % team:
+            raise ValueError(f"{num_envs} slots are not whole games of {team} agents")
+        E, obs_shape = num_envs // team, (team * obs_shape[0],)
     sizes: dict[str, Size] = {"O": obs_shape}
     if actions == "any":
         actions = "discrete" if hasattr(action_space, "n") else "box"
     if actions == "discrete":
-        num_actions = int(action_space.n)
+        num_actions = int(action_space.n) ** max(team, 1)
     else:
         sizes["A"] = math.prod(action_space.shape)
         low = np.asarray(action_space.low, np.float32).reshape(-1)

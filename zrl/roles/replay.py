@@ -194,6 +194,7 @@ class ReplayServer(Role):
             trajectory_length=cfg.actor.trajectory_length,
             sequence_length=sequence_length,
             state_size=state_size,
+            team=envs_per_game if wiring.team else 0,
         )
 
     def assemble(self, msg: P.Message) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

@@ -50,7 +50,9 @@ Data paths:
   replay FIFO (impala, appo, stream ``experience``) or every PPO learner (PUB topic ``rollouts/``).
   Meta ``weights_version`` (the version the steps acted with, :func:`trajectory_version`),
   ``actor`` (index), ``env_steps``. Arrays: :data:`TRANSITIONS` (apex_dqn;
-  :data:`FRAME_TRANSITIONS` for frame stacks), :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
+  :data:`FRAME_TRANSITIONS` for frame stacks; qmix's team transitions, one row per game: ``O``
+  the game's slot observations side by side, the joint action, ``zrl.replay.layout``),
+  :data:`CONTINUOUS_TRANSITIONS` (apex_ddpg, sac),
   :data:`SEQUENCES` (r2d2; :data:`FRAME_SEQUENCES` for frame stacks), :data:`UNROLL` (impala,
   appo, ppo; :data:`FRAME_UNROLL` for impala, appo and ppo on frame stacks) or
   :data:`RECURRENT_UNROLL` (impala, appo and ppo with ``model.core``;
@@ -58,7 +60,8 @@ Data paths:
   :data:`CONTINUOUS_UNROLL` (impala, appo and ppo on Box actions) or :data:`TURN_UNROLL` (ppo on
   a turn-based game played from both seats).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
-  id), ``table_size``. Arrays: :data:`TRANSITION_BATCH`, :data:`CONTINUOUS_TRANSITION_BATCH`
+  id), ``table_size``. Arrays: :data:`TRANSITION_BATCH` (apex_dqn; qmix's of teams),
+  :data:`CONTINUOUS_TRANSITION_BATCH`
   , :data:`UNROLL_BATCH` (impala, appo, from a FIFO table; :data:`FRAME_UNROLL_BATCH` on frame
   stacks), :data:`RECURRENT_UNROLL_BATCH` (impala, appo with ``model.core``;
   :data:`RECURRENT_FRAME_UNROLL_BATCH` on frame stacks), :data:`CONTINUOUS_UNROLL_BATCH`

@@ -35,6 +35,10 @@ class Wiring:
     learner_input: Literal["batches", "rollouts", ""] = "batches"
     """The learner's input: BATCH messages from replay shards, or the actors' rollouts; ""
     when it has no learner (the parameter server applies the actors' gradients)."""
+    team: bool = False
+    """Its actors send one transition per multi-agent game, not per slot (QMIX): the game's
+    slot observations side by side, the joint action index, the team reward; the replay
+    shard's layout is the team's (``zrl.replay.layout``)."""
 
     @classmethod
     def replayed(

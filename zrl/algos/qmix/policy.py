@@ -1,0 +1,123 @@
+"""The QMIX actor policy: each agent epsilon-greedy on the shared agent Q-network over its own
+observation, and each game's slots grouped into one team transition.
+
+The actor's vector env has one slot per agent (``zrl.envs.multiagent.envs.ParallelVectorEnv``:
+game ``g`` is slots ``g * L .. g * L + L - 1``). Acting is per slot: ``forward`` of the model
+(illegal actions masked), the greedy action with probability ``1 - epsilon``, else a uniformly
+random legal one; epsilon decays linearly with the actor's env steps
+(``qmix.epsilon_start`` -> ``qmix.epsilon_end`` over ``qmix.epsilon_steps``).
+
+``finish`` sends a ``transitions`` TRAJECTORY of the team (:func:`team_transitions`), one row
+per game: the L slot observations side by side (each carries the global state), the joint
+action index, the team reward, the game's episode flags. The replay shard takes it as any
+transitions (n-step returns, uniform table) with its layout fixed for teams
+(``Wiring.team``, ``zrl.replay.layout``).
+
+The team reward is the **mean** of the agents' rewards, not the sum: in simple_spread each
+agent's reward is ``(1 - local_ratio) * shared + local_ratio * own collisions``, so the mean
+counts the shared coverage term once and averages the collision penalties, and the team
+return is on the scale of the per-agent returns the evaluator reports (about -28 for a random
+policy) whatever the number of agents; the sum would only scale Q_tot by L.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.qmix.config import QMIXConfig
+from zrl.algos.qmix.losses import joint_actions, linear_epsilon
+from zrl.transport import protocol as P
+
+
+def by_game(x: np.ndarray, agents: int) -> np.ndarray:
+    """Slot-major ``[E, T, ...]`` (E = G * L, a game's slots consecutive) -> ``[G, T, L, ...]``."""
+    E, T = x.shape[:2]
+    if E % agents:
+        raise ValueError(f"{E} slots are not whole games of {agents} agents")
+    return np.swapaxes(x.reshape(E // agents, agents, T, *x.shape[2:]), 1, 2)
+
+
+def team_transitions(tr: Trajectory, agents: int, num_actions: int) -> dict[str, np.ndarray]:
+    """The ``transitions`` arrays of the teams of trajectory ``tr`` (``[E, T, ...]`` slots):
+    ``[G, T, ...]`` with ``obs``/``next_obs`` the agents' slot observations concatenated
+    (``[G, T, L * slot]``), ``action`` the joint index (``losses.joint_actions``), ``reward``
+    the agents' mean, ``terminated``/``truncated`` any agent's (they end together),
+    ``valid`` every agent's, ``priority`` zeros (the table is uniform)."""
+    assert tr.next_obs is not None, "the policy must set records_next_obs"
+    G, T = tr.obs.shape[0] // agents, tr.obs.shape[1]
+    obs = by_game(tr.obs, agents).reshape(G, T, -1)
+    next_obs = by_game(tr.next_obs, agents).reshape(G, T, -1)
+    return {
+        "obs": obs,
+        "action": joint_actions(by_game(tr.action, agents), num_actions),
+        "reward": by_game(tr.reward, agents).mean(axis=2).astype(np.float32),
+        "terminated": by_game(tr.terminated, agents).any(axis=2),
+        "truncated": by_game(tr.truncated, agents).any(axis=2),
+        "valid": by_game(tr.valid, agents).all(axis=2),
+        "next_obs": next_obs,
+        "priority": np.zeros((G, T), np.float32),
+    }
+
+
+class QMIXPolicy(BasePolicy):
+    records_next_obs = True
+    action_dtype = np.int64
+    action_shape: tuple[int, ...] = ()
+
+    def __init__(self, setup: ActorSetup) -> None:
+        self.cfg = setup.config.section(QMIXConfig)
+        model: Any = setup.model
+        self.model = model
+        self.rng = setup.rng
+        self.agents = int(model.agents)
+        self.num_actions = int(setup.action_space.n)
+        if setup.num_envs % self.agents:
+            raise ValueError(
+                f"{setup.num_envs} env slots are not whole games of {self.agents} agents"
+            )
+        self.epsilon = self.cfg.epsilon_start
+        self.explore = np.zeros((0, setup.num_envs), bool)
+        self.scores = np.zeros((0, setup.num_envs, self.num_actions))
+        setup.log.info(
+            "actor %d: %d games of %d agents x %s, epsilon %.3g -> %.3g over %d steps, seed %d",
+            setup.actor_index,
+            setup.num_envs // self.agents,
+            self.agents,
+            setup.config.env.id,
+            self.cfg.epsilon_start,
+            self.cfg.epsilon_end,
+            self.cfg.epsilon_steps,
+            setup.seed,
+        )
+
+    def begin(self, steps: int, env_steps: int) -> None:
+        c = self.cfg
+        self.epsilon = linear_epsilon(env_steps, c.epsilon_start, c.epsilon_end, c.epsilon_steps)
+        E = self.explore.shape[1]
+        self.explore = self.rng.random((steps, E)) < self.epsilon
+        # Random scores per action: the random action is the best-scoring legal one.
+        self.scores = self.rng.random((steps, E, self.num_actions))
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        rows = slice(None) if rows is None else rows
+        q = self.model(torch.from_numpy(obs)).numpy()
+        legal = q > ILLEGAL_THRESHOLD
+        random = np.where(legal, self.scores[t, rows], -1.0).argmax(axis=1)
+        return np.where(self.explore[t, rows], random, q.argmax(axis=1)), {}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        return Outgoing(P.TRAJECTORY, team_transitions(trajectory, self.agents, self.num_actions))
+
+    def train_info(self) -> dict[str, float]:
+        return {"epsilon": float(self.epsilon)}
+
+
+ILLEGAL_THRESHOLD = -1e7
+"""Q-values at or below it are the model's masked (illegal) actions (``losses.ILLEGAL_Q``)."""

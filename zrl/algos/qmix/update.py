@@ -1,0 +1,75 @@
+"""``QMIXUpdate``: the learner side of QMIX, one gradient step per replay batch of team
+transitions.
+
+- ``receive``: a BATCH of :data:`zrl.transport.messages.TRANSITION_BATCH` from a replay shard,
+  validated with the team's observation width ``O = L * slot`` (from the env's spaces and the
+  model's agents, never from the message), its joint actions in ``[0, A^L)``; a malformed one
+  raises ProtocolError (dropped).
+- ``train``: :func:`zrl.algos.qmix.losses.qmix_update` (the agent network and the mixer
+  together), the hard copy to the target agent network and mixer every
+  ``qmix.target_update_interval`` updates. A uniform table: no priorities go back.
+
+A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step; the batch is
+dropped, never retried.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import Tensor
+
+from zrl.algos.api.learner import LearnerSetup
+from zrl.algos.batch_update import BatchStep, QTargetUpdate
+from zrl.algos.batches import PendingBatches
+from zrl.algos.optim import make_adam
+from zrl.algos.qmix.config import QMIXConfig
+from zrl.algos.qmix.losses import qmix_update
+from zrl.transport import messages as M
+from zrl.transport import protocol as P
+from zrl.transport.schema import validate
+
+
+class QMIXUpdate(QTargetUpdate):
+    """The online model (agent network + mixer), its target copy and their Adam."""
+
+    send_priorities = False
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        self.config = setup.config
+        self.qmix = setup.config.section(QMIXConfig)
+        self.train_stats = setup.train_stats
+        self.model = setup.model
+        self.target = copy.deepcopy(self.model)
+        self.optimizer = make_adam(
+            self.model.parameters(), self.config.learner.lr, self.config.learner.adam_eps
+        )
+        agents = int(self.model.agents)
+        self.team_obs = (agents * M.obs_shape(setup.observation_space)[0],)
+        self.joint_actions = int(setup.action_space.n) ** agents
+        self.updates = 0
+        self.pending = PendingBatches(setup.device)
+
+    def receive(self, msg: P.Message, version: int) -> None:
+        dims = validate(msg, M.TRANSITION_BATCH, O=self.team_obs)
+        actions = msg.arrays["action"]
+        if dims["B"] and (actions.min() < 0 or actions.max() >= self.joint_actions):
+            raise P.ProtocolError(f"batch joint actions outside [0, {self.joint_actions})")
+        self.pending.add(msg)
+
+    def step(self, batch: dict[str, Tensor]) -> BatchStep:
+        result = qmix_update(
+            self.model,
+            self.target,
+            self.optimizer,
+            batch,
+            double=self.qmix.double,
+            grad_clip=self.config.learner.grad_clip,
+        )
+        figures = {
+            "loss": result.loss,
+            "q_tot_mean": result.q_tot_mean,
+            "grad_norm": result.grad_norm,
+        }
+        targets_due = (self.updates + 1) % self.qmix.target_update_interval == 0
+        return BatchStep(result.loss, result.td, figures, targets_due)
