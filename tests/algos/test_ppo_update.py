@@ -1,11 +1,12 @@
 """``PPOUpdate``: the learner side of PPO, built as the generic learner role builds it, fed
-rollout messages and trained without sockets (a single learner opens none; the DD-PPO
-handshake runs on in-memory channels)."""
+rollout messages and trained without sockets (PPO opens none; two DD-PPO learners form their
+process group as threads of this process)."""
 
 from __future__ import annotations
 
 import math
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
@@ -33,54 +34,46 @@ E, T = 2, 8  # env.num_envs, actor.trajectory_length
 
 
 class FakeChannel:
-    """Enough of a ``Channel`` for the DD-PPO handshake: sent messages are kept, received
-    ones are queued by the test."""
+    """Enough of a ``Channel`` for a follower's weights SUB: received messages are queued by
+    the test (none here)."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[P.Message, str]] = []
         self.inbox: list[P.Message] = []
-        self.dropped: list[str] = []
-        self.sock = self
-
-    def poll(self, timeout_ms: int = 0) -> bool:
-        return bool(self.inbox)
-
-    def send(self, msg: P.Message, topic: str = "", block: bool = True) -> bool:
-        self.sent.append((msg, topic))
-        return True
 
     def recv(self, *, block: bool = True) -> tuple[bytes | None, P.Message] | None:
         return (None, self.inbox.pop(0)) if self.inbox else None
 
-    def drop(self, sender: str, reason: str) -> None:
-        self.dropped.append(reason)
-
 
 class FakeServices:
-    """The role's services; a single learner must not use the sockets or the follower."""
+    """The role's services: no sockets (PPO opens none of its own); a DD-PPO learner finds
+    learner 0's heartbeat info in ``registry`` (the broker's STATUS), and a follower follows
+    weights on a ``FakeChannel``."""
 
-    def __init__(self, channels: dict[str, FakeChannel] | None = None) -> None:
+    def __init__(self, registry: dict[str, dict[str, Any]] | None = None) -> None:
         self.id = "learner-test"
+        self.advertise = "127.0.0.1"
         self.stop_event = threading.Event()
         self.ticks = 0
-        self.channels = channels
+        self.registry = registry
 
     def open_publisher(self, name: str = "topics", *, hwm: int = 1000) -> Any:
-        if self.channels is None:
-            raise AssertionError(f"a single learner opened a publisher {name!r}")
-        return self.channels["pub"]
+        raise AssertionError(f"a PPO learner opened a publisher {name!r}")
 
     def open_subscriber(self, topics: list[str], name: str, *, hwm: int = 1000) -> Any:
-        if self.channels is None:
-            raise AssertionError(f"a single learner opened a subscriber {name!r}")
-        assert topics == [P.ALLREDUCE_TOPIC]
-        return self.channels["sub"]
+        raise AssertionError(f"a PPO learner opened a subscriber {name!r}")
 
     def tick(self) -> None:
         self.ticks += 1
 
     def follow_weights(self, model: Any) -> Any:
-        raise AssertionError("the leader follows no weights")
+        if self.registry is None:
+            raise AssertionError("the leader follows no weights")
+        return SimpleNamespace(sub=FakeChannel(), version=0)
+
+    def role_info(self, role_id: str) -> dict[str, Any] | None:
+        if self.registry is None:
+            raise AssertionError(f"a single learner asked for {role_id!r}")
+        return self.registry.get(role_id)
 
 
 def make_config(learners: int = 1) -> ExperimentConfig:
@@ -157,7 +150,7 @@ def test_trains_a_round_of_one_rollout_per_actor():
     assert info["rounds"] == 1 and info["round_versions"] == [1] and info["mixed_rounds"] == 0
     assert 0 < info["busy"] <= 1
     assert {"approx_kl", "clip_fraction", "entropy"} <= set(info)
-    assert "allreduce_timeouts" not in info and "weight_drift" not in info
+    assert "group_rank" not in info and "weight_drift" not in info
     assert up.train_info() == {"lr": make_config().learner.lr}
     assert up.summary().startswith("1 rounds (sync), 12 updates, mixed-version rounds 0")
     # A rollout of the version just trained is stale in sync mode: counted, not kept.
@@ -266,22 +259,46 @@ def test_state_dict_round_trip():
     assert result is not None and other.rounds == 2
 
 
-def test_dd_ppo_leader_publishes_only_after_the_handshake():
-    channels = {"pub": FakeChannel(), "sub": FakeChannel()}
-    up = make_update(make_config(learners=2), FakeServices(channels), index=0)
-    assert up.peers is not None
-    assert up.peers.pub is channels["pub"] and up.peers.sub is channels["sub"]
-    assert not up.may_publish()
-    assert up.train(0) is None
-    ready = [m for m, topic in channels["pub"].sent if m.kind == P.READY]
-    assert ready and ready[0].meta == {"learner": 0, "heard": []}
-    assert channels["pub"].sent[0][1] == P.ALLREDUCE_TOPIC
-    # Learner 1 heard us: after this step both sides know.
-    channels["sub"].inbox.append(P.Message(P.READY, meta={"learner": 1, "heard": [0]}))
-    assert up.train(0) is None
-    assert up.peers_ready and up.may_publish()
-    assert up.peers.heard == {1} and up.peers.confirmed == {1}
-    assert up.heartbeat_info()["allreduce_timeouts"] == 0
+def test_dd_ppo_learners_form_their_group_and_train_identical_rounds():
+    """Two DD-PPO learners (threads of this process, as ``--inproc`` runs them): the leader
+    shows its store address, the follower finds it through the "broker", the group forms,
+    and a round trained by both on the same rollouts leaves bit-identical weights."""
+    registry: dict[str, dict[str, Any]] = {}
+    cfg = make_config(learners=2)
+    leader = make_update(cfg, FakeServices(registry), index=0)
+    follower = make_update(cfg, FakeServices(registry), index=1)
+    assert leader.group is not None and follower.group is not None
+    assert not leader.may_publish() and not follower.may_publish()
+    info = leader.heartbeat_info()
+    assert info["group_store"] == leader.group.address and info["group_formed"] is False
+    assert "group_store" not in follower.heartbeat_info()
+    registry["learner-0"] = info  # what the leader's heartbeat tells the broker
+    before = params(leader.model)
+    results: dict[int, Any] = {}
+
+    def run(up: PPOUpdate) -> None:
+        while not up.group_ready:
+            assert up.train(0) is None
+        for actor in (0, 1):
+            up.receive(rollout_msg(actor, version=1), 1)
+        results[up.learner_index] = up.train(1)
+
+    threads = [threading.Thread(target=run, args=(up,)) for up in (leader, follower)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert set(results) == {0, 1} and all(r is not None for r in results.values())
+        assert leader.may_publish() and not follower.may_publish()
+        assert leader.rounds == follower.rounds == 1
+        after, other = params(leader.model), params(follower.model)
+        assert all(torch.equal(after[k], other[k]) for k in after)
+        assert any(not torch.equal(after[k], before[k]) for k in after)
+        assert follower.heartbeat_info()["group_formed"] is True
+    finally:
+        leader.close()
+        follower.close()
 
 
 # ----------------------------------------------------------------------------- frame rollouts

@@ -610,9 +610,9 @@ def test_a3c_actor_and_params_train_together(inproc):
 
 
 def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
-    """DD-PPO start-up: learner 0 publishes no weights (which would start the actors) until
-    the learners have exchanged READY both ways; a follower that starts late is waited for,
-    and forged READYs from outside the learner range are dropped."""
+    """DD-PPO start-up: learner 0 opens the group's store and shows its address in its
+    heartbeat; it publishes no weights (which would start the actors) until the follower,
+    started late, found that address through the broker and the process group formed."""
     cfg = ExperimentConfig.model_validate(
         {
             **ppo_config("sync").model_dump(),
@@ -625,20 +625,18 @@ def test_dd_ppo_leader_waits_for_every_learner_before_the_first_weights(inproc):
     leader_role = inproc.start(Learner, index=0)
     assert isinstance(leader_role, Learner)
     leader = leader_role.update
-    assert isinstance(leader, PPOUpdate) and leader.leader
-    intruder = inproc.pub("learner-7")
-    inproc.wait_for_subscriber(P.ALLREDUCE_TOPIC, pub=intruder)
-    intruder.send(P.Message(P.READY, meta={"learner": 7, "heard": [0]}), topic=P.ALLREDUCE_TOPIC)
-    settle(lambda: not leader.peers_ready and params.version == 0, 0.8)
-    assert leader.peers is not None and leader.peers.heard == set()
-    assert leader.peers.sub.stats.dropped >= 1
+    assert isinstance(leader, PPOUpdate) and leader.leader and leader.group is not None
+    address = leader.group.address
+    assert address is not None
+    # The broker shows the store's address in learner-0's row (the follower's way to it).
+    wait_for(lambda: (leader_role.role_info("learner-0") or {}).get("group_store") == address)
+    settle(lambda: not leader.group_ready and params.version == 0, 0.8)
 
     follower_role = inproc.start(Learner, index=1)
     assert isinstance(follower_role, Learner)
     follower = follower_role.update
-    assert isinstance(follower, PPOUpdate)
-    wait_for(lambda: leader.peers_ready and follower.peers_ready, timeout=10)
-    assert follower.peers is not None
-    assert leader.peers.heard == leader.peers.confirmed == {1}
-    assert follower.peers.heard == follower.peers.confirmed == {0}
+    assert isinstance(follower, PPOUpdate) and follower.group is not None
+    wait_for(lambda: leader.group_ready and follower.group_ready, timeout=10)
+    assert follower.group.leader_address == address and follower.group.address is None
+    assert follower.heartbeat_info()["group_rank"] == 1
     wait_for(lambda: params.version >= 1, timeout=10)  # now the first weights go out

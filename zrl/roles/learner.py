@@ -12,7 +12,9 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
   ``priorities/<shard>/``: PRIORITIES for the sampled keys, back to the shard that sampled
   them, when the update returns them.
 - **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
-  open more sockets through the learner (DD-PPO's ``allreduce/`` topic).
+  open more sockets through the learner; DD-PPO's learners open a ``torch.distributed`` group
+  of their own (``zrl.algos.learner_group``: learner 0's TCPStore, found through a STATUS of
+  ``learner-0``, ``role_info``).
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s`` (a
   version held back goes out when that time has passed, updates or not), or at once when the
@@ -73,6 +75,7 @@ from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import WeightsCopy
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
+from zrl.roles.registry_client import read_status
 from zrl.roles.rpc_identity import ClientKeys
 from zrl.roles.trust import load_checkpoint_file
 from zrl.roles.weights import WeightsFollower
@@ -205,6 +208,20 @@ class Learner(Role):
     def follow_weights(self, model: nn.Module) -> WeightsFollower:
         """For updates that follow another learner's published weights (DD-PPO)."""
         return WeightsFollower(self, model, self.policy)
+
+    def role_info(self, role_id: str) -> dict[str, Any] | None:
+        """The heartbeat info of the live role ``role_id`` (DD-PPO: learner 0's group store
+        address), from a STATUS of that role; None while it is not registered or not alive."""
+        try:
+            rows = read_status(self.ctx, self.broker, 1.0, self.keys, role_id=role_id)["roles"]
+        except RoleError as exc:
+            self.log.debug("STATUS of %s: %s", role_id, exc)
+            return None
+        row = next((r for r in rows if isinstance(r, dict) and r.get("id") == role_id), None)
+        if row is None or row.get("state") in ("dead", "stopped"):
+            return None
+        info = row.get("info")
+        return info if isinstance(info, dict) else None
 
     # --- parameter server -------------------------------------------------------------
 
@@ -573,6 +590,7 @@ class Learner(Role):
             summary = self.update.summary()
             if summary:
                 self.log.info("%s: %s", self.id, summary)
+        self.update.close()
 
     def train_info(self) -> dict[str, float]:
         return self.update.train_info()

@@ -98,11 +98,9 @@ Data paths:
   arrays.
 - ``end_of_stream``: defined, not sent by any role in this version.
 - ``gradients``: A3C worker -> params, PUSH stream ``gradients`` (meta ``weights_version``,
-  ``actor``, ``env_steps``, ``samples``, loss parts); DD-PPO learner -> learners, PUB topic
-  ``allreduce/`` (meta ``round``, ``step``, ``learner``). Arrays: one float32 gradient per
-  parameter name, the parameter's shape (model-dependent, not a schema here).
-- ``ready``: DD-PPO learner -> learners, PUB topic ``allreduce/``. Meta ``learner``
-  (index), ``heard`` (indices it heard). No arrays.
+  ``actor``, ``env_steps``, ``samples``, loss parts). Arrays: one float32 gradient per
+  parameter name, the parameter's shape (model-dependent, not a schema here). (DD-PPO's
+  learners average their gradients over a ``torch.distributed`` group, not on the wire.)
 - ``match``: actor -> the league's rpc (DEALER). Meta ``count`` (1..``MAX_MATCHES``): opponents
   for that many episodes, ``policy`` (the learning player it acts for; absent: main);
   answered with ``matches``. No arrays.

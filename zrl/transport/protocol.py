@@ -55,7 +55,6 @@ ACK = "ack"
 METRICS = "metrics"  # every role -> topic metrics
 END_OF_STREAM = "end_of_stream"  # a producer's last message on a stream, carries its final seq
 GRADIENTS = "gradients"  # A3C worker -> params on `gradients`; DD-PPO learner -> learners (topic)
-READY = "ready"  # DD-PPO learner -> learners (topic allreduce/): start-up handshake
 MATCH = "match"  # actor -> league rpc: opponents for the next episodes
 MATCHES = "matches"  # league -> actor: the opponents it chose
 RESULTS = "results"  # actor -> league rpc: outcomes of finished episodes
@@ -89,7 +88,6 @@ KINDS: tuple[str, ...] = (
     METRICS,
     END_OF_STREAM,
     GRADIENTS,
-    READY,
     MATCH,
     MATCHES,
     RESULTS,
@@ -107,7 +105,6 @@ WEIGHTS_TOPIC = "weights"
 METRICS_TOPIC = "metrics"
 EVAL_TOPIC = "eval"
 ROLLOUTS_TOPIC = "rollouts/"  # PPO actors -> every PPO learner
-ALLREDUCE_TOPIC = "allreduce/"  # DD-PPO learners' gradients, one message per minibatch step
 INCARNATIONS_TOPIC = "incarnations/"  # replay shards -> actors: each shard's incarnation
 
 

@@ -155,14 +155,6 @@ TABLE: tuple[Route, ...] = (
         "counted by the head for planned roles of the run only (its roster)",
     ),
     Route(P.METRICS, "topic:eval", ("evaluator",), "head", "the planned evaluator only"),
-    Route(
-        P.GRADIENTS,
-        "topic:allreduce/",
-        ("learner",),
-        "learner",
-        "layout of the model the config builds",
-    ),
-    Route(P.READY, "topic:allreduce/", ("learner",), "learner", "planned learner indices"),
     # rpc (a server's own ROUTER, found with LOOKUP).
     Route(
         P.WEIGHTS,

@@ -38,6 +38,14 @@ class LearnerServices(Protocol):
     def follow_weights(self, model: nn.Module) -> Any:
         """A ``WeightsFollower`` of the published weights for ``model``."""
 
+    advertise: str
+    """The address other hosts reach this learner's host at (``--advertise``, or the
+    interface that routes to the broker)."""
+
+    def role_info(self, role_id: str) -> dict[str, Any] | None:
+        """The heartbeat info of the live role ``role_id`` (a STATUS to the broker), None
+        while it is not registered or not alive."""
+
 
 @dataclass
 class LearnerSetup:
@@ -105,6 +113,9 @@ class BaseUpdate:
     def summary(self) -> str:
         return ""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 class NonFiniteLossError(FloatingPointError):
     """A NaN/inf loss or gradient norm, raised before the optimizer step that would apply it."""
@@ -151,6 +162,10 @@ class LearnerUpdate(Protocol):
 
     def summary(self) -> str:
         """One line for the log when the learner stops ("" for none)."""
+
+    def close(self) -> None:
+        """Release what the update holds beyond the learner's sockets (DD-PPO's process
+        group); called once when the learner stops."""
 
 
 # --- parameter server side ---------------------------------------------------------------

@@ -8,12 +8,16 @@ role to publish the weights after it.
 
 With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
 
-- PUB / SUB ``allreduce/`` (``zrl.algos.ppo.peers.DDPPOPeers``): every learner holds the same
-  round, cuts every minibatch into ``learners`` equal slices, computes the gradient of its
-  slice and averages it with the others' before the optimizer step, so all learners apply the
-  same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
-  learners' start-up handshake there is done); the others follow them at the start of each
-  round (and count any drift, which should stay 0).
+- a ``torch.distributed`` process group of the policy's learners
+  (``zrl.algos.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
+  heartbeat and found by the others through the broker; gloo on the CPU). Every learner holds
+  the same round, cuts every minibatch into ``learners`` equal slices, computes the gradient
+  of its slice and all-reduces it (the mean) before the optimizer step, so all learners apply
+  the same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
+  group has formed: the first weights start the actors); the others follow them at the start
+  of each round (and count any drift, which should stay 0). The group is destroyed when the
+  learner stops (:meth:`PPOUpdate.close`); a learner of the group that stops or cannot be
+  reached stops the others (an all-reduce error), unless they are stopping too.
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
@@ -45,10 +49,10 @@ import torch
 from torch import nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
+from zrl.algos.learner_group import LearnerGroup, LearnerGroupError
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.ppo.config import PPOConfig
-from zrl.algos.ppo.peers import DDPPOPeers
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
 from zrl.algos.value_normalizer import ValueNormalizer
 from zrl.nets.discrete import ActorCritic
@@ -70,6 +74,7 @@ from zrl.transport.messages import (
 from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
+STOP_GRACE_S = 5.0  # a group collective failed: the time to hear that the run is stopping
 
 
 class PPOUpdate(BaseUpdate):
@@ -113,9 +118,18 @@ class PPOUpdate(BaseUpdate):
         self.learners = cfg.learners_per_policy()
         self.learner_index = cfg.learner_rank(setup.index)
         self.leader = self.learner_index == 0
-        # DD-PPO: gradients and READY messages between the learners.
-        self.peers = (
-            DDPPOPeers(self.services, self.learners, self.learner_index, self.model, self.log)
+        # DD-PPO: the learners' process group (rendezvous through the broker).
+        self.leader_id = f"learner-{setup.index - self.learner_index}"
+        self.group = (
+            LearnerGroup(
+                self.learner_index,
+                self.learners,
+                advertise=self.services.advertise,
+                find_leader=self.find_leader,
+                timeout_s=cfg.learner.group_timeout_s,
+                device=setup.device,
+                log=self.log,
+            )
             if self.learners > 1
             else None
         )
@@ -175,14 +189,20 @@ class PPOUpdate(BaseUpdate):
 
     # --- training ---------------------------------------------------------------------
 
+    def find_leader(self) -> str | None:
+        """DD-PPO: learner 0's group store ``host:port``, from its heartbeat (the broker)."""
+        info = self.services.role_info(self.leader_id)
+        address = info.get("group_store") if info else None
+        return address if isinstance(address, str) else None
+
     @property
-    def peers_ready(self) -> bool:
-        """Whether every DD-PPO learner hears every other (always, for a single learner)."""
-        return self.peers is None or self.peers.ready
+    def group_ready(self) -> bool:
+        """Whether the DD-PPO group has formed (always, for a single learner)."""
+        return self.group is None or self.group.ready
 
     def train(self, version: int) -> UpdateResult | None:
-        if self.peers is not None and not self.peers.ready:
-            self.peers.handshake()
+        if self.group is not None and not self.group.ready:
+            self.group.poll()  # LearnerGroupError past learner.group_timeout_s
             return None
         if self.follow is not None:
             self.follow_leader()
@@ -196,6 +216,11 @@ class PPOUpdate(BaseUpdate):
         except NonFiniteLossError as exc:
             exc.source = f"round {self.rounds + 1}"
             raise
+        except LearnerGroupError:
+            if self.stopping():
+                self.log.info("learner group: a learner left as the run stops; round dropped")
+                return None
+            raise
         finally:
             self.training_s += time.monotonic() - started
         # Published even after a round without valid samples: in sync mode the actors wait for
@@ -203,9 +228,18 @@ class PPOUpdate(BaseUpdate):
         samples = sum(int(r.arrays["valid"].sum()) for r in chosen)
         return UpdateResult(updates=steps, loss=self.last_loss, publish=True, samples=samples)
 
+    def stopping(self) -> bool:
+        """After a failed collective: whether this learner is asked to stop within
+        ``STOP_GRACE_S`` (the run is ending and another learner stopped first)."""
+        deadline = time.monotonic() + STOP_GRACE_S
+        while not self.services.stop_event.is_set() and time.monotonic() < deadline:
+            self.services.tick()
+            self.services.stop_event.wait(0.05)
+        return self.services.stop_event.is_set()
+
     def follow_leader(self) -> None:
         """DD-PPO followers take the leader's weights after the same round; with identical
-        averaged updates these equal their own, and any drift (an allreduce that timed out)
+        averaged updates these equal their own, and any drift (which should stay 0)
         is measured and corrected. Weights from another round are only used for the version
         number: loading them would move this learner out of step."""
         follow = self.follow
@@ -299,8 +333,8 @@ class PPOUpdate(BaseUpdate):
         loss, parts = self.sequence_loss(mb) if self.recurrent else self.sample_loss(mb)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.peers is not None:
-            self.peers.average(self.rounds, step)
+        if self.group is not None:
+            self.group.average_gradients(self.model, self.services.tick, self.services.stop_event)
         grad_norm = clipped_gradients(
             loss, list(self.model.parameters()), self.config.learner.grad_clip
         )
@@ -378,9 +412,9 @@ class PPOUpdate(BaseUpdate):
     # --- what the role asks -------------------------------------------------------------
 
     def may_publish(self) -> bool:
-        # DD-PPO: one learner speaks for all, once all hear each other (the first weights
+        # DD-PPO: one learner speaks for all, once the group has formed (the first weights
         # start the actors).
-        return self.leader and self.peers_ready
+        return self.leader and self.group_ready
 
     def weights_meta(self) -> dict[str, int]:
         return {"rounds": self.rounds}
@@ -420,8 +454,12 @@ class PPOUpdate(BaseUpdate):
             "round_versions": self.round_versions,
             "busy": round(self.training_s / max(1e-9, time.monotonic() - self.started), 3),
         }
-        if self.peers is not None:
-            info["allreduce_timeouts"] = self.peers.timeouts
+        if self.group is not None:
+            info["group_rank"] = self.learner_index
+            info["group_size"] = self.learners
+            info["group_formed"] = self.group.ready
+            if self.group.address is not None:
+                info["group_store"] = self.group.address
         if not self.leader:
             info["weight_drift"] = self.weight_drift
         for k in ("approx_kl", "clip_fraction", "entropy"):
@@ -431,11 +469,20 @@ class PPOUpdate(BaseUpdate):
 
     def summary(self) -> str:
         drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
-        timeouts = f", allreduce timeouts {self.peers.timeouts}" if self.peers is not None else ""
+        group = (
+            f", rank {self.learner_index} of a group of {self.learners}"
+            if self.group is not None
+            else ""
+        )
         mode = self.config.section(PPOConfig).mode
         return (
             f"{self.rounds} rounds ({mode}), {self.updates} updates, "
             f"mixed-version rounds {self.mixed_rounds}, stale rollouts {self.buffer.stale}, "
-            f"short rounds {self.buffer.short_rounds}{drift}{timeouts}, "
+            f"short rounds {self.buffer.short_rounds}{drift}{group}, "
             f"{self.training_s:.1f} s training of {time.monotonic() - self.started:.1f} s"
         )
+
+    def close(self) -> None:
+        """Destroy the DD-PPO process group."""
+        if self.group is not None:
+            self.group.close()

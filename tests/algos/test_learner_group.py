@@ -1,0 +1,168 @@
+"""``LearnerGroup``: the rendezvous of 2 and 3 learner processes on gloo (rank 0's store
+address handed over as the broker would: rank 0 shows it, the others find it), the averaged
+gradients equal to one process training on all the data, and the clear error of a group a
+rank never joins."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from zrl.algos.learner_group import LearnerGroup, LearnerGroupError, backend_for
+
+STEPS, PER_RANK = 4, 6  # optimizer steps; samples of each rank per step
+
+
+def data(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step's whole batch (``[STEPS, world_size * PER_RANK, ...]``): rank r trains on
+    its slice ``r * PER_RANK:(r + 1) * PER_RANK`` of each."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(STEPS, world_size * PER_RANK, 3, generator=g)
+    y = torch.randn(STEPS, world_size * PER_RANK, 2, generator=g)
+    return x, y
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, group: LearnerGroup | None) -> None:
+    opt = torch.optim.Adam(net.parameters(), lr=0.05)
+    for s in range(STEPS):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x[s]), y[s]).backward()
+        if group is not None:
+            group.average_gradients(net)
+        opt.step()
+
+
+def rank_main(rank: int, world_size: int, folder: str) -> None:
+    """One learner process: form the group (rank 0's address through a file, as through the
+    broker's STATUS), train its slices, save its parameters."""
+    torch.set_num_threads(1)
+    where = Path(folder)
+
+    def find_leader() -> str | None:
+        path = where / "leader"
+        return path.read_text() if path.exists() else None
+
+    group = LearnerGroup(
+        rank, world_size, advertise="127.0.0.1", find_leader=find_leader, timeout_s=60
+    )
+    if group.address is not None:
+        (where / "leader.tmp").write_text(group.address)
+        (where / "leader.tmp").rename(where / "leader")
+    while not group.poll():
+        time.sleep(0.02)
+    x, y = data(world_size)
+    part = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    net = model()
+    train(net, x[:, part], y[:, part], group)
+    torch.save(net.state_dict(), where / f"rank{rank}.pt")
+    group.close()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_end_with_identical_weights_equal_to_one_process_on_all_data(tmp_path, world_size):
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world_size, str(tmp_path)), daemon=True)
+        for r in range(world_size)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * world_size
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    states = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    for state in states[1:]:
+        assert all(torch.equal(state[k], states[0][k]) for k in state)  # bit-identical
+    x, y = data(world_size)
+    reference = model()
+    train(reference, x, y, None)  # one process, the concatenated data
+    before = model().state_dict()
+    for k, v in reference.state_dict().items():
+        assert not torch.equal(v, before[k])  # the steps moved it
+        torch.testing.assert_close(states[0][k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_that_never_comes_fails_the_rendezvous_naming_it():
+    leader = LearnerGroup(0, 3, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=1.0)
+    assert leader.address is not None and leader.address.startswith("127.0.0.1:")
+    joined = LearnerGroup(
+        1, 3, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=1.0
+    )
+    with pytest.raises(LearnerGroupError) as failed:
+        while True:  # bounded: both raise past their 1 s
+            assert not joined.poll() and not leader.poll()
+            time.sleep(0.02)
+    message = str(failed.value)
+    assert "rank(s) [2] never joined" in message and "group_timeout_s=1" in message, message
+    assert joined.store is not None and not leader.ready
+    leader.close()
+    joined.close()
+
+
+def test_rank_0_never_found_is_named():
+    lost = LearnerGroup(2, 3, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=0.2)
+    with pytest.raises(LearnerGroupError, match="rank 0 .* not reached .* never showed"):
+        while True:
+            assert not lost.poll()
+            time.sleep(0.02)
+
+
+def test_backend_follows_the_device():
+    assert backend_for("cpu") == "gloo" and backend_for(torch.device("cuda", 0)) == "nccl"
+    with pytest.raises(ValueError, match="rank 3 of 3"):
+        LearnerGroup(3, 3, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=1)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nccl: a GPU per rank)")
+def test_nccl_group_of_two_threads_averages_on_their_gpus():
+    """The nccl path: the ranks as threads of one process (as ``zrl run --inproc`` runs
+    learners), rank r on GPU r."""
+    import threading
+
+    leader = LearnerGroup(
+        0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=60, device="cuda:0"
+    )
+    follower = LearnerGroup(
+        1,
+        2,
+        advertise="127.0.0.1",
+        find_leader=lambda: leader.address,
+        timeout_s=60,
+        device="cuda:1",
+    )
+    nets = [nn.Linear(2, 1).to(f"cuda:{r}") for r in range(2)]
+    for r, net in enumerate(nets):
+        for p in net.parameters():
+            p.grad = torch.full_like(p, float(r + 1))
+
+    def run(group: LearnerGroup, net: nn.Module) -> None:
+        while not group.poll():
+            time.sleep(0.02)
+        group.average_gradients(net)
+
+    pairs = zip((leader, follower), nets, strict=True)
+    threads = [threading.Thread(target=run, args=pair) for pair in pairs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for net in nets:
+        assert all(torch.all(p.grad == 1.5) for p in net.parameters())
+    leader.close()
+    follower.close()
