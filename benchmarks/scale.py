@@ -274,6 +274,11 @@ class Workers:
         self.ctx.term()
 
 
+BROKER_START_ATTEMPTS = 3
+BROKER_EARLY_EXIT_S = 3.0
+"""A broker still running this long after its start has bound its ports."""
+
+
 def n_endpoints() -> int:
     return len(broker_endpoints("tcp://127.0.0.1:1", list(DEFAULT_STREAMS)))
 
@@ -281,23 +286,32 @@ def n_endpoints() -> int:
 @contextmanager
 def local_broker(workers: Workers, *overrides: str) -> Iterator[tuple[str, psutil.Process]]:
     """A broker process on loopback (``python -m zrl start broker``): its address and
-    process; stopped by PID on the way out."""
-    addr = f"tcp://127.0.0.1:{free_port_range(n_endpoints())}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "zrl",
-        "start",
-        "broker",
-        "--bind",
-        addr,
-        "--config",
-        str(CONFIG),
-        "--no-preflight",
-    ]
-    for o in overrides:
-        cmd += ["--set", o]
-    proc = workers.popen(cmd, f"broker-{addr.rsplit(':', 1)[1]}.log")
+    process; stopped by PID on the way out. A broker that exits at once is started again on
+    other ports, twice at most: between choosing free ports and binding them another process
+    (a parallel test) may take one."""
+    for attempt in range(BROKER_START_ATTEMPTS):
+        addr = f"tcp://127.0.0.1:{free_port_range(n_endpoints())}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "zrl",
+            "start",
+            "broker",
+            "--bind",
+            addr,
+            "--config",
+            str(CONFIG),
+            "--no-preflight",
+        ]
+        for o in overrides:
+            cmd += ["--set", o]
+        proc = workers.popen(cmd, f"broker-{addr.rsplit(':', 1)[1]}.log")
+        try:
+            proc.wait(timeout=BROKER_EARLY_EXIT_S)
+        except subprocess.TimeoutExpired:
+            break  # still up: it bound its ports
+        if attempt + 1 == BROKER_START_ATTEMPTS:
+            raise RuntimeError(f"the broker exited with {proc.returncode} (logs in {workers.tmp})")
     try:
         ctx: zmq.Context = zmq.Context.instance()
         deadline = time.monotonic() + BROKER_START_TIMEOUT_S
