@@ -127,6 +127,7 @@ class Evaluator(Role):
         envs = self.make_envs(num_envs, evaluation=True)
         if opponent is not None:
             envs.opponents = fixed_opponents(envs, opponent, seed=seed)
+            envs.opponents.between_searches = self.tick  # heartbeats through long searches
         return envs
 
     def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:

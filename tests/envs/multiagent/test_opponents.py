@@ -79,3 +79,16 @@ def test_unknown_names_are_refused():
     no_script = FixedOpponents("scripted", AgentObservationSpace((18,), 0, 0), 5, None, seed=0)
     with pytest.raises(UnknownOpponentError, match="no scripted player"):
         no_script.act("scripted", np.zeros((1, 18), np.float32))
+
+
+def test_a_search_player_calls_back_after_each_move():
+    space = AgentObservationSpace((6, 7, 2), mask=7, state=0)
+    players = FixedOpponents("alphabeta2", space, 7, GAMES["connect_four"], seed=0)
+    calls: list[int] = []
+    players.between_searches = lambda: calls.append(1)
+    obs = np.zeros((3, space.shape[0]), np.float32)
+    obs[:, space.features :] = 1.0  # empty boards: every column legal
+    actions = players.act("alphabeta2", obs)
+    assert actions.shape == (3,) and len(calls) == 3
+    players.act("random", obs)  # no search, no call
+    assert len(calls) == 3

@@ -9,6 +9,7 @@ adds its model's players (``self`` and league snapshots, ``zrl.roles.model_oppon
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -58,6 +59,9 @@ class FixedOpponents:
         self.rng = np.random.default_rng(seed)
         self.results: dict[str, np.ndarray] = {}
         self.searchers: dict[str, PerfectPlayer | AlphaBetaPlayer] = {}
+        self.between_searches: Callable[[], None] | None = None
+        """Called after each search move: a batch of alpha-beta searches takes seconds, and
+        whoever plays them (the evaluator) must keep heartbeating meanwhile."""
 
     def choose(self) -> str:
         return self.opponent
@@ -77,7 +81,12 @@ class FixedOpponents:
             )
         if name in SEARCH_PLAYERS:
             player = self.searcher(name)
-            return np.array([player.action(own[i], self.rng) for i in range(len(obs))])
+            moves = []
+            for i in range(len(obs)):
+                moves.append(player.action(own[i], self.rng))
+                if self.between_searches is not None:
+                    self.between_searches()
+            return np.array(moves)
         raise UnknownOpponentError(f"no opponent named {name!r} here ({', '.join(FIXED_PLAYERS)})")
 
     def board_game(self, name: str) -> BoardGame:
