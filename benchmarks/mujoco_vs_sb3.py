@@ -16,8 +16,8 @@ steps, 5 episodes), the seconds to the first evaluation at ``THRESHOLDS``.
   ``log_std_init=-2``), torch on one thread as zrl's learner.
 
     pip install -e ".[mujoco,bench]"
-    python benchmarks/mujoco.py                          # both envs, 300 s each system
-    python benchmarks/mujoco.py --envs hopper --seconds 120
+    python benchmarks/mujoco_vs_sb3.py                          # both envs, 300 s each system
+    python benchmarks/mujoco_vs_sb3.py --envs hopper --seconds 120
 
 Prints a table per env and a final JSON line. The CleanRL curves (1M steps) are the reference
 for what returns at a given step count should be; 300 s on 2 cores is ~100-300k steps.
