@@ -243,7 +243,7 @@ def test_state_dict_round_trip():
     up.receive(rollout_msg(1), 1)
     assert up.train(1) is not None
     state = up.state_dict()
-    assert set(state) == {"online", "optimizer", "rounds", "trained_version"}
+    assert set(state) == {"online", "optimizer", "rounds", "trained_version", "entropy_coef"}
     other = make_update()
     assert any(not torch.equal(params(up.model)[k], v) for k, v in params(other.model).items())
     other.load_state_dict(state)

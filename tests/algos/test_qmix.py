@@ -281,7 +281,12 @@ def test_config_loads_and_team_size_probes_the_env():
         (["env.multiagent.central_value=false"], "central_value: true"),
         (["env.multiagent.api=aec"], "env.multiagent.api: aec"),
         (["env.multiagent.policy_mapping={agent_1: random}"], "agent_1: random: qmix learns one"),
-        (["model.core=lstm"], "model.core: lstm: qmix has no recurrent policy"),
+        (
+            ["model.core=gru", "qmix.sequence_length=6", "qmix.burn_in=4"],
+            "replay.n_step (3) must be at most qmix.sequence_length - qmix.burn_in (2)",
+        ),
+        (["model.core=lstm", "model.encoder=nature_cnn"], "model.encoder: nature_cnn: qmix's"),
+        (["qmix.sequence_length=5", "qmix.burn_in=5"], "qmix.burn_in (5) must be less than"),
         (["replay.table=prioritized"], "qmix needs replay.table: uniform"),
         (["qmix.epsilon_end=0.5", "qmix.epsilon_start=0.2"], "epsilon_end"),
         (["qmix.mixer_embed=0"], "mixer_embed"),

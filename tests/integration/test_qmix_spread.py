@@ -1,5 +1,5 @@
-"""`zrl run` of QMIX on MPE's simple_spread, every role its own process: it trains and leaves
-nothing behind."""
+"""`zrl run` of QMIX on MPE's simple_spread, feed-forward and with a GRU agent network
+(``model.core``), every role its own process: it trains and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -10,9 +10,19 @@ import pytest
 
 from zrl.testing.processes import run_zrl, zrl_eval
 
+RECURRENT = (
+    "model.core=gru",
+    "model.core_size=32",
+    "qmix.sequence_length=10",
+    "qmix.burn_in=2",
+    "replay.batch_size=32",
+)
+"""Recurrent QMIX: team sequences of 10 steps through replay, the agents' GRU states."""
+
 
 @pytest.mark.slow
-def test_qmix_spread_run_trains_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [(), RECURRENT], ids=["feed_forward", "gru"])
+def test_qmix_spread_run_trains_and_cleans_up(tmp_path: Path, overrides: tuple[str, ...]) -> None:
     # A small run: 4 games per actor, a replay that starts sampling early, evaluations of 4
     # games; the wall time ends it (learning is measured by the shipped config, docs).
     summary = run_zrl(
@@ -22,6 +32,7 @@ def test_qmix_spread_run_trains_and_cleans_up(tmp_path: Path) -> None:
         "replay.min_size=200",
         "evaluator.episodes=4",
         "evaluator.interval=2",
+        *overrides,
         wall_time=20,
         beats=None,
     )
@@ -31,6 +42,7 @@ def test_qmix_spread_run_trains_and_cleans_up(tmp_path: Path) -> None:
     with open(run_dir / "train_metrics.csv", newline="") as f:
         tags = {r["tag"] for r in csv.DictReader(f)}
     assert {"learner/loss", "learner/q_tot_mean", "actor/epsilon"} <= tags, sorted(tags)
-    # zrl eval builds the model from the config alone (the agents from a probe game).
+    # zrl eval builds the model from the config alone (the agents from a probe game; a GRU
+    # agent network steps each agent's state through the episode).
     mean, out = zrl_eval(run_dir, 2)
     assert mean < 0, out

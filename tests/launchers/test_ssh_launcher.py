@@ -182,6 +182,7 @@ def test_dry_run_prints_the_exact_commands(ssh_launcher: ModuleType, tmp_path: P
         "evaluator": 1,
         "league": 0,
         "inference": 0,
+        "pbt": 0,
     }
     assert config["hosts"] == [  # and its placement, so the head names the hosts
         {"name": "node1", "address": None, "roles": {"params": 1, "learners": 1, "replay": 1}},

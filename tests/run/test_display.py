@@ -113,3 +113,14 @@ def test_an_evaluation_is_shown_with_its_weights_version_and_age():
     assert eval_text({"eval_return": None}) == "-"
     row = {"eval_return": -21.0, "eval_version": 0, "eval_age_s": 95.4}
     assert eval_text(row) == "-21.0 (v0, 95 s ago)"
+
+
+def test_the_pbt_line_shows_each_members_hyperparameters_and_fitness():
+    from zrl.run.display import pbt_line
+
+    info = {
+        "exploits": 2,
+        "members": {"member_0": {"lr": 0.0012, "fitness": 41.2}, "member_1": {"lr": 0.001}},
+    }
+    assert pbt_line(info) == "2 exploits; member_0 lr=0.0012 fitness=41.2, member_1 lr=0.001"
+    assert pbt_line({"members": "x", "exploits": 1}) == "" == pbt_line({})

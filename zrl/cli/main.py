@@ -82,7 +82,7 @@ def status(
     from rich.table import Table
 
     from zrl.roles.registry_client import NoAnswer, read_status, refuses_handshake
-    from zrl.run.display import inference_line, league_line, make_console
+    from zrl.run.display import inference_line, league_line, make_console, pbt_line
 
     ctx: zmq.Context = zmq.Context.instance()
     client_keys = load_keys(keys, key_name)
@@ -161,6 +161,8 @@ def status(
         line = league_line(r.get("info", {})) if r["role"] == "league" else ""
         if r["role"] == "inference":
             line = inference_line(r.get("info", {}))
+        if r["role"] == "pbt":
+            line = pbt_line(r.get("info", {}))
         if r["role"] == "host" and r["state"] == "alive":
             line = _host_line(r.get("info", {}))
         if line:

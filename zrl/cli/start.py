@@ -289,5 +289,6 @@ for _name, _help in (
     ("evaluator", "Run the evaluator: greedy episodes with the latest weights."),
     ("league", "Run the self-play league: opponents for actors, snapshots, payoffs, Elo."),
     ("inference", "Run an inference role: batched policy forwards for the actors of its host."),
+    ("pbt", "Run population-based training: rank the members, exploit and explore (PPO)."),
 ):
     _add_role_command(_name, _help)

@@ -47,6 +47,7 @@ from zrl.config.base import Section
 from zrl.config.help import format_validation_error
 from zrl.config.league import MAIN, LeagueConfig
 from zrl.config.multiagent import is_multiagent
+from zrl.config.pbt import PBTConfig, member_names
 from zrl.config.sections import (
     ROLE_COUNT_KEYS,
     ActorConfig,
@@ -135,6 +136,9 @@ class ExperimentConfig(Section):
     league: LeagueConfig = Field(default_factory=LeagueConfig)
     """Self-play for multi-agent games when ``roles.league`` is 1: the learning players,
     snapshots of them and how each episode's opponent is drawn."""
+    pbt: PBTConfig = Field(default_factory=PBTConfig)
+    """Population-based training of PPO when ``pbt.members`` > 0 (and ``roles.pbt`` is 1):
+    the members, how often they are ranked, exploit and explore (``docs/pbt.md``)."""
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     """How often the evaluator plays and how many episodes an evaluation has."""
     stop: StopConfig = Field(default_factory=StopConfig)
@@ -182,6 +186,7 @@ class ExperimentConfig(Section):
         self._multiagent_fits()
         self._exploiters_fit()
         self._inference_fits()
+        self._pbt_fits()
         return self
 
     def _placement_fits(self) -> None:
@@ -277,6 +282,61 @@ class ExperimentConfig(Section):
                 "(the actors run their own model)"
             )
 
+    def _pbt_fits(self) -> None:
+        n, r = self.pbt.members, self.roles
+        if not n:
+            if r.pbt:
+                raise ValueError("roles.pbt: 1 needs a population: set pbt.members (>= 2)")
+            return
+        key = f"pbt.members ({n})"
+        why = ""
+        if self.algo != "ppo":
+            why = f"algo {self.algo!r}: PBT is implemented for ppo only"
+        elif r.league:
+            why = "roles.league: a league's players and a population cannot share one run"
+        elif r.learners != n:
+            why = (
+                f"roles.learners ({r.learners}) must equal it: each member has one learner "
+                "(DD-PPO, several learners per member, is not supported with PBT)"
+            )
+        elif r.actors != "auto" and r.actors < n:
+            why = f"roles.actors ({r.actors}) must be at least it: each member needs an actor"
+        elif r.evaluator:
+            why = (
+                f"roles.evaluator ({r.evaluator}): the evaluator follows one policy and a "
+                "population has several; set roles.evaluator: 0 (PBT ranks training returns)"
+            )
+        elif not r.pbt:
+            why = "set roles.pbt: 1 (the role that ranks the members and exploits)"
+        elif self.checkpoint.interval > self.pbt.ready_interval_s:
+            why = (
+                f"checkpoint.interval ({self.checkpoint.interval}) must be at most "
+                f"pbt.ready_interval_s ({self.pbt.ready_interval_s}): an exploit copies the "
+                "better member's newest checkpoint"
+            )
+        if why:
+            raise ValueError(f"{key}: {why}")
+
+    def _pbt_bounds_hold(self) -> None:
+        """The config's hyperparameters lie in the PBT bounds (after the algorithms'
+        sections are in: ``ppo.entropy_coef`` is one of them)."""
+        if not self.pbt.members:
+            return
+        for name, bounds in self.pbt.hyperparameters.items():
+            value = self.hyperparameter(name)
+            if not bounds.low <= value <= bounds.high:
+                raise ValueError(
+                    f"pbt.hyperparameters.{name}: the config's {name} ({value}) is outside "
+                    f"[{bounds.low}, {bounds.high}]"
+                )
+
+    def hyperparameter(self, name: str) -> float:
+        """The config's value of a PBT hyperparameter (``zrl.config.pbt.HYPERPARAMETERS``):
+        ``<section>.<field>`` of a common or an algorithm's section."""
+        section, field = name.split(".", 1)
+        owner = self._algorithm_sections.get(section) or getattr(self, section)
+        return float(getattr(owner, field))
+
     def indices_by_host(self, key: str) -> dict[str | None, list[int]]:
         """The indices of ``roles.<key>`` on each host as ``zrl run`` places them: its own host
         (None) takes the first ones, then each of ``hosts`` in the order listed (indices are
@@ -303,7 +363,10 @@ class ExperimentConfig(Section):
     @property
     def policies(self) -> list[str]:
         """The learning policies, each a weights stream with its own versions, learners and
-        actors: the league's players when it has exploiters, else the one default policy."""
+        actors: the league's players when it has exploiters, a population's members
+        (``pbt.members``), else the one default policy."""
+        if self.pbt.members:
+            return member_names(self.pbt.members)
         if self.roles.league and (self.league.main_exploiters or self.league.league_exploiters):
             return self.league.players
         return [MAIN]
@@ -362,6 +425,7 @@ class ExperimentConfig(Section):
         # assignment) keeps its sections.
         cfg = cls._with_sections(data, handler) if isinstance(data, dict) else handler(data)
         get_algorithm(cfg.algo).check(cfg)  # after the sections: the checks read them
+        cfg._pbt_bounds_hold()
         return cfg
 
     @classmethod

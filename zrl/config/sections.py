@@ -186,6 +186,8 @@ class RolesConfig(Section):
     league: int = Field(0, ge=0, le=1)
     """1: a league role picks the opponents of multi-agent games and snapshots the learning
     policy (see ``league:``); 0: ``env.multiagent.opponent`` plays them."""
+    pbt: int = Field(0, ge=0, le=1)
+    """1: the pbt role ranks a population's members and exploits/explores (``pbt:``)."""
     inference: int = Field(0, ge=0, le=MAX_ROLES)
     """Inference roles: each serves batched forwards of the policy for the actors of its host
     (``inference:``; on a GPU host, one with ``inference.device: cuda`` keeps the actors'
@@ -223,7 +225,16 @@ class RolesConfig(Section):
         return {key: self.count(key) for key in ROLE_COUNT_KEYS}
 
 
-ROLE_COUNT_KEYS = ("actors", "replay", "params", "learners", "evaluator", "league", "inference")
+ROLE_COUNT_KEYS = (
+    "actors",
+    "replay",
+    "params",
+    "learners",
+    "evaluator",
+    "league",
+    "inference",
+    "pbt",
+)
 
 
 class HostConfig(Section):

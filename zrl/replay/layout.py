@@ -152,18 +152,24 @@ def experience_layout(
     ``team``: the agents per game of a multi-agent env whose actors send one transition per
     game (``Wiring.team``, QMIX): ``E`` is the games (``num_envs // team``), an observation
     the ``team`` slot observations side by side (``O = team * slot``), an action the joint
-    index in ``[0, n ** team)``; 0 for one transition per slot."""
+    index in ``[0, n ** team)``; 0 for one transition per slot. Team ``sequences`` (QMIX with
+    ``model.core``) carry the ``team`` agents' recurrent states side by side
+    (``R = team * state_size``)."""
     obs_dtype = M.obs_dtype(observation_space)
     obs_shape = M.obs_shape(observation_space)
     E, T = num_envs, trajectory_length
     num_actions: int | None = None
     low = high = None
     if team:
-        if item != "transitions" or actions != "discrete" or obs_dtype != np.float32:
-            raise ValueError("team layouts are transitions of discrete actions over flat slots")
+        if item == "unroll" or actions != "discrete" or obs_dtype != np.float32:
+            raise ValueError(
+                "team layouts are transitions or sequences of discrete actions over flat slots"
+            )
         if num_envs % team:
             raise ValueError(f"{num_envs} slots are not whole games of {team} agents")
         E, obs_shape = num_envs // team, (team * obs_shape[0],)
+        if state_size is not None:
+            state_size *= team
     sizes: dict[str, Size] = {"O": obs_shape}
     if actions == "any":
         actions = "discrete" if hasattr(action_space, "n") else "box"

@@ -15,6 +15,7 @@ ROLE_MODULES = {
     "evaluator": "zrl.roles.evaluator:Evaluator",
     "league": "zrl.roles.league:LeagueRole",
     "inference": "zrl.roles.inference:InferenceServer",
+    "pbt": "zrl.roles.pbt:PBTRole",
 }
 
 

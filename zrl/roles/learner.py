@@ -32,6 +32,16 @@ player after a snapshot), the update goes back to the state it had before its fi
 (model, optimizer: the initial weights) and the weights are sent at once; versions go on
 increasing. Each WEIGHTS carries ``resets`` so the league sees the reset done.
 
+Population-based training (``pbt.members``, PPO): an ACK may carry the pbt role's newest
+``exploit`` of this member (``zrl.roles.pbt``; checked against the config again here). Once
+per ``seq``, the learner loads the source member's newest checkpoint (its learner's
+``<checkpoint.dir>/learner-<i>.pt``, a checked path under the checkpoint root, into this
+learner's own model: another layout is refused) as its weights and optimizer state, keeps
+its own counters, sets the instruction's hyperparameters (``set_hyperparameters`` of the
+update) and publishes the new weights at once as a new version. Its heartbeat shows
+``pbt_seq`` (the last applied), ``pbt_exploits`` and ``hyperparameters``; the checkpoint
+keeps ``pbt_seq``.
+
 A message the update rejects is dropped and counted. A NaN/inf loss or gradient raises
 before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
 learner cleanly (it is diverging), reporting its id and update number and keeping the last
@@ -73,8 +83,9 @@ from zrl.algos.batches import learner_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import WeightsCopy
-from zrl.roles.base import Role
+from zrl.roles.base import Role, checked_file
 from zrl.roles.errors import RoleError
+from zrl.roles.pbt import exploit_instruction
 from zrl.roles.registry_client import read_status
 from zrl.roles.rpc_identity import ClientKeys
 from zrl.roles.trust import load_checkpoint_file
@@ -131,6 +142,8 @@ class Learner(Role):
         self.last_sender = "?"  # of the last message received: named when its update fails
         self.policy = M.DEFAULT_POLICY
         self.resets = 0  # the league's resets of our policy applied so far
+        self.pbt_seq = 0  # the last PBT exploit applied (zrl.roles.pbt)
+        self.pbt_exploits = 0
         self.initial_state: dict[str, Any] = {}
         self.rpc_keys = ClientKeys()  # our params connection's routing id, shown in heartbeats
         self.weights_sent = 0
@@ -308,6 +321,8 @@ class Learner(Role):
                     continue
                 if resets > self.resets:
                     self.reset(resets)
+                if "exploit" in got[1].meta and self.config.pbt.members:
+                    self.on_exploit(got[1].meta["exploit"])
         unacked_s = (
             time.monotonic() - self._unacked_since if self._unacked_since is not None else 0.0
         )
@@ -345,6 +360,63 @@ class Learner(Role):
             self.weights_version,
         )
         self.send_weights()
+
+    def on_exploit(self, meta: Any) -> None:
+        """The pbt role's instruction from params' ACK: applied once per seq
+        (``exploit``); a malformed one is logged and ignored."""
+        try:
+            instruction = exploit_instruction(meta, self.config)
+        except P.ProtocolError as exc:
+            self.log.warning("exploit instruction refused: %s", exc)
+            return
+        if instruction["policy"] != self.policy or instruction["seq"] <= self.pbt_seq:
+            return
+        self.pbt_seq = instruction["seq"]
+        if self.exploit(instruction["source"], instruction["hyperparameters"]):
+            self.send_weights()
+
+    def exploit(self, source: str, hyperparameters: dict[str, float]) -> bool:
+        """PBT: take the weights and optimizer state of ``source``'s learner's newest
+        checkpoint (exactly as saved; this learner's counters stay its own), then set
+        ``hyperparameters``. False, with a warning, when there is no such checkpoint or it
+        does not fit this learner's model (nothing changed then)."""
+        cfg = self.config
+        index = next(
+            (i for i in range(cfg.roles.learners) if cfg.learner_policy(i) == source), None
+        )
+        if index is None or cfg.checkpoint.dir is None:
+            self.log.warning("exploit of %s: no learner or checkpoint.dir: ignored", source)
+            return False
+        path = checked_file(cfg.checkpoint.dir, f"learner-{index}.pt", self.checkpoint_root)
+        if not path.is_file():
+            self.log.warning("exploit of %s: %s does not exist: ignored", source, path)
+            return False
+        setter = getattr(self.update, "set_hyperparameters", None)
+        if setter is None:
+            self.log.warning("exploit: %s cannot set hyperparameters: ignored", cfg.algo)
+            return False
+        self.settle()
+        own = self.update.state_dict()
+        counters = {k: v for k, v in own.items() if isinstance(v, int)}
+        kept = copy.deepcopy(own)
+        try:
+            state = load_checkpoint_file(path)
+            self.update.load_state_dict({**state, **counters})
+        except (RoleError, RuntimeError, KeyError, ValueError) as exc:
+            self.update.load_state_dict(kept)
+            self.log.warning("exploit of %s from %s refused: %s", source, path, exc)
+            return False
+        setter(hyperparameters)
+        self.pbt_exploits += 1
+        self.log.info(
+            "%s exploited %s (%s, its update %s); hyperparameters %s",
+            self.policy,
+            source,
+            path.name,
+            state.get("updates"),
+            hyperparameters,
+        )
+        return True
 
     # --- updates ----------------------------------------------------------------------
 
@@ -441,6 +513,7 @@ class Learner(Role):
             "samples_trained": self.samples_trained,
             "weights_version": self.weights_version,
             "resets": self.resets,
+            "pbt_seq": self.pbt_seq,
             "torch_rng": torch.get_rng_state(),
             "time": time.time(),
         }
@@ -462,6 +535,7 @@ class Learner(Role):
             self.updates = int(state["updates"])
             self.weights_version = int(state["weights_version"])
             self.resets = int(state.get("resets", 0))
+            self.pbt_seq = int(state.get("pbt_seq", 0))
             torch.set_rng_state(state["torch_rng"])
         except Exception as exc:  # noqa: BLE001 - whatever does not fit, the file is not ours
             raise RoleError(
@@ -615,6 +689,14 @@ class Learner(Role):
         if len(self.config.policies) > 1:
             info["policy"] = self.policy
             info["resets"] = self.resets
+        if self.config.pbt.members:
+            info["pbt_seq"] = self.pbt_seq
+            info["pbt_exploits"] = self.pbt_exploits
+            hyperparameters = getattr(self.update, "hyperparameters", None)
+            if hyperparameters is not None:
+                info["hyperparameters"] = {
+                    k.rsplit(".", 1)[-1]: float(f"{v:.4g}") for k, v in hyperparameters().items()
+                }
         info.update(self.time_shares())
         if self.waiting_since is not None:
             info["waiting_for_batches_s"] = round(time.monotonic() - self.waiting_since, 1)

@@ -11,7 +11,11 @@ Sockets:
   {version, resets}; GET_WEIGHTS {policy} from anyone -> WEIGHTS {policy, version} (or
   NO_WEIGHTS before the first); RESET {policy, resets} from the league (not answered): the
   count goes back to that policy's learner in its next ACK, which restarts it from its
-  initial weights (an exploiter after a snapshot). Replies are bounded per peer
+  initial weights (an exploiter after a snapshot); EXPLOIT {policy, source, seq,
+  hyperparameters} from the pbt role (not answered, checked against the config's ``pbt``:
+  ``zrl.roles.pbt.exploit_instruction``): the newest per member goes back to that member's
+  learner in every ACK (``exploit``), which copies the source member's checkpoint and sets
+  the hyperparameters once. Replies are bounded per peer
   (``REPLY_HWM`` queued messages, ``REPLY_KERNEL_BUFFER_BYTES`` of kernel buffer) and in
   total (``reply_budget``: ``REPLY_TOTAL_BYTES`` per ``REPLY_DRAIN_S``); a reply past either
   is dropped and counted in ``replies_dropped``. A queued WEIGHTS reply holds the stored
@@ -50,6 +54,7 @@ from zrl.config.algorithms import get_algorithm
 from zrl.nets.wire import non_finite_array
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.errors import RoleError
+from zrl.roles.pbt import exploit_instruction
 from zrl.roles.rpc_identity import Parked, Peer, RegisteredPeers, status_rows
 from zrl.roles.trust import load_checkpoint_file
 from zrl.transport import messages as M
@@ -86,6 +91,8 @@ class Stream:
     meta: dict[str, Any] = field(default_factory=dict)
     updated_at: float = 0.0
     resets: int = 0
+    exploit: dict[str, Any] | None = None
+    """The pbt role's newest EXPLOIT of this policy (``zrl.roles.pbt``), or None."""
 
 
 def layout_of(arrays: dict[str, np.ndarray]) -> Layout:
@@ -125,7 +132,7 @@ class ParameterServer(Role):
         )  # per peer: set from the model's size at setup
         self.peers = RegisteredPeers(
             "params",
-            lambda: status_rows(self.ctx, self.broker, self.keys, ("learner", "league")),
+            lambda: status_rows(self.ctx, self.broker, self.keys, self.client_roles()),
             self.planned_client,
         )
 
@@ -171,11 +178,16 @@ class ParameterServer(Role):
         probe.close()
         return layout_of(model_to_arrays(self.make_model(*spaces)))
 
+    def client_roles(self) -> tuple[str, ...]:
+        """The roles that may send guarded requests here: learners, the league, the pbt role
+        when the config plans one."""
+        return ("learner", "league", "pbt") if self.config.roles.pbt else ("learner", "league")
+
     def planned_client(self, row: dict) -> bool:
         """Whether a STATUS row is a planned role that may send guarded requests here: a
-        learner or the league whose index the config plans."""
+        learner, the league or the pbt role whose index the config plans."""
         roles, role = self.config.roles, str(row.get("role"))
-        planned = {"learner": roles.learners, "league": roles.league}.get(role, 0)
+        planned = {"learner": roles.learners, "league": roles.league, "pbt": roles.pbt}.get(role, 0)
         index = index_of_id(row.get("id"), role)
         return index is not None and index < planned
 
@@ -330,6 +342,13 @@ class ParameterServer(Role):
             self.vouched_sender(ident, msg)
             stream = self.streams[policy]
             stream.resets = max(stream.resets, M.reset_count(msg.meta))
+        elif msg.kind == P.EXPLOIT:
+            policy = self.known_policy(msg.meta)
+            instruction = exploit_instruction(msg.meta, self.config)
+            self.vouched_sender(ident, msg)
+            stream = self.streams[policy]
+            if stream.exploit is None or instruction["seq"] > stream.exploit["seq"]:
+                stream.exploit = instruction
         else:
             raise P.ProtocolError(f"params does not serve {msg.kind!r}")
 
@@ -404,6 +423,8 @@ class ParameterServer(Role):
         ack = {"version": stream.version, **M.policy_meta(policy)}
         if stream.resets:
             ack["resets"] = stream.resets
+        if stream.exploit is not None:
+            ack["exploit"] = stream.exploit
         self.reply(ident, P.Message(P.ACK, meta=ack), budget=False)
 
     def weights_message(self, policy: str = M.DEFAULT_POLICY) -> P.Message:

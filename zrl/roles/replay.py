@@ -171,7 +171,7 @@ class ReplayServer(Role):
         the learner builds one), and the recurrent state's width from a model of them."""
         cfg = self.config
         algorithm = get_algorithm(cfg.algo)
-        wiring = algorithm.wiring
+        wiring = algorithm.wiring_for(cfg)
         probe = self.make_envs(num_envs=1)
         try:
             spaces = (probe.single_observation_space, probe.single_action_space)

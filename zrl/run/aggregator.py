@@ -35,7 +35,16 @@ def number(value: Any) -> float | None:
     return None
 
 
-TRAIN_ROLES = ("learner", "actor", "params", "replay", "evaluator", "league", "inference")
+TRAIN_ROLES = (
+    "learner",
+    "actor",
+    "params",
+    "replay",
+    "evaluator",
+    "league",
+    "inference",
+    "pbt",
+)
 TRAIN_KEY = re.compile(r"[a-z][a-z0-9_]{0,47}")
 MAX_TRAIN_KEYS = 64
 MAX_TRAIN_TAGS = 64

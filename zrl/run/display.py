@@ -132,6 +132,20 @@ def inference_line(info: dict[str, Any]) -> str:
     )
 
 
+def pbt_line(info: dict[str, Any]) -> str:
+    """A pbt role's exploits and each member's hyperparameters and fitness, from its heartbeat
+    info ("" for others): ``2 exploits; member_0 lr=0.001 fitness=41.2, member_1 ...``."""
+    members, exploits = info.get("members"), info.get("exploits")
+    if not isinstance(members, dict) or not isinstance(exploits, int):
+        return ""
+    parts = []
+    for name, figures in list(members.items())[:16]:
+        if isinstance(figures, dict):
+            shown = " ".join(f"{k}={v}" for k, v in list(figures.items())[:4])
+            parts.append(f"{str(name)[:20]} {shown}")
+    return f"{exploits} exploits; " + ", ".join(parts)
+
+
 def role_note(info: dict[str, Any]) -> str:
     """Why a role is waiting or what went wrong, from its heartbeat info (the league: its
     Elo ratings)."""

@@ -164,6 +164,7 @@ def placement(
         ("evaluator", "evaluator"),
         ("league", "league"),
         ("inference", "inference"),
+        ("pbt", "pbt"),
         ("actors", "actor"),
     )
     local: list[tuple[str, int]] = []

@@ -92,6 +92,10 @@ Data paths:
 - ``reset``: league -> params rpc (DEALER). Meta ``policy``, ``resets`` (how many times the
   league reset it): params returns the count in the ``ack`` of that policy's next weights,
   and its learner restarts from its initial weights. Not answered. No arrays.
+- ``exploit``: pbt -> params rpc (DEALER). Meta ``policy``, ``source`` (two PBT members),
+  ``seq``, ``hyperparameters`` (checked by ``zrl.roles.pbt.exploit_instruction``): params
+  returns the newest in the ``ack`` of that member's next weights (``exploit``), and its
+  learner copies the source's checkpoint and sets them. Not answered. No arrays.
 - ``metrics``: every role -> topic ``metrics`` (meta ``id``, ``role``, ``time``, the role's
   heartbeat info, ``train``); evaluator -> topic ``eval`` (meta ``kind`` = "eval",
   ``weights_version``, ``mean``, ``std``, ``min``, ``max``, ``episodes``, ``seconds``). No

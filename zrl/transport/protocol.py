@@ -64,6 +64,7 @@ INCARNATION = "incarnation"  # replay shard -> actors (topic incarnations/<shard
 RESET = "reset"  # league -> params rpc: a named policy's learner restarts from its initial weights
 INFER = "infer"  # actor -> inference rpc: observations to run the policy on
 INFERRED = "inferred"  # inference -> actor: the policy's outputs for them
+EXPLOIT = "exploit"  # pbt -> params rpc: a member's learner copies a better one and explores
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -97,6 +98,7 @@ KINDS: tuple[str, ...] = (
     RESET,
     INFER,
     INFERRED,
+    EXPLOIT,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from

@@ -34,7 +34,7 @@ CLIENT = "client"
 """Any peer that may reach the registry (the head, host agents, ``zrl status``, any role)."""
 NOBODY = "nobody"
 
-ROLES = ("actor", "replay", "learner", "params", "evaluator", "league", "inference")
+ROLES = ("actor", "replay", "learner", "params", "evaluator", "league", "inference", "pbt")
 """The role names of ``zrl.roles.ROLE_MODULES`` (not imported: that pulls in torch)."""
 SENDERS = (*ROLES, BROKER, HEAD, CLIENT)
 
@@ -46,6 +46,7 @@ ROLE_OF_COUNT = {
     "evaluator": "evaluator",
     "league": "league",
     "inference": "inference",
+    "pbt": "pbt",
 }
 """The config's ``roles`` count keys (``config_sections.ROLE_COUNT_KEYS``) -> role names."""
 
@@ -174,6 +175,13 @@ TABLE: tuple[Route, ...] = (
     Route(P.WEIGHTS, "rpc:params", ("params",), "the asker", "reply to get_weights"),
     Route(P.NO_WEIGHTS, "rpc:params", ("params",), "the asker", "reply to get_weights"),
     Route(P.RESET, "rpc:params", ("league",), "params", "the registered league only"),
+    Route(
+        P.EXPLOIT,
+        "rpc:params",
+        ("pbt",),
+        "params",
+        "the registered pbt role only; members and hyperparameters from the config's pbt",
+    ),
     Route(P.MATCH, "rpc:league", ("actor",), "league", "count in [1, MAX_MATCHES]"),
     Route(P.MATCHES, "rpc:league", ("league",), "actor", "reply on its connection"),
     Route(P.RESULTS, "rpc:league", ("actor",), "league", "the run's registered actors only"),

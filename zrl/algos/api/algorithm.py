@@ -110,6 +110,10 @@ class Algorithm:
     sequence_length: Callable[[ExperimentConfig], int] | None = None
     """The steps in each sequence its actors cut, from its own config section (required when
     ``wiring.replay_item`` is "sequences": a replay shard fixes its layout with it, R2D2)."""
+    recurrent_wiring: Wiring | None = None
+    """Its wiring when ``model.core`` is set, if that differs from ``wiring`` (QMIX: the
+    team's sequences instead of its transitions); the same actions, experience and learner
+    input, only what the replay shard stores changes (:meth:`wiring_for`)."""
 
     @classmethod
     def box_off_policy(
@@ -137,6 +141,13 @@ class Algorithm:
             model_options=model_options,
         )
 
+    def wiring_for(self, cfg: ExperimentConfig) -> Wiring:
+        """The wiring of experiment ``cfg``: ``recurrent_wiring`` where it has one and
+        ``model.core`` is set, else ``wiring``."""
+        if self.recurrent_wiring is not None and cfg.model.core != "none":
+            return self.recurrent_wiring
+        return self.wiring
+
     @property
     def reads(self) -> tuple[str, ...]:
         """The config sections it reads beyond those every algorithm reads: the shared
@@ -146,7 +157,7 @@ class Algorithm:
     def check(self, cfg: ExperimentConfig) -> None:
         """Raise ValueError (naming the key) on a config this algorithm cannot run: what its
         wiring implies, then its own ``check_config``."""
-        w, r = self.wiring, cfg.roles
+        w, r = self.wiring_for(cfg), cfg.roles
         if cfg.actor.random_policy and not self.random_actions:
             raise ValueError(
                 f"actor.random_policy: {self.name}'s actors have no random mode (impala and "
@@ -155,8 +166,8 @@ class Algorithm:
         core = cfg.model.core
         if core != "none" and not self.recurrent:
             raise ValueError(
-                f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala "
-                "and appo have); set model.core: none"
+                f"model.core: {core}: {self.name} has no recurrent policy (r2d2, ppo, impala, "
+                "appo and qmix have); set model.core: none"
             )
         if cfg.model.normalize_input and not (
             w.replay_item == "unroll" or w.learner_input == "rollouts"
@@ -193,10 +204,13 @@ class Algorithm:
                 f"algorithm {self.name}: gradient_server must name the class that applies the "
                 "actors' gradients exactly when wiring.experience is 'gradients'"
             )
-        if (w.replay_item == "sequences") != (self.sequence_length is not None):
+        items = {self.wiring.replay_item}
+        if self.recurrent_wiring is not None:
+            items.add(self.recurrent_wiring.replay_item)
+        if ("sequences" in items) != (self.sequence_length is not None):
             raise ValueError(
                 f"algorithm {self.name}: sequence_length must give the steps of each sequence "
-                "exactly when wiring.replay_item is 'sequences'"
+                "exactly when wiring.replay_item (or recurrent_wiring's) is 'sequences'"
             )
         if w.experience == "gradients" and r.params == 0:
             raise ValueError(

@@ -150,6 +150,8 @@ class PPOUpdate(BaseUpdate):
         self.started = time.monotonic()
         self.value_normalizer = ValueNormalizer() if c.normalize_returns else None
         """``ppo.normalize_returns``: the value head's targets' running statistics."""
+        self.entropy_coef = c.entropy_coef
+        """The loss's entropy bonus: ``ppo.entropy_coef`` until PBT sets another."""
 
     # --- receiving --------------------------------------------------------------------
 
@@ -366,7 +368,7 @@ class PPOUpdate(BaseUpdate):
             self.distribution.entropy(logits),
             c.clip,
             c.value_clip,
-            c.entropy_coef,
+            self.entropy_coef,
             c.value_coef,
             normalize_advantages=False,
         )
@@ -403,7 +405,7 @@ class PPOUpdate(BaseUpdate):
             self.distribution.entropy(logits),
             c.clip,
             c.value_clip,
-            c.entropy_coef,
+            self.entropy_coef,
             c.value_coef,
             normalize_advantages=False,
         )
@@ -425,6 +427,7 @@ class PPOUpdate(BaseUpdate):
             "optimizer": self.optimizer.state_dict(),
             "rounds": self.rounds,
             "trained_version": self.buffer.trained_version,
+            "entropy_coef": self.entropy_coef,
         }
         if self.value_normalizer is not None:
             state["value_normalizer"] = self.value_normalizer.state_dict()
@@ -435,8 +438,26 @@ class PPOUpdate(BaseUpdate):
         self.optimizer.load_state_dict(state["optimizer"])
         self.rounds = int(state["rounds"])
         self.buffer.trained_version = int(state["trained_version"])
+        self.entropy_coef = float(state.get("entropy_coef", self.entropy_coef))
         if self.value_normalizer is not None and "value_normalizer" in state:
             self.value_normalizer.load_state_dict(state["value_normalizer"])
+
+    def hyperparameters(self) -> dict[str, float]:
+        """The values PBT may change (``zrl.config.pbt.HYPERPARAMETERS``), as they are now."""
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        return {"learner.lr": lr, "ppo.entropy_coef": float(self.entropy_coef)}
+
+    def set_hyperparameters(self, values: dict[str, float]) -> None:
+        """Set PBT's hyperparameters (the optimizer's learning rate, the entropy bonus) from
+        ``values``, by name; a name PBT does not change raises ValueError."""
+        unknown = sorted(set(values) - {"learner.lr", "ppo.entropy_coef"})
+        if unknown:
+            raise ValueError(f"PPO cannot set the hyperparameter(s) {unknown}")
+        if "learner.lr" in values:
+            for group in self.optimizer.param_groups:
+                group["lr"] = float(values["learner.lr"])
+        if "ppo.entropy_coef" in values:
+            self.entropy_coef = float(values["ppo.entropy_coef"])
 
     def train_info(self) -> dict[str, float]:
         info = {"lr": float(self.optimizer.param_groups[0]["lr"])}

@@ -7,16 +7,23 @@ transition through a uniform replay table; the learner trains the agent network 
 (conditioned on the env's global state, ``env.multiagent.central_value``) on the team's TD
 error, with target copies of both.
 
+With ``model.core`` (lstm or gru) the agent network is recurrent, as R2D2's: the actors cut
+each game's team steps into fixed-length overlapping sequences that keep the agents' states
+they started from (``qmix.sequence_length``, ``qmix.burn_in``), the replay shard stores them
+as team sequences (``recurrent_wiring``), and the learner unrolls every agent from its stored
+state with a burn-in, mixes per step and takes n-step targets over the sequence.
+
 - ``config``: the ``qmix:`` section.
 - ``losses``: the pure math (the monotonic mix, joint actions, targets, loss, one update).
 - ``model``: the agent network and the mixer (``QMIXModel``), the agents of a game.
-- ``policy``: the actor side (``QMIXPolicy``, the team transitions).
+- ``policy``: the actor side (``QMIXPolicy``, the team transitions; ``RecurrentQMIXPolicy``,
+  the team sequences).
 - ``update``: the learner side (``QMIXUpdate``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from zrl.algos.api.algorithm import Algorithm, Wiring
 from zrl.algos.qmix.config import QMIXConfig
@@ -59,6 +66,14 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
     if cfg.roles.league:
         raise ValueError("roles.league: qmix's agents are one team, with no opponents to pick")
+    if cfg.model.core != "none":
+        q = cfg.section(QMIXConfig)
+        trained = q.sequence_length - q.burn_in
+        if cfg.replay.n_step > trained:
+            raise ValueError(
+                f"replay.n_step ({cfg.replay.n_step}) must be at most qmix.sequence_length - "
+                f"qmix.burn_in ({trained}) with model.core: {cfg.model.core}"
+            )
 
 
 def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -69,18 +84,26 @@ def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"agents": team_size(cfg), "embed": q.mixer_embed, "hypernet": q.hypernet_hidden}
 
 
-ALGORITHM = Algorithm(
-    name="qmix",
-    summary="QMIX: per-agent epsilon-greedy Q, team transitions in replay, monotonic mixer",
-    wiring=Wiring(
+def _wiring(item: Literal["transitions", "sequences"]) -> Wiring:
+    """Actors -> a uniform replay of team ``item`` -> learners."""
+    return Wiring(
         actions="discrete",
         experience="replay",
-        replay_item="transitions",
+        replay_item=item,
         replay_tables=("uniform",),
         learner_input="batches",
         team=True,
-    ),
-    policy="zrl.algos.qmix.policy:QMIXPolicy",
+    )
+
+
+ALGORITHM = Algorithm(
+    name="qmix",
+    summary="QMIX: per-agent epsilon-greedy Q (GRU/LSTM: team sequences), monotonic mixer",
+    wiring=_wiring("transitions"),
+    recurrent_wiring=_wiring("sequences"),
+    recurrent=True,
+    sequence_length=lambda cfg: cfg.section(QMIXConfig).sequence_length,
+    policy="zrl.algos.qmix.policy:qmix_policy",
     update="zrl.algos.qmix.update:QMIXUpdate",
     model="zrl.algos.qmix.model:qmix_model_for",
     config={"qmix": QMIXConfig},

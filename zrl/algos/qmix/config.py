@@ -35,6 +35,13 @@ class QMIXConfig(Section):
     """The rate it decays to, linearly, and keeps."""
     epsilon_steps: int = Field(50_000, ge=1)
     """Env steps of one actor (agent slots, valid steps) over which epsilon decays."""
+    sequence_length: int = Field(20, ge=1)
+    """With ``model.core`` (a recurrent agent network): steps per team sequence the actors
+    cut, as R2D2's (``r2d2.sequence_length``); sequences start every sequence_length -
+    burn_in steps of a game and never cross its end. Unused without ``model.core``."""
+    burn_in: int = Field(5, ge=0)
+    """With ``model.core``: leading steps of each sequence that only warm the agents' stored
+    states up (no loss, no gradient), as ``r2d2.burn_in``."""
 
     @model_validator(mode="after")
     def _decays(self) -> QMIXConfig:
@@ -42,5 +49,10 @@ class QMIXConfig(Section):
             raise ValueError(
                 f"qmix.epsilon_end ({self.epsilon_end}) must be <= qmix.epsilon_start "
                 f"({self.epsilon_start})"
+            )
+        if self.burn_in >= self.sequence_length:
+            raise ValueError(
+                f"qmix.burn_in ({self.burn_in}) must be less than qmix.sequence_length "
+                f"({self.sequence_length})"
             )
         return self

@@ -21,6 +21,16 @@ replay's importance weights, ones for a uniform table).
 
 A team transition carries the agents' actions as one joint index (``joint_actions``):
 ``sum_a u_a * A^a``, agent 0 the least significant digit.
+
+With a recurrent agent network (``model.core``) the learner trains on team sequences of ``T``
+steps (``T + 1`` observations), as R2D2 does (:func:`qmix_sequence_update`): every agent's
+network is unrolled from the state it had at the sequence's start, the first ``burn_in`` steps
+without gradient (``zrl.algos.r2d2.losses.burn_in_unroll``); ``Q_tot`` is mixed per step; the
+targets are the n-step returns over the sequence's real steps (``mask``), cut without a
+bootstrap at a terminal step, else bootstrapping ``Q_tot^-`` of the observation after the walk
+(``zrl.algos.r2d2.losses.nstep_double_q_targets``, with ``Q_tot^-`` as the bootstrap value and
+no value rescaling); the loss is pymarl's masked mean of the squared TD errors over the trained
+steps (:func:`qmix_sequence_loss`).
 """
 
 from __future__ import annotations
@@ -35,14 +45,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zrl.algos.optim import checked_step
+from zrl.algos.r2d2.losses import burn_in_unroll, nstep_double_q_targets
 
 if TYPE_CHECKING:
-    from zrl.algos.qmix.model import QMIXModel
+    from zrl.algos.qmix.model import QMIXModel, RecurrentQMIXModel
 
 ILLEGAL_Q = -1e8
 """The Q-value an illegal action gets: below every learned value, finite (0 * it is 0)."""
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+SEQUENCE_BATCH_KEYS = ("obs", "action", "reward", "terminated", "mask", "first", "state", "weight")
 
 
 def mix(q: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
@@ -150,4 +162,87 @@ def qmix_update(
         td=td.abs().cpu().numpy().astype(np.float32),
         grad_norm=grad_norm,
         q_tot_mean=float(q_tot.detach().mean().item()),
+    )
+
+
+def mix_steps(mixer: torch.nn.Module, q: Tensor, states: Tensor) -> Tensor:
+    """``Q_tot [B, T]`` of the agents' chosen Q-values ``q [B, T, L]`` in the global states
+    ``states [B, T, state]``: the mixer at every step."""
+    B, T, L = q.shape
+    return mixer(q.reshape(B * T, L), states.reshape(B * T, -1)).view(B, T)  # type: ignore[no-any-return]
+
+
+def qmix_sequence_loss(
+    q_tot: Tensor, targets: Tensor, train_mask: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``sum_bt w_b m_bt (y_bt - Q_tot_bt)^2 / max(1, sum_bt m_bt)`` (pymarl's masked mean
+    over the batch's trained steps, each weighted by its sequence's importance weight) and
+    the detached ``|y - Q_tot|`` ``[B, T]``, 0 where ``train_mask`` is False. Shapes:
+    ``q_tot``/``targets``/``train_mask`` ``[B, T]``, ``weights [B]``; ``targets`` must not
+    require grad."""
+    if targets.requires_grad:
+        raise ValueError("qmix_sequence_loss: targets require grad; compute them under no_grad")
+    if q_tot.shape != targets.shape or q_tot.shape != train_mask.shape:
+        raise ValueError(
+            f"q_tot {tuple(q_tot.shape)}, targets {tuple(targets.shape)} and train_mask "
+            f"{tuple(train_mask.shape)} must have one shape [B, T]"
+        )
+    mask = train_mask.bool()
+    td = torch.where(mask, targets - q_tot, 0.0)  # padding never reaches the loss
+    count = mask.sum().clamp(min=1).to(td.dtype)
+    loss = (weights.to(td.dtype).unsqueeze(1) * td.square()).sum() / count
+    return loss, td.detach().abs()
+
+
+def qmix_sequence_update(
+    online: RecurrentQMIXModel,
+    target: RecurrentQMIXModel,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, Tensor],
+    *,
+    burn_in: int,
+    gamma: float,
+    n_step: int,
+    double: bool,
+    grad_clip: float,
+) -> QMIXStep:
+    """One gradient step of recurrent QMIX on a batch of ``B`` team sequences of ``T`` steps:
+    ``obs [B, T + 1, L * slot]``, ``first [B, T + 1]``, ``state [B, L * S]`` (the agents'
+    states before position 0), ``action [B, T]`` (joint indices), ``reward``/``terminated``/
+    ``mask [B, T]``, ``weight [B]``. The loss covers the steps after ``burn_in``; ``td`` of
+    the result is each sequence's mean ``|y - Q_tot|`` over them. NonFiniteLossError before a
+    non-finite step."""
+    missing = [k for k in SEQUENCE_BATCH_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"qmix_sequence_update: batch is missing keys {missing}")
+    L, A = online.agents, online.num_actions
+    obs, first, state = batch["obs"], batch["first"].bool(), batch["state"]
+    B, T = batch["action"].shape
+    q_burn, q_train = burn_in_unroll(online.team_unroll, obs, state, first, burn_in)
+    actions = agent_actions(batch["action"].reshape(-1), L, A).view(B, T, L)[:, burn_in:]
+    taken = q_train[:, : T - burn_in].gather(3, actions.unsqueeze(3)).squeeze(3)
+    states = online.team_states(obs)
+    q_tot = mix_steps(online.mixer, taken, states[:, burn_in:T])
+    with torch.no_grad():
+        q_target = target.team_unroll(obs, state, first)[0]
+        P = q_target.shape[1]
+        q_online = torch.cat((q_burn, q_train.detach()), dim=1) if double else None
+        values = next_agent_values(
+            q_target.reshape(B * P, L, A),
+            None if q_online is None else q_online.reshape(B * P, L, A),
+        )
+        boot = mix_steps(target.mixer, values.view(B, P, L), target.team_states(obs))
+        y = nstep_double_q_targets(
+            batch["reward"], batch["terminated"], batch["mask"], boot, gamma, n_step
+        )[:, burn_in:]
+    train_mask = batch["mask"].bool()[:, burn_in:]
+    loss, td = qmix_sequence_loss(q_tot, y, train_mask, batch["weight"])
+    grad_norm = checked_step(optimizer, loss, list(online.parameters()), grad_clip)
+    steps = train_mask.sum(dim=1).clamp(min=1)
+    real = q_tot.detach()[train_mask]
+    return QMIXStep(
+        loss=float(loss.item()),
+        td=(td.sum(dim=1) / steps).cpu().numpy().astype(np.float32),
+        grad_norm=grad_norm,
+        q_tot_mean=float(real.mean().item()) if real.numel() else 0.0,
     )

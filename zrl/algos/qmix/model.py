@@ -6,8 +6,11 @@ the agent's own observation, its action mask, the global state): ``[N, slot] -> 
 illegal actions at :data:`~zrl.algos.qmix.losses.ILLEGAL_Q`. The agent network reads only the
 agent's own observation; the mixer reads only the state. The actors and the evaluator use
 ``forward`` (its argmax is the greedy action); the learner uses :meth:`QMIXModel.team_q` and
-``mixer`` on team transitions. The mixer travels with the weights (its parameters are
-published with the agent network's; the actors never run it).
+``mixer`` on team transitions. With ``model.core`` the agent network is recurrent
+(:class:`RecurrentQMIXModel`: ``step``/``unroll`` over a state per agent, as zrl's recurrent
+Q-networks; :meth:`RecurrentQMIXModel.team_unroll` for the learner's team sequences). The
+mixer travels with the weights (its parameters are published with the agent network's; the
+actors never run it).
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import json
 from typing import TYPE_CHECKING
 
 import gymnasium as gym
+import torch
 from torch import Tensor, nn
 
 from zrl.algos.qmix.losses import ILLEGAL_Q, mix
 from zrl.envs.multiagent.spaces import AgentObservationSpace
 from zrl.nets.discrete import QNetwork, check_discrete_spaces
+from zrl.nets.encoders import MLPEncoder
+from zrl.nets.recurrent import CoreKind, RecurrentCore, RecurrentQNetwork
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -115,6 +121,96 @@ class QMIXModel(nn.Module):
         return q, slots[:, 0, self.features + self.mask :].float()
 
 
+class RecurrentQMIXModel(nn.Module):
+    """QMIX with a recurrent agent network (``model.core``): the shared agent network is an
+    MLP over the agent's own observation, an LSTM/GRU core (``model.core_size``) and a plain
+    Q head (``zrl.nets.recurrent.RecurrentQNetwork``), one state ``[state_size]`` per agent;
+    the mixer is :class:`QMixer`, as feed-forward QMIX's.
+
+    Its ``step``/``forward`` (actors, evaluator) and ``unroll`` run slots as any recurrent
+    Q-network of zrl does (``zrl.nets.recurrent``), illegal actions at ``ILLEGAL_Q``; the
+    learner unrolls a game's agents with :meth:`team_unroll` and reads the mixer's states
+    with :meth:`team_states`."""
+
+    def __init__(
+        self,
+        slot_space: AgentObservationSpace,
+        num_actions: int,
+        agents: int,
+        hidden: tuple[int, ...] = (64,),
+        core: CoreKind = "gru",
+        core_size: int = 64,
+        embed: int = 32,
+        hypernet: int = 64,
+    ) -> None:
+        super().__init__()
+        if not slot_space.state:
+            raise ValueError(
+                "QMIX's mixer needs the global state in every slot observation: set "
+                "env.multiagent.central_value: true"
+            )
+        self.slot_space = slot_space
+        self.features, self.mask, self.state_dim = (
+            slot_space.features,
+            slot_space.mask,
+            slot_space.state,
+        )
+        self.slot = self.features + self.mask + self.state_dim
+        self.agents, self.num_actions = agents, num_actions
+        torso = MLPEncoder((self.features,), hidden, "relu")
+        rnn = RecurrentCore(core, torso.out_features, core_size)
+        self.agent = RecurrentQNetwork(torso, (self.features,), rnn, num_actions, dueling=False)
+        self.state_size = self.agent.state_size
+        self.mixer = QMixer(self.state_dim, agents, embed, hypernet)
+
+    def initial_state(self, batch: int, device: torch.device | str = "cpu") -> Tensor:
+        """Zeros ``[batch, state_size]``: an agent's state at a game's first step."""
+        return self.agent.initial_state(batch, device)
+
+    def _masked(self, q: Tensor, obs: Tensor) -> Tensor:
+        if not self.mask:
+            return q
+        legal = obs[..., self.features : self.features + self.mask] > 0.5
+        return q.masked_fill(~legal, ILLEGAL_Q)
+
+    def step(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """Slot observations ``[N, slot]`` and states ``[N, S]`` -> (Q-values ``[N, A]``,
+        illegal actions at ``ILLEGAL_Q``; the next states)."""
+        obs = obs.reshape(obs.shape[0], -1).float()
+        q, state = self.agent.step(obs[:, : self.features], state)
+        return self._masked(q, obs), state
+
+    def forward(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        return self.step(obs, state)
+
+    def unroll(self, obs: Tensor, state: Tensor, first: Tensor) -> tuple[Tensor, Tensor]:
+        """Slot observations ``[N, T, slot]`` from states ``[N, S]``, zeroed where ``first
+        [N, T]`` -> (Q-values ``[N, T, A]``, masked; the states after the last step)."""
+        obs = obs.float()
+        q, state = self.agent.unroll(obs[..., : self.features], state, first)
+        return self._masked(q, obs), state
+
+    def team_unroll(
+        self, team_obs: Tensor, team_state: Tensor, first: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """A batch of team sequences: observations ``[B, T, L * slot]``, the agents' states
+        ``[B, L * S]`` side by side, ``first [B, T]`` (a game's agents start together) ->
+        each agent's Q-values ``[B, T, L, A]`` (masked) and the final states ``[B, L * S]``.
+        Every agent is unrolled by the shared network from its own state."""
+        B, T = team_obs.shape[:2]
+        L = self.agents
+        slots = team_obs.reshape(B, T, L, self.slot).transpose(1, 2).reshape(B * L, T, self.slot)
+        states = team_state.reshape(B * L, self.state_size)
+        q, final = self.unroll(slots, states, first.repeat_interleave(L, dim=0))
+        q = q.reshape(B, L, T, -1).transpose(1, 2)
+        return q, final.reshape(B, L * self.state_size)
+
+    def team_states(self, team_obs: Tensor) -> Tensor:
+        """The global states ``[..., state]`` (agent 0's copy) of team observations
+        ``[..., L * slot]``, for the mixer."""
+        return team_obs[..., self.features + self.mask : self.slot].float()
+
+
 def qmix_model_for(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
@@ -122,15 +218,29 @@ def qmix_model_for(
     agents: int = 1,
     embed: int = 32,
     hypernet: int = 64,
-) -> QMIXModel:
+) -> QMIXModel | RecurrentQMIXModel:
     """zrl's network for QMIX (``Algorithm.model``): ``agents`` from :func:`team_size`,
-    ``embed`` and ``hypernet`` from ``qmix:`` (``Algorithm.model_options``)."""
+    ``embed`` and ``hypernet`` from ``qmix:`` (``Algorithm.model_options``); with
+    ``model.core`` (lstm or gru) the recurrent agent network (``model.hidden`` before a core
+    of ``model.core_size``)."""
     check_discrete_spaces(observation_space, action_space)
     if not isinstance(observation_space, AgentObservationSpace):
         raise ValueError(
             f"QMIX needs the slot observations of a PettingZoo env, not {observation_space!r}"
         )
     assert isinstance(action_space, gym.spaces.Discrete)
+    if model_cfg.core != "none":
+        kind: CoreKind = "gru" if model_cfg.core == "gru" else "lstm"
+        return RecurrentQMIXModel(
+            observation_space,
+            int(action_space.n),
+            agents,
+            tuple(model_cfg.hidden),
+            kind,
+            model_cfg.core_size,
+            embed,
+            hypernet,
+        )
     return QMIXModel(
         observation_space, int(action_space.n), agents, tuple(model_cfg.hidden), embed, hypernet
     )
@@ -164,4 +274,4 @@ def _team_size(env_id: str, kwargs: str, multiagent: str) -> int:
         probe.close()
 
 
-__all__ = ["QMIXModel", "QMixer", "qmix_model_for", "team_size"]
+__all__ = ["QMIXModel", "QMixer", "RecurrentQMIXModel", "qmix_model_for", "team_size"]

@@ -13,6 +13,13 @@ action index, the team reward, the game's episode flags. The replay shard takes 
 transitions (n-step returns, uniform table) with its layout fixed for teams
 (``Wiring.team``, ``zrl.replay.layout``).
 
+With ``model.core`` (:class:`RecurrentQMIXPolicy`) each slot carries its agent's recurrent
+state, zeroed where the actor says an episode starts, and ``finish`` cuts each game's team
+steps into R2D2's fixed-length overlapping sequences (``zrl.algos.r2d2.sequences``,
+``qmix.sequence_length`` and ``qmix.burn_in``): the L slot observations side by side per step,
+the joint action, the team reward, the game's flags, and the L agents' states at the
+sequence's start side by side; they go as a ``sequences`` TRAJECTORY (:func:`team_steps`).
+
 The team reward is the **mean** of the agents' rewards, not the sum: in simple_spread each
 agent's reward is ``(1 - local_ratio) * shared + local_ratio * own collisions``, so the mean
 counts the shared coverage term once and averages the collision penalties, and the team
@@ -30,6 +37,8 @@ import torch
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.algos.qmix.config import QMIXConfig
 from zrl.algos.qmix.losses import joint_actions, linear_epsilon
+from zrl.algos.r2d2.sequences import SequenceCutter
+from zrl.nets.recurrent import EnvStates, is_recurrent
 from zrl.transport import protocol as P
 
 
@@ -61,6 +70,35 @@ def team_transitions(tr: Trajectory, agents: int, num_actions: int) -> dict[str,
         "next_obs": next_obs,
         "priority": np.zeros((G, T), np.float32),
     }
+
+
+def team_steps(
+    tr: Trajectory, first: np.ndarray, state: np.ndarray, agents: int, num_actions: int
+) -> dict[str, np.ndarray]:
+    """The team steps of trajectory ``tr`` (``[E, T, ...]`` slots) that a recurrent actor
+    cuts into sequences, ``[G, T, ...]``: ``obs`` the agents' slot observations side by side
+    (``[G, T, L * slot]``), ``action`` the joint index, ``reward`` the agents' mean,
+    ``terminated`` any agent's, ``valid`` every agent's, ``first`` any agent's (a game's
+    agents start together), ``state`` the agents' states before each step side by side
+    (``[G, T, L * S]``, from the slots' ``state [E, T, S]``)."""
+    G, T = tr.obs.shape[0] // agents, tr.obs.shape[1]
+    return {
+        "obs": by_game(tr.obs, agents).reshape(G, T, -1),
+        "action": joint_actions(by_game(tr.action, agents), num_actions),
+        "reward": by_game(tr.reward, agents).mean(axis=2).astype(np.float32),
+        "terminated": by_game(tr.terminated, agents).any(axis=2),
+        "valid": by_game(tr.valid, agents).all(axis=2),
+        "first": by_game(first, agents).any(axis=2),
+        "state": by_game(state, agents).reshape(G, T, -1),
+    }
+
+
+def qmix_policy(setup: ActorSetup) -> BasePolicy:
+    """The QMIX actor policy for the model: :class:`RecurrentQMIXPolicy` for a recurrent
+    agent network (``model.core``), else :class:`QMIXPolicy`."""
+    if is_recurrent(setup.model):
+        return RecurrentQMIXPolicy(setup)
+    return QMIXPolicy(setup)
 
 
 class QMIXPolicy(BasePolicy):
@@ -117,6 +155,62 @@ class QMIXPolicy(BasePolicy):
 
     def train_info(self) -> dict[str, float]:
         return {"epsilon": float(self.epsilon)}
+
+
+class RecurrentQMIXPolicy(EnvStates, QMIXPolicy):
+    """QMIX's actor policy over a recurrent agent network: epsilon-greedy as
+    :class:`QMIXPolicy`, a state per slot, each game's team sequences sent."""
+
+    records_next_obs = False
+
+    def __init__(self, setup: ActorSetup) -> None:
+        super().__init__(setup)
+        self.init_states(setup.model, setup.num_envs)
+        obs_width = self.agents * int(np.prod(setup.observation_space.shape))
+        self.cutter = SequenceCutter(
+            setup.num_envs // self.agents,
+            self.cfg.sequence_length,
+            self.cfg.burn_in,
+            (obs_width,),
+            np.dtype(np.float32),
+            self.agents * self.state.shape[1],
+            0,  # no Q-values kept: a uniform table needs no initial priorities
+        )
+        self.sequences_sent = 0
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, t: int, rows: slice | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        fresh = self.take_starts(rows)
+        state = self.state.copy()
+        q_t, next_state = self.model.step(torch.from_numpy(obs), torch.from_numpy(state))
+        self.state = next_state.numpy()
+        q = q_t.numpy()
+        random = np.where(q > ILLEGAL_THRESHOLD, self.scores[t], -1.0).argmax(axis=1)
+        action = np.where(self.explore[t], random, q.argmax(axis=1))
+        return action, {"first": fresh, "state": state}
+
+    def finish(self, trajectory: Trajectory) -> Outgoing:
+        x = trajectory.extras
+        team = team_steps(trajectory, x["first"], x["state"], self.agents, self.num_actions)
+        G, T = team["action"].shape
+        seqs = self.cutter.add(
+            team["obs"],
+            team["action"],
+            team["reward"],
+            team["terminated"],
+            team["valid"],
+            team["first"],
+            team["state"],
+            np.zeros((G, T, 0), np.float32),
+            version=trajectory.weights_version,
+        )
+        self.sequences_sent += len(seqs)
+        return Outgoing(P.TRAJECTORY, seqs.arrays(np.zeros(len(seqs), np.float32)))
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        return {"sequences": self.sequences_sent, "episodes_discarded": self.cutter.discarded}
 
 
 ILLEGAL_THRESHOLD = -1e7

@@ -9,6 +9,12 @@ transitions.
   together), the hard copy to the target agent network and mixer every
   ``qmix.target_update_interval`` updates. A uniform table: no priorities go back.
 
+With ``model.core`` the batches are :data:`zrl.transport.messages.SEQUENCE_BATCH`es of team
+sequences (``T = qmix.sequence_length`` steps, ``O = L * slot``, the agents' states
+``R = L * state_size``, all from the config, the spaces and the model) and ``train`` runs
+:func:`zrl.algos.qmix.losses.qmix_sequence_update` (stored states, ``qmix.burn_in``,
+``replay.n_step`` and ``replay.gamma`` over each sequence).
+
 A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step; the batch is
 dropped, never retried.
 """
@@ -24,10 +30,11 @@ from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
 from zrl.algos.optim import make_adam
 from zrl.algos.qmix.config import QMIXConfig
-from zrl.algos.qmix.losses import qmix_update
+from zrl.algos.qmix.losses import qmix_sequence_update, qmix_update
+from zrl.nets.recurrent import is_recurrent
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.schema import validate
+from zrl.transport.schema import Size, validate
 
 
 class QMIXUpdate(QTargetUpdate):
@@ -47,25 +54,44 @@ class QMIXUpdate(QTargetUpdate):
         agents = int(self.model.agents)
         self.team_obs = (agents * M.obs_shape(setup.observation_space)[0],)
         self.joint_actions = int(setup.action_space.n) ** agents
+        self.recurrent = is_recurrent(self.model)
+        self.schema = M.SEQUENCE_BATCH if self.recurrent else M.TRANSITION_BATCH
+        self.sizes: dict[str, Size] = {"O": self.team_obs}
+        if self.recurrent:
+            T = self.qmix.sequence_length
+            self.sizes.update(T=T, P=T + 1, R=agents * int(self.model.state_size))
         self.updates = 0
         self.pending = PendingBatches(setup.device)
 
     def receive(self, msg: P.Message, version: int) -> None:
-        dims = validate(msg, M.TRANSITION_BATCH, O=self.team_obs)
+        dims = validate(msg, self.schema, **self.sizes)
         actions = msg.arrays["action"]
         if dims["B"] and (actions.min() < 0 or actions.max() >= self.joint_actions):
             raise P.ProtocolError(f"batch joint actions outside [0, {self.joint_actions})")
         self.pending.add(msg)
 
     def step(self, batch: dict[str, Tensor]) -> BatchStep:
-        result = qmix_update(
-            self.model,
-            self.target,
-            self.optimizer,
-            batch,
-            double=self.qmix.double,
-            grad_clip=self.config.learner.grad_clip,
-        )
+        if self.recurrent:
+            result = qmix_sequence_update(
+                self.model,
+                self.target,
+                self.optimizer,
+                batch,
+                burn_in=self.qmix.burn_in,
+                gamma=self.config.replay.gamma,
+                n_step=self.config.replay.n_step,
+                double=self.qmix.double,
+                grad_clip=self.config.learner.grad_clip,
+            )
+        else:
+            result = qmix_update(
+                self.model,
+                self.target,
+                self.optimizer,
+                batch,
+                double=self.qmix.double,
+                grad_clip=self.config.learner.grad_clip,
+            )
         figures = {
             "loss": result.loss,
             "q_tot_mean": result.q_tot_mean,

@@ -1,0 +1,50 @@
+"""Population-based training for real: `zrl run` of CartPole PPO with two members, a short
+ready interval, every role its own process."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from zrl.testing.processes import run_zrl, tensorboard_tags
+
+
+@pytest.mark.slow
+def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path) -> None:
+    summary = run_zrl(
+        tmp_path,
+        "cartpole_ppo.yaml",
+        "pbt.members=2",
+        "roles.learners=2",
+        "roles.pbt=1",
+        "roles.evaluator=0",
+        "pbt.ready_interval_s=4",
+        "pbt.min_episodes=2",
+        "pbt.exploit_fraction=0.5",
+        "checkpoint.interval=1",
+        "stop.eval_return=null",
+        wall_time=30,
+        beats=None,
+    )
+    beats = summary["heartbeats"]
+    pbt = beats["pbt-0"]
+    assert pbt["exploits"] >= 1, pbt
+    learners = [beats["learner-0"], beats["learner-1"]]  # learner i trains member_i
+    assert sum(b["pbt_exploits"] for b in learners) >= 1, learners
+    with (Path(summary["dir"]) / "checkpoints" / "pbt-0.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == pbt["exploits"], (rows, pbt)
+    for row in rows:
+        assert {row["member"], row["source"]} == {"member_0", "member_1"}, row
+        assert float(row["source_fitness"]) >= float(row["member_fitness"]), row
+        new = json.loads(row["new_hyperparameters"])
+        assert 1e-5 <= new["learner.lr"] <= 1e-2, row
+    for i, b in enumerate(learners):  # each learner applied the newest seq sent to it
+        seqs = [int(r["seq"]) for r in rows if r["member"] == f"member_{i}"]
+        assert b["pbt_seq"] == max(seqs, default=0), (b, rows)
+    # Each member's fitness and hyperparameters in the training figures (TensorBoard).
+    tags = tensorboard_tags(summary["dir"])
+    assert {"pbt/member_0_lr", "pbt/member_1_lr", "pbt/exploits"} <= tags, sorted(tags)
