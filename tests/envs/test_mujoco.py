@@ -21,7 +21,11 @@ torch.set_num_threads(1)
 
 @pytest.mark.parametrize(
     ("config", "obs_dim", "act_dim"),
-    [("halfcheetah_ppo.yaml", 17, 6), ("hopper_ppo.yaml", 11, 3)],
+    [
+        ("halfcheetah_ppo.yaml", 17, 6),
+        ("hopper_ppo.yaml", 11, 3),
+        ("walker2d_ppo.yaml", 17, 6),
+    ],
 )
 def test_a_mujoco_config_makes_a_vector_env_that_steps(
     config, obs_dim, act_dim, tmp_path, monkeypatch
