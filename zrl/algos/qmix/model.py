@@ -73,18 +73,12 @@ class QMixer(nn.Module):
         return mix(q, *self.hyper(state))
 
 
-class QMIXModel(nn.Module):
-    """The shared agent Q-network (an MLP over the agent's own observation) and the mixer."""
+class TeamSlots(nn.Module):
+    """What both QMIX networks read of a slot observation (``zrl.envs.multiagent.spaces``):
+    the agent's own features, its action mask and the global state, ``slot`` wide; masking
+    illegal actions, and the mixer's state from team observations."""
 
-    def __init__(
-        self,
-        slot_space: AgentObservationSpace,
-        num_actions: int,
-        agents: int,
-        hidden: tuple[int, ...] = (64, 64),
-        embed: int = 32,
-        hypernet: int = 64,
-    ) -> None:
+    def __init__(self, slot_space: AgentObservationSpace, num_actions: int, agents: int) -> None:
         super().__init__()
         if not slot_space.state:
             raise ValueError(
@@ -99,6 +93,34 @@ class QMIXModel(nn.Module):
         )
         self.slot = self.features + self.mask + self.state_dim
         self.agents, self.num_actions = agents, num_actions
+
+    def masked(self, q: Tensor, obs: Tensor) -> Tensor:
+        """Q-values ``[..., A]`` with the actions illegal in slot observations ``[..., slot]``
+        (mask 0) at ``ILLEGAL_Q``."""
+        if not self.mask:
+            return q
+        legal = obs[..., self.features : self.features + self.mask] > 0.5
+        return q.masked_fill(~legal, ILLEGAL_Q)
+
+    def team_states(self, team_obs: Tensor) -> Tensor:
+        """The global states ``[..., state]`` (agent 0's copy) of team observations
+        ``[..., L * slot]``, for the mixer."""
+        return team_obs[..., self.features + self.mask : self.slot].float()
+
+
+class QMIXModel(TeamSlots):
+    """The shared agent Q-network (an MLP over the agent's own observation) and the mixer."""
+
+    def __init__(
+        self,
+        slot_space: AgentObservationSpace,
+        num_actions: int,
+        agents: int,
+        hidden: tuple[int, ...] = (64, 64),
+        embed: int = 32,
+        hypernet: int = 64,
+    ) -> None:
+        super().__init__(slot_space, num_actions, agents)
         self.agent = QNetwork(self.features, num_actions, hidden, dueling=False)
         self.mixer = QMixer(self.state_dim, agents, embed, hypernet)
 
@@ -106,11 +128,7 @@ class QMIXModel(nn.Module):
         """Each slot's Q-values ``[N, A]`` for slot observations ``[N, slot]``; illegal actions
         (mask 0) at ``ILLEGAL_Q``."""
         obs = obs.reshape(obs.shape[0], -1).float()
-        q = self.agent(obs[:, : self.features])
-        if self.mask:
-            legal = obs[:, self.features : self.features + self.mask] > 0.5
-            q = q.masked_fill(~legal, ILLEGAL_Q)
-        return q  # type: ignore[no-any-return]
+        return self.masked(self.agent(obs[:, : self.features]), obs)
 
     def team_q(self, team_obs: Tensor) -> tuple[Tensor, Tensor]:
         """Team observations ``[B, L * slot]`` -> the agents' Q-values ``[B, L, A]`` and the
@@ -118,10 +136,10 @@ class QMIXModel(nn.Module):
         B = team_obs.shape[0]
         slots = team_obs.reshape(B, self.agents, self.slot)
         q = self(slots.reshape(B * self.agents, self.slot)).view(B, self.agents, -1)
-        return q, slots[:, 0, self.features + self.mask :].float()
+        return q, self.team_states(team_obs)
 
 
-class RecurrentQMIXModel(nn.Module):
+class RecurrentQMIXModel(TeamSlots):
     """QMIX with a recurrent agent network (``model.core``): the shared agent network is an
     MLP over the agent's own observation, an LSTM/GRU core (``model.core_size``) and a plain
     Q head (``zrl.nets.recurrent.RecurrentQNetwork``), one state ``[state_size]`` per agent;
@@ -143,20 +161,7 @@ class RecurrentQMIXModel(nn.Module):
         embed: int = 32,
         hypernet: int = 64,
     ) -> None:
-        super().__init__()
-        if not slot_space.state:
-            raise ValueError(
-                "QMIX's mixer needs the global state in every slot observation: set "
-                "env.multiagent.central_value: true"
-            )
-        self.slot_space = slot_space
-        self.features, self.mask, self.state_dim = (
-            slot_space.features,
-            slot_space.mask,
-            slot_space.state,
-        )
-        self.slot = self.features + self.mask + self.state_dim
-        self.agents, self.num_actions = agents, num_actions
+        super().__init__(slot_space, num_actions, agents)
         torso = MLPEncoder((self.features,), hidden, "relu")
         rnn = RecurrentCore(core, torso.out_features, core_size)
         self.agent = RecurrentQNetwork(torso, (self.features,), rnn, num_actions, dueling=False)
@@ -167,18 +172,12 @@ class RecurrentQMIXModel(nn.Module):
         """Zeros ``[batch, state_size]``: an agent's state at a game's first step."""
         return self.agent.initial_state(batch, device)
 
-    def _masked(self, q: Tensor, obs: Tensor) -> Tensor:
-        if not self.mask:
-            return q
-        legal = obs[..., self.features : self.features + self.mask] > 0.5
-        return q.masked_fill(~legal, ILLEGAL_Q)
-
     def step(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """Slot observations ``[N, slot]`` and states ``[N, S]`` -> (Q-values ``[N, A]``,
         illegal actions at ``ILLEGAL_Q``; the next states)."""
         obs = obs.reshape(obs.shape[0], -1).float()
         q, state = self.agent.step(obs[:, : self.features], state)
-        return self._masked(q, obs), state
+        return self.masked(q, obs), state
 
     def forward(self, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         return self.step(obs, state)
@@ -188,7 +187,7 @@ class RecurrentQMIXModel(nn.Module):
         [N, T]`` -> (Q-values ``[N, T, A]``, masked; the states after the last step)."""
         obs = obs.float()
         q, state = self.agent.unroll(obs[..., : self.features], state, first)
-        return self._masked(q, obs), state
+        return self.masked(q, obs), state
 
     def team_unroll(
         self, team_obs: Tensor, team_state: Tensor, first: Tensor
@@ -204,11 +203,6 @@ class RecurrentQMIXModel(nn.Module):
         q, final = self.unroll(slots, states, first.repeat_interleave(L, dim=0))
         q = q.reshape(B, L, T, -1).transpose(1, 2)
         return q, final.reshape(B, L * self.state_size)
-
-    def team_states(self, team_obs: Tensor) -> Tensor:
-        """The global states ``[..., state]`` (agent 0's copy) of team observations
-        ``[..., L * slot]``, for the mixer."""
-        return team_obs[..., self.features + self.mask : self.slot].float()
 
 
 def qmix_model_for(
