@@ -46,6 +46,7 @@ from zrl.config.factories import Factories
 from zrl.roles.errors import ExperimentStopped, RoleError
 from zrl.roles.registry_client import advertise_host_for, registry_request
 from zrl.roles.role_sockets import RoleSockets
+from zrl.roles.rpc_identity import ClientKeys
 from zrl.roles.trust import (
     broker_authenticated,
     checked_checkpoint_dir,
@@ -376,6 +377,24 @@ class Role(RoleSockets):
         raise RoleError(f"broker refused us: {reason}")
 
     # --- registry requests ------------------------------------------------------------
+
+    def connect_identified(
+        self, role: str, keys: ClientKeys, sndhwm: int
+    ) -> tuple[Channel, str] | None:
+        """A DEALER (``<role>-rpc``) to the rpc of the first live ``role`` the registry
+        names, and its endpoint; None while none is registered. It connects under a fresh
+        routing id of ``keys``, heartbeated at once: the server asks the registry who holds
+        the connection (``zrl.roles.rpc_identity``) before it takes what only a planned
+        peer may send."""
+        services = self.lookup(role, timeout=1.0)
+        if not services:
+            return None
+        endpoint = services[0]["rpc"]
+        channel = self.connect_rpc(
+            endpoint, keys.renew(role), f"{role}-rpc", sndhwm=sndhwm, sndtimeo_ms=0
+        )
+        self.heartbeat_now()
+        return channel, endpoint
 
     def lookup(self, role: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Ask the registry for the rpc endpoints of live roles of a kind (own socket, blocking)."""

@@ -271,17 +271,10 @@ class LeagueRole(Role):
             return
         self.next_reset = now + RESET_REPEAT_S
         if self.params is None:
-            services = self.lookup("params", timeout=1.0)
-            if not services:
+            connected = self.connect_identified("params", self.rpc_keys, sndhwm=16)
+            if connected is None:
                 return
-            self.params = self.connect_rpc(
-                services[0]["rpc"],
-                self.rpc_keys.renew("params"),
-                "params-rpc",
-                sndhwm=16,
-                sndtimeo_ms=0,
-            )
-            self.heartbeat_now()  # params asks the registry who holds this connection
+            self.params = connected[0]
         for player in pending:
             meta = {"resets": self.league.resets[player], **M.policy_meta(player)}
             self.params.send(P.Message(P.RESET, meta=meta), block=False)

@@ -245,20 +245,11 @@ class Learner(Role):
         if now < self._next_lookup:
             return False
         self._next_lookup = now + PARAMS_LOOKUP_INTERVAL_S
-        services = self.lookup("params", timeout=1.0)
-        if not services:
+        connected = self.connect_identified("params", self.rpc_keys, sndhwm=4)
+        if connected is None:
             self.log.info("no parameter server registered yet")
             return False
-        self.params_endpoint = services[0]["rpc"]
-        self.params = self.connect_rpc(
-            self.params_endpoint,
-            self.rpc_keys.renew("params"),
-            "params-rpc",
-            sndhwm=4,
-            sndtimeo_ms=0,
-        )
-        # params asks the registry who holds this connection: show the new key first.
-        self.heartbeat_now()
+        self.params, self.params_endpoint = connected
         return True
 
     def send_weights(self) -> None:

@@ -290,17 +290,10 @@ class PBTRole(Role):
 
     def send(self, instruction: dict[str, Any]) -> None:
         if self.params is None:
-            services = self.lookup("params", timeout=1.0)
-            if not services:
+            connected = self.connect_identified("params", self.rpc_keys, sndhwm=16)
+            if connected is None:
                 return
-            self.params = self.connect_rpc(
-                services[0]["rpc"],
-                self.rpc_keys.renew("params"),
-                "params-rpc",
-                sndhwm=16,
-                sndtimeo_ms=0,
-            )
-            self.heartbeat_now()  # params asks the registry who holds this connection
+            self.params = connected[0]
         meta = {**instruction, **M.policy_meta(instruction["policy"])}
         self.params.send(P.Message(P.EXPLOIT, meta=meta), block=False)
 
