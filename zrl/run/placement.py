@@ -45,6 +45,19 @@ class BrokerAccess:
     keys_dir: Path | None
     keys: Keys | None
     insecure: bool
+    port_count: int = 0
+    """How many ports from the base port the broker binds, where ``of`` chose them because
+    they were free (no ``--port`` or ``--bind``); 0 where the user chose them."""
+
+    def choose_other_ports(self) -> None:
+        """Move to another range of free ports: another process took the chosen ones between
+        ``of`` probing them and the broker binding them."""
+        host, _ = split_tcp(self.broker_addr)
+        base = free_port_range(self.port_count, host.strip("[]"))
+        self.bind_addr, self.broker_addr, self.public_addr = (
+            f"{addr.rsplit(':', 1)[0]}:{base}"
+            for addr in (self.bind_addr, self.broker_addr, self.public_addr)
+        )
 
     @classmethod
     def of(
@@ -66,6 +79,7 @@ class BrokerAccess:
         resolved = Path(keys_dir).resolve() if keys_dir is not None else None
         keys = load_keys(resolved) if resolved is not None and not inproc else None
         n_endpoints = len(broker_endpoints("tcp://127.0.0.1:1", cfg.broker.streams))
+        port_count = 0
         if inproc:
             broker_addr = f"inproc://zrl-{os.getpid()}-{inproc_name}"
             bind_addr = public_addr = broker_addr
@@ -77,6 +91,7 @@ class BrokerAccess:
                 base = port or free_port_range(
                     n_endpoints, "127.0.0.1" if host in WILDCARDS else host
                 )
+                port_count = 0 if port else n_endpoints
             bind_addr = f"tcp://{host}:{base}"
             # Local children and our own sockets reach a wildcard bind over loopback.
             broker_addr = f"tcp://{'127.0.0.1' if host in WILDCARDS else host}:{base}"
@@ -95,7 +110,7 @@ class BrokerAccess:
                 f"the broker would bind {bind_addr}, reachable from other hosts, without "
                 "keys: pass --keys DIR (see `zrl keys init`), or --insecure to accept that"
             )
-        return cls(bind_addr, broker_addr, public_addr, resolved, keys, insecure)
+        return cls(bind_addr, broker_addr, public_addr, resolved, keys, insecure, port_count)
 
     def use_run_keys(self, run_dir: Path) -> None:
         """Pickled factories travel only over authenticated sockets: give this run its own

@@ -39,6 +39,14 @@ from zrl.run.rundir import RunDir, log_tail
 from zrl.run.zygote import Zygote
 from zrl.transport import protocol as P
 
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "Address already in use"
+"""What the broker's log says when another process holds a port it binds (zmq's EADDRINUSE)."""
+
+
+class BrokerPortTaken(RoleError):
+    """The broker exited at start because another process took one of its ports."""
+
 
 @dataclass(eq=False)
 class ChildPool:
@@ -138,7 +146,22 @@ class ChildPool:
         child.thread.start()
 
     def start_broker(self) -> None:
-        """Start the broker and wait until it answers STATUS."""
+        """Start the broker and wait until it answers STATUS. Ports ``zrl run`` chose because
+        they were free may be taken by another process before the broker binds them: then it
+        chooses others, up to ``PORT_ATTEMPTS`` times."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_broker()
+                return
+            except BrokerPortTaken:
+                if not self.access.port_count or attempt == PORT_ATTEMPTS:
+                    raise
+                logging.getLogger("zrl").warning(
+                    "the broker's ports at %s were taken: choosing others", self.access.bind_addr
+                )
+                self.access.choose_other_ports()
+
+    def _start_broker(self) -> None:
         addr, log_path = self.access.broker_addr, self.rundir.log_path("broker")
         if self.inproc:
             from zrl.broker.broker import Broker
@@ -156,7 +179,8 @@ class ChildPool:
         while time.monotonic() < deadline:
             if self.broker.proc is not None and self.broker.proc.poll() is not None:
                 tail = self.broker.log_path.read_text(errors="replace")[-2000:]
-                raise RoleError(f"the broker exited at start:\n{tail}")
+                error = BrokerPortTaken if PORT_TAKEN in tail else RoleError
+                raise error(f"the broker exited at start:\n{tail}")
             try:
                 registry_request(self.ctx, addr, P.Message(P.STATUS), 1.0, self.access.keys)
                 return
