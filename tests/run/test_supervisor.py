@@ -37,7 +37,7 @@ from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
 from zrl.testing.processes import REPO, kill_pids, zrl_status_json
 from zrl.transport import protocol as P
-from zrl.transport.endpoints import free_port_range
+from zrl.transport.endpoints import ephemeral_ports, free_port_range
 
 torch.set_num_threads(1)
 
@@ -629,6 +629,15 @@ def test_free_port_range_ports_are_bindable(count):
     base = free_port_range(count)
     assert 20000 <= base and base + count <= 60000
     assert all(bindable(p) for p in range(base, base + count))
+
+
+def test_free_port_range_keeps_out_of_the_ephemeral_range():
+    # A port of the ephemeral range that is free now may be the local end of the next
+    # outgoing connection before the broker binds it.
+    low, high = ephemeral_ports()
+    for _ in range(20):
+        base = free_port_range(11)
+        assert base + 11 <= low or base > high
 
 
 def test_free_port_range_skips_a_busy_port():

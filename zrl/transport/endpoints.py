@@ -14,6 +14,7 @@ import stat
 import tempfile
 import time
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -164,13 +165,30 @@ def is_loopback(addr: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes the local ports of outgoing connections from (Linux's
+    default where it cannot be read)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port_range(
     count: int, host: str = "127.0.0.1", start: int = 20000, end: int = 60000
 ) -> int:
-    """A base port P with P..P+count-1 all free right now (random start, linear probe)."""
+    """A base port P with P..P+count-1 all free right now (random start, linear probe),
+    outside the ephemeral range where the ports between ``start`` and ``end`` allow: a port
+    free now there may become the local end of any outgoing connection before it is bound."""
+    low, high = ephemeral_ports()
+    # Bases whose range misses [low, high]: below it, then above it.
+    spans = [(start, min(end, low) - count), (max(start, high + 1), end - count)]
+    spans = [(a, b) for a, b in spans if b > a] or [(start, end - count)]
     rng = random.Random(os.getpid() ^ int(time.time() * 1000))
     for _ in range(200):
-        base = rng.randrange(start, end - count)
+        a, b = rng.choice(spans)
+        base = rng.randrange(a, b)
         socks = []
         try:
             for p in range(base, base + count):
