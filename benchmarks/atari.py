@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,29 @@ class Run:
         }
 
 
+def time_to_return(
+    episodes: Sequence[tuple[float, float, float]],
+    target: float,
+    window: int = 100,
+) -> float | None:
+    """The first time at which the mean return of the last ``window`` episodes reaches
+    ``target``; None if it never does. ``episodes`` are (time, mean return, count) reports in
+    time order: Sample Factory reports each episode (count 1), zrl the mean of the episodes
+    that ended since its last report. The mean is taken over whole reports, newest first,
+    until they hold ``window`` episodes (the oldest report in it is taken whole), and only
+    once ``window`` episodes have ended at all: both systems are counted the same way."""
+    for end in range(len(episodes)):
+        total = weight = 0.0
+        for _, ret, n in reversed(episodes[: end + 1]):
+            total += ret * n
+            weight += n
+            if weight >= window:
+                break
+        if weight >= window and total / weight >= target:
+            return episodes[end][0]
+    return None
+
+
 def _cpu(p: Any) -> float:
     t = p.cpu_times()
     return t.user + t.system
@@ -275,16 +298,18 @@ def run_sf(
     python: Path,
     device: str = "cpu",
     stop_when: Callable[[Run], bool] | None = None,
+    launcher: Path = SF_LAUNCHER,
 ) -> Run:
-    """One Sample Factory run through benchmarks/sf_pong.py in its venv, its learner and
-    inference on ``device`` (``cpu`` or ``gpu``). ``stop_when``, if given, is asked about the
-    run so far every ``STOP_CHECK_S`` seconds; the run stops when it says so."""
+    """One Sample Factory run through ``launcher`` (benchmarks/sf_pong.py, or another launcher
+    of ``sf_runner.py``) in its venv, its learner and inference on ``device`` (``cpu`` or
+    ``gpu``). ``stop_when``, if given, is asked about the run so far every ``STOP_CHECK_S``
+    seconds; the run stops when it says so."""
     out, log = tmp / "sf.jsonl", tmp / "sf.log"
     if s.batch % s.minibatch:
         raise SystemExit(f"batch {s.batch} is not a multiple of the minibatch {s.minibatch}")
     cmd = [
         str(python),
-        str(SF_LAUNCHER),
+        str(launcher),
         "--out",
         str(out),
         "--train-dir",

@@ -60,6 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # atari.py beside this file
 
 import atari  # noqa: E402 - the path above first
+from atari import time_to_return  # noqa: E402
 
 REPO = atari.REPO
 PONG_APPO = REPO / "configs" / "pong_appo.yaml"
@@ -99,29 +100,6 @@ WIRE_RUNS: dict[str, tuple[str, list[str]]] = {
 
 
 # --- pure figures ----------------------------------------------------------------------
-
-
-def time_to_return(
-    episodes: Sequence[tuple[float, float, float]],
-    target: float,
-    window: int = RETURN_WINDOW,
-) -> float | None:
-    """The first time at which the mean return of the last ``window`` episodes reaches
-    ``target``; None if it never does. ``episodes`` are (time, mean return, count) reports in
-    time order: Sample Factory reports each episode (count 1), zrl the mean of the episodes
-    that ended since its last report. The mean is taken over whole reports, newest first,
-    until they hold ``window`` episodes (the oldest report in it is taken whole), and only
-    once ``window`` episodes have ended at all: both systems are counted the same way."""
-    for end in range(len(episodes)):
-        total = weight = 0.0
-        for _, ret, n in reversed(episodes[: end + 1]):
-            total += ret * n
-            weight += n
-            if weight >= window:
-                break
-        if weight >= window and total / weight >= target:
-            return episodes[end][0]
-    return None
 
 
 def learner_cpu_per_1000(samples: Sequence[atari.Sample], warmup: float) -> float | None:
