@@ -1,5 +1,6 @@
-"""DD-PPO learner throughput: samples trained per second by 1, 2 and 3 PPO learners (gloo on
-the CPU), each its own process, against the single learner of the same invocation.
+"""Learner-group throughput: samples trained per second by 1, 2 and 3 DD-PPO learners (gloo on
+the CPU), or APPO / IMPALA learners (``--config configs/cartpole_appo.yaml``), each its own
+process, against the single learner of the same invocation.
 
 Each learner is the real ``PPOUpdate`` (``zrl.algos.ppo.update``) of the config, with
 ``roles.learners`` set to the group's size: learner 0 opens the group's store, the others
@@ -18,6 +19,12 @@ more learners than cores measures the contention, not the scaling)::
     python benchmarks/ddppo_learners.py --rounds 6
     python benchmarks/ddppo_learners.py --learners 1 2 3 --set ppo.minibatch_size=384
     python benchmarks/ddppo_learners.py --set ppo.minibatch_size=2048 --set model.hidden=[256,256]
+    python benchmarks/ddppo_learners.py --config configs/cartpole_appo.yaml --rounds 21
+
+APPO / IMPALA (``zrl.algos.unrolls``): each learner is the real ``AppoUpdate`` /
+``ImpalaUpdate`` and trains batches of its own (``replay.batch_size`` synthetic unrolls each,
+as a FIFO shard deals them out), a "round" being one batch per learner; the group averages
+every step's gradients, so its samples/s counts every learner's batches (learner 0's time).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ class _NoWeights:
 
 
 class _Services:
-    """What the learner role lends ``PPOUpdate``: learner 0's heartbeat info comes from a
+    """What the learner role lends an update: learner 0's heartbeat info comes from a
     file in ``folder`` instead of the broker's STATUS."""
 
     def __init__(self, folder: Path, index: int) -> None:
@@ -66,6 +73,9 @@ class _Services:
 
     def tick(self) -> None:
         pass
+
+    def take_input(self) -> bool:
+        return False  # APPO / IMPALA: the benchmark hands each learner its batches
 
     def follow_weights(self, model: Any) -> Any:
         return argparse.Namespace(sub=_NoWeights(), version=0)
@@ -96,13 +106,37 @@ def rollout(cfg: Any, space: gym.Space, actor: int, version: int, rng: np.random
     return P.Message(P.TRAJECTORY, meta=meta, arrays=arrays, sender=f"actor-{actor}")
 
 
+def unroll_batch(cfg: Any, space: gym.Space, version: int, rng: np.random.Generator) -> Any:
+    """One replay BATCH of ``replay.batch_size`` synthetic unrolls (IMPALA's and APPO's
+    input): random observations and actions, collected with weights ``version``."""
+    from zrl.transport import protocol as P
+
+    B, T = cfg.replay.batch_size, cfg.actor.trajectory_length
+    arrays = {
+        "obs": rng.normal(size=(B, T, *space.shape)).astype(np.float32),
+        "action": rng.integers(2, size=(B, T)).astype(np.int64),
+        "logp": np.full((B, T), math.log(0.5), np.float32),
+        "reward": np.ones((B, T), np.float32),
+        "terminated": rng.random((B, T)) < 0.02,
+        "truncated": np.zeros((B, T), bool),
+        "valid": np.ones((B, T), bool),
+        "bootstrap_obs": rng.normal(size=(B, *space.shape)).astype(np.float32),
+        "weights_version": np.full(B, version, np.int64),
+        "weight": np.ones(B, np.float32),
+        "key": np.arange(B, dtype=np.int64),
+    }
+    return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
+
+
 def learner_main(
     index: int, learners: int, config: str, overrides: list[str], rounds: int, folder: str
 ) -> dict[str, float]:
     """One learner process: form the group, train ``rounds`` rounds (the first untimed)."""
     from zrl.algos.api.learner import LearnerSetup
     from zrl.algos.api.train_stats import TrainStats
-    from zrl.algos.models import build_model
+    from zrl.algos.appo.update import AppoUpdate
+    from zrl.algos.impala.update import ImpalaUpdate
+    from zrl.algos.models import experiment_model
     from zrl.algos.ppo.update import PPOUpdate
     from zrl.config.experiment import load_config
 
@@ -112,9 +146,10 @@ def learner_main(
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     torch.manual_seed(cfg.seed)
-    model = build_model(obs_space, act_space, cfg.model, "ppo")
+    model = experiment_model(cfg, obs_space, act_space)
     services = _Services(Path(folder), index)
-    up = PPOUpdate(
+    kinds: dict[str, Any] = {"ppo": PPOUpdate, "appo": AppoUpdate, "impala": ImpalaUpdate}
+    up = kinds[cfg.algo](
         LearnerSetup(
             config=cfg,
             model=model,
@@ -130,14 +165,18 @@ def learner_main(
         tmp = Path(folder) / "group_store.tmp"
         tmp.write_text(up.group.address)
         tmp.rename(Path(folder) / "group_store")
-    while not up.group_ready:
+    while not up.members.ready:
         up.train(0)
         time.sleep(0.01)
-    rng = np.random.default_rng(cfg.seed)  # the same rounds on every learner
+    # PPO: the same rounds on every learner; APPO / IMPALA: batches of each learner's own.
+    rng = np.random.default_rng(cfg.seed + (0 if cfg.algo == "ppo" else index))
     samples, seconds = 0, 0.0
     for r in range(rounds):
-        for actor in range(cfg.roles.count("actors")):
-            up.receive(rollout(cfg, obs_space, actor, r + 1, rng), r + 1)
+        if cfg.algo == "ppo":
+            for actor in range(cfg.roles.count("actors")):
+                up.receive(rollout(cfg, obs_space, actor, r + 1, rng), r + 1)
+        else:
+            up.receive(unroll_batch(cfg, obs_space, r + 1, rng), r + 1)
         started = time.perf_counter()
         result = up.train(r + 1)
         took = time.perf_counter() - started
@@ -147,7 +186,12 @@ def learner_main(
             seconds += took
     weights = torch.cat([p.detach().reshape(-1) for p in up.model.parameters()])
     up.close()
-    return {"samples": samples, "seconds": seconds, "checksum": float(weights.double().sum())}
+    return {
+        "samples": samples,
+        "seconds": seconds,
+        "checksum": float(weights.double().sum()),
+        "own_batches": float(cfg.algo != "ppo"),
+    }
 
 
 def _run(args: tuple[int, int, str, list[str], int, str], out: Any) -> None:
@@ -189,7 +233,11 @@ def measure(learners: int, config: str, overrides: list[str], rounds: int) -> di
     if len(sums) != 1:
         raise SystemExit(f"{learners} learners ended with different weights: {sorted(sums)}")
     lead = results[0]
-    return {**lead, "per_s": lead["samples"] / lead["seconds"]}
+    # PPO's learners train the same rounds; APPO's and IMPALA's each their own batches.
+    samples = (
+        sum(r["samples"] for r in results.values()) if lead["own_batches"] else lead["samples"]
+    )
+    return {**lead, "samples": samples, "per_s": samples / lead["seconds"]}
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.updates import layout
+from tests.helpers.updates import config, layout
 from zrl.algos.api.learner import NonFiniteLossError
 from zrl.algos.impala.vtrace import (
     ImpalaStepResult,
@@ -461,3 +461,23 @@ def test_impala_update_non_finite_raises_and_leaves_weights(where):
     for k, w in before.items():
         torch.testing.assert_close(model.state_dict()[k], w, rtol=0, atol=0)
     assert not optimizer.state  # no step was taken
+
+
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_several_learners_refuse_what_a_group_cannot_train(algo: str) -> None:
+    """``roles.learners > 1`` (a data-parallel group): a batch in flight per learner, and no
+    statistics each learner would gather from its own batches; the errors name the values."""
+    group = {"roles": {"learners": 3, "replay": 1}, "replay": {"prefetch": 2}}
+    with pytest.raises(
+        ValueError,
+        match=r"roles.learners \(3\).*roles.replay \(1\) x "
+        r"replay.prefetch \(2\) = 2",
+    ):
+        config(algo, **group)
+    config(algo, roles={"learners": 3, "replay": 2}, replay={"prefetch": 2})  # 4 in flight
+    with pytest.raises(ValueError, match=r"model.normalize_input with roles.learners \(2\)"):
+        config(algo, roles={"learners": 2}, model={"normalize_input": True})
+    if algo == "appo":
+        with pytest.raises(ValueError, match=r"appo.normalize_returns with roles.learners"):
+            config(algo, roles={"learners": 2}, appo={"normalize_returns": True})
+    config(algo, model={"normalize_input": True})  # alone, it gathers them all

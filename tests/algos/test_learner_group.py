@@ -8,11 +8,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from tests.helpers.ranks import run_ranks
 from zrl.algos.learner_group import LearnerGroup, LearnerGroupError, backend_for
 
 STEPS, PER_RANK = 4, 6  # optimizer steps; samples of each rank per step
@@ -166,3 +168,48 @@ def test_nccl_group_of_two_threads_averages_on_their_gpus():
         assert all(torch.all(p.grad == 1.5) for p in net.parameters())
     leader.close()
     follower.close()
+
+
+def test_weighted_mean_max_and_broadcast_over_two_threads():
+    """``average_gradients(weight=...)`` is ``sum_r w_r g_r / sum_r w_r`` (zeros, divisor 0,
+    when every weight is 0), ``reduce_max`` the element-wise maximum and ``broadcast`` rank
+    0's tensors on every rank: two ranks as threads of one process."""
+    leader = LearnerGroup(0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=60)
+    follower = LearnerGroup(
+        1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=60
+    )
+    groups = (leader, follower)
+    grads = {0: torch.tensor([1.0, -2.0, 4.0]), 1: torch.tensor([3.0, 2.0, 0.0])}
+    weights = {0: 3.0, 1: 1.0}
+    out: dict[int, dict[str, Any]] = {0: {}, 1: {}}
+
+    def run(r: int) -> None:
+        group = groups[r]
+        while not group.poll():
+            time.sleep(0.01)
+        net = nn.Linear(3, 1, bias=False)
+        net.weight.grad = grads[r].reshape(1, 3).clone()
+        out[r]["total"] = group.average_gradients(net, weight=torch.tensor(weights[r]))
+        out[r]["mean"] = net.weight.grad.reshape(-1).clone()
+        net.weight.grad = grads[r].reshape(1, 3).clone()
+        out[r]["zero_total"] = group.average_gradients(net, weight=torch.tensor(0.0))
+        out[r]["zero_mean"] = net.weight.grad.reshape(-1).clone()
+        out[r]["max"] = group.reduce_max(grads[r].double().clone())
+        mine = [torch.full((2,), float(r + 1)), torch.tensor([r], dtype=torch.int64)]
+        group.broadcast(mine)
+        out[r]["broadcast"] = mine
+
+    try:
+        run_ranks(run, timeout=120)
+        expected = (3.0 * grads[0] + 1.0 * grads[1]) / 4.0
+        for r in (0, 1):
+            assert out[r]["total"] == 4.0
+            torch.testing.assert_close(out[r]["mean"], expected)
+            assert out[r]["zero_total"] == 0.0
+            assert torch.equal(out[r]["zero_mean"], torch.zeros(3))
+            assert torch.equal(out[r]["max"], torch.tensor([3.0, 2.0, 4.0], dtype=torch.float64))
+            ones, zero = out[r]["broadcast"]
+            assert torch.equal(ones, torch.ones(2)) and torch.equal(zero, torch.tensor([0]))
+    finally:
+        leader.close()
+        follower.close()

@@ -4,6 +4,7 @@ Shared by ``tests/algos/test_updates.py``, ``test_impala_update.py`` and ``test_
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import gymnasium as gym
@@ -41,13 +42,36 @@ def config(algo: str, **sections: dict[str, Any]) -> ExperimentConfig:
     return ExperimentConfig.model_validate(data)
 
 
-def setup(cfg: ExperimentConfig, seed: int = 0) -> LearnerSetup:
+def setup(
+    cfg: ExperimentConfig, seed: int = 0, index: int = 0, services: Any = None
+) -> LearnerSetup:
     torch.manual_seed(seed)
     env = gym.make(cfg.env.id)
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     model = experiment_model(cfg, obs_space, act_space)
-    return learner_setup(cfg, model, obs_space, act_space)
+    return learner_setup(cfg, model, obs_space, act_space, index=index, services=services)
+
+
+class GroupServices:
+    """What the learner role lends the updates of a learner group, without sockets: rank 0's
+    heartbeat info is found in ``registry`` (as the broker's STATUS shows it)."""
+
+    def __init__(self, index: int, registry: dict[str, dict[str, Any]]) -> None:
+        self.id = f"learner-{index}"
+        self.advertise = "127.0.0.1"
+        self.stop_event = threading.Event()
+        self.registry = registry
+        self.ticks = 0
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def role_info(self, role_id: str) -> dict[str, Any] | None:
+        return self.registry.get(role_id)
+
+    def take_input(self) -> bool:
+        return False  # the test hands each update its batches
 
 
 def batch(arrays: dict[str, np.ndarray], shard: Any = SHARD) -> P.Message:

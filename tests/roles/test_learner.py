@@ -384,3 +384,48 @@ def test_a_learner_counts_an_update_checked_on_the_device_one_update_later():
     with pytest.raises(RoleError, match="learner-0: .* at update 3 "):
         feed(learner, unrolls(rng, reward=3e38), "replay-1")
     assert learner.diverged and learner.non_finite_batches == 11 and learner.updates == 2
+
+
+def test_two_appo_learners_form_a_group_and_train_their_own_batches_alike(inproc):
+    """``roles.learners: 2`` of APPO, in-process roles with a real broker and parameter
+    server: learner 1 finds learner 0's store through a STATUS, the group forms, the batches
+    stream deals the batches out to both (each acks its own), both take the same steps on
+    the averaged gradients and end with the same weights, bit for bit; only learner 0
+    publishes."""
+    cfg = config().model_dump()
+    cfg.update(algo="appo", appo={"epochs": 2, "minibatches": 2})
+    cfg["roles"] = {"actors": 1, "replay": 1, "learners": 2, "params": 1, "evaluator": 0}
+    cfg["replay"].update(table="fifo", batch_size=4)
+    cfg["learner"].update(publish_interval=1, group_timeout_s=120)
+    inproc.start_broker(ExperimentConfig.model_validate(cfg))
+    params = inproc.start(ParameterServer, index=0)
+    leader = inproc.start(Learner, index=0)
+    follower = inproc.start(Learner, index=1)
+    assert isinstance(leader, Learner) and isinstance(follower, Learner)
+    assert isinstance(params, ParameterServer)
+    ups = [up for up in (leader.update, follower.update) if isinstance(up, AppoUpdate)]
+    assert len(ups) == 2
+    wait_for(lambda: all(up.members.ready for up in ups), timeout=120)
+    wait_for(lambda: leader.weights_version >= 1, timeout=30)  # the first weights, once formed
+    batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
+    replay = inproc.push("batches", sender="replay-0")
+    inproc.wait_subscribed(batch_acks)
+    rng = np.random.default_rng(3)
+    for _ in range(4):  # dealt out in turn: two each
+        assert replay.send(unrolls(rng))
+    # Each trains its two batches (epochs x minibatches steps each), in rounds with the
+    # other's batch or, where the other had none for IDLE_ROUND_S, with none: at least 8 steps,
+    # the same on both.
+    wait_for(
+        lambda: [up.trained_unrolls for up in ups] == [8, 8] and leader.updates == follower.updates,
+        timeout=120,
+    )
+    assert leader.updates >= 2 * 2 * 2, leader.updates
+    assert len(collect(batch_acks, until=4, timeout=10)) == 4
+    mine, theirs = (up.model.state_dict() for up in ups)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    wait_for(lambda: params.version >= 2, timeout=30)  # learner 0's weights after training
+    assert follower.weights_sent == 0 and leader.weights_sent >= 2
+    beat = follower.heartbeat_info()
+    assert (beat["group_rank"], beat["group_size"], beat["weight_drift"]) == (1, 2, 0.0)
+    assert beat["group_version"] >= 1 and "group_store" in leader.heartbeat_info()

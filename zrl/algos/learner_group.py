@@ -1,5 +1,8 @@
-"""``LearnerGroup``: the learners that train one policy together (DD-PPO, ``roles.learners >
-1``) as a ``torch.distributed`` process group, and the mean of their gradients over it.
+"""``LearnerGroup``: the learners that train one policy together (``roles.learners > 1``:
+DD-PPO, IMPALA, APPO) as a ``torch.distributed`` process group, and the mean of their
+gradients over it; ``PolicyLearners``: an update's place among them (its rank, the group, and
+what every such update does with it), shared by ``zrl.algos.ppo.update`` and
+``zrl.algos.unrolls``.
 
 Rendezvous, through the broker: rank 0 opens a ``torch.distributed.TCPStore`` (the master) on
 a free port of its host and shows ``host:port`` (``address``, its advertised host) in its
@@ -15,10 +18,13 @@ the role keeps beating (rank 0's address reaches the broker only in a heartbeat)
 not come (or, on a rank other than 0, that rank 0's address was never found).
 
 Then :meth:`LearnerGroup.average_gradients`: one ``all_reduce`` (sum) of the model's gradients
-flattened into one buffer, divided by the world size, copied back; an all-reduce leaves the
-same bits on every rank, so every rank applies the same update. A collective that fails (a
-rank died or left) raises :class:`LearnerGroupError`, which stops the learner: a group does not
-go on without a rank (rejoining is not built yet).
+flattened into one buffer, divided by the world size (or, weighted, by the sum of the ranks'
+weights, which rides in the same buffer), copied back; an all-reduce leaves the same bits on
+every rank, so every rank applies the same update. :meth:`LearnerGroup.reduce_max` (a
+maximum: IMPALA's and APPO's newest version and weight fingerprints) and
+:meth:`LearnerGroup.broadcast` (rank 0's tensors to all) are the other collectives. A
+collective that fails (a rank died or left) raises :class:`LearnerGroupError`, which stops
+the learner: a group does not go on without a rank (rejoining is not built yet).
 
 Sockets: the store's TCP listener (rank 0, every interface, a free port) and its clients, and
 the backend's own connections between the ranks; none on the broker's buses.
@@ -31,16 +37,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from zrl.algos.optim import clipped_gradients
+
+if TYPE_CHECKING:
+    from zrl.algos.api.learner import LearnerSetup
+
 STORE_CONNECT_S = 5.0  # one try to reach rank 0's store (a stale address: try again later)
 FIND_INTERVAL_S = 0.5  # between two questions to the broker for rank 0's address
 TICK_S = 0.1  # while a collective waits for the other ranks: the role's heartbeats
 POLL_FIRST_S, POLL_MAX_S = 1e-4, 2e-3  # its completion polled at these intervals, doubling
+STOP_GRACE_S = 5.0  # a group collective failed: the time to hear that the run is stopping
 
 
 class LearnerGroupError(Exception):
@@ -205,30 +217,89 @@ class LearnerGroup:
         model: nn.Module,
         tick: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
-    ) -> None:
+        weight: torch.Tensor | None = None,
+    ) -> float:
         """Replace ``model``'s gradients by their mean over the group (a missing gradient
-        counts as zeros): one flattened all-reduce. While it waits for the other ranks,
-        ``tick`` runs every ``TICK_S`` (the role's heartbeats); ``stop`` set meanwhile ends
-        the wait with LearnerGroupError (the learner is stopping)."""
+        counts as zeros): one flattened all-reduce. With ``weight`` (a 0-d tensor: this rank's
+        samples) the mean is weighted: ``sum_r w_r g_r / sum_r w_r`` (zeros where every
+        weight is 0; a NaN weight poisons every rank's gradients, so all of them see it).
+        Returns the divisor: the world size, or the sum of the weights. While it waits for
+        the other ranks, ``tick`` runs every ``TICK_S`` (the role's heartbeats); ``stop`` set
+        meanwhile ends the wait with LearnerGroupError (the learner is stopping)."""
         params = list(model.parameters())
         grads = [
             p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
             for p in params
         ]
         flat = torch.cat(grads)
-        try:
-            self.wait(self.pg.allreduce([flat]), tick, stop)  # the sum
-        except RuntimeError as exc:
-            raise LearnerGroupError(
-                f"learner group rank {self.rank}: the gradient all-reduce failed (a learner "
-                f"stopped or cannot be reached): {exc}"
-            ) from exc
-        flat /= self.world_size
+        if weight is not None:
+            w = weight.detach().to(flat.device, flat.dtype).reshape(1)
+            flat = torch.cat([flat * w, w])
+        self.collective("the gradient all-reduce", lambda: self.pg.allreduce([flat]), tick, stop)
+        if weight is None:
+            total = float(self.world_size)
+        else:
+            total = float(flat[-1])
+            flat = flat[:-1] / total if total != 0 else flat[:-1]
+        if weight is None:
+            flat /= self.world_size
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
+        return total
+
+    def reduce_max(
+        self,
+        values: torch.Tensor,
+        tick: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> torch.Tensor:
+        """The element-wise maximum of ``values`` (1-D, the same length on every rank) over
+        the group, in place and returned."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+        start = lambda: self.pg.allreduce([values], options)  # noqa: E731
+        self.collective("an all-reduce (max)", start, tick, stop)
+        return values
+
+    def broadcast(
+        self,
+        tensors: list[torch.Tensor],
+        tick: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Copy rank 0's ``tensors`` into every rank's, in place (the same shapes on every
+        rank): one broadcast of them flattened."""
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        start = lambda: self.pg.broadcast([flat], options)  # noqa: E731
+        self.collective("a broadcast from rank 0", start, tick, stop)
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+
+    def collective(
+        self,
+        what: str,
+        start: Callable[[], Any],
+        tick: Callable[[], None] | None,
+        stop: threading.Event | None,
+    ) -> None:
+        """Start a collective (``start()``: its work) and wait for it; its failure raises
+        LearnerGroupError naming ``what``."""
+        try:
+            self.wait(start(), tick, stop)
+        except RuntimeError as exc:
+            raise LearnerGroupError(
+                f"learner group rank {self.rank}: {what} failed (a learner stopped or cannot "
+                f"be reached): {exc}"
+            ) from exc
 
     @staticmethod
     def wait(work: Any, tick: Callable[[], None] | None, stop: threading.Event | None) -> None:
@@ -258,3 +329,128 @@ class LearnerGroup:
         self.pg = None
         self.ready = False
         self.store = None
+
+
+class PolicyLearners:
+    """A learner update's place among its policy's learners (``roles.learners`` of one policy:
+    DD-PPO, APPO, IMPALA): its rank, the group it forms with them (None for a lone learner)
+    and what every such update does with it: find rank 0's store address through the broker,
+    form the group before training, publish only from rank 0, step on the gradients averaged
+    over the group, tell a learner that stops from a failed group, and show its rank in the
+    heartbeat."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        cfg = setup.config
+        self.services = setup.services
+        self.size = cfg.learners_per_policy()
+        self.rank = cfg.learner_rank(setup.index)
+        self.leader = self.rank == 0
+        # One group per policy (a league's players each train alone: they never average).
+        self.leader_id = f"learner-{setup.index - self.rank}"
+        self.group = (
+            LearnerGroup(
+                self.rank,
+                self.size,
+                advertise=self.services.advertise,
+                find_leader=self.find_leader,
+                timeout_s=cfg.learner.group_timeout_s,
+                device=setup.device,
+                log=setup.log,
+            )
+            if self.size > 1
+            else None
+        )
+        self.on_tick: Callable[[], None] | None = None
+        """What :meth:`tick` runs in place of the role's heartbeats, where an update gives
+        more (IMPALA's and APPO's also take in the batches that arrive)."""
+
+    def tick(self) -> None:
+        """What runs every ``TICK_S`` while a collective waits: ``on_tick``, else the role's
+        heartbeats (``services.tick``)."""
+        (self.on_tick or self.services.tick)()
+
+    def find_leader(self) -> str | None:
+        """Rank 0's group store ``host:port``, from its heartbeat (the broker)."""
+        info = self.services.role_info(self.leader_id)
+        address = info.get("group_store") if info else None
+        return address if isinstance(address, str) else None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the group has formed (always, for a lone learner)."""
+        return self.group is None or self.group.ready
+
+    def poll(self) -> bool:
+        """One step of the rendezvous; True once the group is formed (LearnerGroupError past
+        ``learner.group_timeout_s``)."""
+        return self.group is None or self.group.poll()
+
+    def may_publish(self) -> bool:
+        """Rank 0 speaks for all, once the group has formed (the first weights start the
+        actors)."""
+        return self.leader and self.ready
+
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        loss: torch.Tensor | None,
+        weight: torch.Tensor | float,
+        grad_clip: float,
+    ) -> float | None:
+        """One optimizer step on the group's weighted mean gradient: ``zero_grad``, backward
+        of ``loss`` (None: this rank has no sample for this step and adds zeros), the
+        all-reduce (:meth:`LearnerGroup.average_gradients`, ``weight`` this rank's samples),
+        clipping to ``grad_clip``, the step. Every rank computes the same mean, so every rank
+        takes the same step, or none: the pre-clip norm, or None where no rank had a sample.
+        A NaN/inf loss on any rank poisons the mean, so every rank raises
+        NonFiniteLossError before its step."""
+        assert self.group is not None
+        optimizer.zero_grad(set_to_none=True)
+        w = torch.as_tensor(weight, dtype=torch.float32)
+        if loss is not None:
+            loss.backward()
+            if not bool(torch.isfinite(loss.detach())):
+                w = torch.tensor(float("nan"))
+        else:
+            loss, w = torch.zeros(()), torch.zeros(())
+        params = list(model.parameters())
+        total = self.group.average_gradients(model, self.tick, self.services.stop_event, weight=w)
+        if total == 0:
+            return None
+        grad_norm = clipped_gradients(loss, params, grad_clip)
+        optimizer.step()
+        return float(grad_norm)
+
+    def stopping(self) -> bool:
+        """After a failed collective: whether this learner is asked to stop within
+        ``STOP_GRACE_S`` (the run is ending and another learner stopped first)."""
+        services = self.services
+        deadline = time.monotonic() + STOP_GRACE_S
+        while not services.stop_event.is_set() and time.monotonic() < deadline:
+            services.tick()
+            services.stop_event.wait(0.05)
+        return services.stop_event.is_set()
+
+    def heartbeat_info(self) -> dict[str, Any]:
+        """``group_rank``, ``group_size``, ``group_formed`` and rank 0's ``group_store`` (the
+        address the others find through the broker); nothing for a lone learner."""
+        if self.group is None:
+            return {}
+        info: dict[str, Any] = {
+            "group_rank": self.rank,
+            "group_size": self.size,
+            "group_formed": self.group.ready,
+        }
+        if self.group.address is not None:
+            info["group_store"] = self.group.address
+        return info
+
+    def summary(self) -> str:
+        """``, rank r of a group of n`` for the learner's last line (empty when alone)."""
+        return f", rank {self.rank} of a group of {self.size}" if self.group is not None else ""
+
+    def close(self) -> None:
+        """Destroy the group."""
+        if self.group is not None:
+            self.group.close()

@@ -24,11 +24,25 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   (``zrl.algos.optim.deferred_step``) and the result's ``finite`` flag tells the learner,
   which reads it one update later.
 - the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
+- several learners of one policy (``roles.learners > 1``, data-parallel): a ``torch.distributed``
+  group (``zrl.algos.learner_group.PolicyLearners``, formed before the first batch, through
+  the broker); each learner trains the batches it receives, every step on the gradients
+  averaged over the group (weighted by the learners' valid steps), and every batch takes
+  :meth:`UnrollUpdate.steps_per_batch` steps on every learner, stale or short batches too
+  (their steps add nothing to the mean; a step no learner had a sample for is taken by none).
+  At each batch one all-reduce (max) agrees on the newest weights version (a follower's
+  staleness is measured against it) and compares the weights (``weight_drift``, corrected
+  from rank 0). Learner 0 alone publishes. While a collective waits, :meth:`group_tick`
+  takes in the batch that arrives; a learner without a batch for ``IDLE_ROUND_S`` joins the
+  next round without one (:meth:`idle_round`), and the batches that came before the group
+  formed are dropped (:meth:`trim_backlog`). Sockets: the group's
+  (``zrl.algos.learner_group``).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import Any, NamedTuple, cast
 
@@ -38,7 +52,8 @@ from torch import Tensor, nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import HostStaging, InFlight, policy_lags
-from zrl.algos.optim import defers_checks, make_adam
+from zrl.algos.learner_group import LearnerGroupError, PolicyLearners
+from zrl.algos.optim import checked_step, deferred_step, defers_checks, make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import check_distribution, distribution_of
@@ -57,6 +72,13 @@ FRAME_TRAINED_ARRAYS = ("frames", "action", "logp", "reward", "terminated", "val
 rebuilds from them on its device."""
 RECURRENT_FRAME_TRAINED_ARRAYS = (*FRAME_TRAINED_ARRAYS, "state", "first")
 """A recurrent model's on frame stacks."""
+IDLE_ROUND_S = 1.0
+"""In a learner group: seconds without a batch after which a learner joins the group's next
+round without one (:meth:`UnrollUpdate.idle_round`)."""
+WAITING_BATCHES = 1
+"""In a learner group: batches taken in while a collective waits, at most (then the input
+waits in the socket, and the shards' credit with it): one, which the learner's next step
+trains instead of receiving one (a backlog would only age the batches)."""
 
 
 def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -108,6 +130,7 @@ class UnrollUpdate(BaseUpdate):
 
     def __init__(self, setup: LearnerSetup, max_lag: int) -> None:
         self.config = setup.config
+        self.log = setup.log
         self.train_stats = setup.train_stats
         self.model = setup.model
         self.optimizer = make_adam(
@@ -155,9 +178,27 @@ class UnrollUpdate(BaseUpdate):
         """Received batches not trained on yet, on their way to the device."""
         self.staging = HostStaging(self.device)
         """The fresh rows' way to the device (reused pinned buffers, a copy stream)."""
-        self.defer_checks = defers_checks(self.optimizer, self.device)
+        self.members = PolicyLearners(setup)
+        """Its place among the policy's learners (``roles.learners > 1``: data-parallel, the
+        gradients of every step averaged over their group)."""
+        self.group = self.members.group
+        self.defer_checks = self.group is None and defers_checks(self.optimizer, self.device)
         """Finiteness checked on the device, read by the learner one update later
-        (``UpdateResult.finite``): on a GPU. Otherwise a NaN/inf raises at once."""
+        (``UpdateResult.finite``): on a GPU, alone. Otherwise a NaN/inf raises at once."""
+        self.group_version = 0
+        """In a group: the newest weights version any learner of it knows (rank 0's, which
+        publishes), agreed on at each batch: a follower's staleness is measured against it."""
+        self.weight_drift = 0.0
+        """In a group: the spread of the learners' weights at the last batch (0 by
+        construction; anything else is corrected from rank 0 and counted)."""
+        self.drift_corrections = 0
+        self.backlog_batches = 0
+        """In a group: batches dropped unread from a backlog (:meth:`trim_backlog`)."""
+        self.idle_rounds = 0
+        """In a group: rounds this learner joined without a batch (:meth:`idle_round`)."""
+        self.last_round = time.monotonic()
+        """In a group: when this learner last began a round (with a batch or none)."""
+        self.members.on_tick = self.group_tick
 
     def receive(self, msg: P.Message, version: int) -> None:
         """Check a batch and start moving its fresh unrolls (at ``version``) to the device: on
@@ -174,7 +215,7 @@ class UnrollUpdate(BaseUpdate):
             pass  # float32 samples, checked finite by the schema
         elif dims["B"] and (actions.min() < 0 or actions.max() >= self.num_actions):
             raise P.ProtocolError(f"batch actions outside [0, {self.num_actions})")
-        rows = self.fresh_rows(a["weights_version"], version)
+        rows = self.fresh_rows(a["weights_version"], self.current_version(version))
         picked = rows if len(rows) < len(a["weights_version"]) else None  # None: all of them
         moving = None  # all stale: nothing to move
         if len(rows):
@@ -187,17 +228,48 @@ class UnrollUpdate(BaseUpdate):
         lag = version - versions
         return np.flatnonzero(lag <= self.max_lag)
 
+    def current_version(self, version: int) -> int:
+        """The version staleness is measured against: the learner's own (acked by the
+        parameter server), or in a group the newest its learners agreed on."""
+        return version if self.group is None else max(version, self.group_version)
+
     def train(self, version: int) -> UpdateResult | None:
         """:meth:`train_unrolls` on the fresh unrolls of the oldest kept batch; None when there
-        is none, or all of its unrolls are stale."""
-        if not self.pending:
+        is none, or all of its unrolls are stale. In a group (``roles.learners > 1``) the
+        learners first form it; then every batch, fresh or not, takes the same
+        :meth:`steps_per_batch` on the group's averaged gradients, after a :meth:`sync_group`
+        (each step is a collective: every learner must take as many)."""
+        if self.group is not None:
+            self.trim_backlog()
+        if not self.members.ready:
+            self.members.poll()  # LearnerGroupError past learner.group_timeout_s
             return None
+        idle = self.group is not None and time.monotonic() - self.last_round > IDLE_ROUND_S
+        if not self.pending and not idle:
+            return None
+        try:
+            if not self.pending:
+                return self.idle_round(version)
+            return self.train_batch(version)
+        except LearnerGroupError:
+            if self.members.stopping():
+                self.log.info("learner group: a learner left as the run stops; batch dropped")
+                return None
+            raise
+
+    def train_batch(self, version: int) -> UpdateResult | None:
+        """Train on the oldest kept batch (see :meth:`train`)."""
         kept = self.pending.popleft()  # dropped, not retried, if it raises
+        if self.group is not None:
+            self.last_round = time.monotonic()
+            version = self.sync_group(version)
         rows = self.fresh_rows(kept.versions, version)
         rows = rows[np.isin(rows, kept.rows)]  # fresh then and now (versions only grow)
         self.stale_unrolls += len(kept.versions) - len(rows)
         if len(rows) == 0 or kept.moving is None:
-            return None
+            if self.group is None:
+                return None
+            return self.idle_batch(f"a batch from {kept.shard}")
         lags = policy_lags(kept.versions[rows], version)
         self.train_stats.add_array("policy_lag", lags)  # policy_lag and policy_lag_max
         batch = kept.moving.wait()
@@ -217,6 +289,106 @@ class UnrollUpdate(BaseUpdate):
         self.trained_unrolls += len(rows)
         result.samples = int(kept.valid[rows].sum())
         return result
+
+    # --- several learners of one policy (a group) ----------------------------------------
+
+    def idle_round(self, version: int) -> UpdateResult | None:
+        """In a group, ``IDLE_ROUND_S`` without a batch: a batch's round of collectives with
+        none (:meth:`sync_group`, then :meth:`idle_batch`), so that the others, which hold
+        batches, do not wait for this learner's next one (a shard that stopped, batches dealt
+        out unevenly); where every learner is idle, the round takes no step."""
+        self.last_round = time.monotonic()
+        self.idle_rounds += 1
+        self.sync_group(version)
+        return self.idle_batch("an idle round")
+
+    def trim_backlog(self) -> None:
+        """In a group, where every learner trains one batch per batch received: drop (and
+        count, ``backlog_batches``, their unrolls as stale) the batches that came while the
+        group formed, and later the oldest kept batches beyond ``WAITING_BATCHES + 1``. A
+        backlog would never drain, and every batch would wait behind it, growing stale."""
+        keep = WAITING_BATCHES + 1 if self.members.ready else 0
+        while len(self.pending) > keep:
+            old = self.pending.popleft()
+            self.stale_unrolls += len(old.versions)
+            self.backlog_batches += 1
+
+    def sync_group(self, version: int) -> int:
+        """At the start of each batch, one small all-reduce (max) over the group of every
+        learner's weights version and of a fingerprint of its weights (the sum of each
+        tensor of the state dict, and its negation: their maxima give the spread). Returns
+        the newest version; a spread other than 0 (learners resumed from checkpoints of
+        different times) is measured (``weight_drift``), counted and corrected: every
+        learner takes rank 0's weights (its Adam moments stay its own)."""
+        assert self.group is not None
+        tensors = list(self.model.state_dict().values())
+        sums = torch.stack([t.detach().double().sum() for t in tensors]).cpu()
+        values = torch.cat([sums, -sums, torch.tensor([float(version)], dtype=torch.float64)])
+        values = values.to(self.group.device)
+        services = self.members.services
+        self.group.reduce_max(values, self.group_tick, services.stop_event)
+        n = len(tensors)
+        spread = values[:n] + values[n : 2 * n]  # max - min of each tensor's sum
+        self.weight_drift = float(spread.abs().max())
+        if self.weight_drift != 0:
+            self.drift_corrections += 1
+            self.log.warning(
+                "learner group: weights %g apart at a batch; taking rank 0's", self.weight_drift
+            )
+            self.group.broadcast(tensors, self.group_tick, services.stop_event)
+        self.group_version = max(self.group_version, int(values[-1]))
+        return max(version, self.group_version)
+
+    def group_tick(self) -> None:
+        """While a collective waits for the other learners: the role's tick, and a batch that
+        arrived meanwhile taken in (``services.take_input``: acked, then :meth:`receive`d)
+        while fewer than ``WAITING_BATCHES`` wait here. A learner that waits for another
+        which has no batch yet must not hold the shards' credit (``replay.prefetch``) unacked
+        in its socket: the batch the other waits for would not be sampled."""
+        services = self.members.services
+        services.tick()
+        if len(self.pending) < WAITING_BATCHES:
+            services.take_input()
+
+    def steps_per_batch(self) -> int:
+        """The optimizer steps :meth:`train_unrolls` takes on any batch (in a group, where
+        every learner must take as many)."""
+        raise NotImplementedError
+
+    def step(self, loss: Tensor, valid: Tensor, finite: Tensor | None) -> tuple[Any, Any]:
+        """One optimizer step on ``loss`` (a mean over the ``valid`` steps) and the
+        ``(grad_norm, finite)`` of the subclass's loop: checked at once (``finite`` None), on
+        the device (a GPU learner alone) or, in a group, on the gradients averaged over it,
+        weighted by each learner's valid steps (``PolicyLearners.step``: a step no learner
+        had a sample for is not taken, and its norm is None; the caller does not count it)."""
+        params = list(self.model.parameters())
+        grad_clip = self.config.learner.grad_clip
+        if self.group is not None:
+            norm = self.members.step(self.optimizer, self.model, loss, valid.sum(), grad_clip)
+            return norm, finite
+        if finite is None:
+            return checked_step(self.optimizer, loss, params, grad_clip), None
+        return deferred_step(self.optimizer, loss, params, grad_clip, finite)
+
+    def idle_batch(self, source: str) -> UpdateResult | None:
+        """In a group, a batch with no fresh unroll: its steps taken on the others'
+        gradients (this learner adds none), so that every learner takes as many; None when
+        no learner had a sample for any of them (no step taken, no new weights)."""
+        try:
+            steps = sum(self.idle_step() for _ in range(self.steps_per_batch()))
+        except NonFiniteLossError as exc:
+            exc.source = f"{source} (another learner's part)"
+            raise
+        return UpdateResult(updates=steps, loss=math.nan) if steps else None
+
+    def idle_step(self) -> int:
+        """In a group, a step without a sample of this learner's, on the others' mean: 1 if
+        it was taken (counted), 0 where no learner had a sample."""
+        grad_clip = self.config.learner.grad_clip
+        if self.members.step(self.optimizer, self.model, None, 0.0, grad_clip) is None:
+            return 0
+        self.updates += 1
+        return 1
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
         """Train on fresh unrolls: ``batch`` holds the :data:`TRAINED_ARRAYS` (the
@@ -243,10 +415,24 @@ class UnrollUpdate(BaseUpdate):
         mean_rho = float(self.mean_rho)  # a tensor on the device: read here, once a beat
         if math.isfinite(mean_rho):
             info["mean_rho"] = round(mean_rho, 3)
+        if self.group is not None:
+            info.update(self.members.heartbeat_info())
+            info["group_version"] = self.group_version
+            info["weight_drift"] = self.weight_drift
+            info["drift_corrections"] = self.drift_corrections
+            info["backlog_batches"] = self.backlog_batches
+            info["idle_rounds"] = self.idle_rounds
         return info
+
+    def may_publish(self) -> bool:
+        return self.members.may_publish()
 
     def summary(self) -> str:
         return (
             f"{self.updates} updates on {self.trained_unrolls} unrolls, {self.stale_unrolls} "
-            f"stale unrolls dropped (max_lag {self.max_lag})"
+            f"stale unrolls dropped (max_lag {self.max_lag}){self.members.summary()}"
         )
+
+    def close(self) -> None:
+        """Destroy the learner group (if any)."""
+        self.members.close()

@@ -12,9 +12,13 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
   ``priorities/<shard>/``: PRIORITIES for the sampled keys, back to the shard that sampled
   them, when the update returns them.
 - **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
-  open more sockets through the learner; DD-PPO's learners open a ``torch.distributed`` group
-  of their own (``zrl.algos.learner_group``: learner 0's TCPStore, found through a STATUS of
-  ``learner-0``, ``role_info``).
+  open more sockets through the learner; several learners of one policy (DD-PPO, IMPALA,
+  APPO: ``roles.learners > 1``) open a ``torch.distributed`` group of their own
+  (``zrl.algos.learner_group``: learner 0's TCPStore, found through a STATUS of
+  ``learner-0``, ``role_info``). The batches stream deals the shards' batches out to IMPALA's
+  and APPO's learners in turn, and while their group's collective waits the update takes in
+  (and acks) what arrived through :meth:`Learner.take_input`. Only learner 0 of a group
+  sends WEIGHTS.
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s`` (a
   version held back goes out when that time has passed, updates or not), or at once when the
@@ -157,6 +161,10 @@ class Learner(Role):
         # The last update checked on the device (UpdateResult.finite) and the sender of its
         # batch: counted (or dropped) once the next update is on its way.
         self.unchecked: tuple[UpdateResult, str] | None = None
+        self.taken_in = 0
+        """Batches the update's group took in while a collective waited (``take_input``): the
+        next steps receive none of their own, one each, so one batch comes in per batch
+        trained and none waits behind another."""
 
     def setup(self) -> None:
         cfg = self.config
@@ -561,10 +569,14 @@ class Learner(Role):
         self.unreported_s["wait"] += waited
         self.unreported_s["copy"] += copied
         before = self.updates
-        published = self.time_s["publish"]
+        published, copying = self.time_s["publish"], self.time_s["copy"]
         self.train()
+        # Less what the update's group took in (take_input) and published meanwhile.
         self.time_s["update"] += (
-            time.monotonic() - trained_from - (self.time_s["publish"] - published)
+            time.monotonic()
+            - trained_from
+            - (self.time_s["publish"] - published)
+            - (self.time_s["copy"] - copying)
         )
         if self.updates > before:
             self.report_input_time(self.updates - before)
@@ -578,9 +590,12 @@ class Learner(Role):
     def receive(self) -> int:
         """Hand what arrived to the update; the number of messages. From replay: one batch
         per step, waiting up to the input's 100 ms receive timeout (the shard samples the next
-        meanwhile). From the rollouts topic: what is queued, at most ``MAX_READS_PER_STEP``,
-        else a 20 ms wait."""
+        meanwhile), or none where ``take_input`` took this step's in already. From the
+        rollouts topic: what is queued, at most ``MAX_READS_PER_STEP``, else a 20 ms wait."""
         if self.batch_acks is not None:
+            if self.taken_in:  # taken in while the update's group waited: this step's batch
+                self.taken_in -= 1
+                return 1
             got = self.input.recv()
             if got is None:
                 return 0
@@ -595,6 +610,20 @@ class Learner(Role):
                 return received
             self.hand_over(got[1])
         return MAX_READS_PER_STEP
+
+    def take_input(self) -> bool:
+        """One replay batch that has arrived, acked and handed to the update, without
+        waiting (an update's learner group calls it while a collective waits); False when
+        none had arrived, or the input is the rollouts topic."""
+        if self.batch_acks is None:
+            return False
+        got = self.input.recv(block=False)
+        if got is None:
+            return False
+        self.ack_batch(self.batch_acks, got[1])
+        self.hand_over(got[1])
+        self.taken_in += 1
+        return True
 
     def hand_over(self, msg: P.Message) -> None:
         """One message to the update; one it rejects is dropped and counted."""

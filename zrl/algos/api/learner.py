@@ -46,6 +46,11 @@ class LearnerServices(Protocol):
         """The heartbeat info of the live role ``role_id`` (a STATUS to the broker), None
         while it is not registered or not alive."""
 
+    def take_input(self) -> bool:
+        """Take in one message of the learner's input that has arrived, without waiting: a
+        replay BATCH acked and handed to the update's ``receive`` (IMPALA's and APPO's
+        learner groups, while a collective waits). False when none had arrived."""
+
 
 @dataclass
 class LearnerSetup:

@@ -7,6 +7,9 @@ objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` 
 - the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling``'s categorical
   policy, ``zrl.nets.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
 - ``update``: the learner side (``AppoUpdate``).
+
+``roles.learners: N > 1``: data-parallel learners, as IMPALA's (``zrl.algos.impala``), each
+taking ``appo.epochs x appo.minibatches`` steps per batch on the group's averaged gradients.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ if TYPE_CHECKING:
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    impala.check_recurrent(cfg)
+    impala.check_config(cfg)
+    learners = cfg.learners_per_policy()
+    if learners > 1 and cfg.section(AppoConfig).normalize_returns:
+        raise ValueError(
+            f"appo.normalize_returns with roles.learners ({learners}): each learner would "
+            "gather the return statistics from its own batches, and their weights would "
+            "part; set appo.normalize_returns: false or roles.learners: 1"
+        )
     minibatches = cfg.section(AppoConfig).minibatches
     if minibatches > cfg.replay.batch_size:
         raise ValueError(

@@ -30,7 +30,6 @@ from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
-from zrl.algos.optim import checked_step, deferred_step
 from zrl.algos.unrolls import UnrollUpdate, unroll_outputs
 from zrl.algos.value_normalizer import ValueNormalizer
 
@@ -71,11 +70,17 @@ class AppoUpdate(UnrollUpdate):
             _, values, _ = unroll_outputs(self.model, batch)
         return values.T
 
+    def steps_per_batch(self) -> int:
+        c = self.config.section(AppoConfig)
+        return c.epochs * c.minibatches
+
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
         c = self.config.section(AppoConfig)
         n = batch["reward"].shape[0]
         old_values = self.old_values(batch)
-        groups = min(c.minibatches, n)
+        # In a learner group every learner takes epochs x minibatches steps, whatever its
+        # batch holds (a minibatch without unrolls adds no gradient to that step's mean).
+        groups = c.minibatches if self.group is not None else min(c.minibatches, n)
         steps = 0
         loss = torch.tensor(float("nan"))
         parts: dict[str, Tensor] = {}
@@ -88,6 +93,9 @@ class AppoUpdate(UnrollUpdate):
                 order = order.pin_memory().to(batch["reward"].device, non_blocking=True)
             for rows in order.tensor_split(groups):
                 started = time.perf_counter()
+                if len(rows) == 0:  # in a group only: fewer unrolls than minibatches
+                    steps += self.idle_step()
+                    continue
                 f = unroll_forward(
                     self.model,
                     {k: v[rows] for k, v in batch.items()},
@@ -117,21 +125,16 @@ class AppoUpdate(UnrollUpdate):
                     normalize_advantages=c.normalize_advantages,
                     distribution=f.distribution,
                 )
-                params = list(self.model.parameters())
-                grad_clip = self.config.learner.grad_clip
-                grad_norm: float | Tensor
-                if finite is None:
-                    grad_norm = checked_step(self.optimizer, loss, params, grad_clip)
-                else:
-                    grad_norm, finite = deferred_step(
-                        self.optimizer, loss, params, grad_clip, finite
-                    )
+                grad_norm, finite = self.step(loss, f.valid, finite)
+                if grad_norm is None:  # in a group: no learner had a valid step in it
+                    continue
                 self.updates += 1
                 steps += 1
                 self.train_stats.add(
                     **parts, grad_norm=grad_norm, update_ms=(time.perf_counter() - started) * 1e3
                 )
-        self.mean_rho = parts["mean_rho"]  # read at the heartbeat
+        if parts:
+            self.mean_rho = parts["mean_rho"]  # read at the heartbeat
         if finite is None:  # checked already: the CPU path, where reading costs nothing
             return UpdateResult(updates=steps, loss=float(loss.detach()))
         return UpdateResult(updates=steps, loss=loss.detach(), finite=finite)

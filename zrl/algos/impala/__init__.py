@@ -11,6 +11,11 @@ send each unroll with the state it started from and its episode starts
 (``RecurrentCategoricalPolicy``), the FIFO stores them with it, and the learner unrolls the
 core from that state (``zrl.algos.unrolls.unroll_outputs``).
 
+With ``roles.learners: N > 1`` the learners train data-parallel (``zrl.algos.unrolls``,
+``zrl.algos.learner_group``): each takes its own batches from the replay shards (the broker's
+``batches`` stream deals them out in turn), all N form one ``torch.distributed`` group, every
+step averages their gradients, and learner 0 alone publishes the weights.
+
 On a 1-D Box action space the model is the diagonal Gaussian actor-critic
 (``zrl.nets.gaussian.policy_model_for`` picks it from the env's action space), its actors
 ``GaussianPolicy`` and its unrolls ``continuous_unroll``s; V-trace and the loss use the
@@ -46,6 +51,33 @@ def check_recurrent(cfg: ExperimentConfig) -> None:
         )
 
 
+def check_learner_group(cfg: ExperimentConfig) -> None:
+    """What several IMPALA/APPO learners of one policy (``roles.learners > 1``, a group
+    averaging its gradients) need: a batch in flight for each learner, and no statistics that
+    each would gather from its own batches."""
+    learners, name = cfg.learners_per_policy(), cfg.algo
+    if learners < 2:
+        return
+    shards, prefetch = cfg.roles.replay, cfg.replay.prefetch
+    if shards * prefetch < learners:
+        raise ValueError(
+            f"roles.learners ({learners}): {name}'s learners each train their own batches, in "
+            f"step, and at most roles.replay ({shards}) x replay.prefetch ({prefetch}) = "
+            f"{shards * prefetch} are in flight; make that product at least {learners}"
+        )
+    if cfg.model.normalize_input:
+        raise ValueError(
+            f"model.normalize_input with roles.learners ({learners}): each {name} learner "
+            "would gather the input statistics from its own batches, and their weights would "
+            "part; set model.normalize_input: false or roles.learners: 1"
+        )
+
+
+def check_config(cfg: ExperimentConfig) -> None:
+    check_recurrent(cfg)
+    check_learner_group(cfg)
+
+
 ALGORITHM = Algorithm(
     name="impala",
     summary="IMPALA: asynchronous actors, unrolls through a FIFO queue, V-trace learner",
@@ -58,5 +90,5 @@ ALGORITHM = Algorithm(
     remote_inference=True,
     config={"impala": ImpalaConfig},
     sections=("replay", "learner"),
-    check_config=check_recurrent,
+    check_config=check_config,
 )

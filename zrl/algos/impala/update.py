@@ -36,6 +36,17 @@ class ImpalaUpdate(UnrollUpdate):
 
     def __init__(self, setup: LearnerSetup) -> None:
         super().__init__(setup, setup.config.section(ImpalaConfig).max_lag)
+        self.step_skipped = False  # in a group: the last step was not taken (group_step)
+
+    def steps_per_batch(self) -> int:
+        return self.config.section(ImpalaConfig).epochs
+
+    def group_step(self, loss: Tensor, valid: Tensor) -> float:
+        """A learner group's step (:meth:`UnrollUpdate.step`): its pre-clip norm (NaN where
+        no learner had a valid step: not taken, ``step_skipped`` set)."""
+        norm = self.step(loss, valid, None)[0]
+        self.step_skipped = norm is None
+        return math.nan if norm is None else float(norm)
 
     def train_unrolls(self, batch: dict[str, Tensor]) -> UpdateResult:
         c = self.config.section(ImpalaConfig)
@@ -43,6 +54,7 @@ class ImpalaUpdate(UnrollUpdate):
         # On a GPU nothing is read back per update (see UnrollUpdate): a NaN/inf step is
         # skipped on the device, and so are the batch's later ones.
         finite = torch.ones((), dtype=torch.bool, device=self.device) if self.defer_checks else None
+        steps = 0
         for _ in range(c.epochs):
             started = time.perf_counter()
             result = impala_update(
@@ -57,9 +69,13 @@ class ImpalaUpdate(UnrollUpdate):
                 grad_clip=self.config.learner.grad_clip,
                 lambda_=c.vtrace_lambda,
                 finite=finite,
+                step=self.group_step if self.group is not None else None,
             )
             finite = result.finite
+            if self.step_skipped:  # in a group: no learner had a valid step in it
+                continue
             self.updates += 1
+            steps += 1
             loss = result.parts["loss"]
             self.mean_rho = result.mean_rho
             self.train_stats.add(
@@ -68,4 +84,4 @@ class ImpalaUpdate(UnrollUpdate):
                 mean_rho=result.mean_rho,
                 update_ms=(time.perf_counter() - started) * 1e3,
             )
-        return UpdateResult(updates=c.epochs, loss=loss, finite=finite)
+        return UpdateResult(updates=steps, loss=loss, finite=finite)

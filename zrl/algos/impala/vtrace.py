@@ -8,7 +8,7 @@ of ``rewards`` / ``discounts`` belongs to the transition ``x_t -> x_{t+1}`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -332,9 +332,12 @@ def impala_update(
     grad_clip: float,
     lambda_: float = 1.0,
     finite: Tensor | None = None,
+    step: Callable[[Tensor, Tensor], float] | None = None,
 ) -> ImpalaStepResult:
     """One IMPALA step on a batch of unrolls from the actors' queue (``batch`` as
-    :func:`unroll_forward` reads it).
+    :func:`unroll_forward` reads it). ``step(loss, valid)``, when given, takes the optimizer
+    step in place of :func:`zrl.algos.optim.checked_step` and returns the pre-clip norm (a
+    learner group's step on the gradients averaged over it, weighted by the valid steps).
 
     Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss. With
     ``finite`` (a 0-d bool tensor: the batch's steps so far were finite) nothing is read back
@@ -354,7 +357,10 @@ def impala_update(
             valid=f.valid,
             distribution=f.distribution,
         )
-        grad_norm = checked_step(optimizer, loss, params, grad_clip)
+        if step is not None:
+            grad_norm = step(loss, f.valid)
+        else:
+            grad_norm = checked_step(optimizer, loss, params, grad_clip)
         return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
     loss, tensors = impala_loss_tensors(
         f.logits,

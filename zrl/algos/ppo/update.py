@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.learner_group import LearnerGroup, LearnerGroupError
+from zrl.algos.learner_group import LearnerGroupError, PolicyLearners
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.ppo.config import PPOConfig
@@ -74,7 +74,6 @@ from zrl.transport.messages import (
 from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
-STOP_GRACE_S = 5.0  # a group collective failed: the time to hear that the run is stopping
 
 
 class PPOUpdate(BaseUpdate):
@@ -114,25 +113,13 @@ class PPOUpdate(BaseUpdate):
             self.schema = UNROLL
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)
         # DD-PPO among the learners of this learner's policy (one each in a league with
-        # exploiters: they train different players and must not average their gradients).
-        self.learners = cfg.learners_per_policy()
-        self.learner_index = cfg.learner_rank(setup.index)
-        self.leader = self.learner_index == 0
-        # DD-PPO: the learners' process group (rendezvous through the broker).
-        self.leader_id = f"learner-{setup.index - self.learner_index}"
-        self.group = (
-            LearnerGroup(
-                self.learner_index,
-                self.learners,
-                advertise=self.services.advertise,
-                find_leader=self.find_leader,
-                timeout_s=cfg.learner.group_timeout_s,
-                device=setup.device,
-                log=self.log,
-            )
-            if self.learners > 1
-            else None
-        )
+        # exploiters: they train different players and must not average their gradients):
+        # the learners' process group, its rendezvous through the broker.
+        self.members = PolicyLearners(setup)
+        self.learners = self.members.size
+        self.learner_index = self.members.rank
+        self.leader = self.members.leader
+        self.group = self.members.group
         # Followers take the leader's weights (through the parameter server) every round.
         self.follow: Any = None if self.leader else self.services.follow_weights(self.model)
         self.weight_drift = 0.0
@@ -191,20 +178,14 @@ class PPOUpdate(BaseUpdate):
 
     # --- training ---------------------------------------------------------------------
 
-    def find_leader(self) -> str | None:
-        """DD-PPO: learner 0's group store ``host:port``, from its heartbeat (the broker)."""
-        info = self.services.role_info(self.leader_id)
-        address = info.get("group_store") if info else None
-        return address if isinstance(address, str) else None
-
     @property
     def group_ready(self) -> bool:
         """Whether the DD-PPO group has formed (always, for a single learner)."""
-        return self.group is None or self.group.ready
+        return self.members.ready
 
     def train(self, version: int) -> UpdateResult | None:
-        if self.group is not None and not self.group.ready:
-            self.group.poll()  # LearnerGroupError past learner.group_timeout_s
+        if not self.members.ready:
+            self.members.poll()  # LearnerGroupError past learner.group_timeout_s
             return None
         if self.follow is not None:
             self.follow_leader()
@@ -219,7 +200,7 @@ class PPOUpdate(BaseUpdate):
             exc.source = f"round {self.rounds + 1}"
             raise
         except LearnerGroupError:
-            if self.stopping():
+            if self.members.stopping():
                 self.log.info("learner group: a learner left as the run stops; round dropped")
                 return None
             raise
@@ -229,15 +210,6 @@ class PPOUpdate(BaseUpdate):
         # a version newer than the one the round consumed.
         samples = sum(int(r.arrays["valid"].sum()) for r in chosen)
         return UpdateResult(updates=steps, loss=self.last_loss, publish=True, samples=samples)
-
-    def stopping(self) -> bool:
-        """After a failed collective: whether this learner is asked to stop within
-        ``STOP_GRACE_S`` (the run is ending and another learner stopped first)."""
-        deadline = time.monotonic() + STOP_GRACE_S
-        while not self.services.stop_event.is_set() and time.monotonic() < deadline:
-            self.services.tick()
-            self.services.stop_event.wait(0.05)
-        return self.services.stop_event.is_set()
 
     def follow_leader(self) -> None:
         """DD-PPO followers take the leader's weights after the same round; with identical
@@ -416,7 +388,7 @@ class PPOUpdate(BaseUpdate):
     def may_publish(self) -> bool:
         # DD-PPO: one learner speaks for all, once the group has formed (the first weights
         # start the actors).
-        return self.leader and self.group_ready
+        return self.members.may_publish()
 
     def weights_meta(self) -> dict[str, int]:
         return {"rounds": self.rounds}
@@ -475,12 +447,7 @@ class PPOUpdate(BaseUpdate):
             "round_versions": self.round_versions,
             "busy": round(self.training_s / max(1e-9, time.monotonic() - self.started), 3),
         }
-        if self.group is not None:
-            info["group_rank"] = self.learner_index
-            info["group_size"] = self.learners
-            info["group_formed"] = self.group.ready
-            if self.group.address is not None:
-                info["group_store"] = self.group.address
+        info.update(self.members.heartbeat_info())
         if not self.leader:
             info["weight_drift"] = self.weight_drift
         for k in ("approx_kl", "clip_fraction", "entropy"):
@@ -490,11 +457,7 @@ class PPOUpdate(BaseUpdate):
 
     def summary(self) -> str:
         drift = f", weight drift {self.weight_drift:g}" if not self.leader else ""
-        group = (
-            f", rank {self.learner_index} of a group of {self.learners}"
-            if self.group is not None
-            else ""
-        )
+        group = self.members.summary()
         mode = self.config.section(PPOConfig).mode
         return (
             f"{self.rounds} rounds ({mode}), {self.updates} updates, "
@@ -505,5 +468,4 @@ class PPOUpdate(BaseUpdate):
 
     def close(self) -> None:
         """Destroy the DD-PPO process group."""
-        if self.group is not None:
-            self.group.close()
+        self.members.close()

@@ -1,0 +1,145 @@
+"""``UnrollUpdate``'s learner group (``roles.learners: 2`` of IMPALA and APPO): two learners,
+threads of this process as ``zrl run --inproc`` runs them, form their ``torch.distributed``
+group through the "broker" (rank 0's heartbeat info), each trains its own batches, and their
+weights are bit-identical after every batch, including a batch whose unrolls are all stale
+on one learner and a start from different weights (corrected from rank 0); a batch that came
+before the group formed is dropped, not trained behind the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.ranks import run_ranks
+from tests.helpers.updates import GroupServices, batch, config, setup, unroll_batch
+from zrl.algos import unrolls
+from zrl.algos.api.learner import UpdateResult
+from zrl.algos.appo.update import AppoUpdate
+from zrl.algos.impala.update import ImpalaUpdate
+from zrl.algos.unrolls import UnrollUpdate
+from zrl.testing.probes import wait_for
+
+VERSION = 5  # rank 0's weights version (acked by params); rank 1 never publishes: it has 0
+# The unrolls' versions on each rank, per batch: rank 1's first batch has two stale ones
+# (more than max_lag 2 behind the group's version 5, not behind its own 0), its third only
+# stale ones (it trains on rank 0's gradients alone).
+VERSIONS = {
+    0: [[5] * 8, [4] * 8, [5, 5, 2, 2]],
+    1: [[5, 5, 5, 5, 5, 5, 1, 1], [5, 4, 4], [0, 1, 2]],
+}
+UPDATES = {
+    "appo": {"epochs": 2, "minibatches": 4, "max_lag": 2},
+    "impala": {"epochs": 2, "max_lag": 2},
+}
+# Steps taken per batch, the same on both: appo's 2 x 4 minibatches, but in the third batch
+# rank 0's 2 fresh unrolls fill 2 minibatches of each epoch and rank 1 has none: a step no
+# learner had a sample for is not taken.
+STEPS = {"appo": [8, 8, 4], "impala": [2, 2, 2]}
+
+
+def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def group_of_two(algo: str) -> list[UnrollUpdate]:
+    cfg = config(algo, roles={"learners": 2}, replay={"batch_size": 8}, **{algo: UPDATES[algo]})
+    registry: dict[str, dict[str, Any]] = {}
+    kind = AppoUpdate if algo == "appo" else ImpalaUpdate
+    ups = [kind(setup(cfg, index=i, services=GroupServices(i, registry))) for i in (0, 1)]
+    registry["learner-0"] = ups[0].heartbeat_info()  # rank 0's heartbeat: the store address
+    return ups
+
+
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) -> None:
+    leader, follower = group_of_two(algo)
+    assert leader.group is not None and follower.group is not None
+    assert not leader.may_publish() and not follower.may_publish()  # not formed yet
+    start = state(leader.model)
+    with torch.no_grad():  # a follower resumed from an older checkpoint: other weights
+        next(follower.model.parameters()).add_(0.25)
+    after: dict[int, list[dict[str, torch.Tensor]]] = {0: [], 1: []}
+    results: dict[int, list[UpdateResult | None]] = {0: [], 1: []}
+    ups = (leader, follower)
+
+    def run(rank: int) -> None:
+        up = ups[rank]
+        try:
+            early = unroll_batch(np.random.default_rng(99), [0] * 8)
+            up.receive(batch(early), 0)  # before the group formed: dropped, not trained late
+            while not up.members.ready:
+                assert up.train(0) is None
+            for b, versions in enumerate(VERSIONS[rank]):
+                arrays = unroll_batch(np.random.default_rng(10 * rank + b), versions)
+                version = VERSION if rank == 0 else 0  # the role's own: 0 for a follower
+                up.receive(batch(arrays), version)
+                results[rank].append(up.train(version))
+                after[rank].append(state(up.model))
+        except BaseException:
+            up.members.services.stop_event.set()  # the other rank's wait ends too
+            raise
+
+    try:
+        run_ranks(run)
+        assert len(after[0]) == len(after[1]) == len(VERSIONS[0])
+        for mine, theirs in zip(after[0], after[1], strict=True):  # same bits after each batch
+            assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert any(not torch.equal(after[0][-1][k], start[k]) for k in start)
+        for rank in (0, 1):
+            updates = [r.updates for r in results[rank] if r is not None]
+            assert updates == STEPS[algo], (rank, updates)
+        assert leader.updates == follower.updates == sum(STEPS[algo])
+        # Rank 1 measured staleness against the group's version, not its own 0.
+        assert follower.group_version == VERSION and follower.stale_unrolls == 8 + 2 + 3
+        assert leader.stale_unrolls == 8 + 2  # [5, 5, 2, 2]: two more than 2 behind
+        assert leader.backlog_batches == follower.backlog_batches == 1
+        assert results[1][2] is not None and results[1][2].samples == 0  # all stale: idle
+        # The follower's other start was measured and taken from rank 0, once.
+        assert leader.drift_corrections == follower.drift_corrections == 1
+        assert leader.weight_drift == follower.weight_drift == 0.0
+        assert leader.may_publish() and not follower.may_publish()
+        info = follower.heartbeat_info()
+        assert (info["group_rank"], info["group_size"], info["group_formed"]) == (1, 2, True)
+        assert "group_store" in leader.heartbeat_info() and "group_store" not in info
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypatch) -> None:
+    """Batches dealt out unevenly (or a shard that stopped): after ``IDLE_ROUND_S`` without
+    a batch, learner 1 joins learner 0's round with none, so learner 0 does not wait for it;
+    both step on learner 0's gradients and stay identical."""
+    monkeypatch.setattr(unrolls, "IDLE_ROUND_S", 0.05)
+    leader, follower = group_of_two("appo")
+    ups = (leader, follower)
+    before = state(leader.model)
+
+    def run(rank: int) -> None:
+        up = ups[rank]
+        try:
+            while not up.members.ready:
+                assert up.train(0) is None
+            if rank == 0:
+                up.receive(batch(unroll_batch(np.random.default_rng(1), [5] * 8)), VERSION)
+                assert up.train(VERSION) is not None
+            else:  # no batch: train() joins a round once IDLE_ROUND_S has passed
+                wait_for(lambda: up.train(0) is not None, timeout=120)
+        except BaseException:
+            up.members.services.stop_event.set()
+            raise
+
+    try:
+        run_ranks(run)
+        assert leader.updates == follower.updates == STEPS["appo"][0]
+        assert follower.idle_rounds == 1 and leader.idle_rounds == 0
+        mine, theirs = state(leader.model), state(follower.model)
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert any(not torch.equal(mine[k], before[k]) for k in mine)
+        assert follower.heartbeat_info()["idle_rounds"] == 1
+    finally:
+        leader.close()
+        follower.close()
