@@ -3,31 +3,20 @@ scored from the policy's side, on the rules the search module plays."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import torch
 
+from tests.helpers.benchmarks import load_benchmark
 from zrl.envs.multiagent.games import GAMES
 from zrl.envs.multiagent.search import AlphaBetaPlayer, PerfectPlayer
 from zrl.envs.multiagent.spaces import AgentObservationSpace
 from zrl.nets.discrete import AgentActorCritic
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_seats", REPO / "benchmarks" / "board_game_seats.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("board_game_seats")
 
 
 def prefers(squares: list[int]) -> AgentActorCritic:

@@ -4,7 +4,6 @@ feeder training a real APPO update on recorded Pong batches (slow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,18 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.benchmarks import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_gpu_host() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_gpu_host", REPO / "benchmarks" / "gpu_host.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_host")
 
 
 gpu_host = load_gpu_host()

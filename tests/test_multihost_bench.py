@@ -6,25 +6,15 @@ neither."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.benchmarks import load_benchmark
 
 
 def load_multihost() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_multihost", REPO / "benchmarks" / "multihost.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("multihost")
 
 
 mh = load_multihost()

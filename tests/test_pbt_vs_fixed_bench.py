@@ -3,25 +3,14 @@ the summary reads the best member and the first time at the threshold off the cu
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
+from tests.helpers.benchmarks import load_benchmark
 from zrl.config.experiment import load_config
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_pbt", REPO / "benchmarks" / "pbt_vs_fixed.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pbt_vs_fixed")
 
 
 def test_both_arms_are_valid_configs_that_differ_only_in_the_ready_interval() -> None:

@@ -3,23 +3,13 @@ and the settings both systems get from the shipped config."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.benchmarks import load_benchmark
 
 
 def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_vizdoom", REPO / "benchmarks" / "vizdoom_vs_sf.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vizdoom_vs_sf")
 
 
 def test_first_at_is_the_first_mean_of_20_episodes_at_the_threshold_from_the_launch() -> None:
