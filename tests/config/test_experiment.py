@@ -157,6 +157,27 @@ def test_bad_overrides(override, match):
     assert str(CARTPOLE) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        "cartpole_apex_dqn.yaml",
+        "cartpole_novel_r2d2.yaml",
+        "pendulum_sac.yaml",
+        "simple_spread_qmix.yaml",
+    ],
+)
+def test_several_learners_of_one_policy_need_an_algorithm_that_trains_it_together(config):
+    # Ape-X, R2D2, SAC and QMIX learners would each train and publish a model of their own.
+    with pytest.raises(
+        ConfigError,
+        match=r"roles\.learners: 2 for 1 learning policy: .* set "
+        r"roles\.learners: 1",
+    ):
+        load_config(REPO / "configs" / config, ["roles.learners=2"])
+    for together in ("cartpole_ppo.yaml", "cartpole_impala.yaml", "cartpole_appo.yaml"):
+        assert load_config(REPO / "configs" / together, ["roles.learners=2"]).roles.learners == 2
+
+
 def test_parse_override():
     assert parse_override("a.b.c=1") == (["a", "b", "c"], 1)
     assert parse_override(" a.b =x=y") == (["a", "b"], "x=y")  # only the first '=' splits

@@ -45,7 +45,12 @@ def test_the_rule_counts_the_learners_threads_and_the_learners_device():
     assert size_actors(cpu, cores=16, gpu=True).actors == 16 - 6  # .5 + 4 + .5 + .5 -> 6
     cuda = auto(learner={"device": "cuda", "torch_threads": 4})
     assert size_actors(cuda, cores=16, gpu=False).actors == 14  # cuda: on a GPU whatever
-    two = auto(roles={"learners": 2, "replay": 2}, learner={"device": "cuda"})
+    two = auto(  # two learners of one policy: a data-parallel group (appo)
+        algo="appo",
+        roles={"learners": 2, "replay": 2},
+        replay={"table": "fifo"},
+        learner={"device": "cuda"},
+    )
     assert size_actors(two, cores=16).actors == 16 - 3  # .5 + 2 x .5 + 2 x .5 + .5 -> 3
 
 

@@ -90,6 +90,10 @@ class Algorithm:
     """Its actor policy sends, and its learners read, the turn passes of a turn-based game
     played from both seats (``env.multiagent.self_play_seats: both``: ``turn_unroll``
     rollouts, negamax GAE), for a feed-forward model."""
+    data_parallel: bool = False
+    """Several learners of one policy (``roles.learners`` more than the policies) train it
+    together in a ``torch.distributed`` group (``zrl.algos.learner_group``: DD-PPO, IMPALA,
+    APPO). Without it such learners would each train and publish a model of their own."""
     remote_inference: bool = False
     """Its actor policy only calls the model's forward methods (``forward``,
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
@@ -193,6 +197,14 @@ class Algorithm:
             raise ValueError(
                 f"{self.name} needs replay.table: {' or '.join(w.replay_tables)}, "
                 f"not {cfg.replay.table}"
+            )
+        if w.learner_input and cfg.learners_per_policy() > 1 and not self.data_parallel:
+            raise ValueError(
+                f"roles.learners: {r.learners} for {len(cfg.policies)} learning "
+                f"{'policy' if len(cfg.policies) == 1 else 'policies'}: {self.name}'s learners "
+                "do not train one policy together (ppo, impala and appo do), each would publish "
+                "a model of its own; set roles.learners: "
+                f"{len(cfg.policies)}"
             )
         if not w.learner_input and r.learners > 0:
             raise ValueError(

@@ -88,6 +88,7 @@ ALGORITHM = Algorithm(
     recurrent=True,
     random_actions=True,
     remote_inference=True,
+    data_parallel=True,
     config={"impala": ImpalaConfig},
     sections=("replay", "learner"),
     check_config=check_config,

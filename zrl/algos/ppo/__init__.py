@@ -59,6 +59,7 @@ ALGORITHM = Algorithm(
     model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
     both_seats=True,
+    data_parallel=True,
     config={"ppo": PPOConfig},
     sections=("learner",),
     check_config=check_config,
