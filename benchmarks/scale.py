@@ -14,8 +14,13 @@ configs/cartpole_apex_dqn.yaml --no-preflight``) and real zrl sockets and messag
     broker's CPU seconds per wall second (psutil, all its threads) in each half, its RSS, the
     probe's p50/p99 round trip per kind (send to reply received, decode not included), the
     STATUS reply's size (every role's row: it grows with N), and the heartbeat round trip
-    the simulated roles see. Targets: 1,000 roles at 1 Hz cost < 10% of a core; registry
-    p99 < 50 ms.
+    the simulated roles see. Each N runs once per ``--per-agent`` value (default 0,100): 0,
+    every role heartbeats itself; k, the roles are started by simulated host agents of k
+    roles each (as ``zrl host`` starts them: each role's HELLO names its agent, and only the
+    agents heartbeat, one message per agent per period carrying a report per role; the
+    roles' own DEALERs stay connected and silent). STATUS is timed as a client asks it (one
+    page), and the whole listing (every page, as ``zrl status`` and the head read it) once
+    per row. Targets: 1,000 roles at 1 Hz cost < 10% of a core; registry p99 < 50 ms.
 (b) weights broadcast. One 10 MiB WEIGHTS message (one uint8 array) published on topic
     ``weights`` (a PUB made as the parameter server makes it) through the broker's topic bus,
     bulk lane (``broker.bulk_topic_hwm`` = 8), to 1, 8, 64 and 256 subscribers (``--subs``;
@@ -38,6 +43,8 @@ Run from the repo root (about 4 minutes with the defaults)::
 
     python benchmarks/scale.py
     python benchmarks/scale.py --sections a --sizes 10,100 --seconds 6
+    python benchmarks/scale.py --sections a --sizes 1000 --per-agent 0,100
+    python benchmarks/scale.py --sections a --sizes 10000 --per-agent 100
     python benchmarks/scale.py --sections b --subs 1,8 --broadcasts 3
 
 The machine is shared: every table is printed with the load average. Every process this
@@ -77,10 +84,11 @@ sys.path.insert(0, str(REPO))  # tests.integration.netns, the namespace helpers
 
 from tests.integration.netns import Hosts, kill_procs, netns_available  # noqa: E402
 from zrl import __version__  # noqa: E402
-from zrl.broker.limits import DropLog  # noqa: E402
+from zrl.broker.limits import DropLog, info_fits  # noqa: E402
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_socket  # noqa: E402
-from zrl.config.sections import DEFAULT_STREAMS, BrokerConfig  # noqa: E402
-from zrl.roles.registry_client import registry_request  # noqa: E402
+from zrl.config.sections import DEFAULT_STREAMS, MAX_ROLES, BrokerConfig  # noqa: E402
+from zrl.roles.registry_client import read_status, registry_request  # noqa: E402
+from zrl.run.host_agent import FIGURES_INTERVAL_S  # noqa: E402
 from zrl.transport import protocol as P  # noqa: E402
 from zrl.transport.endpoints import (  # noqa: E402
     broker_endpoints,
@@ -100,6 +108,8 @@ TARGET_ROLES = 1000
 TARGET_CPU_FRACTION = 0.10  # of one core, at TARGET_ROLES roles heartbeating at 1 Hz
 TARGET_P99_S = 0.050
 ROLES_PER_WORKER = 250
+AGENT_ROLES_PER_WORKER = 1000  # roles under simulated agents only register; their agents beat
+FLOOR_MAX_ROLES = 2000  # the in-process floor is measured up to this many roles
 REGISTER_TIMEOUT_S = 120.0
 HELLO_RETRY_S = 5.0
 PROBE_TIMEOUT_S = 5.0
@@ -366,44 +376,55 @@ def actor_heartbeat(rid: str, beat: int) -> P.Message:
     )
 
 
+def agent_heartbeat(
+    aid: str, rids: list[str], beat: int, max_info_bytes: int, figures: bool = True
+) -> P.Message:
+    """A host agent's heartbeat: its own figures (its children listed as ``zrl host`` lists
+    them, cut to the info limit) and a report per role, each shaped like an actor's (with
+    ``figures``; else its id alone, as ``zrl host`` sends between FIGURES_INTERVAL_S)."""
+    actor = actor_heartbeat("", beat).meta
+    children = [
+        {"id": r, "pid": 10_000 + j, "state": "running", "restarts": 0, "log": f"/l/{r}.log"}
+        for j, r in enumerate(rids)
+    ]
+    info: dict[str, Any] = {"log_dir": "/l", "children": children, "rss_mb": 80.5}
+    while not info_fits(info, max_info_bytes - 64) and children:  # as zrl host's fit_info
+        children.pop()
+        info["children_omitted"] = len(rids) - len(children)
+    reports = [
+        {"id": r, "stats": actor["stats"], "info": actor["info"]} if figures else {"id": r}
+        for r in rids
+    ]
+    return P.Message(
+        P.HEARTBEAT,
+        meta={"id": aid, "state": "running", "stats": {}, "info": info, "roles": reports},
+    )
+
+
 def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[..., None]) -> None:
-    """``count`` simulated roles, each its own DEALER: HELLO, then HEARTBEAT at ``hz``.
+    """``count`` simulated roles, each its own DEALER: HELLO, then HEARTBEAT at ``hz``. With
+    ``per_agent`` (k), the roles are started by simulated host agents of k roles each (role
+    ``host``, host ``sim-agent-<a>``, registered first): each role's HELLO names its agent,
+    and only the agents heartbeat, each for its k roles (the roles' DEALERs stay connected).
 
     Reports ``registered`` once every role has its WELCOME (or the time ran out), and ``done``
     at SIGTERM with every heartbeat's send time and round trip."""
     broker, first, count, hz = spec["broker"], spec["first"], spec["count"], spec["hz"]
+    k = spec.get("per_agent", 0)
+    n_agents = count // k if k else 0
     ctx = zmq.Context()
-    chans: list[Channel] = []
-    poller = zmq.Poller()
-    index: dict[zmq.Socket, int] = {}
-    for i in range(count):
-        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=0, sndtimeo_ms=0)
-        sock.connect(broker)
-        chans.append(Channel(sock, "registry", "actor", TransportStats()))
-        poller.register(sock, zmq.POLLIN)
-        index[sock] = i
-    ids = [""] * count
-    refused: list[str] = []
 
-    def hello(i: int) -> None:
-        chans[i].send(
-            P.Message(
-                P.HELLO,
-                meta={
-                    "role": "actor",
-                    "id": None,
-                    "index": first + i,
-                    "host": spec["host"],
-                    "pid": os.getpid(),
-                    "address": "127.0.0.1",
-                    "rpc": "",
-                    "zrl_version": __version__,
-                },
-            ),
-            block=False,
-        )
+    def dealers(n: int) -> list[Channel]:
+        chans = []
+        for _ in range(n):
+            sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=0, sndtimeo_ms=0)
+            sock.connect(broker)
+            chans.append(Channel(sock, "registry", "actor", TransportStats()))
+        return chans
 
-    def replies(timeout_ms: float) -> Iterator[tuple[int, P.Message]]:
+    def replies(
+        poller: zmq.Poller, index: dict[zmq.Socket, int], timeout_ms: float
+    ) -> Iterator[tuple[int, P.Message]]:
         for sock, _ in poller.poll(int(timeout_ms)):
             while True:
                 try:
@@ -412,27 +433,70 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
                     break
                 yield index[sock], P.decode(frames)
 
+    def register(chans: list[Channel], meta: Callable[[int], dict[str, Any]]) -> list[str]:
+        """HELLO on each channel (again every HELLO_RETRY_S until answered): the ids
+        (``-`` refused, "" unanswered)."""
+        poller, index = zmq.Poller(), {}
+        for i, ch in enumerate(chans):
+            poller.register(ch.sock, zmq.POLLIN)
+            index[ch.sock] = i
+        ids = [""] * len(chans)
+
+        def hello(i: int) -> None:
+            hello_meta = {"id": None, "pid": os.getpid(), "address": "127.0.0.1", "rpc": ""}
+            hello_meta.update(meta(i), zrl_version=__version__)
+            chans[i].send(P.Message(P.HELLO, meta=hello_meta), block=False)
+
+        t0 = time.monotonic()
+        for i in range(len(chans)):
+            hello(i)
+        answered, retry_at = 0, t0 + HELLO_RETRY_S
+        while answered < len(chans) and not stop.is_set():
+            now = time.monotonic()
+            if now - t0 > REGISTER_TIMEOUT_S:
+                break
+            if now > retry_at:  # a role says HELLO again when no WELCOME came
+                retry_at = now + HELLO_RETRY_S
+                for i in range(len(chans)):
+                    if not ids[i]:
+                        hello(i)
+            for i, msg in replies(poller, index, 100):
+                if msg.kind == P.WELCOME and not ids[i]:
+                    ids[i] = msg.meta["id"]
+                    chans[i].sender = ids[i]
+                    answered += 1
+                    if k and msg.meta.get("agent") is None and meta(i)["role"] != "host":
+                        refused.append("registered without its agent")
+                elif msg.kind == P.REFUSED and not ids[i]:
+                    ids[i] = "-"
+                    answered += 1
+                    refused.append(str(msg.meta.get("reason")))
+        return ids
+
+    def agent_host(a: int) -> str:
+        return f"sim-agent-{spec['agent_first'] + a}"
+
+    refused: list[str] = []
     t0 = time.monotonic()
-    for i in range(count):
-        hello(i)
-    welcomed, retry_at = 0, t0 + HELLO_RETRY_S
-    while welcomed + len(refused) < count and not stop.is_set():
-        now = time.monotonic()
-        if now - t0 > REGISTER_TIMEOUT_S:
-            break
-        if now > retry_at:  # a role says HELLO again when no WELCOME came
-            retry_at = now + HELLO_RETRY_S
-            for i in range(count):
-                if not ids[i]:
-                    hello(i)
-        for i, msg in replies(100):
-            if msg.kind == P.WELCOME and not ids[i]:
-                ids[i] = msg.meta["id"]
-                chans[i].sender = ids[i]
-                welcomed += 1
-            elif msg.kind == P.REFUSED and not ids[i]:
-                ids[i] = "-"
-                refused.append(str(msg.meta.get("reason")))
+    agent_chans = dealers(n_agents)
+    agent_ids = register(
+        agent_chans,
+        lambda a: {"role": "host", "index": spec["agent_first"] + a, "host": agent_host(a)},
+    )
+
+    def role_meta(i: int) -> dict[str, Any]:
+        if not k:
+            return {"role": "actor", "index": first + i, "host": spec["host"]}
+        return {
+            "role": "actor",
+            "index": first + i,
+            "host": agent_host(i // k),
+            "agent": agent_ids[i // k],
+        }
+
+    chans = dealers(count)
+    ids = register(chans, role_meta)
+    welcomed = sum(1 for rid in ids if rid and rid != "-")
     report(
         "registered",
         welcomed=welcomed,
@@ -440,34 +504,57 @@ def sim_worker(spec: dict[str, Any], stop: threading.Event, report: Callable[...
         n_refused=len(refused),
         seconds=time.monotonic() - t0,
     )
+    if k:  # the agents heartbeat, each for its k roles
+        beaters = agent_chans
+        beater_ids = agent_ids
+        info_limit = BrokerConfig().max_info_bytes
+
+        every = max(1, round(hz * FIGURES_INTERVAL_S))  # the roles' figures once a second
+
+        def beat(j: int, cycle: int) -> P.Message:
+            rids = ids[j * k : (j + 1) * k]
+            return agent_heartbeat(beater_ids[j], rids, cycle, info_limit, cycle % every == 0)
+    else:
+        beaters, beater_ids = chans, ids
+
+        def beat(j: int, cycle: int) -> P.Message:
+            return actor_heartbeat(beater_ids[j], cycle)
+
+    poller, index = zmq.Poller(), {}
+    for j, ch in enumerate(beaters):
+        poller.register(ch.sock, zmq.POLLIN)
+        index[ch.sock] = j
+    count = len(beaters)
 
     # Heartbeats: role k of cycle c goes at start + (c + k / count) / hz, so the process
     # spreads its roles evenly over each period; an offset spreads the processes too.
     period = 1.0 / hz
     start = time.monotonic() + spec["offset"] * period
-    cycle = k = 0
+    cycle = b = 0
     pending: list[deque[float]] = [deque() for _ in range(count)]
     sent_t: list[float] = []
     rtt: list[float] = []
     sent = unknown = 0
     while not stop.is_set():
         now = time.monotonic()
-        while (due := start + (cycle + k / count) * period) <= now:
-            if ids[k] and ids[k] != "-":
-                chans[k].send(actor_heartbeat(ids[k], cycle), block=False)
-                pending[k].append(time.monotonic())
+        while (due := start + (cycle + b / count) * period) <= now:
+            if beater_ids[b] and beater_ids[b] != "-":
+                beaters[b].send(beat(b, cycle), block=False)
+                pending[b].append(time.monotonic())
                 sent += 1
-            k += 1
-            if k == count:
-                k, cycle = 0, cycle + 1
-        for i, msg in replies(max(0.0, min(50.0, (due - time.monotonic()) * 1000))):
+            b += 1
+            if b == count:
+                b, cycle = 0, cycle + 1
+        wait_ms = max(0.0, min(50.0, (due - time.monotonic()) * 1000))
+        for i, msg in replies(poller, index, wait_ms):
             if msg.kind == P.HEARTBEAT_ACK and pending[i]:
                 t_sent = pending[i].popleft()
                 sent_t.append(t_sent)
                 rtt.append(time.monotonic() - t_sent)
+                unknown += len(msg.meta.get("unknown") or ())
             elif msg.kind == P.UNKNOWN_ROLE:
                 unknown += 1
-    for ch in chans:
+    for ch in [*agent_chans, *chans]:
         ch.close()
     ctx.term()
     report(
@@ -662,19 +749,31 @@ def registry_floor(n: int, beats_per_role: int = 4, statuses: int = 5) -> dict[s
 
 
 def registry_scale(
-    workers: Workers, n: int, seconds: float, hz: float, probe_hz: float
+    workers: Workers, n: int, seconds: float, hz: float, probe_hz: float, per_agent: int = 0
 ) -> dict[str, Any]:
-    """One row of (a): ``n`` simulated roles against a fresh broker."""
-    floor = registry_floor(n)
-    max_roles = max(BrokerConfig().max_roles, 2 * n + 64)
+    """One row of (a): ``n`` simulated roles against a fresh broker; with ``per_agent``, the
+    roles of simulated host agents of that many roles each (``n`` a multiple of it)."""
+    if per_agent and n % per_agent:
+        raise ValueError(f"{n} roles are no whole number of agents of {per_agent}")
+    floor = registry_floor(n) if n <= FLOOR_MAX_ROLES else None
+    roles_and_agents = n + (n // per_agent if per_agent else 0)
+    max_roles = min(MAX_ROLES, max(BrokerConfig().max_roles, 2 * roles_and_agents + 64))
     with local_broker(workers, f"broker.max_roles={max_roles}") as (addr, broker):
         time.sleep(0.5)
         rss0 = broker.memory_info().rss
         cpu_idle = observe(broker, 1.0)["cpu"]
-        n_workers = math.ceil(n / ROLES_PER_WORKER)
+        # Whole agents per worker; an agent's roles only register, so a worker takes more.
+        n_agents = n // per_agent if per_agent else 0
+        per_worker = AGENT_ROLES_PER_WORKER if per_agent else ROLES_PER_WORKER
+        n_workers = min(math.ceil(n / per_worker), n_agents or n)
         sims = []
         for w in range(n_workers):
-            first, last = n * w // n_workers, n * (w + 1) // n_workers
+            a0, a1 = n_agents * w // n_workers, n_agents * (w + 1) // n_workers
+            first, last = (
+                (a0 * per_agent, a1 * per_agent)
+                if per_agent
+                else (n * w // n_workers, n * (w + 1) // n_workers)
+            )
             sims.append(
                 workers.start(
                     "sim",
@@ -685,6 +784,8 @@ def registry_scale(
                         "hz": hz,
                         "host": f"sim-host-{w}",
                         "offset": w / n_workers,
+                        "per_agent": per_agent,
+                        "agent_first": a0,
                     },
                 )
             )
@@ -710,6 +811,9 @@ def registry_scale(
             )
             probed = observe(broker, seconds / 2, probe, probe_hz)
             rows = len(probe.last_status.meta["roles"]) if probe.last_status else 0
+            t_all = time.perf_counter()  # every page, as `zrl status` and the head read them
+            listed = len(read_status(zmq.Context.instance(), addr, 60.0)["roles"])
+            status_all_s = time.perf_counter() - t_all
             time.sleep(WARMUP_S)  # the answers to the window's last heartbeats come in
         finally:
             probe.close()
@@ -723,6 +827,7 @@ def registry_scale(
 
     return {
         "n": n,
+        "per_agent": per_agent,
         "welcomed": welcomed,
         "refused": refused,
         "register_s": register_s,
@@ -736,6 +841,8 @@ def registry_scale(
         "rss": max(quiet["rss"], probed["rss"]),
         "status_bytes": probed["status_bytes"],
         "status_rows": rows,
+        "status_all_s": status_all_s,
+        "status_all_rows": listed,
         "lat": probed["lat"],
         "timeouts": probed["timeouts"],
         "hb_quiet": rtts(quiet),
@@ -759,17 +866,20 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
     print(
         f"\n(a) registry: N simulated roles (own DEALER each), HELLO then HEARTBEAT at "
         f"{args.hz:g} Hz (actor-like payload); {half:g} s heartbeats only, then {half:g} s "
-        f"with a probe asking STATUS, LOOKUP, HELLO in turn at {args.probe_hz:g} Hz"
+        f"with a probe asking STATUS (its first page), LOOKUP, HELLO in turn at "
+        f"{args.probe_hz:g} Hz. agent k: host agents of k roles each heartbeat for them (one "
+        "message per agent per period); -: every role heartbeats itself"
     )
     print(
-        f"{'N':>5} | {'welcomed':>8} | {'register s':>10} | {'CPU idle':>8} | "
+        f"{'N':>5} | {'agent':>5} | {'welcomed':>8} | {'register s':>10} | {'CPU idle':>8} | "
         f"{'CPU hb':>6} | {'hb loop/IO':>11} | {'CPU +probe':>10} | {'+probe loop/IO':>14} | "
         f"{'RSS MB':>6} | {'STATUS KB':>9} | {'load avg':>14}"
     )
     for r in rows:
         th, tp = r["threads_hb"], r["threads_probe"]
         print(
-            f"{r['n']:>5} | {r['welcomed']:>8} | {r['register_s']:>10.2f} | "
+            f"{r['n']:>5} | {r['per_agent'] or '-':>5} | {r['welcomed']:>8} | "
+            f"{r['register_s']:>10.2f} | "
             f"{r['cpu_idle']:>8.1%} | {r['cpu_hb']:>6.1%} | "
             f"{th['main']:>5.1%}/{th['io']:>5.1%} | {r['cpu_probe']:>10.1%} | "
             f"{tp['main']:>7.1%}/{tp['io']:>6.1%} | "
@@ -777,7 +887,7 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
             f"{r['load']:>14}"
         )
     print(
-        f"{'N':>5} | "
+        f"{'N':>5} | {'agent':>5} | "
         + " | ".join(f"{k.upper() + ' p50/p99 ms':>19}" for k in Probe.KINDS)
         + f" | {'samples':>8} | {'HB ack p50/p99 ms':>17} | {'(with probe)':>13} | "
         f"{'unacked/acked':>13}"
@@ -790,8 +900,13 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
         n_s = "/".join(str(len(lat[k])) for k in Probe.KINDS)
         hq, hp = r["hb_quiet"], r["hb_probed"]
         print(
-            f"{r['n']:>5} | {cells} | {n_s:>8} | {ms(pct(hq, 50))} / {ms(pct(hq, 99))}    | "
+            f"{r['n']:>5} | {r['per_agent'] or '-':>5} | {cells} | {n_s:>8} | "
+            f"{ms(pct(hq, 50))} / {ms(pct(hq, 99))}    | "
             f"{ms(pct(hp, 50))} / {ms(pct(hp, 99))} | {r['hb_unacked']:>6}/{r['hb_window']:<6}"
+        )
+        print(
+            f"      the whole listing: {r['status_all_rows']} rows (every page) in "
+            f"{r['status_all_s'] * 1e3:.0f} ms"
         )
         if r["refused"] or any(r["timeouts"].values()) or r["unknown"]:
             print(
@@ -813,9 +928,13 @@ def print_registry(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
             f"N={r['n']} {r['floor']['heartbeat'] * 1e6:.0f} µs/heartbeat, "
             f"{r['floor']['status'] * 1e3:.1f} ms/STATUS"
             for r in rows
+            if r["floor"] is not None and not r["per_agent"]
         )
     )
-    registry_verdict(rows, args.hz)
+    for per_agent in sorted({r["per_agent"] for r in rows}):
+        mode = f"agents of {per_agent}" if per_agent else "roles heartbeating themselves"
+        print(f"      {mode}:")
+        registry_verdict([r for r in rows if r["per_agent"] == per_agent], args.hz)
 
 
 def registry_verdict(rows: list[dict[str, Any]], hz: float) -> None:
@@ -1329,6 +1448,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--hz", type=float, default=1.0, help="(a) heartbeats per role per second")
     parser.add_argument(
+        "--per-agent",
+        type=int_list,
+        default=[0, 100],
+        help="(a) roles per host agent, one table row per value and size (0: no agents, "
+        "every role heartbeats itself)",
+    )
+    parser.add_argument(
         "--probe-hz",
         type=float,
         default=15.0,
@@ -1378,9 +1504,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if "a" in args.sections:
             rows = []
-            for n in args.sizes:
-                rows.append(registry_scale(workers, n, args.seconds, args.hz, args.probe_hz))
-                print(f"  (a) N={n} done", flush=True)
+            for per_agent in args.per_agent:
+                for n in args.sizes:
+                    if per_agent and n % per_agent:
+                        print(f"  (a) N={n}: no whole number of agents of {per_agent}, skipped")
+                        continue
+                    rows.append(
+                        registry_scale(workers, n, args.seconds, args.hz, args.probe_hz, per_agent)
+                    )
+                    print(f"  (a) N={n}, agents of {per_agent or '-'} done", flush=True)
             print_registry(rows, args)
         if "b" in args.sections:
             brows = []

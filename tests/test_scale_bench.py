@@ -65,3 +65,21 @@ def test_registry_section_with_ten_roles_gives_sane_rows() -> None:
         assert row["lat"][kind], kind
         assert 0 < max(row["lat"][kind]) < scale.PROBE_TIMEOUT_S
     assert not any(row["timeouts"].values())
+
+
+@pytest.mark.waits
+@pytest.mark.slow
+def test_registry_section_with_host_agents_reports_every_role_through_them() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="zrl-scale-test-"))
+    workers = scale.Workers(tmp)
+    try:
+        row = scale.registry_scale(workers, 10, seconds=2.0, hz=2.0, probe_hz=15.0, per_agent=5)
+    finally:
+        workers.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    # "registered without its agent" would be listed as refused.
+    assert row["welcomed"] == 10 and row["refused"] == []
+    assert row["hb_window"] > 0 and row["hb_unacked"] == 0
+    assert row["unknown"] == 0  # the broker took every report of both agents
+    assert row["status_all_rows"] == 13  # the ten roles, two agents and the probe
+    assert row["per_agent"] == 5 and row["floor"] is not None

@@ -28,6 +28,7 @@ from zrl import __version__
 from zrl.broker.broker import Broker
 from zrl.broker.limits import (
     MAX_ENTRIES_PER_CONNECTION,
+    MAX_REPORTED_ROLES,
     STATUS_PAGE_BYTES,
     STATUS_REPLY_TOTAL_BYTES,
 )
@@ -1166,3 +1167,86 @@ def test_the_head_warns_once_for_many_failed_status_refreshes(
     assert not any(sup.monitor.refresh() for _ in range(20))
     assert sup.monitor.status_failures == 20
     assert len([r for r in caplog.records if r.name == "zrl.supervisor"]) == 1
+
+
+# --- host agents heartbeating for their roles -------------------------------------------------
+
+
+def under_agent(c: RegistryClient, index: int, host: str, agent: str) -> P.Message:
+    """A role started by the host agent ``agent``: its HELLO names it."""
+    return c.hello(role="actor", index=index, host=host, agent=agent)
+
+
+def report(rid: str, n: int) -> dict[str, Any]:
+    stats = {"experience": {"sent": n, "received": 0, "dropped": 0, "gaps": 0}}
+    return {"id": rid, "stats": stats, "info": {"env_steps": n}}
+
+
+def test_an_agent_reports_its_roles_and_a_role_it_stops_reporting_goes_dead(make_broker, clients):
+    b = make_broker(heartbeat_timeout=1.5, heartbeat_interval=0.1)
+    a, other, r0, r1, r2, r3 = (RegistryClient(b.ctx, b.bind_address) for _ in range(6))
+    clients.extend([a, other, r0, r1, r2, r3])
+    assert a.hello(role="host", index=0, host="host-a").meta["id"] == "host-0"
+    assert other.hello(role="host", index=1, host="host-b").meta["id"] == "host-1"
+    # The registry decides who reports for a role, and the WELCOME says so.
+    assert under_agent(r0, 0, "host-a", "host-0").meta["agent"] == "host-0"
+    assert under_agent(r1, 1, "host-a", "host-0").meta["agent"] == "host-0"
+    assert under_agent(r3, 3, "host-b", "host-1").meta["agent"] == "host-1"
+    # An agent on another host, or no agent at all: the role heartbeats itself.
+    assert under_agent(r2, 2, "host-c", "host-0").meta["agent"] is None
+    assert b.rejected["hello under an unknown agent"] == 1
+
+    ack = a.request(P.HEARTBEAT, id="host-0", roles=[report("actor-0", 5), report("actor-1", 6)])
+    assert ack.kind == P.HEARTBEAT_ACK and ack.meta["unknown"] == []
+    rows = rows_by_id(status(b.ctx, b.bind_address))
+    assert [rows[r]["state"] for r in ("actor-0", "actor-1", "actor-2")] == [
+        "alive",
+        "alive",
+        "starting",
+    ]
+    assert (rows["actor-0"]["info"], rows["actor-0"]["msgs_out"]) == ({"env_steps": 5}, 5)
+    assert rows["actor-1"]["agent"] == "host-0" and rows["actor-2"]["agent"] == ""
+
+    # A report for another host's role, or one that never registered, changes nothing.
+    ack = a.request(P.HEARTBEAT, id="host-0", roles=[report("actor-3", 99), report("actor-9", 1)])
+    assert sorted(ack.meta["unknown"]) == ["actor-3", "actor-9"]
+    assert b.rejected["report for a role of another agent"] == 1
+    assert rows_by_id(status(b.ctx, b.bind_address))["actor-3"]["state"] == "starting"
+    # Only an agent reports for others.
+    assert r2.request(P.HEARTBEAT, id="actor-2", roles=[report("actor-0", 1)]).meta["unknown"] == []
+    assert b.rejected["role reports from a non-agent"] == 1
+
+    # actor-1 leaves the reports: it misses its heartbeats like a role that stopped sending.
+    def dropped_one_dead() -> bool:
+        assert a.request(P.HEARTBEAT, id="host-0", roles=[report("actor-0", 7)]).meta == {
+            "unknown": []
+        }
+        return rows_by_id(status(b.ctx, b.bind_address))["actor-1"]["state"] == "dead"
+
+    wait_for(dropped_one_dead, timeout=30, interval=0.05)
+    rows = rows_by_id(status(b.ctx, b.bind_address))
+    assert rows["actor-0"]["state"] == "alive" and rows["actor-0"]["info"] == {"env_steps": 7}
+    assert rows["actor-1"]["info"] == {"env_steps": 6}
+
+
+def test_agent_reports_are_bounded_and_malformed_ones_are_counted(make_broker, clients):
+    b = make_broker()
+    a, r0 = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([a, r0])
+    agent = a.hello(role="host", host="h").meta["id"]
+    assert under_agent(r0, 0, "h", agent).meta["agent"] == agent
+    assert a.request(P.HEARTBEAT, id=agent, roles=[report("actor-0", 1)]).kind == P.HEARTBEAT_ACK
+    too_many = [{"id": f"actor-{i}"} for i in range(MAX_REPORTED_ROLES + 1)]
+    for bad in ("junk", {"id": "actor-0"}, too_many, [7, {"id": 3}, {"id": "x" * 500}]):
+        assert a.request(P.HEARTBEAT, id=agent, roles=bad).meta["unknown"] == []
+    assert b.rejected["bad role reports"] == 3 + 3
+    # A role's info past broker.max_info_bytes: kept out, the report still counts.
+    big = {"id": "actor-0", "info": {"blob": "x" * 100_000}}
+    assert a.request(P.HEARTBEAT, id=agent, roles=[big]).meta["unknown"] == []
+    assert b.rejected["heartbeat info too large"] == 1
+    # A report past the registry's message size is dropped whole, before it is read.
+    huge = [{"id": "actor-0", "info": {"blob": "x" * 4000}}] * 300
+    assert silent(a, P.HEARTBEAT, id=agent, roles=huge)
+    row = rows_by_id(status(b.ctx, b.bind_address))["actor-0"]
+    assert row["state"] == "alive" and row["info"] == {"env_steps": 1}
+    assert b.stats.snapshot()["registry"]["dropped"] >= 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -421,3 +422,56 @@ def test_a_role_stops_once_its_broker_is_gone_past_the_orphan_timeout(running, i
     # It reconnects meanwhile (heartbeat_timeout 0.6 s), then gives up and stops cleanly.
     wait_for(lambda: r.stop_event.is_set(), timeout=30)
     assert r.orphaned and r.error is None
+
+
+def test_a_role_under_a_host_agent_heartbeats_it_and_says_hello_again_when_told(
+    running, inproc_addr, tmp_path, monkeypatch, zmq_ctx
+):
+    """The agent's side is played here by hand: a DEALER registered as ``host-0`` on this
+    host, and the ipc ROUTER its roles heartbeat (``AGENT_ENDPOINT_ENV``)."""
+    cfg = make_config()
+    cfg.broker.heartbeat_timeout = 3.0
+    b = running.broker(inproc_addr, cfg)
+    agent = zmq_ctx.socket(zmq.DEALER)
+    agent.setsockopt(zmq.LINGER, 0)
+    agent.connect(inproc_addr)
+    beats_in = zmq_ctx.socket(zmq.ROUTER)
+    beats_in.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/heartbeats"
+    beats_in.bind(endpoint)
+
+    def to_broker(kind: str, **meta: object) -> P.Message:
+        agent.send_multipart(P.encode(P.Message(kind, meta=meta)))
+        assert agent.poll(5000), f"no answer to {kind}"
+        return P.decode(agent.recv_multipart())
+
+    try:
+        hello = {"role": "host", "index": 0, "host": socket.gethostname(), "pid": os.getpid()}
+        assert to_broker(P.HELLO, zrl_version=__version__, **hello).meta["id"] == "host-0"
+        monkeypatch.setenv(base.AGENT_ID_ENV, "host-0")
+        monkeypatch.setenv(base.AGENT_ENDPOINT_ENV, endpoint)
+        r = running.role(inproc_addr, index=0, connect_timeout=5)
+
+        def next_beat() -> tuple[bytes, P.Message]:
+            assert beats_in.poll(10_000), "the role sent its agent no heartbeat"
+            ident, *frames = beats_in.recv_multipart()
+            return ident, P.decode(frames)
+
+        ident, beat = next_beat()
+        assert beat.kind == P.HEARTBEAT and beat.meta["id"] == "fake-0"
+        assert b.roles["fake-0"].agent == "host-0" and b.roles["fake-0"].state == "starting"
+        # The agent reports it; the broker keeps what the role said, and the agent acks it.
+        report = {k: beat.meta[k] for k in ("id", "stats", "info")}
+        assert to_broker(P.HEARTBEAT, id="host-0", roles=[report]).meta["unknown"] == []
+        assert b.roles["fake-0"].state == "alive" and "agent" in b.roles["fake-0"].stats
+        beats_in.send_multipart([ident, *P.encode(P.Message(P.HEARTBEAT_ACK))])
+        # Told that the broker does not know it under its agent: it says HELLO again.
+        ident, _ = next_beat()
+        beats_in.send_multipart(
+            [ident, *P.encode(P.Message(P.UNKNOWN_ROLE, meta={"id": "fake-0"}))]
+        )
+        wait_for(lambda: r.registrations == 2, timeout=20)
+        assert r.error is None and b.roles["fake-0"].agent == "host-0"
+    finally:
+        agent.close(linger=0)
+        beats_in.close(linger=0)

@@ -10,6 +10,7 @@ import secrets
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from zrl.cli.common import UserError
 from zrl.cli.main import app
 from zrl.roles.base import MAX_ROLE_INDEX, PARENT_REPORT_ENV, Role, write_parent_report
 from zrl.roles.errors import RoleError
-from zrl.roles.registry_client import registry_request
+from zrl.roles.registry_client import read_status, registry_request
 from zrl.run import host_agent
 from zrl.run.children import RestartPolicy
 from zrl.run.host_agent import (
+    CHILD_BEAT_SLACK_BYTES,
     HostAgent,
     HostChild,
     RoleSpec,
@@ -415,6 +417,12 @@ def start_broker(spawn, ctx: zmq.Context, addr: str, *args: str, token: str = ""
     return proc
 
 
+def status_row(ctx: zmq.Context, addr: str, rid: str) -> dict[str, Any]:
+    """One role's whole STATUS row (its stream counters, all of them)."""
+    (row,) = read_status(ctx, addr, 5.0, role_id=rid)["roles"]
+    return row
+
+
 def agent_report(rows: dict[str, dict[str, Any]], rid: str) -> dict[str, Any]:
     """The host agent's report of ``rid`` ({} while there is none)."""
     found = find_child_report(list(rows.values()), rid)
@@ -470,6 +478,15 @@ def test_agent_restarts_a_killed_role_with_its_id_and_stops_with_the_experiment(
         assert victim in {p.pid for p in children}
         assert rows["host-0"]["role"] == "host" and rows["host-0"]["pid"] == agent.pid
         assert {rows[r]["address"] for r in ("host-0", "params-0", "replay-0")} == {"localhost"}
+        # The agent heartbeats for its roles: they send theirs to it, not to the broker.
+        assert {rows[r]["agent"] for r in ("host-0", "params-0", "replay-0")} == {"", "host-0"}
+
+        def through_agent(rid: str, stream: str, counter: str) -> bool:
+            return status_row(zmq_ctx, broker_addr, rid)["streams"][stream][counter] > 0
+
+        for r in ("params-0", "replay-0"):
+            wait_for(lambda r=r: through_agent(r, "agent", "sent"), timeout=30)
+        wait_for(lambda: through_agent("host-0", "children", "received"), timeout=30)
         os.kill(victim, signal.SIGKILL)
 
         def restarted() -> dict[str, dict[str, Any]] | None:
@@ -640,3 +657,69 @@ def test_an_agent_with_keys_runs_its_roles_on_a_keyed_broker(spawn, zmq_ctx, bro
         assert len([r for r in rows().values() if r["role"] == "host"]) == 1
     finally:
         kill_pids([agent.pid, outsider.pid, start_broker_keyed.pid])
+
+
+def test_the_agents_report_carries_fresh_children_and_their_figures_once_a_second(
+    tmp_path, monkeypatch
+):
+    agent, _ = make_agent(tmp_path, monkeypatch, "actor=3@0")
+    agent.heartbeat_interval = 0.5
+    figures = {"stats": {"experience": {"sent": 4}}, "info": {"env_steps": 9}}
+    for i, when in enumerate((10.0, 10.0, 8.9)):  # actor-2 is silent past FRESH_INTERVALS
+        agent.beats[f"actor-{i}"] = (when, {"id": f"actor-{i}", **figures})
+    assert agent.role_reports(10.0) == [
+        {"id": "actor-0", **figures},
+        {"id": "actor-1", **figures},
+    ]
+    assert "actor-2" not in agent.beats
+    # Liveness with every report, the figures at most once per FIGURES_INTERVAL_S.
+    assert agent.role_reports(10.5) == [{"id": "actor-0"}, {"id": "actor-1"}]
+    assert agent.role_reports(11.0) == [{"id": "actor-0", **figures}, {"id": "actor-1", **figures}]
+    # Past the bytes a report may take (here the broker's message limit): ids alone.
+    agent.max_message_bytes = agent.config.broker.max_info_bytes + CHILD_BEAT_SLACK_BYTES + 60
+    for i in range(2):
+        agent.beats[f"actor-{i}"] = (12.0, {"id": f"actor-{i}", **figures})
+    assert agent.role_reports(12.0) == [{"id": "actor-0", **figures}, {"id": "actor-1"}]
+
+
+def test_the_agent_answers_its_childrens_heartbeats_and_drops_anything_else(
+    tmp_path, monkeypatch, zmq_ctx
+):
+    agent, _ = make_agent(tmp_path, monkeypatch, "actor=1")
+    agent.id = "host-0"
+    agent.open_heartbeats()
+    (actor,) = agent.children
+    child = make_socket(zmq_ctx, zmq.DEALER, rcvtimeo_ms=5000)
+    child.connect(agent.endpoint)
+    children = agent.stats.stream("children")
+
+    def beat(rid: str, kind: str = P.HEARTBEAT) -> P.Message | None:
+        child.send_multipart(P.encode(P.Message(kind, meta={"id": rid, "info": {"n": 1}})))
+        seen = children.received + children.dropped
+        wait_for(
+            lambda: agent.serve_children(50) or children.received + children.dropped > seen,
+            timeout=30,
+        )
+        return P.decode(child.recv_multipart()) if child.poll(200) else None
+
+    try:
+        # Before the child said who it is, and for ids it never was: dropped and counted.
+        assert beat("actor-0") is None and "actor-0" not in agent.beats
+        child_says(actor, "actor-0", "running")
+        assert beat("actor-0").kind == P.HEARTBEAT_ACK  # type: ignore[union-attr]
+        assert agent.beats["actor-0"][1] == {"id": "actor-0", "stats": None, "info": {"n": 1}}
+        assert beat("learner-0") is None and beat("actor-0", P.BYE) is None
+        assert children.dropped == 3
+        # Not acknowledged while the broker does not answer us.
+        agent._last_ack -= 10 * agent.heartbeat_timeout
+        assert beat("actor-0") is None
+        agent._last_ack = time.monotonic()
+        # What the broker said: which children to tell to say HELLO again, and the stop.
+        agent.on_heartbeat_ack({"unknown": ["actor-0", "params-3"], "stop": "done"})
+        assert agent.unknown == {"actor-0"}
+        assert beat("actor-0").kind == P.UNKNOWN_ROLE  # type: ignore[union-attr]
+        assert beat("actor-0").meta == {"stop": "done"}  # type: ignore[union-attr]
+    finally:
+        child.close(linger=0)
+        agent.close()
+        agent.teardown()

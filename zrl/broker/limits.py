@@ -31,7 +31,7 @@ COUNTER_MAX = 2**63 - 1  # sums stay encodable (msgpack stops at 2**64 - 1)
 DROP_LOG_INTERVAL_S = 10.0
 # A STATUS reply is one page of rows of at most this many bytes: far under every client's
 # header cap (``protocol.MAX_HEADER_BYTES``), whatever the registry holds.
-STATUS_PAGE_BYTES = 512 * 2**10
+STATUS_PAGE_BYTES = 128 * 2**10  # about 190 rows of an actor: a few ms of the registry loop
 # In a listing (a STATUS without ``id``) a row carries at most this much of its role's info
 # and stream counters (the items that fit, and ``truncated``); a STATUS for one ``id``
 # carries its whole row.
@@ -46,6 +46,13 @@ STATUS_REPLY_PEER_BYTES = 8 * 2**20
 STATUS_REPLY_TOTAL_BYTES = 64 * 2**20
 STATUS_REPLY_DRAIN_S = 2.0
 MAX_LOG_KEYS = 4096
+# Host agents (``zrl host``) heartbeat for the roles they started: one HEARTBEAT per interval
+# carrying ``roles``, one report per role. The registry takes at most this many reports in one
+# heartbeat (the whole message is bounded by the registry's max message size); the agent keeps
+# its reports under AGENT_REPORT_BYTES, sending a role's liveness without its figures past it.
+AGENT_ROLE = "host"
+MAX_REPORTED_ROLES = 1024
+AGENT_REPORT_BYTES = 768 * 2**10
 
 
 def valid_name(value: Any, limit: int = MAX_ID_CHARS) -> bool:
@@ -65,13 +72,19 @@ def for_log(value: Any, limit: int = 64) -> str:
     return text if len(value) <= limit else f"{text}...({len(value)} chars)"
 
 
+_SCALARS = frozenset((int, float, str, bool, type(None), bytes))
+
+
 def info_fits(info: dict[str, Any], max_bytes: int, within_bytes: int | None = None) -> bool:
     """Whether a heartbeat's info is small enough to keep: bytes bound the strings in it,
     the item count bounds the Python objects (16 KiB of tiny items is ~100x that in RAM).
     ``within_bytes``: the size of the header the info was decoded from, which bounds its
     packed size; when that fits, packing it again to measure it is skipped."""
+    if 2 * len(info) + 1 <= MAX_INFO_ITEMS and all(type(v) in _SCALARS for v in info.values()):
+        stack: list[Any] = []  # flat, as most roles' info is: keys and values are the items
+    else:
+        stack = [info]
     items = 0
-    stack: list[Any] = [info]
     while stack:
         obj = stack.pop()
         items += 1
@@ -126,10 +139,11 @@ def clean_stats(raw: Any, previous: dict[str, dict[str, int]]) -> dict[str, dict
         if len(clean) >= MAX_STREAMS_PER_ROLE:
             break
         if valid_name(stream) and isinstance(counters, dict):
+            # type() is int: not a bool (msgpack decodes plain ints only).
             clean[stream] = {
-                k: min(v, COUNTER_MAX)
+                k: v if v <= COUNTER_MAX else COUNTER_MAX
                 for k in STAT_COUNTERS
-                if isinstance(v := counters.get(k, 0), int) and not isinstance(v, bool) and v >= 0
+                if type(v := counters.get(k, 0)) is int and v >= 0
             }
     return clean
 

@@ -15,7 +15,16 @@ entries are forgotten after ``forget_after`` seconds. The run's planned roles (t
 read them are bounded per peer and in total (``ReplyBudget``). An entry belongs to the
 connection (ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id
 from another connection are dropped and counted. A role that misses its heartbeats for
-``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead. A HELLO without
+``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead.
+
+Host agents (``zrl host``, role ``host``) heartbeat for the roles they started: such a role's
+HELLO names its agent (``agent``), and the registry registers it under that agent only when
+the agent is a live ``host`` entry on the role's own host (the WELCOME says which: ``agent``,
+or None and the role heartbeats itself). The agent's own HEARTBEAT then carries ``roles``, one
+report (id, stats, info) per role, at most ``MAX_REPORTED_ROLES``: each registered under this
+agent is alive with those figures; a report for any other role is dropped and counted, and
+the ack's ``unknown`` lists the ids whose roles must say HELLO again. A role its agent stops
+reporting misses its heartbeats like any other. A HELLO without
 an id or index from a role object (``instance``, in a process) that already holds a
 ``starting`` entry gets the same id again: a role that said HELLO on several sockets before
 its broker was up registers once.
@@ -43,11 +52,13 @@ import zmq
 
 from zrl import __version__
 from zrl.broker.limits import (
+    AGENT_ROLE,
     MAX_ENTRIES_PER_CONNECTION,
     MAX_FIELD_CHARS,
     MAX_ID_CHARS,
     MAX_INFO_ITEMS,
     MAX_PID,
+    MAX_REPORTED_ROLES,
     STATUS_PAGE_BYTES,
     STATUS_REPLY_DRAIN_S,
     STATUS_REPLY_PEER_BYTES,
@@ -140,6 +151,8 @@ class Registry:
             return f"host names are at most {MAX_FIELD_CHARS} printable characters"
         if not 0 <= m["pid"] < MAX_PID:
             return "pid out of range"
+        if m.get("agent") is not None and not valid_name(m["agent"]):
+            return f"agent ids are 1 to {MAX_ID_CHARS} printable characters"
         for key in ("rpc", "address", "instance"):
             if m.get(key) is not None and not valid_text(m[key]):
                 return f"{key} is at most {MAX_FIELD_CHARS} printable characters"
@@ -255,10 +268,36 @@ class Registry:
             address=m.get("address") or "",
             instance=m.get("instance") or "",
             restarts=restarts,
+            agent=self._agent_for(rid, m),
         )
-        self.roles[rid] = entry
+        self.table.put(entry)
         log.info("registered %s (host %s, pid %s)", rid, entry.host, entry.pid)
-        self.channel.send(self.welcome(rid), to=ident, block=False)
+        welcome = self.welcome(rid)
+        welcome.meta["agent"] = entry.agent or None
+        self.channel.send(welcome, to=ident, block=False)
+
+    def _agent_for(self, rid: str, m: dict[str, Any]) -> str:
+        """The host agent that will heartbeat for a role saying HELLO: the ``agent`` it names,
+        when that is a live entry of role ``host`` on the role's own host; else "" (the role
+        heartbeats itself). The registry decides, and the WELCOME tells the role."""
+        aid = m.get("agent")
+        if aid is None or aid == rid:
+            return ""
+        agent = self.roles.get(aid)
+        if (
+            agent is None
+            or agent.role != AGENT_ROLE
+            or agent.state not in ("starting", "alive")
+            or agent.host != m["host"]
+        ):
+            self.drops.note(
+                rid,
+                "hello under an unknown agent",
+                f"{for_log(aid)} is no live host agent on {for_log(m['host'])}: "
+                "the role heartbeats itself",
+            )
+            return ""
+        return agent.id
 
     def _on_heartbeat(self, ident: bytes, msg: P.Message) -> None:
         rid = msg.meta.get("id")
@@ -280,29 +319,86 @@ class Registry:
                 ),
             )
             return
-        if entry.state == "dead":
+        now = time.monotonic()
+        reports = msg.meta.get("roles")
+        # A lone heartbeat's header bounds its info; a host agent's carries many infos.
+        if self._beat(entry, msg.meta, now, self._header_bytes if reports is None else None):
             log.warning("%s is heartbeating again after being marked dead", rid)
+        ack: dict[str, Any] = {}
+        if reports is not None:
+            ack["unknown"] = self._on_reports(entry, reports, now)
+        if self.stopped is not None:
+            ack["stop"] = self.stopped
+        self._reply(ident, P.HEARTBEAT_ACK, **ack)
+
+    def _beat(
+        self, entry: RoleEntry, report: dict[str, Any], now: float, within: int | None
+    ) -> bool:
+        """One heartbeat of ``entry``: alive now, with the counters and info of ``report``
+        (``within``: a size that bounds the packed info, or None to measure it). True when
+        the entry was dead."""
+        revived = entry.state == "dead"
         entry.state = "alive"
-        entry.last_seen = time.monotonic()
-        entry.set_stats(clean_stats(msg.meta.get("stats"), entry.stats))
-        info = msg.meta.get("info")
+        entry.last_seen = now
+        entry.set_stats(clean_stats(report.get("stats"), entry.stats))
+        info = report.get("info")
         if isinstance(info, dict):
-            if info_fits(info, self.limits.max_info_bytes, self._header_bytes):
+            if info_fits(info, self.limits.max_info_bytes, within):
                 entry.set_info(info)
             else:
                 # The heartbeat still counts: a role must not die of its own status.
                 self.drops.note(
-                    rid,
+                    entry.id,
                     "heartbeat info too large",
                     (
                         f"more than {self.limits.max_info_bytes} bytes or {MAX_INFO_ITEMS} items; "
                         "keeping the previous info"
                     ),
                 )
-        if self.stopped is not None:
-            self._reply(ident, P.HEARTBEAT_ACK, stop=self.stopped)
-        else:
-            self._reply(ident, P.HEARTBEAT_ACK)
+        return revived
+
+    def _on_reports(self, agent: RoleEntry, reports: Any, now: float) -> list[str]:
+        """A host agent's heartbeat for its roles (meta ``roles``: ``[{id, stats, info}]``):
+        each role registered under this agent, on its host, is alive now with those figures.
+        A report for any other role is dropped and counted; the ids the agent should tell
+        to say HELLO again (unknown, stopped, or not this agent's) are returned."""
+        if agent.role != AGENT_ROLE:
+            self._reject(agent.id, "role reports from a non-agent", f"{agent.role} is no agent")
+            return []
+        if not isinstance(reports, list) or len(reports) > MAX_REPORTED_ROLES:
+            self._reject(
+                agent.id,
+                "bad role reports",
+                f"roles is a list of at most {MAX_REPORTED_ROLES} reports",
+            )
+            return []
+        unknown: list[str] = []
+        revived = 0
+        for report in reports:
+            rid = report.get("id") if isinstance(report, dict) else None
+            if not isinstance(rid, str) or not valid_name(rid):
+                self._reject(agent.id, "bad role reports", "a report without a role id")
+                continue
+            entry = self.roles.get(rid)
+            if entry is None or entry.state == "stopped":
+                unknown.append(rid)
+            elif entry.agent != agent.id or entry.host != agent.host:
+                self._reject(
+                    agent.id,
+                    "report for a role of another agent",
+                    f"{rid} did not register through {agent.id} on {for_log(agent.host)}",
+                )
+                unknown.append(rid)
+            else:
+                assert isinstance(report, dict)
+                revived += self._beat(entry, report, now, None)
+        if revived:  # one line for an agent's roles: a late agent revives them all at once
+            log.warning(
+                "%d role(s) reported by %s are alive again after being marked dead",
+                revived,
+                agent.id,
+            )
+        return unknown
 
     def _on_bye(self, ident: bytes, msg: P.Message) -> None:
         rid = msg.meta.get("id")
@@ -426,8 +522,18 @@ class Registry:
             return None
         ident = frames[0].bytes
         self._header_bytes = len(frames[1])
+        if sum(len(f) for f in frames[1:]) > self.channel.max_message_bytes:
+            # What MAXMSGSIZE does over tcp and ipc, for inproc too (a host agent's report
+            # is the one registry message that grows).
+            self.channel.drop(
+                P.peek_sender(frames[1:]),
+                f"a registry message over {self.channel.max_message_bytes} bytes",
+            )
+            return None
         try:
-            msg = P.decode(frames[1:], max_bytes=self.limits.max_message_bytes)
+            # The ROUTER's own bound (REGISTRY_MAX_MESSAGE_BYTES), which MAXMSGSIZE does not
+            # apply over inproc.
+            msg = P.decode(frames[1:], max_bytes=self.channel.max_message_bytes)
         except P.VersionMismatch as exc:
             # Answer so the peer can say exactly which versions disagree.
             self._reply(ident, P.REFUSED, reason=str(exc), protocol=P.PROTOCOL_VERSION)

@@ -8,8 +8,10 @@ Sockets: none.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,9 @@ class RoleEntry:
     address: str = ""
     instance: str = ""
     """A random name the role object picked (see RoleTable.earlier_hello)."""
+    agent: str = ""
+    """The id of the host agent that heartbeats for this role (``Registry``: it registered
+    through that agent, on the agent's host), or "" when the role heartbeats itself."""
     state: str = "starting"  # starting | alive | dead | stopped
     registered: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
@@ -62,11 +67,10 @@ class RoleEntry:
         # Summed once per heartbeat, not once per row of every STATUS (a STATUS of 1,000
         # roles is built in the registry's loop, and heartbeats wait behind it).
         self.stats = stats
-        totals = [0] * len(STAT_COUNTERS)
-        for counters in stats.values():
-            for i, key in enumerate(STAT_COUNTERS):
-                totals[i] += counters.get(key, 0)
-        self.totals = tuple(min(t, COUNTER_MAX) for t in totals)
+        streams = stats.values()
+        self.totals = tuple(
+            min(sum(c.get(key, 0) for c in streams), COUNTER_MAX) for key in STAT_COUNTERS
+        )
         self.brief_stats = brief(stats, STATUS_ROW_STREAMS_BYTES)
 
     def row(self, now: float, whole: bool = True) -> dict[str, Any]:
@@ -83,6 +87,7 @@ class RoleEntry:
             "state": self.state,
             "age": round(now - self.last_seen, 2),
             "restarts": self.restarts,
+            "agent": self.agent,
             "msgs_in": received,
             "msgs_out": sent,
             "dropped": dropped,
@@ -116,6 +121,33 @@ class RoleTable:
         self.entries: dict[str, RoleEntry] = {}
         self.counters: dict[str, int] = {}
         """The next number of each role name's automatic ids."""
+        self._order: list[tuple[str, str]] | None = None
+        """The entries' (role, id) in order, for STATUS pages; None: to sort again. Entries
+        are added with ``put`` and removed with ``forget``, which keep it and ``_by_conn``."""
+        self._by_conn: dict[bytes, set[str]] = {}
+        """The ids registered from each connection (``held_by`` without a scan of the table:
+        a HELLO storm of thousands of roles)."""
+
+    def put(self, entry: RoleEntry) -> None:
+        """Add (or replace) the entry of ``entry.id``."""
+        old = self.entries.get(entry.id)
+        if old is None or old.role != entry.role:
+            self._order = None
+        if old is not None:
+            self._unlink(old)
+        self.entries[entry.id] = entry
+        self._by_conn.setdefault(entry.routing_id, set()).add(entry.id)
+
+    def forget(self, rid: str) -> None:
+        self._unlink(self.entries.pop(rid))
+        self._order = None
+
+    def _unlink(self, entry: RoleEntry) -> None:
+        ids = self._by_conn.get(entry.routing_id)
+        if ids is not None:
+            ids.discard(entry.id)
+            if not ids:
+                del self._by_conn[entry.routing_id]
 
     def new_id(self, role: str, index: Any) -> tuple[str, int | None]:
         """(id, next number for ``role``; None when the id came from ``index``)."""
@@ -169,7 +201,7 @@ class RoleTable:
         if not unplanned:
             return False
         newest = max(unplanned, key=lambda e: e.registered)
-        del self.entries[newest.id]
+        self.forget(newest.id)
         log.warning("forgot %s to make room for a planned role (registry full)", newest.id)
         return True
 
@@ -177,8 +209,8 @@ class RoleTable:
         """Live (starting or alive) entries registered from the connection ``ident``."""
         return sum(
             1
-            for e in self.entries.values()
-            if e.routing_id == ident and e.state in ("starting", "alive")
+            for rid in self._by_conn.get(ident, ())
+            if self.entries[rid].state in ("starting", "alive")
         )
 
     def forget_oldest_ended(self) -> bool:
@@ -186,7 +218,7 @@ class RoleTable:
         if not ended:
             return False
         oldest = min(ended, key=lambda e: e.ended)
-        del self.entries[oldest.id]
+        self.forget(oldest.id)
         log.info("forgot %s (registry full)", oldest.id)
         return True
 
@@ -196,17 +228,20 @@ class RoleTable:
 
     def listing(
         self, after: tuple[str, str] | None, host: str | None = None, role: str | None = None
-    ) -> list[RoleEntry]:
+    ) -> Iterator[RoleEntry]:
         """The entries a STATUS listing pages through: in (role, id) order, past ``after``,
-        of ``host`` and of ``role`` only when given."""
-        chosen = (
-            e
-            for e in self.entries.values()
-            if (host is None or e.host == host)
-            and (role is None or e.role == role)
-            and (after is None or (e.role, e.id) > after)
-        )
-        return sorted(chosen, key=lambda e: (e.role, e.id))
+        of ``host`` and of ``role`` only when given. Lazily, from the kept order: a page of
+        a big table costs its own rows, not a sort of the table."""
+        if self._order is None:
+            self._order = sorted((e.role, e.id) for e in self.entries.values())
+        order = self._order
+        start = bisect.bisect_right(order, after) if after is not None else 0
+        for i in range(start, len(order)):
+            e = self.entries.get(order[i][1])
+            if e is None or e.role != order[i][0]:
+                continue
+            if (host is None or e.host == host) and (role is None or e.role == role):
+                yield e
 
     def services(self, role: Any) -> list[dict[str, Any]]:
         """The rpc endpoints of the live ``role`` roles (a LOOKUP's answer)."""
@@ -237,7 +272,7 @@ class RoleTable:
                         now - e.last_seen,
                     )
             elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
-                del self.entries[e.id]
+                self.forget(e.id)
                 log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
         if died > MAX_DEAD_LOGGED:
             log.warning("%d more missed their heartbeats: marked dead", died - MAX_DEAD_LOGGED)

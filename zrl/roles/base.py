@@ -15,7 +15,10 @@ checkpoint root (``checkpoint_file``). A role started by a host agent tells it i
 state in a file of the agent's (``PARENT_REPORT_ENV``).
 
 Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
-role whose loop hangs is (correctly) declared dead. When the broker stops
+role whose loop hangs is (correctly) declared dead. A role started by a host agent
+(``AGENT_ID_ENV``, ``AGENT_ENDPOINT_ENV``) that the registry registered under it (its WELCOME's
+``agent``) heartbeats the agent instead, over a DEALER ``agent`` -> the agent's ipc ROUTER; the
+agent reports it to the broker in its own heartbeat and relays the acks. When the broker stops
 acknowledging for ``heartbeat_timeout`` the role drops its registry socket and
 re-registers with capped exponential back-off, keeping its id; stream sockets
 reconnect by themselves (ZeroMQ), so a broker restart needs nothing from the user. A broker
@@ -88,6 +91,12 @@ PARENT_REPORT_ENV = "ZRL_ROLE_REPORT"
 its id and state to (``write_parent_report``): the agent learns them from its own child,
 never from the registry's rows, which anyone registered can forge."""
 MAX_PARENT_REPORT_BYTES = 4096
+AGENT_ID_ENV = "ZRL_HOST_AGENT"
+"""The id of the host agent that started this role: its HELLO names it (``agent``), and when
+the registry registers the role under it the role heartbeats the agent, not the broker."""
+AGENT_ENDPOINT_ENV = "ZRL_HOST_AGENT_ENDPOINT"
+"""Where that agent takes its roles' heartbeats: an ipc:// socket in a private directory."""
+AGENT_ACK_BYTES = 2**16  # what a role takes from its agent: acks
 
 
 def write_parent_report(path: str | Path, rid: str, pid: int, state: str) -> None:
@@ -192,6 +201,11 @@ class Role(RoleSockets):
         self.orphaned = False  # stopped because the broker was gone past broker.orphan_timeout
         self._process = psutil.Process()
         self._parent_report = os.environ.get(PARENT_REPORT_ENV) or None
+        self._agent_id = os.environ.get(AGENT_ID_ENV) or None
+        self._agent_endpoint = os.environ.get(AGENT_ENDPOINT_ENV) or None
+        self._agent: Channel | None = None
+        """A DEALER to the host agent that heartbeats for us, while the registry says so."""
+        self._last_direct_ack = 0.0
 
     # --- registration -----------------------------------------------------------------
 
@@ -220,6 +234,7 @@ class Role(RoleSockets):
                         "address": self.advertise,
                         "rpc": self.rpc_endpoint,
                         "instance": self.instance,
+                        "agent": self._agent_id if self._agent_endpoint else None,
                         "zrl_version": __version__,
                     }
                 ),
@@ -291,6 +306,7 @@ class Role(RoleSockets):
         self._last_ack = time.monotonic()
         self._backoff = RECONNECT_BACKOFF_INITIAL_S
         self.registrations += 1
+        self._use_agent(m.get("agent"))
         self.report_to_parent()
         if first:
             self.log.info(
@@ -302,6 +318,24 @@ class Role(RoleSockets):
         else:
             self.log.info("re-registered as %s with broker %s", self.id, self.broker)
             self.on_reregistered()
+
+    def _use_agent(self, agent: Any) -> None:
+        """Heartbeat the host agent that started us when the WELCOME says the registry takes
+        its reports for us (``agent``: its id, which must be the one we were started by);
+        else the broker."""
+        if agent is not None and agent == self._agent_id and self._agent_endpoint:
+            if self._agent is None:
+                sock = make_socket(
+                    self.ctx, zmq.DEALER, sndtimeo_ms=0, max_message_bytes=AGENT_ACK_BYTES
+                )
+                sock.connect(self._agent_endpoint)
+                self._agent = Channel(
+                    sock, "agent", self.id, self.stats, max_message_bytes=AGENT_ACK_BYTES
+                )
+            self._agent.sender = self.id
+        elif self._agent is not None:
+            self._agent.close()
+            self._agent = None
 
     def checkpoint_file(self, suffix: str) -> Path | None:
         """``<checkpoint.dir>/<id><suffix>`` (see ``checked_file``), or None without a
@@ -418,8 +452,36 @@ class Role(RoleSockets):
         The head writes them as ``<role>/<name>`` (TensorBoard, CSV, W&B, MLflow)."""
         return {**self.train_stats.flush(), **self.train_info()}
 
-    def tick(self) -> None:
-        """Heartbeat, read registry replies, re-register if the broker went quiet."""
+    def _on_ack(self, msg: P.Message, now: float) -> None:
+        """A HEARTBEAT_ACK, from the broker or from our host agent."""
+        self._last_ack = now
+        self.on_heartbeat_ack(msg.meta)
+        stop = msg.meta.get("stop")
+        if stop is not None and not self.stop_event.is_set():
+            self.log.info("the experiment stopped (%s): stopping", ascii(str(stop)[:200]))
+            self.request_stop()
+
+    def _read_agent(self, now: float) -> None:
+        """Our host agent's answers to the heartbeats we sent it: HEARTBEAT_ACK (the broker
+        has them), or UNKNOWN_ROLE (the broker does not know us under the agent: HELLO)."""
+        while self._agent is not None and (got := self._agent.recv(block=False)) is not None:
+            msg = got[1]
+            if msg.kind == P.HEARTBEAT_ACK:
+                self._on_ack(msg, now)
+            elif msg.kind == P.UNKNOWN_ROLE:
+                self.log.warning("the broker does not know us under our host agent: registering")
+                self._hello()
+
+    def heartbeat_extra(self) -> dict[str, Any]:
+        """More fields of this role's HEARTBEAT (a host agent's reports for its roles)."""
+        return {}
+
+    def on_heartbeat_ack(self, meta: dict[str, Any]) -> None:
+        """A HEARTBEAT_ACK's meta, as it came (a host agent reads ``unknown`` from it)."""
+
+    def tick(self, direct: bool = False) -> None:
+        """Heartbeat (the broker, or the host agent that heartbeats for us; ``direct``: the
+        broker), read registry replies, re-register if the broker went quiet."""
         now = time.monotonic()
         assert self._registry is not None
         while True:
@@ -427,11 +489,8 @@ class Role(RoleSockets):
             if msg is None:
                 break
             if msg.kind == P.HEARTBEAT_ACK:
-                self._last_ack = now
-                stop = msg.meta.get("stop")
-                if stop is not None and not self.stop_event.is_set():
-                    self.log.info("the experiment stopped (%s): stopping", ascii(str(stop)[:200]))
-                    self.request_stop()
+                self._last_direct_ack = now
+                self._on_ack(msg, now)
             elif msg.kind == P.WELCOME:
                 self._on_welcome(msg)
             elif msg.kind == P.UNKNOWN_ROLE:
@@ -439,6 +498,7 @@ class Role(RoleSockets):
                 self._hello()
             elif msg.kind == P.REFUSED:
                 self._refused(msg)
+        self._read_agent(now)
         orphan = self.orphan_limit()
         if (
             orphan is not None
@@ -470,20 +530,15 @@ class Role(RoleSockets):
             info = self.heartbeat_info()
             info["rss_mb"] = self.check_memory()
             # plain_meta: whatever a counter came to hold, a role never dies on its own status.
-            self._registry.send(
-                P.Message(
-                    P.HEARTBEAT,
-                    meta=P.plain_meta(
-                        {
-                            "id": self.id,
-                            "state": self.state,
-                            "stats": self.stats.snapshot(),
-                            "info": info,
-                        }
-                    ),
-                ),
-                block=False,
-            )
+            beat = {
+                "id": self.id,
+                "state": self.state,
+                "stats": self.stats.snapshot(),
+                "info": info,
+            }
+            beat.update(self.heartbeat_extra())
+            via = self._agent if self._agent is not None and not direct else self._registry
+            via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
             if now >= self._next_metrics:
                 self._next_metrics = now + METRICS_INTERVAL_S
                 train = self.train_metrics()
@@ -500,8 +555,8 @@ class Role(RoleSockets):
         sees the keys (``zrl.roles.rpc_identity``)."""
         sent_at = time.monotonic()
         self._next_heartbeat = 0.0
-        self.tick()
-        while self._last_ack <= sent_at:
+        self.tick(direct=True)  # not through a host agent: the broker has it when it acks
+        while self._last_direct_ack <= sent_at:
             if time.monotonic() >= sent_at + timeout or self._registry is None:
                 return False
             self._registry.sock.poll(20)
@@ -623,6 +678,9 @@ class Role(RoleSockets):
                 self._registry.close(linger_ms=500)
             except zmq.ZMQError:
                 pass
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
         for ch in self._channels:
             if not ch.sock.closed:
                 ch.close()

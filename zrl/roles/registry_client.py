@@ -3,7 +3,7 @@ requests.
 
 Sockets: a throwaway DEALER -> broker ROUTER ``registry`` per ``registry_request``
 (STATUS, LOOKUP), used by roles, the supervisor, the CLI and the tests; ``read_status``
-reads a whole STATUS listing page by page (or one role's row) that way. A role's own
+reads a whole STATUS listing page by page (or one role's row) on one throwaway DEALER. A role's own
 registration (HELLO/WELCOME, HEARTBEAT, BYE) is ``Role``'s, in ``zrl.roles.base``.
 """
 
@@ -126,18 +126,36 @@ def read_status(
         ask["host"] = host
     if role is not None:
         ask["role"] = role
-    for _ in range(P.MAX_STATUS_PAGES):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RoleError(f"no whole STATUS from a broker at {broker} within {timeout:g}s")
-        reply = registry_request(ctx, broker, P.Message(P.STATUS, meta=dict(ask)), left, keys)
-        if reply.kind != P.STATUS_REPLY:
-            raise RoleError(f"the broker at {broker} answered STATUS with {reply.kind}")
-        meta = reply.meta
-        page = meta.get("roles")
-        rows.extend(page if isinstance(page, list) else [])
-        last = meta.get("last")
-        if not meta.get("more") or not isinstance(last, list) or last == ask.get("after"):
-            break
-        ask["after"] = last
+    # One DEALER for every page: a connection (and its handshake) per page would cost more
+    # than the page at thousands of roles.
+    sock = make_socket(ctx, zmq.DEALER, keys=keys)
+    try:
+        sock.connect(broker)
+        ch = Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())
+        for _ in range(P.MAX_STATUS_PAGES):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RoleError(f"no whole STATUS from a broker at {broker} within {timeout:g}s")
+            sock.rcvtimeo = max(1, int(left * 1000))
+            ch.send(P.Message(P.STATUS, meta=dict(ask)))
+            got = ch.recv()
+            if got is None:
+                if ch.stats.dropped:
+                    raise RoleError(
+                        f"the answer of the broker at {broker} could not be read (malformed or "
+                        "over this client's limits)"
+                    )
+                raise NoAnswer(f"no answer from a broker at {broker} within {left:.3g}s")
+            reply = got[1]
+            if reply.kind != P.STATUS_REPLY:
+                raise RoleError(f"the broker at {broker} answered STATUS with {reply.kind}")
+            meta = reply.meta
+            page = meta.get("roles")
+            rows.extend(page if isinstance(page, list) else [])
+            last = meta.get("last")
+            if not meta.get("more") or not isinstance(last, list) or last == ask.get("after"):
+                break
+            ask["after"] = last
+    finally:
+        sock.close(linger=0)
     return {**meta, "roles": rows}

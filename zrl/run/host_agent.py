@@ -10,8 +10,15 @@ A given-up child keeps the agent running, to report it, until the experiment sto
 then exits 1.
 
 The agent is a ``Role`` itself (role ``host``): it registers with the broker, heartbeats, and
-stops when the broker says the experiment stopped. Its heartbeat info lists its children (id,
-pid, state, restarts, log path, last log lines) for ``zrl status --logs ROLE_ID``. It stops its
+stops when the broker says the experiment stopped. It heartbeats for its children too: each
+child names the agent in its HELLO (``zrl.roles.base.AGENT_ID_ENV``) and, once the registry
+registered it under the agent, heartbeats the agent's ipc ROUTER instead of the broker; the
+agent's own HEARTBEAT carries a report per child heard within ``FRESH_INTERVALS`` of its
+interval (``roles``: its counters and info), so the broker reads one message per host per
+interval. The agent answers a child's heartbeat while the broker answers its own (and relays
+the broker's ``stop``, and UNKNOWN_ROLE for the children the broker did not take). Its
+heartbeat info lists its children (id, pid, state, restarts, log path, last log lines) for
+``zrl status --logs ROLE_ID``. It stops its
 children in data-flow order (``stop_in_order``) at the broker's stop, on SIGTERM/SIGINT, and
 when the broker has not answered for ``orphan_timeout`` seconds (then it exits non-zero: roles
 must not outlive their experiment). Starting, restarting and stopping are ``zrl.run.children``'s
@@ -23,7 +30,9 @@ file in a private directory of the agent (``zrl.roles.base.PARENT_REPORT_ENV``),
 ``--index`` to every later life, so a restarted role keeps its id. Never from the registry's
 STATUS rows: anyone registered can list a row with this host's name and a child's pid.
 
-Sockets: the ``Role`` registry DEALER (HELLO/WELCOME, HEARTBEAT, BYE).
+Sockets: the ``Role`` registry DEALER (HELLO/WELCOME, HEARTBEAT with ``roles``, BYE); ROUTER
+``children`` bound at ``ipc://<private dir>/heartbeats`` (the children's HEARTBEAT, answered
+HEARTBEAT_ACK or UNKNOWN_ROLE).
 """
 
 from __future__ import annotations
@@ -36,20 +45,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zrl.broker.limits import info_fits
+import msgpack
+import zmq
+
+from zrl.broker.limits import AGENT_REPORT_BYTES, MAX_REPORTED_ROLES, info_fits
 from zrl.roles import ROLE_MODULES
-from zrl.roles.base import MAX_ROLE_INDEX, PARENT_REPORT_ENV, Role, read_parent_report
+from zrl.roles.base import (
+    AGENT_ENDPOINT_ENV,
+    AGENT_ID_ENV,
+    MAX_ROLE_INDEX,
+    PARENT_REPORT_ENV,
+    Role,
+    read_parent_report,
+)
 from zrl.roles.errors import RoleError
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
 from zrl.run.zygote import Zygote
+from zrl.transport import protocol as P
 from zrl.transport.endpoints import split_tcp
+from zrl.transport.sockets import Channel, make_socket
 
 DEFAULT_ORPHAN_TIMEOUT_S = 300.0
 TAIL_LINES = 3
 TAIL_LINE_CHARS = 160
 ROLE_ALIASES = {"actors": "actor", "learners": "learner"}  # the config's role count keys
 SPEC = re.compile(r"(?P<role>[a-z]+)(?:=(?P<count>\d+)(?:@(?P<first>\d+))?)?")
+FRESH_INTERVALS = 2
+"""A child is reported alive while its last heartbeat is at most this many of its
+heartbeat intervals old: one that stops heartbeating is dropped from the next reports."""
+FIGURES_INTERVAL_S = 1.0
+"""A child's counters and info go to the broker at most this often (its liveness with every
+report): at the shipped 2 Hz heartbeat, half the broker's work per role."""
+CHILD_BEAT_SLACK_BYTES = 16 * 2**10  # a child's heartbeat: its info, plus ids and counters
+STEP_POLL_MS = 100
 
 
 @dataclass(frozen=True)
@@ -215,6 +244,16 @@ class HostAgent(Role):
         self.zygote = Zygote()
         self.reports_dir: Path | None = None
         """Where the children write their ids and states: a private directory of ours."""
+        self.endpoint = ""
+        """Where the children heartbeat us: an ipc ROUTER in ``reports_dir``."""
+        self._beats_in: Channel | None = None
+        self.beats: dict[str, tuple[float, dict[str, Any]]] = {}
+        """Each child's last heartbeat (when, and its report for the broker), by role id."""
+        self.figures_sent: dict[str, float] = {}
+        """When each child's counters and info last went to the broker."""
+        self.unknown: set[str] = set()
+        """Children the broker does not know under this agent: told to say HELLO again."""
+        self.stop_reason: str | None = None
 
     @property
     def given_up(self) -> list[HostChild]:
@@ -228,6 +267,9 @@ class HostAgent(Role):
         index = [] if child.index is None else ["--index", str(child.index)]
         argv = ["start", child.role, "--broker", self.broker, *index, *self.role_args]
         env: dict[str, str] = {}
+        if self.endpoint:
+            env[AGENT_ID_ENV] = self.id
+            env[AGENT_ENDPOINT_ENV] = self.endpoint
         if child.report_path is not None:
             child.report_path.unlink(missing_ok=True)  # the last life's
             env[PARENT_REPORT_ENV] = str(child.report_path)
@@ -280,9 +322,117 @@ class HostAgent(Role):
 
     # --- Role -----------------------------------------------------------------------------
 
+    # --- the children's heartbeats, reported to the broker in ours -----------------------
+
+    def open_heartbeats(self) -> None:
+        """The ROUTER the children heartbeat (``AGENT_ENDPOINT_ENV``), in ``reports_dir``."""
+        assert self.reports_dir is not None
+        limit = self.config.broker.max_info_bytes + CHILD_BEAT_SLACK_BYTES
+        sock = make_socket(
+            self.ctx,
+            zmq.ROUTER,
+            sndtimeo_ms=0,
+            rcvhwm=4 * len(self.children) + 64,
+            max_message_bytes=limit,
+        )
+        self.endpoint = f"ipc://{self.reports_dir / 'heartbeats'}"
+        sock.bind(self.endpoint)
+        self._beats_in = Channel(
+            sock, "children", self.id, self.stats, envelope=True, max_message_bytes=limit
+        )
+        self._channels.append(self._beats_in)
+
+    def child_named(self, rid: str) -> HostChild | None:
+        """The child whose role id (as the broker numbered it) is ``rid``."""
+        for child in self.children:
+            if child.index is not None and child.name == rid:
+                return child
+        return None
+
+    def serve_children(self, wait_ms: int) -> None:
+        """Take the heartbeats waiting on our ROUTER (after up to ``wait_ms`` for the first):
+        kept for our next report, and answered HEARTBEAT_ACK while the broker answers us
+        (UNKNOWN_ROLE when it does not know the child under us). Anything else is dropped and
+        counted (``children`` stream)."""
+        ch = self._beats_in
+        if ch is None or not ch.sock.poll(wait_ms):
+            return
+        now = time.monotonic()
+        for _ in range(4 * len(self.children) + 16):
+            got = ch.recv(block=False)
+            if got is None:
+                return
+            ident, msg = got
+            assert ident is not None
+            rid = msg.meta.get("id")
+            if msg.kind != P.HEARTBEAT or not isinstance(rid, str):
+                ch.drop(msg.sender or "?", f"a {msg.kind} where only heartbeats are taken")
+                continue
+            if self.child_named(rid) is None:
+                self.read_reports()  # a child that said who it is since our last look
+                if self.child_named(rid) is None:
+                    ch.drop(rid, "a heartbeat for a role this agent did not start")
+                    continue
+            self.beats[rid] = (now, {k: msg.meta.get(k) for k in ("id", "stats", "info")})
+            if rid in self.unknown:
+                self.unknown.discard(rid)
+                ch.reply(P.Message(P.UNKNOWN_ROLE, meta={"id": rid}), to=ident)
+            elif now - self._last_ack <= self.heartbeat_timeout:
+                ack = {"stop": self.stop_reason} if self.stop_reason is not None else {}
+                ch.reply(P.Message(P.HEARTBEAT_ACK, meta=ack), to=ident)
+
+    def role_reports(self, now: float) -> list[dict[str, Any]]:
+        """Our report to the broker: each child that heartbeated us within
+        ``FRESH_INTERVALS`` of its interval, with its counters and info once per
+        ``FIGURES_INTERVAL_S`` while they fit ``AGENT_REPORT_BYTES`` (and the broker's message
+        limit); its id alone otherwise (alive, figures as they were)."""
+        fresh = FRESH_INTERVALS * self.heartbeat_interval
+        budget = min(
+            AGENT_REPORT_BYTES,
+            self.max_message_bytes - self.config.broker.max_info_bytes - CHILD_BEAT_SLACK_BYTES,
+        )
+        reports: list[dict[str, Any]] = []
+        used = 0
+        for rid, (when, report) in list(self.beats.items()):
+            if now - when > fresh:
+                del self.beats[rid]
+                self.figures_sent.pop(rid, None)
+                continue
+            if len(reports) >= MAX_REPORTED_ROLES:
+                break
+            if now - self.figures_sent.get(rid, -FIGURES_INTERVAL_S) < FIGURES_INTERVAL_S:
+                report = {"id": rid}
+            try:
+                size = len(msgpack.packb(report, use_bin_type=True))
+            except (TypeError, ValueError, OverflowError):
+                size = budget + 1
+            if used + size > budget:
+                report, size = {"id": rid}, 8 + len(rid)
+            if len(report) > 1:
+                self.figures_sent[rid] = now
+            reports.append(report)
+            used += size
+        return reports
+
+    def heartbeat_extra(self) -> dict[str, Any]:
+        return {"roles": self.role_reports(time.monotonic())} if self.endpoint else {}
+
+    def on_heartbeat_ack(self, meta: dict[str, Any]) -> None:
+        """The broker's answer to our report: ``unknown``, the children to say HELLO again
+        (only ours are kept); ``stop``, relayed to the children."""
+        unknown = meta.get("unknown")
+        if isinstance(unknown, list):
+            for rid in unknown[: len(self.children)]:
+                if isinstance(rid, str) and self.child_named(rid) is not None:
+                    self.unknown.add(rid)
+        stop = meta.get("stop")
+        if isinstance(stop, str):
+            self.stop_reason = stop
+
     def setup(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.open_reports()
+        self.open_heartbeats()
         self.zygote.start(self.log_dir / "zygote.log")
         for child in self.children:
             self.spawn(child)
@@ -297,7 +447,10 @@ class HostAgent(Role):
             child.report_path = self.reports_dir / f"{k}.json"
 
     def step(self) -> None:
-        self.stop_event.wait(0.1)
+        if self._beats_in is not None:
+            self.serve_children(STEP_POLL_MS)
+        else:
+            self.stop_event.wait(STEP_POLL_MS / 1000)
         self.read_reports()
         now = time.monotonic()
         self._tend(now)

@@ -14,23 +14,28 @@ Registry (role DEALER <-> broker ROUTER):
 
 - ``hello``: role -> broker. Meta ``role`` str, ``id`` str|None (the id to keep),
   ``index`` int|None, ``host`` str, ``pid`` int, ``rpc`` str (own rpc endpoint or ""),
-  ``instance`` str (random, per role object: HELLOs it repeats get one id), ``zrl_version`` str.
-  No arrays.
+  ``instance`` str (random, per role object: HELLOs it repeats get one id), ``agent`` str|None
+  (the host agent that started it), ``zrl_version`` str. No arrays.
 - ``welcome``: broker -> role. Meta ``id``, ``spec`` (resolved config or None),
   ``endpoints`` (name -> address), ``ipc_endpoints`` (the same names on ipc://, empty
   unless a tcp broker has ``broker.ipc``), ``host`` (the broker's ``hostname`` and
   ``boot_id``: a role with the same pair may use the ipc ones), ``streams``, ``heartbeat_interval``,
   ``heartbeat_timeout``, ``max_message_bytes``, ``max_topic_message_bytes``, ``zrl_version``,
-  ``broker_started``, ``secure`` bool, ``factories`` (references). Array ``factories``
+  ``broker_started``, ``secure`` bool, ``factories`` (references), ``agent`` (the host agent
+  that heartbeats for the role, or None: the registry decides). Array ``factories``
   (pickled factories, uint8 ``[bytes]``) only when the factories need pickling.
 - ``refused``: broker -> role. Meta ``reason`` str; ``protocol`` int on a protocol version
   mismatch; ``stopped`` true when the experiment has stopped (the role ends cleanly). No
   arrays.
-- ``heartbeat``: role -> broker. Meta ``id``, ``state``, ``stats`` (channel counters),
-  ``info`` (the role's figures). No arrays.
-- ``heartbeat_ack``: broker -> role. Meta ``stop`` str (why) once the head has stopped the
-  experiment: the role stops. No arrays.
-- ``unknown_role``: broker -> role (a heartbeat from an id it does not know). Meta ``id``.
+- ``heartbeat``: role -> broker, or a role registered under a host agent -> the agent's ipc
+  ROUTER. Meta ``id``, ``state``, ``stats`` (channel counters), ``info`` (the role's figures);
+  a host agent's own adds ``roles`` (at most ``MAX_REPORTED_ROLES`` reports ``{id, stats,
+  info}`` or ``{id}``, for the roles registered under it). No arrays.
+- ``heartbeat_ack``: broker -> role (agent -> its role). Meta ``stop`` str (why) once the head
+  has stopped the experiment: the role stops; ``unknown`` (to an agent's ``roles``): the ids
+  not taken. No arrays.
+- ``unknown_role``: broker -> role (a heartbeat from an id it does not know), agent -> its
+  role (an id in the broker's ``unknown``). Meta ``id``.
 - ``bye``: role -> broker, at stop. Meta ``id``, ``stats``. No arrays.
 - ``lookup``: anyone -> broker (throwaway DEALER). Meta ``role``. No arrays.
 - ``lookup_reply``: broker -> asker. Meta ``role``, ``services`` ``[{id, rpc, host}]``.

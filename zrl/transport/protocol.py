@@ -150,7 +150,7 @@ def ack_topic(actor_id: str) -> str:
 MAX_HEADER_BYTES = 4 * 2**20
 # Pages one STATUS listing may take (the broker's pages are far under MAX_HEADER_BYTES, and
 # ``max_roles`` rows fill far fewer): a client stops after this many whatever it is told.
-MAX_STATUS_PAGES = 256
+MAX_STATUS_PAGES = 1024
 MAX_ARRAYS = 256
 MAX_NDIM = 16
 # A sender id or stream name is a short label (``actor-12``, ``experience``). Receivers key

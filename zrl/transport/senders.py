@@ -92,7 +92,8 @@ TABLE: tuple[Route, ...] = (
         "registry",
         _ANY_ROLE,
         "broker",
-        "only from the connection that registered the id",
+        "only from the connection that registered the id; a host agent's (`zrl host`) "
+        "`roles` reports only for roles registered under it, on its host",
     ),
     Route(P.HEARTBEAT_ACK, "registry", (BROKER,), "the role", "reply on its connection"),
     Route(P.UNKNOWN_ROLE, "registry", (BROKER,), "the role", "reply on its connection"),
