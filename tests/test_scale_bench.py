@@ -7,27 +7,18 @@ also on failure) and is marked slow."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.benchmarks import load_benchmark
 
 
 def load_scale() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "zrl_bench_scale", REPO / "benchmarks" / "scale.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scale")
 
 
 scale = load_scale()
