@@ -32,12 +32,22 @@ and iproute2). In one run:
     the first count. ``--train-rounds`` rounds run the counts interleaved (1, 2, 4, 1, ...)
     and add each count's medians. On one machine every "host" shares its cores: more actor
     hosts split the same CPUs with the learner (figures and reading: docs/benchmarks.md).
+(D) weights fanned out per host: ``--relay-hosts`` H hosts (h1..hH) of ``--relay-followers`` F
+    weights subscribers each, one publisher of ``--weights-mib`` MiB WEIGHTS on a broker's bus in
+    h0, (i) every subscriber on the broker's bus (as a follower without a host agent), then
+    (ii) through one ``WeightsRelay`` per host (``zrl.run.weights_relay``, the host agent's
+    relay, in its own process) over ipc. Per version, published one at a time once the last
+    has arrived everywhere (``--relay-versions``, after warm-up): the bytes h0's eth0 sent
+    (the broker's egress; nothing else crosses it) and the time from the publish to the last
+    subscriber's receipt. Each host's F subscribers are SUBs of one process (a follower's
+    socket options; a version counts as there when all F have it).
 
 Run from the repo root as root::
 
     python benchmarks/multihost.py                   # about 8 minutes
     python benchmarks/multihost.py --seconds 10 --counts 1,2 --rounds 1
     python benchmarks/multihost.py --skip-a --skip-b --hosts 1,2,4    # (C) only
+    python benchmarks/multihost.py --skip-a --skip-b --skip-c --relay  # (D) only, 8 x 16
 
 Every process is killed by PID and every namespace deleted on the way out, also on errors,
 Ctrl-C and SIGTERM.
@@ -419,6 +429,243 @@ def part_b(
     finally:
         kill_procs(procs)
     return results
+
+
+# --- (D) weights fanned out per host ------------------------------------------------------------
+
+# h0's publisher: one version per ``go-<v>`` file in CTL, each printed with its send time.
+WEIGHTS_PUB = r"""
+import json, os, sys, time
+import numpy as np
+import zmq
+from zrl.config.sections import DEFAULT_STREAMS
+from zrl.transport import protocol as P
+from zrl.transport.endpoints import broker_endpoints
+from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+broker, mib, ctl = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+eps = broker_endpoints(broker, list(DEFAULT_STREAMS))
+ctx = zmq.Context()
+sock = make_socket(ctx, zmq.PUB, sndhwm=100, max_message_bytes=2**27)
+sock.connect(eps["topics_in"])
+ch = Channel(sock, "weights", "params-0", TransportStats(), topics=True, max_message_bytes=2**27)
+w = np.ones(int(mib * 2**20) // 4, np.float32)
+v = 0
+while True:
+    if not os.path.exists(os.path.join(ctl, f"go-{v + 1}")):
+        time.sleep(0.002)
+        continue
+    v += 1
+    t = time.time()
+    ch.send(P.Message(P.WEIGHTS, meta={"version": v}, arrays={"w": w}), topic=P.WEIGHTS_TOPIC)
+    print(json.dumps({"v": v, "t": t}), flush=True)
+"""
+
+# One host's F subscribers (SUBs as WeightsFollower opens them), on the bus or on the relay.
+WEIGHTS_SUBS = r"""
+import json, sys, time
+import zmq
+from zrl.config.sections import DEFAULT_STREAMS
+from zrl.transport import protocol as P
+from zrl.transport.endpoints import broker_endpoints, connect_topics
+from zrl.transport.sockets import make_socket
+
+mode, source, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ctx = zmq.Context()
+poller = zmq.Poller()
+for _ in range(n):
+    s = make_socket(ctx, zmq.SUB, rcvtimeo_ms=100, max_message_bytes=2**27)
+    s.setsockopt(zmq.SUBSCRIBE, P.WEIGHTS_TOPIC.encode())
+    if mode == "relay":
+        s.connect(source)
+    else:
+        connect_topics(s, broker_endpoints(source, list(DEFAULT_STREAMS)))
+    poller.register(s, zmq.POLLIN)
+seen = {}
+while True:
+    for s, _ in poller.poll(1000):
+        frames = s.recv_multipart(copy=False)
+        t = time.time()
+        v = P.decode(frames[1:]).meta["version"]
+        seen.setdefault(v, []).append(t)
+        if len(seen[v]) == n:
+            print(json.dumps({"v": v, "last": max(seen.pop(v))}), flush=True)
+"""
+
+# One host's relay: the host agent's WeightsRelay, alone in a process.
+WEIGHTS_RELAY = r"""
+import json, sys, tempfile, time
+from pathlib import Path
+import zmq
+from zrl.config.sections import DEFAULT_STREAMS, BrokerConfig
+from zrl.run.weights_relay import WeightsRelay
+from zrl.transport.endpoints import broker_endpoints
+
+eps = broker_endpoints(sys.argv[1], list(DEFAULT_STREAMS))
+relay = WeightsRelay(
+    zmq.Context(),
+    eps,
+    Path(tempfile.mkdtemp(prefix="zrl-bench-relay-")),
+    max_message_bytes=BrokerConfig().max_topic_message_bytes,
+)
+relay.start()
+print(json.dumps({"endpoint": relay.endpoint}), flush=True)
+while relay.alive():
+    time.sleep(1.0)
+    print(json.dumps({"relayed": relay.relayed, "superseded": relay.superseded}), flush=True)
+"""
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def tx_bytes(hosts: Hosts, host: int) -> int:
+    """Bytes the host's eth0 has sent."""
+    done = hosts.run(host, "ip", "-s", "-j", "link", "show", "eth0", check=True)
+    return int(json.loads(done.stdout)[0]["stats64"]["tx"]["bytes"])
+
+
+def arrivals(logs: list[Path], v: int) -> list[float] | None:
+    """Each host's last receipt of version ``v``, or None while a host lacks it."""
+    lasts = []
+    for log in logs:
+        got = [r["last"] for r in json_lines(log) if r.get("v") == v]
+        if not got:
+            return None
+        lasts.append(got[0])
+    return lasts
+
+
+def wait_json(path: Path, key: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in json_lines(path):
+            if key in r:
+                return r
+        time.sleep(0.05)
+    raise RuntimeError(f"no {key!r} in {path} within {timeout:g}s")
+
+
+def relay_run(
+    hosts: Hosts,
+    mode: str,
+    broker: str,
+    shape: tuple[int, int, int],
+    ctl: Path,
+    next_v: int,
+    logs: Path,
+) -> tuple[dict[str, Any], int]:
+    """One mode (``direct`` or ``relay``) of ``shape`` (hosts, subscribers per host, measured
+    versions): warm-up, then the measured versions; the figures and the next version."""
+    n_hosts, followers, versions = shape
+    procs: list[subprocess.Popen[bytes]] = []
+    sub_logs = []
+    try:
+        for h in range(1, n_hosts + 1):
+            source = broker
+            if mode == "relay":
+                rlog = logs / f"relay-h{h}.log"
+                procs.append(
+                    hosts.exec(h, sys.executable, str(logs / "relay.py"), broker, log=rlog)
+                )
+                source = wait_json(rlog, "endpoint", START_TIMEOUT_S)["endpoint"]
+            sub_logs.append(logs / f"subs-{mode}-h{h}.log")
+            cmd = [sys.executable, str(logs / "subs.py"), mode, source, str(followers)]
+            procs.append(hosts.exec(h, *cmd, log=sub_logs[-1]))
+
+        def publish(v: int, timeout: float) -> list[float] | None:
+            (ctl / f"go-{v}").touch()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                lasts = arrivals(sub_logs, v)
+                if lasts is not None:
+                    return lasts
+                time.sleep(0.01)
+            return None
+
+        # Warm-up: versions until one reaches every subscriber (all have subscribed).
+        for _ in range(60):
+            got = publish(next_v, 5.0)
+            next_v += 1
+            if got is not None:
+                break
+        else:
+            return {"mode": mode, "error": "no version reached every subscriber"}, next_v
+        rows: list[dict[str, Any]] = []
+        for _ in range(versions):
+            before = tx_bytes(hosts, 0)
+            lasts = publish(next_v, 120.0)
+            after = tx_bytes(hosts, 0)
+            sent = [r["t"] for r in json_lines(logs / "pub.log") if r.get("v") == next_v]
+            if lasts is None or not sent:
+                rows.append({"v": next_v, "missing": True})
+            else:
+                rows.append({"v": next_v, "bytes": after - before, "latency": max(lasts) - sent[0]})
+            next_v += 1
+        return {"mode": mode, "rows": rows}, next_v
+    finally:
+        kill_procs(procs)
+
+
+def part_d(
+    hosts: Hosts, n_hosts: int, followers: int, mib: float, versions: int, logs: Path
+) -> list[dict[str, Any]]:
+    (logs / "pub.py").write_text(WEIGHTS_PUB)
+    (logs / "subs.py").write_text(WEIGHTS_SUBS)
+    (logs / "relay.py").write_text(WEIGHTS_RELAY)
+    ctl = logs / "ctl"
+    ctl.mkdir()
+    broker = f"tcp://{hosts.addrs[0]}:7400"
+    pub = [sys.executable, str(logs / "pub.py"), broker, str(mib), str(ctl)]
+    procs = [
+        hosts.zrl(0, "start", "broker", "--bind", broker, "--insecure", log=logs / "broker-d.log"),
+        hosts.exec(0, *pub, log=logs / "pub.log"),
+    ]
+    results = []
+    next_v = 1
+    try:
+        for mode in ("direct", "relay"):
+            print(f"  {mode}: {n_hosts} hosts x {followers} subscribers ...", flush=True)
+            res, next_v = relay_run(
+                hosts, mode, broker, (n_hosts, followers, versions), ctl, next_v, logs
+            )
+            results.append(res)
+    finally:
+        kill_procs(procs)
+    return results
+
+
+def report_d(results: list[dict[str, Any]], n_hosts: int, followers: int, mib: float) -> None:
+    size = mib * 2**20
+    print(f"\n(D) {mib:g} MiB weights, {n_hosts} hosts x {followers} subscribers")
+    print("| path | versions | broker egress per version | copies | to the last subscriber |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for res in results:
+        name = "broker bus" if res["mode"] == "direct" else "relay per host"
+        if "error" in res:
+            print(f"| {name} | error: {res['error']} | | | |")
+            continue
+        ok = [r for r in res["rows"] if not r.get("missing")]
+        if not ok:
+            print(f"| {name} | 0 of {len(res['rows'])} | | | |")
+            continue
+        nbytes = statistics.median(r["bytes"] for r in ok)
+        lat = sorted(r["latency"] for r in ok)
+        print(
+            f"| {name} | {len(ok)} of {len(res['rows'])} | {nbytes / 2**20:,.0f} MiB "
+            f"| {nbytes / size:.1f} | {statistics.median(lat):.2f} s "
+            f"(min {lat[0]:.2f}, max {lat[-1]:.2f}) |"
+        )
 
 
 # --- (C) actor hosts into one learner ---------------------------------------------------------
@@ -826,6 +1073,11 @@ def main() -> None:
     parser.add_argument("--skip-a", action="store_true")
     parser.add_argument("--skip-b", action="store_true")
     parser.add_argument("--skip-c", action="store_true")
+    parser.add_argument("--relay", action="store_true", help="run (D), the weights relay")
+    parser.add_argument("--relay-hosts", type=int, default=8, help="(D) hosts")
+    parser.add_argument("--relay-followers", type=int, default=16, help="(D) subscribers/host")
+    parser.add_argument("--weights-mib", type=float, default=10.0, help="(D) MiB per version")
+    parser.add_argument("--relay-versions", type=int, default=5, help="(D) measured versions")
     args = parser.parse_args()
     ok, reason = netns_available()
     if not ok:
@@ -851,6 +1103,7 @@ def main() -> None:
     needed = [3] if not args.skip_b else [1]
     needed += [1 + max(counts, default=0)] if not args.skip_a else []
     needed += [1 + max(host_counts, default=0)] if not args.skip_c else []
+    needed += [1 + args.relay_hosts] if args.relay else []
     with Hosts(max(needed)) as hosts:
         print(
             f"hosts: {', '.join(f'{n}={a}' for n, a in zip(hosts.names, hosts.addrs, strict=True))}"
@@ -873,12 +1126,26 @@ def main() -> None:
                 logs,
             )
         )
+        res_d = (
+            part_d(
+                hosts,
+                args.relay_hosts,
+                args.relay_followers,
+                args.weights_mib,
+                args.relay_versions,
+                logs,
+            )
+            if args.relay
+            else []
+        )
     if res_a:
         report_a(res_a)
     if res_b:
         report_b(res_b, args.size)
     if res_c:
         report_c(res_c, config, args.overrides)
+    if res_d:
+        report_d(res_d, args.relay_hosts, args.relay_followers, args.weights_mib)
     print(
         f"\n{time.monotonic() - started:.0f} s; load average {load0} at start, "
         f"{os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs); every process and namespace "

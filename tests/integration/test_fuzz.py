@@ -327,7 +327,7 @@ def test_one_malformed_message_does_not_hide_newer_weights(zmq_ctx):
         model = QNetwork(4, 2, [8])
 
         class FakeRole:
-            def open_subscriber(self, topics: list[str], name: str) -> Channel:
+            def open_weights_subscriber(self, topics: list[str], name: str) -> Channel:
                 return channel
 
             def lookup(self, role: str, timeout: float = 5.0) -> list[dict[str, Any]]:

@@ -723,3 +723,61 @@ def test_the_agent_answers_its_childrens_heartbeats_and_drops_anything_else(
         child.close(linger=0)
         agent.close()
         agent.teardown()
+
+
+def test_an_agents_role_follows_weights_through_the_agents_relay(
+    spawn, zmq_ctx, broker_addr, tmp_path
+):
+    """Real processes: params and an evaluator under ``zrl host``; the evaluator takes each
+    version the params server publishes from the agent's relay (which subscribed for it and
+    counts what it relayed in the agent's heartbeat info)."""
+    from zrl.config.experiment import load_config
+    from zrl.testing.fakes import Rpc, model_weights
+
+    broker = start_broker(spawn, zmq_ctx, broker_addr)
+    agent = spawn(
+        "host",
+        "--broker",
+        broker_addr,
+        "params=1@0",
+        "evaluator=1@0",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        log_name="agent",
+    )
+    children: list[psutil.Process] = []
+    rpc: Rpc | None = None
+    try:
+
+        def up() -> dict[str, dict[str, Any]] | None:
+            assert agent.poll() is None, f"the agent exited with {agent.returncode}"
+            rows = status_rows(zmq_ctx, broker_addr)
+            alive = all(rows.get(r, {}).get("state") == "alive" for r in ("params-0", "host-0"))
+            relay = rows.get("host-0", {}).get("info", {}).get("weights_relay", {})
+            # The evaluator's follower subscribed at the relay, which subscribed upstream.
+            return rows if alive and relay.get("topics") == 1 else None
+
+        wait_for(up, timeout=120)
+        children = descendants(agent.pid)
+        (params,) = registry_request(
+            zmq_ctx, broker_addr, P.Message(P.LOOKUP, meta={"role": "params"}), 5.0
+        ).meta["services"]
+        rpc = Rpc(zmq_ctx, params["rpc"], broker=broker_addr)
+        cfg = load_config(CONFIG)
+        pushed = [0]
+
+        def followed() -> bool:
+            pushed[0] += 1  # a new version each time, until the evaluator has taken some
+            rpc.request(P.Message(P.WEIGHTS, arrays=model_weights(cfg, pushed[0])))
+            rows = status_rows(zmq_ctx, broker_addr)
+            relay = rows.get("host-0", {}).get("info", {}).get("weights_relay", {})
+            version = rows.get("evaluator-0", {}).get("info", {}).get("weights_version", 0)
+            return relay.get("relayed", 0) >= 2 and version >= 2
+
+        wait_for(followed, timeout=120, interval=0.5)
+        relay = status_rows(zmq_ctx, broker_addr)["host-0"]["info"]["weights_relay"]
+        assert relay["dropped"] == 0 and relay["received"] <= pushed[0]
+    finally:
+        if rpc is not None:
+            rpc.close()
+        kill_pids([agent.pid, *(p.pid for p in children), broker.pid])

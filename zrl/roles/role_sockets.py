@@ -7,6 +7,9 @@ Sockets (every one counted in the role's ``stats`` and closed by ``Role.close``)
 - PUB -> XSUB ``topics_in`` (:meth:`RoleSockets.open_publisher`) and SUB <- both XPUB lanes
   ``topics_out``/``topics_bulk_out`` (:meth:`RoleSockets.open_subscriber`): the topic bus,
   with ``broker.max_topic_message_bytes`` as its message bound.
+- SUB <- the host agent's weights relay (:meth:`RoleSockets.open_weights_subscriber`), an ipc
+  XPUB in the agent's private directory named by ``WEIGHTS_RELAY_ENV``, for a role a host
+  agent started; the broker's bus otherwise (``zrl.run.weights_relay``).
 - ROUTER ``rpc`` (:meth:`RoleSockets.bind_rpc`): the role's own, which peers find with LOOKUP;
   DEALER -> another role's ``rpc`` (:meth:`RoleSockets.connect_rpc`).
 
@@ -16,6 +19,7 @@ what the broker's WELCOME told the role.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import zmq
@@ -26,6 +30,10 @@ from zrl.transport.endpoints import connect_topics
 from zrl.transport.security import Keys
 from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import Channel, TransportStats, make_socket
+
+WEIGHTS_RELAY_ENV = "ZRL_WEIGHTS_RELAY"
+"""Where the host agent that started this role relays the weights topics: an ipc:// XPUB in
+its private directory (``zrl.run.weights_relay``). Set by the agent only."""
 
 
 class RoleSockets:
@@ -96,6 +104,25 @@ class RoleSockets:
             sock.setsockopt(zmq.SUBSCRIBE, t.encode())
         connect_topics(sock, self.endpoints)
         return self._channel(sock, name or ",".join(topics), topics=True, max_message_bytes=size)
+
+    def open_weights_subscriber(self, topics: list[str], name: str) -> Channel:
+        """A SUB to weights ``topics``: from the host agent's relay (``WEIGHTS_RELAY_ENV``,
+        ipc:// only; no keys, as the relay's socket lies in the agent's private directory) or,
+        for a role no agent started, from the broker's bus (:meth:`open_subscriber`). What
+        arrives is checked the same either way (``zrl.roles.weights``)."""
+        relay = os.environ.get(WEIGHTS_RELAY_ENV) or ""
+        if not relay:
+            return self.open_subscriber(topics, name)
+        if not relay.startswith("ipc://"):
+            raise RoleError(
+                f"{WEIGHTS_RELAY_ENV}={relay!r}: a host agent's weights relay is an ipc:// path"
+            )
+        size = self.max_topic_message_bytes
+        sock = make_socket(self.ctx, zmq.SUB, rcvtimeo_ms=100, max_message_bytes=size)
+        for t in topics:
+            sock.setsockopt(zmq.SUBSCRIBE, t.encode())
+        sock.connect(relay)
+        return self._channel(sock, name, topics=True, max_message_bytes=size)
 
     def bind_rpc(
         self,

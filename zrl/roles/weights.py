@@ -3,9 +3,12 @@
 Used by every role that acts with the current policy (actors, the evaluator). A follower
 follows one policy's stream (``M.DEFAULT_POLICY`` unless named: a league's exploiters each
 have one). Sockets: SUB on topic ``weights`` (``policy/<name>/weights`` for a named policy;
-a message naming another policy is dropped); a throwaway DEALER to the params rpc endpoint
-(found with LOOKUP "params") for GET_WEIGHTS: once when a late joiner starts, and again
-to resynchronise (below). The registry's LOOKUP answer also names the sender ids that
+a message naming another policy is dropped), to the broker's topic bus or, for a role a host
+agent started, to the agent's weights relay over ipc (``RoleSockets.open_weights_subscriber``,
+``zrl.run.weights_relay``: the raw frames of the bus, one copy per host; checked here as the
+bus's are, the relay trusted no more than the broker); a throwaway DEALER to the params rpc
+endpoint (found with LOOKUP "params") for GET_WEIGHTS: once when a late joiner starts, and
+again to resynchronise (below). The registry's LOOKUP answer also names the sender ids that
 may publish weights.
 
 Which weights are adopted (anything else is dropped and counted on the ``weights``
@@ -70,7 +73,8 @@ class WeightsFollower:
         self.role = role
         self.model = model
         self.policy = policy
-        self.sub = role.open_subscriber([M.policy_topic(P.WEIGHTS_TOPIC, policy)], "weights")
+        topic = M.policy_topic(P.WEIGHTS_TOPIC, policy)
+        self.sub = role.open_weights_subscriber([topic], "weights")
         self.meta: dict[str, Any] = {}  # of the weights adopted last
         self.version = 0
         self.params_ids: set[str] = set()

@@ -30,9 +30,16 @@ file in a private directory of the agent (``zrl.roles.base.PARENT_REPORT_ENV``),
 ``--index`` to every later life, so a restarted role keeps its id. Never from the registry's
 STATUS rows: anyone registered can list a row with this host's name and a child's pid.
 
+Weights go out from the broker once per host: the agent's ``WeightsRelay`` (a thread,
+``zrl.run.weights_relay``) subscribes to the weights topics its children subscribe to and
+republishes the raw frames on an ipc XPUB in the private directory, which every child's
+weights follower connects to (``zrl.roles.role_sockets.WEIGHTS_RELAY_ENV``) instead of the
+broker's bus. A relay thread that dies stops the agent, and with it its children.
+
 Sockets: the ``Role`` registry DEALER (HELLO/WELCOME, HEARTBEAT with ``roles``, BYE); ROUTER
 ``children`` bound at ``ipc://<private dir>/heartbeats`` (the children's HEARTBEAT, answered
-HEARTBEAT_ACK or UNKNOWN_ROLE).
+HEARTBEAT_ACK or UNKNOWN_ROLE); the relay's SUB -> the broker's topic bus (weights topics) and
+XPUB bound at ``ipc://<private dir>/weights`` (the children's weights SUBs).
 """
 
 from __future__ import annotations
@@ -59,8 +66,10 @@ from zrl.roles.base import (
     read_parent_report,
 )
 from zrl.roles.errors import RoleError
+from zrl.roles.role_sockets import WEIGHTS_RELAY_ENV
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
 from zrl.run.rundir import log_tail
+from zrl.run.weights_relay import WeightsRelay
 from zrl.run.zygote import Zygote
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import split_tcp
@@ -247,6 +256,8 @@ class HostAgent(Role):
         self.endpoint = ""
         """Where the children heartbeat us: an ipc ROUTER in ``reports_dir``."""
         self._beats_in: Channel | None = None
+        self.relay: WeightsRelay | None = None
+        """The children's weights, one copy from the broker (``zrl.run.weights_relay``)."""
         self.beats: dict[str, tuple[float, dict[str, Any]]] = {}
         """Each child's last heartbeat (when, and its report for the broker), by role id."""
         self.figures_sent: dict[str, float] = {}
@@ -270,6 +281,8 @@ class HostAgent(Role):
         if self.endpoint:
             env[AGENT_ID_ENV] = self.id
             env[AGENT_ENDPOINT_ENV] = self.endpoint
+        if self.relay is not None:
+            env[WEIGHTS_RELAY_ENV] = self.relay.endpoint
         if child.report_path is not None:
             child.report_path.unlink(missing_ok=True)  # the last life's
             env[PARENT_REPORT_ENV] = str(child.report_path)
@@ -433,6 +446,7 @@ class HostAgent(Role):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.open_reports()
         self.open_heartbeats()
+        self.open_weights_relay()
         self.zygote.start(self.log_dir / "zygote.log")
         for child in self.children:
             self.spawn(child)
@@ -446,7 +460,21 @@ class HostAgent(Role):
         for k, child in enumerate(self.children):
             child.report_path = self.reports_dir / f"{k}.json"
 
+    def open_weights_relay(self) -> None:
+        """The relay of the broker's weights topics to the children, in ``reports_dir``."""
+        assert self.reports_dir is not None
+        self.relay = WeightsRelay(
+            self.ctx,
+            self.endpoints,
+            self.reports_dir,
+            max_message_bytes=self.max_topic_message_bytes,
+            keys=self.keys,
+        )
+        self.relay.start()
+
     def step(self) -> None:
+        if self.relay is not None and not self.relay.alive():
+            raise RoleError("the weights relay of this host stopped: stopped its roles")
         if self._beats_in is not None:
             self.serve_children(STEP_POLL_MS)
         else:
@@ -468,9 +496,17 @@ class HostAgent(Role):
         return None
 
     def heartbeat_info(self) -> dict[str, Any]:
-        return fit_info(
-            {"log_dir": str(self.log_dir)}, self.children, self.config.broker.max_info_bytes
-        )
+        info: dict[str, Any] = {"log_dir": str(self.log_dir)}
+        if self.relay is not None:
+            r = self.relay
+            info["weights_relay"] = {
+                "received": r.received,
+                "relayed": r.relayed,
+                "superseded": r.superseded,
+                "dropped": r.dropped,
+                "topics": len(r.topics),
+            }
+        return fit_info(info, self.children, self.config.broker.max_info_bytes)
 
     def publish_metrics(self, info: dict[str, Any]) -> None:
         """Nothing: the agent's figures are its children's, in its heartbeat (STATUS)."""
@@ -480,6 +516,8 @@ class HostAgent(Role):
         if running:
             self.log.info("stopping %s", ", ".join(running))
         stop_in_order(self.children)
+        if self.relay is not None:
+            self.relay.close()
         self.zygote.stop()
         for child in self.given_up:
             self.log.error("%s was given up; see %s", child.name, child.log_path)
