@@ -1,11 +1,17 @@
 """``LearnerGroup``: the rendezvous of 2 and 3 learner processes on gloo (rank 0's store
 address handed over as the broker would: rank 0 shows it, the others find it), the averaged
-gradients equal to one process training on all the data, and the clear error of a group a
-rank never joins."""
+gradients equal to one process training on all the data, the clear error of a group a
+rank never joins, and re-forming: a killed rank replaced by a new process of the same rank
+(rank 0 too, with a new store) forms the group again on generation 2, and a replacement that
+never comes fails the survivor past its timeout, naming the missing rank."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +21,12 @@ import torch
 from torch import nn
 
 from tests.helpers.ranks import run_ranks
-from zrl.algos.learner_group import LearnerGroup, LearnerGroupError, backend_for
+from zrl.algos.learner_group import (
+    CollectiveError,
+    LearnerGroup,
+    LearnerGroupError,
+    backend_for,
+)
 
 STEPS, PER_RANK = 4, 6  # optimizer steps; samples of each rank per step
 
@@ -210,6 +221,141 @@ def test_weighted_mean_max_and_broadcast_over_two_threads():
             assert torch.equal(out[r]["max"], torch.tensor([3.0, 2.0, 4.0], dtype=torch.float64))
             ones, zero = out[r]["broadcast"]
             assert torch.equal(ones, torch.ones(2)) and torch.equal(zero, torch.tensor([0]))
+    finally:
+        leader.close()
+        follower.close()
+
+
+# ----------------------------------------------------------------------------- re-forming
+
+
+def mean_grads(group: LearnerGroup) -> list[float]:
+    """One gradient all-reduce: every gradient of a rank is ``rank + 1``."""
+    net = nn.Linear(2, 1)
+    for p in net.parameters():
+        p.grad = torch.full_like(p, float(group.rank + 1))
+    group.average_gradients(net)
+    return [float(v) for p in net.parameters() for v in p.grad.reshape(-1)]
+
+
+def form(group: LearnerGroup) -> None:
+    while not group.poll():
+        time.sleep(0.02)
+
+
+def wait_for(path: Path, timeout: float = 240.0) -> None:
+    """Until ``path`` exists (another process wrote it); fails past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never written"
+        time.sleep(0.02)
+
+
+def member_main(rank: int, folder: str, part: str) -> None:
+    """One learner process of a group of 2: ``victim`` forms the group and waits to be
+    killed; ``survivor`` forms it, sees its next all-reduce fail once the victim is killed,
+    and re-forms; ``replacement`` (the victim's rank, a new process) joins. Rank 0's store
+    address goes through the file ``leader`` (as through the broker: a dead rank 0's stays
+    there until its replacement shows a new one)."""
+    torch.set_num_threads(1)
+    where = Path(folder)
+
+    def find_leader() -> str | None:
+        path = where / "leader"
+        return path.read_text() if path.exists() else None
+
+    group = LearnerGroup(rank, 2, advertise="127.0.0.1", find_leader=find_leader, timeout_s=120)
+    if group.address is not None:
+        (where / f"leader.{part}").write_text(group.address)
+        (where / f"leader.{part}").rename(where / "leader")
+    form(group)
+    if part != "replacement":
+        first = mean_grads(group)
+        (where / f"{part}.formed").write_text(json.dumps(first))
+    if part == "victim":
+        threading.Event().wait(600)  # until killed
+    if part == "survivor":
+        wait_for(where / "killed")
+        try:
+            mean_grads(group)
+            raise AssertionError("an all-reduce with a killed rank did not fail")
+        except CollectiveError:
+            group.rejoin()
+        (where / "survivor.rejoining").write_text(str(group.generation))
+        form(group)
+    report = {"mean": mean_grads(group), "generation": group.generation, "reforms": group.reforms}
+    (where / f"{part}.json").write_text(json.dumps(report))
+    group.close()
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_replaced_by_a_new_process_reforms_the_group_on_generation_2(
+    tmp_path, victim
+):
+    ctx = mp.get_context("spawn")
+    survivor = 1 - victim
+
+    def start(rank: int, part: str) -> Any:
+        proc = ctx.Process(target=member_main, args=(rank, str(tmp_path), part), daemon=True)
+        proc.start()
+        procs.append(proc)
+        return proc
+
+    procs: list[Any] = []
+    try:
+        start(survivor, "survivor")
+        doomed = start(victim, "victim")
+        wait_for(tmp_path / "victim.formed")
+        wait_for(tmp_path / "survivor.formed")
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.join(timeout=60)
+        (tmp_path / "killed").write_text("")
+        wait_for(tmp_path / "survivor.rejoining")  # rank 0's old address still in "leader"
+        start(victim, "replacement")
+        for proc in procs[::2]:
+            proc.join(timeout=240)
+        assert [p.exitcode for p in procs] == [0, -signal.SIGKILL, 0]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    first = [
+        json.loads((tmp_path / f"{part}.formed").read_text()) for part in ("victim", "survivor")
+    ]
+    assert first[0] == first[1] == [1.5] * 3
+    reports = [
+        json.loads((tmp_path / f"{part}.json").read_text()) for part in ("survivor", "replacement")
+    ]
+    for report in reports:
+        assert report == {"mean": [1.5] * 3, "generation": 2, "reforms": 1}, reports
+
+
+def test_a_survivor_whose_lost_rank_never_comes_back_fails_naming_it():
+    """Two ranks as threads; rank 1 leaves (its group closed); rank 0's next all-reduce
+    fails, it re-forms on generation 2 and, with no rank 1 coming, fails past its timeout
+    naming rank 1."""
+    leader = LearnerGroup(0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=120)
+    follower = LearnerGroup(
+        1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=120
+    )
+    groups = (leader, follower)
+    try:
+        run_ranks(lambda r: form(groups[r]), timeout=240)
+        assert leader.generation == follower.generation == 1
+        follower.close()
+        with pytest.raises(CollectiveError, match="gradient all-reduce failed"):
+            mean_grads(leader)
+        leader.timeout_s = 0.5  # learner.group_timeout_s, short here
+        leader.rejoin()
+        assert leader.generation == 2 and not leader.ready
+        with pytest.raises(LearnerGroupError) as failed:
+            while True:  # bounded: raises past its 0.5 s
+                assert not leader.poll()
+                time.sleep(0.02)
+        message = str(failed.value)
+        assert "not formed on generation 2" in message and "rank(s) [1] never joined" in message
+        assert "group_timeout_s=0.5" in message and leader.reforms == 0
     finally:
         leader.close()
         follower.close()

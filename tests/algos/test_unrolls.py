@@ -3,11 +3,13 @@ threads of this process as ``zrl run --inproc`` runs them, form their ``torch.di
 group through the "broker" (rank 0's heartbeat info), each trains its own batches, and their
 weights are bit-identical after every batch, including a batch whose unrolls are all stale
 on one learner and a start from different weights (corrected from rank 0); a batch that came
-before the group formed is dropped, not trained behind the others."""
+before the group formed is dropped, not trained behind the others; a learner that leaves is
+replaced by a new one of its rank, which re-forms the group with rank 0 on generation 2 and
+takes rank 0's weights."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -143,3 +145,57 @@ def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypat
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_replaced_learner_reforms_the_group_and_takes_rank_0s_weights() -> None:
+    """Learner 1 leaves (its group closed, as a killed process's would be); learner 0's next
+    batch fails its collective and is dropped, without stopping it; a new learner 1 (other
+    weights, no Adam state: a restart from an older checkpoint or none) joins, the group
+    forms again on generation 2, and the new learner holds rank 0's weights and Adam state
+    before either trains: their next batches leave them identical, with no drift to correct."""
+    cfg = config("appo", roles={"learners": 2}, replay={"batch_size": 8}, appo=UPDATES["appo"])
+    leader, follower = group_of_two("appo")
+    registry = cast(GroupServices, leader.members.services).registry
+    replacement: UnrollUpdate | None = None
+
+    def train_one(ups: tuple[UnrollUpdate, UnrollUpdate], seed: int) -> None:
+        def run(rank: int) -> None:
+            wait_for(lambda: ups[rank].members.poll(), timeout=120)
+            arrays = unroll_batch(np.random.default_rng(seed + rank), [5] * 8)
+            ups[rank].receive(batch(arrays), VERSION)
+            assert ups[rank].train(VERSION) is not None
+
+        run_ranks(run)
+
+    try:
+        train_one((leader, follower), 1)
+        follower.close()
+        leader.receive(batch(unroll_batch(np.random.default_rng(3), [5] * 8)), VERSION)
+        assert leader.train(VERSION) is None  # the collective failed: batch dropped
+        assert not leader.members.ready and leader.members.group is not None
+        assert leader.members.group.generation == 2
+        replacement = AppoUpdate(setup(cfg, index=1, services=GroupServices(1, registry)))
+        with torch.no_grad():
+            next(replacement.model.parameters()).add_(0.25)
+        assert not replacement.optimizer.state_dict()["state"]  # no Adam moments yet
+        ups = (leader, replacement)
+        run_ranks(lambda r: wait_for(lambda: ups[r].members.poll(), timeout=120))
+        mine, theirs = state(leader.model), state(replacement.model)
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        moments = [up.optimizer.state_dict()["state"] for up in ups]
+        assert moments[0].keys() == moments[1].keys() and moments[0]
+        for key, values in moments[0].items():
+            assert all(torch.equal(v, moments[1][key][n]) for n, v in values.items())
+        for up in ups:
+            info = up.heartbeat_info()
+            assert (info["group_generation"], info["group_reforms"]) == (2, 1), info
+            assert info["group_formed"] is True, info
+        train_one(ups, 5)
+        mine, theirs = state(leader.model), state(replacement.model)
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert leader.drift_corrections == replacement.drift_corrections == 0
+    finally:
+        leader.close()
+        follower.close()
+        if replacement is not None:
+            replacement.close()

@@ -7,9 +7,11 @@ what every such update does with it), shared by ``zrl.algos.ppo.update`` and
 Rendezvous, through the broker: rank 0 opens a ``torch.distributed.TCPStore`` (the master) on
 a free port of its host and shows ``host:port`` (``address``, its advertised host) in its
 heartbeat; the other ranks find it by asking the broker for rank 0's heartbeat info (the
-``find_leader`` callable) and connect to it as clients. Every rank writes ``rank/<r>`` into
-the store; once all ``world_size`` keys are there, every rank makes its process group on that
-store (``ProcessGroupGloo`` on the CPU, ``ProcessGroupNCCL`` on a GPU). The group is an object
+``find_leader`` callable) and connect to it as clients. The store holds the rendezvous
+**generation** (``zrl/generation``, 1 in a new store): every rank writes
+``zrl/gen/<g>/rank/<r>`` into it; once all ``world_size`` keys of generation ``g`` are there,
+every rank makes its process group on that store, under ``zrl/gen/<g>/pg``
+(``ProcessGroupGloo`` on the CPU, ``ProcessGroupNCCL`` on a GPU). The group is an object
 of its own, not torch's default group (``init_process_group``): learners run as threads of one
 process too (``zrl run --inproc``, the role tests), and each must hold its own rank.
 :meth:`LearnerGroup.poll` takes one step of this without blocking past a store connection, so
@@ -17,14 +19,26 @@ the role keeps beating (rank 0's address reaches the broker only in a heartbeat)
 ``timeout_s`` the rendezvous fails with :class:`LearnerGroupError` naming the ranks that did
 not come (or, on a rank other than 0, that rank 0's address was never found).
 
+Re-forming (torch elastic's idea, made simple): a collective that fails (a rank died or left)
+raises :class:`CollectiveError`; the learner then calls :meth:`LearnerGroup.rejoin`, which
+destroys the process group and moves the store's generation on to the next one (an atomic
+``compare_set``: the first rank to get there moves it, the others find it moved), and the
+rendezvous starts again on it, with ``timeout_s`` of its own. A rank that waits follows the
+store's generation where another moved it. A restarted rank reads the current generation and
+joins it, or, where an earlier incarnation of itself is in it (it died after writing its key),
+moves it on. A rank whose store connection fails (rank 0 died: its store went with it) forgets
+that address and finds the new one through the broker, as at the start, never taking the
+stale one again; joining a new store (a restarted rank 0's, generation 1) it moves the
+generation past the one it left, so generations only grow. A group formed on a generation
+past 1 was formed again: :class:`PolicyLearners` then copies rank 0's weights into every rank
+before training goes on.
+
 Then :meth:`LearnerGroup.average_gradients`: one ``all_reduce`` (sum) of the model's gradients
 flattened into one buffer, divided by the world size (or, weighted, by the sum of the ranks'
 weights, which rides in the same buffer), copied back; an all-reduce leaves the same bits on
 every rank, so every rank applies the same update. :meth:`LearnerGroup.reduce_max` (a
 maximum: IMPALA's and APPO's newest version and weight fingerprints) and
-:meth:`LearnerGroup.broadcast` (rank 0's tensors to all) are the other collectives. A
-collective that fails (a rank died or left) raises :class:`LearnerGroupError`, which stops
-the learner: a group does not go on without a rank (rejoining is not built yet).
+:meth:`LearnerGroup.broadcast` (rank 0's tensors to all) are the other collectives.
 
 Sockets: the store's TCP listener (rank 0, every interface, a free port) and its clients, and
 the backend's own connections between the ranks; none on the broker's buses.
@@ -33,6 +47,7 @@ the backend's own connections between the ranks; none on the broker's buses.
 from __future__ import annotations
 
 import datetime
+import io
 import logging
 import threading
 import time
@@ -52,12 +67,17 @@ STORE_CONNECT_S = 5.0  # one try to reach rank 0's store (a stale address: try a
 FIND_INTERVAL_S = 0.5  # between two questions to the broker for rank 0's address
 TICK_S = 0.1  # while a collective waits for the other ranks: the role's heartbeats
 POLL_FIRST_S, POLL_MAX_S = 1e-4, 2e-3  # its completion polled at these intervals, doubling
-STOP_GRACE_S = 5.0  # a group collective failed: the time to hear that the run is stopping
+GENERATION_KEY = "zrl/generation"  # the store's current rendezvous generation (1, 2, ...)
 
 
 class LearnerGroupError(Exception):
     """The learner group could not form in time, or a collective over it failed. Not a
     ``RuntimeError``: the learner must stop on it, not drop the batch it was training."""
+
+
+class CollectiveError(LearnerGroupError):
+    """A collective over the group failed (a rank died, left or cannot be reached): the
+    learner drops what it was training and re-forms the group (:meth:`LearnerGroup.rejoin`)."""
 
 
 def backend_for(device: torch.device | str) -> str:
@@ -66,13 +86,14 @@ def backend_for(device: torch.device | str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def rank_key(rank: int) -> str:
-    """The store key a rank writes when it has joined."""
-    return f"zrl/rank/{rank}"
+def rank_key(rank: int, generation: int) -> str:
+    """The store key a rank writes when it has joined ``generation`` of the rendezvous."""
+    return f"zrl/gen/{generation}/rank/{rank}"
 
 
 class LearnerGroup:
-    """One rank's side of the learner group: rendezvous, gradient mean, destruction."""
+    """One rank's side of the learner group: rendezvous (and re-forming, on a new
+    generation), gradient mean, destruction."""
 
     def __init__(
         self,
@@ -100,6 +121,14 @@ class LearnerGroup:
         self.started = time.monotonic()
         self.next_find = 0.0
         self.leader_address: str | None = None  # the last address found (ranks > 0)
+        self.stale_address: str | None = None
+        """Ranks > 0: a store address whose connection failed (rank 0 died): never taken again."""
+        self.generation = 0
+        """The rendezvous generation this rank has joined (0: none yet)."""
+        self.floor = 1
+        """The least generation this rank may join next (past the one it left)."""
+        self.reforms = 0
+        """Groups this rank formed on a generation past 1 (the group formed again)."""
         self.ready = False
         self.closed = False
         self.store: dist.TCPStore | None = None
@@ -116,7 +145,8 @@ class LearnerGroup:
                 timeout=self.timeout,
             )
             self.address = f"{advertise}:{self.store.port}"
-            self.store.set(rank_key(0), advertise)
+            self.store.set(GENERATION_KEY, "1")
+            self.enter()
 
     # --- rendezvous -------------------------------------------------------------------
 
@@ -127,9 +157,7 @@ class LearnerGroup:
             return True
         if self.store is None:
             self.connect()
-        if self.store is not None and self.store.check(
-            [rank_key(r) for r in range(self.world_size)]
-        ):
+        if self.store is not None and self.joined_all():
             try:
                 self.pg = self.make_process_group(self.store)
             except RuntimeError as exc:
@@ -140,11 +168,13 @@ class LearnerGroup:
                     f"pick the interface): {exc}"
                 ) from exc
             self.ready = True
+            self.reforms += self.generation > 1
             self.log.info(
-                "learner group of %d formed (%s, rank %d) in %.2f s",
+                "learner group of %d formed (%s, rank %d) on generation %d in %.2f s",
                 self.world_size,
                 self.backend,
                 self.rank,
+                self.generation,
                 time.monotonic() - self.started,
             )
             return True
@@ -152,9 +182,71 @@ class LearnerGroup:
             raise LearnerGroupError(self.missing())
         return False
 
+    def joined_all(self) -> bool:
+        """Whether every rank has joined this rank's generation, after following the store's
+        generation where another rank moved it on. A store that fails (ranks > 0: rank 0
+        died) is dropped, its address marked stale."""
+        assert self.store is not None
+        try:
+            current = int(self.store.get(GENERATION_KEY))
+            if current > self.generation:
+                self.join(current)
+            return self.store.check([rank_key(r, self.generation) for r in range(self.world_size)])
+        except RuntimeError as exc:
+            self.lose_store(exc)
+            return False
+
+    def enter(self) -> None:
+        """Join the store's current generation, first moving it on to ``floor`` (past the
+        generation this rank left) or, where an earlier incarnation of this rank joined it,
+        past it (that one is gone)."""
+        store = self.store
+        assert store is not None
+        current = int(store.get(GENERATION_KEY))
+        floor = self.floor
+        if current >= floor and store.check([rank_key(self.rank, current)]):
+            floor = current + 1
+        while current < floor:  # atomic: the first rank here moves it, the others read it
+            current = int(store.compare_set(GENERATION_KEY, str(current), str(floor)))
+        self.join(current)
+
+    def join(self, generation: int) -> None:
+        """Write this rank's key into ``generation``."""
+        assert self.store is not None
+        self.generation = generation
+        self.store.set(rank_key(self.rank, generation), "joined")
+
+    def lose_store(self, exc: Exception) -> None:
+        """Ranks > 0: rank 0's store failed; find its (new) address through the broker."""
+        self.log.warning(
+            "learner group rank %d: rank 0's store at %s failed (%s); finding it again",
+            self.rank,
+            self.leader_address,
+            exc,
+        )
+        self.stale_address = self.leader_address
+        self.store = None
+        self.next_find = 0.0
+
+    def rejoin(self) -> None:
+        """After a collective failed (:class:`CollectiveError`): destroy the process group
+        and start the rendezvous again on the next generation (``timeout_s`` from now)."""
+        self.shutdown_group()
+        self.floor = self.generation + 1
+        self.started = time.monotonic()
+        self.next_find = 0.0
+        if self.store is None:
+            return
+        try:
+            self.enter()
+        except RuntimeError as exc:
+            if self.rank == 0:
+                raise
+            self.lose_store(exc)
+
     def make_process_group(self, store: dist.Store) -> Any:
         """This rank's process group over ``store`` (blocks until every rank connects)."""
-        prefixed = dist.PrefixStore("zrl/pg", store)
+        prefixed = dist.PrefixStore(f"zrl/gen/{self.generation}/pg", store)
         if self.backend == "nccl":
             torch.cuda.set_device(self.device)
             nccl: Any = getattr(dist, "ProcessGroupNCCL")  # noqa: B009 - CUDA builds only
@@ -171,7 +263,7 @@ class LearnerGroup:
             return
         self.next_find = now + FIND_INTERVAL_S
         address = self.find_leader()
-        if not address:
+        if not address or address == self.stale_address:
             return
         self.leader_address = address
         host, _, port = address.rpartition(":")
@@ -187,25 +279,30 @@ class LearnerGroup:
             self.log.warning("learner group: rank 0's store at %s: %s", address, exc)
             return
         store.set_timeout(self.timeout)
-        store.set(rank_key(self.rank), "joined")
         self.store = store
+        try:
+            self.enter()
+        except RuntimeError as exc:
+            self.lose_store(exc)
 
     def missing(self) -> str:
         """Why the rendezvous has not formed: the ranks not joined, or no rank 0 found."""
         waited = f"within learner.group_timeout_s={self.timeout_s:g} s"
         if self.store is None:
-            where = (
-                f"its store at {self.leader_address} did not answer"
-                if self.leader_address
-                else "the broker never showed its store address"
-            )
+            if self.stale_address is not None and self.leader_address == self.stale_address:
+                where = f"its store at {self.stale_address} failed, no new address shown"
+            elif self.leader_address:
+                where = f"its store at {self.leader_address} did not answer"
+            else:
+                where = "the broker never showed its store address"
             return (
                 f"learner group rank {self.rank}: rank 0 (learner-0's store) not reached "
                 f"{waited}: {where}"
             )
-        absent = [r for r in range(self.world_size) if not self.store.check([rank_key(r)])]
+        g = self.generation
+        absent = [r for r in range(self.world_size) if not self.store.check([rank_key(r, g)])]
         return (
-            f"learner group of {self.world_size} not formed {waited}: rank(s) "
+            f"learner group of {self.world_size} not formed on generation {g} {waited}: rank(s) "
             f"{absent} never joined (the learners of those indices did not start, or cannot "
             f"reach {self.address or self.leader_address})"
         )
@@ -284,6 +381,28 @@ class LearnerGroup:
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
 
+    def broadcast_bytes(
+        self,
+        data: bytes | None,
+        tick: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> bytes:
+        """Rank 0's ``data`` on every rank (the others pass None): its length, then its bytes,
+        two broadcasts."""
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        size = size.to(self.device)
+        start = lambda: self.pg.broadcast([size], options)  # noqa: E731
+        self.collective("a broadcast from rank 0", start, tick, stop)
+        if data is not None:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        else:
+            buf = torch.empty(int(size), dtype=torch.uint8, device=self.device)
+        start = lambda: self.pg.broadcast([buf], options)  # noqa: E731
+        self.collective("a broadcast from rank 0", start, tick, stop)
+        return buf.cpu().numpy().tobytes()
+
     def collective(
         self,
         what: str,
@@ -292,11 +411,13 @@ class LearnerGroup:
         stop: threading.Event | None,
     ) -> None:
         """Start a collective (``start()``: its work) and wait for it; its failure raises
-        LearnerGroupError naming ``what``."""
+        CollectiveError naming ``what``."""
+        if self.pg is None:
+            raise CollectiveError(f"learner group rank {self.rank}: {what} without a group")
         try:
             self.wait(start(), tick, stop)
         except RuntimeError as exc:
-            raise LearnerGroupError(
+            raise CollectiveError(
                 f"learner group rank {self.rank}: {what} failed (a learner stopped or cannot "
                 f"be reached): {exc}"
             ) from exc
@@ -321,14 +442,18 @@ class LearnerGroup:
         if self.closed:
             return
         self.closed = True
+        self.shutdown_group()
+        self.store = None
+
+    def shutdown_group(self) -> None:
+        """Shut the process group down, if any (the others may be gone already)."""
         if self.pg is not None:
             try:
                 self.pg.shutdown()
-            except RuntimeError as exc:  # the others may be gone already
+            except RuntimeError as exc:
                 self.log.debug("learner group shutdown: %s", exc)
         self.pg = None
         self.ready = False
-        self.store = None
 
 
 class PolicyLearners:
@@ -336,8 +461,8 @@ class PolicyLearners:
     DD-PPO, APPO, IMPALA): its rank, the group it forms with them (None for a lone learner)
     and what every such update does with it: find rank 0's store address through the broker,
     form the group before training, publish only from rank 0, step on the gradients averaged
-    over the group, tell a learner that stops from a failed group, and show its rank in the
-    heartbeat."""
+    over the group, re-form it after a failed collective (rank 0's weights copied into every
+    rank once it has), and show its rank and generation in the heartbeat."""
 
     def __init__(self, setup: LearnerSetup) -> None:
         cfg = setup.config
@@ -345,6 +470,8 @@ class PolicyLearners:
         self.size = cfg.learners_per_policy()
         self.rank = cfg.learner_rank(setup.index)
         self.leader = self.rank == 0
+        self.model = setup.model
+        self.log = setup.log
         # One group per policy (a league's players each train alone: they never average).
         self.leader_id = f"learner-{setup.index - self.rank}"
         self.group = (
@@ -360,6 +487,12 @@ class PolicyLearners:
             if self.size > 1
             else None
         )
+        self.optimizer: torch.optim.Optimizer | None = None
+        """The update's optimizer: rank 0's state of it goes to every rank of a group formed
+        again, with the weights (:meth:`take_leaders_state`)."""
+        self.generator: torch.Generator | None = None
+        """A random generator every rank must hold in the same state (DD-PPO's minibatch
+        order): rank 0's goes along too."""
         self.on_tick: Callable[[], None] | None = None
         """What :meth:`tick` runs in place of the role's heartbeats, where an update gives
         more (IMPALA's and APPO's also take in the batches that arrive)."""
@@ -380,10 +513,69 @@ class PolicyLearners:
         """Whether the group has formed (always, for a lone learner)."""
         return self.group is None or self.group.ready
 
+    @property
+    def reformed(self) -> bool:
+        """Whether the group is on a generation past 1 (formed again after a learner left)."""
+        return self.group is not None and self.group.generation > 1
+
     def poll(self) -> bool:
         """One step of the rendezvous; True once the group is formed (LearnerGroupError past
-        ``learner.group_timeout_s``)."""
-        return self.group is None or self.group.poll()
+        ``learner.group_timeout_s``). A group formed again (a generation past 1) first takes
+        rank 0's weights and optimizer state (:meth:`take_leaders_state`)."""
+        group = self.group
+        if group is None or group.ready:
+            return True
+        if not group.poll():
+            return False
+        if group.generation > 1:
+            try:
+                self.take_leaders_state()
+            except CollectiveError as exc:
+                self.rejoin(exc)
+                return False
+        return True
+
+    def take_leaders_state(self) -> None:
+        """Copy rank 0's model state (parameters and buffers) into every rank's (one
+        broadcast), then its ``optimizer``'s state and ``generator``'s (serialized, one
+        broadcast of bytes), as after a group formed again: a restarted rank starts from its
+        own checkpoint or none, and with other Adam moments the same mean gradient would move
+        its weights apart again at every step."""
+        group = self.group
+        assert group is not None
+        stop = self.services.stop_event
+        group.broadcast(list(self.model.state_dict().values()), self.tick, stop)
+        data = None
+        if self.leader:
+            state = {
+                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                "generator": self.generator.get_state() if self.generator else None,
+            }
+            out = io.BytesIO()
+            torch.save(state, out)
+            data = out.getvalue()
+        data = group.broadcast_bytes(data, self.tick, stop)
+        if not self.leader:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            if self.generator is not None and state["generator"] is not None:
+                self.generator.set_state(state["generator"])
+        self.log.info(
+            "learner group: formed again on generation %d; rank 0's weights taken",
+            group.generation,
+        )
+
+    def rejoin(self, exc: CollectiveError) -> None:
+        """After a failed collective (what was being trained is dropped): re-form the group
+        on the next generation (:meth:`LearnerGroup.rejoin`), logged as a warning (quietly
+        where this learner is stopping: the others are stopping too)."""
+        assert self.group is not None
+        if self.services.stop_event.is_set():
+            self.log.info("learner group: %s (the learner stops)", exc)
+        else:
+            self.log.warning("learner group: %s; re-forming the group", exc)
+        self.group.rejoin()
 
     def may_publish(self) -> bool:
         """Rank 0 speaks for all, once the group has formed (the first weights start the
@@ -422,25 +614,19 @@ class PolicyLearners:
         optimizer.step()
         return float(grad_norm)
 
-    def stopping(self) -> bool:
-        """After a failed collective: whether this learner is asked to stop within
-        ``STOP_GRACE_S`` (the run is ending and another learner stopped first)."""
-        services = self.services
-        deadline = time.monotonic() + STOP_GRACE_S
-        while not services.stop_event.is_set() and time.monotonic() < deadline:
-            services.tick()
-            services.stop_event.wait(0.05)
-        return services.stop_event.is_set()
-
     def heartbeat_info(self) -> dict[str, Any]:
-        """``group_rank``, ``group_size``, ``group_formed`` and rank 0's ``group_store`` (the
-        address the others find through the broker); nothing for a lone learner."""
+        """``group_rank``, ``group_size``, ``group_formed``, ``group_generation`` (the
+        rendezvous generation joined), ``group_reforms`` (groups formed on a generation past
+        1) and rank 0's ``group_store`` (the address the others find through the broker);
+        nothing for a lone learner."""
         if self.group is None:
             return {}
         info: dict[str, Any] = {
             "group_rank": self.rank,
             "group_size": self.size,
             "group_formed": self.group.ready,
+            "group_generation": self.group.generation,
+            "group_reforms": self.group.reforms,
         }
         if self.group.address is not None:
             info["group_store"] = self.group.address

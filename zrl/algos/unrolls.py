@@ -35,7 +35,9 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   from rank 0). Learner 0 alone publishes. While a collective waits, :meth:`group_tick`
   takes in the batch that arrives; a learner without a batch for ``IDLE_ROUND_S`` joins the
   next round without one (:meth:`idle_round`), and the batches that came before the group
-  formed are dropped (:meth:`trim_backlog`). Sockets: the group's
+  formed are dropped (:meth:`trim_backlog`). A learner that dies fails the others'
+  collective: the batch is dropped and the group re-formed with its restarted learner, rank
+  0's weights copied into every learner (``PolicyLearners.rejoin``). Sockets: the group's
   (``zrl.algos.learner_group``).
 """
 
@@ -52,7 +54,7 @@ from torch import Tensor, nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
 from zrl.algos.batches import HostStaging, InFlight, policy_lags
-from zrl.algos.learner_group import LearnerGroupError, PolicyLearners
+from zrl.algos.learner_group import CollectiveError, PolicyLearners
 from zrl.algos.optim import checked_step, deferred_step, defers_checks, make_adam
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
@@ -199,6 +201,7 @@ class UnrollUpdate(BaseUpdate):
         self.last_round = time.monotonic()
         """In a group: when this learner last began a round (with a batch or none)."""
         self.members.on_tick = self.group_tick
+        self.members.optimizer = self.optimizer
 
     def receive(self, msg: P.Message, version: int) -> None:
         """Check a batch and start moving its fresh unrolls (at ``version``) to the device: on
@@ -251,11 +254,9 @@ class UnrollUpdate(BaseUpdate):
             if not self.pending:
                 return self.idle_round(version)
             return self.train_batch(version)
-        except LearnerGroupError:
-            if self.members.stopping():
-                self.log.info("learner group: a learner left as the run stops; batch dropped")
-                return None
-            raise
+        except CollectiveError as exc:  # a learner died or left: batch dropped, group re-formed
+            self.members.rejoin(exc)
+            return None
 
     def train_batch(self, version: int) -> UpdateResult | None:
         """Train on the oldest kept batch (see :meth:`train`)."""

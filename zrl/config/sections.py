@@ -338,9 +338,10 @@ class LearnerConfig(Section):
     """Layout of the CNN encoders' weights and activations in the learner. auto: channels_last
     on the CPU (1.4-1.5x the samples per CPU-second of contiguous there), contiguous on a GPU."""
     group_timeout_s: float = Field(60.0, gt=0, le=3600)
-    """Several learners of one policy (DD-PPO): seconds the learners wait for each other to
-    form their ``torch.distributed`` group, and for a collective over it; past them the
-    learner stops with an error naming the ranks that did not come."""
+    """Several learners of one policy (DD-PPO, IMPALA, APPO): seconds the learners wait for
+    each other to form their ``torch.distributed`` group (or to form it again after a
+    learner died), and for a collective over it; past them the learner stops with an error
+    naming the ranks that did not come."""
 
 
 class EvaluatorConfig(Section):

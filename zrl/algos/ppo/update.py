@@ -16,8 +16,11 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
   the same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
   group has formed: the first weights start the actors); the others follow them at the start
   of each round (and count any drift, which should stay 0). The group is destroyed when the
-  learner stops (:meth:`PPOUpdate.close`); a learner of the group that stops or cannot be
-  reached stops the others (an all-reduce error), unless they are stopping too.
+  learner stops (:meth:`PPOUpdate.close`). A learner of the group that dies or cannot be
+  reached fails the others' all-reduce: they drop the round and re-form the group on a new
+  generation with its restarted learner, which takes learner 0's weights, Adam state and
+  minibatch order (``PolicyLearners.rejoin``); learner 0 then publishes (the actors of a sync
+  round wait for new weights). Past ``learner.group_timeout_s`` without it they stop.
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
@@ -49,7 +52,7 @@ import torch
 from torch import nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.learner_group import LearnerGroupError, PolicyLearners
+from zrl.algos.learner_group import CollectiveError, PolicyLearners
 from zrl.algos.optim import clipped_gradients, make_adam
 from zrl.algos.policy_gradient import normalize, ppo_loss
 from zrl.algos.ppo.config import PPOConfig
@@ -134,6 +137,7 @@ class PPOUpdate(BaseUpdate):
         self.round_versions: list[int] = []
         self.last_parts: dict[str, float] = {}
         self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.members.optimizer, self.members.generator = self.optimizer, self.rng
         self.started = time.monotonic()
         self.value_normalizer = ValueNormalizer() if c.normalize_returns else None
         """``ppo.normalize_returns``: the value head's targets' running statistics."""
@@ -185,7 +189,11 @@ class PPOUpdate(BaseUpdate):
 
     def train(self, version: int) -> UpdateResult | None:
         if not self.members.ready:
-            self.members.poll()  # LearnerGroupError past learner.group_timeout_s
+            # LearnerGroupError past learner.group_timeout_s
+            if self.members.poll() and self.leader and self.members.reformed:
+                # Formed again: the round the failure dropped is not coming, and sync
+                # actors wait for weights newer than theirs.
+                return UpdateResult(updates=0, loss=self.last_loss, publish=True)
             return None
         if self.follow is not None:
             self.follow_leader()
@@ -199,11 +207,9 @@ class PPOUpdate(BaseUpdate):
         except NonFiniteLossError as exc:
             exc.source = f"round {self.rounds + 1}"
             raise
-        except LearnerGroupError:
-            if self.members.stopping():
-                self.log.info("learner group: a learner left as the run stops; round dropped")
-                return None
-            raise
+        except CollectiveError as exc:  # a learner died or left: round dropped, group re-formed
+            self.members.rejoin(exc)
+            return None
         finally:
             self.training_s += time.monotonic() - started
         # Published even after a round without valid samples: in sync mode the actors wait for
