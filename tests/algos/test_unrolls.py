@@ -111,6 +111,44 @@ def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) ->
         follower.close()
 
 
+def test_three_appo_learners_stay_identical_after_every_batch() -> None:
+    """``roles.learners: 3``: three ranks, each its own fresh batches (of different sizes),
+    the same bits on every rank after each batch."""
+    cfg = config("appo", roles={"learners": 3}, replay={"batch_size": 8}, appo=UPDATES["appo"])
+    registry: dict[str, dict[str, Any]] = {}
+    ups = [AppoUpdate(setup(cfg, index=i, services=GroupServices(i, registry))) for i in range(3)]
+    registry["learner-0"] = ups[0].heartbeat_info()
+    after: dict[int, list[dict[str, torch.Tensor]]] = {r: [] for r in range(3)}
+
+    def run(rank: int) -> None:
+        up = ups[rank]
+        try:
+            while not up.members.ready:
+                assert up.train(0) is None
+            for b in range(3):
+                versions = [VERSION] * (8 - 2 * rank)  # 8, 6 and 4 unrolls
+                arrays = unroll_batch(np.random.default_rng(100 * rank + b), versions)
+                up.receive(batch(arrays), VERSION if rank == 0 else 0)
+                assert up.train(VERSION if rank == 0 else 0) is not None
+                after[rank].append(state(up.model))
+        except BaseException:
+            for other in ups:
+                other.members.services.stop_event.set()
+            raise
+
+    try:
+        run_ranks(run, ranks=3)
+        for b in range(3):
+            for rank in (1, 2):
+                mine, theirs = after[0][b], after[rank][b]
+                assert all(torch.equal(mine[k], theirs[k]) for k in mine), (b, rank)
+        assert all(u.weight_drift == 0.0 and u.drift_corrections == 0 for u in ups)
+        assert [u.heartbeat_info()["group_size"] for u in ups] == [3, 3, 3]
+    finally:
+        for up in ups:
+            up.close()
+
+
 def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypatch) -> None:
     """Batches dealt out unevenly (or a shard that stopped): after ``IDLE_ROUND_S`` without
     a batch, learner 1 joins learner 0's round with none, so learner 0 does not wait for it;
