@@ -2,7 +2,8 @@
 threads of this process as ``zrl run --inproc`` runs them, form their ``torch.distributed``
 group through the "broker" (rank 0's heartbeat info), each trains its own batches, and their
 weights are bit-identical after every batch, including a batch whose unrolls are all stale
-on one learner and a start from different weights (corrected from rank 0); a batch that came
+on one learner, a follower resumed from other weights (rank 0's taken as the group forms) and
+weights that drift apart later (corrected from rank 0 at the next batch); a batch that came
 before the group formed is dropped, not trained behind the others; a learner that leaves is
 replaced by a new one of its rank, which re-forms the group with rank 0 on generation 2 and
 takes rank 0's weights."""
@@ -63,6 +64,7 @@ def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) ->
     start = state(leader.model)
     with torch.no_grad():  # a follower resumed from an older checkpoint: other weights
         next(follower.model.parameters()).add_(0.25)
+    formed: dict[int, dict[str, torch.Tensor]] = {}
     after: dict[int, list[dict[str, torch.Tensor]]] = {0: [], 1: []}
     results: dict[int, list[UpdateResult | None]] = {0: [], 1: []}
     ups = (leader, follower)
@@ -74,6 +76,10 @@ def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) ->
             up.receive(batch(early), 0)  # before the group formed: dropped, not trained late
             while not up.members.ready:
                 assert up.train(0) is None
+            formed[rank] = state(up.model)  # rank 0's weights everywhere once formed
+            if rank == 1:
+                with torch.no_grad():  # then weights that drifted apart: corrected at a batch
+                    next(up.model.parameters()).add_(0.25)
             for b, versions in enumerate(VERSIONS[rank]):
                 arrays = unroll_batch(np.random.default_rng(10 * rank + b), versions)
                 version = VERSION if rank == 0 else 0  # the role's own: 0 for a follower
@@ -99,7 +105,10 @@ def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) ->
         assert leader.stale_unrolls == 8 + 2  # [5, 5, 2, 2]: two more than 2 behind
         assert leader.backlog_batches == follower.backlog_batches == 1
         assert results[1][2] is not None and results[1][2].samples == 0  # all stale: idle
-        # The follower's other start was measured and taken from rank 0, once.
+        # The follower's other start was replaced by rank 0's as the group formed; its later
+        # drift was measured at the first batch and taken from rank 0, once.
+        assert all(torch.equal(formed[0][k], formed[1][k]) for k in formed[0])
+        assert all(torch.equal(formed[0][k], start[k]) for k in start)
         assert leader.drift_corrections == follower.drift_corrections == 1
         assert leader.weight_drift == follower.weight_drift == 0.0
         assert leader.may_publish() and not follower.may_publish()

@@ -138,4 +138,5 @@ def test_a_killed_learner_rejoins_its_group_and_training_goes_on(
         text = (run_dir / "logs" / f"{name}.log").read_text(errors="replace")
         formed = f"learner group of 2 formed (gloo, rank {rank}) on generation 2"
         assert formed in text, text[-3000:]
-    assert "rank 0's weights taken" in (run_dir / "logs" / "learner-1.log").read_text()
+    follower_log = (run_dir / "logs" / "learner-1.log").read_text(errors="replace")
+    assert "generation 2; rank 0's weights and optimizer taken" in follower_log

@@ -29,9 +29,10 @@ joins it, or, where an earlier incarnation of itself is in it (it died after wri
 moves it on. A rank whose store connection fails (rank 0 died: its store went with it) forgets
 that address and finds the new one through the broker, as at the start, never taking the
 stale one again; joining a new store (a restarted rank 0's, generation 1) it moves the
-generation past the one it left, so generations only grow. A group formed on a generation
-past 1 was formed again: :class:`PolicyLearners` then copies rank 0's weights into every rank
-before training goes on.
+generation past the one it left, so generations only grow. Whenever a group forms (the first
+time, or again on a generation past 1) :class:`PolicyLearners` copies rank 0's weights and
+optimizer state into every rank before training starts: learners resumed from checkpoints of
+different times, or a restarted one, go on from rank 0's.
 
 Then :meth:`LearnerGroup.average_gradients`: one ``all_reduce`` (sum) of the model's gradients
 flattened into one buffer, divided by the world size (or, weighted, by the sum of the ranks'
@@ -520,27 +521,28 @@ class PolicyLearners:
 
     def poll(self) -> bool:
         """One step of the rendezvous; True once the group is formed (LearnerGroupError past
-        ``learner.group_timeout_s``). A group formed again (a generation past 1) first takes
-        rank 0's weights and optimizer state (:meth:`take_leaders_state`)."""
+        ``learner.group_timeout_s``). A group that has formed (the first time, or again after
+        a learner left) first takes rank 0's weights and optimizer state
+        (:meth:`take_leaders_state`): learners resumed from checkpoints of different times,
+        or a restarted one, start from rank 0's."""
         group = self.group
         if group is None or group.ready:
             return True
         if not group.poll():
             return False
-        if group.generation > 1:
-            try:
-                self.take_leaders_state()
-            except CollectiveError as exc:
-                self.rejoin(exc)
-                return False
+        try:
+            self.take_leaders_state()
+        except CollectiveError as exc:
+            self.rejoin(exc)
+            return False
         return True
 
     def take_leaders_state(self) -> None:
         """Copy rank 0's model state (parameters and buffers) into every rank's (one
         broadcast), then its ``optimizer``'s state and ``generator``'s (serialized, one
-        broadcast of bytes), as after a group formed again: a restarted rank starts from its
-        own checkpoint or none, and with other Adam moments the same mean gradient would move
-        its weights apart again at every step."""
+        broadcast of bytes), whenever the group forms: a restarted or resumed rank starts from
+        its own checkpoint or none, and with other Adam moments the same mean gradient would
+        move its weights apart again at every step."""
         group = self.group
         assert group is not None
         stop = self.services.stop_event
@@ -562,7 +564,7 @@ class PolicyLearners:
             if self.generator is not None and state["generator"] is not None:
                 self.generator.set_state(state["generator"])
         self.log.info(
-            "learner group: formed again on generation %d; rank 0's weights taken",
+            "learner group: formed on generation %d; rank 0's weights and optimizer taken",
             group.generation,
         )
 

@@ -318,9 +318,9 @@ class UnrollUpdate(BaseUpdate):
         """At the start of each batch, one small all-reduce (max) over the group of every
         learner's weights version and of a fingerprint of its weights (the sum of each
         tensor of the state dict, and its negation: their maxima give the spread). Returns
-        the newest version; a spread other than 0 (learners resumed from checkpoints of
-        different times) is measured (``weight_drift``), counted and corrected: every
-        learner takes rank 0's weights (its Adam moments stay its own)."""
+        the newest version; a spread other than 0 (the group formed from rank 0's state,
+        so only a fault makes one) is measured (``weight_drift``), counted and corrected:
+        every learner takes rank 0's weights (its Adam moments stay its own)."""
         assert self.group is not None
         tensors = list(self.model.state_dict().values())
         sums = torch.stack([t.detach().double().sum() for t in tensors]).cpu()
