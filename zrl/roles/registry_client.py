@@ -53,19 +53,30 @@ def registry_request(
     sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=int(timeout * 1000), keys=keys)
     try:
         sock.connect(broker)
-        ch = Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())
-        ch.send(msg)
-        got = ch.recv()
-        if got is None:
-            if ch.stats.dropped:
-                raise RoleError(
-                    f"the answer of the broker at {broker} could not be read (malformed or "
-                    "over this client's limits)"
-                )
-            raise NoAnswer(f"no answer from a broker at {broker} within {timeout:g}s")
-        return got[1]
+        return _ask(_client_channel(sock), broker, msg, f"{timeout:g}s")
     finally:
         sock.close(linger=0)
+
+
+def _client_channel(sock: zmq.Socket) -> Channel:
+    """A client's channel to the registry on the DEALER ``sock``."""
+    return Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())
+
+
+def _ask(ch: Channel, broker: str, msg: P.Message, waited: str) -> P.Message:
+    """Send ``msg`` on ``ch`` and return the answer (within the socket's receive timeout,
+    ``waited`` in words). NoAnswer when nothing came; RoleError when what came could not be
+    read."""
+    ch.send(msg)
+    got = ch.recv()
+    if got is None:
+        if ch.stats.dropped:
+            raise RoleError(
+                f"the answer of the broker at {broker} could not be read (malformed or "
+                "over this client's limits)"
+            )
+        raise NoAnswer(f"no answer from a broker at {broker} within {waited}")
+    return got[1]
 
 
 _HANDSHAKE_FAILED = (
@@ -131,22 +142,13 @@ def read_status(
     sock = make_socket(ctx, zmq.DEALER, keys=keys)
     try:
         sock.connect(broker)
-        ch = Channel(sock, "registry", f"client@{socket.gethostname()}", TransportStats())
+        ch = _client_channel(sock)
         for _ in range(P.MAX_STATUS_PAGES):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RoleError(f"no whole STATUS from a broker at {broker} within {timeout:g}s")
             sock.rcvtimeo = max(1, int(left * 1000))
-            ch.send(P.Message(P.STATUS, meta=dict(ask)))
-            got = ch.recv()
-            if got is None:
-                if ch.stats.dropped:
-                    raise RoleError(
-                        f"the answer of the broker at {broker} could not be read (malformed or "
-                        "over this client's limits)"
-                    )
-                raise NoAnswer(f"no answer from a broker at {broker} within {left:.3g}s")
-            reply = got[1]
+            reply = _ask(ch, broker, P.Message(P.STATUS, meta=dict(ask)), f"{left:.3g}s")
             if reply.kind != P.STATUS_REPLY:
                 raise RoleError(f"the broker at {broker} answered STATUS with {reply.kind}")
             meta = reply.meta
