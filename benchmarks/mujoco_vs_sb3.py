@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zrl.testing.processes import zrl_run_command
+
 REPO = Path(__file__).resolve().parents[1]
 ENVS = {
     "halfcheetah": ("HalfCheetah-v5", "halfcheetah_ppo.yaml"),
@@ -82,21 +84,11 @@ def run_zrl(env: str, seconds: float, episodes: int, seed: int) -> dict[str, Any
         run_dir = Path(tmp) / "run"
         t0 = time.monotonic()
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "zrl",
-                "run",
-                str(REPO / "configs" / config),
-                "--run-dir",
-                str(run_dir),
-                "--set",
-                f"seed={seed}",
-                "--set",
-                f"stop.wall_time={seconds}",
-                "--set",
-                "stop.eval_return=null",
-            ],
+            zrl_run_command(
+                REPO / "configs" / config,
+                run_dir,
+                [f"seed={seed}", f"stop.wall_time={seconds}", "stop.eval_return=null"],
+            ),
             capture_output=True,
             text=True,
             timeout=seconds + 300,

@@ -32,7 +32,13 @@ from zrl.roles.registry_client import registry_request
 from zrl.run.children import Child
 from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, status_rows, zrl_processes, zrl_status_json
+from zrl.testing.processes import (
+    REPO,
+    end_run,
+    run_broker_address,
+    status_rows,
+    zrl_status_json,
+)
 from zrl.transport import protocol as P
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
@@ -89,10 +95,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
     kills: list[dict[str, Any]] = []
     seen_after_resume: list[int] = []
     try:
-        addr_file = run_dir / "broker_address"
-        wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        addr = addr_file.read_text().strip()
+        addr = run_broker_address(proc, run_dir, log)
 
         def all_alive() -> bool:
             rows = status_rows(ctx, addr)
@@ -215,12 +218,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            kill_pids([proc.pid], grace=15)
-        leftovers = zrl_processes(addr) if addr else []
-        for p in leftovers:  # children of our run that outlived it (must not happen)
-            p.kill()
-        psutil.wait_procs(leftovers, timeout=5)
+        leftovers = end_run(proc, addr)
         ctx.destroy(linger=0)
     text = log.read_text(errors="replace")
     print("kills:", kills)

@@ -62,10 +62,9 @@ from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for, wait_for_subscriber, wait_subscribed
 from zrl.testing.processes import (
     REPO,
-    kill_pids,
+    end_run,
     run_broker_address,
     status_rows,
-    zrl_processes,
     zrl_status_json,
 )
 from zrl.transport import protocol as P
@@ -895,12 +894,7 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
             monitor.close()
         for s in socks:
             s.close(linger=0)
-        if proc.poll() is None:
-            kill_pids([proc.pid], grace=15)
-        leftovers = zrl_processes(addr) if addr else []
-        for p in leftovers:
-            p.kill()
-        psutil.wait_procs(leftovers, timeout=5)
+        leftovers = end_run(proc, addr)
         ctx.destroy(linger=0)
     assert leftovers == []
     text = log.read_text(errors="replace")

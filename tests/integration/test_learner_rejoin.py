@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,13 @@ import pytest
 import zmq
 
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, status_rows, zrl_processes
+from zrl.testing.processes import (
+    REPO,
+    end_run,
+    run_broker_address,
+    status_rows,
+    zrl_run_command,
+)
 
 LEARNERS = ("learner-0", "learner-1")
 
@@ -58,16 +63,7 @@ def test_a_killed_learner_rejoins_its_group_and_training_goes_on(
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "zrl",
-                "run",
-                str(REPO / "configs" / config),
-                "--run-dir",
-                str(run_dir),
-            ]
-            + [arg for o in overrides for arg in ("--set", o)],
+            zrl_run_command(REPO / "configs" / config, run_dir, overrides),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -77,10 +73,7 @@ def test_a_killed_learner_rejoins_its_group_and_training_goes_on(
     addr = ""
     leftovers: list[psutil.Process] = []
     try:
-        addr_file = run_dir / "broker_address"
-        wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=120)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        addr = addr_file.read_text().strip()
+        addr = run_broker_address(proc, run_dir, log, timeout=120)
 
         def training(base: int) -> bool:
             rows = status_rows(ctx, addr)
@@ -119,12 +112,7 @@ def test_a_killed_learner_rejoins_its_group_and_training_goes_on(
         proc.send_signal(signal.SIGINT)  # stop as Ctrl-C would
         proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            kill_pids([proc.pid], grace=15)
-        leftovers = zrl_processes(addr) if addr else []
-        for p in leftovers:  # children of our run that outlived it (must not happen)
-            p.kill()
-        psutil.wait_procs(leftovers, timeout=5)
+        leftovers = end_run(proc, addr)
         ctx.destroy(linger=0)
     assert leftovers == [], [p.pid for p in leftovers]
     summary = json.loads((run_dir / "summary.json").read_text())

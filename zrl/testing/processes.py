@@ -89,13 +89,34 @@ def zrl_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def run_broker_address(proc: subprocess.Popen, run_dir: Path, log: Path) -> str:
+def zrl_run_command(config: Path, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The `zrl run CONFIG --run-dir RUN_DIR --set ...` command line, on this Python."""
+    cmd = [sys.executable, "-m", "zrl", "run", str(config), "--run-dir", str(run_dir)]
+    return cmd + [arg for item in overrides for arg in ("--set", item)]
+
+
+def run_broker_address(
+    proc: subprocess.Popen, run_dir: Path, log: Path, timeout: float = 60.0
+) -> str:
     """The broker address a `zrl run` child writes into its run directory (fails with the
     run's log if it exits first)."""
     addr_file = run_dir / "broker_address"
-    wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=60)
+    wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=timeout)
     assert proc.poll() is None, log.read_text()[-3000:]
     return addr_file.read_text().strip()
+
+
+def end_run(proc: subprocess.Popen, addr: str) -> list[psutil.Process]:
+    """After a test of a background `zrl run`: the run stopped (SIGTERM, then SIGKILL past 15
+    s) if it is still going, and every process of it that outlived it (``addr``: its broker
+    address, "" if it never had one) killed. Returns those leftovers: there must be none."""
+    if proc.poll() is None:
+        kill_pids([proc.pid], grace=15)
+    leftovers = zrl_processes(addr) if addr else []
+    for p in leftovers:
+        p.kill()
+    psutil.wait_procs(leftovers, timeout=5)
+    return leftovers
 
 
 def zrl_status_json(addr: str) -> dict[str, Any]:
@@ -133,21 +154,11 @@ def run_zrl(
     CartPole policy; None: no evaluation asked, for a run without an evaluator), and leave no
     process of the run behind. Returns the summary, with the run dir under "dir"."""
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "zrl",
-        "run",
-        str(REPO / "configs" / config),
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"stop.wall_time={wall_time}",
-        "--set",
-        "stop.eval_window=1",
-    ]
-    for item in overrides:
-        cmd += ["--set", item]
+    cmd = zrl_run_command(
+        REPO / "configs" / config,
+        run_dir,
+        [f"stop.wall_time={wall_time}", "stop.eval_window=1", *overrides],
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         out, _ = proc.communicate(timeout=wall_time + 90)
