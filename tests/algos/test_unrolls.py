@@ -18,7 +18,7 @@ import torch
 
 from tests.helpers.ranks import run_ranks
 from tests.helpers.updates import GroupServices, batch, config, setup, unroll_batch
-from zrl.algos import unrolls
+from zrl.algos import learner_group
 from zrl.algos.api.learner import UpdateResult
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
@@ -101,16 +101,16 @@ def test_two_learners_train_their_own_batches_to_identical_weights(algo: str) ->
             assert updates == STEPS[algo], (rank, updates)
         assert leader.updates == follower.updates == sum(STEPS[algo])
         # Rank 1 measured staleness against the group's version, not its own 0.
-        assert follower.group_version == VERSION and follower.stale_unrolls == 8 + 2 + 3
+        assert follower.members.version == VERSION and follower.stale_unrolls == 8 + 2 + 3
         assert leader.stale_unrolls == 8 + 2  # [5, 5, 2, 2]: two more than 2 behind
-        assert leader.backlog_batches == follower.backlog_batches == 1
+        assert leader.members.backlog_batches == follower.members.backlog_batches == 1
         assert results[1][2] is not None and results[1][2].samples == 0  # all stale: idle
         # The follower's other start was replaced by rank 0's as the group formed; its later
         # drift was measured at the first batch and taken from rank 0, once.
         assert all(torch.equal(formed[0][k], formed[1][k]) for k in formed[0])
         assert all(torch.equal(formed[0][k], start[k]) for k in start)
-        assert leader.drift_corrections == follower.drift_corrections == 1
-        assert leader.weight_drift == follower.weight_drift == 0.0
+        assert leader.members.drift_corrections == follower.members.drift_corrections == 1
+        assert leader.members.weight_drift == follower.members.weight_drift == 0.0
         assert leader.may_publish() and not follower.may_publish()
         info = follower.heartbeat_info()
         assert (info["group_rank"], info["group_size"], info["group_formed"]) == (1, 2, True)
@@ -151,7 +151,7 @@ def test_three_appo_learners_stay_identical_after_every_batch() -> None:
             for rank in (1, 2):
                 mine, theirs = after[0][b], after[rank][b]
                 assert all(torch.equal(mine[k], theirs[k]) for k in mine), (b, rank)
-        assert all(u.weight_drift == 0.0 and u.drift_corrections == 0 for u in ups)
+        assert all(u.members.weight_drift == 0.0 and u.members.drift_corrections == 0 for u in ups)
         assert [u.heartbeat_info()["group_size"] for u in ups] == [3, 3, 3]
     finally:
         for up in ups:
@@ -162,7 +162,7 @@ def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypat
     """Batches dealt out unevenly (or a shard that stopped): after ``IDLE_ROUND_S`` without
     a batch, learner 1 joins learner 0's round with none, so learner 0 does not wait for it;
     both step on learner 0's gradients and stay identical."""
-    monkeypatch.setattr(unrolls, "IDLE_ROUND_S", 0.05)
+    monkeypatch.setattr(learner_group, "IDLE_ROUND_S", 0.05)
     leader, follower = group_of_two("appo")
     ups = (leader, follower)
     before = state(leader.model)
@@ -184,7 +184,7 @@ def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypat
     try:
         run_ranks(run)
         assert leader.updates == follower.updates == STEPS["appo"][0]
-        assert follower.idle_rounds == 1 and leader.idle_rounds == 0
+        assert follower.members.idle_rounds == 1 and leader.members.idle_rounds == 0
         mine, theirs = state(leader.model), state(follower.model)
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)
         assert any(not torch.equal(mine[k], before[k]) for k in mine)
@@ -240,7 +240,7 @@ def test_a_replaced_learner_reforms_the_group_and_takes_rank_0s_weights() -> Non
         train_one(ups, 5)
         mine, theirs = state(leader.model), state(replacement.model)
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)
-        assert leader.drift_corrections == replacement.drift_corrections == 0
+        assert leader.members.drift_corrections == replacement.members.drift_corrections == 0
     finally:
         leader.close()
         follower.close()

@@ -17,6 +17,8 @@ from tests.helpers.updates import (
     batch,
     check_non_finite_batch_is_dropped,
     config,
+    continuous_batch,
+    dqn_batch,
     setup,
     trained,
     unroll_batch,
@@ -29,27 +31,6 @@ from zrl.algos.unrolls import UnrollUpdate
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
-
-
-def transitions(rng: np.random.Generator, obs_dim: int, action: np.ndarray) -> dict[str, Any]:
-    return {
-        "obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
-        "action": action,
-        "reward": rng.normal(size=B).astype(np.float32),
-        "discount": np.full(B, 0.9, np.float32),
-        "next_obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
-        "weights_version": np.zeros(B, np.int64),
-        "weight": rng.uniform(0.5, 1.0, size=B).astype(np.float32),
-        "key": np.arange(100, 100 + B, dtype=np.int64),
-    }
-
-
-def dqn_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return transitions(rng, 4, rng.integers(0, 2, size=B).astype(np.int64))
-
-
-def continuous_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return transitions(rng, 3, rng.uniform(-2.0, 2.0, size=(B, 1)).astype(np.float32))
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -163,19 +163,55 @@ def test_bad_overrides(override, match):
         "cartpole_apex_dqn.yaml",
         "cartpole_novel_r2d2.yaml",
         "pendulum_sac.yaml",
+        "pendulum_apex_ddpg.yaml",
         "simple_spread_qmix.yaml",
+        "cartpole_ppo.yaml",
+        "cartpole_impala.yaml",
+        "cartpole_appo.yaml",
     ],
 )
-def test_several_learners_of_one_policy_need_an_algorithm_that_trains_it_together(config):
-    # Ape-X, R2D2, SAC and QMIX learners would each train and publish a model of their own.
+def test_every_built_in_algorithm_trains_one_policy_with_several_learners(config):
+    cfg = load_config(REPO / "configs" / config, ["roles.learners=2"])
+    assert cfg.roles.learners == 2 and cfg.learners_per_policy() == 2
+
+
+def test_several_learners_of_one_policy_need_an_algorithm_that_trains_it_together():
+    # A plug-in algorithm without data_parallel: each learner would train and publish a model
+    # of its own.
+    from zrl.algos.api.algorithm import Algorithm, Wiring
+    from zrl.config.algorithms import register, unregister
+
+    solo = Algorithm(
+        name="solo",
+        summary="",
+        wiring=Wiring.off_policy("discrete"),
+        policy="",
+        update="",
+        model="",
+        sections=("replay", "learner"),
+    )
+    register(solo)
+    try:
+        with pytest.raises(
+            ConfigError,
+            match=r"roles\.learners: 2 for 1 learning policy: .* set roles\.learners: 1",
+        ):
+            config_from_dict({"algo": "solo", "roles": {"learners": 2}})
+        assert config_from_dict({"algo": "solo"}).roles.learners == 1
+    finally:
+        unregister("solo")
+
+
+def test_several_learners_of_replays_batches_need_a_batch_in_flight_each():
     with pytest.raises(
         ConfigError,
-        match=r"roles\.learners: 2 for 1 learning policy: .* set "
-        r"roles\.learners: 1",
+        match=r"roles.learners \(3\): apex_dqn's learners .* roles.replay \(1\) x "
+        r"replay.prefetch \(2\) = 2 are in flight",
     ):
-        load_config(REPO / "configs" / config, ["roles.learners=2"])
-    for together in ("cartpole_ppo.yaml", "cartpole_impala.yaml", "cartpole_appo.yaml"):
-        assert load_config(REPO / "configs" / together, ["roles.learners=2"]).roles.learners == 2
+        load_config(
+            REPO / "configs" / "cartpole_apex_dqn.yaml",
+            ["roles.learners=3", "roles.replay=1", "replay.prefetch=2"],
+        )
 
 
 def test_parse_override():

@@ -95,6 +95,27 @@ def unroll_batch(rng: np.random.Generator, versions: list[int]) -> dict[str, np.
     }
 
 
+def transitions(rng: np.random.Generator, obs_dim: int, action: np.ndarray) -> dict[str, Any]:
+    return {
+        "obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
+        "action": action,
+        "reward": rng.normal(size=B).astype(np.float32),
+        "discount": np.full(B, 0.9, np.float32),
+        "next_obs": rng.normal(size=(B, obs_dim)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
+        "weight": rng.uniform(0.5, 1.0, size=B).astype(np.float32),
+        "key": np.arange(100, 100 + B, dtype=np.int64),
+    }
+
+
+def dqn_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return transitions(rng, 4, rng.integers(0, 2, size=B).astype(np.int64))
+
+
+def continuous_batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return transitions(rng, 3, rng.uniform(-2.0, 2.0, size=(B, 1)).astype(np.float32))
+
+
 def trained(update: LearnerUpdate, msg: P.Message, version: int = 0) -> UpdateResult:
     update.receive(msg, version)
     result = update.train(version)

@@ -429,3 +429,48 @@ def test_two_appo_learners_form_a_group_and_train_their_own_batches_alike(inproc
     beat = follower.heartbeat_info()
     assert (beat["group_rank"], beat["group_size"], beat["weight_drift"]) == (1, 2, 0.0)
     assert beat["group_version"] >= 1 and "group_store" in leader.heartbeat_info()
+
+
+def test_two_apex_dqn_learners_train_their_own_batches_and_send_their_priorities(inproc):
+    """``roles.learners: 2`` of Ape-X DQN, in-process roles with a real broker and parameter
+    server: the group forms through the broker, the batches stream deals the prioritized
+    batches out to both, each acks its own and sends their new priorities to the shard that
+    sampled them, both take the same steps and end with the same weights and targets; only
+    learner 0 publishes."""
+    cfg = config().model_dump()
+    cfg["roles"] = {"actors": 1, "replay": 1, "learners": 2, "params": 1, "evaluator": 0}
+    cfg["learner"].update(publish_interval=1, group_timeout_s=120)
+    inproc.start_broker(ExperimentConfig.model_validate(cfg))
+    params = inproc.start(ParameterServer, index=0)
+    leader = inproc.start(Learner, index=0)
+    follower = inproc.start(Learner, index=1)
+    assert isinstance(leader, Learner) and isinstance(follower, Learner)
+    assert isinstance(params, ParameterServer)
+    ups = [up for up in (leader.update, follower.update) if isinstance(up, ApexDQNUpdate)]
+    assert len(ups) == 2
+    wait_for(lambda: all(up.members.ready for up in ups), timeout=120)
+    wait_for(lambda: leader.weights_version >= 1, timeout=30)  # the first weights, once formed
+    priorities = inproc.sub(P.priority_topic("replay-0"))
+    batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
+    replay = inproc.push("batches", sender="replay-0")
+    inproc.wait_subscribed(priorities)
+    inproc.wait_subscribed(batch_acks)
+    rng = np.random.default_rng(3)
+    sent = [batch(rng, first_key=100 * i) for i in range(4)]
+    for arrays in sent:  # dealt out in turn: two each
+        assert replay.send(batch_msg(arrays))
+    # Each trains its two batches, in rounds with the other's batch or, where the other had
+    # none for IDLE_ROUND_S, on its last batch with weight 0: the same steps on both.
+    wait_for(lambda: leader.samples_trained + follower.samples_trained == 4 * B, timeout=120)
+    wait_for(lambda: leader.updates == follower.updates, timeout=60)
+    assert len(collect(batch_acks, until=4, timeout=10)) == 4
+    got = collect(priorities, until=4, timeout=10)
+    keys = sorted(int(m.arrays["key"][0]) for m in got)
+    assert keys == [0, 100, 200, 300], keys  # every batch's priorities, each sent once
+    for name in ("model", "target"):
+        mine, theirs = (getattr(up, name).state_dict() for up in ups)
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine), name
+    wait_for(lambda: params.version >= 2, timeout=30)  # learner 0's weights after training
+    assert follower.weights_sent == 0 and leader.weights_sent >= 2
+    beat = follower.heartbeat_info()
+    assert (beat["group_rank"], beat["group_size"], beat["weight_drift"]) == (1, 2, 0.0)

@@ -104,6 +104,7 @@ class ContinuousUpdate(BatchUpdate):
         self.last_parts: dict[str, float] = {}
         self.pending = PendingBatches(setup.device)
         """Received batches not trained on yet: (shard, keys, tensors)."""
+        self.join_learners(setup)
 
     # --- receiving --------------------------------------------------------------------
 
@@ -136,6 +137,7 @@ class ContinuousUpdate(BatchUpdate):
                 target_entropy=self.target_entropy,
                 grad_clip=grad_clip,
                 fixed_alpha=c.fixed_alpha,
+                step=self.optimizer_step,
             )
             targets_due, td, loss = True, r.td, r.critic_loss
             parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
@@ -161,6 +163,7 @@ class ContinuousUpdate(BatchUpdate):
                 target_noise_clip=d.target_noise_clip,
                 grad_clip=grad_clip,
                 huber_delta=d.huber_delta,
+                step=self.optimizer_step,
             )
             td, loss = r2.td, r2.critic_loss
             parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
@@ -203,8 +206,12 @@ class ContinuousUpdate(BatchUpdate):
             "actor_lr": float(self.actor_optimizer.param_groups[0]["lr"]),
         }
 
+    def group_tensors(self) -> list[Tensor]:
+        return [*super().group_tensors(), self.log_alpha]
+
     def heartbeat_info(self) -> dict[str, Any]:
-        return {k: round(v, 5) for k, v in self.last_parts.items()}
+        parts = {k: round(v, 5) for k, v in self.last_parts.items()}
+        return {**parts, **super().heartbeat_info()}
 
 
 # --- actor side ----------------------------------------------------------------------

@@ -52,7 +52,7 @@ import io
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,6 +69,14 @@ FIND_INTERVAL_S = 0.5  # between two questions to the broker for rank 0's addres
 TICK_S = 0.1  # while a collective waits for the other ranks: the role's heartbeats
 POLL_FIRST_S, POLL_MAX_S = 1e-4, 2e-3  # its completion polled at these intervals, doubling
 GENERATION_KEY = "zrl/generation"  # the store's current rendezvous generation (1, 2, ...)
+IDLE_ROUND_S = 1.0
+"""Learners that train the batches replay deals them (every algorithm but PPO): seconds
+without a batch after which a learner joins the group's next round without one
+(:meth:`PolicyLearners.idle_due`)."""
+WAITING_BATCHES = 1
+"""Batches taken in while a collective waits, at most (then the input waits in the socket,
+and the shards' credit with it): one, which the learner's next step trains instead of
+receiving one (a backlog would only age the batches)."""
 
 
 class LearnerGroupError(Exception):
@@ -312,19 +320,20 @@ class LearnerGroup:
 
     def average_gradients(
         self,
-        model: nn.Module,
+        model: nn.Module | Sequence[torch.Tensor],
         tick: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
         weight: torch.Tensor | None = None,
     ) -> float:
-        """Replace ``model``'s gradients by their mean over the group (a missing gradient
-        counts as zeros): one flattened all-reduce. With ``weight`` (a 0-d tensor: this rank's
+        """Replace the gradients of ``model``'s parameters (or of a list of parameters: those
+        one optimizer steps) by their mean over the group (a missing gradient counts as
+        zeros): one flattened all-reduce. With ``weight`` (a 0-d tensor: this rank's
         samples) the mean is weighted: ``sum_r w_r g_r / sum_r w_r`` (zeros where every
         weight is 0; a NaN weight poisons every rank's gradients, so all of them see it).
         Returns the divisor: the world size, or the sum of the weights. While it waits for
         the other ranks, ``tick`` runs every ``TICK_S`` (the role's heartbeats); ``stop`` set
         meanwhile ends the wait with LearnerGroupError (the learner is stopping)."""
-        params = list(model.parameters())
+        params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
         grads = [
             p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device)
             for p in params
@@ -458,12 +467,18 @@ class LearnerGroup:
 
 
 class PolicyLearners:
-    """A learner update's place among its policy's learners (``roles.learners`` of one policy:
-    DD-PPO, APPO, IMPALA): its rank, the group it forms with them (None for a lone learner)
-    and what every such update does with it: find rank 0's store address through the broker,
-    form the group before training, publish only from rank 0, step on the gradients averaged
-    over the group, re-form it after a failed collective (rank 0's weights copied into every
-    rank once it has), and show its rank and generation in the heartbeat."""
+    """A learner update's place among its policy's learners (``roles.learners`` of one policy,
+    every algorithm with ``data_parallel``): its rank, the group it forms with them (None for
+    a lone learner) and what every such update does with it: find rank 0's store address
+    through the broker, form the group before training, publish only from rank 0, step on the
+    gradients averaged over the group, re-form it after a failed collective (rank 0's state
+    copied into every rank once it has), and show its rank and generation in the heartbeat.
+
+    For the learners of replay's batches (IMPALA, APPO and the off-policy algorithms: every
+    learner trains the batches dealt to it, one round of collectives per batch) also the
+    rounds' bookkeeping: :meth:`sync` at the start of each (the newest version and the
+    weights' fingerprint), :meth:`idle_due`, :meth:`trim` of a backlog, and a batch taken in
+    while a collective waits (``waiting``)."""
 
     def __init__(self, setup: LearnerSetup) -> None:
         cfg = setup.config
@@ -494,14 +509,40 @@ class PolicyLearners:
         self.generator: torch.Generator | None = None
         """A random generator every rank must hold in the same state (DD-PPO's minibatch
         order): rank 0's goes along too."""
-        self.on_tick: Callable[[], None] | None = None
-        """What :meth:`tick` runs in place of the role's heartbeats, where an update gives
-        more (IMPALA's and APPO's also take in the batches that arrive)."""
+        self.shared_state: Callable[[], dict[str, Any]] | None = None
+        self.load_shared_state: Callable[[dict[str, Any]], None] | None = None
+        """Where an update holds more than one optimizer (target networks, several
+        optimizers, a temperature, an update count that phases its steps): all of its state,
+        rank 0's copied into every rank with the weights whenever the group forms."""
+        self.waiting: Callable[[], int] | None = None
+        """The batches the update holds untrained, for the updates that train replay's
+        batches: while fewer than ``WAITING_BATCHES`` wait, :meth:`tick` takes in one that
+        arrives (``services.take_input``: acked, then received)."""
+        self.version = 0
+        """The newest weights version any learner of the group knows (rank 0's, which
+        publishes), agreed on at each :meth:`sync`: a follower's staleness is measured
+        against it."""
+        self.weight_drift = 0.0
+        """The spread of the learners' weights at the last :meth:`sync` (0 by construction;
+        anything else is corrected from rank 0 and counted)."""
+        self.drift_corrections = 0
+        self.backlog_batches = 0
+        """Batches dropped unread from a backlog (:meth:`trim`)."""
+        self.idle_rounds = 0
+        """Rounds this learner joined without a batch (:meth:`begin_round`)."""
+        self.last_round = time.monotonic()
+        """When this learner last began a round (with a batch or none)."""
 
     def tick(self) -> None:
-        """What runs every ``TICK_S`` while a collective waits: ``on_tick``, else the role's
-        heartbeats (``services.tick``)."""
-        (self.on_tick or self.services.tick)()
+        """What runs every ``TICK_S`` while a collective waits: the role's heartbeats
+        (``services.tick``) and, for an update with ``waiting``, a batch that arrived
+        meanwhile taken in while fewer than ``WAITING_BATCHES`` wait. A learner that waits
+        for another which has no batch yet must not hold the shards' credit
+        (``replay.prefetch``) unacked in its socket: the batch the other waits for would not
+        be sampled."""
+        self.services.tick()
+        if self.waiting is not None and self.waiting() < WAITING_BATCHES:
+            self.services.take_input()
 
     def find_leader(self) -> str | None:
         """Rank 0's group store ``host:port``, from its heartbeat (the broker)."""
@@ -552,6 +593,7 @@ class PolicyLearners:
             state = {
                 "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                 "generator": self.generator.get_state() if self.generator else None,
+                "update": self.shared_state() if self.shared_state else None,
             }
             out = io.BytesIO()
             torch.save(state, out)
@@ -563,6 +605,8 @@ class PolicyLearners:
                 self.optimizer.load_state_dict(state["optimizer"])
             if self.generator is not None and state["generator"] is not None:
                 self.generator.set_state(state["generator"])
+            if self.load_shared_state is not None and state["update"] is not None:
+                self.load_shared_state(state["update"])
         self.log.info(
             "learner group: formed on generation %d; rank 0's weights and optimizer taken",
             group.generation,
@@ -587,7 +631,7 @@ class PolicyLearners:
     def step(
         self,
         optimizer: torch.optim.Optimizer,
-        model: nn.Module,
+        model: nn.Module | Sequence[torch.Tensor],
         loss: torch.Tensor | None,
         weight: torch.Tensor | float,
         grad_clip: float,
@@ -601,6 +645,7 @@ class PolicyLearners:
         NonFiniteLossError before its step."""
         assert self.group is not None
         optimizer.zero_grad(set_to_none=True)
+        params = list(model.parameters()) if isinstance(model, nn.Module) else list(model)
         w = torch.as_tensor(weight, dtype=torch.float32)
         if loss is not None:
             loss.backward()
@@ -608,13 +653,74 @@ class PolicyLearners:
                 w = torch.tensor(float("nan"))
         else:
             loss, w = torch.zeros(()), torch.zeros(())
-        params = list(model.parameters())
-        total = self.group.average_gradients(model, self.tick, self.services.stop_event, weight=w)
+        total = self.group.average_gradients(params, self.tick, self.services.stop_event, weight=w)
         if total == 0:
             return None
         grad_norm = clipped_gradients(loss, params, grad_clip)
         optimizer.step()
         return float(grad_norm)
+
+    # --- the rounds of the learners of replay's batches -------------------------------
+
+    def sync(self, version: int, tensors: list[torch.Tensor]) -> int:
+        """At the start of each batch's round, one small all-reduce (max) over the group of
+        every learner's weights ``version`` and of a fingerprint of ``tensors`` (the update's
+        weights and whatever else must agree: the sum of each tensor, and its negation:
+        their maxima give the spread). Returns the newest version; a spread other than 0 (the
+        group formed from rank 0's state, so only a fault makes one) is measured
+        (``weight_drift``), counted and corrected: every learner takes rank 0's ``tensors``
+        (its optimizer moments stay its own)."""
+        assert self.group is not None
+        sums = torch.stack([t.detach().double().sum() for t in tensors]).cpu()
+        values = torch.cat([sums, -sums, torch.tensor([float(version)], dtype=torch.float64)])
+        values = values.to(self.group.device)
+        self.group.reduce_max(values, self.tick, self.services.stop_event)
+        n = len(tensors)
+        spread = values[:n] + values[n : 2 * n]  # max - min of each tensor's sum
+        self.weight_drift = float(spread.abs().max())
+        if self.weight_drift != 0:
+            self.drift_corrections += 1
+            self.log.warning(
+                "learner group: weights %g apart at a batch; taking rank 0's", self.weight_drift
+            )
+            self.group.broadcast(tensors, self.tick, self.services.stop_event)
+        self.version = max(self.version, int(values[-1]))
+        return max(version, self.version)
+
+    def idle_due(self) -> bool:
+        """In a group: ``IDLE_ROUND_S`` passed without a round, so this learner joins the next
+        one without a batch (the others, which hold batches, do not wait for its next one: a
+        shard that stopped, batches dealt out unevenly)."""
+        return self.group is not None and time.monotonic() - self.last_round > IDLE_ROUND_S
+
+    def begin_round(self, idle: bool) -> None:
+        """A round starts now, with a batch of this learner's or (``idle``) without one."""
+        self.last_round = time.monotonic()
+        self.idle_rounds += idle
+
+    def trim(self, pending: int, drop: Callable[[], None]) -> None:
+        """In a group, where every learner trains one batch per round: ``drop`` (and count)
+        the ``pending`` batches that came while the group formed, and later the oldest
+        beyond ``WAITING_BATCHES + 1``. A backlog would never drain, and every batch would
+        wait behind it, growing stale."""
+        keep = WAITING_BATCHES + 1 if self.ready else 0
+        for _ in range(pending - keep):
+            drop()
+            self.backlog_batches += 1
+
+    def round_info(self) -> dict[str, Any]:
+        """The rounds' figures for the heartbeat (``group_version``, ``weight_drift``,
+        ``drift_corrections``, ``backlog_batches``, ``idle_rounds``); none for a lone
+        learner."""
+        if self.group is None:
+            return {}
+        return {
+            "group_version": self.version,
+            "weight_drift": self.weight_drift,
+            "drift_corrections": self.drift_corrections,
+            "backlog_batches": self.backlog_batches,
+            "idle_rounds": self.idle_rounds,
+        }
 
     def heartbeat_info(self) -> dict[str, Any]:
         """``group_rank``, ``group_size``, ``group_formed``, ``group_generation`` (the

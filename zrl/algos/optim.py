@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +49,20 @@ def checked_step(
     grad_norm = clipped_gradients(loss, parameters, grad_clip)
     optimizer.step()
     return float(grad_norm.item())
+
+
+class StepFn(Protocol):
+    """An optimizer step as the algorithms' math takes it (``step=``): :func:`checked_step`,
+    or a learner group's step on the gradients averaged over the group
+    (``zrl.algos.batch_update.BatchUpdate.optimizer_step``)."""
+
+    def __call__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss: Tensor,
+        parameters: Sequence[Tensor],
+        grad_clip: float,
+    ) -> float: ...
 
 
 def defers_checks(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:

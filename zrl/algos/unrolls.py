@@ -32,10 +32,10 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   (their steps add nothing to the mean; a step no learner had a sample for is taken by none).
   At each batch one all-reduce (max) agrees on the newest weights version (a follower's
   staleness is measured against it) and compares the weights (``weight_drift``, corrected
-  from rank 0). Learner 0 alone publishes. While a collective waits, :meth:`group_tick`
+  from rank 0). Learner 0 alone publishes. While a collective waits, ``PolicyLearners.tick``
   takes in the batch that arrives; a learner without a batch for ``IDLE_ROUND_S`` joins the
   next round without one (:meth:`idle_round`), and the batches that came before the group
-  formed are dropped (:meth:`trim_backlog`). A learner that dies fails the others'
+  formed are dropped (``PolicyLearners.trim``). A learner that dies fails the others'
   collective: the batch is dropped and the group re-formed with its restarted learner, rank
   0's weights copied into every learner (``PolicyLearners.rejoin``). Sockets: the group's
   (``zrl.algos.learner_group``).
@@ -44,7 +44,6 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from typing import Any, NamedTuple, cast
 
@@ -74,13 +73,6 @@ FRAME_TRAINED_ARRAYS = ("frames", "action", "logp", "reward", "terminated", "val
 rebuilds from them on its device."""
 RECURRENT_FRAME_TRAINED_ARRAYS = (*FRAME_TRAINED_ARRAYS, "state", "first")
 """A recurrent model's on frame stacks."""
-IDLE_ROUND_S = 1.0
-"""In a learner group: seconds without a batch after which a learner joins the group's next
-round without one (:meth:`UnrollUpdate.idle_round`)."""
-WAITING_BATCHES = 1
-"""In a learner group: batches taken in while a collective waits, at most (then the input
-waits in the socket, and the shards' credit with it): one, which the learner's next step
-trains instead of receiving one (a backlog would only age the batches)."""
 
 
 def unroll_outputs(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -187,20 +179,7 @@ class UnrollUpdate(BaseUpdate):
         self.defer_checks = self.group is None and defers_checks(self.optimizer, self.device)
         """Finiteness checked on the device, read by the learner one update later
         (``UpdateResult.finite``): on a GPU, alone. Otherwise a NaN/inf raises at once."""
-        self.group_version = 0
-        """In a group: the newest weights version any learner of it knows (rank 0's, which
-        publishes), agreed on at each batch: a follower's staleness is measured against it."""
-        self.weight_drift = 0.0
-        """In a group: the spread of the learners' weights at the last batch (0 by
-        construction; anything else is corrected from rank 0 and counted)."""
-        self.drift_corrections = 0
-        self.backlog_batches = 0
-        """In a group: batches dropped unread from a backlog (:meth:`trim_backlog`)."""
-        self.idle_rounds = 0
-        """In a group: rounds this learner joined without a batch (:meth:`idle_round`)."""
-        self.last_round = time.monotonic()
-        """In a group: when this learner last began a round (with a batch or none)."""
-        self.members.on_tick = self.group_tick
+        self.members.waiting = self.pending.__len__
         self.members.optimizer = self.optimizer
 
     def receive(self, msg: P.Message, version: int) -> None:
@@ -234,7 +213,7 @@ class UnrollUpdate(BaseUpdate):
     def current_version(self, version: int) -> int:
         """The version staleness is measured against: the learner's own (acked by the
         parameter server), or in a group the newest its learners agreed on."""
-        return version if self.group is None else max(version, self.group_version)
+        return version if self.group is None else max(version, self.members.version)
 
     def train(self, version: int) -> UpdateResult | None:
         """:meth:`train_unrolls` on the fresh unrolls of the oldest kept batch; None when there
@@ -243,11 +222,11 @@ class UnrollUpdate(BaseUpdate):
         :meth:`steps_per_batch` on the group's averaged gradients, after a :meth:`sync_group`
         (each step is a collective: every learner must take as many)."""
         if self.group is not None:
-            self.trim_backlog()
+            self.members.trim(len(self.pending), self.drop_oldest)
         if not self.members.ready:
             self.members.poll()  # LearnerGroupError past learner.group_timeout_s
             return None
-        idle = self.group is not None and time.monotonic() - self.last_round > IDLE_ROUND_S
+        idle = self.members.idle_due()
         if not self.pending and not idle:
             return None
         try:
@@ -262,7 +241,7 @@ class UnrollUpdate(BaseUpdate):
         """Train on the oldest kept batch (see :meth:`train`)."""
         kept = self.pending.popleft()  # dropped, not retried, if it raises
         if self.group is not None:
-            self.last_round = time.monotonic()
+            self.members.begin_round(idle=False)
             version = self.sync_group(version)
         rows = self.fresh_rows(kept.versions, version)
         rows = rows[np.isin(rows, kept.rows)]  # fresh then and now (versions only grow)
@@ -298,58 +277,20 @@ class UnrollUpdate(BaseUpdate):
         none (:meth:`sync_group`, then :meth:`idle_batch`), so that the others, which hold
         batches, do not wait for this learner's next one (a shard that stopped, batches dealt
         out unevenly); where every learner is idle, the round takes no step."""
-        self.last_round = time.monotonic()
-        self.idle_rounds += 1
+        self.members.begin_round(idle=True)
         self.sync_group(version)
         return self.idle_batch("an idle round")
 
-    def trim_backlog(self) -> None:
-        """In a group, where every learner trains one batch per batch received: drop (and
-        count, ``backlog_batches``, their unrolls as stale) the batches that came while the
-        group formed, and later the oldest kept batches beyond ``WAITING_BATCHES + 1``. A
-        backlog would never drain, and every batch would wait behind it, growing stale."""
-        keep = WAITING_BATCHES + 1 if self.members.ready else 0
-        while len(self.pending) > keep:
-            old = self.pending.popleft()
-            self.stale_unrolls += len(old.versions)
-            self.backlog_batches += 1
+    def drop_oldest(self) -> None:
+        """Drop the oldest kept batch unread, its unrolls counted stale (a group's backlog,
+        ``PolicyLearners.trim``)."""
+        old = self.pending.popleft()
+        self.stale_unrolls += len(old.versions)
 
     def sync_group(self, version: int) -> int:
-        """At the start of each batch, one small all-reduce (max) over the group of every
-        learner's weights version and of a fingerprint of its weights (the sum of each
-        tensor of the state dict, and its negation: their maxima give the spread). Returns
-        the newest version; a spread other than 0 (the group formed from rank 0's state,
-        so only a fault makes one) is measured (``weight_drift``), counted and corrected:
-        every learner takes rank 0's weights (its Adam moments stay its own)."""
-        assert self.group is not None
-        tensors = list(self.model.state_dict().values())
-        sums = torch.stack([t.detach().double().sum() for t in tensors]).cpu()
-        values = torch.cat([sums, -sums, torch.tensor([float(version)], dtype=torch.float64)])
-        values = values.to(self.group.device)
-        services = self.members.services
-        self.group.reduce_max(values, self.group_tick, services.stop_event)
-        n = len(tensors)
-        spread = values[:n] + values[n : 2 * n]  # max - min of each tensor's sum
-        self.weight_drift = float(spread.abs().max())
-        if self.weight_drift != 0:
-            self.drift_corrections += 1
-            self.log.warning(
-                "learner group: weights %g apart at a batch; taking rank 0's", self.weight_drift
-            )
-            self.group.broadcast(tensors, self.group_tick, services.stop_event)
-        self.group_version = max(self.group_version, int(values[-1]))
-        return max(version, self.group_version)
-
-    def group_tick(self) -> None:
-        """While a collective waits for the other learners: the role's tick, and a batch that
-        arrived meanwhile taken in (``services.take_input``: acked, then :meth:`receive`d)
-        while fewer than ``WAITING_BATCHES`` wait here. A learner that waits for another
-        which has no batch yet must not hold the shards' credit (``replay.prefetch``) unacked
-        in its socket: the batch the other waits for would not be sampled."""
-        services = self.members.services
-        services.tick()
-        if len(self.pending) < WAITING_BATCHES:
-            services.take_input()
+        """At the start of each batch: the group's newest version, and its weights checked
+        to agree (``PolicyLearners.sync``)."""
+        return self.members.sync(version, list(self.model.state_dict().values()))
 
     def steps_per_batch(self) -> int:
         """The optimizer steps :meth:`train_unrolls` takes on any batch (in a group, where
@@ -416,13 +357,8 @@ class UnrollUpdate(BaseUpdate):
         mean_rho = float(self.mean_rho)  # a tensor on the device: read here, once a beat
         if math.isfinite(mean_rho):
             info["mean_rho"] = round(mean_rho, 3)
-        if self.group is not None:
-            info.update(self.members.heartbeat_info())
-            info["group_version"] = self.group_version
-            info["weight_drift"] = self.weight_drift
-            info["drift_corrections"] = self.drift_corrections
-            info["backlog_batches"] = self.backlog_batches
-            info["idle_rounds"] = self.idle_rounds
+        info.update(self.members.heartbeat_info())
+        info.update(self.members.round_info())
         return info
 
     def may_publish(self) -> bool:

@@ -32,7 +32,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
 from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
-from zrl.algos.optim import checked_step
+from zrl.algos.optim import StepFn, checked_step
 from zrl.algos.returns import check_nonnegative
 from zrl.nets.continuous import DDPGModel
 
@@ -153,6 +153,7 @@ def ddpg_update(
     grad_clip: float,
     huber_delta: float | None,
     generator: torch.Generator | None = None,
+    step: StepFn = checked_step,
 ) -> DDPGUpdate:
     """One Ape-X DDPG / TD3 step: critic step, then (if ``update_actor``) an actor step.
 
@@ -164,7 +165,8 @@ def ddpg_update(
     half-range, see :func:`target_policy_smoothing`). Priorities are the ``q1`` TD errors.
 
     Each step raises :class:`NonFiniteLossError` before touching the weights it would change;
-    a non-finite actor loss therefore comes after the critic has already stepped.
+    a non-finite actor loss therefore comes after the critic has already stepped. ``step``
+    takes each optimizer step (a learner group's averages the gradients first).
     """
     check_batch(batch, grad_clip, "ddpg_update")
     if huber_delta is not None and not huber_delta > 0:
@@ -198,13 +200,13 @@ def ddpg_update(
     if q2 is not None:
         critic_loss = critic_loss + _critic_loss(y - q2, batch["weight"], huber_delta)
     critic_params = [p for m in (model.q1, model.q2) if m is not None for p in m.parameters()]
-    grad_norm = checked_step(critic_optimizer, critic_loss, critic_params, grad_clip)
+    grad_norm = step(critic_optimizer, critic_loss, critic_params, grad_clip)
 
     actor_loss, actor_grad_norm = math.nan, math.nan
     if update_actor:
         with frozen([model.q1, model.q2]):
             loss = -model.q1(obs, model.policy(obs)).mean()
-            actor_grad_norm = checked_step(
+            actor_grad_norm = step(
                 actor_optimizer, loss, list(model.policy.parameters()), grad_clip
             )
         actor_loss = float(loss.item())

@@ -17,4 +17,5 @@ ALGORITHM = Algorithm(
     model="zrl.nets.discrete:q_network_for",
     sections=("replay", "learner"),
     remote_inference=True,
+    data_parallel=True,
 )

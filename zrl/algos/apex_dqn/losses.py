@@ -15,7 +15,7 @@ import torch
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.algos.optim import checked_step
+from zrl.algos.optim import StepFn, checked_step
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 
@@ -123,12 +123,14 @@ def dqn_update(
     double: bool,
     huber_delta: float,
     grad_clip: float,
+    step: StepFn = checked_step,
 ) -> DQNUpdate:
     """One gradient step of (double) n-step DQN with prioritized-replay weights.
 
     ``batch`` holds ``obs [B, ...]``, ``action [B]`` (int), ``reward [B]`` (the n-step return),
     ``discount [B]`` (``gamma^k`` or 0), ``next_obs [B, ...]`` and ``weight [B]``. Gradients are
-    clipped to global L2 norm ``grad_clip`` (``math.inf`` disables clipping).
+    clipped to global L2 norm ``grad_clip`` (``math.inf`` disables clipping). ``step`` takes
+    the optimizer step (a learner group's averages the gradients first).
     """
     missing = [k for k in BATCH_KEYS if k not in batch]
     if missing:
@@ -153,7 +155,7 @@ def dqn_update(
 
     loss, td = dqn_loss(q_values, batch["action"], y, batch["weight"], huber_delta)
 
-    grad_norm = checked_step(optimizer, loss, list(online.parameters()), grad_clip)
+    grad_norm = step(optimizer, loss, list(online.parameters()), grad_clip)
 
     q_taken = q_values.detach().gather(1, batch["action"].long().unsqueeze(1)).mean()
     return DQNUpdate(

@@ -50,6 +50,7 @@ class ApexDQNUpdate(QTargetUpdate):
         learner's ``updates`` when its checkpoint carries one."""
         self.pending = PendingBatches(setup.device)
         """Received batches not trained on yet: (shard, keys, tensors)."""
+        self.join_learners(setup)
 
     def receive(self, msg: P.Message, version: int) -> None:
         dims = validate(msg, M.TRANSITION_BATCH, O=self.obs_shape)
@@ -68,10 +69,8 @@ class ApexDQNUpdate(QTargetUpdate):
             double=lc.double,
             huber_delta=lc.huber_delta,
             grad_clip=lc.grad_clip,
+            step=self.optimizer_step,
         )
         figures = {"loss": result.loss, "q_mean": result.q_mean, "grad_norm": result.grad_norm}
         targets_due = (self.updates + 1) % lc.target_update_interval == 0
         return BatchStep(result.loss, result.td, figures, targets_due)
-
-    def summary(self) -> str:
-        return ""

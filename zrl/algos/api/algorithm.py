@@ -92,8 +92,9 @@ class Algorithm:
     rollouts, negamax GAE), for a feed-forward model."""
     data_parallel: bool = False
     """Several learners of one policy (``roles.learners`` more than the policies) train it
-    together in a ``torch.distributed`` group (``zrl.algos.learner_group``: DD-PPO, IMPALA,
-    APPO). Without it such learners would each train and publish a model of their own."""
+    together in a ``torch.distributed`` group (``zrl.algos.learner_group``; every built-in
+    algorithm with a learner). Without it such learners would each train and publish a model
+    of their own, so they are refused."""
     remote_inference: bool = False
     """Its actor policy only calls the model's forward methods (``forward``,
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
@@ -131,7 +132,7 @@ class Algorithm:
     ) -> Algorithm:
         """An algorithm for Box actions on the policy and update of ``zrl.algos.continuous``
         (Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``, the config sections replay,
-        learner and its own ``config``."""
+        learner and its own ``config``; data-parallel learners."""
         continuous = "zrl.algos.continuous"
         return cls(
             name=name,
@@ -143,6 +144,7 @@ class Algorithm:
             config=config,
             sections=("replay", "learner"),
             model_options=model_options,
+            data_parallel=True,
         )
 
     def wiring_for(self, cfg: ExperimentConfig) -> Wiring:
@@ -205,6 +207,15 @@ class Algorithm:
                 "do not train one policy together (ppo, impala and appo do), each would publish "
                 "a model of its own; set roles.learners: "
                 f"{len(cfg.policies)}"
+            )
+        learners = cfg.learners_per_policy()
+        shards, prefetch = r.replay, cfg.replay.prefetch
+        if w.learner_input == "batches" and learners > 1 and shards * prefetch < learners:
+            raise ValueError(
+                f"roles.learners ({learners}): {self.name}'s learners each train their own "
+                f"batches, in step, and at most roles.replay ({shards}) x replay.prefetch "
+                f"({prefetch}) = {shards * prefetch} are in flight; make that product at "
+                f"least {learners}"
             )
         if not w.learner_input and r.learners > 0:
             raise ValueError(

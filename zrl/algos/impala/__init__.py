@@ -53,18 +53,11 @@ def check_recurrent(cfg: ExperimentConfig) -> None:
 
 def check_learner_group(cfg: ExperimentConfig) -> None:
     """What several IMPALA/APPO learners of one policy (``roles.learners > 1``, a group
-    averaging its gradients) need: a batch in flight for each learner, and no statistics that
-    each would gather from its own batches."""
+    averaging its gradients) need beyond a batch in flight for each learner (checked for
+    every algorithm): no statistics that each would gather from its own batches."""
     learners, name = cfg.learners_per_policy(), cfg.algo
     if learners < 2:
         return
-    shards, prefetch = cfg.roles.replay, cfg.replay.prefetch
-    if shards * prefetch < learners:
-        raise ValueError(
-            f"roles.learners ({learners}): {name}'s learners each train their own batches, in "
-            f"step, and at most roles.replay ({shards}) x replay.prefetch ({prefetch}) = "
-            f"{shards * prefetch} are in flight; make that product at least {learners}"
-        )
     if cfg.model.normalize_input:
         raise ValueError(
             f"model.normalize_input with roles.learners ({learners}): each {name} learner "

@@ -108,6 +108,7 @@ ALGORITHM = Algorithm(
     model="zrl.algos.qmix.model:qmix_model_for",
     config={"qmix": QMIXConfig},
     sections=("replay", "learner"),
+    data_parallel=True,
     check_config=check_config,
     model_options=model_options,
 )

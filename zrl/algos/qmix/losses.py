@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zrl.algos.optim import checked_step
+from zrl.algos.optim import StepFn, checked_step
 from zrl.algos.r2d2.losses import burn_in_unroll, nstep_double_q_targets
 
 if TYPE_CHECKING:
@@ -137,12 +137,14 @@ def qmix_update(
     *,
     double: bool,
     grad_clip: float,
+    step: StepFn = checked_step,
 ) -> QMIXStep:
     """One gradient step of QMIX on a batch of team transitions: ``obs``/``next_obs``
     ``[B, L * slot]`` (the agents' slot observations side by side, each carrying the state),
     ``action [B]`` (joint indices), ``reward [B]`` (the n-step team return), ``discount [B]``,
     ``weight [B]``. The agent network and the mixer learn together; gradients are clipped to
-    global L2 norm ``grad_clip``. NonFiniteLossError before a non-finite step."""
+    global L2 norm ``grad_clip``; ``step`` takes the optimizer step (a learner group's
+    averages the gradients first). NonFiniteLossError before a non-finite step."""
     missing = [k for k in BATCH_KEYS if k not in batch]
     if missing:
         raise ValueError(f"qmix_update: batch is missing keys {missing}")
@@ -156,7 +158,7 @@ def qmix_update(
         next_values = next_agent_values(next_q_target, next_q_online)
         y = qmix_targets(batch["reward"], batch["discount"], target.mixer(next_values, next_state))
     loss, td = qmix_loss(q_tot, y, batch["weight"])
-    grad_norm = checked_step(optimizer, loss, list(online.parameters()), grad_clip)
+    grad_norm = step(optimizer, loss, list(online.parameters()), grad_clip)
     return QMIXStep(
         loss=float(loss.item()),
         td=td.abs().cpu().numpy().astype(np.float32),
@@ -205,13 +207,14 @@ def qmix_sequence_update(
     n_step: int,
     double: bool,
     grad_clip: float,
+    step: StepFn = checked_step,
 ) -> QMIXStep:
     """One gradient step of recurrent QMIX on a batch of ``B`` team sequences of ``T`` steps:
     ``obs [B, T + 1, L * slot]``, ``first [B, T + 1]``, ``state [B, L * S]`` (the agents'
     states before position 0), ``action [B, T]`` (joint indices), ``reward``/``terminated``/
     ``mask [B, T]``, ``weight [B]``. The loss covers the steps after ``burn_in``; ``td`` of
-    the result is each sequence's mean ``|y - Q_tot|`` over them. NonFiniteLossError before a
-    non-finite step."""
+    the result is each sequence's mean ``|y - Q_tot|`` over them; ``step`` as
+    :func:`qmix_update`'s. NonFiniteLossError before a non-finite step."""
     missing = [k for k in SEQUENCE_BATCH_KEYS if k not in batch]
     if missing:
         raise ValueError(f"qmix_sequence_update: batch is missing keys {missing}")
@@ -237,7 +240,7 @@ def qmix_sequence_update(
         )[:, burn_in:]
     train_mask = batch["mask"].bool()[:, burn_in:]
     loss, td = qmix_sequence_loss(q_tot, y, train_mask, batch["weight"])
-    grad_norm = checked_step(optimizer, loss, list(online.parameters()), grad_clip)
+    grad_norm = step(optimizer, loss, list(online.parameters()), grad_clip)
     steps = train_mask.sum(dim=1).clamp(min=1)
     real = q_tot.detach()[train_mask]
     return QMIXStep(

@@ -62,6 +62,7 @@ class QMIXUpdate(QTargetUpdate):
             self.sizes.update(T=T, P=T + 1, R=agents * int(self.model.state_size))
         self.updates = 0
         self.pending = PendingBatches(setup.device)
+        self.join_learners(setup)
 
     def receive(self, msg: P.Message, version: int) -> None:
         dims = validate(msg, self.schema, **self.sizes)
@@ -82,6 +83,7 @@ class QMIXUpdate(QTargetUpdate):
                 n_step=self.config.replay.n_step,
                 double=self.qmix.double,
                 grad_clip=self.config.learner.grad_clip,
+                step=self.optimizer_step,
             )
         else:
             result = qmix_update(
@@ -91,6 +93,7 @@ class QMIXUpdate(QTargetUpdate):
                 batch,
                 double=self.qmix.double,
                 grad_clip=self.config.learner.grad_clip,
+                step=self.optimizer_step,
             )
         figures = {
             "loss": result.loss,

@@ -45,6 +45,7 @@ ALGORITHM = Algorithm(
     remote_inference=True,
     config={"r2d2": R2D2Config},
     sections=("replay", "learner"),
+    data_parallel=True,
     check_config=check_config,
     sequence_length=lambda cfg: cfg.section(R2D2Config).sequence_length,
 )

@@ -33,7 +33,7 @@ from torch import Tensor
 from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.batches import PendingBatches
-from zrl.algos.optim import checked_step, make_adam
+from zrl.algos.optim import make_adam
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     burn_in_unroll,
@@ -80,6 +80,7 @@ class R2D2Update(QTargetUpdate):
         self.updates = 0
         self.pending = PendingBatches(setup.device)
         self.send_priorities = self.config.replay.table == "prioritized"
+        self.join_learners(setup)
 
     def receive(self, msg: P.Message, version: int) -> None:
         dims = validate(msg, self.schema, **self.sizes)
@@ -112,7 +113,8 @@ class R2D2Update(QTargetUpdate):
         q_taken = q_train[:, : L - burn].gather(-1, action[..., None])[..., 0]
         train_mask = batch["mask"][:, burn:]
         loss, td = r2d2_loss(q_taken, targets, train_mask, batch["weight"])
-        grad_norm = checked_step(self.optimizer, loss, list(self.model.parameters()), lc.grad_clip)
+        params = list(self.model.parameters())
+        grad_norm = self.optimizer_step(self.optimizer, loss, params, lc.grad_clip)
         priorities = sequence_priority(td, train_mask, c.priority_eta)
         masked = q_taken.detach()[train_mask]
         figures = {

@@ -31,8 +31,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.apex_ddpg.losses import check_batch, frozen
-from zrl.algos.api.learner import NonFiniteLossError
-from zrl.algos.optim import checked_step
+from zrl.algos.optim import StepFn, checked_step
 from zrl.nets.continuous import SACModel
 
 
@@ -98,6 +97,7 @@ def sac_update(
     target_entropy: float,
     grad_clip: float,
     fixed_alpha: float | None = None,
+    step: StepFn = checked_step,
 ) -> SACUpdate:
     """One SAC step: critic step, then actor step, then temperature step.
 
@@ -108,9 +108,10 @@ def sac_update(
     ``q1`` and ``q2``, ``actor_optimizer`` the policy and ``alpha_optimizer`` the scalar
     ``log_alpha``. With ``fixed_alpha`` the temperature is that constant and ``log_alpha`` /
     ``alpha_optimizer`` are left alone. Gradients of the critic and actor are clipped to global
-    norm ``grad_clip``. Each step raises :class:`NonFiniteLossError` before changing the weights
-    it owns (a later non-finite loss comes after the earlier steps have been applied). The caller
-    does the Polyak target update.
+    norm ``grad_clip`` (the temperature's is not clipped). Each step raises
+    :class:`NonFiniteLossError` before changing the weights it owns (a later non-finite loss
+    comes after the earlier steps have been applied). ``step`` takes each optimizer step (a
+    learner group's averages the gradients first). The caller does the Polyak target update.
     """
     check_batch(batch, grad_clip, "sac_update")
     if fixed_alpha is None:
@@ -138,13 +139,13 @@ def sac_update(
     weights = batch["weight"]
     critic_loss = (weights * 0.5 * td1.square()).mean() + (weights * 0.5 * (y - q2).square()).mean()
     critic_params = [*model.q1.parameters(), *model.q2.parameters()]
-    grad_norm = checked_step(critic_optimizer, critic_loss, critic_params, grad_clip)
+    grad_norm = step(critic_optimizer, critic_loss, critic_params, grad_clip)
 
     with frozen([model.q1, model.q2]):
         actions_pi, logp_pi = model.sample(obs)
         q1_pi, q2_pi = model.q_values(obs, actions_pi)
         actor_loss = sac_actor_loss(q1_pi, q2_pi, logp_pi, alpha)
-        actor_grad_norm = checked_step(
+        actor_grad_norm = step(
             actor_optimizer, actor_loss, list(model.policy.parameters()), grad_clip
         )
 
@@ -152,13 +153,7 @@ def sac_update(
     if fixed_alpha is None:
         assert alpha_optimizer is not None
         loss = temperature_loss(log_alpha, logp_pi.detach(), target_entropy)
-        alpha_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad = log_alpha.grad
-        if not (torch.isfinite(loss) and (grad is None or bool(torch.isfinite(grad).all()))):
-            grad_value = math.nan if grad is None else float(grad.detach().abs().sum().item())
-            raise NonFiniteLossError(float(loss.item()), grad_value)
-        alpha_optimizer.step()
+        step(alpha_optimizer, loss, [log_alpha], math.inf)  # not clipped
         alpha_loss = float(loss.item())
 
     return SACUpdate(
