@@ -10,7 +10,7 @@ lone learner's step on the other's batch), and where no learner has a batch no s
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -214,3 +214,55 @@ def test_a_lone_learner_has_no_group_and_publishes() -> None:
     result = update.train(0)
     assert result is not None and result.priorities is not None
     assert result.priorities.shard == SHARD
+
+
+def test_a_replaced_sac_learner_reforms_the_group_and_takes_rank_0s_whole_state() -> None:
+    """SAC learner 1 leaves (its group closed, as a killed process's would be); learner 0's
+    next batch fails its collective and is dropped, without stopping it; a new learner 1 (its
+    own weights, targets and temperature, no optimizer state, update count 0) joins on
+    generation 2 and holds rank 0's whole update state before either trains; their next
+    batches leave them identical, with no drift to correct."""
+    ups = group_of_two("sac", {})
+    leader, follower = ups
+    registry = cast(GroupServices, leader.members.services).registry
+    replacement: BatchUpdate | None = None
+
+    def train_one(pair: list[BatchUpdate], seed: int) -> None:
+        def run(rank: int) -> None:
+            try:
+                wait_for(lambda: pair[rank].members.poll(), timeout=120)
+                pair[rank].receive(batch(continuous_batch(np.random.default_rng(seed + rank))), 0)
+                assert pair[rank].train(0) is not None
+            except BaseException:
+                stop_all(pair)
+                raise
+
+        run_ranks(run)
+
+    try:
+        train_one(ups, 1)
+        follower.close()
+        leader.receive(batch(continuous_batch(np.random.default_rng(3))), 0)
+        assert leader.train(0) is None  # the collective failed: batch dropped
+        assert not leader.members.ready and leader.members.group is not None
+        assert leader.members.group.generation == 2 and leader.updates == 1
+        cfg = config("sac", roles={"learners": 2})
+        replacement = ContinuousUpdate(
+            setup(cfg, seed=5, index=1, services=GroupServices(1, registry))
+        )
+        pair = [leader, replacement]
+        assert not same_state(flat_state(leader), flat_state(replacement))
+        run_ranks(lambda r: wait_for(lambda: pair[r].members.poll(), timeout=120))
+        assert same_state(flat_state(leader), flat_state(replacement))
+        for up in pair:
+            info = up.heartbeat_info()
+            assert (info["group_generation"], info["group_reforms"]) == (2, 1), info
+        train_one(pair, 5)
+        assert same_state(flat_state(leader), flat_state(replacement))
+        assert leader.updates == replacement.updates == 2
+        assert leader.members.drift_corrections == replacement.members.drift_corrections == 0
+    finally:
+        leader.close()
+        follower.close()
+        if replacement is not None:
+            replacement.close()

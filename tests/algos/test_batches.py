@@ -12,7 +12,6 @@ from zrl.algos.batches import (
     DeviceError,
     HostStaging,
     PendingBatches,
-    learner_device,
     policy_lags,
     resolve_device,
     to_device,
@@ -42,12 +41,6 @@ def test_auto_is_the_cpu_without_a_gpu_and_cuda_is_refused_naming_the_value():
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(DeviceError, match=r"learner.device='cuda:1', but torch sees no GPU"):
         resolve_device("cuda:1")
-
-
-def test_rollout_learners_stay_on_the_cpu():
-    assert learner_device("auto", "rollouts") == torch.device("cpu")
-    with pytest.raises(DeviceError, match="learners of rollouts train on the CPU"):
-        learner_device("cuda", "rollouts")
 
 
 def test_cnns_go_channels_last_on_the_cpu_unless_the_config_says_otherwise():

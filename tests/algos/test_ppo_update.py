@@ -158,6 +158,29 @@ def test_trains_a_round_of_one_rollout_per_actor():
     assert up.buffer.stale == 1 and not up.buffer.pending
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_round_on_a_gpu_trains_as_on_the_cpu():
+    """``learner.device: cuda``: the round's tensors go to the GPU once and its minibatches
+    are cut there; the weights after a round match the CPU learner's (float tolerance)."""
+    ups = []
+    for device in ("cpu", "cuda"):
+        cfg = make_config()
+        torch.manual_seed(0)
+        model = build_model(OBS_SPACE, ACT_SPACE, cfg.model, "ppo").to(device)
+        setup = learner_setup(cfg, model, OBS_SPACE, ACT_SPACE, services=FakeServices())
+        setup.device = device
+        up = PPOUpdate(setup)
+        for actor in (0, 1):
+            up.receive(rollout_msg(actor), 1)
+        result = up.train(1)
+        assert result is not None and result.updates == 3 * (2 * E * T // 8)
+        ups.append(up)
+    cpu, gpu = (params(up.model) for up in ups)
+    assert all(v.device.type == "cuda" for v in gpu.values())
+    for k, v in cpu.items():
+        torch.testing.assert_close(gpu[k].cpu(), v, rtol=1e-4, atol=1e-5)
+
+
 def test_ticks_during_a_long_round():
     services = FakeServices()
     up = make_update(services=services)
@@ -374,9 +397,15 @@ def test_frame_rollouts_train_on_the_stacks_the_envs_produced(monkeypatch):
     msgs, trajs = frame_rollouts()
     seen: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
 
-    def recording(model, rollouts, gamma, lam, frames=False, value_normalizer=None):
+    def recording(model, rollouts, gamma, lam, frames=False, value_normalizer=None, device="cpu"):
         data = round_tensors(
-            model, rollouts, gamma, lam, frames=frames, value_normalizer=value_normalizer
+            model,
+            rollouts,
+            gamma,
+            lam,
+            frames=frames,
+            value_normalizer=value_normalizer,
+            device=device,
         )
         stacks = [Rollout(r.version, r.actor, stack_arrays(trajs[r.actor])) for r in rollouts]
         seen.append((data, round_tensors(model, stacks, gamma, lam)))

@@ -44,19 +44,6 @@ def resolve_device(name: str, key: str = "learner.device") -> torch.device:
     return device
 
 
-def learner_device(name: str, learner_input: str) -> torch.device:
-    """The device of a learner fed by ``learner_input`` (``Wiring.learner_input``): learners
-    of rollouts (PPO, DD-PPO) train on the CPU in this version, so ``auto`` means cpu there."""
-    if learner_input == "batches":
-        return resolve_device(name)
-    if name not in ("auto", "cpu"):
-        raise DeviceError(
-            f"learner.device={name!r}: learners of {learner_input} train on the CPU in this "
-            "version (only learners fed by replay batches move to a GPU); use cpu or auto"
-        )
-    return torch.device("cpu")
-
-
 def wants_channels_last(memory_format: str, device: torch.device) -> bool:
     """Whether a learner on ``device`` lays its CNNs out channels-last for
     ``learner.memory_format`` (``auto``: on the CPU only, where oneDNN's convolutions are

@@ -83,7 +83,7 @@ from zrl.algos.api.learner import (
     NonFiniteLossError,
     UpdateResult,
 )
-from zrl.algos.batches import learner_device, wants_channels_last
+from zrl.algos.batches import resolve_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import WeightsCopy
@@ -176,7 +176,7 @@ class Learner(Role):
         spaces = (probe.single_observation_space, probe.single_action_space)
         probe.close()
         self.open_input(algorithm.wiring.learner_input)
-        self.device = learner_device(cfg.learner.device, algorithm.wiring.learner_input)
+        self.device = resolve_device(cfg.learner.device)
         self.update: LearnerUpdate = self.make_update(spaces)
         if len(cfg.policies) > 1:  # only a league's players are ever reset
             self.initial_state = copy.deepcopy(self.update.state_dict())

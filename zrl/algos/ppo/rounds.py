@@ -107,6 +107,7 @@ def round_tensors(
     *,
     frames: bool = False,
     value_normalizer: ValueNormalizer | None = None,
+    device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
     """The valid samples of a round, flattened, with old values, GAE advantages and returns
     computed with the current weights (the behaviour weights, in sync mode).
@@ -118,7 +119,11 @@ def round_tensors(
 
     Box actions (``continuous_unroll`` rollouts) keep their action dim: ``action [N, A]``.
     With a ``value_normalizer`` the model's values are normalized ones: GAE runs on them
-    denormalized; ``value`` stays as the head gave it and ``return`` is raw."""
+    denormalized; ``value`` stays as the head gave it and ``return`` is raw.
+
+    On ``device`` (the model's: a GPU learner's) the observations go there once, the values
+    come back for GAE (on the host), and every tensor of the round is returned there."""
+    device = torch.device(device)
     schema = FRAME_UNROLL if frames else UNROLL
     # A game played from both seats adds passes (TURN_UNROLL): GAE negates across them.
     keys = [*schema.arrays, *(["passes"] if "passes" in rollouts[0].arrays else [])]
@@ -126,10 +131,11 @@ def round_tensors(
     E, T = cat["reward"].shape
     if frames:
         stacks, last = stacks_from_frames(
-            torch.from_numpy(cat["frames"]), torch.from_numpy(cat["valid"])
+            torch.from_numpy(cat["frames"]).to(device), torch.from_numpy(cat["valid"]).to(device)
         )
     else:
-        stacks, last = torch.from_numpy(cat["obs"]), torch.from_numpy(cat["bootstrap_obs"])
+        stacks = torch.from_numpy(cat["obs"]).to(device)
+        last = torch.from_numpy(cat["bootstrap_obs"]).to(device)
     with torch.no_grad():
         obs = stacks.reshape(E * T, *stacks.shape[2:])
         head_values = model.value(obs).reshape(E, T)
@@ -138,11 +144,11 @@ def round_tensors(
         if value_normalizer is not None:
             raw_values = value_normalizer.denormalize(head_values)
             raw_bootstrap = value_normalizer.denormalize(head_bootstrap)
-    values = head_values.numpy()
-    bootstrap = raw_bootstrap.numpy()
+    values = head_values.cpu().numpy()
+    bootstrap = raw_bootstrap.cpu().numpy()
     advantages, returns = rollout_gae(
         cat["reward"],
-        raw_values.numpy(),
+        raw_values.cpu().numpy(),
         cat["terminated"],
         cat["truncated"],
         cat["valid"],
@@ -152,18 +158,23 @@ def round_tensors(
         passes=cat.get("passes"),
     )
     valid = cat["valid"].reshape(-1)
-    return {
-        "obs": obs[torch.from_numpy(valid)],
-        "action": torch.from_numpy(cat["action"].reshape(E * T, *cat["action"].shape[2:])[valid]),
-        "logp": torch.from_numpy(cat["logp"].reshape(-1)[valid]),
-        "value": torch.from_numpy(values.reshape(-1)[valid].astype(np.float32)),
-        "advantage": torch.from_numpy(advantages.reshape(-1)[valid]),
-        "return": torch.from_numpy(returns.reshape(-1)[valid]),
+    host = {
+        "action": cat["action"].reshape(E * T, *cat["action"].shape[2:])[valid],
+        "logp": cat["logp"].reshape(-1)[valid],
+        "value": values.reshape(-1)[valid].astype(np.float32),
+        "advantage": advantages.reshape(-1)[valid],
+        "return": returns.reshape(-1)[valid],
     }
+    out = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
+    return {"obs": obs[torch.from_numpy(valid).to(device)], **out}
 
 
 def recurrent_round_tensors(
-    model: RecurrentActorCritic, rollouts: list[Rollout], gamma: float, lam: float
+    model: RecurrentActorCritic,
+    rollouts: list[Rollout],
+    gamma: float,
+    lam: float,
+    device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
     """The env rows of a round, ``[N, T, ...]`` (N: the rollouts' envs), for a recurrent
     actor-critic: each row keeps its recorded ``state [N, S]`` and resets ``first [N, T]`` so
@@ -176,19 +187,20 @@ def recurrent_round_tensors(
     ``bootstrap_obs`` from the state after the last step, zeroed where that step only reset
     the env (``valid[:, -1]`` False): the actor starts an episode at that observation, and
     its next rollout says so in ``first[:, 0]`` (GAE does not use the bootstrap after an
-    invalid step, but it stays the value the actor computes). GAE as for feed-forward rounds."""
+    invalid step, but it stays the value the actor computes). GAE as for feed-forward rounds,
+    on the host; every tensor of the round on ``device`` (the model's)."""
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in RECURRENT_UNROLL.arrays}
-    rows = {k: torch.from_numpy(v) for k, v in cat.items()}
+    rows = {k: torch.from_numpy(v).to(device) for k, v in cat.items()}
     obs, state, first = rows["obs"], rows["state"], rows["first"]
     with torch.no_grad():
         _, values, bootstrap = unroll_outputs(model, rows)
     advantages, returns = rollout_gae(
         cat["reward"],
-        values.numpy(),
+        values.cpu().numpy(),
         cat["terminated"],
         cat["truncated"],
         cat["valid"],
-        bootstrap.numpy(),
+        bootstrap.cpu().numpy(),
         gamma,
         lam,
     )
@@ -196,10 +208,10 @@ def recurrent_round_tensors(
         "obs": obs,
         "state": state,
         "first": first,
-        "valid": torch.from_numpy(cat["valid"]),
-        "action": torch.from_numpy(cat["action"]),
-        "logp": torch.from_numpy(cat["logp"]),
+        "valid": rows["valid"],
+        "action": rows["action"],
+        "logp": rows["logp"],
         "value": values,
-        "advantage": torch.from_numpy(advantages),
-        "return": torch.from_numpy(returns),
+        "advantage": torch.from_numpy(advantages).to(device),
+        "return": torch.from_numpy(returns).to(device),
     }

@@ -10,10 +10,10 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
 
 - a ``torch.distributed`` process group of the policy's learners
   (``zrl.algos.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
-  heartbeat and found by the others through the broker; gloo on the CPU). Every learner holds
-  the same round, cuts every minibatch into ``learners`` equal slices, computes the gradient
-  of its slice and all-reduces it (the mean) before the optimizer step, so all learners apply
-  the same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
+  heartbeat and found by the others through the broker; gloo on the CPU, nccl on GPUs). Every
+  learner holds the same round, cuts every minibatch into ``learners`` equal slices, computes
+  the gradient of its slice and all-reduces it (the mean) before the optimizer step, so all
+  learners apply the same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
   group has formed: the first weights start the actors); the others follow them at the start
   of each round (and count any drift, which should stay 0). The group is destroyed when the
   learner stops (:meth:`PPOUpdate.close`). A learner of the group that dies or cannot be
@@ -89,6 +89,8 @@ class PPOUpdate(BaseUpdate):
         self.log = setup.log
         self.train_stats = setup.train_stats
         self.services = setup.services
+        self.device = torch.device(setup.device)
+        """``learner.device``: the round's tensors go there once (GAE runs on the host)."""
         self.obs_shape = obs_shape(setup.observation_space)
         self.num_actions = int(getattr(setup.action_space, "n", 0))
         # A recurrent actor-critic's rollouts carry the state [E, R] they started from.
@@ -265,7 +267,7 @@ class PPOUpdate(BaseUpdate):
         if self.recurrent:
             # Whole env rows: the core is unrolled over each from the state it recorded.
             model = cast(RecurrentActorCritic, self.model)
-            data = recurrent_round_tensors(model, chosen, c.gamma, c.gae_lambda)
+            data = recurrent_round_tensors(model, chosen, c.gamma, c.gae_lambda, self.device)
             mb = max(1, c.minibatch_size // T)
         else:
             feed_forward = cast(ActorCritic | GaussianActorCritic, self.model)
@@ -276,6 +278,7 @@ class PPOUpdate(BaseUpdate):
                 c.gae_lambda,
                 frames=self.frames,
                 value_normalizer=self.value_normalizer,
+                device=self.device,
             )
             if self.value_normalizer is not None:  # raw returns in, normalized targets out
                 self.value_normalizer.update(data["return"])
@@ -289,9 +292,10 @@ class PPOUpdate(BaseUpdate):
         per_epoch = max(1, nominal // mb)
         steps = 0
         for _ in range(c.epochs):
-            order = torch.randperm(n, generator=self.rng)
+            order = torch.randperm(n, generator=self.rng)  # on the host: the generator's
             for j in range(per_epoch):
                 idx = order[torch.arange(j * mb, (j + 1) * mb) % n]  # wraps on a short round
+                idx = idx.to(self.device)
                 self.minibatch_step({k: v[idx] for k, v in data.items()}, steps)
                 steps += 1
                 if steps % TICK_EVERY_STEPS == 0:

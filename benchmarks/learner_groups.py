@@ -1,6 +1,8 @@
-"""Learner-group throughput: samples trained per second by 1, 2 and 3 DD-PPO learners (gloo on
-the CPU), or APPO / IMPALA learners (``--config configs/cartpole_appo.yaml``), each its own
-process, against the single learner of the same invocation.
+"""Learner-group throughput: samples trained per second by 1, 2 and 4 DD-PPO learners (gloo on
+the CPU), APPO / IMPALA learners (``--config configs/cartpole_appo.yaml``) or off-policy
+learners (``--config configs/cartpole_apex_dqn.yaml``, ``pendulum_sac.yaml``,
+``pendulum_apex_ddpg.yaml``), each its own process, against the single learner of the same
+invocation.
 
 Each learner is the real ``PPOUpdate`` (``zrl.algos.ppo.update``) of the config, with
 ``roles.learners`` set to the group's size: learner 0 opens the group's store, the others
@@ -16,15 +18,18 @@ the learners' compute and their all-reduce only. The first round is a warm-up, n
 and add an all-reduce per minibatch. Run from the repo root (``torch_threads`` 1 per learner;
 more learners than cores measures the contention, not the scaling)::
 
-    python benchmarks/ddppo_learners.py --rounds 6
-    python benchmarks/ddppo_learners.py --learners 1 2 3 --set ppo.minibatch_size=384
-    python benchmarks/ddppo_learners.py --set ppo.minibatch_size=2048 --set model.hidden=[256,256]
-    python benchmarks/ddppo_learners.py --config configs/cartpole_appo.yaml --rounds 21
+    python benchmarks/learner_groups.py --rounds 6
+    python benchmarks/learner_groups.py --learners 1 2 3 --set ppo.minibatch_size=384
+    python benchmarks/learner_groups.py --set ppo.minibatch_size=2048 --set model.hidden=[256,256]
+    python benchmarks/learner_groups.py --config configs/cartpole_appo.yaml --rounds 21
+    python benchmarks/learner_groups.py --config configs/pendulum_sac.yaml --rounds 101
 
 APPO / IMPALA (``zrl.algos.unrolls``): each learner is the real ``AppoUpdate`` /
 ``ImpalaUpdate`` and trains batches of its own (``replay.batch_size`` synthetic unrolls each,
 as a FIFO shard deals them out), a "round" being one batch per learner; the group averages
 every step's gradients, so its samples/s counts every learner's batches (learner 0's time).
+The off-policy learners (``zrl.algos.batch_update``) likewise: each trains its own batches of
+``replay.batch_size`` synthetic transitions, one update each.
 """
 
 from __future__ import annotations
@@ -128,13 +133,41 @@ def unroll_batch(cfg: Any, space: gym.Space, version: int, rng: np.random.Genera
     return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
 
 
+def transition_batch(
+    cfg: Any, obs_space: gym.Space, act_space: gym.Space, rng: np.random.Generator
+) -> Any:
+    """One replay BATCH of ``replay.batch_size`` synthetic n-step transitions (the off-policy
+    learners' input): random observations, and actions inside the env's action space."""
+    from zrl.transport import protocol as P
+
+    B = cfg.replay.batch_size
+    if isinstance(act_space, gym.spaces.Box):
+        low, high = act_space.low, act_space.high
+        action = rng.uniform(low, high, size=(B, *act_space.shape)).astype(np.float32)
+    else:
+        action = rng.integers(int(act_space.n), size=B).astype(np.int64)
+    arrays = {
+        "obs": rng.normal(size=(B, *obs_space.shape)).astype(np.float32),
+        "action": action,
+        "reward": rng.normal(size=B).astype(np.float32),
+        "discount": np.full(B, 0.97, np.float32),
+        "next_obs": rng.normal(size=(B, *obs_space.shape)).astype(np.float32),
+        "weights_version": np.zeros(B, np.int64),
+        "weight": np.ones(B, np.float32),
+        "key": np.arange(B, dtype=np.int64),
+    }
+    return P.Message(P.BATCH, meta={"shard": "replay-0"}, arrays=arrays)
+
+
 def learner_main(
     index: int, learners: int, config: str, overrides: list[str], rounds: int, folder: str
 ) -> dict[str, float]:
     """One learner process: form the group, train ``rounds`` rounds (the first untimed)."""
+    from zrl.algos.apex_dqn.update import ApexDQNUpdate
     from zrl.algos.api.learner import LearnerSetup
     from zrl.algos.api.train_stats import TrainStats
     from zrl.algos.appo.update import AppoUpdate
+    from zrl.algos.continuous import ContinuousUpdate
     from zrl.algos.impala.update import ImpalaUpdate
     from zrl.algos.models import experiment_model
     from zrl.algos.ppo.update import PPOUpdate
@@ -148,7 +181,16 @@ def learner_main(
     torch.manual_seed(cfg.seed)
     model = experiment_model(cfg, obs_space, act_space)
     services = _Services(Path(folder), index)
-    kinds: dict[str, Any] = {"ppo": PPOUpdate, "appo": AppoUpdate, "impala": ImpalaUpdate}
+    kinds: dict[str, Any] = {
+        "ppo": PPOUpdate,
+        "appo": AppoUpdate,
+        "impala": ImpalaUpdate,
+        "apex_dqn": ApexDQNUpdate,
+        "apex_ddpg": ContinuousUpdate,
+        "sac": ContinuousUpdate,
+    }
+    if cfg.algo not in kinds:
+        raise SystemExit(f"--config: algo {cfg.algo!r} is not measured here ({sorted(kinds)})")
     up = kinds[cfg.algo](
         LearnerSetup(
             config=cfg,
@@ -168,15 +210,17 @@ def learner_main(
     while not up.members.ready:
         up.train(0)
         time.sleep(0.01)
-    # PPO: the same rounds on every learner; APPO / IMPALA: batches of each learner's own.
+    # PPO: the same rounds on every learner; the others: batches of each learner's own.
     rng = np.random.default_rng(cfg.seed + (0 if cfg.algo == "ppo" else index))
     samples, seconds = 0, 0.0
     for r in range(rounds):
         if cfg.algo == "ppo":
             for actor in range(cfg.roles.count("actors")):
                 up.receive(rollout(cfg, obs_space, actor, r + 1, rng), r + 1)
-        else:
+        elif cfg.algo in ("appo", "impala"):
             up.receive(unroll_batch(cfg, obs_space, r + 1, rng), r + 1)
+        else:
+            up.receive(transition_batch(cfg, obs_space, act_space, rng), r + 1)
         started = time.perf_counter()
         result = up.train(r + 1)
         took = time.perf_counter() - started
@@ -233,7 +277,7 @@ def measure(learners: int, config: str, overrides: list[str], rounds: int) -> di
     if len(sums) != 1:
         raise SystemExit(f"{learners} learners ended with different weights: {sorted(sums)}")
     lead = results[0]
-    # PPO's learners train the same rounds; APPO's and IMPALA's each their own batches.
+    # PPO's learners train the same rounds; the others each their own batches.
     samples = (
         sum(r["samples"] for r in results.values()) if lead["own_batches"] else lead["samples"]
     )
@@ -243,7 +287,7 @@ def measure(learners: int, config: str, overrides: list[str], rounds: int) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "cartpole_ppo.yaml"))
-    parser.add_argument("--learners", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--learners", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per learner (1 warm-up)")
     parser.add_argument("--set", action="append", default=[], help="config override a.b=v")
     args = parser.parse_args()
