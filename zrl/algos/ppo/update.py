@@ -13,14 +13,15 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
   heartbeat and found by the others through the broker; gloo on the CPU, nccl on GPUs). Every
   learner holds the same round, cuts every minibatch into ``learners`` equal slices, computes
   the gradient of its slice and all-reduces it (the mean) before the optimizer step, so all
-  learners apply the same update. Learner 0 publishes the weights (:meth:`PPOUpdate.may_publish`, once the
-  group has formed: the first weights start the actors); the others follow them at the start
-  of each round (and count any drift, which should stay 0). The group is destroyed when the
-  learner stops (:meth:`PPOUpdate.close`). A learner of the group that dies or cannot be
-  reached fails the others' all-reduce: they drop the round and re-form the group on a new
-  generation with its restarted learner, which takes learner 0's weights, Adam state and
-  minibatch order (``PolicyLearners.rejoin``); learner 0 then publishes (the actors of a sync
-  round wait for new weights). Past ``learner.group_timeout_s`` without it they stop.
+  learners apply the same update. Learner 0 publishes the weights
+  (:meth:`PPOUpdate.may_publish`, once the group has formed: the first weights start the
+  actors); the others follow them at the start of each round (and count any drift, which
+  should stay 0). The group is destroyed when the learner stops (:meth:`PPOUpdate.close`). A
+  learner of the group that dies or cannot be reached fails the others' all-reduce: they drop
+  the round and re-form the group on a new generation with its restarted learner, which takes
+  learner 0's weights, Adam state and minibatch order (``PolicyLearners.rejoin``); learner 0
+  then publishes (the actors of a sync round wait for new weights). Past
+  ``learner.group_timeout_s`` without it they stop.
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
