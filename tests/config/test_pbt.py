@@ -41,7 +41,14 @@ def test_a_population_is_its_members_each_with_a_learner_and_round_robin_actors(
         ({"roles__learners": 4}, "roles.learners (4) must equal it"),
         ({"roles__actors": 1}, "roles.actors (1)"),
         ({"roles__league": 1}, "roles.league"),
-        ({"roles__evaluator": 1}, "roles.evaluator (1)"),
+        ({"roles__evaluator": 1}, "roles.evaluator (1): with pbt.fitness: training"),
+        ({"pbt__fitness": "evaluation"}, "roles.evaluator (0) must equal it"),
+        ({"pbt__fitness": "evaluation", "roles__evaluator": 3}, "roles.evaluator (3) must"),
+        (
+            {"pbt__fitness": "evaluation", "roles__evaluator": 2, "evaluator__interval": 10},
+            "evaluator.interval (10.0) must be below pbt.ready_interval_s (10.0)",
+        ),
+        ({"pbt__fitness": "returns"}, "pbt.fitness"),
         ({"roles__pbt": 0}, "set roles.pbt: 1"),
         ({"checkpoint__interval": 30}, "checkpoint.interval (30.0)"),
         ({"pbt__perturb": [0.8, -1.0]}, "perturb"),
@@ -63,9 +70,23 @@ def test_config_errors_name_the_key(changes, named):
     assert named in str(info.value), str(info.value)
 
 
+def test_ranked_by_evaluations_evaluator_i_evaluates_member_i():
+    cfg = config_from_dict(population(pbt__fitness="evaluation", roles__evaluator=2))
+    assert [cfg.evaluator_policy(i) for i in range(2)] == ["member_0", "member_1"]
+    assert config_from_dict(population()).evaluator_policy(0) == "main"  # ranked by training
+    assert config_from_dict({}).evaluator_policy(0) == "main"
+
+
 def test_roles_pbt_without_members_is_refused_and_no_members_is_no_population():
     data = population(pbt__members=0)
     with pytest.raises(ConfigError, match="roles.pbt: 1 needs a population"):
         config_from_dict(data)
     data["roles"].update(pbt=0, learners=1)
     assert config_from_dict(data).policies == ["main"]
+
+
+def test_several_evaluators_are_a_populations_ranked_by_evaluations():
+    with pytest.raises(ConfigError, match=r"roles.evaluator \(2\): one evaluator evaluates"):
+        config_from_dict({"roles": {"evaluator": 2}})
+    with pytest.raises(ConfigError, match=r"roles.evaluator \(2\): one evaluator evaluates"):
+        config_from_dict(population(roles__evaluator=2))  # ranked by training returns

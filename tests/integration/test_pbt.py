@@ -11,18 +11,30 @@ import pytest
 
 from zrl.testing.processes import run_zrl, tensorboard_tags
 
+FITNESS = {
+    # ranked by the actors' training returns
+    "training": ["roles.evaluator=0", "pbt.min_episodes=2"],
+    # ranked by each member's evaluator (evaluator i evaluates member_i)
+    "evaluation": [
+        "roles.evaluator=2",
+        "pbt.fitness=evaluation",
+        "evaluator.interval=1",
+        "evaluator.episodes=5",
+    ],
+}
+
 
 @pytest.mark.slow
-def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fitness", sorted(FITNESS))
+def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path, fitness: str) -> None:
     summary = run_zrl(
         tmp_path,
         "cartpole_ppo.yaml",
         "pbt.members=2",
         "roles.learners=2",
         "roles.pbt=1",
-        "roles.evaluator=0",
+        *FITNESS[fitness],
         "pbt.ready_interval_s=4",
-        "pbt.min_episodes=2",
         "pbt.exploit_fraction=0.5",
         "checkpoint.interval=1",
         "stop.eval_return=null",
@@ -30,6 +42,9 @@ def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path) -> None:
         beats=None,
     )
     beats = summary["heartbeats"]
+    if fitness == "evaluation":  # each evaluator evaluated its own member's weights stream
+        for i in (0, 1):
+            assert beats[f"evaluator-{i}"]["evaluated_version"] > 0, beats[f"evaluator-{i}"]
     pbt = beats["pbt-0"]
     assert pbt["exploits"] >= 1, pbt
     learners = [beats["learner-0"], beats["learner-1"]]  # learner i trains member_i

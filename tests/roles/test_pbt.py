@@ -15,7 +15,7 @@ import torch
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.pbt import exploit_instruction, member_fitness
+from zrl.roles.pbt import evaluated_fitness, exploit_instruction, member_fitness
 from zrl.testing.fakes import Rpc, model_weights
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
@@ -179,6 +179,29 @@ def test_fitness_is_the_mean_return_of_each_members_planned_live_actors(tmp_path
     ]
     assert member_fitness(rows, cfg, min_episodes=3) == {"member_0": 20.0, "member_1": 5.0}
     assert member_fitness(rows, cfg, min_episodes=5) == {"member_0": 20.0}  # 6 and 4 episodes
+
+
+def test_evaluated_fitness_is_each_members_latest_evaluation_of_weights_newer_than_its_floor(
+    tmp_path,
+):
+    """``pbt.fitness: evaluation``: evaluator i's latest mean ranks member i (the config's
+    ``evaluator_policy``, whatever the row says), once it evaluated weights newer than the
+    member's floor (the version its learner held when it confirmed its last exploit)."""
+    data = config(tmp_path).model_dump()
+    data["roles"]["evaluator"] = 2
+    data["pbt"]["fitness"] = "evaluation"
+    cfg = ExperimentConfig.model_validate(data)
+
+    def row(i: int, ret: Any, version: Any = 5, state: str = "alive", **info: Any) -> dict:
+        info = {"eval_return": ret, "evaluated_version": version, **info}
+        return {"id": f"evaluator-{i}", "role": "evaluator", "state": state, "info": info}
+
+    rows = [row(0, 40.0, policy="member_1"), row(1, 12.5, version=3), row(7, 500.0)]
+    assert evaluated_fitness(rows, cfg, {}) == {"member_0": 40.0, "member_1": 12.5}
+    floors = {"member_1": 3}  # member_1 was exploited at v3: its v3 evaluation is stale
+    assert evaluated_fitness(rows, cfg, floors) == {"member_0": 40.0}
+    odd = [row(0, float("nan")), row(1, 9.0, version=True), row(0, 1.0, state="dead")]
+    assert evaluated_fitness(odd, cfg, {}) == {}
 
 
 def test_params_takes_exploit_only_from_the_pbt_role_and_hands_it_to_that_members_learner(

@@ -284,6 +284,11 @@ class ExperimentConfig(Section):
 
     def _pbt_fits(self) -> None:
         n, r = self.pbt.members, self.roles
+        if r.evaluator > 1 and not (n and self.pbt.fitness == "evaluation"):
+            raise ValueError(
+                f"roles.evaluator ({r.evaluator}): one evaluator evaluates the policy; more are "
+                "a population's, one per member (pbt.fitness: evaluation); set roles.evaluator: 1"
+            )
         if not n:
             if r.pbt:
                 raise ValueError("roles.pbt: 1 needs a population: set pbt.members (>= 2)")
@@ -301,10 +306,24 @@ class ExperimentConfig(Section):
             )
         elif r.actors != "auto" and r.actors < n:
             why = f"roles.actors ({r.actors}) must be at least it: each member needs an actor"
-        elif r.evaluator:
+        elif self.pbt.fitness == "training" and r.evaluator:
             why = (
-                f"roles.evaluator ({r.evaluator}): the evaluator follows one policy and a "
-                "population has several; set roles.evaluator: 0 (PBT ranks training returns)"
+                f"roles.evaluator ({r.evaluator}): with pbt.fitness: training the members are "
+                "ranked by their training returns; set roles.evaluator: 0, or pbt.fitness: "
+                f"evaluation with roles.evaluator: {n} (one evaluator per member)"
+            )
+        elif self.pbt.fitness == "evaluation" and r.evaluator != n:
+            why = (
+                f"roles.evaluator ({r.evaluator}) must equal it with pbt.fitness: evaluation "
+                "(evaluator i evaluates member_<i>)"
+            )
+        elif self.pbt.fitness == "evaluation" and self.evaluator.interval >= (
+            self.pbt.ready_interval_s
+        ):
+            why = (
+                f"evaluator.interval ({self.evaluator.interval}) must be below "
+                f"pbt.ready_interval_s ({self.pbt.ready_interval_s}): each round ranks "
+                "evaluations of the members' newest weights"
             )
         elif not r.pbt:
             why = "set roles.pbt: 1 (the role that ranks the members and exploits)"
@@ -391,6 +410,13 @@ class ExperimentConfig(Section):
         trajectories all belong to one policy, and its rollouts form that policy's rounds."""
         policies = self.policies
         return policies[index % len(policies)]
+
+    def evaluator_policy(self, index: int) -> str:
+        """The policy evaluator ``index`` evaluates: ``member_<index>`` in a population ranked
+        by evaluations (``pbt.fitness: evaluation``), else the default one."""
+        if self.pbt.members and self.pbt.fitness == "evaluation":
+            return member_names(self.pbt.members)[index % self.pbt.members]
+        return MAIN
 
     def policy_actors(self, policy: str) -> int:
         """How many actors act for ``policy`` (a PPO round is one rollout from each)."""

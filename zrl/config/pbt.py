@@ -7,7 +7,7 @@ applies it is ``zrl.roles.pbt``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -47,9 +47,9 @@ class Bounds(BaseModel):
 class PBTConfig(Section):
     """Population-based training (Jaderberg et al. 2017) of PPO: ``members`` policies, each with
     its own learner and actors; every ``ready_interval_s`` the ``pbt`` role ranks them by their
-    mean training episode return, and each member of the bottom ``exploit_fraction`` copies the
-    weights and optimizer state of one of the top ``exploit_fraction`` (exploit) and takes its
-    hyperparameters, perturbed (explore)."""
+    ``fitness`` (mean training episode return, or latest evaluation), and each member of the
+    bottom ``exploit_fraction`` copies the weights and optimizer state of one of the top
+    ``exploit_fraction`` (exploit) and takes its hyperparameters, perturbed (explore)."""
 
     members: int = Field(0, ge=0, le=MAX_MEMBERS)
     """Members of the population (at least 2; 0: no PBT). Each is a policy ``member_<i>``
@@ -64,7 +64,13 @@ class PBTConfig(Section):
     resample_probability: float = Field(0.25, ge=0, le=1)
     """Chance that a hyperparameter is drawn log-uniformly within its bounds instead."""
     min_episodes: int = Field(5, ge=1, le=10**6)
-    """Training episodes a member's actors must have finished before it is ranked."""
+    """Training episodes a member's actors must have finished before it is ranked (``fitness:
+    training``)."""
+    fitness: Literal["training", "evaluation"] = "training"
+    """What ranks the members: ``training``, the mean return of their actors' recent training
+    episodes; ``evaluation``, their latest greedy evaluation (one evaluator per member,
+    ``roles.evaluator`` equal to ``members``: evaluator i evaluates ``member_<i>``) of weights
+    published since the member was last exploited."""
     hyperparameters: dict[str, Bounds] = Field(
         default_factory=lambda: {"learner.lr": Bounds(low=1e-5, high=1e-2)}
     )

@@ -182,7 +182,9 @@ class RolesConfig(Section):
     replay: int = Field(1, ge=0, le=MAX_ROLES)
     params: int = Field(1, ge=0, le=1)
     learners: int = Field(1, ge=0, le=MAX_ROLES)
-    evaluator: int = Field(1, ge=0, le=1)
+    evaluator: int = Field(1, ge=0, le=64)
+    """1: an evaluator of the policy (0: none); a population ranked by evaluations
+    (``pbt.fitness: evaluation``) has one per member, and only it more than one."""
     league: int = Field(0, ge=0, le=1)
     """1: a league role picks the opponents of multi-agent games and snapshots the learning
     policy (see ``league:``); 0: ``env.multiagent.opponent`` plays them."""

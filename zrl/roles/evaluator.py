@@ -1,8 +1,14 @@
 """``Evaluator``: greedy episodes on fresh envs with the latest weights, on a schedule.
 
+It evaluates the config's ``evaluator_policy(index)``: the default policy, or in a population
+ranked by evaluations (``pbt.fitness: evaluation``) evaluator i's member ``member_<i>``, whose
+weights stream it follows; its heartbeat (``policy``, ``evaluated_version``,
+``recent_returns``) is what the ``pbt`` role ranks the members by.
+
 Sockets:
 
-- SUB ``weights`` (topic bus) plus one GET_WEIGHTS at start (late join).
+- SUB ``weights`` (``policy/<member>/weights`` for a member) plus one GET_WEIGHTS at start
+  (late join).
 - PUB ``eval`` (topic bus): one EVAL result per evaluation {weights_version, mean,
   std, min, max, episodes, confirming; a turn-based game's ``<opponent>_{win,draw,loss}_rate``
   per eval opponent; where the game is small enough (``evaluator.exploitability``),
@@ -44,6 +50,7 @@ from zrl.roles.evaluation import (
     outcome_rates,
 )
 from zrl.roles.weights import WeightsFollower
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.utils.runtime import limit_torch_threads
 
@@ -69,7 +76,8 @@ class Evaluator(Role):
         self.model.eval()
         # The exploitability of the greedy policy, where the game is small enough to search.
         self.game = exploitability_game(self.config.evaluator.exploitability, self.config.env.id)
-        self.weights = WeightsFollower(self, self.model)
+        self.policy = self.config.evaluator_policy(self.index or 0)
+        self.weights = WeightsFollower(self, self.model, policy=self.policy)
         self.publisher = self.open_publisher(P.EVAL_TOPIC)
         self.evaluated_version = 0
         self.next_eval = time.monotonic()
@@ -223,7 +231,10 @@ class Evaluator(Role):
         info: dict[str, Any] = {
             "evaluations": self.evaluations,
             "weights_version": self.weights.version,
+            "evaluated_version": self.evaluated_version,
         }
+        if self.policy != M.DEFAULT_POLICY:
+            info["policy"] = self.policy
         if self.last:
             info["eval_return"] = round(self.last["mean"], 2)
             info["recent_returns"] = list(self.recent_returns)

@@ -2,9 +2,13 @@
 
 The population is ``pbt.members`` policies ``member_<i>``, each with its own learner and
 actors (``ExperimentConfig.policies``). Every ``pbt.ready_interval_s`` the role ranks the
-members whose actors have finished ``pbt.min_episodes`` episodes by their mean training
-episode return (the mean of their actors' heartbeat ``episode_return``; an actor's member is
-the config's ``actor_policy(index)``, never its heartbeat's word) and, by
+members by their fitness: with ``pbt.fitness: training`` the mean training episode return of
+those whose actors have finished ``pbt.min_episodes`` episodes (the mean of their actors'
+heartbeat ``episode_return``; an actor's member is the config's ``actor_policy(index)``,
+never its heartbeat's word); with ``pbt.fitness: evaluation`` the latest greedy evaluation of
+each member by its evaluator (evaluator i evaluates ``member_<i>``, the config's
+``evaluator_policy``), counted only once it evaluated weights newer than those the member's
+learner held when it confirmed its last exploit. Then, by
 ``zrl.league.pbt.exploit_pairs``, each member of the bottom ``pbt.exploit_fraction`` copies
 one of the top: EXPLOIT, its learner loads the better member's newest checkpoint (weights
 and optimizer state, exactly as saved); EXPLORE, its hyperparameters become the better
@@ -21,7 +25,8 @@ Sockets:
   routing id whose digest the heartbeat shows (``rpc_keys``): params takes EXPLOIT only from
   the planned pbt role's connection; the learner then checks the instruction against the
   config again (``exploit_instruction``).
-- throwaway DEALERs -> broker (STATUS of the actors and learners, ``status_rows``).
+- throwaway DEALERs -> broker (STATUS of the actors or evaluators and of the learners,
+  ``status_rows``).
 
 Record: ``<checkpoint.dir>/pbt-0.csv`` (``checkpoint.dir`` is RUN_DIR/checkpoints under
 ``zrl run``): one row per exploit (time, member, source, both fitnesses, the hyperparameters
@@ -128,6 +133,34 @@ def member_fitness(rows: list[dict], cfg: ExperimentConfig, min_episodes: int) -
     }
 
 
+def evaluated_fitness(
+    rows: list[dict], cfg: ExperimentConfig, floors: dict[str, int]
+) -> dict[str, float]:
+    """Each member's fitness from the evaluators' STATUS rows (``pbt.fitness: evaluation``):
+    the mean return of its live planned evaluator's latest evaluation (the member by the
+    config's ``evaluator_policy`` of the row's index), for members whose evaluator evaluated a
+    weights version above ``floors[member]`` (the version its learner held when it confirmed
+    its last exploit: older weights are not the member's now)."""
+    out: dict[str, float] = {}
+    evaluators = cfg.roles.count("evaluator")
+    for row in rows:
+        index = index_of_id(row.get("id"), "evaluator")
+        info = row.get("info")
+        if index is None or index >= evaluators or row.get("state") in ("dead", "stopped"):
+            continue
+        if not isinstance(info, dict):
+            continue
+        member = cfg.evaluator_policy(index)
+        ret, version = info.get("eval_return"), info.get("evaluated_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            continue
+        if version <= floors.get(member, 0):
+            continue
+        if isinstance(ret, int | float) and not isinstance(ret, bool) and math.isfinite(ret):
+            out[member] = float(ret)
+    return out
+
+
 class PBTRole(Role):
     role = "pbt"
 
@@ -145,6 +178,9 @@ class PBTRole(Role):
         self.next_send = 0.0
         self.sat_out: set[str] = set()  # exploited last round: not ranked this one
         self.pending: dict[str, dict[str, Any]] = {}  # member -> EXPLOIT not yet confirmed
+        self.floors: dict[str, int] = {}
+        """``pbt.fitness: evaluation``: per member, the weights version its learner held when
+        it confirmed its last exploit; only evaluations of newer weights rank it."""
         self.state_path: Path | None = None
         self.lineage_path: Path | None = None
 
@@ -215,9 +251,13 @@ class PBTRole(Role):
         """Rank the members with enough episodes (not those exploited last round) and send an
         EXPLOIT for each pair of ``exploit_pairs`` whose source has a checkpoint."""
         cfg = self.config
-        actor_rows = status_rows(self.ctx, self.broker, self.keys, ("actor",))
         learners = self.learner_infos()
-        self.fitness = member_fitness(actor_rows, cfg, cfg.pbt.min_episodes)
+        if cfg.pbt.fitness == "evaluation":
+            rows = status_rows(self.ctx, self.broker, self.keys, ("evaluator",))
+            self.fitness = evaluated_fitness(rows, cfg, self.floors)
+        else:
+            rows = status_rows(self.ctx, self.broker, self.keys, ("actor",))
+            self.fitness = member_fitness(rows, cfg, cfg.pbt.min_episodes)
         self.rounds += 1
         ranked = {m: f for m, f in self.fitness.items() if m not in self.sat_out}
         self.sat_out = set()
@@ -282,9 +322,13 @@ class PBTRole(Role):
         again (params or the learner may have restarted)."""
         learners = self.learner_infos()
         for member, instruction in list(self.pending.items()):
-            applied = learners.get(member, {}).get("pbt_seq")
+            info = learners.get(member, {})
+            applied = info.get("pbt_seq")
             if isinstance(applied, int) and applied >= instruction["seq"]:
                 del self.pending[member]
+                version = info.get("weights_version")
+                if isinstance(version, int) and not isinstance(version, bool):
+                    self.floors[member] = version
             else:
                 self.send(instruction)
 
