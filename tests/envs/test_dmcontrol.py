@@ -6,6 +6,8 @@ installed mujoco (dm-control 1.0.50 with mujoco 4.0)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import gymnasium as gym
@@ -15,7 +17,13 @@ import pytest
 from zrl.config.experiment import ConfigError, load_config
 from zrl.config.sections import EnvConfig
 from zrl.envs.base import EnvError
-from zrl.envs.dmcontrol import DM_CONTROL_INSTALL, FlatState, is_dm_control, make_dm_control_env
+from zrl.envs.dmcontrol import (
+    DM_CONTROL_INSTALL,
+    FlatState,
+    is_dm_control,
+    make_dm_control_env,
+    pixel_settings,
+)
 from zrl.envs.vector import make_vector_env
 from zrl.run.preflight import check_env_id, preflight
 from zrl.testing.processes import REPO
@@ -92,3 +100,76 @@ def test_a_missing_package_fails_the_preflight_with_the_install_line(
         preflight(cfg)
     with pytest.raises(EnvError, match=r"\.\[dm_control\]"):
         make_vector_env(cfg.env)
+
+
+@pytest.mark.parametrize(
+    ("pixels", "match"),
+    [
+        ("yes", "must be true, false or a map"),
+        ({"size": 84}, r"unknown key\(s\) \['size'\]"),
+        ({"frames": 0}, r"pixels.frames must be an integer in \[1, 16\]"),
+        ({"width": 4096}, r"pixels.width must be an integer in \[1, 512\]"),
+        ({"camera_id": True}, "pixels.camera_id"),
+    ],
+)
+def test_pixel_settings_name_the_bad_key_or_value(pixels, match) -> None:
+    with pytest.raises(EnvError, match=match):
+        pixel_settings(ENV_ID, pixels)
+
+
+def test_pixel_settings_default_to_84x84_and_3_frames() -> None:
+    assert pixel_settings(ENV_ID, None) is None and pixel_settings(ENV_ID, False) is None
+    assert pixel_settings(ENV_ID, True) == {"width": 84, "height": 84, "camera_id": 0, "frames": 3}
+    assert pixel_settings(ENV_ID, {"width": 64, "frames": 2})["width"] == 64
+
+
+PIXEL_RUN = """
+import sys
+import numpy as np, torch
+from zrl.algos.models import experiment_model
+from zrl.config.experiment import load_config
+from zrl.envs.base import EnvError, is_single_image
+from zrl.envs.vector import make_vector_env
+from zrl.run.preflight import preflight
+cfg = load_config(sys.argv[1], ["env.num_envs=2", "env.kwargs.pixels={width: 64, height: 48}"])
+try:
+    preflight(cfg)  # dm_control imported here first, as zrl run's head does
+    env = make_vector_env(cfg.env)
+except EnvError as exc:
+    print("SKIP", exc)
+    raise SystemExit(0)
+space = env.single_observation_space
+assert space.shape == (9, 48, 64) and space.dtype == np.uint8 and is_single_image(space)
+model = experiment_model(cfg, space, env.single_action_space)
+obs, _ = env.reset(seed=0)
+first = obs.copy()
+assert obs.shape == (2, 9, 48, 64) and (obs[:, :3] == obs[:, 6:]).all()  # reset: one frame x3
+for _ in range(3):
+    with torch.no_grad():
+        actions = model.act(torch.as_tensor(obs)).numpy()
+    obs, reward, *_ = env.step(actions)
+assert (obs[:, 6:] != first[:, 6:]).any() and np.all((reward >= 0) & (reward <= 1))
+env.close()
+print("OK", type(model.encoder).__name__)
+"""
+
+
+def test_pixel_observations_are_stacked_rgb_frames_a_cnn_policy_acts_on(tmp_path) -> None:
+    """``env.kwargs.pixels`` through the config, in a fresh process (MuJoCo's renderer is
+    picked as dm_control is imported): uint8 ``[9, H, W]`` (3 RGB frames, one image), the
+    Gaussian policy with a CNN acts on it. Skipped, with the reason, where MuJoCo cannot
+    render headless (no EGL)."""
+    _cartpole()
+    config = REPO / "configs" / "dmc_cartpole_balance_ppo.yaml"
+    run = subprocess.run(
+        [sys.executable, "-c", PIXEL_RUN, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "MUJOCO_GL"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    if run.stdout.startswith("SKIP"):
+        pytest.skip(run.stdout.strip())
+    assert run.stdout.strip() == "OK NatureCNN", run.stdout

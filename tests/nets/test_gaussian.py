@@ -15,7 +15,7 @@ from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.sections import ModelConfig
 from zrl.nets.discrete import ActorCritic, greedy_actions
-from zrl.nets.encoders import InputNormalizer, observe_inputs
+from zrl.nets.encoders import InputNormalizer, NatureCNN, add_input_normalizers, observe_inputs
 from zrl.nets.gaussian import (
     CATEGORICAL,
     DIAG_GAUSSIAN,
@@ -108,12 +108,36 @@ def test_discrete_spaces_keep_the_categorical_actor_critic() -> None:
         (gym.spaces.Box(-np.inf, np.inf, (1,)), {}, "finite bounds"),
         (gym.spaces.Box(-1, 1, (2, 2)), {}, "1-D Box"),
         (ACT, {"core": "lstm"}, "model.core: lstm"),
-        (ACT, {"encoder": "nature_cnn"}, "model.encoder: nature_cnn"),
+        (ACT, {"encoder": "nature_cnn"}, r"model.encoder: nature_cnn: .* through MLPs"),
     ],
 )
 def test_the_builder_refuses_what_it_cannot_build(space, model_cfg, match) -> None:
     with pytest.raises(ValueError, match=match):
         policy_model_for(OBS, space, ModelConfig(**model_cfg))
+
+
+PIXELS = gym.spaces.Box(0, 255, (9, 64, 64), np.uint8)  # dm_control's 3 stacked RGB frames
+
+
+def test_on_images_a_cnn_reads_them_for_both_torsos_and_normalizes_them() -> None:
+    model = policy_model_for(PIXELS, ACT, ModelConfig(hidden=[16]))
+    assert isinstance(model, GaussianActorCritic) and isinstance(model.encoder, NatureCNN)
+    obs = torch.randint(0, 256, (4, 9, 64, 64), dtype=torch.uint8)
+    params, value = model(obs)
+    assert params.shape == (4, 2 * ACT.shape[0]) and value.shape == (4,)
+    (params.sum() + value.sum()).backward()  # the encoder learns from both losses
+    assert all(p.grad is not None for p in model.encoder.parameters())
+    actions = model.act(obs)
+    assert actions.shape == (4, ACT.shape[0])
+    assert torch.all(actions >= model.action_low) and torch.all(actions <= model.action_high)
+    assert add_input_normalizers(model)  # the image encoder's, not a flat one
+    assert model.normalizer is None and model.encoder.normalizer is not None
+    observe_inputs(model, obs)
+    assert int(model.encoder.normalizer.count) == 4
+    resnet = policy_model_for(PIXELS, ACT, ModelConfig(encoder="impala_resnet", hidden=[16]))
+    assert isinstance(resnet, GaussianActorCritic) and resnet.encoder is not None
+    with pytest.raises(ValueError, match=r"reads \(9, 64, 64\) observations through a CNN"):
+        policy_model_for(PIXELS, ACT, ModelConfig(encoder="mlp"))
 
 
 def pendulum_config(**model: object) -> ExperimentConfig:

@@ -158,6 +158,7 @@ class ImageEncoder(nn.Module):
 
     channels_last = False
     obs_shape: tuple[int, int, int]
+    out_features: int
 
     def __init__(self) -> None:
         super().__init__()

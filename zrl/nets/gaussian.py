@@ -15,10 +15,16 @@ actors record and the learners use (CleanRL's choice). The env gets ``a`` clippe
 of an action past a bound is that of the sample, not of the bound. The bounds are float32
 buffers, shipped with the weights.
 
+On image observations (``[C, H, W]``: dm_control's pixels) a CNN encoder (``model.encoder``
+``nature_cnn``, the default there, or ``impala_resnet``) reads them first and both torsos
+take its features; the encoder learns from the policy's and the value's losses together, as
+Sample Factory's shared encoder does.
+
 With ``model.normalize_input`` the model gets an :class:`~zrl.nets.encoders.InputNormalizer`
-over the flattened observation (running mean and variance, clipped to +-5), applied before
-both torsos; its statistics are buffers (in checkpoints and in the shipped weights), updated
-by the learner only (:func:`zrl.nets.encoders.observe_inputs`).
+over the flattened observation (its image encoder one over the images: running mean and
+variance, clipped to +-5), applied before both torsos; its statistics are buffers (in
+checkpoints and in the shipped weights), updated by the learner only
+(:func:`zrl.nets.encoders.observe_inputs`).
 
 :data:`CATEGORICAL` and :data:`DIAG_GAUSSIAN` are the two :class:`ActionDistribution`s:
 log-probabilities of taken actions and entropies from a model's params ("logits");
@@ -30,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -42,7 +48,14 @@ from torch import Tensor, nn
 from zrl.config.sections import ModelConfig
 from zrl.nets.continuous import _bounds
 from zrl.nets.discrete import init_actor_critic
-from zrl.nets.encoders import ACTIVATIONS, InputNormalizer, MLPEncoder
+from zrl.nets.encoders import (
+    ACTIVATIONS,
+    ImageEncoder,
+    InputNormalizer,
+    MLPEncoder,
+    build_encoder,
+    resolve_encoder,
+)
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -163,6 +176,7 @@ class GaussianActorCritic(nn.Module):
         action_low: ArrayLike | None = None,
         action_high: ArrayLike | None = None,
         log_std_init: float = 0.0,
+        encoder: ImageEncoder | None = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -176,10 +190,13 @@ class GaussianActorCritic(nn.Module):
         if any(width < 1 for width in hidden):
             raise ValueError(f"hidden widths must be >= 1, got hidden={tuple(hidden)}")
         self.act_dim = act_dim
-        self.policy_torso = MLPEncoder((self.obs_dim,), hidden, activation)
+        self.encoder = encoder
+        """An image encoder both torsos read (None: they read the flat observation)."""
+        in_dim = self.obs_dim if encoder is None else encoder.out_features
+        self.policy_torso = MLPEncoder((in_dim,), hidden, activation)
         self.policy_head = nn.Linear(self.policy_torso.out_features, act_dim)
         self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
-        self.value_torso = MLPEncoder((self.obs_dim,), hidden, activation)
+        self.value_torso = MLPEncoder((in_dim,), hidden, activation)
         self.value_head = nn.Linear(self.value_torso.out_features, 1)
         init_actor_critic([self.policy_torso, self.value_torso], self.policy_head, self.value_head)
         low, high = _bounds(act_dim, action_low, action_high)
@@ -193,7 +210,10 @@ class GaussianActorCritic(nn.Module):
         self.normalizer = InputNormalizer((self.obs_dim,))
 
     def features(self, obs: Tensor) -> Tensor:
-        """The float ``[B, obs_dim]`` both torsos read (normalized with a normalizer)."""
+        """The float ``[B, obs_dim]`` both torsos read (normalized with a normalizer), or the
+        image encoder's features of ``obs``."""
+        if self.encoder is not None:
+            return self.encoder(obs)  # type: ignore[no-any-return]
         x = obs.reshape(obs.shape[0], -1)
         x = x if x.dtype == torch.float32 else x.float()
         return x if self.normalizer is None else self.normalizer(x)
@@ -245,7 +265,8 @@ def gaussian_actor_critic_for(
     observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> GaussianActorCritic:
     """zrl's Gaussian actor-critic for a ``Box`` observation space and a 1-D ``Box`` action
-    space: MLPs only (``model.encoder`` auto or mlp), feed-forward (``model.core: none``)."""
+    space, feed-forward (``model.core: none``): MLPs over flat observations (``model.encoder``
+    auto or mlp), a CNN first over ``[C, H, W]`` images (auto: ``nature_cnn``)."""
     box = check_box(action_space)
     if not isinstance(observation_space, gym.spaces.Box):
         raise ValueError(
@@ -256,18 +277,24 @@ def gaussian_actor_critic_for(
             f"model.core: {model_cfg.core}: the Gaussian policy (Box actions) is feed-forward; "
             "set model.core: none"
         )
-    if model_cfg.encoder not in ("auto", "mlp") or len(observation_space.shape) == 3:
+    shape = tuple(observation_space.shape)
+    kind = resolve_encoder(model_cfg.encoder, shape)
+    images = len(shape) == 3
+    if images == (kind == "mlp"):
         raise ValueError(
             f"model.encoder: {model_cfg.encoder}: the Gaussian policy (Box actions) reads "
-            f"flat observations through MLPs, not {tuple(observation_space.shape)} images"
+            f"{shape} observations {'through a CNN' if images else 'through MLPs'}; set "
+            f"model.encoder: {'nature_cnn or impala_resnet' if images else 'mlp'} (or auto)"
         )
+    encoder = cast(ImageEncoder, build_encoder(kind, observation_space)) if images else None
     return GaussianActorCritic(
-        observation_space.shape,
+        shape,
         int(box.shape[0]),
         model_cfg.hidden,
         model_cfg.activation,
         box.low,
         box.high,
+        encoder=encoder,
     )
 
 

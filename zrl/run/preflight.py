@@ -27,9 +27,11 @@ def _name(fn: Any) -> str:
     return fn if isinstance(fn, str) else getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def check_env_id(env_id: str) -> None:
+def check_env_id(env_id: str, kwargs: dict[str, Any] | None = None) -> None:
     """ConfigError naming ``env.id`` unless gymnasium can make ``env_id``; it carries
-    gymnasium's own hint ("Did you mean: `CartPole`?", the versions there are)."""
+    gymnasium's own hint ("Did you mean: `CartPole`?", the versions there are). ``kwargs``
+    (``env.kwargs``): a dm_control env with ``pixels`` picks MuJoCo's headless renderer as
+    dm_control is imported."""
     import gymnasium as gym
     from gymnasium.envs.registration import find_highest_version, parse_env_id
 
@@ -72,9 +74,10 @@ def check_env_id(env_id: str) -> None:
     from zrl.envs.dmcontrol import is_dm_control, require_dm_control
     from zrl.envs.minigrid import is_minigrid, require_minigrid
 
+    pixels = bool((kwargs or {}).get("pixels"))  # dm_control: MUJOCO_GL before its import
     for is_family, require in (
         (is_minigrid, require_minigrid),
-        (is_dm_control, require_dm_control),
+        (is_dm_control, lambda env: require_dm_control(env, pixels=pixels)),
     ):
         if is_family(name):
             try:  # a missing extra: its install line, before any role starts
@@ -112,7 +115,7 @@ def check_env(cfg: ExperimentConfig, factories: Factories | None = None) -> tupl
     check_fits_machine(resolve_auto_roles(cfg)[0])
     env_fn = _factory(factories or Factories(), "env")
     if env_fn is None:
-        check_env_id(cfg.env.id)
+        check_env_id(cfg.env.id, cfg.env.kwargs)
     env_cfg = cfg.env
     if env_cfg.vectorization == "async":  # a process per env is not what a probe should cost
         env_cfg = env_cfg.model_copy(update={"vectorization": "sync"})
