@@ -15,15 +15,18 @@ import pytest
 import torch
 
 from tests.helpers.frames import SHAPE, Collector, scripted_actions
+from tests.helpers.ranks import run_ranks
 from zrl.algos.api.actor import Trajectory
 from zrl.algos.api.learner import NonFiniteLossError, UpdateResult
 from zrl.algos.models import build_model
 from zrl.algos.ppo import update as ppo_update
+from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.policy import make_policy
 from zrl.algos.ppo.rounds import Rollout, round_tensors
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
 from zrl.testing.fakes import actor_setup, as_message, learner_setup
+from zrl.testing.probes import wait_for
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 
@@ -280,6 +283,29 @@ def test_state_dict_round_trip():
     other.receive(rollout_msg(1, version=2), 2)
     result = other.train(2)
     assert result is not None and other.rounds == 2
+
+
+def test_a_dd_ppo_follower_takes_learner_0s_rounds_and_value_statistics_as_the_group_forms():
+    """A follower resumed (or restarted) with other value-normalizer statistics, another
+    entropy bonus and round count takes learner 0's as the group forms: otherwise it would
+    scale its value targets differently and its weights would part from learner 0's."""
+    registry: dict[str, dict[str, Any]] = {}
+    cfg = make_config(learners=2).model_copy(deep=True)
+    cfg.section(PPOConfig).normalize_returns = True
+    leader = make_update(cfg, FakeServices(registry), index=0)
+    follower = make_update(cfg, FakeServices(registry), index=1)
+    registry["learner-0"] = leader.heartbeat_info()
+    assert leader.value_normalizer is not None and follower.value_normalizer is not None
+    leader.value_normalizer.update(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    follower.value_normalizer.update(torch.tensor([50.0, -7.0], dtype=torch.float64))
+    follower.rounds, follower.entropy_coef = 9, 0.5
+    try:
+        run_ranks(lambda r: wait_for((leader, follower)[r].members.poll, timeout=120))
+        assert follower.value_normalizer.state_dict() == leader.value_normalizer.state_dict()
+        assert (follower.rounds, follower.entropy_coef) == (leader.rounds, leader.entropy_coef)
+    finally:
+        leader.close()
+        follower.close()
 
 
 def test_dd_ppo_learners_form_their_group_and_train_identical_rounds():

@@ -144,6 +144,8 @@ class PPOUpdate(BaseUpdate):
         self.started = time.monotonic()
         self.value_normalizer = ValueNormalizer() if c.normalize_returns else None
         """``ppo.normalize_returns``: the value head's targets' running statistics."""
+        self.members.shared_state = self.group_state
+        self.members.load_shared_state = self.load_group_state
         self.entropy_coef = c.entropy_coef
         """The loss's entropy bonus: ``ppo.entropy_coef`` until PBT sets another."""
 
@@ -422,6 +424,23 @@ class PPOUpdate(BaseUpdate):
         self.rounds = int(state["rounds"])
         self.buffer.trained_version = int(state["trained_version"])
         self.entropy_coef = float(state.get("entropy_coef", self.entropy_coef))
+        if self.value_normalizer is not None and "value_normalizer" in state:
+            self.value_normalizer.load_state_dict(state["value_normalizer"])
+
+    def group_state(self) -> dict[str, Any]:
+        """What every DD-PPO learner must hold alike besides the weights, the optimizer and
+        the minibatch order, taken from learner 0 whenever the group forms: the rounds trained
+        (followers load learner 0's weights of the same round), the entropy bonus and the
+        value normalizer's statistics (a restarted or resumed follower's would scale its
+        targets otherwise)."""
+        state: dict[str, Any] = {"rounds": self.rounds, "entropy_coef": self.entropy_coef}
+        if self.value_normalizer is not None:
+            state["value_normalizer"] = self.value_normalizer.state_dict()
+        return state
+
+    def load_group_state(self, state: dict[str, Any]) -> None:
+        self.rounds = int(state["rounds"])
+        self.entropy_coef = float(state["entropy_coef"])
         if self.value_normalizer is not None and "value_normalizer" in state:
             self.value_normalizer.load_state_dict(state["value_normalizer"])
 
