@@ -350,6 +350,41 @@ def test_dd_ppo_learners_form_their_group_and_train_identical_rounds():
         follower.close()
 
 
+def test_a_members_dd_ppo_learners_take_learner_0s_exploit_before_the_next_round():
+    """PBT with a DD-PPO group per member: only learner 0 hears an exploit (it loads the
+    better member's weights and Adam state and sets the hyperparameters); before the next
+    round the group finds it (an all-reduce of the exploit counts) and every learner takes
+    learner 0's state, learning rate and entropy bonus: the round leaves them identical."""
+    registry: dict[str, dict[str, Any]] = {}
+    cfg = make_config(learners=2)
+    ups = [make_update(cfg, FakeServices(registry), index=i) for i in (0, 1)]
+    leader, follower = ups
+    registry["learner-0"] = leader.heartbeat_info()
+
+    def run(rank: int) -> None:
+        up = ups[rank]
+        while not up.group_ready:
+            assert up.train(0) is None
+        if rank == 0:  # what Learner.exploit does with the source member's checkpoint
+            with torch.no_grad():
+                next(up.model.parameters()).add_(0.5)
+            up.set_hyperparameters({"learner.lr": 5e-4, "ppo.entropy_coef": 0.02})
+        for actor in (0, 1):
+            up.receive(rollout_msg(actor, version=1), 1)
+        assert up.train(1) is not None
+
+    try:
+        run_ranks(run)
+        after, other = params(leader.model), params(follower.model)
+        assert all(torch.equal(after[k], other[k]) for k in after)
+        assert follower.hyperparameters() == leader.hyperparameters()
+        assert follower.hyperparameters() == {"learner.lr": 5e-4, "ppo.entropy_coef": 0.02}
+        assert leader.exploits == follower.exploits == 1
+    finally:
+        leader.close()
+        follower.close()
+
+
 # ----------------------------------------------------------------------------- frame rollouts
 
 K, FE, FT = 4, 5, 8  # frames per stack, env.num_envs, actor.trajectory_length

@@ -33,12 +33,20 @@ def test_a_population_is_its_members_each_with_a_learner_and_round_robin_actors(
     assert cfg.hyperparameter("learner.lr") == cfg.learner.lr
 
 
+def test_a_member_may_train_with_a_dd_ppo_group_of_learners():
+    cfg = config_from_dict(population(roles__learners=4, ppo__minibatch_size=64))
+    assert cfg.learners_per_policy() == 2
+    assert [cfg.learner_policy(i) for i in range(4)] == ["member_0"] * 2 + ["member_1"] * 2
+    assert [cfg.learner_rank(i) for i in range(4)] == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize(
     "changes, named",
     [
         ({"pbt__members": 1}, "pbt.members"),
         ({"algo__": None}, "PBT is implemented for ppo only"),
-        ({"roles__learners": 4}, "roles.learners (4) must equal it"),
+        ({"roles__learners": 3}, "roles.learners (3) must be a multiple of it"),
+        ({"roles__learners": 1}, "roles.learners (1) must be a multiple of it"),
         ({"roles__actors": 1}, "roles.actors (1)"),
         ({"roles__league": 1}, "roles.league"),
         ({"roles__evaluator": 1}, "roles.evaluator (1): with pbt.fitness: training"),

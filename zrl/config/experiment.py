@@ -299,10 +299,10 @@ class ExperimentConfig(Section):
             why = f"algo {self.algo!r}: PBT is implemented for ppo only"
         elif r.league:
             why = "roles.league: a league's players and a population cannot share one run"
-        elif r.learners != n:
+        elif r.learners < n or r.learners % n:
             why = (
-                f"roles.learners ({r.learners}) must equal it: each member has one learner "
-                "(DD-PPO, several learners per member, is not supported with PBT)"
+                f"roles.learners ({r.learners}) must be a multiple of it: each member has one "
+                "learner, or a DD-PPO group of as many as every other member"
             )
         elif r.actors != "auto" and r.actors < n:
             why = f"roles.actors ({r.actors}) must be at least it: each member needs an actor"
@@ -391,18 +391,22 @@ class ExperimentConfig(Section):
         return [MAIN]
 
     def learner_policy(self, index: int) -> str:
-        """The policy learner ``index`` trains: learner i trains policies[i] in a run with
-        several (one learner each), every learner the default one otherwise (DD-PPO)."""
+        """The policy learner ``index`` trains: in a run with several policies learners
+        ``i * k`` .. ``i * k + k - 1`` train policies[i] (``k = learners_per_policy()``: one
+        each in a league, DD-PPO groups of k in a population), every learner the default one
+        otherwise."""
         policies = self.policies
-        return policies[index] if len(policies) > 1 else MAIN
+        if len(policies) == 1:
+            return MAIN
+        return policies[min(index // self.learners_per_policy(), len(policies) - 1)]
 
     def learners_per_policy(self) -> int:
         """Learners training each policy together (DD-PPO when more than one)."""
         return max(1, self.roles.learners) // len(self.policies)
 
     def learner_rank(self, index: int) -> int:
-        """Learner ``index``'s place among its policy's learners (0: the DD-PPO leader)."""
-        return index if len(self.policies) == 1 else 0
+        """Learner ``index``'s place among its policy's learners (0: the group's leader)."""
+        return index % self.learners_per_policy()
 
     def actor_policy(self, index: int) -> str:
         """The policy actor ``index`` acts for: round-robin over the policies. Fixed for the

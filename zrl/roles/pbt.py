@@ -270,12 +270,15 @@ class PBTRole(Role):
 
     def learner_infos(self) -> dict[str, dict[str, Any]]:
         """Each member's learner heartbeat info (by the config's ``learner_policy`` of the
-        row's index)."""
+        row's index): its first learner's, the one that hears exploits and publishes (a DD-PPO
+        group's learner 0)."""
         out: dict[str, dict[str, Any]] = {}
         for row in status_rows(self.ctx, self.broker, self.keys, ("learner",)):
             index = index_of_id(row.get("id"), "learner")
             info = row.get("info")
             if index is None or index >= self.config.roles.learners or not isinstance(info, dict):
+                continue
+            if self.config.learner_rank(index) != 0:
                 continue
             out[self.config.learner_policy(index)] = info
         return out

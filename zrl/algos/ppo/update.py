@@ -144,6 +144,9 @@ class PPOUpdate(BaseUpdate):
         self.started = time.monotonic()
         self.value_normalizer = ValueNormalizer() if c.normalize_returns else None
         """``ppo.normalize_returns``: the value head's targets' running statistics."""
+        self.exploits = 0
+        """PBT: hyperparameters set (exploits applied) on this learner; a DD-PPO group's
+        learners agree on it before each round (:meth:`sync_exploits`)."""
         self.members.shared_state = self.group_state
         self.members.load_shared_state = self.load_group_state
         self.entropy_coef = c.entropy_coef
@@ -208,6 +211,8 @@ class PPOUpdate(BaseUpdate):
             return None
         started = time.monotonic()
         try:
+            if self.group is not None:
+                self.sync_exploits()
             steps = self.train_round(chosen, current)
         except NonFiniteLossError as exc:
             exc.source = f"round {self.rounds + 1}"
@@ -221,6 +226,21 @@ class PPOUpdate(BaseUpdate):
         # a version newer than the one the round consumed.
         samples = sum(int(r.arrays["valid"].sum()) for r in chosen)
         return UpdateResult(updates=steps, loss=self.last_loss, publish=True, samples=samples)
+
+    def sync_exploits(self) -> None:
+        """A DD-PPO group of a population member, before each round: only learner 0 hears the
+        pbt role's exploits (in its weights' ACKs) and loads the better member's checkpoint
+        and hyperparameters; one small all-reduce (max) of ``exploits`` and its negation finds
+        whether any learner has exploited since the last round, and then every learner takes
+        learner 0's weights, optimizer (with its learning rate) and group state."""
+        assert self.group is not None
+        stop = self.services.stop_event
+        mine = torch.tensor([float(self.exploits), -float(self.exploits)], dtype=torch.float64)
+        counts = self.group.reduce_max(mine.to(self.group.device), self.members.tick, stop).cpu()
+        newest, oldest = int(counts[0]), -int(counts[1])
+        if newest != oldest:
+            self.members.take_leaders_state()
+            self.exploits = newest
 
     def follow_leader(self) -> None:
         """DD-PPO followers take the leader's weights after the same round; with identical
@@ -460,6 +480,7 @@ class PPOUpdate(BaseUpdate):
                 group["lr"] = float(values["learner.lr"])
         if "ppo.entropy_coef" in values:
             self.entropy_coef = float(values["ppo.entropy_coef"])
+        self.exploits += 1
 
     def train_info(self) -> dict[str, float]:
         info = {"lr": float(self.optimizer.param_groups[0]["lr"])}
