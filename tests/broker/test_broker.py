@@ -71,7 +71,7 @@ def start_broker(spawn, ctx: zmq.Context, addr: str, *settings: str) -> subproce
         for s in settings:
             args += ["--set", s]
     proc = spawn(*args, log_name="broker")
-    wait_for(lambda: proc.poll() is not None or broker_up(ctx, addr), timeout=20)
+    wait_for(lambda: proc.poll() is not None or broker_up(ctx, addr), timeout=60)
     assert proc.poll() is None, f"broker exited with {proc.returncode}"
     return proc
 
@@ -171,7 +171,7 @@ def test_status_shows_roles_and_a_killed_role_goes_dead(spawn, zmq_ctx, broker_a
                 rows.get(i, {}).get("state") == "alive" for i in ("threaded-0", "procrole-0")
             )
 
-        wait_for(both_alive, timeout=20)
+        wait_for(both_alive, timeout=60)
         rows = rows_by_id(zrl_status_json(broker_addr))
         host = socket.gethostname()
         assert rows["threaded-0"]["role"] == "threaded"
