@@ -386,6 +386,26 @@ def test_a_learner_counts_an_update_checked_on_the_device_one_update_later():
     assert learner.diverged and learner.non_finite_batches == 11 and learner.updates == 2
 
 
+def two_learners(
+    inproc: InProc, cfg: dict[str, Any], kind: type
+) -> tuple[ParameterServer, Learner, Learner, list[Any]]:
+    """Params and learners 0 and 1 of ``cfg`` (``roles.learners: 2``) started in-process
+    with a real broker, their group formed and learner 0's first weights acked; their
+    updates (each a ``kind``)."""
+    cfg["learner"].update(publish_interval=1, group_timeout_s=120)
+    inproc.start_broker(ExperimentConfig.model_validate(cfg))
+    params = inproc.start(ParameterServer, index=0)
+    leader = inproc.start(Learner, index=0)
+    follower = inproc.start(Learner, index=1)
+    assert isinstance(leader, Learner) and isinstance(follower, Learner)
+    assert isinstance(params, ParameterServer)
+    ups = [up for up in (leader.update, follower.update) if isinstance(up, kind)]
+    assert len(ups) == 2
+    wait_for(lambda: all(up.members.ready for up in ups), timeout=120)
+    wait_for(lambda: leader.weights_version >= 1, timeout=30)  # the first weights, once formed
+    return params, leader, follower, ups
+
+
 def test_two_appo_learners_form_a_group_and_train_their_own_batches_alike(inproc):
     """``roles.learners: 2`` of APPO, in-process roles with a real broker and parameter
     server: learner 1 finds learner 0's store through a STATUS, the group forms, the batches
@@ -396,17 +416,7 @@ def test_two_appo_learners_form_a_group_and_train_their_own_batches_alike(inproc
     cfg.update(algo="appo", appo={"epochs": 2, "minibatches": 2})
     cfg["roles"] = {"actors": 1, "replay": 1, "learners": 2, "params": 1, "evaluator": 0}
     cfg["replay"].update(table="fifo", batch_size=4)
-    cfg["learner"].update(publish_interval=1, group_timeout_s=120)
-    inproc.start_broker(ExperimentConfig.model_validate(cfg))
-    params = inproc.start(ParameterServer, index=0)
-    leader = inproc.start(Learner, index=0)
-    follower = inproc.start(Learner, index=1)
-    assert isinstance(leader, Learner) and isinstance(follower, Learner)
-    assert isinstance(params, ParameterServer)
-    ups = [up for up in (leader.update, follower.update) if isinstance(up, AppoUpdate)]
-    assert len(ups) == 2
-    wait_for(lambda: all(up.members.ready for up in ups), timeout=120)
-    wait_for(lambda: leader.weights_version >= 1, timeout=30)  # the first weights, once formed
+    params, leader, follower, ups = two_learners(inproc, cfg, AppoUpdate)
     batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
     replay = inproc.push("batches", sender="replay-0")
     inproc.wait_subscribed(batch_acks)
@@ -439,17 +449,7 @@ def test_two_apex_dqn_learners_train_their_own_batches_and_send_their_priorities
     learner 0 publishes."""
     cfg = config().model_dump()
     cfg["roles"] = {"actors": 1, "replay": 1, "learners": 2, "params": 1, "evaluator": 0}
-    cfg["learner"].update(publish_interval=1, group_timeout_s=120)
-    inproc.start_broker(ExperimentConfig.model_validate(cfg))
-    params = inproc.start(ParameterServer, index=0)
-    leader = inproc.start(Learner, index=0)
-    follower = inproc.start(Learner, index=1)
-    assert isinstance(leader, Learner) and isinstance(follower, Learner)
-    assert isinstance(params, ParameterServer)
-    ups = [up for up in (leader.update, follower.update) if isinstance(up, ApexDQNUpdate)]
-    assert len(ups) == 2
-    wait_for(lambda: all(up.members.ready for up in ups), timeout=120)
-    wait_for(lambda: leader.weights_version >= 1, timeout=30)  # the first weights, once formed
+    params, leader, follower, ups = two_learners(inproc, cfg, ApexDQNUpdate)
     priorities = inproc.sub(P.priority_topic("replay-0"))
     batch_acks = inproc.sub(P.batch_ack_topic("replay-0"))
     replay = inproc.push("batches", sender="replay-0")

@@ -42,6 +42,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +109,25 @@ def exploit_instruction(meta: Any, cfg: ExperimentConfig) -> dict[str, Any]:
     }
 
 
+def planned_infos(rows: list[dict], role: str, planned: int) -> Iterator[tuple[int, dict]]:
+    """``(index, heartbeat info)`` of the live STATUS rows of ``role`` whose index the config
+    plans (below ``planned``)."""
+    for row in rows:
+        index = index_of_id(row.get("id"), role)
+        info = row.get("info")
+        if index is None or index >= planned or row.get("state") in ("dead", "stopped"):
+            continue
+        if isinstance(info, dict):
+            yield index, info
+
+
 def member_fitness(rows: list[dict], cfg: ExperimentConfig, min_episodes: int) -> dict[str, float]:
     """Each member's fitness from the actors' STATUS rows: the mean ``episode_return`` of its
     live planned actors (by the config's ``actor_policy`` of the row's index), for members
     whose actors finished ``min_episodes`` episodes together."""
     returns: dict[str, list[float]] = {}
     episodes: dict[str, int] = {}
-    actors = max(1, cfg.roles.count("actors"))
-    for row in rows:
-        index = index_of_id(row.get("id"), "actor")
-        info = row.get("info")
-        if index is None or index >= actors or row.get("state") in ("dead", "stopped"):
-            continue
-        if not isinstance(info, dict):
-            continue
+    for index, info in planned_infos(rows, "actor", max(1, cfg.roles.count("actors"))):
         member = cfg.actor_policy(index)
         ret, count = info.get("episode_return"), info.get("episodes")
         if isinstance(count, int) and not isinstance(count, bool) and count > 0:
@@ -142,14 +148,7 @@ def evaluated_fitness(
     weights version above ``floors[member]`` (the version its learner held when it confirmed
     its last exploit: older weights are not the member's now)."""
     out: dict[str, float] = {}
-    evaluators = cfg.roles.count("evaluator")
-    for row in rows:
-        index = index_of_id(row.get("id"), "evaluator")
-        info = row.get("info")
-        if index is None or index >= evaluators or row.get("state") in ("dead", "stopped"):
-            continue
-        if not isinstance(info, dict):
-            continue
+    for index, info in planned_infos(rows, "evaluator", cfg.roles.count("evaluator")):
         member = cfg.evaluator_policy(index)
         ret, version = info.get("eval_return"), info.get("evaluated_version")
         if not isinstance(version, int) or isinstance(version, bool):
