@@ -1,5 +1,6 @@
-"""VizDoom (``zrl.envs.vizdoom``): the shipped config's vector env, made through the config as
-the actors make it, steps with uint8 RGB ``[3, 72, 128]`` observations that a Nature CNN takes;
+"""VizDoom (``zrl.envs.vizdoom``): each shipped config's vector env, made through the config as
+the actors make it, steps with uint8 RGB ``[3, 72, 128]`` observations that a Nature CNN takes
+and the scenario's own rewards;
 RGB frames are single images, so actors send whole observations, not frame unrolls; a missing
 vizdoom fails the preflight with the install line."""
 
@@ -43,9 +44,23 @@ def test_the_wheel_ships_the_standard_scenarios() -> None:
         check_env_id("vizdoom/basik")
 
 
-def test_the_config_makes_a_vector_env_that_steps() -> None:
+@pytest.mark.parametrize(
+    ("config", "scenario", "left_reward"),
+    [
+        # basic: -1 a tic, 4 tics a step (a shot that misses costs 5 more)
+        ("vizdoom_basic_appo.yaml", "basic", -4.0),
+        # defend_the_center: +1 a kill, nothing while turning
+        ("vizdoom_defend_the_center_appo.yaml", "defend_the_center", 0.0),
+    ],
+)
+def test_a_config_makes_a_vector_env_that_steps(
+    config: str, scenario: str, left_reward: float
+) -> None:
     pytest.importorskip("vizdoom", reason=SKIP)
-    cfg = load_config(CONFIG, ["env.num_envs=2"])
+    cfg = load_config(REPO / "configs" / config, ["env.num_envs=2"])
+    assert cfg.env.id == f"vizdoom/{scenario}"
+    kwargs = cfg.env.kwargs  # Sample Factory's 128x72 frames, 4 tics a step
+    assert (kwargs["frameskip"], kwargs["width"], kwargs["height"]) == (4, 128, 72)
     env = make_vector_env(cfg.env)
     try:
         space = env.single_observation_space
@@ -60,8 +75,8 @@ def test_the_config_makes_a_vector_env_that_steps() -> None:
             obs, reward, terminated, truncated, _ = env.step(np.array([1, 3]))
             assert obs.shape == (2, 3, 72, 128) and obs.dtype == np.uint8
             rewards.append(reward)
-        # basic: -1 a tic, 4 tics a step; a shot that misses costs 5 more
-        assert np.all(np.array(rewards)[:, 0] == -4.0)
+        # the first env moves or turns left: the scenario's own reward, unscaled
+        assert np.all(np.array(rewards)[:, 0] == left_reward)
         model = experiment_model(cfg, space, env.single_action_space)
         with torch.no_grad():  # zrl's Nature CNN takes a 3-channel 72x128 uint8 frame
             assert policy_logits(model, torch.from_numpy(obs)).shape == (2, 4)
