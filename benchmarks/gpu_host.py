@@ -439,7 +439,7 @@ def make_learner_update(
     (``limits.heap_keep_mb``), as the role's process does."""
     import torch
 
-    from zrl.algos.batches import learner_device
+    from zrl.algos.batches import resolve_device
     from zrl.config.experiment import load_config
     from zrl.roles.learner import Learner
     from zrl.utils.runtime import keep_freed_memory, limit_torch_threads
@@ -453,7 +453,7 @@ def make_learner_update(
     probe = learner.make_envs(num_envs=1)
     spaces = (probe.single_observation_space, probe.single_action_space)
     probe.close()
-    learner.device = learner_device(cfg.learner.device, "batches")
+    learner.device = resolve_device(cfg.learner.device)
     return learner.make_update(spaces)
 
 
