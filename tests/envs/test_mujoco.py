@@ -59,7 +59,7 @@ def test_a_mujoco_config_makes_a_vector_env_that_steps(
 
 @pytest.mark.parametrize(
     ("config", "obs_dim", "act_dim"),
-    [("halfcheetah_sac.yaml", 17, 6), ("hopper_sac.yaml", 11, 3)],
+    [("halfcheetah_sac.yaml", 17, 6), ("hopper_sac.yaml", 11, 3), ("walker2d_sac.yaml", 17, 6)],
 )
 def test_a_mujoco_sac_config_makes_a_vector_env_and_a_sac_model_that_acts(
     config, obs_dim, act_dim, tmp_path, monkeypatch
