@@ -23,6 +23,10 @@ more learners than cores measures the contention, not the scaling)::
     python benchmarks/learner_groups.py --set ppo.minibatch_size=2048 --set model.hidden=[256,256]
     python benchmarks/learner_groups.py --config configs/cartpole_appo.yaml --rounds 21
     python benchmarks/learner_groups.py --config configs/pendulum_sac.yaml --rounds 101
+    python benchmarks/learner_groups.py --learners 1 2 4 --set learner.device=cuda  # 4 GPUs
+
+``learner.device`` (``auto``: a GPU where there is one) puts each learner on a GPU of its own
+(learner i on ``cuda:i``; the group on nccl); more learners than GPUs is refused.
 
 APPO / IMPALA (``zrl.algos.unrolls``): each learner is the real ``AppoUpdate`` /
 ``ImpalaUpdate`` and trains batches of its own (``replay.batch_size`` synthetic unrolls each,
@@ -167,6 +171,7 @@ def learner_main(
     from zrl.algos.api.learner import LearnerSetup
     from zrl.algos.api.train_stats import TrainStats
     from zrl.algos.appo.update import AppoUpdate
+    from zrl.algos.batches import resolve_device
     from zrl.algos.continuous import ContinuousUpdate
     from zrl.algos.impala.update import ImpalaUpdate
     from zrl.algos.models import experiment_model
@@ -179,7 +184,15 @@ def learner_main(
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     torch.manual_seed(cfg.seed)
-    model = experiment_model(cfg, obs_space, act_space)
+    device = resolve_device(cfg.learner.device)  # learner.device (auto: a GPU where there is one)
+    if device.type == "cuda" and learners > 1:  # nccl: a GPU of its own for each learner
+        if learners > torch.cuda.device_count():
+            raise SystemExit(
+                f"{learners} learners on {torch.cuda.device_count()} GPU(s): nccl needs a GPU per "
+                "learner; --set learner.device=cpu, or fewer --learners"
+            )
+        device = torch.device("cuda", index)
+    model = experiment_model(cfg, obs_space, act_space).to(device)
     services = _Services(Path(folder), index)
     kinds: dict[str, Any] = {
         "ppo": PPOUpdate,
@@ -201,6 +214,7 @@ def learner_main(
             log=logging.getLogger(f"bench.learner-{index}"),
             train_stats=TrainStats(),
             services=services,
+            device=device,
         )
     )
     if up.group is not None and up.group.address is not None:
@@ -228,7 +242,7 @@ def learner_main(
         if r > 0:
             samples += result.samples
             seconds += took
-    weights = torch.cat([p.detach().reshape(-1) for p in up.model.parameters()])
+    weights = torch.cat([p.detach().reshape(-1) for p in up.model.parameters()]).cpu()
     up.close()
     return {
         "samples": samples,
