@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from zrl.config.sections import DEFAULT_STREAMS
+from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for  # noqa: F401 - old import path; use zrl.testing
 from zrl.testing.processes import (  # noqa: F401 - old import path; use zrl.testing
     REPO,
@@ -28,6 +29,17 @@ def zmq_ctx() -> Iterator[zmq.Context]:
     ctx = zmq.Context()
     yield ctx
     ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def inproc(zmq_ctx: zmq.Context, request: pytest.FixtureRequest) -> Iterator[InProc]:
+    """An inproc broker, roles in threads and test sockets (:class:`zrl.testing.inproc.InProc`,
+    its address named after the test module), all stopped and closed after the test."""
+    h = InProc(zmq_ctx, request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
+    try:
+        yield h
+    finally:
+        h.close()
 
 
 @pytest.fixture

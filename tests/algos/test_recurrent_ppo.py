@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -227,15 +226,6 @@ def test_learner_values_replay_what_the_actor_computed_across_episode_starts():
 
 
 # ----------------------------------------------------------------------------- the actor role
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "recurrent-ppo")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_actor_role_records_resets_the_learner_replays(inproc: InProc):

@@ -7,7 +7,6 @@ which trains on them and publishes weights that the actor adopts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 
@@ -54,15 +53,6 @@ def atari_config(**sections: Any) -> ExperimentConfig:
             **sections,
         }
     )
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "atari")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_pong_frames_stay_uint8_from_env_to_learner(inproc, monkeypatch):

@@ -58,7 +58,7 @@ from zrl.run.aggregator import Aggregator
 from zrl.run.metrics import MetricsWriter
 from zrl.run.supervisor import Supervisor
 from zrl.testing.fakes import trajectory
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import settle, wait_for, wait_for_subscriber, wait_subscribed
 from zrl.testing.processes import (
     REPO,
@@ -173,15 +173,6 @@ UNHASHABLE_DTYPE = [header(a=[["obs", ["<f4"], [1]]]), b"\0\0\0\0"]
 def test_decode_rejects_unhashable_dtype(dtype):
     with pytest.raises(P.ProtocolError):
         P.decode([header(a=[["obs", dtype, [1]]]), b"\0\0\0\0"])
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "fuzz")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def small_config(**sections: Any) -> ExperimentConfig:

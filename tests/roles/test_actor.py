@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +21,7 @@ from zrl.roles.actor import Actor
 from zrl.roles.insert_acks import ACK_TIMEOUT_S, InsertAcks
 from zrl.roles.params import ParameterServer
 from zrl.roles.replay import ReplayServer
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
@@ -55,15 +54,6 @@ def config(**roles: Any) -> ExperimentConfig:
             "replay": {"n_step": 3, "gamma": 0.99},
         }
     )
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "actor")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 INCARNATION = 1234  # of the test's stand-in replay shard

@@ -19,7 +19,6 @@ import json
 import pickle
 import threading
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +84,6 @@ def make_config(tmp: Path | None = None, **sections: Any) -> ExperimentConfig:
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
     return ExperimentConfig.model_validate(data)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "checkpoints")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def assert_same(a: Any, b: Any, path: str = "state") -> None:

@@ -13,7 +13,6 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,7 +41,6 @@ from zrl.roles.evaluation import greedy_returns
 from zrl.roles.insert_acks import InsertAcks
 from zrl.roles.learner import Learner
 from zrl.testing.fakes import as_message
-from zrl.testing.inproc import InProc
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -568,15 +566,6 @@ def test_greedy_evaluation_plays_box_actions():
 
 
 # --- a real actor in-process ----------------------------------------------------------------
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "continuous")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_generic_actor_becomes_continuous_and_sends_trajectories(inproc):

@@ -5,9 +5,7 @@ and those that met the stop rule) by the time the result is heard."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
-import pytest
 import torch
 
 from tests.helpers.params import assert_same_arrays, config, weights
@@ -16,20 +14,11 @@ from zrl.roles.evaluated_weights import BEST_SUFFIX, met_suffix, read_evaluated
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.params import ParameterServer
 from zrl.testing.fakes import Rpc
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "evaluator")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_the_evaluated_weights_are_kept_before_the_result_goes_out(inproc, zmq_ctx, tmp_path):

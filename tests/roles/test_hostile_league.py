@@ -4,12 +4,9 @@ count only from the run's actors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pytest
 
 from tests.helpers.league import W, force_snapshot, league_rpc, make_config, publish, weights
 from zrl.roles.league import SNAPSHOTS_FILE, LeagueRole
@@ -18,15 +15,6 @@ from zrl.testing.fakes import Rpc
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
-
-
-@pytest.fixture
-def inproc(zmq_ctx: Any) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "hostile-league")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_league_freezes_only_params_weights_and_counts_only_actors(

@@ -5,7 +5,6 @@ follower that drops a forged jump at the next real version."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -27,21 +26,11 @@ from zrl.roles.registry_client import read_status
 from zrl.roles.weights import RESYNC_INTERVAL_S, WeightsFollower
 from zrl.run.learning import MIN_SENT, did_not_learn
 from zrl.testing.fakes import Rpc
-from zrl.testing.inproc import InProc
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel, ReplyBudget, TransportStats, make_socket
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "hostile-params")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ counted and dropped."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -150,15 +149,6 @@ def test_join_buffers_are_reused_and_grow() -> None:
     assert buffers.buffers[0].data_ptr() == first  # fits: the same memory
     big = buffers.join(0, [np.ones((7, 3), np.float32)])
     assert big.shape == (7, 3) and len(buffers.buffers[0]) >= 7
-
-
-@pytest.fixture
-def inproc(zmq_ctx: Any) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "hostile-inference")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def infer(seq: int, rows: int = 2, method: str = "step", **arrays: np.ndarray) -> P.Message:

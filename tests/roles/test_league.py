@@ -6,12 +6,9 @@ Every role runs in a thread over ``inproc://`` (``zrl.testing.inproc.InProc``)."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pytest
 
 from tests.helpers.league import (
     FakeActor,
@@ -28,15 +25,6 @@ from zrl.roles.params import ParameterServer
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
-
-
-@pytest.fixture
-def inproc(zmq_ctx: Any) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "league")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_matches_results_and_snapshots_served_by_id(inproc: InProc, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ the learner publishes on ``priorities/replay-0/``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -65,15 +64,6 @@ def batch(rng: np.random.Generator, first_key: int, **changes: Any) -> dict[str,
 def batch_msg(arrays: dict[str, np.ndarray], shard: Any = "replay-0") -> P.Message:
     meta = {"table_size": 1000} if shard is None else {"shard": shard, "table_size": 1000}
     return P.Message(P.BATCH, meta=meta, arrays=arrays)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "learner")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 @pytest.fixture

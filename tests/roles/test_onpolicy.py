@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,15 +39,6 @@ torch.set_num_threads(1)
 
 BROKER = {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0}
 HIDDEN = [16]
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "onpolicy")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 # ----------------------------------------------------------------------------- assemble_unrolls

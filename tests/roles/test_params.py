@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -26,20 +25,11 @@ from zrl.roles.weights import (
     WeightsFollower,
     request_latest_weights,
 )
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "params")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
 from zrl.roles.weights import WeightsFollower
 from zrl.testing.fakes import Rpc, config_model, model_weights
-from zrl.testing.inproc import InProc, collect
+from zrl.testing.inproc import collect
 from zrl.testing.probes import wait_for
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
@@ -131,15 +131,6 @@ def exploiter_rpc(zmq_ctx, params: ParameterServer) -> Iterator[Rpc]:
         yield r
     finally:
         r.close()
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "policies")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 @pytest.fixture

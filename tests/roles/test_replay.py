@@ -8,7 +8,7 @@ sockets with linger 0 and finite timeouts; every thread stopped, every socket cl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,12 @@ from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor
 from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer
 from zrl.testing.fakes import as_message, trajectory
-from zrl.testing.inproc import InProc, collect, collect_acking
+from zrl.testing.inproc import collect, collect_acking
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P
 from zrl.transport.sockets import Channel
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "replay")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 # --- trajectories ---------------------------------------------------------------------------

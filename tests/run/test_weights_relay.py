@@ -3,7 +3,6 @@ agent's relay on ipc, followers under the agent (through the relay) and one with
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +25,6 @@ from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_topics
 from zrl.transport.sockets import make_socket
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "relay")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 @pytest.fixture

@@ -5,28 +5,15 @@ connection on a ROUTER), and a forged low number cannot reset a real sequence.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import zmq
 
 from tests.helpers.replay import replay_config
 from zrl.roles.replay import ReplayServer
 from zrl.testing.fakes import trajectory
-from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for
 from zrl.transport import protocol as P
 from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import MAX_SEQ_JUMP, Channel, TransportStats, make_socket
-
-
-@pytest.fixture
-def inproc(zmq_ctx) -> Iterator[InProc]:
-    h = InProc(zmq_ctx, "gaps")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def forged(sender: str, seq: int) -> list[bytes]:
