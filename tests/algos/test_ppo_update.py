@@ -356,9 +356,15 @@ def test_a_members_dd_ppo_learners_take_learner_0s_exploit_before_the_next_round
     round the group finds it (an all-reduce of the exploit counts) and every learner takes
     learner 0's state, learning rate and entropy bonus: the round leaves them identical."""
     registry: dict[str, dict[str, Any]] = {}
-    cfg = make_config(learners=2)
+    # Two members, a group of two learners each (learners 0 and 1 train member_0, whose
+    # actors are 0 and 2).
+    cfg = make_config(learners=4).model_copy(deep=True)
+    cfg.roles.actors, cfg.roles.pbt = 4, 1
+    cfg.checkpoint.interval = 5
+    cfg.pbt.members, cfg.pbt.ready_interval_s = 2, 10
     ups = [make_update(cfg, FakeServices(registry), index=i) for i in (0, 1)]
     leader, follower = ups
+    assert cfg.learner_policy(1) == "member_0" and follower.learner_index == 1
     registry["learner-0"] = leader.heartbeat_info()
 
     def run(rank: int) -> None:
@@ -369,7 +375,7 @@ def test_a_members_dd_ppo_learners_take_learner_0s_exploit_before_the_next_round
             with torch.no_grad():
                 next(up.model.parameters()).add_(0.5)
             up.set_hyperparameters({"learner.lr": 5e-4, "ppo.entropy_coef": 0.02})
-        for actor in (0, 1):
+        for actor in (0, 2):  # member_0's actors
             up.receive(rollout_msg(actor, version=1), 1)
         assert up.train(1) is not None
 

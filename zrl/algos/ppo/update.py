@@ -211,7 +211,7 @@ class PPOUpdate(BaseUpdate):
             return None
         started = time.monotonic()
         try:
-            if self.group is not None:
+            if self.group is not None and self.config.pbt.members:  # only members exploit
                 self.sync_exploits()
             steps = self.train_round(chosen, current)
         except NonFiniteLossError as exc:
