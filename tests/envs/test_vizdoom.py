@@ -84,6 +84,40 @@ def test_a_config_makes_a_vector_env_that_steps(
         env.close()
 
 
+def test_health_reward_adds_its_bonus_on_each_step_whose_health_rose() -> None:
+    """The same seed and actions with and without ``health_reward``: the returns differ by the
+    bonus times the steps where the player's health rose (medkits), and nothing else."""
+    pytest.importorskip("vizdoom", reason=SKIP)
+    from zrl.envs.vizdoom import VizdoomEnv
+
+    plain = VizdoomEnv("vizdoom/health_gathering")
+    shaped = VizdoomEnv("vizdoom/health_gathering", health_reward=0.5)
+    rng = np.random.default_rng(0)
+    try:
+        rises = 0
+        for episode in range(3):
+            plain.reset(seed=episode)
+            shaped.reset(seed=episode)
+            health = plain.health()
+            done = False
+            while not done:
+                action = int(rng.integers(0, 4))
+                _, reward, terminated, truncated, _ = plain.step(action)
+                _, shaped_reward, *_ = shaped.step(action)
+                done = terminated or truncated
+                rose = not done and plain.health() > health
+                assert shaped_reward == reward + (0.5 if rose else 0.0)
+                rises += rose
+                if not done:
+                    health = plain.health()
+        assert rises > 0  # random actions pick up medkits
+    finally:
+        plain.close()
+        shaped.close()
+    with pytest.raises(EnvError, match="health_reward nan"):
+        VizdoomEnv("vizdoom/health_gathering", health_reward=float("nan"))
+
+
 def test_a_missing_vizdoom_fails_the_preflight_with_the_install_line(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vizdoom", None)  # import vizdoom raises ImportError
     with pytest.raises(ConfigError, match=r"needs vizdoom: pip install -e \"\.\[vizdoom\]\""):

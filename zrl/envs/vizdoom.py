@@ -14,8 +14,11 @@ stay at 0. An episode ends terminated when the player dies or the scenario's goa
 truncated at the scenario's ``episode_timeout``.
 
 ``env.kwargs`` (all optional): ``frameskip`` (4), ``width`` (128), ``height`` (72),
-``render_resolution`` (``"160x120"``, a ``vizdoom.ScreenResolution`` name without ``RES_``).
-The engine runs headless (no window). ``env.vectorization`` sync (``auto`` means sync) or
+``render_resolution`` (``"160x120"``, a ``vizdoom.ScreenResolution`` name without ``RES_``),
+``health_reward`` (0.0): added to a step's reward when the player's health rose during it (a
+medkit picked up): Sample Factory's ``DoomGatheringRewardShaping`` (+1) for the gathering
+scenarios, where the scenario's own reward (+1 a tic alive) shows a medkit only as a later
+death. The engine runs headless (no window). ``env.vectorization`` sync (``auto`` means sync) or
 async (one process per env).
 """
 
@@ -38,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "width": 128,
     "height": 72,
     "render_resolution": "160x120",
+    "health_reward": 0.0,
 }
 """Sample Factory's VizDoom settings (``sf_examples/vizdoom/doom/doom_params.py``)."""
 
@@ -97,6 +101,7 @@ class VizdoomEnv(gym.Env[np.ndarray, np.int64]):
         width: int = 128,
         height: int = 72,
         render_resolution: str = "160x120",
+        health_reward: float = 0.0,
     ) -> None:
         vzd = _import_vizdoom(env_id)
         try:
@@ -110,6 +115,10 @@ class VizdoomEnv(gym.Env[np.ndarray, np.int64]):
         if resolution is None:
             raise EnvError(f"{env_id}: vizdoom has no screen resolution {render_resolution!r}")
         self.frameskip = int(frameskip)
+        self._health_variable = vzd.GameVariable.HEALTH
+        self.health_reward = float(health_reward)
+        if not np.isfinite(self.health_reward):
+            raise EnvError(f"{env_id}: health_reward {health_reward!r} is not a finite number")
         self.size = (int(width), int(height))
         game = vzd.DoomGame()
         game.load_config(scenario_config(env_id))
@@ -132,6 +141,7 @@ class VizdoomEnv(gym.Env[np.ndarray, np.int64]):
         self.num_actions = 1 + len(self.buttons)
         self.action_space = gym.spaces.Discrete(self.num_actions)
         self._last: np.ndarray = np.zeros((3, int(height), int(width)), np.uint8)
+        self._health = 0.0
 
     def _observe(self) -> np.ndarray:
         state = self.game.get_state()
@@ -149,6 +159,7 @@ class VizdoomEnv(gym.Env[np.ndarray, np.int64]):
         if seed is not None:
             self.game.set_seed(int(seed) % 2**31)
         self.game.new_episode()
+        self._health = self.health()
         return self._observe(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -160,8 +171,17 @@ class VizdoomEnv(gym.Env[np.ndarray, np.int64]):
             pressed[self.buttons[a - 1]] = 1.0
         reward = float(self.game.make_action(pressed, self.frameskip))
         done = bool(self.game.is_episode_finished())
+        if self.health_reward and not done:
+            health = self.health()
+            if health > self._health:
+                reward += self.health_reward
+            self._health = health
         truncated = done and bool(self.game.is_episode_timeout_reached())
         return self._observe(), reward, done and not truncated, truncated, {}
+
+    def health(self) -> float:
+        """The player's health now (the engine's ``HEALTH`` game variable)."""
+        return float(self.game.get_game_variable(self._health_variable))
 
     def close(self) -> None:
         self.game.close()
