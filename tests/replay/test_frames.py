@@ -283,6 +283,26 @@ def test_state_dict_round_trip_samples_identically(kind, tmp_path):
         other.load_state_dict(table.state_dict())
 
 
+def test_a_snapshot_holds_the_frames_written_so_far_and_an_earlier_whole_one_loads():
+    E, T, k = 2, 5, 4
+    table = FrameTable(make_table("uniform", 400), 20 * E * (T + k), SHAPE, k, "reset")
+    collector = Collector(E, k, "reset", seed=2)
+    rng = np.random.default_rng(0)
+    insert(table, collector.collect(rng.choice(3, size=(T, E))), 3)
+    state = table.state_dict()
+    assert state["frames"].shape[0] == table.frame_inserts < table.frame_capacity
+    whole = dict(state)
+    whole["frames"] = np.zeros((table.frame_capacity, *SHAPE), np.uint8)
+    whole["frames"][: table.frame_inserts] = state["frames"]
+    for saved in (state, whole):
+        copy = FrameTable.from_state_dict(saved)
+        a, b = table.sample(16, np.random.default_rng(3)), copy.sample(16, np.random.default_rng(3))
+        for name in a.items:
+            np.testing.assert_array_equal(a.items[name], b.items[name])
+    with pytest.raises(ValueError, match="state frames"):
+        FrameTable.from_state_dict({**state, "frames": state["frames"][:-1]})
+
+
 def test_weights_versions_pass_through_and_an_old_state_holds_unknown_ones():
     """Items keep the weights version the shard stamps on them (``weights_version`` comes out
     of ``sample`` beside the rebuilt stacks); a state from before items had one loads, and

@@ -61,6 +61,8 @@ from zrl.replay.tables import (
     Table,
     check_priorities,
     make_table,
+    restore_rows,
+    written_rows,
 )
 
 Padding = Literal["zero", "reset"]
@@ -350,7 +352,8 @@ class FrameTable:
             "stack": self.stack,
             "padding": self.padding,
             "frame_inserts": self.frame_inserts,
-            "frames": self._frames.copy(),
+            # the frames written so far (slot i % frame_capacity), not the unwritten rest
+            "frames": self._frames[: written_rows(self.frame_inserts, self.frame_capacity)].copy(),
             "table": self.table.state_dict(),
         }
 
@@ -367,12 +370,14 @@ class FrameTable:
         theirs["frame_shape"] = [int(x) for x in theirs["frame_shape"]]
         if mine != theirs:
             raise ValueError(f"state is for {theirs}, this table is {mine}")
-        frames = np.array(state["frames"], copy=True)
-        if frames.dtype != np.uint8 or frames.shape != self._frames.shape:
-            raise ValueError(f"state frames are {frames.dtype} {frames.shape}")
+        frame_inserts = check_int("frame_inserts", state["frame_inserts"], 0)
+        saved = np.asarray(state["frames"])
+        if saved.dtype != np.uint8 or saved.shape[1:] != self._frames.shape[1:]:
+            raise ValueError(f"state frames are {saved.dtype} {saved.shape}")
+        rows = written_rows(frame_inserts, self.frame_capacity)
+        frames = restore_rows(saved, rows, self.frame_capacity, "state frames")
         table = make_table(self.table.kind, self.table.capacity)
         table.load_state_dict(state["table"])
-        frame_inserts = check_int("frame_inserts", state["frame_inserts"], 0)
         if table.size:
             small = table.gather(np.arange(table.first_key, table.inserts))
             if small["first_frame"].min() < max(0, frame_inserts - self.frame_capacity) or (

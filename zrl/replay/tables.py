@@ -47,6 +47,25 @@ def check_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
     return pri
 
 
+def written_rows(inserts: int, capacity: int) -> int:
+    """How many rows of a ring of ``capacity`` slots ``inserts`` writes have filled: slot
+    ``i % capacity`` for the i-th, so rows ``[0, min(inserts, capacity))``."""
+    return min(max(inserts, 0), capacity)
+
+
+def restore_rows(saved: np.ndarray, rows: int, capacity: int, what: str) -> np.ndarray:
+    """A ring's storage of ``capacity`` rows from the ``rows`` written ones a snapshot saved
+    (the rest zeros); one written whole (``capacity`` rows, as snapshots were until
+    2026-11-27) is taken as it is. ValueError naming ``what`` when ``saved`` is neither."""
+    if saved.ndim == 0 or saved.shape[0] not in (rows, capacity):
+        raise ValueError(f"{what} has shape {saved.shape}: {rows} or {capacity} rows expected")
+    if saved.shape[0] == capacity:
+        return np.array(saved, copy=True)
+    full = np.zeros((capacity, *saved.shape[1:]), dtype=saved.dtype)
+    full[:rows] = saved
+    return full
+
+
 class Table(ABC):
     """Shared storage and bookkeeping; subclasses decide how items are sampled.
 
@@ -224,7 +243,11 @@ class Table(ABC):
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed for an exact resume (storage is copied whole, slots included)."""
+        """Everything needed for an exact resume: the counters and a copy of the rows written
+        so far (slot ``key % capacity``: rows ``[0, min(inserts, capacity))``), not the
+        unwritten rest of the columns, so a snapshot of a big table still filling (1M
+        transitions, SAC's) costs what it holds."""
+        rows = written_rows(self.inserts, self.capacity)
         return {
             "kind": self.kind,
             "capacity": self.capacity,
@@ -232,7 +255,7 @@ class Table(ABC):
             "samples": self.samples,
             "evicted": self.evicted,
             "first_key": self._first_key,
-            "columns": {name: col.copy() for name, col in self._columns.items()},
+            "columns": {name: col[:rows].copy() for name, col in self._columns.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -240,13 +263,14 @@ class Table(ABC):
             raise ValueError(f"state is for a {state['kind']!r} table, this is {self.kind!r}")
         if int(state["capacity"]) != self.capacity:
             raise ValueError(f"state has capacity {state['capacity']}, table has {self.capacity}")
-        columns = {str(k): np.array(v, copy=True) for k, v in state["columns"].items()}
-        for name, col in columns.items():
-            if col.ndim == 0 or col.shape[0] != self.capacity:
-                raise ValueError(f"state column {name!r} has shape {col.shape}")
         inserts, first_key = int(state["inserts"]), int(state["first_key"])
         if not 0 <= inserts - first_key <= self.capacity or first_key < 0:
             raise ValueError(f"inconsistent state: inserts={inserts}, first_key={first_key}")
+        rows = written_rows(inserts, self.capacity)
+        columns = {
+            str(k): restore_rows(np.asarray(v), rows, self.capacity, f"state column {k!r}")
+            for k, v in state["columns"].items()
+        }
         self._columns = columns
         self.inserts = inserts
         self._first_key = first_key
