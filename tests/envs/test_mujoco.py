@@ -27,9 +27,12 @@ torch.set_num_threads(1)
         ("halfcheetah_ppo.yaml", 17, 6),
         ("hopper_ppo.yaml", 11, 3),
         ("walker2d_ppo.yaml", 17, 6),
+        ("humanoid_ppo.yaml", 348, 17),
         ("halfcheetah_appo.yaml", 17, 6),
         ("hopper_appo.yaml", 11, 3),
         ("walker2d_appo.yaml", 17, 6),
+        ("humanoid_appo.yaml", 348, 17),
+        ("ant_appo.yaml", 105, 8),
     ],
 )
 def test_a_mujoco_config_makes_a_vector_env_that_steps(
@@ -49,7 +52,7 @@ def test_a_mujoco_config_makes_a_vector_env_that_steps(
         for _ in range(5):
             with torch.no_grad():
                 actions = model.act(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-            assert np.all(np.abs(actions) <= 1.0)
+            assert np.all(actions >= act_space.low) and np.all(actions <= act_space.high)
             obs, reward, terminated, truncated, _ = env.step(actions)
             assert obs.shape == (2, obs_dim) and reward.shape == (2,)
             assert np.all(np.isfinite(obs)) and np.all(np.isfinite(reward))
@@ -59,7 +62,11 @@ def test_a_mujoco_config_makes_a_vector_env_that_steps(
 
 @pytest.mark.parametrize(
     ("config", "obs_dim", "act_dim"),
-    [("halfcheetah_sac.yaml", 17, 6), ("hopper_sac.yaml", 11, 3), ("walker2d_sac.yaml", 17, 6)],
+    [
+        ("halfcheetah_sac.yaml", 17, 6),
+        ("hopper_sac.yaml", 11, 3),
+        ("walker2d_sac.yaml", 17, 6),
+    ],
 )
 def test_a_mujoco_sac_config_makes_a_vector_env_and_a_sac_model_that_acts(
     config, obs_dim, act_dim, tmp_path, monkeypatch
