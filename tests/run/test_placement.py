@@ -119,6 +119,30 @@ def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
     assert summary["took_part"]["host-0"]["placed"] == "unplanned"
 
 
+def test_the_roster_counts_a_restart_a_host_agent_made_before_the_role_registered_again():
+    """A role killed moments before the run stopped: its host agent restarted it, but the new
+    process had not registered, so the registry's row still says 0 restarts (the summary said
+    so: tests/launchers/test_ssh_launcher.py under load). The agent's report of its children
+    counts, for planned roles the roster has seen; malformed reports count as none."""
+    roster = Roster.of([("learner", 0)], {"b": [("actor", 0), ("actor", 1)]}, wait_s=None)
+    actor = {"id": "actor-0", "role": "actor", "host": "b", "pid": 7, "state": "dead"}
+    agent = {"id": "host-0", "role": "host", "host": "b", "pid": 6, "state": "alive"}
+    children = [
+        {"id": "actor-0", "pid": 8, "state": "running", "restarts": 1},
+        {"id": "actor-1", "restarts": 5},  # never registered: not in took_part
+        {"id": "learner-9", "restarts": 3},  # not planned
+        {"id": "actor-0", "restarts": "many"},
+        "junk",
+    ]
+    roster.update([actor, {**agent, "info": {"children": children}}], 5.0)
+    roster.update([actor, {**agent, "role": "actor", "info": {"children": [children[1]]}}], 6.0)
+    summary = roster.summary({})
+    assert summary["took_part"]["actor-0"]["restarts"] == 1
+    assert "actor-1" not in summary["took_part"] and "learner-9" not in summary["took_part"]
+    roster.update([{**actor, "restarts": 2}], 7.0)  # the registry's own count, when higher
+    assert roster.summary({})["took_part"]["actor-0"]["restarts"] == 2
+
+
 def test_the_roster_keeps_its_plan_and_a_bounded_number_of_unplanned_ids():
     """Anyone who reaches the broker can register under new ids (issue 27: 52,919 of them in
     summary.json): the roster keeps every planned role and MAX_UNPLANNED others, and counts

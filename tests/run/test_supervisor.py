@@ -77,6 +77,12 @@ def test_aggregator_sums_env_steps_across_actors_and_restarts():
     agg.on_metrics({"role": "actor", "env_steps": 10**6})
     agg.on_metrics({"id": "actor-9", "role": "actor", "env_steps": "many"})
     assert agg.row(8.0)["env_steps"] == 285
+    # actor-1 marked dead and registered again: its first report has no counters yet; its
+    # env steps stay counted until its next heartbeat, which goes on from where it was.
+    agg.on_metrics({"id": "actor-1", "role": "actor"})
+    assert agg.row(9.0)["env_steps"] == 285
+    agg.on_metrics(actor(1, 64))
+    assert agg.row(10.0)["env_steps"] == 289
 
 
 def test_aggregator_monotonic_over_a_random_history():

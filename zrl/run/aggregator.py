@@ -142,17 +142,21 @@ class Aggregator:
         return out
 
     def _monotonic_sum(self, role: str, key: str) -> int:
-        """Sum of a counter over roles, carried across restarts (a restarted role counts from 0)."""
+        """Sum of a counter over roles, carried across restarts (a restarted role counts from
+        0). A role whose latest report lacks the counter keeps its last count: a role the
+        broker marked dead registers again with an empty heartbeat, and its env steps did not
+        go away (eval.csv once read 0 env steps for an evaluation in the middle of a run)."""
         total = 0
         for rid, m in self.latest.items():
-            if m.get("role") != role or not isinstance(m.get(key), int):
+            if m.get("role") != role:
                 continue
-            raw = count(m[key])
             k = (rid, key)
-            if raw < self._last_raw.get(k, 0):
-                self._carry[k] = self._carry.get(k, 0) + self._last_raw[k]
-            self._last_raw[k] = raw
-            total += raw + self._carry.get(k, 0)
+            if isinstance(m.get(key), int):
+                raw = count(m[key])
+                if raw < self._last_raw.get(k, 0):
+                    self._carry[k] = self._carry.get(k, 0) + self._last_raw[k]
+                self._last_raw[k] = raw
+            total += self._last_raw.get(k, 0) + self._carry.get(k, 0)
         return total
 
     def experience(self) -> dict[str, int]:

@@ -68,6 +68,7 @@ from zrl.roles.base import (
 from zrl.roles.errors import RoleError
 from zrl.roles.role_sockets import WEIGHTS_RELAY_ENV
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
+from zrl.run.roster import HOST_AGENT_ROLE
 from zrl.run.rundir import log_tail
 from zrl.run.weights_relay import WeightsRelay
 from zrl.run.zygote import Zygote
@@ -229,7 +230,7 @@ def fit_info(info: dict[str, Any], children: list[HostChild], max_bytes: int) ->
 class HostAgent(Role):
     """The agent of ``zrl host``: this host's roles as children, and a role of its own."""
 
-    role = "host"
+    role = HOST_AGENT_ROLE
 
     def __init__(
         self,

@@ -21,6 +21,9 @@ from typing import Any
 
 from zrl.run.aggregator import count
 
+HOST_AGENT_ROLE = "host"
+"""The role a host agent (``zrl.run.host_agent.HostAgent``) registers as."""
+
 HERE = "here"
 """Where a role the head starts itself runs."""
 ANY_HOST = "any host"
@@ -76,6 +79,23 @@ class Roster:
                 restarts=max(count(r.get("restarts")), count(known.get("restarts"))),
             )
         self.unplanned_not_listed = max(self.unplanned_not_listed, not_listed)
+        self.count_agent_restarts(rows)
+
+    def count_agent_restarts(self, rows: list[dict[str, Any]]) -> None:
+        """Restarts of planned roles that a host agent (``zrl host``) reports of its children:
+        a role it restarted moments before the run stopped has not registered again, so the
+        registry has not counted that restart yet."""
+        for r in rows:
+            info = r.get("info")
+            if r.get("role") != HOST_AGENT_ROLE or not isinstance(info, dict):
+                continue
+            children = info.get("children")
+            for child in children if isinstance(children, list) else []:
+                rid = child.get("id") if isinstance(child, dict) else None
+                if isinstance(rid, str) and rid in self.planned and rid in self.seen:
+                    known = self.seen[rid]
+                    restarts = count(child.get("restarts"))
+                    known["restarts"] = max(count(known.get("restarts")), restarts)
 
     def ended_here(self, exit_codes: dict[str, int | None]) -> None:
         """How the roles the head started ended (their exit codes, at the stop): a role
