@@ -68,7 +68,7 @@ from zrl.roles.base import (
 from zrl.roles.errors import RoleError
 from zrl.roles.role_sockets import WEIGHTS_RELAY_ENV
 from zrl.run.children import Child, RestartPolicy, launch, show_tail, stop_in_order
-from zrl.run.roster import HOST_AGENT_ROLE
+from zrl.run.roster import HOST_AGENT_ROLE, agent_child_reports
 from zrl.run.rundir import log_tail
 from zrl.run.weights_relay import WeightsRelay
 from zrl.run.zygote import Zygote
@@ -531,13 +531,7 @@ def find_child_report(
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(the host agent's STATUS row, its report of ``role_id``), or None when no agent lists
     it; a live agent's report before a stopped one's, then the freshest."""
-    found = [
-        (row, child)
-        for row in rows
-        if row.get("role") == HostAgent.role and isinstance(row.get("info"), dict)
-        for child in row["info"].get("children") or []
-        if isinstance(child, dict) and child.get("id") == role_id
-    ]
+    found = [(row, child) for row, child in agent_child_reports(rows) if child.get("id") == role_id]
     if not found:
         return None
     return min(found, key=lambda f: (f[0].get("state") != "alive", f[0].get("age", 0.0)))

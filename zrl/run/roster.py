@@ -16,6 +16,7 @@ No sockets: it reads the registry rows the supervisor fetched with STATUS.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,22 @@ from zrl.run.aggregator import count
 
 HOST_AGENT_ROLE = "host"
 """The role a host agent (``zrl.run.host_agent.HostAgent``) registers as."""
+
+
+def agent_child_reports(
+    rows: list[dict[str, Any]],
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(a host agent's STATUS row, its report of one of its children) for every report the
+    registry's ``rows`` carry; anything malformed is skipped."""
+    for row in rows:
+        info = row.get("info")
+        if row.get("role") != HOST_AGENT_ROLE or not isinstance(info, dict):
+            continue
+        children = info.get("children")
+        for child in children if isinstance(children, list) else []:
+            if isinstance(child, dict):
+                yield row, child
+
 
 HERE = "here"
 """Where a role the head starts itself runs."""
@@ -85,17 +102,11 @@ class Roster:
         """Restarts of planned roles that a host agent (``zrl host``) reports of its children:
         a role it restarted moments before the run stopped has not registered again, so the
         registry has not counted that restart yet."""
-        for r in rows:
-            info = r.get("info")
-            if r.get("role") != HOST_AGENT_ROLE or not isinstance(info, dict):
-                continue
-            children = info.get("children")
-            for child in children if isinstance(children, list) else []:
-                rid = child.get("id") if isinstance(child, dict) else None
-                if isinstance(rid, str) and rid in self.planned and rid in self.seen:
-                    known = self.seen[rid]
-                    restarts = count(child.get("restarts"))
-                    known["restarts"] = max(count(known.get("restarts")), restarts)
+        for _, child in agent_child_reports(rows):
+            rid = child.get("id")
+            if isinstance(rid, str) and rid in self.planned and rid in self.seen:
+                known = self.seen[rid]
+                known["restarts"] = max(count(known.get("restarts")), count(child.get("restarts")))
 
     def ended_here(self, exit_codes: dict[str, int | None]) -> None:
         """How the roles the head started ended (their exit codes, at the stop): a role
