@@ -19,7 +19,7 @@ from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, load_config
 from zrl.envs.base import EnvError, is_single_image, mark_single_image
 from zrl.envs.vector import make_vector_env
-from zrl.envs.vizdoom import VIZDOOM_INSTALL, is_vizdoom, scenarios
+from zrl.envs.vizdoom import VIZDOOM_INSTALL, VizdoomEnv, is_vizdoom, scenarios
 from zrl.nets.discrete import policy_logits
 from zrl.replay.frames import is_frame_space
 from zrl.run.preflight import check_env_id, preflight
@@ -88,8 +88,6 @@ def test_health_reward_adds_its_bonus_on_each_step_whose_health_rose() -> None:
     """The same seed and actions with and without ``health_reward``: the returns differ by the
     bonus times the steps where the player's health rose (medkits), and nothing else."""
     pytest.importorskip("vizdoom", reason=SKIP)
-    from zrl.envs.vizdoom import VizdoomEnv
-
     plain = VizdoomEnv("vizdoom/health_gathering")
     shaped = VizdoomEnv("vizdoom/health_gathering", health_reward=0.5)
     rng = np.random.default_rng(0)
@@ -105,11 +103,11 @@ def test_health_reward_adds_its_bonus_on_each_step_whose_health_rose() -> None:
                 _, reward, terminated, truncated, _ = plain.step(action)
                 _, shaped_reward, *_ = shaped.step(action)
                 done = terminated or truncated
-                rose = not done and plain.health() > health
+                now = health if done else plain.health()
+                rose = now > health
                 assert shaped_reward == reward + (0.5 if rose else 0.0)
                 rises += rose
-                if not done:
-                    health = plain.health()
+                health = now
         assert rises > 0  # random actions pick up medkits
     finally:
         plain.close()

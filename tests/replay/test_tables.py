@@ -459,10 +459,12 @@ def test_a_snapshot_of_a_table_still_filling_holds_only_its_written_rows(kind, t
     state = table.state_dict()
     assert {col.shape[0] for col in state["columns"].values()} == {30}
     save_state(tmp_path / "part.npz", state)
-    whole = {**state, "columns": {k: np.asarray(v) for k, v in state["columns"].items()}}
-    whole["columns"] = {
-        k: np.concatenate([v, np.zeros((970, *v.shape[1:]), v.dtype)])
-        for k, v in whole["columns"].items()
+    whole = {  # the earlier format: every column written whole, unwritten rows zeros
+        **state,
+        "columns": {
+            k: np.concatenate([v, np.zeros((970, *v.shape[1:]), v.dtype)])
+            for k, v in state["columns"].items()
+        },
     }
     save_state(tmp_path / "whole.npz", whole)
     assert (tmp_path / "part.npz").stat().st_size * 3 < (tmp_path / "whole.npz").stat().st_size
