@@ -14,9 +14,8 @@ is checked by ``zrl.roles.trust``; its id only ever has the form ``<role>-<n>``
 checkpoint root (``checkpoint_file``). A role started by a host agent tells it its id and
 state in a file of the agent's (``PARENT_REPORT_ENV``).
 
-Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop (and from inside
-a step that may outlast ``heartbeat_timeout``, with ``heartbeat_if_due``: an actor between env
-steps), so a role whose loop hangs is (correctly) declared dead. A role started by a host agent
+Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
+role whose loop hangs is (correctly) declared dead. A role started by a host agent
 (``AGENT_ID_ENV``, ``AGENT_ENDPOINT_ENV``) that the registry registered under it (its WELCOME's
 ``agent``) heartbeats the agent instead, over a DEALER ``agent`` -> the agent's ipc ROUTER; the
 agent reports it to the broker in its own heartbeat and relays the acks. When the broker stops
