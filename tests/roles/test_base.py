@@ -79,8 +79,8 @@ class Running:
                 t.join(5)
                 assert not t.is_alive(), "broker did not stop"
 
-    def role(self, addr: str, cls: type[FakeRole] = FakeRole, **kwargs) -> FakeRole:
-        r = cls(addr, ctx=self.ctx, **kwargs)
+    def role(self, addr: str, **kwargs) -> FakeRole:
+        r = FakeRole(addr, ctx=self.ctx, **kwargs)
 
         def run() -> None:
             try:
@@ -116,43 +116,6 @@ def inproc_addr() -> str:
 
 def registered(b: Broker, r: Role, state: str = "alive") -> Callable[[], bool]:
     return lambda: r.id in b.roles and b.roles[r.id].state == state
-
-
-class LongStepRole(FakeRole):
-    """A step of 3 s (a PPO actor's long trajectory) in 0.1-s pieces; ``beats``: heartbeat
-    between them with ``heartbeat_if_due``."""
-
-    beats = True
-
-    def step(self) -> None:
-        for _ in range(30):
-            if self.stop_event.wait(0.1):
-                return
-            if self.beats:
-                self.heartbeat_if_due()
-        self.steps += 1
-
-
-@pytest.mark.parametrize("beats", [True, False])
-def test_a_step_longer_than_the_heartbeat_timeout_stays_alive_by_heartbeating_inside(
-    running, inproc_addr, monkeypatch, beats
-):
-    cfg = ExperimentConfig.model_validate(
-        {
-            "name": "role-base-test",
-            "broker": {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.5, "setup_grace": 5.0},
-        }
-    )
-    b = running.broker(inproc_addr, cfg)
-    monkeypatch.setattr(LongStepRole, "beats", beats)
-    r = running.role(inproc_addr, LongStepRole, connect_timeout=5)
-    wait_for(registered(b, r), timeout=10)
-    if beats:  # two whole steps: never marked dead, and the steps went on
-        wait_for(lambda: r.steps >= 2, timeout=30)
-        assert b.roles[r.id].state == "alive" and r.error is None
-        assert r.registrations == 1  # no re-registration after a missed heartbeat
-    else:  # the control: without them the broker marks the role dead within its step
-        wait_for(registered(b, r, "dead"), timeout=10)
 
 
 def test_role_registers_gets_spec_and_heartbeats(running, inproc_addr):

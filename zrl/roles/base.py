@@ -200,7 +200,6 @@ class Role(RoleSockets):
         self.registrations = 0
         self.orphaned = False  # stopped because the broker was gone past broker.orphan_timeout
         self._process = psutil.Process()
-        self._rss_mb = 0.0  # the last check_memory
         self._parent_report = os.environ.get(PARENT_REPORT_ENV) or None
         self._agent_id = os.environ.get(AGENT_ID_ENV) or None
         self._agent_endpoint = os.environ.get(AGENT_ENDPOINT_ENV) or None
@@ -527,37 +526,23 @@ class Role(RoleSockets):
             self._reconnect_at = now + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_BACKOFF_MAX_S)
         if now >= self._next_heartbeat:
-            self._beat(now, self.check_memory(), direct)
-
-    def heartbeat_if_due(self) -> None:
-        """The heartbeat alone, if one is due: for a step longer than the broker's heartbeat
-        timeout (a PPO actor's trajectory of 2,048 steps of one env takes 2-4 s on a loaded
-        machine, and the broker marked it dead each time). It reads no registry reply (the
-        next ``tick`` does) and reports the last memory figure unchecked, so it raises none of
-        the role's own errors inside the caller's error handling."""
-        now = time.monotonic()
-        if self._registry is not None and now >= self._next_heartbeat:
-            self._beat(now, self._rss_mb)
-
-    def _beat(self, now: float, rss_mb: float, direct: bool = False) -> None:
-        self._next_heartbeat = now + self.heartbeat_interval
-        info = self.heartbeat_info()
-        info["rss_mb"] = rss_mb
-        # plain_meta: whatever a counter came to hold, a role never dies on its own status.
-        beat = {
-            "id": self.id,
-            "state": self.state,
-            "stats": self.stats.snapshot(),
-            "info": info,
-        }
-        beat.update(self.heartbeat_extra())
-        assert self._registry is not None
-        via = self._agent if self._agent is not None and not direct else self._registry
-        via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
-        if now >= self._next_metrics:
-            self._next_metrics = now + METRICS_INTERVAL_S
-            train = self.train_metrics()
-            self.publish_metrics({**info, "train": train} if train else info)
+            self._next_heartbeat = now + self.heartbeat_interval
+            info = self.heartbeat_info()
+            info["rss_mb"] = self.check_memory()
+            # plain_meta: whatever a counter came to hold, a role never dies on its own status.
+            beat = {
+                "id": self.id,
+                "state": self.state,
+                "stats": self.stats.snapshot(),
+                "info": info,
+            }
+            beat.update(self.heartbeat_extra())
+            via = self._agent if self._agent is not None and not direct else self._registry
+            via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
+            if now >= self._next_metrics:
+                self._next_metrics = now + METRICS_INTERVAL_S
+                train = self.train_metrics()
+                self.publish_metrics({**info, "train": train} if train else info)
 
     def orphan_limit(self) -> float | None:
         """Seconds without an answer from the broker after which this role stops (None:
@@ -584,7 +569,6 @@ class Role(RoleSockets):
         Stopping ourselves with a clear message beats the kernel's OOM killer choosing a
         random process of the run."""
         rss_mb = self._process.memory_info().rss / 2**20
-        self._rss_mb = round(rss_mb, 1)
         limit = self.config.limits.memory_mb
         if limit is not None and rss_mb > limit:
             raise RoleError(
