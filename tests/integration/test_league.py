@@ -38,7 +38,10 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
     summary = run_zrl(
         tmp_path,
         "tictactoe_ppo.yaml",
-        "stop.eval_return=0.6",
+        # The mean of two evaluations against random: one lucky evaluation at 0.6 once stopped
+        # a loaded CI run at 13k moves, weights that still lost 46% against scripted.
+        "stop.eval_return=0.7",
+        "stop.eval_window=2",
         "league.snapshot_interval_s=5",
         "evaluator.interval=5",
         wall_time=100,
