@@ -744,6 +744,17 @@ def test_hellos_repeated_on_new_sockets_before_the_first_heartbeat_register_once
     assert late.hello(role="params", instance="a1b2").meta["id"] not in (ids[0], other)
 
 
+def test_a_heartbeat_ack_echoes_the_heartbeats_seq_and_only_a_positive_int(make_broker, clients):
+    b = make_broker()
+    role = RegistryClient(b.ctx, b.bind_address)
+    clients.append(role)
+    rid = role.hello(role="actor", index=0).meta["id"]
+    assert role.request(P.HEARTBEAT, id=rid, seq=7).meta == {"seq": 7}
+    for bad in (0, -3, 2**63, 1.5, True, "7", [7], None):
+        ack = role.request(P.HEARTBEAT, id=rid, seq=bad)
+        assert ack.kind == P.HEARTBEAT_ACK and "seq" not in ack.meta, bad
+
+
 def test_stop_run_with_the_token_stops_every_role_and_refuses_new_ones(make_broker, clients):
     b = make_broker(stop_token="s3cret")
     role, head, late = (RegistryClient(b.ctx, b.bind_address) for _ in range(3))

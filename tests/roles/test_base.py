@@ -79,8 +79,8 @@ class Running:
                 t.join(5)
                 assert not t.is_alive(), "broker did not stop"
 
-    def role(self, addr: str, **kwargs) -> FakeRole:
-        r = FakeRole(addr, ctx=self.ctx, **kwargs)
+    def role(self, addr: str, cls: type[FakeRole] = FakeRole, **kwargs) -> FakeRole:
+        r = cls(addr, ctx=self.ctx, **kwargs)
 
         def run() -> None:
             try:
@@ -116,6 +116,93 @@ def inproc_addr() -> str:
 
 def registered(b: Broker, r: Role, state: str = "alive") -> Callable[[], bool]:
     return lambda: r.id in b.roles and b.roles[r.id].state == state
+
+
+class LongStepRole(FakeRole):
+    """A step of 3 s (a PPO actor's long trajectory) in 0.1-s pieces; ``beats``: heartbeat
+    between them with ``heartbeat_if_due``."""
+
+    beats = True
+
+    def step(self) -> None:
+        for _ in range(30):
+            if self.stop_event.wait(0.1):
+                return
+            if self.beats:
+                self.heartbeat_if_due()
+        self.steps += 1
+
+
+@pytest.mark.parametrize("beats", [True, False])
+def test_a_step_longer_than_the_heartbeat_timeout_stays_alive_by_heartbeating_inside(
+    running, inproc_addr, monkeypatch, beats
+):
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "role-base-test",
+            "broker": {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.5, "setup_grace": 5.0},
+        }
+    )
+    b = running.broker(inproc_addr, cfg)
+    monkeypatch.setattr(LongStepRole, "beats", beats)
+    r = running.role(inproc_addr, LongStepRole, connect_timeout=5)
+    wait_for(registered(b, r), timeout=10)
+    if beats:  # two whole steps: never marked dead, and the steps went on
+        wait_for(lambda: r.steps >= 2, timeout=30)
+        assert b.roles[r.id].state == "alive" and r.error is None
+        assert r.registrations == 1  # no re-registration after a missed heartbeat
+    else:  # the control: without them the broker marks the role dead within its step
+        wait_for(registered(b, r, "dead"), timeout=10)
+
+
+def test_heartbeat_now_waits_for_the_ack_of_its_own_heartbeat(zmq_ctx):
+    """A heartbeat sent inside a long step leaves its ack unread; ``heartbeat_now`` must not
+    take that stale ack for the ack of the heartbeat it sends (a server asking the registry
+    next would not see the info it carries). A hand-driven broker acks what it is told to."""
+    addr = f"inproc://zrl-acks-{os.getpid()}-{next(_names)}"
+    spec = make_config().model_dump(mode="json")
+    t = rogue_broker(zmq_ctx, addr, spec, "fake-0", keep_open=True)
+    r = FakeRole(addr, ctx=zmq_ctx, connect_timeout=10)
+    try:
+        r.connect()
+        t.join(10)
+        sock = t.sock  # type: ignore[attr-defined]
+
+        def next_beat() -> tuple[bytes, dict]:
+            assert sock.poll(5_000), "no heartbeat came"
+            ident, *frames = sock.recv_multipart()
+            msg = P.decode(frames)
+            assert msg.kind == P.HEARTBEAT
+            return ident, msg.meta
+
+        def ack(ident: bytes, meta: dict) -> None:
+            ack = P.Message(P.HEARTBEAT_ACK, meta={"seq": meta["seq"]})
+            sock.send_multipart([ident, *P.encode(ack)])
+
+        r._next_metrics = float("inf")  # this WELCOME names no topic bus to publish on
+        r._next_heartbeat = 0.0
+        r.heartbeat_if_due()  # inside a step: its ack stays unread
+        ident, first = next_beat()
+        ack(ident, first)
+        assert r._registry is not None and r._registry.sock.poll(5_000)  # the ack waits
+        # Not acknowledged: the stale ack of the first heartbeat does not count.
+        assert not r.heartbeat_now(timeout=0.3)
+        ident, second = next_beat()
+        assert second["seq"] == first["seq"] + 1
+        # Acknowledged (the unanswered one's ack late, then its own): it returns True.
+        ack(ident, second)
+        acked: list[bool] = []
+        waiting = threading.Thread(target=lambda: acked.append(r.heartbeat_now(5.0)))
+        waiting.start()
+        ident, third = next_beat()
+        ack(ident, third)
+        waiting.join(10)
+        assert acked == [True]
+    finally:
+        r.close()
+        t.join(10)
+        if getattr(t, "sock", None) is not None:
+            t.sock.close(linger=0)  # type: ignore[attr-defined]
 
 
 def test_role_registers_gets_spec_and_heartbeats(running, inproc_addr):
@@ -340,8 +427,11 @@ ESCAPING_IDS = [
 ]
 
 
-def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading.Thread:
-    """A broker that answers the first HELLO with a WELCOME giving the id ``rid``."""
+def rogue_broker(
+    ctx: zmq.Context, addr: str, spec: dict, rid: str, keep_open: bool = False
+) -> threading.Thread:
+    """A broker that answers the first HELLO with a WELCOME giving the id ``rid``; with
+    ``keep_open`` its socket stays open for the caller (``thread.sock``, once joined)."""
     sock = ctx.socket(zmq.ROUTER)
     sock.bind(addr)
 
@@ -351,9 +441,11 @@ def rogue_broker(ctx: zmq.Context, addr: str, spec: dict, rid: str) -> threading
                 ident, *_ = sock.recv_multipart()
                 sock.send_multipart([ident, *P.encode(welcome_message(spec, rid))])
         finally:
-            sock.close(linger=1000)
+            if not keep_open:
+                sock.close(linger=1000)
 
     t = threading.Thread(target=answer, name="rogue-broker", daemon=True)
+    t.sock = sock if keep_open else None  # type: ignore[attr-defined]
     t.start()
     return t
 

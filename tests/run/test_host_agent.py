@@ -693,8 +693,9 @@ def test_the_agent_answers_its_childrens_heartbeats_and_drops_anything_else(
     child.connect(agent.endpoint)
     children = agent.stats.stream("children")
 
-    def beat(rid: str, kind: str = P.HEARTBEAT) -> P.Message | None:
-        child.send_multipart(P.encode(P.Message(kind, meta={"id": rid, "info": {"n": 1}})))
+    def beat(rid: str, kind: str = P.HEARTBEAT, **more: object) -> P.Message | None:
+        meta = {"id": rid, "info": {"n": 1}, **more}
+        child.send_multipart(P.encode(P.Message(kind, meta=meta)))
         seen = children.received + children.dropped
         wait_for(
             lambda: agent.serve_children(50) or children.received + children.dropped > seen,
@@ -719,6 +720,9 @@ def test_the_agent_answers_its_childrens_heartbeats_and_drops_anything_else(
         assert agent.unknown == {"actor-0"}
         assert beat("actor-0").kind == P.UNKNOWN_ROLE  # type: ignore[union-attr]
         assert beat("actor-0").meta == {"stop": "done"}  # type: ignore[union-attr]
+        # The child's seq comes back (a positive int only), as the broker's acks do.
+        assert beat("actor-0", seq=5).meta == {"stop": "done", "seq": 5}  # type: ignore[union-attr]
+        assert beat("actor-0", seq="5").meta == {"stop": "done"}  # type: ignore[union-attr]
     finally:
         child.close(linger=0)
         agent.close()

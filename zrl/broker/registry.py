@@ -325,6 +325,9 @@ class Registry:
         if self._beat(entry, msg.meta, now, self._header_bytes if reports is None else None):
             log.warning("%s is heartbeating again after being marked dead", rid)
         ack: dict[str, Any] = {}
+        seq = msg.meta.get("seq")
+        if type(seq) is int and 0 < seq < 2**63:  # echoed: the role matches acks to beats
+            ack["seq"] = seq
         if reports is not None:
             ack["unknown"] = self._on_reports(entry, reports, now)
         if self.stopped is not None:

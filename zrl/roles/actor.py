@@ -300,6 +300,7 @@ class Actor(Role):
             else:
                 obs = self.obs
                 for t in range(T):
+                    self.heartbeat_if_due()
                     buf.obs[t] = obs
                     buf.acted(t, ALL_ENVS, *policy.act(obs, t))
                     next_obs, r, term, trunc, info = self.envs.step(buf.action[t])
@@ -342,6 +343,7 @@ class Actor(Role):
         for g, rows in enumerate(envs.rows):
             act(0, g, rows)
         for t in range(T):
+            self.heartbeat_if_due()  # a long trajectory is no silence to the broker
             for g, rows in enumerate(envs.rows):
                 next_obs, r, term, trunc, info = envs.groups[g].step_wait()
                 next_obs = M.as_obs(next_obs, rows.stop - rows.start, self.obs_dtype)

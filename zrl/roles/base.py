@@ -14,8 +14,9 @@ is checked by ``zrl.roles.trust``; its id only ever has the form ``<role>-<n>``
 checkpoint root (``checkpoint_file``). A role started by a host agent tells it its id and
 state in a file of the agent's (``PARENT_REPORT_ENV``).
 
-Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop, so a
-role whose loop hangs is (correctly) declared dead. A role started by a host agent
+Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop (and from inside
+a step that may outlast ``heartbeat_timeout``, with ``heartbeat_if_due``: an actor between env
+steps), so a role whose loop hangs is (correctly) declared dead. A role started by a host agent
 (``AGENT_ID_ENV``, ``AGENT_ENDPOINT_ENV``) that the registry registered under it (its WELCOME's
 ``agent``) heartbeats the agent instead, over a DEALER ``agent`` -> the agent's ipc ROUTER; the
 agent reports it to the broker in its own heartbeat and relays the acks. When the broker stops
@@ -200,12 +201,16 @@ class Role(RoleSockets):
         self.registrations = 0
         self.orphaned = False  # stopped because the broker was gone past broker.orphan_timeout
         self._process = psutil.Process()
+        self._rss_mb = 0.0  # the last check_memory
         self._parent_report = os.environ.get(PARENT_REPORT_ENV) or None
         self._agent_id = os.environ.get(AGENT_ID_ENV) or None
         self._agent_endpoint = os.environ.get(AGENT_ENDPOINT_ENV) or None
         self._agent: Channel | None = None
         """A DEALER to the host agent that heartbeats for us, while the registry says so."""
-        self._last_direct_ack = 0.0
+        self._beat_seq = 0
+        """The ``seq`` of our last HEARTBEAT (counts up from 1)."""
+        self._acked_seq = 0
+        """The highest ``seq`` the broker acknowledged to us directly (not through an agent)."""
 
     # --- registration -----------------------------------------------------------------
 
@@ -489,7 +494,9 @@ class Role(RoleSockets):
             if msg is None:
                 break
             if msg.kind == P.HEARTBEAT_ACK:
-                self._last_direct_ack = now
+                seq = msg.meta.get("seq")
+                if type(seq) is int:
+                    self._acked_seq = max(self._acked_seq, seq)
                 self._on_ack(msg, now)
             elif msg.kind == P.WELCOME:
                 self._on_welcome(msg)
@@ -526,23 +533,39 @@ class Role(RoleSockets):
             self._reconnect_at = now + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_BACKOFF_MAX_S)
         if now >= self._next_heartbeat:
-            self._next_heartbeat = now + self.heartbeat_interval
-            info = self.heartbeat_info()
-            info["rss_mb"] = self.check_memory()
-            # plain_meta: whatever a counter came to hold, a role never dies on its own status.
-            beat = {
-                "id": self.id,
-                "state": self.state,
-                "stats": self.stats.snapshot(),
-                "info": info,
-            }
-            beat.update(self.heartbeat_extra())
-            via = self._agent if self._agent is not None and not direct else self._registry
-            via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
-            if now >= self._next_metrics:
-                self._next_metrics = now + METRICS_INTERVAL_S
-                train = self.train_metrics()
-                self.publish_metrics({**info, "train": train} if train else info)
+            self._beat(now, self.check_memory(), direct)
+
+    def heartbeat_if_due(self) -> None:
+        """The heartbeat alone, if one is due: for a step longer than the broker's heartbeat
+        timeout (a PPO actor's trajectory of 2,048 steps of one env takes 2-4 s on a loaded
+        machine, and the broker marked it dead each time). It reads no registry reply (the
+        next ``tick`` does) and reports the last memory figure unchecked, so it raises none of
+        the role's own errors inside the caller's error handling."""
+        now = time.monotonic()
+        if self._registry is not None and now >= self._next_heartbeat:
+            self._beat(now, self._rss_mb)
+
+    def _beat(self, now: float, rss_mb: float, direct: bool = False) -> None:
+        self._next_heartbeat = now + self.heartbeat_interval
+        info = self.heartbeat_info()
+        info["rss_mb"] = rss_mb
+        # plain_meta: whatever a counter came to hold, a role never dies on its own status.
+        self._beat_seq += 1
+        beat = {
+            "id": self.id,
+            "seq": self._beat_seq,
+            "state": self.state,
+            "stats": self.stats.snapshot(),
+            "info": info,
+        }
+        beat.update(self.heartbeat_extra())
+        assert self._registry is not None
+        via = self._agent if self._agent is not None and not direct else self._registry
+        via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
+        if now >= self._next_metrics:
+            self._next_metrics = now + METRICS_INTERVAL_S
+            train = self.train_metrics()
+            self.publish_metrics({**info, "train": train} if train else info)
 
     def orphan_limit(self) -> float | None:
         """Seconds without an answer from the broker after which this role stops (None:
@@ -552,11 +575,14 @@ class Role(RoleSockets):
     def heartbeat_now(self, timeout: float = 1.0) -> bool:
         """Heartbeat now (showing the role's current info, its rpc keys among it) and wait, at
         most ``timeout``, until the broker acknowledged it: a server asking STATUS after that
-        sees the keys (``zrl.roles.rpc_identity``)."""
+        sees the keys (``zrl.roles.rpc_identity``). The ack must carry this heartbeat's
+        ``seq``: an ack of an earlier heartbeat (one sent inside a long step, its ack unread)
+        says nothing of the info sent now."""
         sent_at = time.monotonic()
         self._next_heartbeat = 0.0
         self.tick(direct=True)  # not through a host agent: the broker has it when it acks
-        while self._last_direct_ack <= sent_at:
+        mine = self._beat_seq
+        while self._acked_seq < mine:
             if time.monotonic() >= sent_at + timeout or self._registry is None:
                 return False
             self._registry.sock.poll(20)
@@ -569,6 +595,7 @@ class Role(RoleSockets):
         Stopping ourselves with a clear message beats the kernel's OOM killer choosing a
         random process of the run."""
         rss_mb = self._process.memory_info().rss / 2**20
+        self._rss_mb = round(rss_mb, 1)
         limit = self.config.limits.memory_mb
         if limit is not None and rss_mb > limit:
             raise RoleError(

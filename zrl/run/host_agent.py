@@ -392,7 +392,11 @@ class HostAgent(Role):
                 self.unknown.discard(rid)
                 ch.reply(P.Message(P.UNKNOWN_ROLE, meta={"id": rid}), to=ident)
             elif now - self._last_ack <= self.heartbeat_timeout:
-                ack = {"stop": self.stop_reason} if self.stop_reason is not None else {}
+                ack: dict[str, Any] = {}
+                if self.stop_reason is not None:
+                    ack["stop"] = self.stop_reason
+                if type(seq := msg.meta.get("seq")) is int and 0 < seq < 2**63:
+                    ack["seq"] = seq
                 ch.reply(P.Message(P.HEARTBEAT_ACK, meta=ack), to=ident)
 
     def role_reports(self, now: float) -> list[dict[str, Any]]:

@@ -28,10 +28,12 @@ Registry (role DEALER <-> broker ROUTER):
   mismatch; ``stopped`` true when the experiment has stopped (the role ends cleanly). No
   arrays.
 - ``heartbeat``: role -> broker, or a role registered under a host agent -> the agent's ipc
-  ROUTER. Meta ``id``, ``state``, ``stats`` (channel counters), ``info`` (the role's figures);
+  ROUTER. Meta ``id``, ``seq`` (counts up from 1 per role: the ack echoes it), ``state``,
+  ``stats`` (channel counters), ``info`` (the role's figures);
   a host agent's own adds ``roles`` (at most ``MAX_REPORTED_ROLES`` reports ``{id, stats,
   info}`` or ``{id}``, for the roles registered under it). No arrays.
-- ``heartbeat_ack``: broker -> role (agent -> its role). Meta ``stop`` str (why) once the head
+- ``heartbeat_ack``: broker -> role (agent -> its role). Meta ``seq``: the heartbeat's (a
+  positive int, echoed only when it is one); ``stop`` str (why) once the head
   has stopped the experiment: the role stops; ``unknown`` (to an agent's ``roles``): the ids
   not taken. No arrays.
 - ``unknown_role``: broker -> role (a heartbeat from an id it does not know), agent -> its
