@@ -33,6 +33,7 @@ torch.set_num_threads(1)
         ("walker2d_appo.yaml", 17, 6),
         ("humanoid_appo.yaml", 348, 17),
         ("ant_appo.yaml", 105, 8),
+        ("ant_ppo.yaml", 105, 8),
     ],
 )
 def test_a_mujoco_config_makes_a_vector_env_that_steps(
