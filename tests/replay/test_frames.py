@@ -291,6 +291,10 @@ def test_a_snapshot_holds_the_frames_written_so_far_and_an_earlier_whole_one_loa
     insert(table, collector.collect(rng.choice(3, size=(T, E))), 3)
     state = table.state_dict()
     assert state["frames"].shape[0] == table.frame_inserts < table.frame_capacity
+    viewed = table.state_dict(copy=False)  # views of the ring, for a shard holding it still
+    np.testing.assert_array_equal(viewed["frames"], state["frames"])
+    assert np.shares_memory(viewed["frames"], table._frames)
+    assert not np.shares_memory(state["frames"], table._frames)
     whole = dict(state)
     whole["frames"] = np.zeros((table.frame_capacity, *SHAPE), np.uint8)
     whole["frames"][: table.frame_inserts] = state["frames"]

@@ -450,6 +450,25 @@ def test_state_dict_is_a_snapshot(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_state_dict_without_copies_is_views_of_the_same_rows(kind):
+    """``copy=False`` (a replay shard writing its snapshot while it holds the table still):
+    the same state, its arrays views of the table's storage, not copies."""
+    table = build(kind)
+    copied, viewed = table.state_dict(), table.state_dict(copy=False)
+    if isinstance(table, PrioritizedTable):
+        np.testing.assert_array_equal(viewed["tree"]["priorities"], copied["tree"]["priorities"])
+        assert not np.shares_memory(copied["tree"]["priorities"], table._tree._tree)
+        assert np.shares_memory(viewed["tree"]["priorities"], table._tree._tree)
+    for name, column in table._columns.items():
+        np.testing.assert_array_equal(viewed["columns"][name], copied["columns"][name])
+        assert np.shares_memory(viewed["columns"][name], column), name
+        assert not np.shares_memory(copied["columns"][name], column), name
+    restored = make_table(kind, 16)
+    restored.load_state_dict(viewed)
+    assert (restored.size, restored.inserts) == (table.size, table.inserts)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_snapshot_of_a_table_still_filling_holds_only_its_written_rows(kind, tmp_path):
     """A 1M-transition table 66k transitions in wrote 888 MB every checkpoint: now the state
     holds the rows written so far (slot key % capacity), the file shrinks with them, and it

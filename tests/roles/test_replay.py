@@ -7,6 +7,7 @@ sockets with linger 0 and finite timeouts; every thread stopped, every socket cl
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+import zrl.roles.replay as replay_role
 from tests.helpers.replay import replay_config
 from zrl.config.experiment import config_from_dict, load_config
 from zrl.replay.assemble import assemble_transitions
 from zrl.replay.frames import FrameTable
+from zrl.replay.snapshot import BackgroundSave, load_state
 from zrl.roles.actor import Actor
 from zrl.roles.replay import BATCH_ACK_TIMEOUT_S, ReplayServer
 from zrl.testing.fakes import as_message, trajectory
@@ -739,3 +742,72 @@ def test_recurrent_and_sequence_frame_layouts_come_from_the_config(inproc, algo)
     assert replay.table is table and table.nbytes == allocated and table.size == 1
     np.testing.assert_array_equal(table.column("frames")[0], good["frames"][0])
     assert inproc.error_of(replay) is None
+
+
+class HeldSave(BackgroundSave):
+    """A snapshot write that waits for ``release`` before it writes (a slow disk, a big
+    table): the test decides when it ends."""
+
+    release = threading.Event()
+
+    def _save(self, path: str | Path, state: dict[str, Any]) -> None:
+        assert HeldSave.release.wait(60), "the test never released the write"
+        super()._save(path, state)
+
+
+def test_a_snapshot_is_written_in_a_thread_while_the_shard_heartbeats_and_holds_its_table(
+    inproc, tmp_path, monkeypatch
+):
+    """A snapshot of a full 1M-row table takes seconds, longer than the broker's heartbeat
+    timeout: the shard writes it in a thread from views of its table, inserts and samples
+    nothing meanwhile (the snapshot holds the table as it was when the write began), and its
+    loop goes on heartbeating."""
+    monkeypatch.setattr(HeldSave, "release", threading.Event())
+    monkeypatch.setattr(replay_role, "BackgroundSave", HeldSave)
+    cfg = config_from_dict(
+        replay_config().model_dump(mode="json"),
+        [f"checkpoint.dir={tmp_path}", "checkpoint.interval=0.5", "checkpoint.replay=true"],
+    )
+    broker = inproc.start_broker(cfg)
+    acks = inproc.sub(P.ack_topic("actor-0"))
+    replay = inproc.start(ReplayServer, index=0)
+    assert isinstance(replay, ReplayServer)
+    experience = inproc.push("experience", sender="actor-0")
+    inproc.wait_subscribed(acks)
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=0)))
+    assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [0]
+
+    wait_for(lambda: replay.snapshot_write is not None, timeout=30)  # held by the test
+    held_from = replay._beat_seq
+    assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10)))
+    # Three heartbeats sent and acknowledged while the write is held: the loop goes on.
+    wait_for(lambda: replay._acked_seq >= held_from + 3, timeout=30)
+    entry = broker.roles[replay.id]
+    assert entry.state == "alive" and entry.info["snapshot_writing"] is True
+    assert replay.trajectories_received == 1 and replay.table.size == 10  # held still
+    assert replay.snapshots == 0
+
+    HeldSave.release.set()
+    assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [1]
+    wait_for(lambda: replay.snapshots >= 1, timeout=10)
+    assert replay.snapshot_seconds is not None and replay.table.size == 20
+    assert replay.snapshot_path is not None
+    state = load_state(replay.snapshot_path, max_bytes=1 << 24)
+    assert state["table"]["inserts"] == 10 and state["trajectories"] == 1  # as it was
+    assert inproc.error_of(replay) is None
+
+
+def test_a_snapshot_write_that_fails_stops_the_shard_with_its_error(inproc, tmp_path, monkeypatch):
+    class FailingSave(BackgroundSave):
+        def _save(self, path: str | Path, state: dict[str, Any]) -> None:
+            super()._save(Path(path).parent / "missing-dir" / "x.snapshot", state)
+
+    monkeypatch.setattr(replay_role, "BackgroundSave", FailingSave)
+    cfg = config_from_dict(
+        replay_config().model_dump(mode="json"),
+        [f"checkpoint.dir={tmp_path}", "checkpoint.interval=0.2", "checkpoint.replay=true"],
+    )
+    inproc.start_broker(cfg)
+    replay = inproc.start(ReplayServer, index=0)
+    wait_for(lambda: not inproc.alive(replay), timeout=30)
+    assert isinstance(inproc.error_of(replay), FileNotFoundError)

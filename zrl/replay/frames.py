@@ -344,7 +344,9 @@ class FrameTable:
         return self.table.update_priorities(keys, priorities)
 
     # ------------------------------------------------------------------ snapshots
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
+        """As ``Table.state_dict`` (``copy=False``: views of the frames and rows)."""
+        frames = self._frames[: written_rows(self.frame_inserts, self.frame_capacity)]
         return {
             "kind": self.kind,
             "frame_capacity": self.frame_capacity,
@@ -353,8 +355,8 @@ class FrameTable:
             "padding": self.padding,
             "frame_inserts": self.frame_inserts,
             # the frames written so far (slot i % frame_capacity), not the unwritten rest
-            "frames": self._frames[: written_rows(self.frame_inserts, self.frame_capacity)].copy(),
-            "table": self.table.state_dict(),
+            "frames": frames.copy() if copy else frames,
+            "table": self.table.state_dict(copy),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

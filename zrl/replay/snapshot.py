@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import IO, Any
@@ -84,6 +86,35 @@ def save_state(file: str | Path | IO[bytes], state: dict[str, Any]) -> None:
             np.savez(f, **entries)  # type: ignore[arg-type]
     else:
         np.savez(file, **entries)  # type: ignore[arg-type]
+
+
+class BackgroundSave:
+    """``save_state(path, state)`` in a thread of its own, started at once. The caller must
+    leave every array ``state`` holds untouched until :meth:`done` says it is written (a
+    replay shard holds its table still meanwhile and keeps heartbeating: a snapshot of a full
+    1M-row table takes seconds). The thread's error, if any, is in ``error``."""
+
+    def __init__(self, path: str | Path, state: dict[str, Any]) -> None:
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self._thread = threading.Thread(
+            target=self._save, args=(path, state), name="snapshot-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _save(self, path: str | Path, state: dict[str, Any]) -> None:
+        try:
+            save_state(path, state)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller in done()
+            self.error = exc
+        finally:
+            self.seconds = time.monotonic() - self.started
+
+    def done(self, timeout: float = 0.0) -> bool:
+        """Whether the write has ended (waiting up to ``timeout`` seconds for it)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
 
 def _depth(tree: Any) -> int:

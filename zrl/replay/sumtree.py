@@ -124,11 +124,13 @@ class SumTree:
         return nodes - self._leaves
 
     # ------------------------------------------------------------------ checkpointing
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Only leaves are saved: internal nodes are rebuilt identically on load."""
+    def state_dict(self, copy: bool = True) -> dict[str, np.ndarray]:
+        """Only leaves are saved: internal nodes are rebuilt identically on load
+        (``copy=False``: a view of them, for a caller that leaves the tree untouched meanwhile)."""
+        leaves = self._tree[self._leaves : self._leaves + self.capacity]
         return {
             "capacity": np.asarray(self.capacity, dtype=np.int64),
-            "priorities": self._tree[self._leaves : self._leaves + self.capacity].copy(),
+            "priorities": leaves.copy() if copy else leaves,
         }
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:

@@ -242,11 +242,13 @@ class Table(ABC):
         self._columns[name] = np.full(self.capacity, value, dtype=dtype)
         return True
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
         """Everything needed for an exact resume: the counters and a copy of the rows written
         so far (slot ``key % capacity``: rows ``[0, min(inserts, capacity))``), not the
         unwritten rest of the columns, so a snapshot of a big table still filling (1M
-        transitions, SAC's) costs what it holds."""
+        transitions, SAC's) costs what it holds. ``copy=False``: views of the table's own
+        storage instead, for a caller that leaves the table untouched until it is done with
+        them (a replay shard writing its snapshot: no second copy of gigabytes)."""
         rows = written_rows(self.inserts, self.capacity)
         return {
             "kind": self.kind,
@@ -255,7 +257,10 @@ class Table(ABC):
             "samples": self.samples,
             "evicted": self.evicted,
             "first_key": self._first_key,
-            "columns": {name: col[:rows].copy() for name, col in self._columns.items()},
+            "columns": {
+                name: col[:rows].copy() if copy else col[:rows]
+                for name, col in self._columns.items()
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -393,14 +398,14 @@ class PrioritizedTable(Table):
         # Zero priority: the sum tree's descent never reaches these slots any more.
         self._tree.update(keys % self.capacity, np.zeros(keys.shape))
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
+        state = super().state_dict(copy)
         state.update(
             alpha=self.alpha,
             beta=self.beta,
             epsilon=self.epsilon,
             max_priority=self.max_priority,
-            tree=self._tree.state_dict(),
+            tree=self._tree.state_dict(copy),
         )
         return state
 
@@ -526,9 +531,9 @@ class FifoQueue(Table):
         self.write_held()
         return super().fill_missing_column(name, value, dtype)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
         self.write_held()
-        return super().state_dict()
+        return super().state_dict(copy)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

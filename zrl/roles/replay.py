@@ -37,7 +37,10 @@ items (fewer under ``replay.capacity_bytes``): no message changes what it holds 
 it is. A snapshot (``checkpoint.replay``) is restored only into such a table, read within its
 bytes (``zrl.replay.snapshot``); one that cannot be is moved aside to
 ``<id>.snapshot.refused-<time>``, never written over, and named in the heartbeat
-(``snapshot_refused``), and the shard starts empty.
+(``snapshot_refused``), and the shard starts empty. Every ``checkpoint.interval`` the shard
+writes its snapshot in a thread (``zrl.replay.snapshot.BackgroundSave``) from views of the
+table, which it holds still meanwhile (no inserts, no samples) while its loop goes on
+heartbeating: a full 1M-row table takes seconds, longer than ``broker.heartbeat_timeout``.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from zrl.replay.layout import (
     experience_layout,
 )
 from zrl.replay.rate_limiter import RateLimiter
-from zrl.replay.snapshot import SnapshotError, load_state, save_state
+from zrl.replay.snapshot import BackgroundSave, SnapshotError, load_state, save_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
@@ -112,6 +115,8 @@ class ReplayServer(Role):
         self.snapshot_path: Path | None = None  # set in setup when checkpoint.replay asks
         self.next_snapshot = 0.0
         self.snapshots = 0
+        self.snapshot_write: BackgroundSave | None = None  # while one is being written
+        self.snapshot_seconds: float | None = None  # how long the last one took
         # Which start of this shard it is: acks and announcements carry it (see the module
         # docstring). A restart is a new object, so a new one.
         self.incarnation = M.new_incarnation()
@@ -261,21 +266,55 @@ class ReplayServer(Role):
 
     # --- snapshots ----------------------------------------------------------------------
 
-    def save_snapshot(self) -> None:
-        """Tables, priorities, insertion order and limiter state, written atomically."""
-        if self.snapshot_path is None:
-            return
-        state = {
+    def snapshot_state(self) -> dict[str, Any]:
+        """Table, priorities, insertion order and limiter state; the table's arrays are views
+        of its own storage (no second copy of gigabytes), so it must stay untouched until the
+        state is written."""
+        return {
             "capacity": self.table.capacity,
-            "table": self.table.state_dict(),
+            "table": self.table.state_dict(copy=False),
             "limiter": self.limiter.state_dict(),
             "rng": self.rng.bit_generator.state,
             "trajectories": self.trajectories,
         }
+
+    def save_snapshot(self) -> None:
+        """Write the snapshot now, atomically (after the one being written, if any)."""
+        if self.snapshot_path is None:
+            return
+        self.finish_snapshot(wait=True)
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
         # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
-        save_state(self.snapshot_path, state)
+        started = time.monotonic()
+        save_state(self.snapshot_path, self.snapshot_state())
+        self.snapshot_seconds = round(time.monotonic() - started, 3)
         self.snapshots += 1
+
+    def start_snapshot(self) -> None:
+        """Start writing the snapshot in a thread; ``step`` holds the table still (inserts
+        nothing, samples nothing) and only heartbeats until it is written."""
+        assert self.snapshot_path is not None and self.snapshot_write is None
+        self.next_snapshot = float("inf")  # set again when this one is written
+        self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        self.snapshot_write = BackgroundSave(self.snapshot_path, self.snapshot_state())
+
+    def finish_snapshot(self, wait: bool = False, timeout: float = 0.0) -> bool:
+        """Whether no snapshot is being written any more (waiting ``timeout`` for the one that
+        is; ``wait``: until it is). A write that failed raises its error here, in the loop."""
+        write = self.snapshot_write
+        if write is None:
+            return True
+        while not write.done(timeout):
+            if not wait:
+                return False
+        self.snapshot_write = None
+        # The next one an interval after this one ended, not after it began.
+        self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
+        if write.error is not None:
+            raise write.error
+        self.snapshot_seconds = round(write.seconds or 0.0, 3)
+        self.snapshots += 1
+        return True
 
     def load_snapshot(self, path: Path) -> bool:
         """Restore a snapshot written by :meth:`save_snapshot` from ``path``, if there is one
@@ -522,9 +561,11 @@ class ReplayServer(Role):
     def step(self) -> None:
         rc = self.config.replay
         self.announce_incarnation()
+        if not self.finish_snapshot(timeout=0.05):
+            return  # the table stays still while its snapshot is written; tick() heartbeats
         if self.snapshot_path is not None and time.monotonic() >= self.next_snapshot:
-            self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
-            self.save_snapshot()
+            self.start_snapshot()
+            return
         self._drain(self.priorities, self.on_learner_message, 64)
         self._drain(
             self.experience,
@@ -562,6 +603,7 @@ class ReplayServer(Role):
             "size": self.size,
             "capacity": self.table.capacity,
             "snapshots": self.snapshots,
+            "snapshot_writing": self.snapshot_write is not None,
             "inserts": inserts,
             "samples": samples,
             "samples_per_insert": round(samples / inserts, 3) if inserts else 0.0,
@@ -575,6 +617,8 @@ class ReplayServer(Role):
             "stale_priority_keys": self.stale_priority_keys,
             "layout_refused": self.layout_refused,
         }
+        if self.snapshot_seconds is not None:
+            info["snapshot_seconds"] = self.snapshot_seconds
         if self.snapshot_refused is not None:
             info["snapshot_refused"] = self.snapshot_refused
         if self.restored_items is not None:
