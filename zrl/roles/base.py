@@ -549,7 +549,6 @@ class Role(RoleSockets):
         self._next_heartbeat = now + self.heartbeat_interval
         info = self.heartbeat_info()
         info["rss_mb"] = rss_mb
-        # plain_meta: whatever a counter came to hold, a role never dies on its own status.
         self._beat_seq += 1
         beat = {
             "id": self.id,
@@ -561,6 +560,7 @@ class Role(RoleSockets):
         beat.update(self.heartbeat_extra())
         assert self._registry is not None
         via = self._agent if self._agent is not None and not direct else self._registry
+        # plain_meta: whatever a counter came to hold, a role never dies on its own status.
         via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_INTERVAL_S
