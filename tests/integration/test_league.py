@@ -44,7 +44,7 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
         "stop.eval_window=2",
         "league.snapshot_interval_s=5",
         "evaluator.interval=5",
-        wall_time=100,
+        wall_time=150,  # stops at the target: 15-20 s quiet, 77 s beside 8 busy processes
         beats=0.5,
     )
     run_dir = summary["dir"]
@@ -83,7 +83,8 @@ def test_connect_four_learns_to_beat_random(tmp_path: Path) -> None:
         beats=0.4,
     )
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
-    assert best["random_win_rate"] >= 0.75, best
+    # The bar of ``beats``: a mean (wins - losses) above 0.4 is a win rate above 0.7.
+    assert best["random_win_rate"] >= 0.7, best
 
 
 @pytest.mark.slow
