@@ -766,7 +766,7 @@ def test_a_snapshot_is_written_in_a_thread_while_the_shard_heartbeats_and_holds_
     monkeypatch.setattr(replay_role, "BackgroundSave", HeldSave)
     cfg = config_from_dict(
         replay_config().model_dump(mode="json"),
-        [f"checkpoint.dir={tmp_path}", "checkpoint.interval=0.5", "checkpoint.replay=true"],
+        [f"checkpoint.dir={tmp_path}", "checkpoint.interval=1e6", "checkpoint.replay=true"],
     )
     broker = inproc.start_broker(cfg)
     acks = inproc.sub(P.ack_topic("actor-0"))
@@ -777,6 +777,7 @@ def test_a_snapshot_is_written_in_a_thread_while_the_shard_heartbeats_and_holds_
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=0)))
     assert [m.meta["seq"] for m in collect(acks, until=1, timeout=10)] == [0]
 
+    replay.next_snapshot = 0.0  # due now, after the first trajectory went in
     wait_for(lambda: replay.snapshot_write is not None, timeout=30)  # held by the test
     held_from = replay._beat_seq
     assert experience.send(P.Message(P.TRAJECTORY, arrays=trajectory(base=10)))
