@@ -68,6 +68,7 @@ def test_a_mujoco_config_makes_a_vector_env_that_steps(
         ("hopper_sac.yaml", 11, 3),
         ("walker2d_sac.yaml", 17, 6),
         ("humanoid_sac.yaml", 348, 17),
+        ("ant_sac.yaml", 105, 8),
     ],
 )
 def test_a_mujoco_sac_config_makes_a_vector_env_and_a_sac_model_that_acts(
