@@ -72,6 +72,7 @@ from zrl.broker.limits import (
 )
 from zrl.broker.role_table import RoleEntry, RoleTable, may_replace
 from zrl.config.sections import BrokerConfig
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, ReplyBudget, make_socket
@@ -325,8 +326,8 @@ class Registry:
         if self._beat(entry, msg.meta, now, self._header_bytes if reports is None else None):
             log.warning("%s is heartbeating again after being marked dead", rid)
         ack: dict[str, Any] = {}
-        seq = msg.meta.get("seq")
-        if type(seq) is int and 0 < seq < 2**63:  # echoed: the role matches acks to beats
+        seq = M.heartbeat_seq(msg.meta)
+        if seq is not None:  # echoed: the role matches acks to beats
             ack["seq"] = seq
         if reports is not None:
             ack["unknown"] = self._on_reports(entry, reports, now)

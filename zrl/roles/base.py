@@ -57,6 +57,7 @@ from zrl.roles.trust import (
     checked_env_id,
     factories_from,
 )
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
 from zrl.transport.security import Keys
@@ -494,8 +495,8 @@ class Role(RoleSockets):
             if msg is None:
                 break
             if msg.kind == P.HEARTBEAT_ACK:
-                seq = msg.meta.get("seq")
-                if type(seq) is int:
+                seq = M.heartbeat_seq(msg.meta)
+                if seq is not None:
                     self._acked_seq = max(self._acked_seq, seq)
                 self._on_ack(msg, now)
             elif msg.kind == P.WELCOME:

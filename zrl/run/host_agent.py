@@ -72,6 +72,7 @@ from zrl.run.roster import HOST_AGENT_ROLE, agent_child_reports
 from zrl.run.rundir import log_tail
 from zrl.run.weights_relay import WeightsRelay
 from zrl.run.zygote import Zygote
+from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import split_tcp
 from zrl.transport.sockets import Channel, make_socket
@@ -395,7 +396,7 @@ class HostAgent(Role):
                 ack: dict[str, Any] = {}
                 if self.stop_reason is not None:
                     ack["stop"] = self.stop_reason
-                if type(seq := msg.meta.get("seq")) is int and 0 < seq < 2**63:
+                if (seq := M.heartbeat_seq(msg.meta)) is not None:
                     ack["seq"] = seq
                 ch.reply(P.Message(P.HEARTBEAT_ACK, meta=ack), to=ident)
 

@@ -176,6 +176,20 @@ def weights_version(meta: Mapping[str, Any]) -> int | None:
     return version if 1 <= version <= MAX_VERSION else None
 
 
+MAX_HEARTBEAT_SEQ = 2**63 - 1
+"""A role's heartbeats count up from 1; msgpack's signed 64 bits bound them."""
+
+
+def heartbeat_seq(meta: Mapping[str, Any]) -> int | None:
+    """The ``seq`` of a HEARTBEAT, or the one its HEARTBEAT_ACK echoes, if it is an int in
+    [1, MAX_HEARTBEAT_SEQ], else None: the broker and a host agent echo only such a seq, and
+    a role counts only such an echo."""
+    seq = meta.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    return seq if 1 <= seq <= MAX_HEARTBEAT_SEQ else None
+
+
 INCARNATION_BITS = 63
 """A replay shard's incarnation is a random int in [0, 2**63): msgpack's signed 64 bits."""
 
