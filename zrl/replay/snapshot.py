@@ -111,8 +111,9 @@ class BackgroundSave:
         finally:
             self.seconds = time.monotonic() - self.started
 
-    def done(self, timeout: float = 0.0) -> bool:
-        """Whether the write has ended (waiting up to ``timeout`` seconds for it)."""
+    def done(self, timeout: float | None = 0.0) -> bool:
+        """Whether the write has ended (waiting up to ``timeout`` seconds for it; None: until
+        it has)."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
 

@@ -304,9 +304,8 @@ class ReplayServer(Role):
         write = self.snapshot_write
         if write is None:
             return True
-        while not write.done(timeout):
-            if not wait:
-                return False
+        if not write.done(None if wait else timeout):
+            return False
         self.snapshot_write = None
         # The next one an interval after this one ended, not after it began.
         self.next_snapshot = time.monotonic() + self.config.checkpoint.interval
