@@ -66,7 +66,7 @@ from zrl.replay.layout import (
     experience_layout,
 )
 from zrl.replay.rate_limiter import RateLimiter
-from zrl.replay.snapshot import BackgroundSave, SnapshotError, load_state, save_state
+from zrl.replay.snapshot import BackgroundSave, SnapshotError, load_state
 from zrl.replay.tables import PrioritizedTable, Table, make_table
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
@@ -279,16 +279,13 @@ class ReplayServer(Role):
         }
 
     def save_snapshot(self) -> None:
-        """Write the snapshot now, atomically (after the one being written, if any)."""
+        """Write the snapshot now and wait until it is written (after the one being written,
+        if any)."""
         if self.snapshot_path is None:
             return
         self.finish_snapshot(wait=True)
-        self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
-        # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
-        started = time.monotonic()
-        save_state(self.snapshot_path, self.snapshot_state())
-        self.snapshot_seconds = round(time.monotonic() - started, 3)
-        self.snapshots += 1
+        self.start_snapshot()
+        self.finish_snapshot(wait=True)
 
     def start_snapshot(self) -> None:
         """Start writing the snapshot in a thread; ``step`` holds the table still (inserts
@@ -296,6 +293,7 @@ class ReplayServer(Role):
         assert self.snapshot_path is not None and self.snapshot_write is None
         self.next_snapshot = float("inf")  # set again when this one is written
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        # npz, not pickle: checkpoint.dir comes from the broker, and loading must not run code.
         self.snapshot_write = BackgroundSave(self.snapshot_path, self.snapshot_state())
 
     def finish_snapshot(self, wait: bool = False, timeout: float = 0.0) -> bool:
