@@ -38,7 +38,7 @@ from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import NoAnswer, read_status, registry_request
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, zrl_status_json
+from zrl.testing.processes import REPO, kill_pids, output_of, zrl_status_json
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import broker_endpoints, connect_topics
 from zrl.transport.senders import planned_ids
@@ -72,7 +72,7 @@ def start_broker(spawn, ctx: zmq.Context, addr: str, *settings: str) -> subproce
             args += ["--set", s]
     proc = spawn(*args, log_name="broker")
     wait_for(lambda: proc.poll() is not None or broker_up(ctx, addr), timeout=60)
-    assert proc.poll() is None, f"broker exited with {proc.returncode}"
+    assert proc.poll() is None, f"broker exited with {proc.returncode}: {output_of(proc)}"
     return proc
 
 

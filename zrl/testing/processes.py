@@ -33,6 +33,8 @@ from zrl.roles.registry_client import read_status
 from zrl.testing.probes import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+_LOGS: dict[int, Path] = {}
+"""The log file of each process :func:`start_zrl` started, by pid (:func:`output_of`)."""
 RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
 
 
@@ -67,7 +69,7 @@ def start_zrl(
     """Start ``python -m zrl ARGS...`` with stdout and stderr in ``log`` and ``env`` added to
     ours; the caller kills it (:func:`kill_pids`)."""
     with open(log, "wb") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "zrl", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -75,6 +77,18 @@ def start_zrl(
             cwd=cwd,
             env={**os.environ, **env} if env else None,
         )
+    _LOGS[proc.pid] = log
+    return proc
+
+
+def output_of(proc: subprocess.Popen[bytes], limit: int = 3000) -> str:
+    """The last ``limit`` characters a process :func:`start_zrl` started wrote (its stdout and
+    stderr), for an assertion's message; empty when there is none to read."""
+    log = _LOGS.get(proc.pid)
+    try:
+        return log.read_text(errors="replace")[-limit:] if log is not None else ""
+    except OSError:
+        return ""
 
 
 def zrl_processes(marker: str) -> list[psutil.Process]:
