@@ -36,6 +36,7 @@ from zrl.testing.processes import (
     REPO,
     end_run,
     run_broker_address,
+    run_keys,
     status_rows,
     zrl_status_json,
 )
@@ -164,7 +165,7 @@ def test_killed_roles_are_restarted_and_learning_goes_on(tmp_path: Path) -> None
 
         def broker_back() -> bool:
             try:
-                reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+                reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0, run_keys(addr))
             except RoleError:
                 return proc.poll() is not None
             rows = {r["id"]: r for r in reply.meta.get("roles", [])}
@@ -374,7 +375,11 @@ def test_roles_reregister_with_a_restarted_broker(spawn, broker_addr, zmq_ctx) -
     assert {r["id"]: r["state"] for r in status["roles"]} == dict.fromkeys(roles, "alive")
     # The new broker knows the parameter server's rpc endpoint again.
     services = registry_request(
-        zmq_ctx, broker_addr, P.Message(P.LOOKUP, meta={"role": "params"}), 2.0
+        zmq_ctx,
+        broker_addr,
+        P.Message(P.LOOKUP, meta={"role": "params"}),
+        2.0,
+        run_keys(broker_addr),
     ).meta["services"]
     assert [s["id"] for s in services] == ["params-0"] and services[0]["rpc"]
 

@@ -604,6 +604,7 @@ def test_fuzzing_a_running_experiment(tmp_path: Path) -> None:
                 str(CONFIG),
                 "--run-dir",
                 str(run_dir),
+                "--insecure",  # what a run without keys guarantees
                 "--set",
                 "stop.wall_time=150",
                 "--set",

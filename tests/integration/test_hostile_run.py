@@ -75,6 +75,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
                 str(CONFIG),
                 "--run-dir",
                 str(run_dir),
+                "--insecure",  # what a run without keys guarantees
                 "--set",
                 "stop.wall_time=55",
                 "--set",

@@ -30,7 +30,7 @@ from zrl.replay.snapshot import load_state
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import registry_request
 from zrl.run.rundir import ACROSS_SEGMENTS
-from zrl.testing.processes import REPO, kill_pids, zrl_processes
+from zrl.testing.processes import REPO, kill_pids, note_run, run_keys, zrl_processes
 from zrl.transport import protocol as P
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
@@ -70,7 +70,8 @@ def zrl_run_until(
             if not address.exists():
                 continue
             try:
-                reply = registry_request(ctx, address.read_text().strip(), P.Message(P.STATUS))
+                addr = note_run(address.read_text().strip(), run_dir)
+                reply = registry_request(ctx, addr, P.Message(P.STATUS), 5.0, run_keys(addr))
             except RoleError:
                 continue
             if done({r["id"]: r for r in reply.meta.get("roles", [])}):

@@ -35,7 +35,7 @@ from zrl.roles.registry_client import registry_request
 from zrl.run.aggregator import MAX_TRAIN_KEYS, Aggregator
 from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, zrl_status_json
+from zrl.testing.processes import REPO, kill_pids, note_run, run_keys, zrl_status_json
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import ephemeral_ports, free_port_range
 
@@ -690,7 +690,7 @@ def crash_config() -> ExperimentConfig:
 
 def rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
     try:
-        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0)
+        reply = registry_request(ctx, addr, P.Message(P.STATUS), 1.0, run_keys(addr))
     except RoleError:
         return {}
     return {r["id"]: r for r in reply.meta.get("roles", [])}
@@ -730,7 +730,7 @@ def test_supervisor_restarts_a_killed_actor(tmp_path: Path):
         addr_file = run_dir / "broker_address"
         wait_for(lambda: addr_file.exists() or "error" in result, timeout=30)
         assert "error" not in result, result.get("error")
-        addr = addr_file.read_text().strip()
+        addr = note_run(addr_file.read_text().strip(), run_dir)
         assert addr == sup.broker_addr
 
         def all_alive() -> bool:

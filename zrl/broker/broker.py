@@ -71,9 +71,18 @@ class Broker:
         keys: Keys | None = None,
         factories: Factories | None = None,
         stop_token: str | None = None,
+        run_secret: bytes | None = None,
     ) -> None:
         self.config = config
         self.keys = keys
+        if run_secret is None and keys is not None:
+            run_secret = keys.run_secret
+            if run_secret is None:
+                log.warning(
+                    "%s has no run.secret: any holder of an authorized key can register as "
+                    "any role (make a new key directory with `zrl keys init`)",
+                    keys.directory,
+                )
         self.factories = factories or Factories()
         if self.factories.needs_pickle() and keys is None and not bind.startswith("inproc://"):
             raise ValueError(
@@ -141,6 +150,7 @@ class Broker:
             welcome=self._welcome,
             broker_status=self._status,
             stop_token=stop_token,
+            run_secret=run_secret,
             # roles.count: ValueError for an actors: auto the head has not resolved.
             planned=planned_ids(config.roles.counts()) if config is not None else frozenset(),
         )

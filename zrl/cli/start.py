@@ -171,12 +171,15 @@ def start_broker(
         from zrl.run.preflight import preflight
 
         preflight(cfg, factories)  # a bad env id or model fails here, not in every role
+    from zrl.transport.security import env_run_secret
+
     broker = Broker(
         bind,
         cfg,
         keys=load_keys(keys),
         factories=factories,
         stop_token=os.environ.get("ZRL_STOP_TOKEN") or None,
+        run_secret=env_run_secret(),
     )
     install_stop_signals(broker.stop)
     broker.run()

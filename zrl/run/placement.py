@@ -2,9 +2,10 @@
 that comes with it.
 
 - ``BrokerAccess``: the broker's addresses (what it binds, how local children reach it, how other
-  hosts reach it) and the keys of the run. ``zrl run`` refuses to bind an address other
-  hosts can reach without keys (unless ``--insecure``), and to place roles on other hosts
-  when the broker binds loopback only.
+  hosts reach it) and the keys of the run: ``zrl run`` makes its own (``RUN_DIR/keys``)
+  unless given some or ``--insecure``; ``zrl start broker --run-dir`` refuses to bind an
+  address other hosts can reach without keys (unless ``--insecure``); roles placed on other
+  hosts need a broker that binds more than loopback.
 - ``placement``: which roles start here and which on each host of ``hosts``.
 - ``role_trust_args``: what a role takes from its own command line rather than from the
   broker (the checkpoint root, the factory references, a module env id); ``remote_commands``:
@@ -105,7 +106,9 @@ class BrokerAccess:
                 )
             if not is_loopback(bind_addr):
                 public_addr = f"tcp://{advertised_host(host, cfg.broker.advertise)}:{base}"
-        if not inproc and not is_loopback(bind_addr) and keys_dir is None and not insecure:
+        # zrl run makes its own keys when given none (Supervisor.wants_run_keys); a head whose
+        # roles all come from other hosts needs keys those hosts hold.
+        if elsewhere and not is_loopback(bind_addr) and keys_dir is None and not insecure:
             raise ValueError(
                 f"the broker would bind {bind_addr}, reachable from other hosts, without "
                 "keys: pass --keys DIR (see `zrl keys init`), or --insecure to accept that"
@@ -113,9 +116,12 @@ class BrokerAccess:
         return cls(bind_addr, broker_addr, public_addr, resolved, keys, insecure, port_count)
 
     def use_run_keys(self, run_dir: Path) -> None:
-        """Pickled factories travel only over authenticated sockets: give this run its own
-        keys (in ``RUN_DIR/keys``) rather than asking the user for some."""
-        self.keys_dir = init_keys(run_dir / "keys").resolve()
+        """Give this run its own keys (in ``RUN_DIR/keys``, mode 0700) rather than asking the
+        user for some: every socket of a run is authenticated unless the user says not."""
+        directory = run_dir / "keys"
+        if not (directory / "server.key_secret").is_file():  # a resumed run keeps its own
+            init_keys(directory)
+        self.keys_dir = directory.resolve()
         self.keys = load_keys(self.keys_dir)
 
 

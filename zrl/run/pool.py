@@ -38,6 +38,7 @@ from zrl.run.placement import BrokerAccess, factory_args, role_trust_args
 from zrl.run.rundir import RunDir, log_tail
 from zrl.run.zygote import Zygote
 from zrl.transport import protocol as P
+from zrl.transport.security import ROLE_CREDENTIAL_ENV, RUN_SECRET_ENV, role_credential
 
 PORT_ATTEMPTS = 3
 PORT_TAKEN = "Address already in use"
@@ -70,6 +71,14 @@ class ChildPool:
     """The last lines of the failed role's log."""
     stop_token: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
     """What our STOP_RUN carries: only this process and the broker it started know it."""
+    own_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), init=False)
+    """The run secret of a run without keys: the broker gets it, each role its credential."""
+
+    @property
+    def run_secret(self) -> bytes:
+        """The secret role credentials derive from: the run keys', else this run's own."""
+        keys = self.access.keys
+        return keys.run_secret if keys is not None and keys.run_secret else self.own_secret
 
     def start_zygote(self) -> None:
         """Start the zygote, or give the one ``zrl run`` started early its log file."""
@@ -123,7 +132,13 @@ class ChildPool:
         argv = [*cmd, "--log-level", self.log_level]
         # The broker too is forked from the zygote: as a process of its own it spent 1 to 2 s
         # importing the config and the CLI before it bound, and every role waited on it.
-        env = {"ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else None
+        # The broker gets the stop token and the run secret; a role only its own credential
+        # (zrl.transport.security): a child cannot take another role's id.
+        env = (
+            {"ZRL_STOP_TOKEN": self.stop_token, RUN_SECRET_ENV: self.run_secret.hex()}
+            if child.role == "broker"
+            else {ROLE_CREDENTIAL_ENV: role_credential(self.run_secret, child.name)}
+        )
         child.proc = launch(argv, child.log_path, self.zygote, env)
 
     def _spawn_thread(self, child: Child) -> None:

@@ -213,8 +213,29 @@ class Supervisor:
 
     def _prepare_run_dir(self) -> None:
         self.rundir.prepare(self.agg, resume=self.resume)
-        if self.factories.needs_pickle() and self.access.keys_dir is None and not self.inproc:
+        if self.access.keys_dir is None and not self.inproc and self.wants_run_keys():
             self.access.use_run_keys(self.rundir.path)
+
+    def _security_line(self) -> str:
+        """What protects this run's sockets, said once at its start."""
+        if self.access.keys_dir is not None:
+            return (
+                f"authenticated: CURVE keys in {self.access.keys_dir}; every role proves its "
+                "id with a credential of the run"
+            )
+        return (
+            "INSECURE (--insecure): no keys; any process that reaches the broker's ports can "
+            "read and send this run's traffic (roles still prove their ids)"
+        )
+
+    def wants_run_keys(self) -> bool:
+        """Whether this run makes its own keys (``RUN_DIR/keys``): by default, so that a run
+        on one host is authenticated and encrypted with no flag; not with ``--insecure``
+        (unless pickled factories must travel), nor for a head whose roles all come from
+        other hosts (``zrl start broker --run-dir``: its hosts need the keys it names)."""
+        if self.factories.needs_pickle():
+            return True
+        return not self.access.insecure and not self.elsewhere
 
     def _describe_env(self, display: Any) -> None:
         """For Atari: what an env step is, and that eval scores are whole unclipped games."""
@@ -404,9 +425,12 @@ class Supervisor:
             self.pool.start_broker()
             (self.run_dir / "broker_address").write_text(self.broker_addr + "\n")
             if not self.inproc:
-                display.message(
-                    f"broker: {self.broker_addr}  (zrl status --broker {self.broker_addr})"
+                keys = self.access.keys_dir
+                status = f"zrl status --broker {self.broker_addr}" + (
+                    f" --keys {keys}" if keys is not None else ""
                 )
+                display.message(f"broker: {self.broker_addr}  ({status})")
+                display.message(self._security_line())
                 self._announce_remote(display)
             self.pool.start_roles(self.placement()[0])
             monitor = self.monitor.open()

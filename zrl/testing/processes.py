@@ -31,6 +31,7 @@ import zmq
 from zrl.roles.errors import RoleError
 from zrl.roles.registry_client import read_status
 from zrl.testing.probes import wait_for
+from zrl.transport.security import Keys, load_keys
 
 REPO = Path(__file__).resolve().parents[2]
 _LOGS: dict[int, Path] = {}
@@ -117,7 +118,26 @@ def run_broker_address(
     addr_file = run_dir / "broker_address"
     wait_for(lambda: addr_file.exists() or proc.poll() is not None, timeout=timeout)
     assert proc.poll() is None, log.read_text()[-3000:]
-    return addr_file.read_text().strip()
+    return note_run(addr_file.read_text().strip(), run_dir)
+
+
+def note_run(addr: str, run_dir: Path) -> str:
+    """Remember the keys of the run in ``run_dir`` whose broker is at ``addr`` (for
+    ``run_keys``, ``status_rows``, ``zrl_status_json``); returns ``addr``."""
+    if (run_dir / "keys").is_dir():
+        _RUN_KEYS[addr] = run_dir / "keys"
+    return addr
+
+
+_RUN_KEYS: dict[str, Path] = {}
+"""The key directory of each run whose broker address ``run_broker_address`` read."""
+
+
+def run_keys(addr: str) -> Keys | None:
+    """The keys of the `zrl run` whose broker is at ``addr`` (a run makes its own by
+    default), None for a run without keys (``--insecure``) or one this process never saw."""
+    directory = _RUN_KEYS.get(addr)
+    return load_keys(directory) if directory is not None else None
 
 
 def end_run(proc: subprocess.Popen, addr: str) -> list[psutil.Process]:
@@ -136,7 +156,8 @@ def end_run(proc: subprocess.Popen, addr: str) -> list[psutil.Process]:
 def zrl_status_json(addr: str) -> dict[str, Any]:
     """`zrl status --json` as a user would run it (a real subprocess)."""
     out = subprocess.run(
-        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"],
+        [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"]
+        + (["--keys", str(_RUN_KEYS[addr])] if addr in _RUN_KEYS else []),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -150,7 +171,7 @@ def zrl_status_json(addr: str) -> dict[str, Any]:
 def status_rows(ctx: zmq.Context, addr: str) -> dict[str, dict[str, Any]]:
     """The broker's role table by id ({} when it does not answer within a second)."""
     try:
-        reply = read_status(ctx, addr, 1.0)
+        reply = read_status(ctx, addr, 1.0, run_keys(addr))
     except RoleError:
         return {}
     return {r["id"]: r for r in reply["roles"]}

@@ -16,10 +16,24 @@ Layout of DIR::
     client.key / client.key_secret      keypair roles connect with (`--key-name` picks
                                         another one, e.g. made by `zrl keys add DIR host7`)
     authorized/<name>.key               public keys allowed to connect
+    run.secret                          the run secret: role credentials derive from it
+                                        (``role_credential``); hosts that start roles
+                                        need it, as the broker's host does
+
+Identity: a key proves a peer may connect, not which role it is. Every HELLO carries a
+credential, ``role_credential(secret, id)`` (an HMAC of the role id under the run secret),
+which the registry checks against the id the HELLO claims: a process that holds the keys
+but not the secret cannot take a role's id. ``zrl run`` gives each child only its own
+credential (``ROLE_CREDENTIAL_ENV``) and the broker the secret (``RUN_SECRET_ENV``), with or
+without keys.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import secrets
 import shutil
 import threading
 from dataclasses import dataclass
@@ -41,6 +55,8 @@ class Keys:
     server_secret: bytes | None  # only hosts that bind (broker, params) need it
     client_public: bytes
     client_secret: bytes
+    run_secret: bytes | None = None
+    """The run secret (``run.secret``); None in a key directory made before it existed."""
 
     @property
     def authorized_dir(self) -> Path:
@@ -57,9 +73,74 @@ def init_keys(directory: str | Path, *, force: bool = False) -> Path:
     zmq.auth.create_certificates(d, "server")
     zmq.auth.create_certificates(d, "client")
     shutil.copy(d / "client.key", d / "authorized" / "client.key")
+    write_run_secret(d / RUN_SECRET_FILE)
     for secret in d.glob("*.key_secret"):
         secret.chmod(0o600)
+    # Secret keys must never reach a repository: the directory ignores itself.
+    (d / ".gitignore").write_text("# zrl keys: secret, never commit them\n*\n")
+    d.chmod(0o700)
     return d
+
+
+RUN_SECRET_FILE = "run.secret"
+RUN_SECRET_ENV = "ZRL_RUN_SECRET"
+"""The broker's run secret, hex, in the environment ``zrl run`` gives its broker child."""
+ROLE_CREDENTIAL_ENV = "ZRL_ROLE_CREDENTIAL"
+"""A role's own credential, in the environment ``zrl run`` gives each role child."""
+RUN_SECRET_BYTES = 32
+
+
+def write_run_secret(path: Path) -> bytes:
+    """A new run secret, written (hex, mode 0600) to ``path``."""
+    secret = secrets.token_bytes(RUN_SECRET_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret.hex() + "\n")
+    return secret
+
+
+def parse_run_secret(text: str, where: str) -> bytes:
+    """The run secret in ``text`` (hex); ``KeysError`` naming ``where`` otherwise."""
+    try:
+        secret = bytes.fromhex(text.strip())
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise KeysError(
+            f"{where} holds no run secret (at least 32 hex digits); copy run.secret from "
+            "the key directory `zrl keys init` made"
+        )
+    return secret
+
+
+def role_credential(secret: bytes, role_id: str) -> str:
+    """The credential that proves ``role_id`` (``<role>-<n>``; ``<role>-*`` for a role whose
+    number the broker chooses): HMAC-SHA256 of the id under the run secret, hex."""
+    return hmac.new(secret, role_id.encode(), hashlib.sha256).hexdigest()
+
+
+def env_run_secret() -> bytes | None:
+    """The run secret ``zrl run`` gave this process (its broker), or None."""
+    text = os.environ.get(RUN_SECRET_ENV)
+    return parse_run_secret(text, RUN_SECRET_ENV) if text else None
+
+
+def hello_credential(keys: Keys | None, claimed: str) -> str | None:
+    """What a role's HELLO proves ``claimed`` with: the credential its starter gave it
+    (``ROLE_CREDENTIAL_ENV``), else one made from its keys' run secret, else None."""
+    given = os.environ.get(ROLE_CREDENTIAL_ENV)
+    if given:
+        return given
+    if keys is not None and keys.run_secret is not None:
+        return role_credential(keys.run_secret, claimed)
+    return None
+
+
+def credential_matches(secret: bytes, role_id: str, credential: object) -> bool:
+    """Whether ``credential`` proves ``role_id`` (constant-time)."""
+    if not isinstance(credential, str) or len(credential) != 64:
+        return False
+    return hmac.compare_digest(role_credential(secret, role_id), credential)
 
 
 def add_client(directory: str | Path, name: str) -> Path:
@@ -92,7 +173,10 @@ def load_keys(directory: str | Path, client: str = "client") -> Keys:
         raise KeysError(f"{d / (client + '.key_secret')} holds no secret key")
     if not (d / "authorized").is_dir():
         raise KeysError(f"{d} has no authorized/ directory")
-    return Keys(d, server_public, server_secret, client_public, client_secret)
+    run_secret = None
+    if (d / RUN_SECRET_FILE).is_file():
+        run_secret = parse_run_secret((d / RUN_SECRET_FILE).read_text(), str(d / RUN_SECRET_FILE))
+    return Keys(d, server_public, server_secret, client_public, client_secret, run_secret)
 
 
 def secure_server(sock: zmq.Socket, keys: Keys) -> None:
