@@ -19,8 +19,9 @@ STATUS, asks STATUS again at most once per ``STATUS_INTERVAL_S`` while a connect
 (a flood of unknown connections costs one query per interval, and the real client finds its
 key in the next one), and remembers at most ``MAX_KNOWN_PEERS`` connections it confirmed. A
 guarded request from an unknown connection that arrives while it may not ask yet is parked
-(at most ``MAX_PARKED``, the oldest dropped) and handled again once it may: a client's first
-request right after its key showed is not lost to a query made just before. Without keys
+(the newest per connection, at most ``MAX_PARKED`` connections, the longest-waiting dropped)
+and handled again once it may: a client's first request right after its key showed is not
+lost to a query made just before, nor to another connection's flood. Without keys
 (CURVE) a process that sees the traffic can still copy a routing id; see
 docs/security.md.
 
@@ -124,7 +125,8 @@ class RegisteredPeers:
         self.queries = 0
         self.vouched_now: dict[str, Peer] = {}  # of the last STATUS
         self.deferred = False  # the last identify missed without asking (the interval)
-        self.parked: list[tuple[bytes, P.Message]] = []
+        self.parked: OrderedDict[bytes, P.Message] = OrderedDict()
+        """The newest waiting request of each unknown connection, oldest connection first."""
 
     def identify(self, ident: bytes) -> Peer | None:
         """The registered peer whose key ``ident`` is, or None (asking STATUS at most once
@@ -167,15 +169,23 @@ class RegisteredPeers:
         return out
 
     def park(self, ident: bytes, msg: P.Message) -> P.Message | None:
-        """Hold ``msg`` until :meth:`unpark`; the oldest one dropped past ``MAX_PARKED``."""
-        self.parked.append((ident, msg))
-        return self.parked.pop(0)[1] if len(self.parked) > MAX_PARKED else None
+        """Hold ``msg`` until :meth:`unpark`, fairly: a connection keeps only its newest
+        request parked (the one it replaces is returned, dropped), and past ``MAX_PARKED``
+        connections the longest-waiting connection's request is dropped. One connection's
+        flood of requests holds one slot: it cannot push another's first request out."""
+        replaced = self.parked.pop(ident, None)
+        self.parked[ident] = msg
+        if replaced is not None:
+            return replaced
+        if len(self.parked) > MAX_PARKED:
+            return self.parked.popitem(last=False)[1]
+        return None
 
     def unpark(self) -> list[tuple[bytes, P.Message]]:
         """The parked requests, once the registry may be asked about them (else none)."""
         if not self.parked or not self.may_ask():
             return []
-        parked, self.parked = self.parked, []
+        parked, self.parked = list(self.parked.items()), OrderedDict()
         return parked
 
     def may_ask(self) -> bool:
