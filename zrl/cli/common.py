@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from zrl.roles.evaluation import RunDirTrust
 
 BrokerOpt = Annotated[
     str, typer.Option("--broker", "-b", help="Broker address, e.g. tcp://10.0.0.1:5555.")
@@ -35,6 +38,23 @@ ExperimentEnvFactoryOpt = Annotated[
 ]
 ExperimentModelFactoryOpt = Annotated[
     str | None, typer.Option("--model-factory", help="Model factory as package.module:name.")
+]
+ScriptOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--script",
+        help="The experiment script the run was made from: its env and model factories, "
+        "instead of the run directory's factories.pkl (which is not read).",
+    ),
+]
+TrustRunDirOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-run-dir",
+        help="Run code from the run directory: unpickle its factories.pkl and import the "
+        "modules its model.pt and config.yaml name (factory references, an env.id "
+        "package.module:Env-v0). Only for a run directory you made or trust.",
+    ),
 ]
 
 
@@ -62,6 +82,33 @@ def load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[A
     return load_config(config, overrides), Factories()
 
 
+def run_dir_trust(
+    script: Path | None, trust_run_dir: bool, overrides: list[str] | None = None
+) -> RunDirTrust:
+    """What code of a run directory the user allows (``zrl.roles.evaluation.RunDirTrust``):
+    the factories and ``env.id`` of the experiment script ``--script`` names (imported here:
+    the user named it), everything with ``--trust-run-dir``, and an ``env.id`` the user set
+    with ``--set``; otherwise nothing."""
+    from zrl.roles.evaluation import RunDirTrust
+
+    named = any(o.partition("=")[0].strip() == "env.id" for o in overrides or [])
+    if script is None:
+        return RunDirTrust(trusted=trust_run_dir, named_env_id=named)
+    if script.suffix != ".py":
+        raise UserError(
+            f"--script {script}: give the Python experiment script the run was made from"
+        )
+    from zrl.run.experiment import load_experiment as load_script
+
+    experiment = load_script(script)
+    return RunDirTrust(
+        script=experiment.factories,
+        script_env_id=experiment.resolved_config().env.id,
+        trusted=trust_run_dir,
+        named_env_id=named,
+    )
+
+
 def load_keys(directory: Path | None, name: str = "client") -> Any:
     """The keypair ``name`` of a key directory from ``zrl keys init``; None without one."""
     if directory is None:
@@ -78,10 +125,13 @@ def run_head(
     resume: Path | None,
     keys: Path | None,
     missing_config: str,
+    script: Path | None = None,
+    trust_run_dir: bool = False,
     **supervisor: Any,
 ) -> None:
     """Run a head (``zrl run``, ``zrl start broker --run-dir``) to its end: its experiment
-    from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has some);
+    from CONFIG, or from RUN_DIR with ``--resume`` (its keys too, if it has some; its code
+    only from ``script`` or with ``trust_run_dir``, ``load_resumable``);
     ``missing_config``: the error when neither is given; ``supervisor``: the rest of the
     ``Supervisor``'s arguments. Exit code 1 when the run failed (summary.json says why)."""
     from zrl.run.supervisor import Supervisor
@@ -89,11 +139,17 @@ def run_head(
     if resume is None:
         if config is None:
             raise UserError(missing_config)
+        if script is not None or trust_run_dir:
+            raise UserError(
+                "--script and --trust-run-dir are for --resume RUN_DIR: a new run takes its "
+                "experiment script as CONFIG"
+            )
         cfg, factories = load_experiment(config, overrides)
     else:
         if config is not None or run_dir is not None:
             raise UserError("--resume RUN_DIR takes the config and run directory from RUN_DIR")
-        cfg, factories = load_resumable(resume, overrides)
+        trust = run_dir_trust(script, trust_run_dir, overrides)
+        cfg, factories = load_resumable(resume, overrides, trust)
         run_dir = resume
         if keys is None and (resume / "keys").is_dir():
             keys = resume / "keys"
@@ -119,14 +175,21 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 0
 
 
-def load_resumable(run_dir: Path, overrides: list[str] | None) -> tuple[Any, Any]:
-    """The config and factories of a run directory, to go on with it (``--resume``)."""
+def load_resumable(
+    run_dir: Path, overrides: list[str] | None, trust: RunDirTrust | None = None
+) -> tuple[Any, Any]:
+    """The config and factories of a run directory, to go on with it (``--resume``). The
+    directory is data: its factories.pkl is unpickled, and a module its config.yaml names as
+    ``env.id`` imported, only as ``trust`` (``run_dir_trust``) allows; otherwise
+    ``UntrustedRunDir`` (exit code 2) names the file and the fixes."""
     from zrl.config.experiment import load_config
-    from zrl.config.factories import FACTORIES_FILE, Factories
+    from zrl.roles.evaluation import RunDirTrust
 
-    if not (run_dir / "config.yaml").is_file():
+    trust = trust or RunDirTrust()
+    config = run_dir / "config.yaml"
+    if not config.is_file():
         raise UserError(f"{run_dir} is not a zrl run directory (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml", overrides)
-    pickled = run_dir / FACTORIES_FILE
-    factories = Factories.from_wire({}, pickled.read_bytes()) if pickled.is_file() else Factories()
+    cfg = load_config(config, overrides)
+    factories = trust.factories(run_dir, {}, config)
+    trust.check_env_id(cfg.env.id, config)
     return cfg, factories

@@ -21,10 +21,13 @@ from zrl.cli.common import (
     KeyNameOpt,
     KeysOpt,
     LogOpt,
+    ScriptOpt,
     SetOpt,
+    TrustRunDirOpt,
     UserError,
     fail,
     load_keys,
+    run_dir_trust,
     run_head,
 )
 from zrl.cli.config import config_app
@@ -257,8 +260,11 @@ def run(
         bool, typer.Option("--insecure", help="Allow a non-loopback broker.host without keys.")
     ] = False,
     log_level: LogOpt = "INFO",
+    script: ScriptOpt = None,
+    trust_run_dir: TrustRunDirOpt = False,
 ) -> None:
-    """Run an experiment locally: broker and every role, live status, run directory."""
+    """Run an experiment locally: broker and every role, live status, run directory. With
+    --resume, a run made from a script needs --script PATH (or --trust-run-dir)."""
     from zrl.run.zygote import Zygote
 
     # First thing: the zygote's imports (torch: the longest wait of the start-up) overlap ours
@@ -274,6 +280,8 @@ def run(
             resume,
             keys,
             "give a CONFIG (YAML or script), or --resume RUN_DIR",
+            script=script,
+            trust_run_dir=trust_run_dir,
             inproc=inproc,
             port=port,
             log_level=log_level,
@@ -311,12 +319,21 @@ def eval_run(
             "model_best.pt or model_last.pt (the final weights).",
         ),
     ] = "model.pt",
+    script: ScriptOpt = None,
+    trust_run_dir: TrustRunDirOpt = False,
 ) -> None:
     """Play the saved policy of a run greedily and print the returns (in a turn-based game,
     also its win/draw/loss rates against the opponent). It first says which of the run's
-    weights it plays: model.pt holds those that met the stop rule."""
+    weights it plays: model.pt holds those that met the stop rule. A run made from a script
+    needs --script PATH (or --trust-run-dir): nothing in RUN_DIR is unpickled or imported."""
     from zrl.config.multiagent import FIXED_PLAYERS
-    from zrl.roles.evaluation import MODEL_FILES, describe_saved, evaluate_run_dir, outcome_rates
+    from zrl.roles.evaluation import (
+        MODEL_FILES,
+        UntrustedRunDir,
+        describe_saved,
+        evaluate_run_dir,
+        outcome_rates,
+    )
 
     if opponent is not None and opponent not in FIXED_PLAYERS:
         raise typer.BadParameter(
@@ -326,6 +343,7 @@ def eval_run(
         raise typer.BadParameter(
             f"{model!r} is not one of {', '.join(MODEL_FILES)}", param_hint="--model"
         )
+    trust = run_dir_trust(script, trust_run_dir)
     try:
         typer.echo(describe_saved(run_dir, model))
         returns = evaluate_run_dir(
@@ -335,7 +353,10 @@ def eval_run(
             opponent=opponent,
             video_dir=video,
             model_file=model,
+            trust=trust,
         )
+    except UntrustedRunDir as exc:
+        fail(str(exc))
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--video" if video else None) from None
     if video is not None:
@@ -382,10 +403,13 @@ def export_run(
             help="model.pt (the weights that met the stop rule), model_best.pt or model_last.pt.",
         ),
     ] = "model.pt",
+    script: ScriptOpt = None,
+    trust_run_dir: TrustRunDirOpt = False,
 ) -> None:
     """Write a run's greedy policy as one ONNX or TorchScript file (preprocessing, input
     normalization and, for recurrent models, the state as an input and an output included);
-    with --check, also compare it with zrl's own forward (exit code 1 past 1e-5)."""
+    with --check, also compare it with zrl's own forward (exit code 1 past 1e-5). A run made
+    from a script needs --script PATH (or --trust-run-dir), as for zrl eval."""
     from zrl.nets.export import FORMATS
     from zrl.roles.evaluation import MODEL_FILES
     from zrl.run.export import check_run
@@ -399,17 +423,18 @@ def export_run(
         raise typer.BadParameter(
             f"{model!r} is not one of {', '.join(MODEL_FILES)}", param_hint="--model"
         )
+    trust = run_dir_trust(script, trust_run_dir)
     try:
         path = check_file
         if path is None:
-            path, signature = write_export(run_dir, fmt, out, model)  # type: ignore[arg-type]
+            path, signature = write_export(run_dir, fmt, out, model, trust)  # type: ignore[arg-type]
             typer.echo(
                 f"wrote {path}: inputs {', '.join(signature.inputs)} -> outputs "
                 f"{', '.join(signature.outputs)}"
             )
         if not (check or check_file is not None):
             return
-        report = check_run(run_dir, path, model)
+        report = check_run(run_dir, path, model, trust=trust)
     except (OSError, ValueError, ImportError) as exc:
         fail(str(exc))
     for line in report.lines():

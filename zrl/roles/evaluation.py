@@ -1,12 +1,14 @@
 """Greedy evaluation of a policy (Q-network argmax, actor-critic mode or the deterministic
 continuous action, clipped to the bounds; recurrent models carry their state), shared by the
-evaluator role and ``zrl eval``."""
+evaluator role and ``zrl eval``; and loading a run directory's saved policy, which runs no
+code from the directory unless the user allows it (``RunDirTrust``)."""
 
 from __future__ import annotations
 
 import json
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch
 
 from zrl.algos.models import experiment_model
 from zrl.config.experiment import ExperimentConfig
-from zrl.config.factories import FACTORIES_FILE, Factories
+from zrl.config.factories import FACTORIES_FILE, Factories, env_id_module
 from zrl.envs.multiagent.games import BoardGame
 from zrl.envs.multiagent.search import Exploitability, enumerable_game, exploitability
 from zrl.envs.vector import make_vector_env
@@ -163,22 +165,104 @@ def describe_saved(run_dir: Path, name: str = "model.pt") -> str:
     return f"{name}: {what}, weights v{saved.get('version', '?')}, {evaluated}"
 
 
+TRUST_FIXES = (
+    "give the experiment script the run was made from (--script PATH), or pass "
+    "--trust-run-dir if you made this run directory or trust whoever did"
+)
+
+
+class UntrustedRunDir(ValueError):
+    """A run directory names code (pickled factories, a module to import) that the user did
+    not allow: user-facing, it names the file, the value and both fixes (``TRUST_FIXES``)."""
+
+
+@dataclass(frozen=True)
+class RunDirTrust:
+    """What code ``zrl eval``, ``zrl export`` and ``zrl run --resume`` may run for a run
+    directory. A run directory is data, shared as checkpoints are: nothing in it is unpickled
+    or imported unless the user says so on the command line.
+
+    ``script``: the factories of the experiment script the user named (``--script``), used
+    instead of the run directory's; ``script_env_id``: that script's ``env.id``. ``trusted``
+    (``--trust-run-dir``): unpickle ``factories.pkl`` and import the modules the run
+    directory names, as its own run did. ``named_env_id``: the user set ``env.id`` on the
+    command line (``--set env.id=...``), so it is theirs whatever it names."""
+
+    script: Factories | None = None
+    script_env_id: str | None = None
+    trusted: bool = False
+    named_env_id: bool = False
+
+    def factories(self, run_dir: Path, refs: dict[str, str], where: Path) -> Factories:
+        """The factories to run ``run_dir``'s experiment with: the script's when there is
+        one; else, with ``trusted``, ``refs`` (the references ``where`` names) and the pickled
+        ``factories.pkl``; else none (zrl's built-in env and model). UntrustedRunDir when
+        the run directory names code the user did not allow."""
+        pickled = Path(run_dir) / FACTORIES_FILE
+        if self.script is not None:
+            theirs = self.script.references
+            for kind, ref in refs.items():
+                if theirs.get(kind) != ref and not self.trusted:
+                    own = repr(theirs[kind]) if kind in theirs else "a callable or none"
+                    raise UntrustedRunDir(
+                        f"{where} names the {kind} factory {ref!r}, the script {own}: not "
+                        "imported from the run directory; give the script the run was made "
+                        "from, or pass --trust-run-dir to run it with the script's anyway"
+                    )
+            return Factories(env=self.script.env, model=self.script.model)
+        if self.trusted:
+            factories = Factories(**refs)
+            if pickled.is_file():
+                factories = Factories.from_wire(factories.references, pickled.read_bytes())
+            return factories
+        if pickled.is_file():
+            raise UntrustedRunDir(
+                f"{pickled} holds the run's pickled env/model factories, and unpickling it "
+                f"runs code from the run directory: not loaded; {TRUST_FIXES}"
+            )
+        if refs:
+            kind, ref = next(iter(refs.items()))
+            raise UntrustedRunDir(
+                f"{where} names the {kind} factory {ref!r}, which imports the module "
+                f"{ref.partition(':')[0]!r}: not imported from the run directory; {TRUST_FIXES}"
+            )
+        return Factories()
+
+    def check_env_id(self, env_id: str, where: Path) -> None:
+        """UntrustedRunDir if ``env_id`` (read from ``where``) names a module
+        (``package.module:Env-v0``, which gymnasium imports) the user did not allow: an id
+        of gymnasium's registry, or of an installed PettingZoo package, needs nothing."""
+        module = env_id_module(env_id)
+        if module is None or self.trusted or self.named_env_id or env_id == self.script_env_id:
+            return
+        raise UntrustedRunDir(
+            f"{where} names env.id {env_id!r}, which imports the module {module!r}: not "
+            f"imported from the run directory; {TRUST_FIXES}"
+        )
+
+
 def load_policy(
-    run_dir: Path, name: str = "model.pt"
+    run_dir: Path, name: str = "model.pt", trust: RunDirTrust | None = None
 ) -> tuple[torch.nn.Module, ExperimentConfig, Factories]:
     """A model saved by ``zrl run`` in ``run_dir/name`` (one of ``MODEL_FILES``; model.pt:
-    the weights that met the stop rule), the run's config and factories."""
+    the weights that met the stop rule), the run's config and factories. The run directory
+    is data: its factories and a module env id are taken only as ``trust`` allows
+    (``RunDirTrust``; by default none, UntrustedRunDir naming the file)."""
+    trust = trust or RunDirTrust()
     path = Path(run_dir) / name
     saved = _read_saved(path)
     try:
         cfg = ExperimentConfig.model_validate(json.loads(saved["config"]))
         weights = {k: v.numpy() for k, v in saved["weights"].items()}
-        factories = Factories(**saved.get("factory_refs", {}))
+        refs = saved.get("factory_refs", {})
+        if not isinstance(refs, dict) or not all(
+            k in ("env", "model") and isinstance(v, str) for k, v in refs.items()
+        ):
+            raise TypeError(f"factory_refs is not env/model references: {refs!r}"[:300])
     except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which one
         raise ValueError(f"{path} is not a model zrl saved: {_first_line(exc)}") from None
-    pickled = Path(run_dir) / FACTORIES_FILE
-    if pickled.is_file():  # written by our own supervisor into the user's run directory
-        factories = Factories.from_wire(factories.references, pickled.read_bytes())
+    factories = trust.factories(Path(run_dir), refs, path)
+    trust.check_env_id(cfg.env.id, path)
     probe = make_vector_env(cfg.env, 1, factories.env_fn())
     model = experiment_model(
         cfg, probe.single_observation_space, probe.single_action_space, factories.model_fn()
@@ -261,13 +345,15 @@ def evaluate_run_dir(
     opponent: str | None = None,
     video_dir: Path | None = None,
     model_file: str = "model.pt",
+    trust: RunDirTrust | None = None,
 ) -> list[float]:
-    """Greedy returns of a run's saved policy (``model_file``, one of ``MODEL_FILES``); a
-    turn-based multi-agent game is played against ``opponent`` (random or scripted; random
-    when None). With ``video_dir`` every episode is recorded there (``video_envs``)."""
+    """Greedy returns of a run's saved policy (``model_file``, one of ``MODEL_FILES``; its
+    code as ``trust`` allows, ``load_policy``); a turn-based multi-agent game is played
+    against ``opponent`` (random or scripted; random when None). With ``video_dir`` every
+    episode is recorded there (``video_envs``)."""
     from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 
-    model, cfg, factories = load_policy(run_dir, model_file)
+    model, cfg, factories = load_policy(run_dir, model_file, trust)
     env_fn = factories.env_fn()
 
     def make_envs(n: int) -> Any:

@@ -24,7 +24,7 @@ from zrl.nets.export import (
     policy_module,
     reference_outputs,
 )
-from zrl.roles.evaluation import load_policy
+from zrl.roles.evaluation import RunDirTrust, load_policy
 from zrl.transport import messages as M
 
 TOLERANCE = 1e-5
@@ -40,11 +40,16 @@ def default_path(run_dir: Path, fmt: Format, model_file: str = "model.pt") -> Pa
 
 
 def export_run(
-    run_dir: Path, fmt: Format, out: Path | None = None, model_file: str = "model.pt"
+    run_dir: Path,
+    fmt: Format,
+    out: Path | None = None,
+    model_file: str = "model.pt",
+    trust: RunDirTrust | None = None,
 ) -> tuple[Path, Signature]:
-    """Write the greedy policy of ``run_dir/model_file`` (``zrl.roles.evaluation.MODEL_FILES``)
-    to ``out`` (default: :func:`default_path`); where, and its signature."""
-    model, cfg, factories = load_policy(run_dir, model_file)
+    """Write the greedy policy of ``run_dir/model_file`` (``zrl.roles.evaluation.MODEL_FILES``;
+    the run's code as ``trust`` allows, ``load_policy``) to ``out`` (default:
+    :func:`default_path`); where, and its signature."""
+    model, cfg, factories = load_policy(run_dir, model_file, trust)
     path = default_path(run_dir, fmt, model_file) if out is None else Path(out)
     envs = make_vector_env(cfg.env, 1, factories.env_fn())
     try:
@@ -98,12 +103,14 @@ def check_run(
     steps: int = 50,
     num_envs: int = 2,
     seed: int = 12345,
+    trust: RunDirTrust | None = None,
 ) -> CheckReport:
     """Run the exported policy at ``path`` and zrl's forward of ``run_dir/model_file`` side
     by side for ``steps`` greedy steps of ``num_envs`` of the run's envs (zrl's actions drive
     the envs); every output compared at every step. A recurrent policy carries its own state
-    from step to step in each, zeroed where an episode ends."""
-    model, cfg, factories = load_policy(run_dir, model_file)
+    from step to step in each, zeroed where an episode ends. The run's code as ``trust``
+    allows (``load_policy``)."""
+    model, cfg, factories = load_policy(run_dir, model_file, trust)
     runner, signature = load_exported(path)
     envs = _play_envs(cfg, factories, num_envs, seed)
     _, expected = policy_module(model, envs.single_observation_space, envs.single_action_space)
