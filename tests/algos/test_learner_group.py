@@ -3,29 +3,45 @@ address handed over as the broker would: rank 0 shows it, the others find it), t
 gradients equal to one process training on all the data, the clear error of a group a
 rank never joins, and re-forming: a killed rank replaced by a new process of the same rank
 (rank 0 too, with a new store) forms the group again on generation 2, and a replacement that
-never comes fails the survivor past its timeout, naming the missing rank."""
+never comes fails the survivor past its timeout, naming the missing rank. The store in the
+security model: a forged early rank key makes no rank, a generation that is no number is
+refused or counted (rank 0 survives it), and the store and gloo listen on the advertised
+address (loopback in a loopback run), never every interface."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import multiprocessing as mp
 import os
+import secrets
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from tests.helpers.ranks import run_ranks
+from zrl.algos.group_store import (
+    GENERATION_KEY,
+    RemoteStore,
+    StoreRefused,
+    StoreUnreachable,
+    parse_ticket,
+)
 from zrl.algos.learner_group import (
     CollectiveError,
     LearnerGroup,
     LearnerGroupError,
     backend_for,
+    rank_key,
 )
 
 STEPS, PER_RANK = 4, 6  # optimizer steps; samples of each rank per step
@@ -359,3 +375,139 @@ def test_a_survivor_whose_lost_rank_never_comes_back_fails_naming_it():
     finally:
         leader.close()
         follower.close()
+
+
+# ------------------------------------------------------------- the store in the security model
+
+
+def listening(port: int | None = None) -> set[tuple[str, int]]:
+    """The TCP addresses this process listens on (``port``: that one only)."""
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and port in (None, c.laddr.port)
+    }
+
+
+def test_a_forged_early_rank_key_makes_no_rank():
+    """A process that reaches rank 0's store before rank 1 and writes rank 1's key (without
+    the store's key from the broker, or as torch's TCPStore client) is refused and counted;
+    the real rank 1 then joins and the group averages between the real ranks."""
+    leader = LearnerGroup(0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=60)
+    assert leader.server is not None and leader.address is not None
+    host, port, key = parse_ticket(leader.address)
+    forger = RemoteStore(host, port, secrets.token_bytes(len(key)), timeout_s=1.0)
+    try:
+        with pytest.raises(StoreUnreachable):
+            forger.request("set", rank_key(1, 1), b"joined", timeout_s=0.5)
+        with pytest.raises(RuntimeError):  # the old scheme: a TCPStore on the store's port
+            tcp = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=1))
+            tcp.set(rank_key(1, 1), "joined")
+        assert leader.server.rejected == 1
+        assert leader.store is not None and not leader.store.check([rank_key(1, 1)])
+        assert not leader.poll()
+        follower = LearnerGroup(
+            1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=60
+        )
+        groups = (leader, follower)
+        means: dict[int, list[float]] = {}
+
+        def run(r: int) -> None:
+            form(groups[r])
+            means[r] = mean_grads(groups[r])
+
+        run_ranks(run, timeout=120)
+        assert means == {0: [1.5] * 3, 1: [1.5] * 3}  # ranks 0 and 1: (1 + 2) / 2
+        assert leader.generation == follower.generation == 1
+        assert leader.server.table.refused == 0 and leader.bad_values == 0
+        follower.close()
+    finally:
+        forger.close()
+        leader.close()
+
+
+def test_a_generation_that_is_no_number_is_refused_or_counted_and_rank_0_survives():
+    """A holder of the key that writes a generation that is no number is refused (counted); a
+    store that holds one anyway (written past the table's check here) fails no rank: each
+    counts it, rank 0 moves the generation on and the group forms on it; a rank that never
+    reads a number fails its rendezvous past its timeout, with the count."""
+    leader = LearnerGroup(0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=60)
+    assert leader.server is not None and leader.address is not None
+    host, port, key = parse_ticket(leader.address)
+    holder = RemoteStore(host, port, key, timeout_s=1.0)
+    follower = LearnerGroup(
+        1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=60
+    )
+    try:
+        with pytest.raises(StoreRefused):
+            holder.set(GENERATION_KEY, "not a number")
+        assert leader.server.table.refused == 1
+        with leader.server.table.cond:
+            leader.server.table.data[GENERATION_KEY] = b"not a number"
+        assert not follower.poll()  # connects, reads it: counted, asks again
+        assert follower.bad_values == 1 and follower.store is not None
+        groups = (leader, follower)
+        run_ranks(lambda r: form(groups[r]), timeout=120)
+        assert leader.bad_values == 1 and leader.generation == follower.generation == 2
+        assert run_means(groups) == {0: [1.5] * 3, 1: [1.5] * 3}
+        follower.close()
+        lonely = LearnerGroup(
+            1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=0.5
+        )
+        with leader.server.table.cond:
+            leader.server.table.data[GENERATION_KEY] = b"-"
+        with pytest.raises(LearnerGroupError):
+            while True:  # bounded: raises past its 0.5 s
+                assert not lonely.poll()
+                time.sleep(0.02)
+        assert lonely.bad_values >= 1
+        lonely.close()
+    finally:
+        holder.close()
+        follower.close()
+        leader.close()
+
+
+def run_means(groups: tuple[LearnerGroup, ...]) -> dict[int, list[float]]:
+    means: dict[int, list[float]] = {}
+
+    def run(r: int) -> None:
+        means[r] = mean_grads(groups[r])
+
+    run_ranks(run, ranks=len(groups), timeout=120)
+    return means
+
+
+def test_the_store_and_gloo_listen_on_loopback_in_a_loopback_run():
+    before = listening()
+    leader = LearnerGroup(0, 2, advertise="127.0.0.1", find_leader=lambda: None, timeout_s=60)
+    follower = LearnerGroup(
+        1, 2, advertise="127.0.0.1", find_leader=lambda: leader.address, timeout_s=60
+    )
+    groups = (leader, follower)
+    try:
+        assert leader.server is not None
+        assert listening(leader.server.port) == {("127.0.0.1", leader.server.port)}
+        run_ranks(lambda r: form(groups[r]), timeout=120)
+        opened = listening() - before
+        assert len(opened) >= 2 and {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+    finally:
+        follower.close()
+        leader.close()
+
+
+def test_the_store_listens_on_the_advertised_address_not_every_interface():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # sends nothing: asks for the routing interface
+            address = probe.getsockname()[0]
+        except OSError:
+            address = "127.0.0.1"
+    if address.startswith("127."):
+        pytest.skip("this host has no interface other than loopback")
+    leader = LearnerGroup(0, 2, advertise=address, find_leader=lambda: None, timeout_s=60)
+    try:
+        assert leader.server is not None
+        assert listening(leader.server.port) == {(address, leader.server.port)}
+    finally:
+        leader.close()

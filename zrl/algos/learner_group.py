@@ -4,10 +4,13 @@ gradients over it; ``PolicyLearners``: an update's place among them (its rank, t
 what every such update does with it), shared by ``zrl.algos.ppo.update`` and
 ``zrl.algos.unrolls``.
 
-Rendezvous, through the broker: rank 0 opens a ``torch.distributed.TCPStore`` (the master) on
-a free port of its host and shows ``host:port`` (``address``, its advertised host) in its
-heartbeat; the other ranks find it by asking the broker for rank 0's heartbeat info (the
-``find_leader`` callable) and connect to it as clients. The store holds the rendezvous
+Rendezvous, through the broker: rank 0 opens the group's store (``zrl.algos.group_store``: a
+bounded table served on a random port of the address it advertises, loopback in a one-host
+run, never every interface; every request authenticated under a random key of that store) and
+shows its *ticket* ``host:port#key`` (``address``) in its heartbeat; the other ranks find it by
+asking the broker for rank 0's heartbeat info (the ``find_leader`` callable), so only a
+process the broker answers (with ``--keys``: a key holder) can read or write the store. Logs
+and errors show the address without its key (``endpoint_of``). The store holds the rendezvous
 **generation** (``zrl/generation``, 1 in a new store): every rank writes
 ``zrl/gen/<g>/rank/<r>`` into it; once all ``world_size`` keys of generation ``g`` are there,
 every rank makes its process group on that store, under ``zrl/gen/<g>/pg``
@@ -22,7 +25,8 @@ not come (or, on a rank other than 0, that rank 0's address was never found).
 Re-forming (torch elastic's idea, made simple): a collective that fails (a rank died or left)
 raises :class:`CollectiveError`; the learner then calls :meth:`LearnerGroup.rejoin`, which
 destroys the process group and moves the store's generation on to the next one (an atomic
-``compare_set``: the first rank to get there moves it, the others find it moved), and the
+``compare_set``: the first rank to get there moves it, the others find it moved; the store
+then drops the keys of the generations before the previous one), and the
 rendezvous starts again on it, with ``timeout_s`` of its own. A rank that waits follows the
 store's generation where another moved it. A restarted rank reads the current generation and
 joins it, or, where an earlier incarnation of itself is in it (it died after writing its key),
@@ -41,8 +45,18 @@ every rank, so every rank applies the same update. :meth:`LearnerGroup.reduce_ma
 maximum: IMPALA's and APPO's newest version and weight fingerprints) and
 :meth:`LearnerGroup.broadcast` (rank 0's tensors to all) are the other collectives.
 
-Sockets: the store's TCP listener (rank 0, every interface, a free port) and its clients, and
-the backend's own connections between the ranks; none on the broker's buses.
+A generation read from the store is checked (a decimal number, as the store itself admits
+only such): any other value is counted (``bad_values``) and the rendezvous goes on without
+it (rank 0 moves the generation on past it; the others ask again), failing past
+``timeout_s`` as ever, never with a crash.
+
+Sockets: the store's ROUTER (rank 0, the advertised address, a free port) and a DEALER to it
+per other rank (``zrl.algos.group_store``), and the backend's own connections between the
+ranks: gloo's bound to each rank's advertised address (``GLOO_SOCKET_IFNAME``, where set,
+picks the interface instead), nccl's on the interface nccl picks (``NCCL_SOCKET_IFNAME``);
+none on the broker's buses. Neither backend authenticates its connections (this torch build's
+gloo has no ``TCP_TLS``): their traffic must stay on a network the run trusts
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -50,6 +64,8 @@ from __future__ import annotations
 import datetime
 import io
 import logging
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,8 +73,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+import zmq
 from torch import nn
 
+from zrl.algos.group_store import (
+    GENERATION_KEY,
+    KEY_BYTES,
+    LocalStore,
+    RemoteStore,
+    StoreServer,
+    bind_address,
+    endpoint_of,
+    generation_value,
+    parse_ticket,
+)
 from zrl.algos.optim import clipped_gradients
 
 if TYPE_CHECKING:
@@ -68,7 +96,6 @@ STORE_CONNECT_S = 5.0  # one try to reach rank 0's store (a stale address: try a
 FIND_INTERVAL_S = 0.5  # between two questions to the broker for rank 0's address
 TICK_S = 0.1  # while a collective waits for the other ranks: the role's heartbeats
 POLL_FIRST_S, POLL_MAX_S = 1e-4, 2e-3  # its completion polled at these intervals, doubling
-GENERATION_KEY = "zrl/generation"  # the store's current rendezvous generation (1, 2, ...)
 IDLE_ROUND_S = 1.0
 """Learners that train the batches replay deals them (every algorithm but PPO): seconds
 without a batch after which a learner joins the group's next round without one
@@ -82,6 +109,11 @@ receiving one (a backlog would only age the batches)."""
 class LearnerGroupError(Exception):
     """The learner group could not form in time, or a collective over it failed. Not a
     ``RuntimeError``: the learner must stop on it, not drop the batch it was training."""
+
+
+class BadStoreValue(Exception):
+    """A value read from the group's store is not what its key holds (a generation that is no
+    number): counted, and the rendezvous goes on without it (never a crash)."""
 
 
 class CollectiveError(LearnerGroupError):
@@ -140,20 +172,36 @@ class LearnerGroup:
         """Groups this rank formed on a generation past 1 (the group formed again)."""
         self.ready = False
         self.closed = False
-        self.store: dist.TCPStore | None = None
+        self.entered = False
+        """Whether this rank has entered the store's rendezvous (:meth:`enter`) since it
+        connected or left a group."""
+        self.bad_values = 0
+        """Values read from the store that were not what their key holds (BadStoreValue)."""
+        self.last_bad: str | None = None
+        self.store: LocalStore | RemoteStore | None = None
+        self.server: StoreServer | None = None
         self.pg: Any = None
         self.address: str | None = None
-        """Rank 0's ``host:port`` of the store, shown in its heartbeat (None on other ranks)."""
+        """Rank 0's ticket of the store, ``host:port#key``, shown in its heartbeat (None on
+        other ranks)."""
+        try:
+            self.bind_host = bind_address(advertise)
+        except OSError as exc:
+            raise LearnerGroupError(
+                f"learner group rank {rank}: the advertised address {advertise!r} is not one "
+                f"to bind ({exc}): --advertise an address of this host"
+            ) from exc
         if rank == 0:
-            self.store = dist.TCPStore(
-                "0.0.0.0",
-                0,
-                world_size=world_size,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=self.timeout,
-            )
-            self.address = f"{advertise}:{self.store.port}"
+            key = secrets.token_bytes(KEY_BYTES)
+            try:
+                self.server = StoreServer(self.bind_host, key, self.log)
+            except zmq.ZMQError as exc:
+                raise LearnerGroupError(
+                    f"learner group: rank 0's store cannot listen on {self.bind_host} (the "
+                    f"advertised {advertise!r}): {exc}; --advertise an address of this host"
+                ) from exc
+            self.store = LocalStore(self.server.table, timeout_s)
+            self.address = f"{advertise}:{self.server.port}#{key.hex()}"
             self.store.set(GENERATION_KEY, "1")
             self.enter()
 
@@ -197,13 +245,46 @@ class LearnerGroup:
         died) is dropped, its address marked stale."""
         assert self.store is not None
         try:
-            current = int(self.store.get(GENERATION_KEY))
+            if not self.entered:
+                self.enter()
+            current = self.read_generation()
             if current > self.generation:
                 self.join(current)
             return self.store.check([rank_key(r, self.generation) for r in range(self.world_size)])
+        except BadStoreValue as exc:
+            self.bad_value(exc)
+            return False
         except RuntimeError as exc:
             self.lose_store(exc)
             return False
+
+    def read_generation(self, raw: bytes | None = None) -> int:
+        """The store's generation (``raw``: a value already read from it), checked:
+        BadStoreValue where it is no generation."""
+        assert self.store is not None
+        if raw is None:
+            raw = self.store.get(GENERATION_KEY)
+        value = generation_value(raw)
+        if value is None:
+            raise BadStoreValue(
+                f"learner group rank {self.rank}: the store's {GENERATION_KEY} holds "
+                f"{bytes(raw)[:32]!r}, not a generation"
+            )
+        return value
+
+    def bad_value(self, exc: BadStoreValue) -> None:
+        """Count a value of the store that was not a generation; rank 0 (whose store it is)
+        moves the generation on past the one this rank knows, the others ask again at the
+        next poll (past ``timeout_s`` the rendezvous fails, naming it)."""
+        self.bad_values += 1
+        self.last_bad = str(exc)
+        self.entered = False
+        if self.rank == 0 and self.store is not None:
+            moved = max(self.generation, self.floor) + 1
+            self.store.set(GENERATION_KEY, str(moved))
+            self.log.warning("%s; moved the generation on to %d", exc, moved)
+        elif self.bad_values == 1 or self.bad_values % 100 == 0:
+            self.log.warning("%s (%d times); asking again", exc, self.bad_values)
 
     def enter(self) -> None:
         """Join the store's current generation, first moving it on to ``floor`` (past the
@@ -211,13 +292,16 @@ class LearnerGroup:
         past it (that one is gone)."""
         store = self.store
         assert store is not None
-        current = int(store.get(GENERATION_KEY))
+        current = self.read_generation()
         floor = self.floor
         if current >= floor and store.check([rank_key(self.rank, current)]):
             floor = current + 1
         while current < floor:  # atomic: the first rank here moves it, the others read it
-            current = int(store.compare_set(GENERATION_KEY, str(current), str(floor)))
+            current = self.read_generation(
+                store.compare_set(GENERATION_KEY, str(current), str(floor))
+            )
         self.join(current)
+        self.entered = True
 
     def join(self, generation: int) -> None:
         """Write this rank's key into ``generation``."""
@@ -230,11 +314,14 @@ class LearnerGroup:
         self.log.warning(
             "learner group rank %d: rank 0's store at %s failed (%s); finding it again",
             self.rank,
-            self.leader_address,
+            endpoint_of(self.leader_address),
             exc,
         )
         self.stale_address = self.leader_address
+        if isinstance(self.store, RemoteStore):
+            self.store.close()
         self.store = None
+        self.entered = False
         self.next_find = 0.0
 
     def rejoin(self) -> None:
@@ -244,10 +331,13 @@ class LearnerGroup:
         self.floor = self.generation + 1
         self.started = time.monotonic()
         self.next_find = 0.0
+        self.entered = False
         if self.store is None:
             return
         try:
             self.enter()
+        except BadStoreValue as exc:
+            self.bad_value(exc)  # poll enters again
         except RuntimeError as exc:
             if self.rank == 0:
                 raise
@@ -256,52 +346,61 @@ class LearnerGroup:
     def make_process_group(self, store: dist.Store) -> Any:
         """This rank's process group over ``store`` (blocks until every rank connects)."""
         prefixed = dist.PrefixStore(f"zrl/gen/{self.generation}/pg", store)
+        if self.backend == "gloo":
+            gloo: Any = dist.ProcessGroupGloo  # _Options: not in torch's type stubs
+            options = gloo._Options()
+            options._timeout = self.timeout
+            options._devices = [
+                gloo.create_default_device()
+                if os.environ.get("GLOO_SOCKET_IFNAME")
+                else gloo.create_device(hostname=self.bind_host)
+            ]
+            return gloo(prefixed, self.rank, self.world_size, options)
         if self.backend == "nccl":
             torch.cuda.set_device(self.device)
             nccl: Any = getattr(dist, "ProcessGroupNCCL")  # noqa: B009 - CUDA builds only
             options = nccl.Options()
             options._timeout = self.timeout
             return nccl(prefixed, self.rank, self.world_size, options)
-        return dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, self.timeout)
+        raise LearnerGroupError(f"learner group: no backend {self.backend!r}")
 
     def connect(self) -> None:
-        """Ranks > 0: ask for rank 0's store address and join it (at most every
+        """Ranks > 0: ask for rank 0's store ticket and join it (at most every
         ``FIND_INTERVAL_S``; a store that does not answer is tried again later)."""
         now = time.monotonic()
         if now < self.next_find:
             return
         self.next_find = now + FIND_INTERVAL_S
-        address = self.find_leader()
-        if not address or address == self.stale_address:
+        ticket = self.find_leader()
+        if not ticket or ticket == self.stale_address:
             return
-        self.leader_address = address
-        host, _, port = address.rpartition(":")
+        self.leader_address = ticket
         left = self.timeout_s - (now - self.started)
         try:
-            store = dist.TCPStore(
-                host.strip("[]"),
-                int(port),
-                is_master=False,
-                timeout=datetime.timedelta(seconds=max(0.1, min(STORE_CONNECT_S, left))),
-            )
-        except (RuntimeError, ValueError) as exc:
-            self.log.warning("learner group: rank 0's store at %s: %s", address, exc)
+            host, port, key = parse_ticket(ticket)
+        except ValueError as exc:
+            self.log.warning("learner group: rank 0's store: %s", exc)
             return
-        store.set_timeout(self.timeout)
-        self.store = store
+        store = RemoteStore(host, port, key, self.timeout_s)
         try:
-            self.enter()
+            store.ping(max(0.1, min(STORE_CONNECT_S, left)))
         except RuntimeError as exc:
-            self.lose_store(exc)
+            store.close()
+            self.log.warning("learner group: rank 0's store at %s: %s", endpoint_of(ticket), exc)
+            return
+        self.store = store
+        self.entered = False  # joined_all enters
 
     def missing(self) -> str:
         """Why the rendezvous has not formed: the ranks not joined, or no rank 0 found."""
         waited = f"within learner.group_timeout_s={self.timeout_s:g} s"
         if self.store is None:
             if self.stale_address is not None and self.leader_address == self.stale_address:
-                where = f"its store at {self.stale_address} failed, no new address shown"
+                where = (
+                    f"its store at {endpoint_of(self.stale_address)} failed, no new address shown"
+                )
             elif self.leader_address:
-                where = f"its store at {self.leader_address} did not answer"
+                where = f"its store at {endpoint_of(self.leader_address)} did not answer"
             else:
                 where = "the broker never showed its store address"
             return (
@@ -309,11 +408,17 @@ class LearnerGroup:
                 f"{waited}: {where}"
             )
         g = self.generation
-        absent = [r for r in range(self.world_size) if not self.store.check([rank_key(r, g)])]
+        try:
+            absent: Any = [
+                r for r in range(self.world_size) if not self.store.check([rank_key(r, g)])
+            ]
+        except RuntimeError as exc:
+            absent = f"unknown ({exc})"
+        bad = f"; {self.bad_values} unreadable value(s): {self.last_bad}" if self.bad_values else ""
         return (
             f"learner group of {self.world_size} not formed on generation {g} {waited}: rank(s) "
             f"{absent} never joined (the learners of those indices did not start, or cannot "
-            f"reach {self.address or self.leader_address})"
+            f"reach {endpoint_of(self.address or self.leader_address)}){bad}"
         )
 
     # --- training ---------------------------------------------------------------------
@@ -453,7 +558,11 @@ class LearnerGroup:
             return
         self.closed = True
         self.shutdown_group()
+        if isinstance(self.store, RemoteStore):
+            self.store.close()
         self.store = None
+        if self.server is not None:
+            self.server.close()
 
     def shutdown_group(self) -> None:
         """Shut the process group down, if any (the others may be gone already)."""
@@ -545,7 +654,7 @@ class PolicyLearners:
             self.services.take_input()
 
     def find_leader(self) -> str | None:
-        """Rank 0's group store ``host:port``, from its heartbeat (the broker)."""
+        """Rank 0's group store ticket ``host:port#key``, from its heartbeat (the broker)."""
         info = self.services.role_info(self.leader_id)
         address = info.get("group_store") if info else None
         return address if isinstance(address, str) else None
@@ -725,8 +834,11 @@ class PolicyLearners:
     def heartbeat_info(self) -> dict[str, Any]:
         """``group_rank``, ``group_size``, ``group_formed``, ``group_generation`` (the
         rendezvous generation joined), ``group_reforms`` (groups formed on a generation past
-        1) and rank 0's ``group_store`` (the address the others find through the broker);
-        nothing for a lone learner."""
+        1), ``group_bad_values`` (where any: values of the store that were no generation),
+        and rank 0's ``group_store`` (the ticket the others find through the broker) with its
+        store's ``group_store_rejected`` (requests dropped: no valid key, replayed,
+        malformed) and ``group_store_refused`` (authenticated ones refused: an invalid value,
+        past its bound); nothing for a lone learner."""
         if self.group is None:
             return {}
         info: dict[str, Any] = {
@@ -736,8 +848,13 @@ class PolicyLearners:
             "group_generation": self.group.generation,
             "group_reforms": self.group.reforms,
         }
-        if self.group.address is not None:
+        if self.group.bad_values:
+            info["group_bad_values"] = self.group.bad_values
+        server = self.group.server
+        if self.group.address is not None and server is not None:
             info["group_store"] = self.group.address
+            info["group_store_rejected"] = server.rejected
+            info["group_store_refused"] = server.table.refused
         return info
 
     def summary(self) -> str:

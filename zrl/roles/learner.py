@@ -14,7 +14,7 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
 - **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
   open more sockets through the learner; several learners of one policy (DD-PPO, IMPALA,
   APPO: ``roles.learners > 1``) open a ``torch.distributed`` group of their own
-  (``zrl.algos.learner_group``: learner 0's TCPStore, found through a STATUS of
+  (``zrl.algos.learner_group``: learner 0's group store, found through a STATUS of
   ``learner-0``, ``role_info``). The batches stream deals the shards' batches out to IMPALA's
   and APPO's learners in turn, and while their group's collective waits the update takes in
   (and acks) what arrived through :meth:`Learner.take_input`. Only learner 0 of a group
