@@ -120,16 +120,25 @@ class BrokerConfig(Section):
     advertise: str | None = None
     """The broker address other hosts connect to (default: host, or this machine's address)."""
     heartbeat_interval: float = Field(0.5, gt=0)
-    """Seconds between a role's heartbeats."""
-    heartbeat_timeout: float = Field(3.0, gt=0)
-    """A role silent this long is marked dead."""
+    """Seconds between a role's heartbeats (from its loop, or from its heartbeat thread while
+    a step holds the loop)."""
+    heartbeat_timeout: float = Field(10.0, gt=0)
+    """A role silent this long is marked dead. Its heartbeats come from a thread of its own, so
+    silence means a process gone, a host lost or a process frozen whole, not a long step; 10 s
+    leaves room for a core starved at load 20 on two cores (docs/architecture.md)."""
+    stall_after: float = Field(30.0, gt=0)
+    """A role that heartbeats but whose loop has not turned this long (a step that goes on: a
+    slow update, a hung call) is shown stalled, with since when, in `zrl status`, the head's
+    display and log; it stays alive and nothing acts on it."""
     orphan_timeout: float | None = Field(600.0, gt=0)
     """Seconds a registered role keeps reconnecting to a broker that stopped answering before
     it stops itself, saying so in its log (exit code 0): the roles of a plain ``zrl start
     broker`` end some time after it. null: reconnect for ever. Keep it well above the time a
     broker takes to restart (``zrl run`` restarts a killed broker at once)."""
     setup_grace: float = Field(60.0, gt=0)
-    """Seconds a role may take between HELLO and its first heartbeat (imports, envs, models)."""
+    """Seconds a role may take between HELLO and its first heartbeat; a role heartbeats from
+    its thread while it sets up (imports, envs, models), and one still setting up this long
+    is shown stalled."""
     wait_for_roles: float | None = Field(300.0, gt=0)
     """Seconds the head waits for the roles placed on other hosts (`hosts`, or every role of
     `zrl start broker --run-dir`) to register; past it the run fails, naming them. null: wait
@@ -410,6 +419,10 @@ class StopConfig(Section):
     env_steps: int | None = Field(None, ge=1)
     wall_time: float | None = Field(600.0, gt=0)
     """Seconds."""
+    no_progress: float | None = Field(300.0, gt=0)
+    """Seconds. The run fails (failed: true, exit 1, the reason named) when, after its first
+    update, a learner makes no update for this long while the actors step, or params' weights
+    version of its policy stays the same this long while the learner trains (null: never)."""
 
     @model_validator(mode="after")
     def _some_condition(self) -> StopConfig:
