@@ -85,11 +85,23 @@ def test_the_exploitability_target_holds_for_every_evaluation_of_the_rule():
 
 def test_the_weights_that_met_an_exploitability_target_are_kept(tmp_path: Path):
     keeper = keeper_in(tmp_path, eval_return=None, exploitability=0.0, eval_window=1)
-    assert keeper.on_eval(1, 0.9, 10, False, lambda: fake_weights(1), 0.5) == [
+    assert keeper.on_eval(2, 0.9, 10, False, lambda: fake_weights(2), 0.5) == [
         tmp_path / f"evaluator-0{BEST_SUFFIX}"
     ]
-    written = keeper.on_eval(2, 0.8, 10, False, lambda: fake_weights(2), 0.0)
-    assert written == [tmp_path / f"evaluator-0{met_suffix(2)}"]
+    written = keeper.on_eval(3, 0.8, 10, False, lambda: fake_weights(3), 0.0)
+    assert written == [tmp_path / f"evaluator-0{met_suffix(3)}"]
+
+
+def test_the_initial_weights_are_never_the_best(tmp_path: Path):
+    """Issue 40, item 8: a run without a target saved v1, the untrained policy, as model.pt
+    because its first evaluation was the highest of many noisy ones."""
+    keeper = keeper_in(tmp_path, eval_return=None, wall_time=60)
+    assert keeper.on_eval(1, -0.4, 10, False, lambda: fake_weights(1)) == []
+    assert keeper.best_return is None
+    assert keeper.on_eval(2, -131.0, 10, False, lambda: fake_weights(2)) == [
+        tmp_path / f"evaluator-0{BEST_SUFFIX}"
+    ]
+    assert read_evaluated(tmp_path / f"evaluator-0{BEST_SUFFIX}", 1 << 20).version == 2
 
 
 def test_the_best_evaluation_and_those_that_met_the_rule_are_kept(tmp_path: Path):
@@ -103,12 +115,13 @@ def test_the_best_evaluation_and_those_that_met_the_rule_are_kept(tmp_path: Path
 
         return [p.name for p in keeper.on_eval(version, mean, 10, False, weights)]
 
-    assert evaluate(1, 20.0) == ["evaluator-0.best.pt"]
+    assert evaluate(1, 40.0) == []  # the initial weights: never the best
+    assert evaluate(2, 20.0) == ["evaluator-0.best.pt"]
     assert evaluate(2, 10.0) == []  # worse, and the window's mean is 15
     assert evaluate(3, 250.0) == ["evaluator-0.best.pt", "evaluator-0.met-3.pt"]  # mean 130
     assert evaluate(4, 30.0) == ["evaluator-0.met-4.pt"]  # mean 140: met, not the best
     assert evaluate(5, 20.0) == []  # mean 25
-    assert asked == [1, 3, 4]  # the weights are copied only for a file
+    assert asked == [2, 3, 4]  # the weights are copied only for a file
     best = read_evaluated(tmp_path / f"evaluator-0{BEST_SUFFIX}", 1 << 20)
     assert (best.version, best.eval_return, best.episodes, best.confirming) == (3, 250.0, 10, False)
     np.testing.assert_array_equal(best.weights["w"], fake_weights(3)["w"])

@@ -37,6 +37,9 @@ from zrl.utils.durable import atomic_write
 log = logging.getLogger(__name__)
 
 BEST_SUFFIX = ".best.pt"
+UNTRAINED_VERSION = 1
+"""Weights versions up to this are the learner's initial weights (v1 is sent before its first
+update): an evaluation of them is never kept as the best."""
 KEEP_MET = 8
 """Weights sets of evaluations that met the rule kept per evaluator: as many as the head keeps
 candidates (``StopRule``), which it confirms within a heartbeat or two of the first."""
@@ -191,7 +194,10 @@ class EvaluatedKeeper:
         self.exploitabilities = [*self.exploitabilities, exploitability][-keep:]
         wanted: list[Path] = []
         best = self.file_for(BEST_SUFFIX)
-        if best is not None and (self.best_return is None or mean > self.best_return):
+        # The initial weights are never the best: a run without a target saved an untrained
+        # policy as model.pt when its first, lucky evaluation scored highest.
+        trained = version > UNTRAINED_VERSION
+        if best is not None and trained and (self.best_return is None or mean > self.best_return):
             self.best_return = mean
             wanted.append(best)
         met = self.file_for(met_suffix(version))
