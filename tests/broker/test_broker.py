@@ -755,6 +755,49 @@ def test_a_heartbeat_ack_echoes_the_heartbeats_seq_and_only_a_positive_int(make_
         assert ack.kind == P.HEARTBEAT_ACK and "seq" not in ack.meta, bad
 
 
+def test_a_role_heartbeating_with_its_loop_unchanged_is_shown_stalled_never_dead(
+    make_broker, clients
+):
+    """Dead is silence; stalled is heartbeats (a role's heartbeat thread) whose ``loop``
+    does not change for ``stall_after`` (``setup_grace`` while it sets up): shown in its
+    row, the role alive all along. A heartbeat that says ``starting`` without info (the
+    thread during setup) keeps the entry starting."""
+    b = make_broker(heartbeat_timeout=1.0, stall_after=1.0, setup_grace=1.5)
+    role, old = RegistryClient(b.ctx, b.bind_address), RegistryClient(b.ctx, b.bind_address)
+    clients.extend([role, old])
+    rid = role.hello(role="learner", index=0).meta["id"]
+    oid = old.hello(role="actor", index=0).meta["id"]
+    pulse = {"id": rid, "state": "starting", "loop": 0}
+
+    def row(which: str = rid) -> dict[str, Any]:
+        return rows_by_id(status(b.ctx, b.bind_address))[which]
+
+    def beat(**meta: Any) -> dict[str, Any]:
+        assert role.request(P.HEARTBEAT, **{**pulse, **meta}).kind == P.HEARTBEAT_ACK
+        assert old.request(P.HEARTBEAT, id=oid, info={}).kind == P.HEARTBEAT_ACK  # no loop
+        return row()
+
+    # Setting up past setup_grace, heartbeating: starting and stalled, not dead.
+    wait_for(lambda: beat()["stalled_s"] is not None, timeout=30, interval=0.1)
+    got = row()
+    assert (got["state"], got["loop"]) == ("starting", 0) and got["stalled_s"] >= 1.5
+    # Set up (a heartbeat with its figures, the loop turning): alive, no longer stalled.
+    got = beat(state="running", loop=1, info={"updates": 3})
+    assert (got["state"], got["stalled_s"], got["info"]) == ("alive", None, {"updates": 3})
+    # A step holds its loop: alive past heartbeat_timeout, stalled past stall_after.
+    t0 = time.monotonic()
+    wait_for(lambda: beat(state="running", loop=1)["stalled_s"] is not None, timeout=30)
+    got = row()
+    assert got["state"] == "alive" and time.monotonic() - t0 >= 1.0
+    assert got["info"] == {"updates": 3}  # its figures kept through the thread's beats
+    # A role whose heartbeats carry no loop is never shown stalled.
+    assert (row(oid)["state"], row(oid)["stalled_s"], row(oid)["loop"]) == ("alive", None, None)
+    # The loop turns: no longer stalled. Silence: dead (and not stalled).
+    assert beat(state="running", loop=2)["stalled_s"] is None
+    wait_for(lambda: row()["state"] == "dead", timeout=30)
+    assert row()["stalled_s"] is None
+
+
 def test_stop_run_with_the_token_stops_every_role_and_refuses_new_ones(make_broker, clients):
     b = make_broker(stop_token="s3cret")
     role, head, late = (RegistryClient(b.ctx, b.bind_address) for _ in range(3))

@@ -45,7 +45,7 @@ def test_load_cartpole_config():
     assert cfg.stop.eval_return == 475 and cfg.stop.wall_time == 600
     # Sections the file leaves out get their defaults.
     assert cfg.broker.streams == list(DEFAULT_STREAMS)
-    assert cfg.broker.heartbeat_timeout == 3.0
+    assert cfg.broker.heartbeat_timeout == 10.0
 
 
 def test_config_survives_yaml_and_spec_round_trips():

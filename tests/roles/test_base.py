@@ -119,40 +119,111 @@ def registered(b: Broker, r: Role, state: str = "alive") -> Callable[[], bool]:
 
 
 class LongStepRole(FakeRole):
-    """A step of 3 s (a PPO actor's long trajectory) in 0.1-s pieces; ``beats``: heartbeat
-    between them with ``heartbeat_if_due``."""
-
-    beats = True
+    """A step of 3 s (a PPO actor's long trajectory) in 0.1-s pieces, heartbeating between
+    them with ``heartbeat_if_due``."""
 
     def step(self) -> None:
         for _ in range(30):
             if self.stop_event.wait(0.1):
                 return
-            if self.beats:
-                self.heartbeat_if_due()
+            self.heartbeat_if_due()
         self.steps += 1
 
 
-@pytest.mark.parametrize("beats", [True, False])
-def test_a_step_longer_than_the_heartbeat_timeout_stays_alive_by_heartbeating_inside(
-    running, inproc_addr, monkeypatch, beats
-):
-    cfg = ExperimentConfig.model_validate(
-        {
-            "name": "role-base-test",
-            "broker": {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.5, "setup_grace": 5.0},
-        }
+def liveness_config(**broker: float) -> ExperimentConfig:
+    settings = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0, "setup_grace": 5.0}
+    return ExperimentConfig.model_validate(
+        {"name": "role-base-test", "broker": {**settings, **broker}}
     )
-    b = running.broker(inproc_addr, cfg)
-    monkeypatch.setattr(LongStepRole, "beats", beats)
+
+
+def test_a_long_step_that_heartbeats_inside_turns_its_loop_and_is_never_stalled(
+    running, inproc_addr
+):
+    b = running.broker(inproc_addr, liveness_config(stall_after=2.0))
     r = running.role(inproc_addr, LongStepRole, connect_timeout=5)
     wait_for(registered(b, r), timeout=10)
-    if beats:  # two whole steps: never marked dead, and the steps went on
-        wait_for(lambda: r.steps >= 2, timeout=30)
-        assert b.roles[r.id].state == "alive" and r.error is None
-        assert r.registrations == 1  # no re-registration after a missed heartbeat
-    else:  # the control: without them the broker marks the role dead within its step
-        wait_for(registered(b, r, "dead"), timeout=10)
+    seen: set[tuple[str, bool]] = set()
+
+    def two_steps() -> bool:
+        e = b.roles[r.id]
+        seen.add((e.state, e.stalled))
+        return r.steps >= 2
+
+    wait_for(two_steps, timeout=30, interval=0.05)
+    assert seen == {("alive", False)} and r.error is None
+    assert r.registrations == 1  # no re-registration after a missed ack
+
+
+BLOCK_S = 4.0
+
+
+class BlockingRole(FakeRole):
+    """Once ``block`` is set, one step holds the loop for BLOCK_S (four heartbeat timeouts):
+    asleep (``how`` "sleep": the GIL free), or in a busy Python loop ("busy": the GIL taken
+    back only at each switch interval)."""
+
+    how = "sleep"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.block = threading.Event()
+        self.unblocked = threading.Event()
+
+    def step(self) -> None:
+        if self.block.is_set() and not self.unblocked.is_set():
+            if self.how == "sleep":
+                time.sleep(BLOCK_S)
+            else:
+                end = time.monotonic() + BLOCK_S
+                while time.monotonic() < end:
+                    pass
+            self.unblocked.set()
+        super().step()
+
+
+@pytest.mark.parametrize("how", ["sleep", "busy", "control"])
+def test_a_role_whose_step_blocks_past_the_heartbeat_timeout_stays_alive_shown_stalled(
+    running, inproc_addr, monkeypatch, how
+):
+    """Issue 40: heartbeats from the loop alone made a learner held by a slow update look
+    dead. With its heartbeat thread the role stays alive through a step of four heartbeat
+    timeouts, and the broker's row (what `zrl status` and the head read) shows it stalled,
+    with its id and for how long. The control: the loop's heartbeats alone, it goes dead."""
+    if how == "control":
+        monkeypatch.setattr(Role, "start_pulse", lambda self: None)
+    monkeypatch.setattr(BlockingRole, "how", "sleep" if how == "control" else how)
+    b = running.broker(inproc_addr, liveness_config(stall_after=1.5))
+    r = running.role(inproc_addr, BlockingRole, connect_timeout=5)
+    wait_for(registered(b, r), timeout=10)
+    rid = r.id
+    wait_for(lambda: b.roles[rid].loop is not None, timeout=10)
+    states: list[str] = []
+    rows: list[dict] = []
+
+    def watch() -> bool:
+        entry = b.roles[rid]
+        states.append(entry.state)
+        if entry.stalled and not rows:  # the row as STATUS gives it
+            reply = registry_request(running.ctx, inproc_addr, P.Message(P.STATUS), 5.0)
+            rows.extend(row for row in reply.meta["roles"] if row["id"] == rid)
+        return r.unblocked.is_set()
+
+    r.block.set()
+    wait_for(watch, timeout=BLOCK_S + 30, interval=0.05)
+    if how == "control":
+        assert "dead" in states
+        return
+    assert set(states) == {"alive"}, states
+    assert r.pulses > 0 and r.registrations == 1 and r.error is None
+    (row,) = rows
+    assert (row["id"], row["state"]) == (rid, "alive")
+    assert 1.5 <= row["stalled_s"] <= BLOCK_S + 5 and row["age"] < 1.0
+    # The loop turns again: no longer stalled, and never re-registered.
+    wait_for(lambda: not b.roles[rid].stalled and b.roles[rid].loop != row["loop"], timeout=10)
+    reply = registry_request(running.ctx, inproc_addr, P.Message(P.STATUS), 5.0)
+    assert [row["stalled_s"] for row in reply.meta["roles"] if row["id"] == rid] == [None]
+    assert r.registrations == 1 and b.roles[rid].state == "alive"
 
 
 def test_heartbeat_now_waits_for_the_ack_of_its_own_heartbeat(zmq_ctx):
@@ -545,10 +616,17 @@ def test_a_role_under_a_host_agent_heartbeats_it_and_says_hello_again_when_told(
         monkeypatch.setenv(base.AGENT_ENDPOINT_ENV, endpoint)
         r = running.role(inproc_addr, index=0, connect_timeout=5)
 
-        def next_beat() -> tuple[bytes, P.Message]:
-            assert beats_in.poll(10_000), "the role sent its agent no heartbeat"
-            ident, *frames = beats_in.recv_multipart()
-            return ident, P.decode(frames)
+        def next_beat(full: bool = True) -> tuple[bytes, P.Message]:
+            """The next heartbeat; ``full``: the next from the role's loop (with its figures),
+            past those of its heartbeat thread (the loop held a moment: ``id``, ``seq``,
+            ``state`` and ``loop`` alone)."""
+            while True:
+                assert beats_in.poll(10_000), "the role sent its agent no heartbeat"
+                ident, *frames = beats_in.recv_multipart()
+                beat = P.decode(frames)
+                if not full or "info" in beat.meta:
+                    return ident, beat
+                assert set(beat.meta) == {"id", "seq", "state", "loop"}
 
         ident, beat = next_beat()
         assert beat.kind == P.HEARTBEAT and beat.meta["id"] == "fake-0"
@@ -559,7 +637,7 @@ def test_a_role_under_a_host_agent_heartbeats_it_and_says_hello_again_when_told(
         assert b.roles["fake-0"].state == "alive" and "agent" in b.roles["fake-0"].stats
         beats_in.send_multipart([ident, *P.encode(P.Message(P.HEARTBEAT_ACK))])
         # Told that the broker does not know it under its agent: it says HELLO again.
-        ident, _ = next_beat()
+        ident, _ = next_beat(full=False)
         beats_in.send_multipart(
             [ident, *P.encode(P.Message(P.UNKNOWN_ROLE, meta={"id": "fake-0"}))]
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 from zrl.config.experiment import ExperimentConfig
@@ -124,3 +125,33 @@ def test_the_pbt_line_shows_each_members_hyperparameters_and_fitness():
     }
     assert pbt_line(info) == "2 exploits; member_0 lr=0.0012 fitness=41.2, member_1 lr=0.001"
     assert pbt_line({"members": "x", "exploits": 1}) == "" == pbt_line({})
+
+
+def test_a_stalled_role_is_shown_stalled_with_since_when_and_a_dead_one_dead(tmp_path: Path):
+    from zrl.run.display import shown_state, stall_text
+
+    stalled = {"id": "learner-0", "state": "alive", "stalled_s": 34.2}
+    assert shown_state(stalled) == "stalled"
+    assert re.fullmatch(r"loop stalled 34 s \(since \d\d:\d\d:\d\d\)", stall_text(stalled))
+    setting_up = {"id": "actor-0", "state": "starting", "stalled_s": 70.0}
+    assert stall_text(setting_up).endswith(", setting up)")
+    for row in ({"state": "alive", "stalled_s": None}, {"state": "alive"}, {"state": "dead"}):
+        assert shown_state(row) == row["state"] and stall_text(row) == ""
+    # The live table's state and note columns.
+    display, out = display_into(tmp_path)
+    display.sup.monitor.status_rows = [
+        {
+            **stalled,
+            "host": "h",
+            "pid": 7,
+            "age": 0.2,
+            "restarts": 0,
+            "msgs_in": 1,
+            "msgs_out": 2,
+            "dropped": 0,
+            "info": {},
+        },
+    ]
+    display.console.print(display._render())
+    line = next(x for x in out.getvalue().splitlines() if "learner-0" in x)
+    assert " stalled " in line and "loop stalled 34 s (since " in line

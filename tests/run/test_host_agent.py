@@ -729,6 +729,52 @@ def test_the_agent_answers_its_childrens_heartbeats_and_drops_anything_else(
         agent.teardown()
 
 
+def test_a_childs_state_and_loop_go_with_every_report_and_its_threads_beats_keep_figures(
+    tmp_path, monkeypatch, zmq_ctx
+):
+    """A child's heartbeat thread (its loop held) sends ``id``, ``seq``, ``state`` and
+    ``loop`` alone: the agent keeps the child's last figures, and every report carries the
+    state (still setting up?) and loop turns (stalled?), with or without the figures."""
+    agent, _ = make_agent(tmp_path, monkeypatch, "actor=1")
+    agent.id = "host-0"
+    agent.heartbeat_interval = 5.0  # the child's beats stay fresh however slow the test runs
+    agent.open_heartbeats()
+    (actor,) = agent.children
+    child = make_socket(zmq_ctx, zmq.DEALER, rcvtimeo_ms=5000)
+    child.connect(agent.endpoint)
+    children = agent.stats.stream("children")
+    child_says(actor, "actor-0", "running")
+
+    def beat(**meta: object) -> dict[str, Any]:
+        child.send_multipart(P.encode(P.Message(P.HEARTBEAT, meta={"id": "actor-0", **meta})))
+        seen = children.received
+        wait_for(lambda: agent.serve_children(50) or children.received > seen, timeout=30)
+        assert child.poll(5000) and P.decode(child.recv_multipart()).kind == P.HEARTBEAT_ACK
+        return agent.beats["actor-0"][1]
+
+    try:
+        figures = {"stats": {"experience": {"sent": 4}}, "info": {"env_steps": 9}}
+        assert beat(seq=1, state="running", loop=5, **figures) == {
+            "id": "actor-0",
+            "state": "running",
+            "loop": 5,
+            **figures,
+        }
+        kept = beat(seq=2, state="running", loop=5)  # the thread's: the figures stay
+        assert kept == {"id": "actor-0", "state": "running", "loop": 5, **figures}
+        now = time.monotonic()
+        assert agent.role_reports(now) == [kept]
+        alone = {"id": "actor-0", "state": "running", "loop": 5}
+        assert agent.role_reports(now + 0.1) == [alone]  # figures once a second; liveness always
+        assert agent.role_reports(now + 1.0) == [kept]  # a report without them is no figures sent
+        # What is no state or loop count is not passed on.
+        assert beat(seq=3, state="x" * 100, loop="6") == {"id": "actor-0", **figures}
+    finally:
+        child.close(linger=0)
+        agent.close()
+        agent.teardown()
+
+
 def test_an_agents_role_follows_weights_through_the_agents_relay(
     spawn, zmq_ctx, broker_addr, tmp_path
 ):

@@ -1091,7 +1091,7 @@ def test_a_role_the_broker_marks_dead_is_named_on_the_console_once(tmp_path: Pat
     sup._report_deaths(Display())
     sup._report_deaths(Display())  # still dead: said once
     assert shown == [
-        "learner-0 (host h1, pid 7) missed its heartbeats for broker.heartbeat_timeout=3s: "
+        "learner-0 (host h1, pid 7) missed its heartbeats for broker.heartbeat_timeout=10s: "
         "the broker marked it dead"
     ]  # learner-9 is no role of this run
     learner["state"] = "alive"  # restarted, and dead again: said again
@@ -1099,6 +1099,21 @@ def test_a_role_the_broker_marks_dead_is_named_on_the_console_once(tmp_path: Pat
     learner["state"] = "dead"
     sup._report_deaths(Display())
     assert len(shown) == 2
+    # Alive (heartbeating) with its loop held past broker.stall_after: stalled, said once
+    # with since when; said again for a later stall.
+    learner.update(state="alive", stalled_s=42.0)
+    stranger.update(state="alive", stalled_s=42.0)
+    for _ in range(2):
+        sup._report_deaths(Display())
+    assert len(shown) == 3 and shown[2].startswith(
+        "learner-0 (host h1, pid 7) is alive (it heartbeats) but stalled: loop stalled 42 s (since "
+    )
+    assert shown[2].endswith("); broker.stall_after=30s")
+    learner["stalled_s"] = None
+    sup._report_deaths(Display())
+    learner["stalled_s"] = 31.0
+    sup._report_deaths(Display())
+    assert len(shown) == 4 and "stalled 31 s" in shown[3]
 
 
 def test_an_evaluation_the_stop_cut_short_is_named_in_the_summary(tmp_path: Path):

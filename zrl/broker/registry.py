@@ -15,7 +15,9 @@ entries are forgotten after ``forget_after`` seconds. The run's planned roles (t
 read them are bounded per peer and in total (``ReplyBudget``). An entry belongs to the
 connection (ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id
 from another connection are dropped and counted. A role that misses its heartbeats for
-``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead.
+``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead; one whose
+heartbeats (from its heartbeat thread) go on while their ``loop`` stays the same for
+``stall_after`` is shown stalled (``stalled_s`` in its row), and stays alive.
 
 Host agents (``zrl host``, role ``host``) heartbeat for the roles they started: such a role's
 HELLO names its agent (``agent``), and the registry registers it under that agent only when
@@ -338,12 +340,11 @@ class Registry:
     def _beat(
         self, entry: RoleEntry, report: dict[str, Any], now: float, within: int | None
     ) -> bool:
-        """One heartbeat of ``entry``: alive now, with the counters and info of ``report``
-        (``within``: a size that bounds the packed info, or None to measure it). True when
-        the entry was dead."""
-        revived = entry.state == "dead"
-        entry.state = "alive"
-        entry.last_seen = now
+        """One heartbeat of ``entry``: alive now (``RoleEntry.heard_from``: or still starting,
+        and whether its loop turned), with the counters and info of ``report`` (``within``: a
+        size that bounds the packed info, or None to measure it). True when the entry was
+        dead."""
+        revived = entry.heard_from(report, now)
         entry.set_stats(clean_stats(report.get("stats"), entry.stats))
         info = report.get("info")
         if isinstance(info, dict):

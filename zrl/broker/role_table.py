@@ -1,7 +1,7 @@
 """The registry's role table: one entry per registered role id, how ids are numbered, which
-HELLO may take over an id, and liveness (a role silent too long is marked dead; dead and
-stopped entries are forgotten). The registry (``zrl.broker.registry``) speaks the protocol
-around it.
+HELLO may take over an id, and liveness (a role silent too long is marked dead; one that
+heartbeats while its loop does not turn is shown stalled; dead and stopped entries are
+forgotten). The registry (``zrl.broker.registry``) speaks the protocol around it.
 
 Sockets: none.
 """
@@ -28,6 +28,7 @@ from zrl.transport.sockets import STAT_COUNTERS
 log = logging.getLogger("zrl.broker")
 
 MAX_DEAD_LOGGED = 10  # per liveness pass; 2,000 fake HELLOs going dead at once are one summary
+MAX_STALLED_LOGGED = 10  # per liveness pass, likewise
 
 
 @dataclass
@@ -58,6 +59,39 @@ class RoleEntry:
     brief_info: dict[str, Any] = field(default_factory=dict)
     """``info`` as a STATUS listing shows it (``limits.brief``, STATUS_ROW_INFO_BYTES)."""
     brief_stats: dict[str, Any] = field(default_factory=dict)
+    heard: bool = False
+    """A heartbeat came since HELLO: from then on ``heartbeat_timeout`` applies, even to a
+    role still setting up (its heartbeat thread's), not ``setup_grace``."""
+    loop: int | None = None
+    """The turns of the role's loop its last heartbeat said (``loop``; None: it does not say)."""
+    turned: float = field(default_factory=time.monotonic)
+    """Monotonic time ``loop`` last changed (or a heartbeat without one came, or the HELLO)."""
+    stalled: bool = False
+    """It heartbeats, but its loop has not turned for ``stall_after`` (``setup_grace`` while it
+    is starting): a long step, a hung one or a starved core. Shown, never acted on."""
+
+    def heard_from(self, report: dict[str, Any], now: float) -> bool:
+        """A heartbeat of this role (its own, or its host agent's report of it): alive now,
+        except that one of its heartbeat thread (``loop`` but no ``info``: liveness alone)
+        keeps a ``starting`` entry starting, and brings a dead one back as what it says it is;
+        the first with its figures (from its loop, set up) makes it alive. ``loop`` tells
+        whether its loop turned. True when it was dead."""
+        revived = self.state == "dead"
+        loop = report.get("loop")
+        loop = loop if type(loop) is int else None  # not a bool, whatever a peer sends
+        pulse = loop is not None and report.get("info") is None
+        if pulse and self.state != "alive":
+            says = report.get("state") == "starting"
+            self.state = "starting" if self.state == "starting" or says else "alive"
+        else:
+            self.state = "alive"
+        self.last_seen = now
+        self.heard = True
+        if loop is None or loop != self.loop:
+            if self.stalled:
+                log.info("%s turns its loop again after %.1fs stalled", self.id, now - self.turned)
+            self.loop, self.turned, self.stalled = loop, now, False
+        return revived
 
     def set_info(self, info: dict[str, Any]) -> None:
         self.info = info
@@ -86,6 +120,8 @@ class RoleEntry:
             "rpc": self.rpc,
             "state": self.state,
             "age": round(now - self.last_seen, 2),
+            "loop": self.loop,
+            "stalled_s": round(now - self.turned, 1) if self.stalled else None,
             "restarts": self.restarts,
             "agent": self.agent,
             "msgs_in": received,
@@ -253,15 +289,16 @@ class RoleTable:
 
     def check_liveness(self) -> None:
         now = time.monotonic()
-        died = 0
+        died = stalled = 0
         for e in list(self.entries.values()):
-            # A role sets up (imports, envs, models) between HELLO and its first heartbeat.
-            window = (
-                self.limits.setup_grace if e.state == "starting" else self.limits.heartbeat_timeout
-            )
+            # Between HELLO and its first heartbeat a role may be setting up (imports, envs,
+            # models) without a heartbeat thread yet.
+            silent = e.state == "starting" and not e.heard
+            window = self.limits.setup_grace if silent else self.limits.heartbeat_timeout
             if e.state in ("starting", "alive") and now - e.last_seen > window:
                 e.state = "dead"
                 e.ended = now
+                e.stalled = False
                 died += 1
                 if died <= MAX_DEAD_LOGGED:
                     log.warning(
@@ -271,8 +308,27 @@ class RoleTable:
                         e.pid,
                         now - e.last_seen,
                     )
+            elif e.state in ("starting", "alive") and not e.stalled:
+                limit = (
+                    self.limits.setup_grace if e.state == "starting" else self.limits.stall_after
+                )
+                if now - e.turned > limit:
+                    e.stalled = True
+                    stalled += 1
+                    if stalled <= MAX_STALLED_LOGGED:
+                        log.warning(
+                            "%s (host %s, pid %s) heartbeats, but its loop has not turned for "
+                            "%.1fs (%s): stalled",
+                            e.id,
+                            for_log(e.host),
+                            e.pid,
+                            now - e.turned,
+                            "setting up" if e.state == "starting" else "a step that goes on",
+                        )
             elif e.state in ("dead", "stopped") and now - e.ended > self.limits.forget_after:
                 self.forget(e.id)
                 log.info("forgot %s (%s for %.0fs)", e.id, e.state, now - e.ended)
         if died > MAX_DEAD_LOGGED:
             log.warning("%d more missed their heartbeats: marked dead", died - MAX_DEAD_LOGGED)
+        if stalled > MAX_STALLED_LOGGED:
+            log.warning("%d more stalled", stalled - MAX_STALLED_LOGGED)

@@ -85,7 +85,15 @@ def status(
     from rich.table import Table
 
     from zrl.roles.registry_client import NoAnswer, read_status, refuses_handshake
-    from zrl.run.display import inference_line, league_line, make_console, pbt_line
+    from zrl.run.display import (
+        STATE_COLORS,
+        inference_line,
+        league_line,
+        make_console,
+        pbt_line,
+        shown_state,
+        stall_text,
+    )
 
     ctx: zmq.Context = zmq.Context.instance()
     client_keys = load_keys(keys, key_name)
@@ -132,9 +140,8 @@ def status(
         "rss MB",
     ):
         table.add_column(col, justify="right" if col in numeric else "left")
-    colors = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
     for r in roles:
-        state = r["state"]
+        state = shown_state(r)
         rss = r.get("info", {}).get("rss_mb")
         table.add_row(
             r["role"],
@@ -142,7 +149,7 @@ def status(
             r["host"],
             r.get("address", ""),
             str(r["pid"]),
-            f"[{colors.get(state, 'white')}]{state}[/]",
+            f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
             _age(r["age"]),
             str(r["restarts"]),
             str(r["msgs_in"]),
@@ -168,6 +175,7 @@ def status(
             line = pbt_line(r.get("info", {}))
         if r["role"] == "host" and r["state"] == "alive":
             line = _host_line(r.get("info", {}))
+        line = stall_text(r) or line
         if line:
             console.print(f"{r['id']}: {line}")
 

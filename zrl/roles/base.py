@@ -14,9 +14,17 @@ is checked by ``zrl.roles.trust``; its id only ever has the form ``<role>-<n>``
 checkpoint root (``checkpoint_file``). A role started by a host agent tells it its id and
 state in a file of the agent's (``PARENT_REPORT_ENV``).
 
-Liveness: a role heartbeats every ``heartbeat_interval`` from its own loop (and from inside
-a step that may outlast ``heartbeat_timeout``, with ``heartbeat_if_due``: an actor between env
-steps), so a role whose loop hangs is (correctly) declared dead. A role started by a host agent
+Liveness: a role's heartbeats come from two places. Its loop sends one every
+``heartbeat_interval`` (``tick``, and ``heartbeat_if_due`` inside a long step: an actor between
+env steps) with its figures (stream counters, ``heartbeat_info``) and ``loop``, the turns of its
+loop so far. A thread of its own (``pulse``, from registration to ``close``) sends one with
+``id``, ``seq``, ``state`` and ``loop`` alone whenever the loop has sent none for an interval:
+a long update, a slow setup or a starved core never silences a role whose process lives. The
+broker then tells *dead* (no heartbeat) from *stalled* (heartbeats, but ``loop`` unchanged for
+``broker.stall_after``). zmq sockets are not thread-safe: every use of the registry and agent
+channels holds ``_wire``, and what the thread reads while the loop is held (acks, WELCOME,
+REFUSED) waits in an inbox for the loop's next ``tick``, except UNKNOWN_ROLE, which it answers
+with HELLO at once. A role started by a host agent
 (``AGENT_ID_ENV``, ``AGENT_ENDPOINT_ENV``) that the registry registered under it (its WELCOME's
 ``agent``) heartbeats the agent instead, over a DEALER ``agent`` -> the agent's ipc ROUTER; the
 agent reports it to the broker in its own heartbeat and relays the acks. When the broker stops
@@ -37,6 +45,7 @@ import secrets
 import socket
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,6 +78,11 @@ RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
 METRICS_INTERVAL_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
+PULSE_MIN_WAIT_S = 0.05
+"""The heartbeat thread looks again at most this often (it sleeps until a beat is due)."""
+PULSE_JOIN_S = 2.0
+INBOX_LIMIT = 64
+"""Registry replies the heartbeat thread keeps for the loop (acks coalesced to the newest)."""
 MAX_ROLE_INDEX = 999_999_999
 """The largest role index: ids (``<role>-<n>``) name files and travel in every HELLO."""
 _ROLE_ID = re.compile(r"(?P<role>[a-z]+)-(?P<index>0|[1-9][0-9]{0,8})")
@@ -99,6 +113,17 @@ the registry registers the role under it the role heartbeats the agent, not the 
 AGENT_ENDPOINT_ENV = "ZRL_HOST_AGENT_ENDPOINT"
 """Where that agent takes its roles' heartbeats: an ipc:// socket in a private directory."""
 AGENT_ACK_BYTES = 2**16  # what a role takes from its agent: acks
+
+
+def keep(inbox: deque[Any], msg: Any) -> None:
+    """Put ``msg`` in ``inbox``; a HEARTBEAT_ACK after an ack replaces it (only the newest
+    ack's ``stop`` and figures matter, and a loop held for minutes must not pile them up)."""
+    ack = isinstance(msg, P.Message) and msg.kind == P.HEARTBEAT_ACK
+    last = inbox[-1] if inbox else None
+    if ack and isinstance(last, P.Message) and last.kind == P.HEARTBEAT_ACK:
+        inbox[-1] = msg
+    else:
+        inbox.append(msg)
 
 
 def write_parent_report(path: str | Path, rid: str, pid: int, state: str) -> None:
@@ -138,8 +163,10 @@ def checked_file(directory: str | Path, name: str, root: Path | None = None) -> 
 class Role(RoleSockets):
     """Base class of every role. Subclasses implement ``setup``, ``step`` and ``teardown``.
 
-    ``step()`` must return within about 100 ms (it polls its sockets with finite
-    timeouts), so heartbeats, metrics and stop requests are handled promptly."""
+    ``step()`` should return within about 100 ms (it polls its sockets with finite
+    timeouts), so registry replies, metrics and stop requests are handled promptly. A longer
+    one does not make the role look dead (its heartbeat thread goes on), only stalled past
+    ``broker.stall_after`` (its loop does not turn)."""
 
     role: ClassVar[str] = "role"
 
@@ -212,16 +239,37 @@ class Role(RoleSockets):
         """The ``seq`` of our last HEARTBEAT (counts up from 1)."""
         self._acked_seq = 0
         """The highest ``seq`` the broker acknowledged to us directly (not through an agent)."""
+        self._direct_seq = 0
+        """The ``seq`` of the loop's last heartbeat sent to the broker directly."""
+        self._wire = threading.RLock()
+        """Held for every use of the registry and agent channels: the loop and the heartbeat
+        thread share them, and zmq sockets are not thread-safe."""
+        self._registry_inbox: deque[P.Message | RoleError] = deque(maxlen=INBOX_LIMIT)
+        self._agent_inbox: deque[P.Message] = deque(maxlen=INBOX_LIMIT)
+        """What the heartbeat thread read on the registry and agent channels, for ``tick``."""
+        self.loop_turns = 0
+        """Turns of the role's loop (``tick``, ``heartbeat_if_due``): every heartbeat's
+        ``loop``, unchanged while a step holds the loop (the broker shows it stalled)."""
+        self._last_beat = 0.0
+        """When the last heartbeat went out (the loop's or the thread's), monotonic."""
+        self.pulses = 0
+        """Heartbeats the heartbeat thread sent (the loop had sent none for an interval)."""
+        self._pulse: threading.Thread | None = None
+        self._pulse_stop = threading.Event()
 
     # --- registration -----------------------------------------------------------------
 
     def _open_registry(self) -> Channel:
-        if self._registry is not None:
-            self._registry.close()
-        sock = make_socket(self.ctx, zmq.DEALER, rcvtimeo_ms=200, sndtimeo_ms=200, keys=self.keys)
-        sock.connect(self.broker)
-        self._registry = Channel(sock, "registry", self.id or self.role, self.stats)
-        return self._registry
+        with self._wire:
+            if self._registry is not None:
+                self._registry.close()
+            self._registry_inbox.clear()  # the old connection's replies
+            sock = make_socket(
+                self.ctx, zmq.DEALER, rcvtimeo_ms=200, sndtimeo_ms=200, keys=self.keys
+            )
+            sock.connect(self.broker)
+            self._registry = Channel(sock, "registry", self.id or self.role, self.stats)
+            return self._registry
 
     def _hello(self) -> None:
         assert self._registry is not None
@@ -249,6 +297,16 @@ class Role(RoleSockets):
         )
 
     def _recv_registry(self) -> P.Message | None:
+        """The next registry reply: one the heartbeat thread kept, else one off the socket
+        (hold ``_wire`` once the thread runs)."""
+        got = self._registry_inbox.popleft() if self._registry_inbox else self._read_registry()
+        if isinstance(got, RoleError):
+            raise got
+        return got
+
+    def _read_registry(self) -> P.Message | RoleError | None:
+        """One reply off the registry socket, or the RoleError it means (a broker of another
+        protocol refused us): raised by whoever handles it, never in the heartbeat thread."""
         assert self._registry is not None
         if not int(self._registry.sock.get(zmq.EVENTS)) & zmq.POLLIN:
             return None
@@ -259,7 +317,7 @@ class Role(RoleSockets):
         try:
             msg = P.decode(frames)
         except P.VersionMismatch as exc:
-            raise RoleError(f"broker refused us: {exc}") from None
+            return RoleError(f"broker refused us: {exc}")
         except P.ProtocolError as exc:
             self._registry.drop("broker", str(exc))
             return None
@@ -329,19 +387,30 @@ class Role(RoleSockets):
         """Heartbeat the host agent that started us when the WELCOME says the registry takes
         its reports for us (``agent``: its id, which must be the one we were started by);
         else the broker."""
-        if agent is not None and agent == self._agent_id and self._agent_endpoint:
-            if self._agent is None:
-                sock = make_socket(
-                    self.ctx, zmq.DEALER, sndtimeo_ms=0, max_message_bytes=AGENT_ACK_BYTES
-                )
-                sock.connect(self._agent_endpoint)
-                self._agent = Channel(
-                    sock, "agent", self.id, self.stats, max_message_bytes=AGENT_ACK_BYTES
-                )
-            self._agent.sender = self.id
-        elif self._agent is not None:
-            self._agent.close()
-            self._agent = None
+        with self._wire:
+            if agent is not None and agent == self._agent_id and self._agent_endpoint:
+                if self._agent is None:
+                    sock = make_socket(
+                        self.ctx, zmq.DEALER, sndtimeo_ms=0, max_message_bytes=AGENT_ACK_BYTES
+                    )
+                    sock.connect(self._agent_endpoint)
+                    self._agent = Channel(
+                        sock, "agent", self.id, self.stats, max_message_bytes=AGENT_ACK_BYTES
+                    )
+                self._agent.sender = self.id
+            elif self._agent is not None:
+                self._agent.close()
+                self._agent = None
+                self._agent_inbox.clear()
+
+    @property
+    def files_root(self) -> Path | None:
+        """The directory every file of this role lies under: ``--checkpoint-root``, else the
+        working directory (None for a role of an inproc broker given none: its config is
+        this process's own)."""
+        if self.checkpoint_root is not None:
+            return self.checkpoint_root
+        return None if self.broker.startswith("inproc://") else Path.cwd().resolve()
 
     def checkpoint_file(self, suffix: str) -> Path | None:
         """``<checkpoint.dir>/<id><suffix>`` (see ``checked_file``), or None without a
@@ -458,9 +527,15 @@ class Role(RoleSockets):
         The head writes them as ``<role>/<name>`` (TensorBoard, CSV, W&B, MLflow)."""
         return {**self.train_stats.flush(), **self.train_info()}
 
+    def _count_ack(self, msg: P.Message, now: float, direct: bool) -> None:
+        """The broker (``direct``) or our host agent answered a heartbeat: it hears us."""
+        self._last_ack = max(self._last_ack, now)
+        if direct and (seq := M.heartbeat_seq(msg.meta)) is not None:
+            self._acked_seq = max(self._acked_seq, seq)
+
     def _on_ack(self, msg: P.Message, now: float) -> None:
         """A HEARTBEAT_ACK, from the broker or from our host agent."""
-        self._last_ack = now
+        self._last_ack = max(self._last_ack, now)
         self.on_heartbeat_ack(msg.meta)
         stop = msg.meta.get("stop")
         if stop is not None and not self.stop_event.is_set():
@@ -470,13 +545,20 @@ class Role(RoleSockets):
     def _read_agent(self, now: float) -> None:
         """Our host agent's answers to the heartbeats we sent it: HEARTBEAT_ACK (the broker
         has them), or UNKNOWN_ROLE (the broker does not know us under the agent: HELLO)."""
-        while self._agent is not None and (got := self._agent.recv(block=False)) is not None:
-            msg = got[1]
+        while True:
+            with self._wire:
+                if self._agent_inbox:
+                    msg = self._agent_inbox.popleft()
+                elif self._agent is not None and (got := self._agent.recv(block=False)):
+                    msg = got[1]
+                else:
+                    return
             if msg.kind == P.HEARTBEAT_ACK:
                 self._on_ack(msg, now)
             elif msg.kind == P.UNKNOWN_ROLE:
                 self.log.warning("the broker does not know us under our host agent: registering")
-                self._hello()
+                with self._wire:
+                    self._hello()
 
     def heartbeat_extra(self) -> dict[str, Any]:
         """More fields of this role's HEARTBEAT (a host agent's reports for its roles)."""
@@ -489,21 +571,22 @@ class Role(RoleSockets):
         """Heartbeat (the broker, or the host agent that heartbeats for us; ``direct``: the
         broker), read registry replies, re-register if the broker went quiet."""
         now = time.monotonic()
+        self.loop_turns += 1
         assert self._registry is not None
         while True:
-            msg = self._recv_registry()
+            with self._wire:
+                msg = self._recv_registry()
             if msg is None:
                 break
             if msg.kind == P.HEARTBEAT_ACK:
-                seq = M.heartbeat_seq(msg.meta)
-                if seq is not None:
-                    self._acked_seq = max(self._acked_seq, seq)
+                self._count_ack(msg, now, direct=True)
                 self._on_ack(msg, now)
             elif msg.kind == P.WELCOME:
                 self._on_welcome(msg)
             elif msg.kind == P.UNKNOWN_ROLE:
                 self.log.warning("broker does not know us (it restarted?): registering again")
-                self._hello()
+                with self._wire:
+                    self._hello()
             elif msg.kind == P.REFUSED:
                 self._refused(msg)
         self._read_agent(now)
@@ -529,20 +612,23 @@ class Role(RoleSockets):
                 now - self._last_ack,
                 self._backoff,
             )
-            self._open_registry()
-            self._hello()
+            with self._wire:
+                self._open_registry()
+                self._hello()
             self._reconnect_at = now + self._backoff
             self._backoff = min(self._backoff * 2, RECONNECT_BACKOFF_MAX_S)
         if now >= self._next_heartbeat:
             self._beat(now, self.check_memory(), direct)
 
     def heartbeat_if_due(self) -> None:
-        """The heartbeat alone, if one is due: for a step longer than the broker's heartbeat
-        timeout (a PPO actor's trajectory of 2,048 steps of one env takes 2-4 s on a loaded
-        machine, and the broker marked it dead each time). It reads no registry reply (the
-        next ``tick`` does) and reports the last memory figure unchecked, so it raises none of
-        the role's own errors inside the caller's error handling."""
+        """A turn of the loop inside a long step, and the heartbeat with its figures if one is
+        due: a PPO actor's trajectory of 2,048 steps of one env (2-4 s on a loaded machine)
+        shows its env steps as they go and is not stalled. (Its liveness is the heartbeat
+        thread's.) It reads no registry reply (the next ``tick`` does) and reports the last
+        memory figure unchecked, so it raises none of the role's own errors inside the
+        caller's error handling."""
         now = time.monotonic()
+        self.loop_turns += 1  # the step goes on: the loop is not stalled
         if self._registry is not None and now >= self._next_heartbeat:
             self._beat(now, self._rss_mb)
 
@@ -550,19 +636,24 @@ class Role(RoleSockets):
         self._next_heartbeat = now + self.heartbeat_interval
         info = self.heartbeat_info()
         info["rss_mb"] = rss_mb
-        self._beat_seq += 1
         beat = {
             "id": self.id,
-            "seq": self._beat_seq,
             "state": self.state,
+            "loop": self.loop_turns,
             "stats": self.stats.snapshot(),
             "info": info,
         }
         beat.update(self.heartbeat_extra())
-        assert self._registry is not None
-        via = self._agent if self._agent is not None and not direct else self._registry
-        # plain_meta: whatever a counter came to hold, a role never dies on its own status.
-        via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
+        with self._wire:  # the figures above are made outside it: the thread never waits on them
+            assert self._registry is not None
+            self._beat_seq += 1
+            beat["seq"] = self._beat_seq
+            via = self._agent if self._agent is not None and not direct else self._registry
+            # plain_meta: whatever a counter came to hold, a role never dies on its own status.
+            via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
+            self._last_beat = time.monotonic()
+            if via is self._registry:
+                self._direct_seq = self._beat_seq
         if now >= self._next_metrics:
             self._next_metrics = now + METRICS_INTERVAL_S
             train = self.train_metrics()
@@ -582,13 +673,95 @@ class Role(RoleSockets):
         sent_at = time.monotonic()
         self._next_heartbeat = 0.0
         self.tick(direct=True)  # not through a host agent: the broker has it when it acks
-        mine = self._beat_seq
+        mine = self._direct_seq  # not a later one of the heartbeat thread's
         while self._acked_seq < mine:
-            if time.monotonic() >= sent_at + timeout or self._registry is None:
+            if time.monotonic() >= sent_at + timeout:
                 return False
-            self._registry.sock.poll(20)
+            with self._wire:
+                if self._registry is None:
+                    return False
+                self._registry.sock.poll(20)
             self.tick()
         return True
+
+    # --- the heartbeat thread -----------------------------------------------------------
+
+    def start_pulse(self) -> None:
+        """Start the heartbeat thread (``pulse``), once registered; ``close`` stops it."""
+        if self._pulse is not None:
+            return
+        self._pulse_stop.clear()
+        self._pulse = threading.Thread(
+            target=self._pulse_loop, name=f"zrl-heartbeat-{self.id or self.role}", daemon=True
+        )
+        self._pulse.start()
+
+    def stop_pulse(self) -> None:
+        thread, self._pulse = self._pulse, None
+        if thread is None:
+            return
+        self._pulse_stop.set()
+        if thread is not threading.current_thread():
+            thread.join(PULSE_JOIN_S)
+
+    def _pulse_loop(self) -> None:
+        while True:
+            due = self._last_beat + self.heartbeat_interval - time.monotonic()
+            if self._pulse_stop.wait(max(PULSE_MIN_WAIT_S, due)):
+                return
+            try:
+                self.pulse(time.monotonic())
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.ETERM:
+                    return  # the context is going: so is the role
+                self.log.debug("heartbeat thread: %s", exc)
+            except Exception:  # noqa: BLE001 - a heartbeat must never end the thread
+                self.log.exception("the heartbeat thread failed to heartbeat; it goes on")
+
+    def pulse(self, now: float) -> bool:
+        """The heartbeat thread's heartbeat, when the loop sent none for an interval: ``id``,
+        ``seq``, ``state`` and ``loop`` alone (the figures are the loop's to make; the
+        broker keeps the last ones). It first reads the replies waiting (for ``tick``; an
+        UNKNOWN_ROLE it answers with HELLO itself), so acks count while the loop is held.
+        True when it sent one."""
+        with self._wire:
+            reg = self._registry
+            if reg is None or reg.sock.closed or not self.id:
+                return False
+            if now - self._last_beat < self.heartbeat_interval:
+                return False
+            self._take_replies(now)
+            self._beat_seq += 1
+            beat = {"id": self.id, "seq": self._beat_seq, "state": self.state}
+            beat["loop"] = self.loop_turns
+            via = self._agent if self._agent is not None else reg
+            sent = via.send(P.Message(P.HEARTBEAT, meta=P.plain_meta(beat)), block=False)
+            self._last_beat = now
+            self.pulses += sent
+            return sent
+
+    def _take_replies(self, now: float) -> None:
+        """(Holding ``_wire``.) The registry's and the agent's replies, kept for ``tick``;
+        acks counted now, the newest kept; UNKNOWN_ROLE answered with HELLO now."""
+        while (got := self._read_registry()) is not None:
+            if isinstance(got, P.Message):
+                if got.kind == P.UNKNOWN_ROLE:
+                    self.log.warning("broker does not know us (it restarted?): registering again")
+                    self._hello()
+                    continue
+                if got.kind == P.HEARTBEAT_ACK:
+                    self._count_ack(got, now, direct=True)
+                elif got.kind not in (P.WELCOME, P.REFUSED):
+                    continue  # nothing tick would act on
+            keep(self._registry_inbox, got)
+        while self._agent is not None and (taken := self._agent.recv(block=False)) is not None:
+            msg = taken[1]
+            if msg.kind == P.UNKNOWN_ROLE:
+                self.log.warning("the broker does not know us under our host agent: registering")
+                self._hello()
+            elif msg.kind == P.HEARTBEAT_ACK:
+                self._count_ack(msg, now, direct=False)
+                keep(self._agent_inbox, msg)
 
     def check_memory(self) -> float:
         """Resident memory in MB; past ``limits.memory_mb`` the role stops, saying why.
@@ -671,6 +844,7 @@ class Role(RoleSockets):
         # Now, not at the first report: a PUB drops what it sends before the broker's
         # subscriptions reach it, and a short run may have only a report or two.
         self._metrics_channel()
+        self.start_pulse()  # a setup of minutes (imports, envs, a device) is no silence
         try:
             self.setup()
             self.state = "running"
@@ -695,6 +869,7 @@ class Role(RoleSockets):
             self.close()
 
     def close(self) -> None:
+        self.stop_pulse()  # before the sockets it uses go
         if self._registry is not None and not self._registry.sock.closed:
             try:
                 self._registry.send(

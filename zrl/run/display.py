@@ -13,7 +13,35 @@ from rich.table import Table
 if TYPE_CHECKING:
     from zrl.run.supervisor import Supervisor
 
-STATE_COLORS = {"alive": "green", "dead": "red", "stopped": "yellow", "starting": "cyan"}
+STATE_COLORS = {
+    "alive": "green",
+    "dead": "red",
+    "stopped": "yellow",
+    "starting": "cyan",
+    "stalled": "magenta",
+}
+
+
+def shown_state(row: dict[str, Any]) -> str:
+    """A registry row's state as the tables show it: ``stalled`` for a live role whose loop
+    has not turned for ``broker.stall_after`` (it heartbeats: alive, not dead), else its
+    state."""
+    state = str(row.get("state", "?"))
+    stalled = row.get("stalled_s")
+    if state in ("starting", "alive") and isinstance(stalled, int | float):
+        return "stalled"
+    return state
+
+
+def stall_text(row: dict[str, Any]) -> str:
+    """Since when a stalled role's loop has not turned: ``loop stalled 34 s (since
+    12:03:04, setting up)``; "" for any other row."""
+    if shown_state(row) != "stalled":
+        return ""
+    seconds = float(row["stalled_s"])
+    since = time.strftime("%H:%M:%S", time.localtime(time.time() - seconds))
+    doing = ", setting up" if row.get("state") == "starting" else ""
+    return f"loop stalled {seconds:.0f} s (since {since}{doing})"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -233,11 +261,11 @@ class StatusDisplay:
             self._next_plain = time.monotonic() + 5.0
             # Out of the roles the run placed: one that never came counts as not alive.
             planned = self.sup.roster.planned
-            alive = sum(
-                1
-                for r in self.sup.monitor.status_rows
-                if r["state"] == "alive" and r.get("id") in planned
-            )
+            ours = [r for r in self.sup.monitor.status_rows if r.get("id") in planned]
+            alive = sum(1 for r in ours if r["state"] == "alive")
+            stalled = [
+                f"{r['id']} {r['stalled_s']:.0f} s" for r in ours if shown_state(r) == "stalled"
+            ]
             self.console.print(
                 f"[{row['time']:6.0f}s] steps {row['env_steps']:,} "
                 f"({row['env_steps_per_s']:,.0f}/s) "
@@ -246,7 +274,8 @@ class StatusDisplay:
                 f"replay {row['replay_size']:,} "
                 f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
                 f"lag {row['max_version_lag']} eval {eval_text(row)} "
-                f"roles alive {alive}/{len(planned)}",
+                f"roles alive {alive}/{len(planned)}"
+                + (f", stalled: {', '.join(stalled)}" if stalled else ""),
                 highlight=False,
             )
 
@@ -298,7 +327,7 @@ class StatusDisplay:
         for row in self.sup.monitor.status_rows:
             info = row.get("info", {})
             rss = info.get("rss_mb")
-            state = row["state"]
+            state = shown_state(row)
             roles.add_row(
                 row["id"],
                 row.get("address") or row["host"],
@@ -311,7 +340,7 @@ class StatusDisplay:
                 _fmt(row["dropped"]),
                 _fmt(row.get("gaps", 0)),
                 f"{rss:.0f}" if isinstance(rss, int | float) else "-",
-                role_note(info)[:100],
+                (stall_text(row) or role_note(info))[:100],
             )
         return Group(self.progress, figures, roles)
 

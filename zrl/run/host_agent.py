@@ -88,6 +88,9 @@ heartbeat intervals old: one that stops heartbeating is dropped from the next re
 FIGURES_INTERVAL_S = 1.0
 """A child's counters and info go to the broker at most this often (its liveness with every
 report): at the shipped 2 Hz heartbeat, half the broker's work per role."""
+LIVENESS_KEYS = ("state", "loop")
+"""What a child's report carries besides its id even without its figures: whether it is
+still setting up, and its loop's turns (the broker tells a stalled role from a dead one)."""
 CHILD_BEAT_SLACK_BYTES = 16 * 2**10  # a child's heartbeat: its info, plus ids and counters
 STEP_POLL_MS = 100
 
@@ -388,7 +391,15 @@ class HostAgent(Role):
                 if self.child_named(rid) is None:
                     ch.drop(rid, "a heartbeat for a role this agent did not start")
                     continue
-            self.beats[rid] = (now, {k: msg.meta.get(k) for k in ("id", "stats", "info")})
+            # A beat of the child's heartbeat thread (no stats, no info) keeps its last figures.
+            last = self.beats.get(rid, (now, {}))[1]
+            report = {k: msg.meta.get(k, last.get(k)) for k in ("id", "stats", "info")}
+            state, loop = msg.meta.get("state"), msg.meta.get("loop")
+            if isinstance(state, str) and len(state) <= 16:
+                report["state"] = state
+            if type(loop) is int and 0 <= loop <= M.MAX_HEARTBEAT_SEQ:
+                report["loop"] = loop
+            self.beats[rid] = (now, report)
             if rid in self.unknown:
                 self.unknown.discard(rid)
                 ch.reply(P.Message(P.UNKNOWN_ROLE, meta={"id": rid}), to=ident)
@@ -419,15 +430,17 @@ class HostAgent(Role):
                 continue
             if len(reports) >= MAX_REPORTED_ROLES:
                 break
+            # Its state and loop turns with every report (starting or alive; stalled or not).
+            alone = {"id": rid, **{k: report[k] for k in LIVENESS_KEYS if k in report}}
             if now - self.figures_sent.get(rid, -FIGURES_INTERVAL_S) < FIGURES_INTERVAL_S:
-                report = {"id": rid}
+                report = alone
             try:
                 size = len(msgpack.packb(report, use_bin_type=True))
             except (TypeError, ValueError, OverflowError):
                 size = budget + 1
             if used + size > budget:
-                report, size = {"id": rid}, 8 + len(rid)
-            if len(report) > 1:
+                report, size = alone, 48 + len(rid)
+            if report is not alone:  # its figures went
                 self.figures_sent[rid] = now
             reports.append(report)
             used += size

@@ -328,18 +328,28 @@ class Supervisor:
 
     def _report_deaths(self, display: Any) -> None:
         """Say on the console when the broker marks a role of ours dead (it missed its
-        heartbeats: a hung loop, a lost host), once per death; before, only broker.log said."""
+        heartbeats, which come from a thread of its own: a process gone, a lost host), once
+        per death, and when it shows one stalled (it heartbeats, but its loop has not turned
+        for broker.stall_after: a long or hung step), once per stall, with since when; before,
+        only broker.log said."""
+        from zrl.run.display import shown_state, stall_text
+
         for r in self.monitor.status_rows:
             rid = r.get("id")
             if not isinstance(rid, str) or not self.monitor.ours(r):
                 continue
-            state, last = r.get("state"), self._role_states.get(rid)
+            state, last = shown_state(r), self._role_states.get(rid)
             self._role_states[rid] = state
+            where = f"{rid} (host {r.get('host', '?')}, pid {r.get('pid', '?')})"
             if state == "dead" and last not in (None, "dead"):
                 display.message(
-                    f"{rid} (host {r.get('host', '?')}, pid {r.get('pid', '?')}) missed its "
-                    f"heartbeats for broker.heartbeat_timeout="
+                    f"{where} missed its heartbeats for broker.heartbeat_timeout="
                     f"{self.cfg.broker.heartbeat_timeout:g}s: the broker marked it dead"
+                )
+            elif state == "stalled" and last != "stalled":
+                display.message(
+                    f"{where} is alive (it heartbeats) but stalled: {stall_text(r)}; "
+                    f"broker.stall_after={self.cfg.broker.stall_after:g}s"
                 )
 
     def _check_children(self) -> None:

@@ -29,9 +29,12 @@ Registry (role DEALER <-> broker ROUTER):
   arrays.
 - ``heartbeat``: role -> broker, or a role registered under a host agent -> the agent's ipc
   ROUTER. Meta ``id``, ``seq`` (counts up from 1 per role: the ack echoes it), ``state``,
-  ``stats`` (channel counters), ``info`` (the role's figures);
-  a host agent's own adds ``roles`` (at most ``MAX_REPORTED_ROLES`` reports ``{id, stats,
-  info}`` or ``{id}``, for the roles registered under it). No arrays.
+  ``loop`` (the turns of the role's loop so far), ``stats`` (channel counters), ``info`` (the
+  role's figures); one from the role's heartbeat thread (its loop held) has ``id``, ``seq``,
+  ``state`` and ``loop`` alone;
+  a host agent's own adds ``roles`` (at most ``MAX_REPORTED_ROLES`` reports ``{id, state,
+  loop, stats, info}`` or ``{id, state, loop}``, for the roles registered under it). No
+  arrays.
 - ``heartbeat_ack``: broker -> role (agent -> its role). Meta ``seq``: the heartbeat's (a
   positive int, echoed only when it is one); ``stop`` str (why) once the head
   has stopped the experiment: the role stops; ``unknown`` (to an agent's ``roles``): the ids
