@@ -36,6 +36,13 @@ token (``ZRL_STOP_TOKEN``, which only the head and the broker know). From then o
 HEARTBEAT_ACK carries ``stop`` (the reason), so every role, wherever it runs, stops; a HELLO
 is REFUSED with ``stopped``. A broker started without a token refuses every STOP_RUN.
 
+Identity: a registry with the run secret (``run_secret``: from the run's keys, or the secret
+``zrl run`` hands its broker) registers an id only for a HELLO whose ``credential`` proves it
+(``zrl.transport.security.role_credential`` of the id; of ``<role>-*`` for an id the registry
+numbers): a wrong or missing credential is REFUSED and counted, and changes nothing, a live
+entry under that id included. Without a secret (``--insecure`` by hand) a role is whoever
+says its id first.
+
 The table itself (entries, id numbering, which HELLO may take over an id, liveness and
 forgetting) is ``zrl.broker.role_table``.
 """
@@ -76,7 +83,7 @@ from zrl.broker.role_table import RoleEntry, RoleTable, may_replace
 from zrl.config.sections import BrokerConfig
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.security import Keys
+from zrl.transport.security import Keys, credential_matches
 from zrl.transport.sockets import Channel, ReplyBudget, make_socket
 
 log = logging.getLogger("zrl.broker")
@@ -125,9 +132,11 @@ class Registry:
         broker_status: Callable[[], dict[str, Any]],
         stop_token: str | None = None,
         planned: frozenset[str] = frozenset(),
+        run_secret: bytes | None = None,
     ) -> None:
         self.channel = channel
         self.stop_token = stop_token
+        self.run_secret = run_secret
         self.stopped: str | None = None
         """Why the head stopped the experiment (STOP_RUN), or None while it runs."""
         self.limits = limits
@@ -225,6 +234,19 @@ class Registry:
             reason = f"role ids are 1 to {MAX_ID_CHARS} printable characters"
             self._reply(ident, P.REFUSED, reason=f"bad HELLO: {reason}")
             self._reject(msg.sender, "bad hello", reason)
+            return
+        # An id the HELLO names (id, index) is proven for itself; one the registry numbers,
+        # for the role's wildcard. Checked before anything changes: a live entry stays.
+        claimed = rid if wanted is not None or m.get("index") is not None else f"{role}-*"
+        if self.run_secret is not None and not credential_matches(
+            self.run_secret, claimed, m.get("credential")
+        ):
+            reason = (
+                f"no valid credential for {rid}: a role proves its id with the run's secret "
+                "(start it with the run's --keys, or from `zrl run` / `zrl host`)"
+            )
+            self._reply(ident, P.REFUSED, reason=reason)
+            self._reject(msg.sender, "hello without a valid credential", reason)
             return
         old = self.roles.get(rid)
         if old is not None and not may_replace(old, ident, m):
