@@ -57,7 +57,7 @@ from zrl.algos.api.train_stats import TrainStats
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
 from zrl.roles.errors import ExperimentStopped, RoleError
-from zrl.roles.registry_client import advertise_host_for, registry_request
+from zrl.roles.registry_client import advertise_host_for, refuses_handshake, registry_request
 from zrl.roles.role_sockets import RoleSockets
 from zrl.roles.rpc_identity import ClientKeys
 from zrl.roles.trust import (
@@ -69,13 +69,17 @@ from zrl.roles.trust import (
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import connect_address, usable_ipc_endpoints
-from zrl.transport.security import Keys
+from zrl.transport.security import Keys, hello_credential
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 from zrl.utils.durable import atomic_write_text
 from zrl.utils.runtime import keep_freed_memory
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
+KEYS_CHECK_AFTER_S = 3.0
+"""How long a role waits for its first answer before it asks whether the broker refuses its
+keys (``_check_handshake``): a wrong key is named within seconds, not at connect_timeout."""
+KEYS_CHECK_TIMEOUT_S = 3.0
 METRICS_INTERVAL_S = 1.0
 DEFAULT_CONNECT_TIMEOUT_S = 60.0
 PULSE_MIN_WAIT_S = 0.05
@@ -290,6 +294,9 @@ class Role(RoleSockets):
                         "instance": self.instance,
                         "agent": self._agent_id if self._agent_endpoint else None,
                         "zrl_version": __version__,
+                        # Proves the id (or, without one, the role) to a broker that holds
+                        # the run secret; see zrl.transport.security.
+                        "credential": hello_credential(self.keys, self.id or f"{self.role}-*"),
                     }
                 ),
             ),
@@ -455,6 +462,8 @@ class Role(RoleSockets):
     def connect(self) -> None:
         """Register with the broker, retrying with capped back-off until ``connect_timeout``."""
         deadline = time.monotonic() + self.connect_timeout
+        keys_check_at = time.monotonic() + KEYS_CHECK_AFTER_S
+        checked_keys = False
         backoff = RECONNECT_BACKOFF_INITIAL_S
         while not self.stop_event.is_set():
             self._open_registry()
@@ -471,12 +480,34 @@ class Role(RoleSockets):
                         return
                     if msg.kind == P.REFUSED:
                         self._refused(msg)
+            if not checked_keys and time.monotonic() > keys_check_at:
+                checked_keys = True
+                self._check_handshake()
             if time.monotonic() > deadline:
                 raise RoleError(
                     f"no answer from a broker at {self.broker} after {self.connect_timeout:g}s"
                 )
             backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_S)
         raise RoleError("stopped before the broker answered")
+
+    def _check_handshake(self) -> None:
+        """A broker that stays silent may be refusing our CURVE handshake (keys missing or
+        not its own): libzmq's monitor events say so, and then waiting cannot help."""
+        if not self.broker.startswith("tcp://") or not refuses_handshake(
+            self.ctx, self.broker, KEYS_CHECK_TIMEOUT_S, self.keys
+        ):
+            return
+        if self.keys is None:
+            raise RoleError(
+                f"the broker at {self.broker} refuses clients without keys (it was started "
+                "with --keys): start this role with --keys DIR, the broker's key directory "
+                "copied to this host"
+            )
+        raise RoleError(
+            f"the broker at {self.broker} refused the keys in {self.keys.directory} (CURVE "
+            "handshake failed): they are not the ones it allows; copy the broker's key "
+            "directory (from `zrl keys init`) to this host and pass it with --keys"
+        )
 
     @staticmethod
     def _refused(msg: P.Message) -> None:
