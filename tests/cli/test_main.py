@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -318,6 +319,45 @@ def test_status_without_keys_against_a_keyed_broker(tmp_path, spawn):
     r = status()
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "does not answer clients without keys: pass --keys DIR" in r.stderr
+
+
+def test_a_role_names_the_keys_a_broker_refuses(tmp_path, spawn):
+    """`zrl start ROLE` without the broker's keys, or with another directory's, exits with
+    an error that names the cause (and the directory) long before its connect timeout (60 s
+    here): libzmq's handshake events say so within seconds."""
+    from zrl.testing.probes import wait_for
+    from zrl.transport.security import init_keys
+
+    keys, other = init_keys(tmp_path / "keys"), init_keys(tmp_path / "other")
+    addr = _dead_address()
+    spawn("start", "broker", "--bind", addr, "--keys", str(keys))
+    wait_for(
+        lambda: (
+            subprocess.run(
+                [sys.executable, "-m", "zrl", "status", "--broker", addr, "--keys", str(keys)],
+                capture_output=True,
+                cwd=REPO,
+                timeout=60,
+            ).returncode
+            == 0
+        ),
+        timeout=30,
+    )
+    for extra, named in (([], "--keys"), (["--keys", str(other)], str(other))):
+        started = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "zrl", "start", "actor", "--broker", addr, "--index", "0"]
+            + ["--connect-timeout", "60", *extra],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        elapsed = time.monotonic() - started
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert named in r.stderr, r.stderr
+        # Within the connect timeout it was given: the cause, not the timeout, ended it.
+        assert elapsed < 60, (elapsed, r.stderr)
 
 
 def catches(pid: int, sig: int) -> bool:

@@ -265,7 +265,14 @@ def run(
     ] = None,
     keys: KeysOpt = None,
     insecure: Annotated[
-        bool, typer.Option("--insecure", help="Allow a non-loopback broker.host without keys.")
+        bool,
+        typer.Option(
+            "--insecure",
+            help=(
+                "Run without keys (by default a run makes its own in RUN_DIR/keys): any "
+                "process that reaches the broker's ports can then read and send its traffic."
+            ),
+        ),
     ] = False,
     log_level: LogOpt = "INFO",
     script: ScriptOpt = None,
