@@ -11,7 +11,11 @@ from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from zrl.config.experiment import load_config
 from zrl.run.metrics import (
+    BASE_EVAL_FIELDS,
+    EVAL_FIELDS,
+    EXPLOITABILITY_FIELDS,
     LEAGUE_COUNTS,
     MAX_LEAGUE_MEMBERS,
     MetricsWriter,
@@ -21,6 +25,7 @@ from zrl.run.metrics import (
     read_csv,
     reference_rates,
 )
+from zrl.testing.processes import REPO
 
 
 def test_metrics_writer_csv_and_tensorboard_scalars(tmp_path: Path) -> None:
@@ -72,6 +77,52 @@ def test_an_evaluations_exploitability_goes_to_eval_csv_and_tensorboard(tmp_path
     events.Reload()
     (point,) = events.Scalars("eval/exploitability")
     assert (point.step, point.value) == (300, 0.5)
+
+
+def eval_header(run_dir: Path) -> list[str]:
+    with open(run_dir / "eval.csv", newline="") as f:
+        return next(csv.reader(f))
+
+
+def test_a_cartpole_eval_csv_has_only_the_columns_its_evaluations_fill(tmp_path: Path) -> None:
+    config = load_config(REPO / "configs" / "cartpole_ppo.yaml").model_dump(mode="json")
+    writer = MetricsWriter(tmp_path, tensorboard=False, config=config)
+    writer.write_eval({"time": 1.5, "env_steps": 100, "mean": 21.5, "std": 2.0, "episodes": 5})
+    writer.close()
+    assert eval_header(tmp_path) == BASE_EVAL_FIELDS
+    (row,) = read_csv(tmp_path / "eval.csv")
+    assert (row["mean"], row["episodes"]) == (21.5, 5)
+
+
+def test_a_league_eval_csv_has_the_rates_and_the_exploitability(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "configs" / "tictactoe_league.yaml")
+    rates = [
+        f"{opponent}_{outcome}_rate"
+        for opponent in cfg.env.multiagent.eval_opponents
+        for outcome in ("win", "draw", "loss")
+    ]
+    writer = MetricsWriter(tmp_path, tensorboard=False, config=cfg.model_dump(mode="json"))
+    writer.write_eval(
+        {"time": 2.0, "env_steps": 300, "mean": 0.9, **dict.fromkeys(rates, 0.5)}
+        | {"exploitability": 0.5, "exploitability_first": 0, "losing_lines": 66}
+    )
+    writer.close()
+    assert eval_header(tmp_path) == [*BASE_EVAL_FIELDS, *rates, *EXPLOITABILITY_FIELDS]
+    (row,) = read_csv(tmp_path / "eval.csv")
+    assert all(row[k] == 0.5 for k in rates) and row["losing_lines"] == 66
+    assert "exploitability_second" not in row  # a column, empty in this row
+
+
+def test_a_resumed_run_appends_under_its_eval_csvs_header(tmp_path: Path) -> None:
+    cartpole = load_config(REPO / "configs" / "cartpole_ppo.yaml").model_dump(mode="json")
+    writer = MetricsWriter(tmp_path, tensorboard=False)  # no config: every column
+    writer.write_eval({"time": 1.0, "env_steps": 100, "mean": 10.0})
+    writer.close()
+    writer = MetricsWriter(tmp_path, tensorboard=False, config=cartpole)
+    writer.write_eval({"time": 2.0, "env_steps": 200, "mean": 20.0})
+    writer.close()
+    assert eval_header(tmp_path) == EVAL_FIELDS
+    assert [r["mean"] for r in read_csv(tmp_path / "eval.csv")] == [10.0, 20.0]
 
 
 def league_info(members: int = 3) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zrl.config.experiment import ConfigError
-from zrl.config.multiagent import FIXED_PLAYERS
+from zrl.config.multiagent import FIXED_PLAYERS, is_multiagent
 
 if TYPE_CHECKING:
     from zrl.config.sections import LoggingConfig
@@ -59,7 +59,7 @@ EXPLOITABILITY_RANGES = (
     ("losing_lines", 0.0, 1e6),  # tic-tac-toe has fewer than 9! move sequences
 )
 """Each exploitability field and its range: the head keeps a value only within it."""
-EVAL_FIELDS = [
+BASE_EVAL_FIELDS = [
     "time",
     "env_steps",
     "weights_version",
@@ -68,9 +68,46 @@ EVAL_FIELDS = [
     "min",
     "max",
     "episodes",
-    *OUTCOME_FIELDS,
-    *EXPLOITABILITY_FIELDS,
 ]
+"""The columns of every run's eval.csv."""
+EVAL_FIELDS = [*BASE_EVAL_FIELDS, *OUTCOME_FIELDS, *EXPLOITABILITY_FIELDS]
+"""Every column an eval.csv can have (``eval_fields`` picks a run's)."""
+
+
+def eval_fields(config: Mapping[str, Any] | None) -> list[str]:
+    """eval.csv's columns for a run of ``config`` (``ExperimentConfig.model_dump``), only
+    those its evaluations can fill: ``BASE_EVAL_FIELDS``; for a turn-based game, the
+    win/draw/loss rates against each of ``env.multiagent.eval_opponents``; where
+    ``evaluator.exploitability`` computes it (tic-tac-toe), ``EXPLOITABILITY_FIELDS``.
+    Every column (``EVAL_FIELDS``) without a config."""
+    if config is None:
+        return list(EVAL_FIELDS)
+    from zrl.envs.multiagent.search import enumerable_game
+
+    env = config.get("env") or {}
+    env_id = str(env.get("id", ""))
+    fields = list(BASE_EVAL_FIELDS)
+    multiagent = env.get("multiagent") or {}
+    if is_multiagent(env_id) and _turn_based(env_id, str(multiagent.get("api", "auto"))):
+        opponents = dict.fromkeys(multiagent.get("eval_opponents") or ["random"])
+        fields += [f for f in OUTCOME_FIELDS if f.rsplit("_", 2)[0] in opponents]
+    exploitability = (config.get("evaluator") or {}).get("exploitability", "auto")
+    if exploitability is not False and enumerable_game(env_id) is not None:
+        fields += EXPLOITABILITY_FIELDS
+    return fields
+
+
+def _turn_based(env_id: str, api: str) -> bool:
+    """Whether the evaluator plays the PettingZoo env ``env_id`` as a turn-based game (its
+    AEC API: ``env.multiagent.api``, for auto the env having no parallel API)."""
+    from zrl.envs.multiagent.pettingzoo import MultiAgentEnvError, env_module
+
+    if api != "auto":
+        return api == "aec"
+    try:
+        return not hasattr(env_module(env_id), "parallel_env")
+    except MultiAgentEnvError:  # not installed: the run fails before any evaluation
+        return True
 
 
 class ScalarWriter:
@@ -303,12 +340,14 @@ class CSVLogger(Logger):
     row per tag and report (``time, env_steps, tag, value``), a stable column set whatever
     the algorithm reports."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, eval_columns: list[str] | None = None) -> None:
+        # A resumed run appends under the header its eval.csv has.
+        eval_columns = _header(run_dir / "eval.csv") or eval_columns or EVAL_FIELDS
         self._progress = open(run_dir / "progress.csv", "a", newline="")  # noqa: SIM115
         self._eval = open(run_dir / "eval.csv", "a", newline="")  # noqa: SIM115
         self._train = open(run_dir / "train_metrics.csv", "a", newline="")  # noqa: SIM115
         self.progress = csv.DictWriter(self._progress, PROGRESS_FIELDS, extrasaction="ignore")
-        self.eval = csv.DictWriter(self._eval, EVAL_FIELDS, extrasaction="ignore")
+        self.eval = csv.DictWriter(self._eval, eval_columns, extrasaction="ignore")
         self.train = csv.DictWriter(self._train, TRAIN_FIELDS)
         for f, w in (
             (self._progress, self.progress),
@@ -336,6 +375,15 @@ class CSVLogger(Logger):
     def close(self) -> None:
         for f in (self._progress, self._eval, self._train):
             f.close()
+
+
+def _header(path: Path) -> list[str] | None:
+    """The header of the CSV file at ``path``; None when there is no file or it is empty."""
+    try:
+        with open(path, newline="") as f:
+            return next(csv.reader(f), None) or None
+    except FileNotFoundError:
+        return None
 
 
 class WandbLogger(Logger):
@@ -422,7 +470,8 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 class MetricsWriter:
     """The head's metrics, to every logger backend the config names: CSV files (always: the
-    run directory's record), TensorBoard event files, W&B and MLflow."""
+    run directory's record), TensorBoard event files, W&B and MLflow. ``config`` (the run's,
+    dumped) also picks eval.csv's columns (``eval_fields``)."""
 
     def __init__(
         self,
@@ -440,7 +489,7 @@ class MetricsWriter:
         name = opts.run_name or run_name or self.run_dir.name
         self._failed: set[str] = set()
         self.league = LeagueCSV(self.run_dir)
-        self.loggers: list[Logger] = [CSVLogger(self.run_dir)]
+        self.loggers: list[Logger] = [CSVLogger(self.run_dir, eval_fields(config))]
         try:
             if tensorboard and "tensorboard" in opts.backends:
                 self.loggers.append(TensorBoardLogger(self.run_dir / "tensorboard"))
