@@ -205,8 +205,9 @@ def suggest_key(
     None.
 
     A near miss in the same section wins (a typo); then a name other libraries use for a zrl
-    key (``learning_rate`` -> ``learner.lr``); then a looser match in the same section; then
-    a close name in another section, the sections ``algo`` uses (``used``) first."""
+    key (``learning_rate`` -> ``learner.lr``), or a typo of one (``lerning_rate``); then a
+    looser match in the same section; then a close name in another section, the sections
+    ``algo`` uses (``used``) first."""
     *parent, last = loc
     key = str(last).lower().replace("-", "_")
     here = [str(p) for p in parent]
@@ -214,7 +215,7 @@ def suggest_key(
     near = _close(key, fields, 0.8)
     if near is not None:
         return ".".join([*here, near])
-    alias = KEY_ALIASES.get(key)
+    alias = KEY_ALIASES.get(key) or KEY_ALIASES.get(_close(key, list(KEY_ALIASES), 0.85) or "")
     if alias is not None:
         target = alias.get(algo) or alias.get("*")
         if target is not None:
@@ -238,7 +239,8 @@ def format_validation_error(
     used: Collection[str] = (),
 ) -> str:
     """``err`` as one line, ``path: message`` per error; an unknown key with the key it was
-    most likely meant to be (see :func:`suggest_key`)."""
+    most likely meant to be (see :func:`suggest_key`), else, in a section, the section's
+    keys."""
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -246,8 +248,12 @@ def format_validation_error(
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
             suggestion = suggest_key(tuple(e["loc"]), schema, algo, used)
+            section = e["loc"][:-1]
+            keys = fields_at(schema, tuple(section)) if section else None
             if suggestion is not None:
                 msg += f" (did you mean {suggestion}?)"
+            elif keys:
+                msg += f" ({'.'.join(map(str, section))} has {', '.join(keys)})"
         elif "input" in e and e["type"] != "missing":
             msg = f"{msg} (got {e['input']!r})"
         lines.append(f"{path}: {msg}")
