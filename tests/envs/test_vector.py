@@ -82,6 +82,21 @@ def test_bad_env_kwargs_are_an_env_error():
         make_vector_env(EnvConfig(id="CartPole-v1", num_envs=2, kwargs={"bogus": 1}))
 
 
+@pytest.mark.parametrize(
+    ("env_id", "package", "extra"),
+    [("HalfCheetah-v5", "mujoco", "mujoco"), ("LunarLander-v3", "Box2D", "box2d")],
+)
+def test_a_missing_gymnasium_extra_names_zrls_extra(monkeypatch, env_id, package, extra):
+    # gymnasium's own message says pip install "gymnasium[mujoco]"; zrl installs its extra.
+    family = f"gymnasium.envs.{extra}"
+    for name in [m for m in sys.modules if m == family or m.startswith(f"{family}.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported again, without the package
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(EnvError) as info:
+        make_vector_env(EnvConfig(id=env_id, num_envs=1))
+    assert str(info.value) == f'{env_id!r} needs {extra}: pip install -e ".[{extra}]"'
+
+
 # --- EpisodeTracker -----------------------------------------------------------------------
 
 

@@ -15,6 +15,24 @@ class EnvError(ValueError):
     """An environment that cannot be made or is not supported; user-facing."""
 
 
+GYMNASIUM_EXTRAS = ("mujoco", "box2d")
+"""gymnasium's extras (``gymnasium[mujoco]``) that zrl has an extra of the same name for."""
+
+
+def install_line(extra: str) -> str:
+    """How to install one of zrl's extras (``pyproject.toml``), as the README writes it."""
+    return f'pip install -e ".[{extra}]"'
+
+
+def missing_dependency(env_id: str, exc: gym.error.DependencyNotInstalled) -> EnvError:
+    """gymnasium's error for an env whose package is missing, with zrl's install line where
+    zrl has the extra: gymnasium names its own (``pip install "gymnasium[mujoco]"``)."""
+    for extra in GYMNASIUM_EXTRAS:
+        if f"gymnasium[{extra}]" in str(exc):
+            return EnvError(f"{env_id!r} needs {extra}: {install_line(extra)}")
+    return EnvError(f"cannot make environment {env_id!r}: {exc}")
+
+
 ENV_NAMESPACE_PACKAGES = {"ALE": ("ale_py", "ale-py")}
 """Namespaces of env ids whose package registers them only when imported (gymnasium >= 1.0
 no longer imports it), as (module, pip name)."""

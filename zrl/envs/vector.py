@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode
 
 from zrl.config.sections import EnvConfig
 from zrl.envs import pomdp
-from zrl.envs.base import EnvError, register_env_namespace
+from zrl.envs.base import EnvError, missing_dependency, register_env_namespace
 
 pomdp.register()
 
@@ -94,6 +94,8 @@ def make_vector_env(
             vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP},
             **cfg.kwargs,
         )
+    except gym.error.DependencyNotInstalled as exc:  # MuJoCo, Box2D: zrl's extra to install
+        raise missing_dependency(cfg.id, exc) from None
     except (gym.error.Error, TypeError, ValueError) as exc:
         raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from None
 

@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from zrl.config.multiagent import MultiAgentConfig
+from zrl.envs.base import install_line
 
 PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
 
@@ -35,7 +36,7 @@ def env_module(env_id: str) -> Any:
         except ImportError as exc:
             if exc.name is not None and not module.startswith(exc.name):
                 raise MultiAgentEnvError(f"{env_id}: importing {module} failed: {exc}") from None
-    hint = "pip install 'zrl[multiagent]'"
+    hint = install_line("multiagent")
     raise MultiAgentEnvError(
         f"no PettingZoo env {env_id!r} (tried {', '.join(candidates)}; {hint})"
     )
