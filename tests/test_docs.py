@@ -66,3 +66,14 @@ def test_field_docs_are_read_from_the_source() -> None:
     docs = _hook().field_docs(StopConfig)
     assert docs, "no field docs found in StopConfig"
     assert all(isinstance(v, str) and v for v in docs.values())
+
+
+def test_the_dict_config_example_of_the_scripts_page_builds_its_config() -> None:
+    section = (REPO / "docs" / "scripts.md").read_text().split("## The config as a dict", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert match is not None, "docs/scripts.md lost its dict config example"
+    namespace: dict[str, typing.Any] = {"__name__": "docs_example"}  # not __main__: no run
+    exec(compile(match.group(1), "docs/scripts.md", "exec"), namespace)  # noqa: S102
+    cfg = namespace["experiment"].resolved_config()
+    assert (cfg.algo, cfg.env.id, cfg.seed, cfg.roles.replay) == ("ppo", "CartPole-v1", 1, 0)
+    assert cfg.learner.lr == 0.001 and cfg.stop.eval_return == 475
