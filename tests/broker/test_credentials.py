@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -136,3 +139,62 @@ def test_hello_credential_prefers_what_the_starter_gave(monkeypatch: pytest.Monk
     assert hello_credential(None, "actor-0") is None
     monkeypatch.setenv(ROLE_CREDENTIAL_ENV, "ab" * 32)
     assert hello_credential(None, "actor-0") == "ab" * 32
+
+
+def exited_pid() -> int:
+    """The pid of a process that ran here and has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_restart_of_an_exited_process_takes_its_id_at_once(
+    broker: tuple[zmq.Context, str, Broker],
+) -> None:
+    """With heartbeats from a thread, a live role is marked dead only after 10 s of silence;
+    a role its parent restarted (its old process gone from the broker's host) need not wait
+    for that: its proven HELLO takes the id over. A HELLO whose old process still runs waits."""
+    ctx, addr, _ = broker
+    host, cred = socket.gethostname(), role_credential(SECRET, "evaluator-0")
+    channels = []
+    try:
+        ch, reply = hello(ctx, addr, id="evaluator-0", host=host, pid=os.getpid(), credential=cred)
+        channels.append(ch)
+        assert reply.kind == P.WELCOME
+        # The old process (this one) still runs: a second proven HELLO gets no answer.
+        sock = make_socket(ctx, zmq.DEALER, rcvtimeo_ms=1000, sndtimeo_ms=1000)
+        sock.connect(addr)
+        other = Channel(sock, "registry", "test", TransportStats())
+        channels.append(other)
+        meta = {"role": "evaluator", "id": "evaluator-0", "host": host, "pid": exited_pid()}
+        other.send(
+            P.Message(P.HELLO, meta={**meta, "credential": cred, "zrl_version": __version__})
+        )
+        assert other.recv() is None
+        # Registered by a process that has exited: its restart is welcome at once.
+        gone = exited_pid()
+        ch, reply = hello(
+            ctx,
+            addr,
+            id="evaluator-1",
+            host=host,
+            pid=gone,
+            credential=role_credential(SECRET, "evaluator-1"),
+        )
+        channels.append(ch)
+        assert reply.kind == P.WELCOME
+        ch, reply = hello(
+            ctx,
+            addr,
+            id="evaluator-1",
+            host=host,
+            pid=os.getpid(),
+            credential=role_credential(SECRET, "evaluator-1"),
+        )
+        channels.append(ch)
+        assert reply.kind == P.WELCOME and reply.meta["id"] == "evaluator-1"
+        row = rows(ctx, addr)["evaluator-1"]
+        assert (row["pid"], row["restarts"]) == (os.getpid(), 1)
+    finally:
+        for ch in channels:
+            ch.close()

@@ -16,7 +16,7 @@ import zmq
 
 from tests.launchers.slurm_cluster import SlurmCluster
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, status_rows, zrl_processes
+from zrl.testing.processes import REPO, note_run, status_rows, zrl_processes
 from zrl.transport.endpoints import free_port_range
 
 SBATCH = REPO / "launchers" / "slurm.sbatch"
@@ -109,6 +109,8 @@ def test_sbatch_trains_cartpole_and_leaves_nothing(
 
     # A role killed with -9 on the agent's host comes back, under the same id.
     def actor_pid() -> int | None:
+        # The job made its own keys (authenticated by default): status asks with them.
+        note_run(broker, log_dir)
         row = status_rows(zmq.Context.instance(), broker).get("actor-1", {})
         return row.get("pid") if row.get("state") == "alive" else None
 
@@ -135,6 +137,7 @@ def test_sbatch_trains_cartpole_and_leaves_nothing(
     assert summary["restarts"].get("actor-1", 0) >= 1, summary["restarts"]
     assert summary["roles"]["never_came"] == [], summary["roles"]
     assert (log_dir / "run" / "progress.csv").exists() and (log_dir / "run" / "model.pt").exists()
+    assert (log_dir / "keys" / "run.secret").is_file(), "the job ran without its own keys"
     evaluations = _evaluations(log_dir)
     assert max(evaluations, default=0.0) >= TARGET, report
 

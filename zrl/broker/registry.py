@@ -51,12 +51,14 @@ from __future__ import annotations
 
 import hmac
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import psutil
 import zmq
 
 from zrl import __version__
@@ -113,6 +115,17 @@ def registry_socket(ctx: zmq.Context, max_message_bytes: int, keys: Keys | None)
         keys=keys,
         server=True,
     )
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this host (a zombie, exited but not reaped, counts
+    as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+    except psutil.AccessDenied:  # another user's: it runs
+        return False
 
 
 class Registry:
@@ -249,7 +262,15 @@ class Registry:
             self._reject(msg.sender, "hello without a valid credential", reason)
             return
         old = self.roles.get(rid)
-        if old is not None and not may_replace(old, ident, m):
+        if old is not None and self._restarted(old, m):
+            log.info(
+                "%s: pid %s on %s exited; its restart (pid %s) takes the id over",
+                rid,
+                old.pid,
+                for_log(old.host),
+                m["pid"],
+            )
+        elif old is not None and not may_replace(old, ident, m):
             # No answer, not REFUSED: a legitimately restarted role keeps saying HELLO with
             # back-off, and is welcome once the old entry misses its heartbeats (marked dead).
             self._reject(
@@ -300,6 +321,18 @@ class Registry:
         welcome = self.welcome(rid)
         welcome.meta["agent"] = entry.agent or None
         self.channel.send(welcome, to=ident, block=False)
+
+    def _restarted(self, old: RoleEntry, m: dict[str, Any]) -> bool:
+        """Whether a HELLO that proved ``old``'s id (so only with the run secret) comes from a
+        restart of a process known to have exited: the old pid is gone from this host (the
+        broker's own), or the host agent that started the old one names itself again from
+        another pid (it restarts a role only once it exited). Then the restart need not wait
+        ``heartbeat_timeout`` for the old entry to be marked dead."""
+        if self.run_secret is None or old.state in ("dead", "stopped") or old.pid == m["pid"]:
+            return False
+        if old.agent and m.get("agent") == old.agent and old.host == m["host"]:
+            return True
+        return old.host == m["host"] == socket.gethostname() and process_gone(old.pid)
 
     def _agent_for(self, rid: str, m: dict[str, Any]) -> str:
         """The host agent that will heartbeat for a role saying HELLO: the ``agent`` it names,
