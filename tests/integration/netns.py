@@ -219,8 +219,10 @@ class Hosts:
         *cmd: str,
         log: str | Path | None = None,
         env: dict[str, str] | None = None,
+        cwd: Path = REPO,
     ) -> subprocess.Popen[bytes]:
-        """Start ``cmd`` inside a host's namespace (output to ``log``); killed at cleanup."""
+        """Start ``cmd`` inside a host's namespace, in ``cwd`` (output to ``log``); killed at
+        cleanup."""
         ns = self.ns(host)
         out: IO[bytes] | int = subprocess.DEVNULL
         if log is not None:
@@ -231,7 +233,7 @@ class Hosts:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                cwd=REPO,
+                cwd=cwd,
                 env=env,
                 preexec_fn=_pdeathsig,
             )
@@ -243,10 +245,10 @@ class Hosts:
         return proc
 
     def zrl(
-        self, host: int | str, *args: str, log: str | Path | None = None
+        self, host: int | str, *args: str, log: str | Path | None = None, cwd: Path = REPO
     ) -> subprocess.Popen[bytes]:
-        """``python -m zrl ARGS`` inside a host's namespace."""
-        return self.exec(host, sys.executable, "-m", "zrl", *args, log=log)
+        """``python -m zrl ARGS`` inside a host's namespace, in ``cwd``."""
+        return self.exec(host, sys.executable, "-m", "zrl", *args, log=log, cwd=cwd)
 
     def run(
         self, host: int | str, *cmd: str, timeout: float = 30.0, check: bool = False

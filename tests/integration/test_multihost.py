@@ -2,8 +2,9 @@
 
 Each test builds its hosts with :class:`tests.integration.netns.Hosts` (a bridge in a private
 "switch" namespace, one veth per host, 10.213.N.0/24) and starts the roles with the same
-``zrl start ROLE --broker tcp://10.213.N.1:PORT`` a user would type on each host. The only
-addresses bound are inside those namespaces, so a fixed port cannot clash with anything.
+``zrl start ROLE --broker tcp://10.213.N.1:PORT`` (or ``zrl host``) a user would type on each
+host, each host's in a working directory of its own, as on machines that share no disk. The
+only addresses bound are inside those namespaces, so a fixed port cannot clash with anything.
 
 Status is read from inside h0: a small poller (one ``registry_request`` STATUS every
 ``POLL_S``, one JSON line each) for the waits, and the ``zrl status`` command itself for
@@ -211,6 +212,9 @@ class Cluster:
         self.expected: dict[str, int] = {}  # role id -> host index
         self.pids: dict[str, int] = {}
         self.status_file = tmp / "status.jsonl"
+        self.dirs = [tmp / f"h{i}" for i in range(len(hosts.names))]
+        for d in self.dirs:
+            d.mkdir()  # each host's working directory: a disk of its own
         (tmp / "poller.py").write_text(POLLER)
         (tmp / "client.py").write_text(CLIENT)
 
@@ -224,7 +228,9 @@ class Cluster:
             args += ["--set", s]
         args += self._key_args() if self.keys is not None else ["--insecure"]
         self.logs["broker"] = self.tmp / "broker.log"
-        self.pids["broker"] = self.hosts.zrl(0, *args, log=self.logs["broker"]).pid
+        self.pids["broker"] = self.hosts.zrl(
+            0, *args, log=self.logs["broker"], cwd=self.dirs[0]
+        ).pid
         self.hosts.exec(
             0,
             sys.executable,
@@ -250,7 +256,7 @@ class Cluster:
             *self._key_args(),
         ]
         self.logs[rid] = self.tmp / f"{rid}.log"
-        self.pids[rid] = self.hosts.zrl(host, *args, log=self.logs[rid]).pid
+        self.pids[rid] = self.hosts.zrl(host, *args, log=self.logs[rid], cwd=self.dirs[host]).pid
         self.expected[rid] = host
 
     # --- status ---------------------------------------------------------------------------
@@ -574,3 +580,75 @@ def test_vanished_host_is_marked_dead(make_hosts: Callable[[int], Hosts], tmp_pa
     rows = c.rows()
     assert rows["replay-0"]["state"] == "alive", rows
     assert rows["actor-0"]["state"] == "dead", rows
+
+
+# --- 4. the README's "Many hosts", as written: a head, and one `zrl host` per host -------------
+
+
+@pytest.mark.timeout(240)
+def test_the_readme_hosts_each_in_its_own_directory(
+    make_hosts: Callable[[int], Hosts], tmp_path: Path
+) -> None:
+    """`zrl keys init`, the head (`zrl start broker --run-dir runs/exp1`) and `zrl host` in
+    node1's directory, `zrl host` in node2's, keys copied, no --checkpoint-root anywhere. The
+    roles of node2 register and run: the learner there keeps its checkpoint under node2's
+    working directory (`exp1/`, named after the run), never at the head's path, and the
+    actors keep none; the head's summary.json says where each role's files are."""
+    hosts = make_hosts(2)
+    node1, node2 = tmp_path / "node1", tmp_path / "node2"
+    node1.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "zrl", "keys", "init", "keys/"],
+        cwd=node1,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    shutil.copytree(node1 / "keys", node2 / "keys")  # "copy keys/ to every host"
+    broker = f"tcp://{hosts.addrs[0]}:{PORT}"
+    head = hosts.zrl(
+        0,
+        *("start", "broker", "--run-dir", "runs/exp1", "--config", str(CONFIG)),
+        *("--bind", f"tcp://0.0.0.0:{PORT}", "--keys", "keys/"),
+        *("--set", "stop.eval_return=null", "--set", "stop.wall_time=45"),
+        log=tmp_path / "head.log",
+        cwd=node1,
+    )
+    agents = [
+        hosts.zrl(
+            i,
+            *("host", "--broker", broker, "--keys", "keys/", *roles),
+            log=tmp_path / f"agent-{i}.log",
+            cwd=cwd,
+        )
+        for i, cwd, roles in (
+            (0, node1, ["params=1", "replay=1", "evaluator=1"]),
+            (1, node2, ["learner=1", "actor=2@0"]),
+        )
+    ]
+
+    def logs() -> str:
+        return "\n".join(
+            f"--- {p.name} ---\n{p.read_text(errors='replace')[-2500:]}"
+            for p in sorted(tmp_path.glob("*.log"))
+        )
+
+    try:
+        head.wait(timeout=200)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the head did not end at its wall time\n{logs()}")
+    assert head.returncode == 0, logs()
+    for agent in agents:
+        assert agent.wait(timeout=60) == 0, logs()
+    summary = json.loads((node1 / "runs" / "exp1" / "summary.json").read_text())
+    took_part = summary["roles"]["took_part"]
+    assert summary["roles"]["never_came"] == [], summary["roles"]
+    head_files = (node1 / "runs" / "exp1" / "checkpoints").resolve()
+    own = (node2 / "exp1").resolve()
+    assert took_part["learner-0"]["checkpoint_dir"] == str(own), took_part["learner-0"]
+    assert (own / "learner-0.pt").is_file() and not (head_files / "learner-0.pt").exists()
+    for rid in ("replay-0", "evaluator-0"):
+        assert took_part[rid]["checkpoint_dir"] == str(head_files), took_part[rid]
+    for rid in ("actor-0", "actor-1"):
+        assert took_part[rid]["state"] == "stopped" and "checkpoint_dir" not in took_part[rid]
+    assert not (node2 / "runs").exists()  # nothing of node1's paths on node2

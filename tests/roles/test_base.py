@@ -408,39 +408,84 @@ def welcome(checkpoint_dir: str | None = None, rid: str = "fake-0", **factories:
 TCP = "tcp://127.0.0.1:1"  # never connected: _on_welcome is fed directly
 
 
-def test_welcome_checkpoint_dir_must_lie_under_the_checkpoint_root(zmq_ctx, tmp_path):
+def test_welcome_checkpoint_dir_outside_the_root_becomes_the_runs_own_under_it(zmq_ctx, tmp_path):
+    """A checkpoint.dir under the role's root is used as it is (the head's own host); one
+    outside (the head's path, on another host) becomes <root>/<run>: every file of the role
+    still lies under its root, and nothing is refused."""
     root = tmp_path / "run" / "checkpoints"
     r = FakeRole(TCP, ctx=zmq_ctx, checkpoint_root=root)
     r._on_welcome(welcome(str(root)))
     assert r.config.checkpoint.dir == str(root.resolve())
     r._on_welcome(welcome(str(root / "sub")))
     assert r.config.checkpoint.dir == str((root / "sub").resolve())
-    for outside in ("/etc", str(root / ".." / "elsewhere"), str(tmp_path)):
-        with pytest.raises(RoleError, match="outside this role's checkpoint root") as info:
-            r._on_welcome(welcome(outside))
-        assert outside in str(info.value) and str(root.resolve()) in str(info.value)
-        assert "--checkpoint-root" in str(info.value)
-    # A symlink inside the root that leads out of it is outside too.
+    # The run's name: a head's RUN_DIR/checkpoints gives RUN_DIR's; any other, its own; a
+    # directory without a plain name (the root of the filesystem), the experiment's.
+    for outside, run in (
+        (str(tmp_path / "node1" / "runs" / "exp1" / "checkpoints"), "exp1"),
+        ("/etc", "etc"),
+        (str(root / ".." / "elsewhere"), "elsewhere"),
+        (str(tmp_path), tmp_path.name),
+        ("/", "role-base-test"),
+    ):
+        r._on_welcome(welcome(outside))
+        assert r.config.checkpoint.dir == str(root.resolve() / run), outside
+    # A link in the root that leads out of it: the run's own directory would be outside.
     root.mkdir(parents=True)
     (root / "link").symlink_to(tmp_path)
-    with pytest.raises(RoleError, match="outside"):
+    with pytest.raises(RoleError, match="not inside its checkpoint root") as info:
         r._on_welcome(welcome(str(root / "link")))
-    assert r.config.checkpoint.dir == str((root / "sub").resolve())  # the refused one not kept
+    assert str(root.resolve()) in str(info.value) and "--checkpoint-root" in str(info.value)
+    assert r.config.checkpoint.dir == str(root.resolve() / "role-base-test")  # kept as it was
 
 
 def test_welcome_checkpoint_root_defaults_to_the_working_directory(zmq_ctx, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    node2 = tmp_path / "node2"
+    node2.mkdir()
+    monkeypatch.chdir(node2)
     r = FakeRole(TCP, ctx=zmq_ctx)
     r._on_welcome(welcome("ckpt"))
-    assert r.config.checkpoint.dir == str((tmp_path / "ckpt").resolve())
-    with pytest.raises(RoleError, match="outside"):
-        r._on_welcome(welcome(str(tmp_path.parent / "snapshots")))
+    assert r.config.checkpoint.dir == str(node2.resolve() / "ckpt")
+    # The head's checkpoints on another host's path: this role's own, named after the run.
+    r._on_welcome(welcome(str(tmp_path / "node1" / "runs" / "exp1" / "checkpoints")))
+    assert r.config.checkpoint.dir == str(node2.resolve() / "exp1")
+    assert r.files_root == node2.resolve() and r.files_dir is None  # no file asked for yet
     r._on_welcome(welcome(None))  # no checkpoints at all: nothing to check
     assert r.config.checkpoint.dir is None
     # An inproc broker lives in this process: its config is the user's own.
     inproc = FakeRole("inproc://zrl-test-welcome", ctx=zmq_ctx)
     inproc._on_welcome(welcome("/anywhere/ckpt"))
     assert inproc.config.checkpoint.dir == "/anywhere/ckpt"
+
+
+def test_a_role_that_asks_for_a_checkpoint_file_says_where_it_keeps_files(zmq_ctx, tmp_path):
+    root = tmp_path / "node2"
+    r = FakeRole(TCP, ctx=zmq_ctx, checkpoint_root=root)
+    r._on_welcome(welcome(str(tmp_path / "node1" / "runs" / "exp1" / "checkpoints")))
+    assert r.files_dir is None  # an actor never asks: it keeps no files, and says none
+    path = r.checkpoint_file(".pt")
+    assert path == root.resolve() / "exp1" / f"{r.id}.pt"
+    assert r.files_dir == str(root.resolve() / "exp1")  # what its heartbeats carry
+
+
+def test_the_heartbeats_of_a_role_that_keeps_files_say_where(running, inproc_addr, tmp_path):
+    class Keeper(FakeRole):
+        def setup(self) -> None:
+            self.checkpoint_file(".pt")  # as the learner, params and a replay shard do
+
+    cfg = make_config()
+    cfg.checkpoint.dir = str(tmp_path / "node1" / "runs" / "exp1" / "checkpoints")
+    b = running.broker(inproc_addr, cfg)
+    keeper = running.role(inproc_addr, Keeper, checkpoint_root=tmp_path / "node2")
+    plain = running.role(inproc_addr)
+    own = str((tmp_path / "node2").resolve() / "exp1")
+
+    def info(r: FakeRole) -> dict:
+        entry = b.roles.get(r.id) if r.id else None
+        return entry.info if entry is not None else {}
+
+    wait_for(lambda: info(keeper).get("checkpoint_dir") == own, timeout=5)
+    wait_for(lambda: "rss_mb" in info(plain), timeout=5)
+    assert "checkpoint_dir" not in info(plain)  # a role that keeps no files names none
 
 
 def test_welcome_factory_references_need_keys_or_the_same_local_reference(zmq_ctx):

@@ -12,7 +12,13 @@ from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
 from zrl.config.sections import HostConfig
 from zrl.run import placement as placement_module
-from zrl.run.placement import BrokerAccess, advertised_host, host_specs, remote_commands
+from zrl.run.placement import (
+    BrokerAccess,
+    advertised_host,
+    host_specs,
+    remote_commands,
+    role_trust_args,
+)
 from zrl.run.roster import ANY_HOST, HERE, MAX_UNPLANNED, Roster
 
 
@@ -49,6 +55,18 @@ def test_remote_commands_are_one_zrl_host_line_per_host_with_its_broker_address(
         # Host c reaches the broker's host at its own address for it.
         "c": f"zrl host --broker tcp://10.9.0.1:{port} actor=2@3",
     }
+
+
+def test_only_roles_on_the_heads_host_get_its_checkpoint_directory_as_their_root():
+    """On another host the head's path means nothing: its `zrl host` line names no checkpoint
+    root, and its roles keep their files under their own working directory."""
+    cfg = two_host_config(host="0.0.0.0", advertise="10.8.0.1")
+    cfg.checkpoint.dir = "/home/me/node1/runs/exp1/checkpoints"
+    local = role_trust_args(cfg, Factories())
+    assert local[local.index("--checkpoint-root") + 1] == cfg.checkpoint.dir
+    assert "--checkpoint-root" not in role_trust_args(cfg, Factories(), here=False)
+    for line in remote_commands(cfg, Factories(), access(cfg)).values():
+        assert "--checkpoint-root" not in line and cfg.checkpoint.dir not in line, line
 
 
 def test_the_advertised_address_is_never_a_hostname(monkeypatch: pytest.MonkeyPatch):
@@ -117,6 +135,20 @@ def test_the_roster_names_missing_roles_and_keeps_those_the_registry_forgot():
         "placed": HERE,
     }
     assert summary["took_part"]["host-0"]["placed"] == "unplanned"
+
+
+def test_the_roster_keeps_where_each_role_keeps_its_files_on_its_host():
+    roster = Roster.of([("learner", 0)], {"b": [("actor", 0)]}, wait_s=None)
+    learner = {"id": "learner-0", "role": "learner", "host": "a", "state": "alive"}
+    actor = {"id": "actor-0", "role": "actor", "host": "b", "state": "alive", "info": {}}
+    roster.update([{**learner, "info": {"checkpoint_dir": "/b/node2/exp1"}}, actor], 1.0)
+    # A row without it (a host agent's report of liveness alone) or with junk keeps it.
+    roster.update([{**learner, "info": {}}, actor], 2.0)
+    roster.update([{**learner, "info": {"checkpoint_dir": ["/etc"]}}], 3.0)
+    roster.update([{**learner, "info": {"checkpoint_dir": "x" * 5000}}], 4.0)
+    took_part = roster.summary({})["took_part"]
+    assert took_part["learner-0"]["checkpoint_dir"] == "/b/node2/exp1"
+    assert "checkpoint_dir" not in took_part["actor-0"]  # it keeps no files
 
 
 def test_the_roster_counts_a_restart_a_host_agent_made_before_the_role_registered_again():

@@ -212,3 +212,46 @@ def test_a_checkpoint_dir_of_the_users_stays_where_it_was(tmp_path: Path, monkey
     resumed = ExperimentConfig.model_validate({"name": "x", "checkpoint": {"dir": "ck"}})
     RunDir(tmp_path / "run", resumed, Factories()).prepare(Aggregator(), resume=True)
     assert resumed.checkpoint.dir == str((tmp_path / "run" / "ck").resolve())
+
+
+@pytest.mark.parametrize("head", ["run", "start broker"])
+def test_a_new_run_in_a_directory_that_holds_one_is_refused_at_once(tmp_path: Path, head: str):
+    """`--run-dir` of an earlier run: refused before anything starts (exit code 2, the message
+    naming the directory), that run's files left byte for byte; `--resume` goes on with it."""
+    import subprocess
+    import sys
+
+    from zrl.testing.processes import REPO
+
+    run = tmp_path / "exp1"
+    segment(run, resume=False, wall_time=5.0, steps=[100])
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    config = REPO / "configs" / "cartpole_apex_dqn.yaml"
+    args = {
+        "run": ["run", str(config)],
+        "start broker": ["start", "broker", "--config", str(config)],
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "zrl", *args[head], "--run-dir", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
+    assert str(run) in done.stderr and "--resume" in done.stderr, done.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_only_a_directory_with_a_runs_files_is_taken(tmp_path: Path):
+    from zrl.run.rundir import RUN_MARKS, RunDirTaken, refuse_taken
+
+    refuse_taken(tmp_path / "new")  # none yet
+    (tmp_path / "empty" / "logs").mkdir(parents=True)
+    refuse_taken(tmp_path / "empty")  # a directory made ahead, or an empty logs/: not a run
+    for name in RUN_MARKS:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / name).write_text("")
+        with pytest.raises(RunDirTaken, match="zrl start broker --resume"):
+            refuse_taken(tmp_path / name, "zrl start broker --resume")

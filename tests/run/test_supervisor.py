@@ -35,7 +35,15 @@ from zrl.roles.registry_client import registry_request
 from zrl.run.aggregator import MAX_TRAIN_KEYS, Aggregator
 from zrl.run.supervisor import Supervisor
 from zrl.testing.probes import wait_for
-from zrl.testing.processes import REPO, kill_pids, note_run, run_keys, zrl_status_json
+from zrl.testing.processes import (
+    REPO,
+    kill_pids,
+    note_run,
+    output_of,
+    run_keys,
+    start_zrl,
+    zrl_status_json,
+)
 from zrl.transport import protocol as P
 from zrl.transport.endpoints import ephemeral_ports, free_port_range
 
@@ -1122,3 +1130,106 @@ def test_an_evaluation_the_stop_cut_short_is_named_in_the_summary(tmp_path: Path
     sup.monitor.status_rows[0]["info"] = {"evaluating": {"weights_version": 7, "for_s": 3.5}}
     cut = sup._summary({}, None, interrupted=True)["evaluations_cut_short"]
     assert cut == [{"evaluator": "evaluator-0", "weights_version": 7, "running_for_s": 3.5}]
+
+
+# --- Ctrl-C: the run ends within seconds, writes its summary and says how to go on -----------
+
+INTERRUPT_GUARD_S = 15.0
+"""The head promises its exit within 10 s of Ctrl-C; the guard leaves room for a loaded CI."""
+
+
+def stepped(run_dir: Path) -> bool:
+    """Whether progress.csv shows an env step yet (a row being written reads as none)."""
+    from zrl.run.metrics import read_csv
+
+    try:
+        rows = read_csv(run_dir / "progress.csv")
+    except (OSError, ValueError):
+        return False
+    return bool(rows) and rows[-1].get("env_steps", 0) > 0
+
+
+def ctrl_c(proc: subprocess.Popen[bytes]) -> tuple[float, list[psutil.Process]]:
+    """SIGINT to the head alone, as Ctrl-C; the seconds until it exited (failing past
+    INTERRUPT_GUARD_S), and the processes it had started, which must be gone with it."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=INTERRUPT_GUARD_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"zrl run still running {INTERRUPT_GUARD_S:g} s after Ctrl-C:\n{output_of(proc)}"
+        )
+    return time.monotonic() - sent, children
+
+
+def interrupted_run(run_dir: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The summary of a run Ctrl-C stopped, checked: exit code 130, why and how to go on."""
+    assert proc.returncode == 130, output_of(proc)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["signal"] == "SIGINT", summary
+    assert not summary["failed"] and summary["error"] is None, summary
+    assert summary["resume_command"] == f"zrl run --resume {run_dir}", summary
+    return summary
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_the_first_env_step_ends_the_run_within_seconds(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    proc = start_zrl(
+        "run",
+        str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "stop.eval_return=null",
+        "--set",
+        "stop.wall_time=300",
+        log=tmp_path / "run.log",
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(
+            lambda: stepped(run_dir) or proc.poll() is not None,
+            timeout=120,
+            message="no env step in progress.csv",
+        )
+        assert proc.poll() is None, output_of(proc)
+        took, children = ctrl_c(proc)
+    finally:
+        kill_pids([proc.pid] if proc.poll() is None else [])
+    print(f"Ctrl-C after the first env step: exited {took:.1f} s later")
+    summary = interrupted_run(run_dir, proc)
+    assert summary["env_steps"] > 0, summary
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, [p.pid for p in alive]
+
+
+def test_ctrl_c_while_the_run_starts_still_writes_its_summary(tmp_path: Path):
+    """Ctrl-C while the head checks the model and the zygote loads torch (what took a loaded
+    machine 50 s and left a run directory of config.yaml and an empty logs/ behind)."""
+    run_dir = tmp_path / "run"
+    proc = start_zrl(
+        "run",
+        str(REPO / "configs" / "cartpole_apex_dqn.yaml"),
+        "--run-dir",
+        str(run_dir),
+        log=tmp_path / "run.log",
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(
+            lambda: (run_dir / "config.yaml").is_file() or proc.poll() is not None,
+            timeout=60,
+            message="the run directory was never written",
+        )
+        assert proc.poll() is None, output_of(proc)
+        took, children = ctrl_c(proc)
+    finally:
+        kill_pids([proc.pid] if proc.poll() is None else [])
+    print(f"Ctrl-C while starting: exited {took:.1f} s later")
+    summary = interrupted_run(run_dir, proc)
+    assert summary["env_steps"] == 0 and summary["roles"]["took_part"] == {}, summary
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, [p.pid for p in alive]

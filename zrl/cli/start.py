@@ -46,8 +46,8 @@ CheckpointRootOpt = Annotated[
     typer.Option(
         "--checkpoint-root",
         envvar="ZRL_CHECKPOINT_ROOT",
-        help="The broker's checkpoint.dir must lie under this directory (default: the "
-        "working directory).",
+        help="Every file of this role lies under this directory (default: the working "
+        "directory): the broker's checkpoint.dir if it lies under it, else DIR/<run>.",
     ),
 ]
 EnvFactoryOpt = Annotated[

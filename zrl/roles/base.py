@@ -194,6 +194,8 @@ class Role(RoleSockets):
         # directory the broker's checkpoint.dir must lie under, and the factory references
         # and module env id it may import over an unauthenticated channel. See zrl.roles.trust.
         self.checkpoint_root = Path(checkpoint_root).resolve() if checkpoint_root else None
+        self.files_dir: str | None = None
+        """Where this role keeps its files, once it keeps any (``keeps_files_in``)."""
         self.local_factories = dict(local_factories or {})
         self.local_env_id = local_env_id
         if index is not None and not valid_index(index):
@@ -353,8 +355,10 @@ class Role(RoleSockets):
             config = ExperimentConfig.model_validate(spec)
             if config.roles.actors == "auto":  # the head resolves it before any role starts
                 raise RoleError("the broker's spec says roles.actors: auto, not a number")
+            # Where this role keeps its files: the head's checkpoint.dir only if it lies under
+            # our checkpoint root, else <root>/<run> (zrl.roles.trust).
             config.checkpoint.dir = checked_checkpoint_dir(
-                config.checkpoint.dir, self.checkpoint_root, self.broker
+                config.checkpoint.dir, self.checkpoint_root, self.broker, config.name
             )
             checked_env_id(
                 config.env.id,
@@ -421,13 +425,23 @@ class Role(RoleSockets):
 
     def checkpoint_file(self, suffix: str) -> Path | None:
         """``<checkpoint.dir>/<id><suffix>`` (see ``checked_file``), or None without a
-        ``checkpoint.dir``: the learner's and params' ``.pt``, a replay shard's ``.snapshot``."""
+        ``checkpoint.dir``: the learner's and params' ``.pt``, a replay shard's ``.snapshot``.
+        A role that asks keeps files: its heartbeat names the directory (``files_dir``)."""
         d = self.config.checkpoint.dir
         if not d:
             return None
         if index_of_id(self.id, self.role) is None:
             raise RoleError(f"no checkpoint file for the id {ascii(self.id)[:100]}")
-        return checked_file(d, f"{self.id}{suffix}", self.checkpoint_root)
+        path = checked_file(d, f"{self.id}{suffix}", self.files_root)
+        self.keeps_files_in(path.parent)
+        return path
+
+    def keeps_files_in(self, directory: Path) -> None:
+        """Note (and say once) where this role keeps its files: every heartbeat's info then
+        carries it (``checkpoint_dir``), and the head's summary.json lists it per role."""
+        if self.files_dir != str(directory):
+            self.files_dir = str(directory)
+            self.log.info("%s keeps its files in %s on %s", self.id, directory, self.host)
 
     def report_to_parent(self) -> None:
         """Tell the host agent that started this role (``PARENT_REPORT_ENV``) our id and
@@ -667,6 +681,8 @@ class Role(RoleSockets):
         self._next_heartbeat = now + self.heartbeat_interval
         info = self.heartbeat_info()
         info["rss_mb"] = rss_mb
+        if self.files_dir is not None:
+            info["checkpoint_dir"] = self.files_dir
         beat = {
             "id": self.id,
             "state": self.state,

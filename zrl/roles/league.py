@@ -184,6 +184,7 @@ class LeagueRole(Role):
         self.weights = self.followers[MAIN]
         if cfg.checkpoint.dir:
             self.checkpoint_dir = Path(cfg.checkpoint.dir)
+            self.keeps_files_in(self.checkpoint_dir)
             self.next_checkpoint = time.monotonic() + cfg.checkpoint.interval
             self.load_checkpoint()
         for follower in self.followers.values():

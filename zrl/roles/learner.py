@@ -386,7 +386,7 @@ class Learner(Role):
         if index is None or cfg.checkpoint.dir is None:
             self.log.warning("exploit of %s: no learner or checkpoint.dir: ignored", source)
             return False
-        path = checked_file(cfg.checkpoint.dir, f"learner-{index}.pt", self.checkpoint_root)
+        path = checked_file(cfg.checkpoint.dir, f"learner-{index}.pt", self.files_root)
         if not path.is_file():
             self.log.warning("exploit of %s: %s does not exist: ignored", source, path)
             return False

@@ -4,9 +4,10 @@ No sockets. A WELCOME comes from whoever answers at the broker's address; withou
 (CURVE) a role cannot tell its own broker from a forger. So what a WELCOME names is used
 only within limits set by this process's own command line:
 
-- ``checked_checkpoint_dir``: ``checkpoint.dir`` must lie under the role's checkpoint root
-  (``zrl start --checkpoint-root``, else the working directory): snapshots and checkpoints
-  are read from and written there.
+- ``checked_checkpoint_dir``: a role's files lie under its own checkpoint root (``zrl start
+  --checkpoint-root``, else the working directory): in ``checkpoint.dir`` when that lies under
+  the root (the head's own host, a shared filesystem), else in ``<root>/<run>`` (another host,
+  where the head's path means nothing). Snapshots and checkpoints are read and written there.
 - ``factories_from``: factory references are imported, and pickled factories unpickled,
   only from an authenticated broker (``broker_authenticated``: keys, or inproc from this
   process), or for references the role was given locally.
@@ -18,7 +19,9 @@ only within limits set by this process's own command line:
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from zrl.config.factories import Factories, env_id_module
@@ -33,14 +36,35 @@ def broker_authenticated(broker: str, keys: Keys | None) -> bool:
     return keys is not None or broker.startswith("inproc://")
 
 
-def checked_checkpoint_dir(d: str | None, root: Path | None, broker: str) -> str | None:
-    """The broker's ``checkpoint.dir``, resolved, if it lies under this role's checkpoint
-    root; otherwise RoleError. Snapshots and checkpoints are read from and written there,
-    so a forged WELCOME must not point them at any file of this host.
+RUN_CHECKPOINTS = "checkpoints"
+"""The name of a head's checkpoint directory in its run directory (``RUN_DIR/checkpoints``)."""
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+
+
+def run_name(d: str, fallback: str) -> str:
+    """The run a ``checkpoint.dir`` belongs to, as one path component: the run directory's
+    name for a head's ``RUN_DIR/checkpoints``, else the directory's own name; ``fallback``
+    (the experiment's name) when that is no plain name (``/``, ``..``, odd characters)."""
+    path = PurePosixPath(os.path.normpath(d))
+    name = path.parent.name if path.name == RUN_CHECKPOINTS else path.name
+    return name if _RUN_NAME.fullmatch(name) else fallback
+
+
+def checked_checkpoint_dir(
+    d: str | None, root: Path | None, broker: str, experiment: str = "experiment"
+) -> str | None:
+    """Where this role keeps its files (resolved), given the broker's ``checkpoint.dir``:
+    that directory if it lies under this role's checkpoint root, else ``<root>/<run>``
+    (``run_name``; ``experiment``: the config's name, when the directory's name will not
+    do). None without a ``checkpoint.dir``: no role keeps files then.
 
     The root is ``root`` (``zrl start --checkpoint-root``; ``zrl run`` passes its run's
-    checkpoint directory), else the working directory. An inproc broker's config comes from
-    this process and is taken as is."""
+    checkpoint directory to the roles it starts), else the working directory. So a role on
+    the head's host (or on a filesystem it shares) uses the head's checkpoints, and a role
+    on another host, where the head's path does not exist, keeps its own under its root; a
+    forged WELCOME can point no file outside the root (RoleError if ``<root>/<run>`` leads
+    out of it through a link). An inproc broker's config comes from this process and is
+    taken as is."""
     if d is None:
         return None
     if root is None:
@@ -48,13 +72,17 @@ def checked_checkpoint_dir(d: str | None, root: Path | None, broker: str) -> str
             return d
         root = Path.cwd().resolve()
     resolved = Path(d).expanduser().resolve()
-    if not resolved.is_relative_to(root):
+    if resolved.is_relative_to(root):
+        return str(resolved)
+    own = (root / run_name(d, experiment)).resolve()
+    if not own.is_relative_to(root):
         raise RoleError(
-            f"the broker's checkpoint.dir {d!r} (resolved: {resolved}) is outside this "
-            f"role's checkpoint root {root}: refusing to read or write checkpoints there. "
-            "Start the role with --checkpoint-root DIR naming a directory that holds it."
+            f"this role's checkpoint directory {root / run_name(d, experiment)} resolves to "
+            f"{own}, not inside its checkpoint root {root}: refusing to read or write "
+            "checkpoints there. Start the role with --checkpoint-root DIR naming another "
+            "directory."
         )
-    return str(resolved)
+    return str(own)
 
 
 def factories_from(

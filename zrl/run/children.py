@@ -175,22 +175,29 @@ def show_tail(child: Child, headline: str, show: Callable[[str], None] | None) -
         show(f"  | {line}")
 
 
-def stop_in_order(children: Sequence[Child], grace: float | None = None) -> None:
+def stop_in_order(
+    children: Sequence[Child],
+    grace: float | None = None,
+    until: tuple[float, float] | None = None,
+) -> None:
     """Stop ``children`` in data-flow order: the actors first (their end-of-stream wait needs
     the replay shards alive to acknowledge), then everyone else. SIGTERM (a thread: its stop
-    event), then SIGKILL what still runs ``grace`` seconds later (default STOP_GRACE_S)."""
+    event), then SIGKILL what still runs ``grace`` seconds later (default STOP_GRACE_S), or,
+    with ``until``, past the given times (monotonic) for the actors and for the rest: a run
+    stopped by Ctrl-C ends within seconds, its slowest roles killed."""
     grace = STOP_GRACE_S if grace is None else grace
-    for group in (
+    groups = (
         [c for c in children if c.role == "actor"],
         [c for c in children if c.role != "actor"],
-    ):
+    )
+    for n, group in enumerate(groups):
         for child in group:
             child.restart_at = None
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
             if child.stop_event is not None:
                 child.stop_event.set()
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + grace if until is None else until[n]
         for child in group:
             wait_child(child, deadline)
 

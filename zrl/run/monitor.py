@@ -251,9 +251,10 @@ class RunMonitor:
         self.refresh()  # (count_rows: the last heartbeats' counters)
         return self.agg.row(elapsed) if self.status_rows else row
 
-    def stop_run(self, reason: str, elapsed: float) -> None:
+    def stop_run(self, reason: str, elapsed: float, wait_s: float = REMOTE_STOP_WAIT_S) -> None:
         """Tell every role, wherever it runs, that the experiment is over (STOP_RUN), and keep
-        the broker up until the roles elsewhere have said BYE or REMOTE_STOP_WAIT_S passed."""
+        the broker up until the roles elsewhere have said BYE or ``wait_s`` passed (default
+        REMOTE_STOP_WAIT_S; less for a run stopped by Ctrl-C)."""
         try:
             reply = registry_request(
                 self.ctx,
@@ -268,7 +269,7 @@ class RunMonitor:
         if reply.kind != P.STOP_RUN:
             log.warning("the broker refused to stop the experiment: %s", reply.meta.get("reason"))
             return
-        deadline = time.monotonic() + REMOTE_STOP_WAIT_S
+        deadline = time.monotonic() + wait_s
         while True:
             self.refresh()
             self.roster.update(self.status_rows, elapsed)

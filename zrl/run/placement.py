@@ -8,8 +8,9 @@ that comes with it.
   hosts need a broker that binds more than loopback.
 - ``placement``: which roles start here and which on each host of ``hosts``.
 - ``role_trust_args``: what a role takes from its own command line rather than from the
-  broker (the checkpoint root, the factory references, a module env id); ``remote_commands``:
-  the exact ``zrl host`` line (the per-host agent) for every host with placed roles.
+  broker (the checkpoint root of a role on the head's host, the factory references, a module
+  env id); ``remote_commands``: the exact ``zrl host`` line (the per-host agent) for every host
+  with placed roles.
 - ``advertised_host``: the address other hosts reach the broker at: ``broker.advertise``,
   the bound address, or the interface with the default route, else the only non-loopback
   address. Never a hostname: one that resolves to 127.0.0.1 on the other hosts sends their
@@ -196,12 +197,14 @@ def placement(
     return local, remote
 
 
-def role_trust_args(cfg: ExperimentConfig, factories: Factories) -> list[str]:
+def role_trust_args(cfg: ExperimentConfig, factories: Factories, *, here: bool = True) -> list[str]:
     """What a role takes from its own command line rather than from the broker (see
     zrl.roles.trust: checked_checkpoint_dir, factories_from, checked_env_id): the checkpoint
-    root, the factory references of this run and its env id when that names a module."""
+    root (``here``: for a role on the head's host only; on another host the head's path means
+    nothing, and the role keeps its files under its own working directory), the factory
+    references of this run and its env id when that names a module."""
     args: list[str] = []
-    if cfg.checkpoint.dir is not None:
+    if cfg.checkpoint.dir is not None and here:
         args += ["--checkpoint-root", str(cfg.checkpoint.dir)]
     if env_id_module(cfg.env.id) is not None:
         args += [f"--env-id={cfg.env.id}"]
@@ -239,7 +242,7 @@ def remote_commands(
     every host with roles placed on it (``remote``: the head's own placement, default the
     config's ``hosts``)."""
     keys = f" --keys {shlex.quote(str(access.keys_dir))}" if access.keys_dir is not None else ""
-    trust = "".join(f" {shlex.quote(a)}" for a in role_trust_args(cfg, factories))
+    trust = "".join(f" {shlex.quote(a)}" for a in role_trust_args(cfg, factories, here=False))
     addresses = {h.name: h.address for h in cfg.hosts}
     commands = {}
     for host, roles in (remote if remote is not None else placement(cfg)[1]).items():

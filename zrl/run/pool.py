@@ -41,6 +41,11 @@ from zrl.transport import protocol as P
 from zrl.transport.security import ROLE_CREDENTIAL_ENV, RUN_SECRET_ENV, role_credential
 
 PORT_ATTEMPTS = 3
+ACTOR_SHARE = 0.4
+"""Of the time a deadline-bound stop has, what the actors get (their end-of-stream wait)."""
+BROKER_SHARE_S = 1.5
+"""Of the time a deadline-bound stop has, what is kept for the broker (the stop of the roles
+elsewhere, their BYEs)."""
 PORT_TAKEN = "Address already in use"
 """What the broker's log says when another process holds a port it binds (zmq's EADDRINUSE)."""
 
@@ -270,11 +275,23 @@ class ChildPool:
             if c.restarts
         }
 
-    def stop(self, before_broker: Callable[[], None] | None = None) -> None:
+    def stop(
+        self, before_broker: Callable[[], None] | None = None, deadline: float | None = None
+    ) -> None:
         """Stop the roles (``stop_in_order``), then the broker (BYEs go through it).
         ``before_broker`` runs while the broker is still up (the head stops the roles that
-        run elsewhere there)."""
-        stop_in_order(self.children)
+        run elsewhere there). ``deadline`` (monotonic; a run stopped by a signal): all of it
+        is over by then, the actors given a share of the time left, the other roles the
+        rest but ``BROKER_SHARE_S``, the broker that; whatever still runs is killed."""
+        if deadline is None:
+            stop_in_order(self.children)
+            broker_until = None
+        else:
+            now = time.monotonic()
+            left = max(deadline - now, 0.0)
+            others = max(deadline - BROKER_SHARE_S, now)
+            stop_in_order(self.children, until=(min(now + ACTOR_SHARE * left, others), others))
+            broker_until = deadline
         if before_broker is not None and self.broker is not None and self.broker.alive():
             before_broker()
         if self.broker is not None:
@@ -282,4 +299,6 @@ class ChildPool:
                 self.broker.proc.send_signal(signal.SIGTERM)
             if self.inproc_broker is not None:
                 self.inproc_broker.stop()
-            wait_child(self.broker, time.monotonic() + STOP_GRACE_S)
+            if broker_until is None:
+                broker_until = time.monotonic() + STOP_GRACE_S
+            wait_child(self.broker, broker_until)

@@ -4,8 +4,8 @@ The head (``zrl run``, or ``zrl start broker --run-dir``) starts some roles itse
 expects the rest to register from other hosts. ``Roster`` remembers every role the broker
 ever listed during the run (the registry forgets ended ones after a while), says which
 placed roles have not come yet, and when waiting for them has lasted too long. The summary
-lists every role that took part, where, its restarts and last state, and every one that
-never came.
+lists every role that took part, where, its restarts and last state, where it keeps its files
+on its host (``checkpoint_dir``, for a role that keeps any), and every one that never came.
 
 What it keeps is bounded by the plan: every planned role, and at most ``MAX_UNPLANNED`` ids
 the plan does not name (host agents, roles started by hand; anyone who reaches the broker can
@@ -39,6 +39,17 @@ def agent_child_reports(
         for child in children if isinstance(children, list) else []:
             if isinstance(child, dict):
                 yield row, child
+
+
+MAX_PATH_CHARS = 4096
+
+
+def files_dir(row: dict[str, Any]) -> str | None:
+    """Where a role keeps its files, on its own host, as its heartbeat says
+    (``Role.keeps_files_in``); None for a role that keeps none (or says nothing usable)."""
+    info = row.get("info")
+    d = info.get("checkpoint_dir") if isinstance(info, dict) else None
+    return d if isinstance(d, str) and 0 < len(d) <= MAX_PATH_CHARS else None
 
 
 HERE = "here"
@@ -95,6 +106,9 @@ class Roster:
                 # The registry counts a registration from a new process under a known id.
                 restarts=max(count(r.get("restarts")), count(known.get("restarts"))),
             )
+            files = files_dir(r)
+            if files is not None:
+                known["checkpoint_dir"] = files
         self.unplanned_not_listed = max(self.unplanned_not_listed, not_listed)
         self.count_agent_restarts(rows)
 

@@ -50,6 +50,7 @@ from zrl.roles.evaluated_weights import (
     same_layout,
 )
 from zrl.roles.registry_client import registry_request
+from zrl.roles.trust import RUN_CHECKPOINTS
 from zrl.run.aggregator import Aggregator, number
 from zrl.run.metrics import read_csv
 from zrl.run.placement import BrokerAccess
@@ -60,8 +61,11 @@ from zrl.utils.durable import atomic_write
 
 log = logging.getLogger("zrl.supervisor")  # the name its log lines have always had
 
-OWN_CHECKPOINTS = "checkpoints"
-"""A run's own checkpoint directory, in its run directory (config.yaml names it so)."""
+OWN_CHECKPOINTS = RUN_CHECKPOINTS
+"""A run's own checkpoint directory, in its run directory (config.yaml names it so; a role
+on another host names its own after the run directory: ``zrl.roles.trust.run_name``)."""
+RUN_MARKS = ("config.yaml", "summary.json", "progress.csv")
+"""Files a run writes in its run directory: one there means the directory holds a run."""
 LOG_TAIL_LINES = 15  # of a crashed role's log, shown in the terminal
 
 # What summary.json says about the whole run rather than about one segment of it (a `zrl run`
@@ -191,6 +195,24 @@ def earlier_segments(previous: Any, progress: list[dict[str, float]]) -> list[di
     return segments
 
 
+class RunDirTaken(ValueError):
+    """A new run was given a run directory that holds a run already."""
+
+
+def refuse_taken(path: Path, resume: str = "zrl run --resume") -> None:
+    """``RunDirTaken`` when ``path`` holds a run already (one of ``RUN_MARKS``): a new run
+    there would overwrite its config.yaml and summary.json and resume from checkpoints of
+    another experiment. The message names the directory and the two ways on: ``resume``
+    (the command that continues it) or another directory."""
+    held = [name for name in RUN_MARKS if (path / name).is_file()]
+    if held:
+        raise RunDirTaken(
+            f"the run directory {path} already holds a run ({', '.join(held)}): continue it "
+            f"with `{resume} {path}`, or give a new run another --run-dir (nothing in {path} "
+            "was changed)"
+        )
+
+
 def read_summary(path: Path) -> dict[str, Any] | None:
     """summary.json as written, or None (logged) when there is none or it cannot be read."""
     if not path.is_file():
@@ -290,10 +312,12 @@ class RunDir:
         is_ours: Callable[[Any], bool],
         target: StopRule,
         evals: list[dict[str, Any]],
+        timeout: float = 5.0,
     ) -> SavedModels | None:
         """``model.pt``, ``model_best.pt`` and ``model_last.pt`` (``write_models``), the last
         being the latest weights of this run's params server (``is_ours`` tells a registered
-        id of this run from any other); None if no weights came from params."""
+        id of this run from any other, ``timeout`` bounds its answer); None if no weights
+        came from params."""
         from zrl.roles.weights import request_latest_weights
 
         try:
@@ -301,7 +325,7 @@ class RunDir:
                 ctx,
                 access.broker_addr,
                 P.Message(P.LOOKUP, meta={"role": "params"}),
-                2.0,
+                min(2.0, timeout),
                 access.keys,
             ).meta.get("services", [])
         except RoleError:
@@ -309,7 +333,7 @@ class RunDir:
         # Only our own params server: another registered 'params' role could serve anything.
         services = [s for s in services if isinstance(s, dict) and is_ours(s.get("id"))]
         msg = request_latest_weights(
-            ctx, services, self.cfg.broker.max_message_bytes, 5.0, access.keys
+            ctx, services, self.cfg.broker.max_message_bytes, timeout, access.keys
         )
         if msg is None:
             return None

@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -57,7 +59,7 @@ from zrl.run.monitor import RunMonitor
 from zrl.run.placement import BrokerAccess, factory_args, placement, remote_commands
 from zrl.run.pool import ChildPool
 from zrl.run.roster import ANY_HOST, Roster
-from zrl.run.rundir import RunDir, SavedModels
+from zrl.run.rundir import RunDir, SavedModels, refuse_taken
 from zrl.run.sizing import resolve_auto_roles
 from zrl.run.stop_rule import StopRule
 from zrl.run.zygote import Zygote
@@ -70,6 +72,16 @@ LEAGUE_CSV_INTERVAL_S = 10.0
 """Seconds between two records of league.csv (only when the league played games since)."""
 MISSING_NOTICE_S = 15.0
 """How often the head names the placed roles that have not registered yet."""
+RESUME_RUN = "zrl run --resume"
+RESUME_HEAD = "zrl start broker --resume"
+INTERRUPT_STOP_S = 7.0
+"""Seconds from Ctrl-C (or SIGTERM) by which the head has stopped every role, here and
+elsewhere (what still runs is killed), so that it has written summary.json and exited within
+10 s even on a loaded machine."""
+INTERRUPT_PLOT_S = 4.0
+"""Seconds from Ctrl-C past which the head skips the learning curve (``zrl plot`` makes it)."""
+INTERRUPT_WEIGHTS_S = 2.0
+"""How long, after Ctrl-C, the head waits for the params server's final weights."""
 
 
 def preload_finish_modules() -> threading.Thread:
@@ -128,6 +140,8 @@ class Supervisor:
             cfg,
             self.factories,
         )
+        if not resume:  # a new run never writes over another one's directory
+            refuse_taken(self.rundir.path, RESUME_HEAD if elsewhere else RESUME_RUN)
         self.inproc = inproc
         self.log_level = log_level
         self.show_status = show_status
@@ -160,6 +174,14 @@ class Supervisor:
         self.stop_signal: int | None = None
         """The signal that stopped the run (SIGINT for Ctrl-C), None when nothing did."""
         self._finishing = False  # roles being stopped and the run directory written
+        self._starting = False
+        """Between run()'s start and its monitor loop: a signal then stops the start at once."""
+        self._prepared = False  # the run directory has its config.yaml, seeds and factories
+        self.interrupted_at: float | None = None
+        """When the signal that stopped the run came (monotonic): the stop is bound to end
+        ``INTERRUPT_STOP_S`` later."""
+        self.model_skipped = ""
+        """Why no model file was written, when the stop skipped them (summary's model_note)."""
         self.started = time.monotonic()
         self._display: Any = None
         self._role_states: dict[str, Any] = {}  # each role's last state (_report_deaths)
@@ -267,8 +289,14 @@ class Supervisor:
     # --- monitoring -------------------------------------------------------------------
 
     def _stop_experiment(self) -> None:
-        """STOP_RUN, while the broker is still up (``ChildPool.stop``'s ``before_broker``)."""
-        self.monitor.stop_run(self.stop_reason or "stopped", time.monotonic() - self.started)
+        """STOP_RUN, while the broker is still up (``ChildPool.stop``'s ``before_broker``);
+        after a signal, waiting for the roles elsewhere only within ``INTERRUPT_STOP_S``."""
+        elapsed = time.monotonic() - self.started
+        if self.interrupted_at is None:
+            self.monitor.stop_run(self.stop_reason or "stopped", elapsed)
+            return
+        left = self.interrupted_at + INTERRUPT_STOP_S - time.monotonic()
+        self.monitor.stop_run(self.stop_reason or "interrupted", elapsed, max(left - 0.5, 0.0))
 
     def _confirm_target(self) -> None:
         """Stop at the target once the evaluator's own heartbeat reports the evaluations that
@@ -372,25 +400,76 @@ class Supervisor:
 
     def _save_model(self) -> SavedModels | None:
         """model.pt (the weights that met the stop rule, else the best evaluated, else the
-        last), model_best.pt and model_last.pt; see RunDir.save_models."""
+        last), model_best.pt and model_last.pt; see RunDir.save_models. After a signal, only
+        if torch is loaded already (``preload_finish_modules``: loading it takes seconds of a
+        busy machine) and within ``INTERRUPT_WEIGHTS_S``; the roles' own checkpoints, which
+        ``--resume`` continues from, are written either way."""
+        if self.interrupted_at is not None and not self._finish_modules_loaded():
+            self.model_skipped = (
+                "interrupted before the head had loaded torch: no model files (the roles' "
+                "checkpoints are written; `zrl run --resume` continues from them)"
+            )
+            return None
         return self.rundir.save_models(
             self.ctx,
             self.access,
             lambda rid: bool(self.monitor.registered(rid, "params")),
             self.target,
             self.agg.evals,
+            timeout=5.0 if self.interrupted_at is None else INTERRUPT_WEIGHTS_S,
         )
+
+    def _finish_modules_loaded(self) -> bool:
+        """Whether torch is imported here and its import over (the end-of-run preload)."""
+        loading = self._finish_imports is not None and self._finish_imports.is_alive()
+        return "torch" in sys.modules and not loading
 
     # --- main -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         from zrl.run.display import StatusDisplay
+
+        display = StatusDisplay(self, enabled=self.show_status)
+        self._display = display
+        previous_handlers = self._catch_signals()
+        try:
+            # From here a signal is a stop: until the monitor loop runs, at once (_on_signal),
+            # so that Ctrl-C while torch loads on a busy machine does not wait for it.
+            self._starting = True
+            writer = self._start()
+        except KeyboardInterrupt:
+            return self._stopped_while_starting(display, previous_handlers)
+        except BaseException:
+            self._starting = False
+            self._restore_signals(previous_handlers)
+            raise
+        return self._run(writer, display, previous_handlers)
+
+    def _catch_signals(self) -> dict[signal.Signals, Any]:
+        """SIGINT and SIGTERM stop the run (``_on_signal``); the handlers they had, to put
+        back at the end. Only the main thread can (a run in another thread is stopped by its
+        caller)."""
+        previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signals(previous: dict[signal.Signals, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _start(self) -> MetricsWriter:
+        """What comes before the broker: the env and model checks, the run directory, the
+        zygote; the metrics writer."""
         from zrl.run.preflight import check_env
 
         # Before the run directory exists, so a mistyped env id leaves nothing behind; the
         # model is checked once the zygote has imported torch (_check_model).
         spaces = check_env(self.cfg, self.factories) if self.preflight else None
         self._prepare_run_dir()
+        self._prepared = True
         self.pool.fatal = ""
         if self.inproc:
             from zrl.utils.runtime import setup_logging
@@ -410,21 +489,45 @@ class Supervisor:
             ScalarWriter.preload()
             if spaces is not None:
                 self._check_model(spaces)
+        except KeyboardInterrupt:
+            raise  # the zygote is killed where the stop is handled (_stopped_while_starting)
         except BaseException as exc:
             self.pool.zygote.stop()
             if isinstance(exc, ConfigError):  # the run directory says why, as for any failure
                 self._write_preflight_summary(str(exc))
             raise
-        writer = MetricsWriter(
+        return MetricsWriter(
             self.run_dir, logging=self.cfg.logging, config=self.cfg.model_dump(mode="json")
         )
-        display = StatusDisplay(self, enabled=self.show_status)
-        self._display = display
+
+    def _stopped_while_starting(
+        self, display: Any, previous_handlers: dict[signal.Signals, Any]
+    ) -> dict[str, Any]:
+        """A signal before the broker started (while the env was checked, or torch loaded):
+        the zygote is killed, and the run directory written all the same, with a summary.json
+        that says the run was interrupted and how to resume it."""
+        self._finishing = True  # a second Ctrl-C now waits for the summary (_on_signal)
+        self._starting = False
+        try:
+            self.pool.zygote.kill()
+            if not self._prepared:  # the signal came before the run directory was complete
+                self._prepare_run_dir()
+                self._prepared = True
+            elapsed = time.monotonic() - self.started
+            display.message(f"stopping (interrupted) at {elapsed:.1f} s, before any role started")
+            summary = self._summary(self.agg.row(elapsed), None, interrupted=True)
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+            display.final(summary)
+            display.message(self._resume_hint())
+        finally:
+            self._restore_signals(previous_handlers)
+        return summary
+
+    def _run(
+        self, writer: MetricsWriter, display: Any, previous_handlers: dict[signal.Signals, Any]
+    ) -> dict[str, Any]:
+        """From the broker's start to the stop, then ``_finish``."""
         interrupted = False
-        previous_handlers: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous_handlers[sig] = signal.signal(sig, self._on_signal)
         summary: dict[str, Any] = {}
         row: dict[str, Any] = {}
         try:
@@ -447,6 +550,7 @@ class Supervisor:
             display.start()
             next_row = time.monotonic()
             next_confirm = 0.0
+            self._starting = False  # the loop sees a signal's stop within a fifth of a second
             while not self._stop.is_set():
                 elapsed = time.monotonic() - self.started
                 self.monitor.drain(monitor, writer, elapsed)
@@ -496,8 +600,13 @@ class Supervisor:
     ) -> dict[str, Any]:
         """However the run stopped (target, limit, Ctrl-C, roles that keep crashing, an
         error here), stop every role and complete the run directory: the final figures, also
-        as progress.csv's last row, model.pt, summary.json and the learning curve."""
+        as progress.csv's last row, model.pt, summary.json and the learning curve. Stopped
+        by a signal, all of it is bound to end ``INTERRUPT_STOP_S`` after it (``deadline``)."""
         interrupted = interrupted or self.stop_reason == "interrupted"
+        self._starting = False
+        if interrupted and self.interrupted_at is None:
+            self.interrupted_at = time.monotonic()
+        deadline = None if self.interrupted_at is None else self.interrupted_at + INTERRUPT_STOP_S
         # Saving the model and stopping the roles takes seconds (more on a loaded machine):
         # say so at once rather than go quiet between the last figures and the summary.
         display.message(
@@ -528,19 +637,21 @@ class Supervisor:
             writer.write_train(row["env_steps"], self.agg.train_row(), row["time"])
             self._record_league(row, writer, final=True)
         finally:
-            self.pool.stop(before_broker=self._stop_experiment)
+            self.pool.stop(before_broker=self._stop_experiment, deadline=deadline)
             self.roster.ended_here({c.name: c.exit_code() for c in self.children})
             # The zygote exits by itself once its input closes (a second or two with torch
             # loaded): let it, while the summary is written, and reap it last.
             self.pool.zygote.close_input()
             writer.close()
-            for sig, h in previous_handlers.items():
-                signal.signal(sig, h)
+            self._restore_signals(previous_handlers)
         try:
             self.pool.keeps_crashing(self.target.target_time is not None)
             summary = self._summary(row, saved, interrupted)
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-            if self.agg.evals:
+            late = self.interrupted_at is not None and (
+                time.monotonic() > self.interrupted_at + INTERRUPT_PLOT_S
+            )
+            if self.agg.evals and not late:
                 try:
                     from zrl.run.metrics import plot_run
 
@@ -548,8 +659,14 @@ class Supervisor:
                 except Exception as exc:  # noqa: BLE001 - a plot must not fail the run
                     log.warning("could not plot the learning curve: %s", exc)
             display.final(summary)
+            if interrupted:
+                display.message(self._resume_hint())
         finally:
-            self.pool.zygote.stop()
+            # Stopped by a signal, nothing waits for the zygote to end by itself.
+            if interrupted:
+                self.pool.zygote.kill()
+            else:
+                self.pool.zygote.stop()
         return summary
 
     def _write_preflight_summary(self, error: str) -> None:
@@ -611,7 +728,29 @@ class Supervisor:
             raise KeyboardInterrupt  # a second Ctrl-C: stop waiting (for the final model)
         self.stop_reason = "interrupted"
         self.stop_signal = signum
+        self.interrupted_at = time.monotonic()
         self._stop.set()
+        if self._starting:
+            raise KeyboardInterrupt  # out of whatever the start waits on (run() stops)
+
+    def resume_command(self) -> str:
+        """The command that continues this run from its run directory (``--resume``), with
+        the options it cannot read from there: keys kept elsewhere; for a head whose roles
+        all run elsewhere, the address it binds."""
+        command = (
+            f"{RESUME_HEAD if self.elsewhere else RESUME_RUN} {shlex.quote(str(self.run_dir))}"
+        )
+        if self.elsewhere:
+            command += f" --bind {shlex.quote(self.access.bind_addr)}"
+        keys = self.access.keys_dir
+        if keys is not None and not keys.is_relative_to((self.run_dir / "keys").resolve()):
+            command += f" --keys {shlex.quote(str(keys))}"
+        elif keys is None and self.access.insecure:
+            command += " --insecure"
+        return command
+
+    def _resume_hint(self) -> str:
+        return f"to continue it from its last checkpoints: {self.resume_command()}"
 
     def _summary(
         self, row: dict[str, Any], saved: SavedModels | None, interrupted: bool
@@ -628,6 +767,10 @@ class Supervisor:
         summary["signal"] = (
             signal.Signals(self.stop_signal).name if interrupted and self.stop_signal else None
         )
+        # An interrupted run is one to go on with: the command that does.
+        summary["resume_command"] = self.resume_command() if interrupted else None
+        if saved is None and self.model_skipped:
+            summary["model_note"] = self.model_skipped
         return summary
 
     def _evaluations_in_flight(self) -> list[dict[str, Any]]:
