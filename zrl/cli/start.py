@@ -118,6 +118,8 @@ def start_broker(
             "--resume", help="Be the head of a run directory again, from its last checkpoints."
         ),
     ] = None,
+    script: ScriptOpt = None,
+    trust_run_dir: TrustRunDirOpt = False,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run the broker: registry, topic bus and stream devices; with --run-dir, also the
