@@ -45,7 +45,7 @@ from zrl.config.experiment import ConfigError, ExperimentConfig
 from zrl.config.factories import FACTORIES_FILE, Factories
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.children import Child
-from zrl.run.learning import did_not_learn
+from zrl.run.learning import ProgressWatch, did_not_learn
 from zrl.run.metrics import (
     MetricsWriter,
     ScalarWriter,
@@ -169,6 +169,7 @@ class Supervisor:
             self.pool.zygote = zygote
         self.agg = Aggregator()
         self.target = StopRule(cfg)
+        self.progress = ProgressWatch(cfg)
         self._stop = threading.Event()
         self.stop_reason = ""
         self.stop_signal: int | None = None
@@ -353,6 +354,16 @@ class Supervisor:
             display.message(
                 f"waiting for {len(missing)} role(s) to register: {self.roster.describe_missing()}"
             )
+
+    def _check_progress(self) -> None:
+        """Fail the run as soon as its learning stopped (``zrl.run.learning.ProgressWatch``)."""
+        ours = [r for r in self.monitor.status_rows if self.monitor.ours(r)]
+        reason = self.progress.observe(ours, time.monotonic())
+        if reason is not None and not self.pool.fatal:
+            log.error("%s", reason)
+            self.pool.fatal = reason
+            self.stop_reason = "error"
+            self._stop.set()
 
     def _report_deaths(self, display: Any) -> None:
         """Say on the console when the broker marks a role of ours dead (it missed its
@@ -567,6 +578,7 @@ class Supervisor:
                     if fresh:  # never call a role missing on rows the broker did not send
                         self._check_roster(elapsed, display)
                         self._report_deaths(display)
+                        self._check_progress()
                     row = self.agg.row(elapsed)
                     writer.write_progress(row)
                     writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
