@@ -79,11 +79,19 @@ class ChildPool:
     own_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), init=False)
     """The run secret of a run without keys: the broker gets it, each role its credential."""
 
+    others_join: bool = False
+    """Roles of this run come from other processes than ours (``hosts`` places some, or a
+    head that starts none): without keys they have no secret to prove their ids with."""
+
     @property
-    def run_secret(self) -> bytes:
-        """The secret role credentials derive from: the run keys', else this run's own."""
+    def run_secret(self) -> bytes | None:
+        """The secret role credentials derive from: the run keys', else this run's own; None
+        (ids are claims, as --insecure accepts) for a run without keys whose roles also come
+        from elsewhere, which could not prove them."""
         keys = self.access.keys
-        return keys.run_secret if keys is not None and keys.run_secret else self.own_secret
+        if keys is not None and keys.run_secret:
+            return keys.run_secret
+        return None if self.others_join else self.own_secret
 
     def start_zygote(self) -> None:
         """Start the zygote, or give the one ``zrl run`` started early its log file."""
@@ -139,12 +147,15 @@ class ChildPool:
         # importing the config and the CLI before it bound, and every role waited on it.
         # The broker gets the stop token and the run secret; a role only its own credential
         # (zrl.transport.security): a child cannot take another role's id.
-        env = (
-            {"ZRL_STOP_TOKEN": self.stop_token, RUN_SECRET_ENV: self.run_secret.hex()}
-            if child.role == "broker"
-            else {ROLE_CREDENTIAL_ENV: role_credential(self.run_secret, child.name)}
-        )
-        child.proc = launch(argv, child.log_path, self.zygote, env)
+        secret = self.run_secret
+        env = {"ZRL_STOP_TOKEN": self.stop_token} if child.role == "broker" else {}
+        if secret is not None:
+            env.update(
+                {RUN_SECRET_ENV: secret.hex()}
+                if child.role == "broker"
+                else {ROLE_CREDENTIAL_ENV: role_credential(secret, child.name)}
+            )
+        child.proc = launch(argv, child.log_path, self.zygote, env or None)
 
     def _spawn_thread(self, child: Child) -> None:
         from zrl.roles import role_class

@@ -165,6 +165,7 @@ class Supervisor:
             inproc=inproc,
             log_level=log_level,
         )
+        self.pool.others_join = elsewhere or any(sum(h.roles.values()) for h in cfg.hosts)
         if zygote is not None:  # started by the caller while it read the config: ours now
             self.pool.zygote = zygote
         self.agg = Aggregator()
@@ -246,9 +247,14 @@ class Supervisor:
                 f"authenticated: CURVE keys in {self.access.keys_dir}; every role proves its "
                 "id with a credential of the run"
             )
+        proven = (
+            "roles still prove their ids"
+            if self.pool.run_secret is not None
+            else "and take any role's id: roles on other hosts have no secret to prove theirs"
+        )
         return (
             "INSECURE (--insecure): no keys; any process that reaches the broker's ports can "
-            "read and send this run's traffic (roles still prove their ids)"
+            f"read and send this run's traffic ({proven})"
         )
 
     def wants_run_keys(self) -> bool:
