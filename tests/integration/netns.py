@@ -251,15 +251,20 @@ class Hosts:
         return self.exec(host, sys.executable, "-m", "zrl", *args, log=log, cwd=cwd)
 
     def run(
-        self, host: int | str, *cmd: str, timeout: float = 30.0, check: bool = False
+        self,
+        host: int | str,
+        *cmd: str,
+        timeout: float = 30.0,
+        check: bool = False,
+        cwd: Path = REPO,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a short command inside a host's namespace and return its output."""
+        """Run a short command inside a host's namespace, in ``cwd``, and return its output."""
         done = subprocess.run(
             ["ip", "netns", "exec", self.ns(host), *cmd],
             capture_output=True,
             text=True,
             timeout=timeout,
-            cwd=REPO,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
         )
         if check and done.returncode != 0:
