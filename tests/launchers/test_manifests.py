@@ -365,6 +365,7 @@ echo "python $*" >>"$FAKE_LOG"
 echo "pid $$" >>"$FAKE_LOG"
 case "$*" in
   *"zrl status"*) exit 0 ;;
+  *"zrl keys init"*) mkdir -p "$5" && touch "$5/server.key_secret"; exit 0 ;;
   *"start broker"*)  # the head: ends the job once the actors' agent runs (not just srun)
     for _ in $(seq 100); do grep -q "^python .*host .*actor=" "$FAKE_LOG" && exit 0; sleep 0.1; done
     exit 1 ;;
@@ -373,7 +374,7 @@ exec sleep 30
 """
 
 
-@pytest.mark.parametrize("keys", [None, "/shared/zrl-keys"])
+@pytest.mark.parametrize("keys", [None, "insecure", "/shared/zrl-keys"])
 def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     tmp_path: Path, keys: str | None
 ) -> None:
@@ -407,7 +408,11 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     lines = log.read_text().splitlines()
     calls = [line.split(" ", 1)[1] for line in lines if line.startswith("python ")]
     srun = [line for line in lines if line.startswith("srun ")]
-    k = f" --keys {keys}" if keys else ""
+    # No KEYS: the job makes its own keys (authenticated by default); KEYS=insecure: none.
+    made = [c for c in calls if c.startswith("-m zrl keys init")]
+    assert made == (["-m zrl keys init zrl-42/keys"] if keys is None else []), calls
+    used = "zrl-42/keys" if keys is None else keys
+    k = "" if used == "insecure" else f" --keys {used}"
     broker = [c for c in calls if c.startswith("-m zrl start broker")]
     assert broker == [
         "-m zrl start broker --run-dir zrl-42/run --bind tcp://0.0.0.0:5555 "
@@ -435,7 +440,8 @@ def test_sbatch_script_starts_the_roles_on_a_fake_allocation(
     ):
         assert part in srun[0], srun[0]
     pids = [int(line.split()[1]) for line in lines if line.startswith("pid ")]
-    assert len(pids) == 4  # head, status, the central agent, the actors' agent
+    # head, status, the central agent, the actors' agent (and the keys it made)
+    assert len(pids) == 4 + (keys is None)
     left = [
         p
         for p in pids
