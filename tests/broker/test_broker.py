@@ -1025,6 +1025,45 @@ def test_supervisor_takes_evals_only_from_its_registered_evaluator(tmp_path):
         writer.close()
 
 
+def test_a_stale_listing_does_not_drop_the_real_evaluators_results(tmp_path):
+    """Issue 40, item 3: under load the head's listings came late or not at all, its rows
+    lacked the evaluator, and every evaluation was dropped (summary: 0 evaluations). A result
+    from a planned evaluator missing from the last listing is checked with a STATUS about that
+    id alone (at most once a second per id) before it is dropped."""
+    from zrl.run.metrics import MetricsWriter
+
+    sup = eval_supervisor(tmp_path, eval_return=None, wall_time=60)
+    live = dict(sup.monitor.status_rows[0])
+    sup.monitor.status_rows = []  # the last listing came before the evaluator registered
+    asked: list[str] = []
+
+    def role_row(rid: str) -> dict[str, Any] | None:
+        asked.append(rid)
+        return live if rid == live["id"] else None
+
+    sup.monitor.role_row = role_row  # type: ignore[method-assign]
+    writer = MetricsWriter(tmp_path / "run")
+
+    class Source:
+        def __init__(self, *senders: str) -> None:
+            self.msgs = [
+                P.Message(P.METRICS, meta={"kind": "eval", "mean": 9.0}, sender=s) for s in senders
+            ]
+
+        def recv(self, block: bool = True) -> tuple[None, P.Message] | None:
+            return (None, self.msgs.pop(0)) if self.msgs else None
+
+        def drop(self, sender: str, reason: str) -> None:
+            pass
+
+    try:
+        sup.monitor.drain(Source("evaluator-0", "evaluator-7", "actor-0"), writer, 1.0)
+        assert len(sup.agg.evals) == 1 and sup.monitor.evals_dropped == 2
+        assert asked == ["evaluator-0"]  # ids the roster never planned are not asked about
+    finally:
+        writer.close()
+
+
 # --- issue 27: a full registry of fakes with large info -------------------------------------
 
 

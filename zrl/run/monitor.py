@@ -44,8 +44,10 @@ log = logging.getLogger("zrl.supervisor")
 
 REMOTE_STOP_WAIT_S = 20.0
 """How long the head keeps the broker up for roles elsewhere to hear the stop and say BYE."""
-STATUS_TIMEOUT_S = 1.0
-"""How long one refresh of the registry's rows (every page of the listing) may take."""
+STATUS_TIMEOUT_S = 3.0
+"""How long one refresh of the registry's rows (every page of the listing) may take: at 1 s
+a loaded machine's refreshes all failed and the head showed 0 steps while the roles trained."""
+EVAL_SENDER_ASK_S = 1.0
 STATUS_WARN_INTERVAL_S = 30.0
 """Failed STATUS refreshes are logged at most once per this, with how many failed."""
 
@@ -74,6 +76,8 @@ class RunMonitor:
     status_failures: int = field(default=0, init=False)
     """STATUS refreshes in a row that got no readable answer."""
     _next_status_warning: float = field(default=0.0, init=False)
+    _asked_about: dict[str, float] = field(default_factory=dict, init=False)
+    """When each planned evaluator id may be asked about again (``_eval_sender``)."""
     evals_dropped: int = field(default=0, init=False)
     """Evals published under a name that is no registered evaluator of this run."""
     first_env_step: float | None = field(default=None, init=False)
@@ -110,7 +114,7 @@ class RunMonitor:
                 return
             meta, sender = got[1].meta, got[1].sender
             if meta.get("kind") == "eval":
-                if self.registered(sender, "evaluator") is None:
+                if self._eval_sender(sender) is None:
                     self.evals_dropped += 1
                     source.drop(sender or "?", "eval from no registered evaluator of this run")
                     continue
@@ -178,6 +182,20 @@ class RunMonitor:
                 info: dict[str, Any] = r["info"]
                 return info
         return None
+
+    def _eval_sender(self, rid: Any) -> dict[str, Any] | None:
+        """The registry's row of a live evaluator of this run that sent an eval: from the
+        last listing, else (an evaluator registered since, or a listing that came late under
+        load) from a STATUS about that id alone, at most once per ``EVAL_SENDER_ASK_S`` per
+        id. A result of a real evaluator is never dropped for a stale listing."""
+        row = self.registered(rid, "evaluator")
+        if row is not None or not isinstance(rid, str) or rid not in self.roster.planned:
+            return row
+        now = time.monotonic()
+        if now < self._asked_about.get(rid, 0.0):
+            return None
+        self._asked_about[rid] = now + EVAL_SENDER_ASK_S
+        return self.registered(rid, "evaluator", ask=True)
 
     def registered(self, rid: Any, role: str, *, ask: bool = False) -> dict[str, Any] | None:
         """The broker's row for ``rid`` if it is one of this run's ``role`` roles, live, and

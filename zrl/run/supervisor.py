@@ -171,6 +171,8 @@ class Supervisor:
         self.agg = Aggregator()
         self.target = StopRule(cfg)
         self.progress = ProgressWatch(cfg)
+        self._read_after_stop = False
+        """Whether the registry's rows were read once the roles had stopped."""
         self._stop = threading.Event()
         self.stop_reason = ""
         self.stop_signal: int | None = None
@@ -295,15 +297,32 @@ class Supervisor:
 
     # --- monitoring -------------------------------------------------------------------
 
+    def _counted_to_the_end(self, row: dict[str, Any], writer: MetricsWriter) -> dict[str, Any]:
+        """The run's figures from the roles' last heartbeats, read once they stopped (their
+        rows keep what their BYE said): the roles step on between the stop's figures and
+        their end, and summary.json's counts must be those of its ``heartbeats``. A changed
+        row is progress.csv's last too (a --resume counts on from there)."""
+        if not row or not self._read_after_stop:
+            return row
+        final = self.agg.row(time.monotonic() - self.started)
+        if (final["env_steps"], final["updates"]) == (row["env_steps"], row["updates"]):
+            return row
+        writer.write_progress(final)
+        return final
+
     def _stop_experiment(self) -> None:
         """STOP_RUN, while the broker is still up (``ChildPool.stop``'s ``before_broker``);
         after a signal, waiting for the roles elsewhere only within ``INTERRUPT_STOP_S``."""
         elapsed = time.monotonic() - self.started
         if self.interrupted_at is None:
             self.monitor.stop_run(self.stop_reason or "stopped", elapsed)
-            return
-        left = self.interrupted_at + INTERRUPT_STOP_S - time.monotonic()
-        self.monitor.stop_run(self.stop_reason or "interrupted", elapsed, max(left - 0.5, 0.0))
+        else:
+            left = self.interrupted_at + INTERRUPT_STOP_S - time.monotonic()
+            self.monitor.stop_run(self.stop_reason or "interrupted", elapsed, max(left - 0.5, 0.0))
+            if time.monotonic() > self.interrupted_at + INTERRUPT_STOP_S - 1.0:
+                return
+        # The local roles have stopped: their rows hold their last figures.
+        self._read_after_stop = self.monitor.refresh()
 
     def _confirm_target(self) -> None:
         """Stop at the target once the evaluator's own heartbeat reports the evaluations that
@@ -656,6 +675,7 @@ class Supervisor:
             self._record_league(row, writer, final=True)
         finally:
             self.pool.stop(before_broker=self._stop_experiment, deadline=deadline)
+            row = self._counted_to_the_end(row, writer)
             self.roster.ended_here({c.name: c.exit_code() for c in self.children})
             # The zygote exits by itself once its input closes (a second or two with torch
             # loaded): let it, while the summary is written, and reap it last.

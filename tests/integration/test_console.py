@@ -1,0 +1,63 @@
+"""The head's console and its records never contradict the roles (issue 40, item 3: a PPO run
+showed ``steps 0 updates 0`` for 90 s while its learner made 400 updates, and its summary.json
+said 0 env steps and 0 evaluations).
+
+A real `zrl run configs/cartpole_ppo.yaml`: every status line it printed is a row of
+progress.csv (the same records), progress.csv's last row and summary.json hold the roles' own
+final counters (the sum of the actors' env steps and the learner's updates in the summary's
+``heartbeats``), and every evaluation the head recorded is in eval.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from zrl.testing.processes import REPO, kill_pids, zrl_run_command
+
+STATUS_LINE = re.compile(r"^\[\s*\d+s\] steps ([\d,]+) \(.*?\) updates ([\d,]+) ", re.M)
+
+
+@pytest.mark.slow
+def test_the_console_progress_and_summary_agree_with_the_roles(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = zrl_run_command(
+        REPO / "configs" / "cartpole_ppo.yaml",
+        run_dir,
+        ["stop.wall_time=40", "stop.eval_return=null"],
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_pids([proc.pid])
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with open(run_dir / "progress.csv") as f:
+        progress = [(int(r["env_steps"]), int(r["updates"])) for r in csv.DictReader(f)]
+    shown = [
+        (int(s.replace(",", "")), int(u.replace(",", ""))) for s, u in STATUS_LINE.findall(text)
+    ]
+    assert shown, text[-3000:]
+    # What the console showed is what progress.csv recorded.
+    assert set(shown) <= set(progress), (shown, progress)
+    # The run trained, and the console saw it.
+    assert summary["updates"] > 0 and summary["env_steps"] > 0, summary
+    assert max(shown) > (0, 0), shown
+    # summary.json and progress.csv end on the roles' own last counters.
+    beats = summary["heartbeats"]
+    actors = sum(v.get("env_steps", 0) for k, v in beats.items() if k.startswith("actor-"))
+    updates = sum(v.get("updates", 0) for k, v in beats.items() if k.startswith("learner-"))
+    assert (summary["env_steps"], summary["updates"]) == (actors, updates), beats
+    assert progress[-1] == (actors, updates), progress[-3:]
+    # Every evaluation the head took is in eval.csv, and the evaluator made at least those.
+    with open(run_dir / "eval.csv") as f:
+        recorded = list(csv.DictReader(f))
+    assert summary["evaluations"] == len(recorded) > 0, summary
+    assert beats["evaluator-0"]["evaluations"] >= len(recorded), beats["evaluator-0"]
