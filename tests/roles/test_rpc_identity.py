@@ -4,7 +4,13 @@ connection's flood of well-formed INFER requests pushed the actors' first reques
 
 from __future__ import annotations
 
-from zrl.roles.rpc_identity import MAX_PARKED, RegisteredPeers, key_digest, new_routing_key
+from zrl.roles.rpc_identity import (
+    MAX_PARKED,
+    MAX_PARKED_PER_PEER,
+    RegisteredPeers,
+    key_digest,
+    new_routing_key,
+)
 from zrl.transport import protocol as P
 
 
@@ -16,7 +22,7 @@ def peers(rows: list[dict]) -> RegisteredPeers:
     return RegisteredPeers("inference", lambda: rows, lambda row: row["role"] == "actor")
 
 
-def test_a_flooding_connection_holds_one_slot() -> None:
+def test_a_flooding_connection_holds_only_its_own_slots() -> None:
     reg = peers([])
     flooder, actors = new_routing_key(), [new_routing_key() for _ in range(MAX_PARKED - 1)]
     dropped = []
@@ -26,12 +32,24 @@ def test_a_flooding_connection_holds_one_slot() -> None:
     for i in range(1000):  # the flood
         dropped.append(reg.park(flooder, request(2000 + i)))
     reg.next_status = 0.0  # the registry may be asked again
-    kept = dict(reg.unpark())
-    assert set(kept) == {flooder, *actors}
-    assert [kept[a].meta["n"] for a in actors] == list(range(len(actors)))
-    assert kept[flooder].meta["n"] == 2999  # its newest
-    assert all(d is not None and d.meta["n"] >= 1000 for d in dropped if d is not None)
-    assert sum(d is not None for d in dropped) == len(actors) - 1 + 1000
+    kept = reg.unpark()
+    by_peer: dict[bytes, list[int]] = {}
+    for ident, msg in kept:
+        by_peer.setdefault(ident, []).append(msg.meta["n"])
+    assert set(by_peer) == {flooder, *actors}
+    assert [by_peer[a] for a in actors] == [[i] for i in range(len(actors))]
+    assert by_peer[flooder] == list(range(3000 - MAX_PARKED_PER_PEER, 3000))  # its newest
+    assert all(d.meta["n"] >= 1000 for d in dropped if d is not None)  # only the flooder's
+
+
+def test_a_connections_requests_stay_in_order() -> None:
+    """A league's RESET then a late repeat on one connection: both, in order (one slot per
+    connection would keep the repeat alone and lose the reset)."""
+    reg = peers([])
+    league = new_routing_key()
+    assert reg.park(league, request(2)) is None and reg.park(league, request(1)) is None
+    reg.next_status = 0.0
+    assert [m.meta["n"] for _, m in reg.unpark()] == [2, 1]
 
 
 def test_past_max_parked_connections_the_longest_waiting_is_dropped() -> None:

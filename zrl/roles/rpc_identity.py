@@ -19,7 +19,8 @@ STATUS, asks STATUS again at most once per ``STATUS_INTERVAL_S`` while a connect
 (a flood of unknown connections costs one query per interval, and the real client finds its
 key in the next one), and remembers at most ``MAX_KNOWN_PEERS`` connections it confirmed. A
 guarded request from an unknown connection that arrives while it may not ask yet is parked
-(the newest per connection, at most ``MAX_PARKED`` connections, the longest-waiting dropped)
+(at most ``MAX_PARKED_PER_PEER`` per connection and ``MAX_PARKED`` connections, the oldest
+dropped)
 and handled again once it may: a client's first request right after its key showed is not
 lost to a query made just before, nor to another connection's flood. Without keys
 (CURVE) a process that sees the traffic can still copy a routing id; see
@@ -34,7 +35,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,8 @@ STATUS_INTERVAL_S = 0.5
 STATUS_TIMEOUT_S = 1.0
 MAX_KNOWN_PEERS = 64
 MAX_PARKED = 8
+"""Connections with requests parked at once."""
+MAX_PARKED_PER_PEER = 4
 LIVE_STATES = ("starting", "alive")
 
 log = logging.getLogger(__name__)
@@ -125,8 +128,8 @@ class RegisteredPeers:
         self.queries = 0
         self.vouched_now: dict[str, Peer] = {}  # of the last STATUS
         self.deferred = False  # the last identify missed without asking (the interval)
-        self.parked: OrderedDict[bytes, P.Message] = OrderedDict()
-        """The newest waiting request of each unknown connection, oldest connection first."""
+        self.parked: OrderedDict[bytes, deque[P.Message]] = OrderedDict()
+        """The waiting requests of each unknown connection, oldest connection first."""
 
     def identify(self, ident: bytes) -> Peer | None:
         """The registered peer whose key ``ident`` is, or None (asking STATUS at most once
@@ -169,24 +172,30 @@ class RegisteredPeers:
         return out
 
     def park(self, ident: bytes, msg: P.Message) -> P.Message | None:
-        """Hold ``msg`` until :meth:`unpark`, fairly: a connection keeps only its newest
-        request parked (the one it replaces is returned, dropped), and past ``MAX_PARKED``
-        connections the longest-waiting connection's request is dropped. One connection's
-        flood of requests holds one slot: it cannot push another's first request out."""
-        replaced = self.parked.pop(ident, None)
-        self.parked[ident] = msg
-        if replaced is not None:
-            return replaced
+        """Hold ``msg`` until :meth:`unpark`, fairly and in order: a connection keeps at most
+        ``MAX_PARKED_PER_PEER`` requests parked (past that its own oldest is dropped, and
+        returned), and past ``MAX_PARKED`` connections the longest-waiting connection's
+        oldest request is. One connection's flood holds its own few slots: it cannot push
+        another's first request out."""
+        queue = self.parked.setdefault(ident, deque())
+        queue.append(msg)
+        if len(queue) > MAX_PARKED_PER_PEER:
+            return queue.popleft()
         if len(self.parked) > MAX_PARKED:
-            return self.parked.popitem(last=False)[1]
+            oldest = next(iter(self.parked))
+            dropped = self.parked[oldest].popleft()
+            if not self.parked[oldest]:
+                del self.parked[oldest]
+            return dropped
         return None
 
     def unpark(self) -> list[tuple[bytes, P.Message]]:
-        """The parked requests, once the registry may be asked about them (else none)."""
+        """The parked requests, once the registry may be asked about them (else none): each
+        connection's in the order they came."""
         if not self.parked or not self.may_ask():
             return []
-        parked, self.parked = list(self.parked.items()), OrderedDict()
-        return parked
+        parked, self.parked = self.parked, OrderedDict()
+        return [(ident, msg) for ident, queue in parked.items() for msg in queue]
 
     def may_ask(self) -> bool:
         """Whether the next ``identify`` of an unknown connection would ask STATUS."""
