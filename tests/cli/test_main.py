@@ -356,6 +356,8 @@ def test_a_role_names_the_keys_a_broker_refuses(tmp_path, spawn):
         elapsed = time.monotonic() - started
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
         assert named in r.stderr, r.stderr
+        # Started by hand without keys, it said once what that allows.
+        assert r.stderr.count("runs without keys") == (0 if extra else 1), r.stderr
         # Within the connect timeout it was given: the cause, not the timeout, ended it.
         assert elapsed < 60, (elapsed, r.stderr)
 

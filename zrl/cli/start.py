@@ -154,6 +154,8 @@ def start_broker(
         )
         return
     setup_logging(log_level)
+    if keys is None and "ZRL_STOP_TOKEN" not in os.environ:  # zrl run's broker says nothing
+        warn_insecure("this broker")
     if not is_loopback(bind) and keys is None and not insecure:
         fail(
             f"{bind} is reachable from other hosts and no keys are configured: anyone on the "
@@ -191,6 +193,25 @@ def start_broker(
     broker.run()
 
 
+INSECURE_WARNING = (
+    "warning: {who} runs without keys (no --keys): its traffic is unencrypted, and any process "
+    "that reaches the broker can read it, send it anything, and take a role's id where the "
+    "broker holds no run secret. Use the key directory of `zrl keys init` on any network or "
+    "machine you share."
+)
+
+
+def warn_insecure(who: str) -> None:
+    """Say once, loudly, what running without keys allows: on the command line of the
+    process a user started, not in every child that ``zrl run`` or ``zrl host`` started."""
+    from zrl.roles.base import AGENT_ID_ENV
+    from zrl.transport.security import ROLE_CREDENTIAL_ENV
+
+    if os.environ.get(ROLE_CREDENTIAL_ENV) or os.environ.get(AGENT_ID_ENV):
+        return
+    typer.echo(INSECURE_WARNING.format(who=who), err=True)
+
+
 def role_options(
     timeout: float,
     keys: Path | None,
@@ -201,6 +222,8 @@ def role_options(
     env_id: str | None = None,
 ) -> dict[str, Any]:
     """The ``Role`` arguments a role process takes from its own command line."""
+    if keys is None:
+        warn_insecure("this role")
     return {
         "connect_timeout": timeout,
         "keys": load_keys(keys, key_name),
