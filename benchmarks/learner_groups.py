@@ -7,7 +7,7 @@ invocation.
 Each learner is the real ``PPOUpdate`` (``zrl.algos.ppo.update``) of the config, with
 ``roles.learners`` set to the group's size: learner 0 opens the group's store, the others
 find its address (through a file here, where a run asks the broker) and the group forms as in
-a run (``zrl.algos.learner_group``). Every learner gets the same synthetic rounds (one rollout
+a run (``zrl.distributed.learner_group``). Every learner gets the same synthetic rounds (one rollout
 per actor, observations of the env's shape, random actions) and trains them; the group splits
 every minibatch and all-reduces the gradients. No actors, broker or parameter server: this is
 the learners' compute and their all-reduce only. The first round is a warm-up, not timed.
@@ -28,11 +28,11 @@ more learners than cores measures the contention, not the scaling)::
 ``learner.device`` (``auto``: a GPU where there is one) puts each learner on a GPU of its own
 (learner i on ``cuda:i``; the group on nccl); more learners than GPUs is refused.
 
-APPO / IMPALA (``zrl.algos.unrolls``): each learner is the real ``AppoUpdate`` /
+APPO / IMPALA (``zrl.algos.kernel.unrolls``): each learner is the real ``AppoUpdate`` /
 ``ImpalaUpdate`` and trains batches of its own (``replay.batch_size`` synthetic unrolls each,
 as a FIFO shard deals them out), a "round" being one batch per learner; the group averages
 every step's gradients, so its samples/s counts every learner's batches (learner 0's time).
-The off-policy learners (``zrl.algos.batch_update``) likewise: each trains its own batches of
+The off-policy learners (``zrl.algos.kernel.batch_update``) likewise: each trains its own batches of
 ``replay.batch_size`` synthetic transitions, one update each.
 """
 
@@ -171,9 +171,9 @@ def learner_main(
     from zrl.algos.api.learner import LearnerSetup
     from zrl.algos.api.train_stats import TrainStats
     from zrl.algos.appo.update import AppoUpdate
-    from zrl.algos.batches import resolve_device
     from zrl.algos.continuous import ContinuousUpdate
     from zrl.algos.impala.update import ImpalaUpdate
+    from zrl.algos.kernel.batches import resolve_device
     from zrl.algos.models import experiment_model
     from zrl.algos.ppo.update import PPOUpdate
     from zrl.config.experiment import load_config

@@ -28,10 +28,10 @@ from tests.helpers.updates import (
 from zrl.algos.appo.losses import appo_loss, masked_normalize
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
-from zrl.algos.policy_gradient import normalize, ppo_loss
-from zrl.algos.returns import rollout_gae
-from zrl.algos.unrolls import FRAME_TRAINED_ARRAYS, TRAINED_ARRAYS
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.policy_gradient import normalize, ppo_loss
+from zrl.algos.kernel.returns import rollout_gae
+from zrl.algos.kernel.unrolls import FRAME_TRAINED_ARRAYS, TRAINED_ARRAYS
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.config.algorithms import get_algorithm
 from zrl.testing.fakes import learner_setup
 from zrl.transport import messages as M

@@ -27,11 +27,11 @@ from tests.helpers.updates import (
     dqn_batch,
     setup,
 )
-from zrl.algos import learner_group
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.algos.api.learner import UpdateResult
-from zrl.algos.batch_update import BatchUpdate
 from zrl.algos.continuous import ContinuousUpdate
+from zrl.algos.kernel import policy_learners
+from zrl.algos.kernel.batch_update import BatchUpdate
 from zrl.testing.probes import wait_for
 
 torch.set_num_threads(1)
@@ -156,7 +156,7 @@ def test_an_idle_learner_joins_the_round_and_adds_nothing(monkeypatch) -> None:
     ``IDLE_ROUND_S`` learner 1 joins the round on its last batch with weight 0, so both take
     exactly the step a lone learner takes on learner 0's batch. Then neither has a batch: their
     idle round takes no step."""
-    monkeypatch.setattr(learner_group, "IDLE_ROUND_S", 0.05)
+    monkeypatch.setattr(policy_learners, "IDLE_ROUND_S", 0.05)
     sections = {"learner": {"target_update_interval": 2}}
     ups = group_of_two("apex_dqn", sections)
     leader, follower = ups

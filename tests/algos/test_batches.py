@@ -1,6 +1,6 @@
-"""``zrl.algos.batches``: the learner's device, batches moved there in order, uint8 kept, host
-buffers reused (on the CPU unpinned; on a GPU, when there is one, pinned and copied on a stream
-of their own)."""
+"""``zrl.algos.kernel.batches``: the learner's device, batches moved there in order, uint8
+kept, host buffers reused (on the CPU unpinned; on a GPU, when there is one, pinned and copied
+on a stream of their own)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.batches import (
+from zrl.algos.kernel.batches import (
     DeviceError,
     HostStaging,
     PendingBatches,

@@ -21,10 +21,10 @@ from zrl.algos.appo.losses import appo_loss
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_loss, unroll_forward, vtrace
+from zrl.algos.kernel.sampling import GaussianPolicy, make_categorical_policy, sample_gaussian
 from zrl.algos.models import experiment_model
 from zrl.algos.ppo.policy import GaussianPPOPolicy, make_policy
 from zrl.algos.ppo.update import PPOUpdate
-from zrl.algos.sampling import GaussianPolicy, make_categorical_policy, sample_gaussian
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.gaussian import DIAG_GAUSSIAN, GaussianActorCritic
 from zrl.replay.layout import experience_layout

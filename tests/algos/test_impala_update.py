@@ -23,8 +23,8 @@ from zrl.algos.impala.vtrace import (
     impala_update,
     vtrace,
 )
-from zrl.algos.optim import make_adam
-from zrl.algos.returns import rollout_gae
+from zrl.algos.kernel.optim import make_adam
+from zrl.algos.kernel.returns import rollout_gae
 from zrl.nets.discrete import ActorCritic
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from zrl.algos.optim import checked_step, deferred_step, defers_checks, make_adam
+from zrl.algos.kernel.optim import checked_step, deferred_step, defers_checks, make_adam
 
 
 def net_and_adam(device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer]:

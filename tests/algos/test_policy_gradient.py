@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.policy_gradient import a2c_loss, normalize, ppo_loss, reduce_gradients
+from zrl.algos.kernel.policy_gradient import a2c_loss, normalize, ppo_loss, reduce_gradients
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from zrl.algos.sampling import CategoricalPolicy
+from zrl.algos.kernel.sampling import CategoricalPolicy
 from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
 from zrl.testing.fakes import actor_setup
 

@@ -19,12 +19,12 @@ import torch
 
 from tests.helpers.recurrent import ACT_SPACE, CORE, OBS_SPACE, E, ScriptedActor, T, step_by_step
 from zrl.algos.api.learner import UpdateResult
+from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.models import build_model
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
 from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
-from zrl.algos.returns import rollout_gae
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic

@@ -27,15 +27,15 @@ from tests.helpers.recurrent import T as STEPS
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.impala.vtrace import impala_update
-from zrl.algos.models import build_model
-from zrl.algos.optim import make_adam
-from zrl.algos.ppo.policy import RecurrentPPOPolicy
-from zrl.algos.sampling import (
+from zrl.algos.kernel.optim import make_adam
+from zrl.algos.kernel.sampling import (
     CategoricalPolicy,
     RecurrentCategoricalPolicy,
     make_categorical_policy,
 )
-from zrl.algos.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_outputs
+from zrl.algos.kernel.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_outputs
+from zrl.algos.models import build_model
+from zrl.algos.ppo.policy import RecurrentPPOPolicy
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic

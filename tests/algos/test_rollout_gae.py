@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.returns import discounted_returns, gae, rollout_gae
+from zrl.algos.kernel.returns import discounted_returns, gae, rollout_gae
 
 SETTINGS = settings(max_examples=60, deadline=None)
 gammas = st.sampled_from([0.0, 0.5, 0.9, 1.0])

@@ -18,11 +18,11 @@ import torch
 
 from tests.helpers.ranks import run_ranks
 from tests.helpers.updates import GroupServices, batch, config, setup, unroll_batch
-from zrl.algos import learner_group
 from zrl.algos.api.learner import UpdateResult
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.algos.unrolls import UnrollUpdate
+from zrl.algos.kernel import policy_learners
+from zrl.algos.kernel.unrolls import UnrollUpdate
 from zrl.testing.probes import wait_for
 
 VERSION = 5  # rank 0's weights version (acked by params); rank 1 never publishes: it has 0
@@ -162,7 +162,7 @@ def test_a_learner_without_batches_joins_the_round_of_one_that_has_one(monkeypat
     """Batches dealt out unevenly (or a shard that stopped): after ``IDLE_ROUND_S`` without
     a batch, learner 1 joins learner 0's round with none, so learner 0 does not wait for it;
     both step on learner 0's gradients and stay identical."""
-    monkeypatch.setattr(learner_group, "IDLE_ROUND_S", 0.05)
+    monkeypatch.setattr(policy_learners, "IDLE_ROUND_S", 0.05)
     leader, follower = group_of_two("appo")
     ups = (leader, follower)
     before = state(leader.model)

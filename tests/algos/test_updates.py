@@ -27,7 +27,7 @@ from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.algos.unrolls import UnrollUpdate
+from zrl.algos.kernel.unrolls import UnrollUpdate
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)

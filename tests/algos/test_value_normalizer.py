@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 
 
 def test_it_is_the_identity_before_any_target() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zrl.algos.impala.vtrace import VTraceReturns, categorical_entropy, impala_loss, vtrace
-from zrl.algos.returns import discounted_returns
+from zrl.algos.kernel.returns import discounted_returns
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

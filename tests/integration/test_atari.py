@@ -94,8 +94,8 @@ def test_pong_unrolls_carry_each_frame_once_and_appo_rebuilds_the_stacks(inproc,
     """``frame_unroll`` from the actor, each env's frames ``[T + 4, 84, 84]`` in the FIFO,
     ``frame_unroll_batch`` to the learner, which rebuilds the actor's uint8 stacks exactly."""
     from zrl.algos.appo.update import AppoUpdate
-    from zrl.algos.sampling import CategoricalPolicy
-    from zrl.algos.unrolls import UnrollUpdate
+    from zrl.algos.kernel.sampling import CategoricalPolicy
+    from zrl.algos.kernel.unrolls import UnrollUpdate
 
     sent: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # logp row -> (obs, bootstrap obs)
     seen: list[tuple[str, Any, tuple[int, ...]]] = []

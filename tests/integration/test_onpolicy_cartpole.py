@@ -73,7 +73,7 @@ def test_ppo_async_and_dd_ppo_learners_stay_in_lockstep(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_impala_learns_through_the_fifo_queue(tmp_path: Path) -> None:
-    # APPO shares this wiring and its learner base (zrl.algos.unrolls); its loss is tested
+    # APPO shares this wiring and its learner base (zrl.algos.kernel.unrolls); its loss is tested
     # against a reference loop, and tests/integration/test_atari.py trains it on Pong frames.
     summary = run_zrl(tmp_path, "cartpole_impala.yaml")  # to 475: "> 50 updates" needs it
     learner = summary["heartbeats"]["learner-0"]

@@ -29,7 +29,7 @@ from zrl.algos.api import (
     UpdateResult,
     Wiring,
 )
-from zrl.algos.optim import checked_step, make_adam
+from zrl.algos.kernel.optim import checked_step, make_adam
 from zrl.config.algorithms import register, unregister
 from zrl.config.base import Section
 from zrl.config.experiment import ConfigError, config_from_dict, config_to_yaml

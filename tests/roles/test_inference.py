@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.batches import resolve_device
+from zrl.algos.kernel.batches import resolve_device
 from zrl.config.experiment import ExperimentConfig
 from zrl.roles.actor import Actor
 from zrl.roles.inference import InferenceServer, JoinBuffers, Request, batches

@@ -39,9 +39,9 @@ from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
 from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.algos.api.learner import LearnerSetup
-from zrl.algos.batch_update import BatchStep, BatchUpdate
-from zrl.algos.batches import PendingBatches
-from zrl.algos.optim import make_adam
+from zrl.algos.kernel.batch_update import BatchStep, BatchUpdate
+from zrl.algos.kernel.batches import PendingBatches
+from zrl.algos.kernel.optim import make_adam
 from zrl.algos.sac.config import SACConfig
 from zrl.algos.sac.losses import default_target_entropy, sac_update
 from zrl.nets.continuous import DDPGModel, SACModel, clip_to_bounds

@@ -2,7 +2,7 @@
 
 Replay stores these (``zrl.replay.assemble``, ``zrl.replay.frames``) and the off-policy
 algorithms build them on their actors; the return maths of the on-policy algorithms is in
-``zrl.algos.returns``. Conventions for the ``[E, T]`` arrays: row ``e`` holds steps
+``zrl.algos.kernel.returns``. Conventions for the ``[E, T]`` arrays: row ``e`` holds steps
 ``t = 0..T-1`` of vector env ``e``; ``rewards[e, t]`` is the reward of step ``t`` and
 ``next_obs[e, t]`` the observation after it (the final observation when the episode ended at
 ``t``).

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.batches import resolve_device
+from zrl.algos.kernel.batches import resolve_device
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.params import REPLY_DRAIN_S, REPLY_HWM, REPLY_KERNEL_BUFFER_BYTES
 from zrl.roles.rpc_identity import RegisteredPeers, status_rows

@@ -14,7 +14,7 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
 - **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
   open more sockets through the learner; several learners of one policy (DD-PPO, IMPALA,
   APPO: ``roles.learners > 1``) open a ``torch.distributed`` group of their own
-  (``zrl.algos.learner_group``: learner 0's group store, found through a STATUS of
+  (``zrl.distributed.learner_group``: learner 0's group store, found through a STATUS of
   ``learner-0``, ``role_info``). The batches stream deals the shards' batches out to IMPALA's
   and APPO's learners in turn, and while their group's collective waits the update takes in
   (and acks) what arrived through :meth:`Learner.take_input`. Only learner 0 of a group
@@ -50,10 +50,10 @@ A message the update rejects is dropped and counted. A NaN/inf loss or gradient 
 before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
 learner cleanly (it is diverging), reporting its id and update number and keeping the last
 good checkpoint and published weights. On a GPU the update reads nothing back per update:
-the device skips a non-finite step (``zrl.algos.optim.deferred_step``) and the result carries
+the device skips a non-finite step (``zrl.algos.kernel.optim.deferred_step``) and the result carries
 a finite flag, which the learner reads once the next update is queued behind it
 (:meth:`Learner.settle`): the update is counted then, or its batch dropped as above. The copy
-of the next batch runs meanwhile on a stream of its own (``zrl.algos.batches.HostStaging``),
+of the next batch runs meanwhile on a stream of its own (``zrl.algos.kernel.batches.HostStaging``),
 so the GPU has the next update and its input queued while the host receives the one after.
 
 Where the learner's time goes (``TIME_PARTS``): waiting for input, handing it to the update
@@ -83,7 +83,7 @@ from zrl.algos.api.learner import (
     NonFiniteLossError,
     UpdateResult,
 )
-from zrl.algos.batches import resolve_device, wants_channels_last
+from zrl.algos.kernel.batches import resolve_device, wants_channels_last
 from zrl.config.algorithms import get_algorithm
 from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import WeightsCopy

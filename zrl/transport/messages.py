@@ -322,7 +322,7 @@ TURN_UNROLL = schema(
     passes=_STEP_BOOL,
 )
 """``passes[e, t]``: after step ``t`` the slot moves for the other seat, so GAE negates the
-values after it (``zrl.algos.returns.rollout_gae``)."""
+values after it (``zrl.algos.kernel.returns.rollout_gae``)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))

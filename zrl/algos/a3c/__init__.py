@@ -1,7 +1,7 @@
 """A3C (Mnih et al. 2016): each actor is a worker that computes the actor-critic gradient of
 its own rollout and pushes it to the parameter server, which applies it (no learner).
 
-- ``zrl.algos.policy_gradient``: the pure math (the A2C loss).
+- ``zrl.algos.kernel.policy_gradient``: the pure math (the A2C loss).
 - ``policy``: the actor side (``A3CPolicy``: samples actions, then computes the gradient).
 - ``server``: the parameter-server side (``A3CGradientServer``: validates, combines and
   applies the gradients with Adam).

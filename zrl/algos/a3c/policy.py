@@ -1,8 +1,8 @@
 """The A3C worker: samples the categorical policy, then computes its rollout's gradient.
 
 Each rollout becomes a GRADIENTS message for the parameter server: the gradient of the
-actor-critic loss (``zrl.algos.policy_gradient.a2c_loss``, GAE advantages from
-``zrl.algos.returns.rollout_gae``) by parameter name, with ``samples`` (valid steps) and the
+actor-critic loss (``zrl.algos.kernel.policy_gradient.a2c_loss``, GAE advantages from
+``zrl.algos.kernel.returns.rollout_gae``) by parameter name, with ``samples`` (valid steps) and the
 loss parts in the meta. The worker then goes on with the newest weights it has.
 """
 
@@ -16,9 +16,9 @@ import torch
 from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
 from zrl.algos.impala.vtrace import categorical_entropy
-from zrl.algos.policy_gradient import a2c_loss
-from zrl.algos.returns import rollout_gae
-from zrl.algos.sampling import CategoricalPolicy
+from zrl.algos.kernel.policy_gradient import a2c_loss
+from zrl.algos.kernel.returns import rollout_gae
+from zrl.algos.kernel.sampling import CategoricalPolicy
 from zrl.transport import protocol as P
 
 

@@ -25,8 +25,8 @@ import torch
 
 from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api.learner import GradientServerSetup
-from zrl.algos.optim import make_adam
-from zrl.algos.policy_gradient import reduce_gradients
+from zrl.algos.kernel.optim import make_adam
+from zrl.algos.kernel.policy_gradient import reduce_gradients
 from zrl.transport import protocol as P
 
 COUNTERS = ("updates", "applied_gradients", "stale_gradients", "future_gradients")

@@ -32,8 +32,8 @@ from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
 from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
-from zrl.algos.optim import StepFn, checked_step
-from zrl.algos.returns import check_nonnegative
+from zrl.algos.kernel.optim import StepFn, checked_step
+from zrl.algos.kernel.returns import check_nonnegative
 from zrl.nets.continuous import DDPGModel
 
 __all__ = [

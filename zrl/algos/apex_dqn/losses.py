@@ -1,8 +1,9 @@
 """DQN / Ape-X learner math: n-step (double) Q targets, prioritized Huber loss, one update step.
 
 Transitions are n-step: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is
-``gamma^k`` (0 when the episode terminated), both from :func:`zrl.algos.returns.nstep_transitions`,
-so the targets below never need ``gamma`` or a done flag.
+``gamma^k`` (0 when the episode terminated), both from
+:func:`zrl.replay.nstep.nstep_transitions`, so the targets below never need ``gamma`` or a
+done flag.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.algos.optim import StepFn, checked_step
+from zrl.algos.kernel.optim import StepFn, checked_step
 
 BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
 

@@ -24,9 +24,9 @@ from torch import Tensor
 
 from zrl.algos.apex_dqn.losses import dqn_update
 from zrl.algos.api.learner import LearnerSetup
-from zrl.algos.batch_update import BatchStep, QTargetUpdate
-from zrl.algos.batches import PendingBatches
-from zrl.algos.optim import make_adam
+from zrl.algos.kernel.batch_update import BatchStep, QTargetUpdate
+from zrl.algos.kernel.batches import PendingBatches
+from zrl.algos.kernel.optim import make_adam
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import validate

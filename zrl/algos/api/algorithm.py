@@ -92,7 +92,7 @@ class Algorithm:
     rollouts, negamax GAE), for a feed-forward model."""
     data_parallel: bool = False
     """Several learners of one policy (``roles.learners`` more than the policies) train it
-    together in a ``torch.distributed`` group (``zrl.algos.learner_group``; every built-in
+    together in a ``torch.distributed`` group (``zrl.distributed.learner_group``; every built-in
     algorithm with a learner). Without it such learners would each train and publish a model
     of their own, so they are refused."""
     remote_inference: bool = False

@@ -65,7 +65,8 @@ class LearnerSetup:
     train_stats: TrainStats
     services: LearnerServices
     device: torch.device | str = "cpu"
-    """Where ``model`` lives (``learner.device``): batches go there (``zrl.algos.batches``)."""
+    """Where ``model`` lives (``learner.device``): batches go there
+    (``zrl.algos.kernel.batches``)."""
 
 
 @dataclass
@@ -93,7 +94,7 @@ class UpdateResult:
     publish: bool = False
     """Publish the weights now, whatever ``learner.publish_interval`` says (end of a round)."""
     finite: torch.Tensor | None = None
-    """Checked on the device (``zrl.algos.optim.deferred_step``): a 0-d bool tensor, False
+    """Checked on the device (``zrl.algos.kernel.optim.deferred_step``): a 0-d bool tensor, False
     when a step of this batch met a NaN/inf loss or gradient and the device skipped it and
     the batch's later steps. The learner reads it one update later, while the next update
     runs, and drops the batch then as a :class:`NonFiniteLossError` would have. None: checked

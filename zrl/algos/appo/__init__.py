@@ -4,7 +4,7 @@ wiring (actors that never wait, unrolls through a FIFO replay queue, unrolls mor
 objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` per batch.
 
 - ``losses``: the pure math (the clipped surrogate on ``zrl.algos.impala.vtrace`` targets).
-- the actor side, the wiring and the model: IMPALA's (``zrl.algos.sampling``'s categorical
+- the actor side, the wiring and the model: IMPALA's (``zrl.algos.kernel.sampling``'s categorical
   policy, ``zrl.nets.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
 - ``update``: the learner side (``AppoUpdate``).
 

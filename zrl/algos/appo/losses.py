@@ -22,7 +22,7 @@ RLlib's ``APPO``: IMPALA's asynchronous actors, and a learner that optimizes PPO
 
    Sample Factory clips to ``[1 / (1 + clip), 1 + clip]``; zrl keeps PPO's symmetric clip, so
    on-policy (``mu == pi``, ``rho_bar, c_bar >= 1``), where ``v_s`` is the n-step return, this
-   is exactly PPO's loss (``zrl.algos.policy_gradient.ppo_loss``) with n-step advantages.
+   is exactly PPO's loss (``zrl.algos.kernel.policy_gradient.ppo_loss``) with n-step advantages.
    RLlib's extra importance factor against a target network is not used.
 
 3. ``value_loss = 0.5 * mean (v_t - V(x_t))^2`` (PPO2-clipped against the values before the
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.impala.vtrace import VTraceReturns, check_loss_inputs
-from zrl.algos.returns import check_nonnegative
+from zrl.algos.kernel.returns import check_nonnegative
 from zrl.nets.gaussian import CATEGORICAL, ActionDistribution
 
 
@@ -52,7 +52,7 @@ def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
 
 def masked_normalize(x: Tensor, valid: Tensor, eps: float = 1e-8) -> Tensor:
     """``(x - mean) / (std + eps)`` with the mean and unbiased std of the ``valid`` entries (as
-    ``zrl.algos.policy_gradient.normalize`` of ``x[valid]``); ``x`` as is with fewer than two
+    ``zrl.algos.kernel.policy_gradient.normalize`` of ``x[valid]``); ``x`` as is with fewer than two
     valid entries. No host sync: fit for a batch on an accelerator."""
     n = valid.sum()
     mean = masked_mean(x, valid)

@@ -3,18 +3,19 @@
 The learner role acks every BATCH from the replay shards' FIFO queues and hands it to
 :meth:`AppoUpdate.receive`; receiving, dropping the unrolls more than ``appo.max_lag`` versions
 behind the learner (``stale_unrolls``), the policy lag (``policy_lag``, ``policy_lag_max``)
-and the checkpoint state are :class:`zrl.algos.unrolls.UnrollUpdate`'s, shared with IMPALA.
+and the checkpoint state are :class:`zrl.algos.kernel.unrolls.UnrollUpdate`'s, shared with IMPALA.
 
 On the fresh unrolls of a batch, as Sample Factory: ``appo.epochs`` passes, each over the
 unrolls shuffled and split into ``appo.minibatches`` minibatches of whole unrolls (V-trace
 needs whole sequences; fewer when fewer unrolls are fresh). Every minibatch is one optimizer
-step: a forward pass (:func:`zrl.algos.unrolls.unroll_outputs`: a recurrent model unrolls
+step: a forward pass (:func:`zrl.algos.kernel.unrolls.unroll_outputs`: a recurrent model unrolls
 from each unroll's recorded state), V-trace under the current weights, :func:`appo_loss`,
 gradient clipping to ``learner.grad_clip``. A NaN/inf loss raises :class:`NonFiniteLossError`
 before that step's optimizer step; the batch is dropped, never retried. On a GPU the check
 stays on the device: the step and the batch's later ones are skipped there, and the learner
-reads the result's ``finite`` flag one update later (:class:`zrl.algos.unrolls.UnrollUpdate`).
-The loss and its parts stay 0-d tensors until the metrics report.
+reads the result's ``finite`` flag one update later
+(:class:`zrl.algos.kernel.unrolls.UnrollUpdate`). The loss and its parts stay 0-d tensors
+until the metrics report.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.impala.vtrace import unroll_forward
-from zrl.algos.unrolls import UnrollUpdate, unroll_outputs
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.unrolls import UnrollUpdate, unroll_outputs
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 
 
 class AppoUpdate(UnrollUpdate):

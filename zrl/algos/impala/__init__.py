@@ -2,17 +2,17 @@
 a V-trace actor-critic learner that drops unrolls more than ``impala.max_lag`` versions old.
 
 - ``vtrace``: the pure math (V-trace targets, the loss, one update).
-- ``policy``: the actor side (``zrl.algos.sampling.make_categorical_policy``: the categorical
+- ``policy``: the actor side (``zrl.algos.kernel.sampling.make_categorical_policy``: the categorical
   policy shared with PPO, recurrent with ``model.core``).
 - ``update``: the learner side (``ImpalaUpdate``).
 
 With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.recurrent``): actors
 send each unroll with the state it started from and its episode starts
 (``RecurrentCategoricalPolicy``), the FIFO stores them with it, and the learner unrolls the
-core from that state (``zrl.algos.unrolls.unroll_outputs``).
+core from that state (``zrl.algos.kernel.unrolls.unroll_outputs``).
 
-With ``roles.learners: N > 1`` the learners train data-parallel (``zrl.algos.unrolls``,
-``zrl.algos.learner_group``): each takes its own batches from the replay shards (the broker's
+With ``roles.learners: N > 1`` the learners train data-parallel (``zrl.algos.kernel.unrolls``,
+``zrl.distributed.learner_group``): each takes its own batches from the replay shards (the broker's
 ``batches`` stream deals them out in turn), all N form one ``torch.distributed`` group, every
 step averages their gradients, and learner 0 alone publishes the weights.
 
@@ -75,7 +75,7 @@ ALGORITHM = Algorithm(
     name="impala",
     summary="IMPALA: asynchronous actors, unrolls through a FIFO queue, V-trace learner",
     wiring=Wiring.replayed("any", "unroll", ("fifo",)),
-    policy="zrl.algos.sampling:make_categorical_policy",
+    policy="zrl.algos.kernel.sampling:make_categorical_policy",
     update="zrl.algos.impala.update:ImpalaUpdate",
     model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,

@@ -7,13 +7,13 @@ its current weights version, and publishes the weights of ``model`` every
 
 Receiving, dropping the unrolls more than ``impala.max_lag`` versions behind the learner
 (``stale_unrolls``), the policy lag and the checkpoint state are
-:class:`zrl.algos.unrolls.UnrollUpdate`'s; on the fresh unrolls this takes ``impala.epochs``
+:class:`zrl.algos.kernel.unrolls.UnrollUpdate`'s; on the fresh unrolls this takes ``impala.epochs``
 updates, and the result carries the last loss.
 
 A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step (the weights are
 intact); the batch is dropped, never retried. On a GPU the check stays on the device: the step
 and the batch's later ones are skipped there, and the learner reads the result's ``finite``
-flag one update later (:class:`zrl.algos.unrolls.UnrollUpdate`). The math is
+flag one update later (:class:`zrl.algos.kernel.unrolls.UnrollUpdate`). The math is
 ``zrl.algos.impala.vtrace.impala_update``.
 """
 
@@ -28,7 +28,7 @@ from torch import Tensor
 from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.impala.config import ImpalaConfig
 from zrl.algos.impala.vtrace import impala_update
-from zrl.algos.unrolls import UnrollUpdate
+from zrl.algos.kernel.unrolls import UnrollUpdate
 
 
 class ImpalaUpdate(UnrollUpdate):

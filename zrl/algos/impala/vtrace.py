@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zrl.algos.optim import checked_step, deferred_step
-from zrl.algos.returns import check_nonnegative
-from zrl.algos.unrolls import unroll_outputs
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.optim import checked_step, deferred_step
+from zrl.algos.kernel.returns import check_nonnegative
+from zrl.algos.kernel.unrolls import unroll_outputs
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.nets.gaussian import CATEGORICAL, ActionDistribution, distribution_of
 from zrl.nets.gaussian import categorical_entropy as categorical_entropy  # its old home
 
@@ -273,8 +273,9 @@ def unroll_forward(
     value_normalizer: ValueNormalizer | None = None,
 ) -> UnrollForward:
     """The model's outputs over a batch of unrolls and their bootstrap observations
-    (:func:`zrl.algos.unrolls.unroll_outputs`: one forward pass, or a recurrent model's unroll
-    from the recorded states), and the V-trace targets under its current policy and values.
+    (:func:`zrl.algos.kernel.unrolls.unroll_outputs`: one forward pass, or a recurrent
+    model's unroll from the recorded states), and the V-trace targets under its current policy
+    and values.
 
     ``batch`` is env-major as the replay server stores unrolls: ``obs [B, T, *obs_shape]`` (any
     observation shape and dtype: only the first two axes are flattened, the model gets the
@@ -336,12 +337,12 @@ def impala_update(
 ) -> ImpalaStepResult:
     """One IMPALA step on a batch of unrolls from the actors' queue (``batch`` as
     :func:`unroll_forward` reads it). ``step(loss, valid)``, when given, takes the optimizer
-    step in place of :func:`zrl.algos.optim.checked_step` and returns the pre-clip norm (a
+    step in place of :func:`zrl.algos.kernel.optim.checked_step` and returns the pre-clip norm (a
     learner group's step on the gradients averaged over it, weighted by the valid steps).
 
     Raises :class:`zrl.algos.api.NonFiniteLossError` before stepping on a NaN/inf loss. With
     ``finite`` (a 0-d bool tensor: the batch's steps so far were finite) nothing is read back
-    to the host: the step is :func:`zrl.algos.optim.deferred_step`'s, skipped on the device
+    to the host: the step is :func:`zrl.algos.kernel.optim.deferred_step`'s, skipped on the device
     unless it and ``finite`` are finite, and the result holds tensors.
     """
     f = unroll_forward(model, batch, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)

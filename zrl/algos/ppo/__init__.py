@@ -2,10 +2,10 @@
 publish rollouts to every learner; a round is one rollout per actor; ``ppo.mode: sync`` trains
 each round on one weights version, ``async`` on rollouts up to ``ppo.max_lag`` versions old.
 
-- ``zrl.algos.policy_gradient``: the pure math (clipped surrogate, gradient averaging).
+- ``zrl.algos.kernel.policy_gradient``: the pure math (clipped surrogate, gradient averaging).
 - ``rounds``: which rollouts form a round (``RoundBuffer``) and the round's tensors.
 - ``update``: the learner side (``PPOUpdate``; DD-PPO's gradient mean over a
-  ``torch.distributed`` group is ``zrl.algos.learner_group``).
+  ``torch.distributed`` group is ``zrl.distributed.learner_group``).
 - ``policy``: the actor side (``PPOPolicy``: the categorical policy, one round at a time).
 
 With ``model.core: lstm`` or ``gru`` the actor-critic is recurrent (``zrl.nets.recurrent``): actors

@@ -35,10 +35,10 @@ class PPOConfig(Section):
     normalize_advantages: bool = True
     normalize_returns: bool = False
     """The value head learns the GAE returns normalized by their running mean and std
-    (``zrl.algos.value_normalizer``; checkpointed with the learner), denormalized for GAE: one
-    value-loss scale whatever the rewards (MuJoCo's, Pendulum's). CleanRL scales the rewards by
-    the running std of the discounted return instead; both keep the critic's targets near
-    unit scale."""
+    (``zrl.algos.kernel.value_normalizer``; checkpointed with the learner), denormalized for
+    GAE: one value-loss scale whatever the rewards (MuJoCo's, Pendulum's). CleanRL scales the
+    rewards by the running std of the discounted return instead; both keep the critic's
+    targets near unit scale."""
     round_timeout: float = Field(30.0, gt=0)
     """Seconds a learner waits for a full round (one rollout per actor) before training on
     the rollouts it has (a dead actor must not stop training); counted as short rounds."""

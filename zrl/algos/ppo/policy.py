@@ -7,7 +7,7 @@ Version 0 is the actor's own initialisation, never the learner's weights: it wai
 :func:`make_policy` (the algorithm's ``policy``) builds :class:`PPOPolicy` for a feed-forward
 model and :class:`RecurrentPPOPolicy` for a recurrent one (``model.core``), which carries each
 env's state and sends ``recurrent_unroll`` rollouts. The feed-forward policy's rollouts of
-frame stacks are ``frame_unroll``s, each frame once (``zrl.algos.sampling``). On a Box action
+frame stacks are ``frame_unroll``s, each frame once (``zrl.algos.kernel.sampling``). On a Box action
 space it builds :class:`GaussianPPOPolicy` (``continuous_unroll`` rollouts).
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import gymnasium as gym
 
 from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
+from zrl.algos.kernel.sampling import CategoricalPolicy, GaussianPolicy, RecurrentCategoricalPolicy
 from zrl.algos.ppo.config import PPOConfig
-from zrl.algos.sampling import CategoricalPolicy, GaussianPolicy, RecurrentCategoricalPolicy
 from zrl.nets.recurrent import is_recurrent
 
 KEEP_VERSIONS = 8  # per-version counts kept for the versions this far behind the newest

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from zrl.algos.returns import rollout_gae
-from zrl.algos.unrolls import unroll_outputs
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.returns import rollout_gae
+from zrl.algos.kernel.unrolls import unroll_outputs
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import GaussianActorCritic
@@ -182,7 +182,7 @@ def recurrent_round_tensors(
     the loss (the reset-only steps stay in the rows: the core steps through them).
 
     Old values come from ``model.unroll`` from the recorded states with the current weights
-    (the actors' values, in sync mode; ``zrl.algos.unrolls.unroll_outputs``, as IMPALA's and
+    (the actors' values, in sync mode; ``zrl.algos.kernel.unrolls.unroll_outputs``, as IMPALA's and
     APPO's learners). The bootstrap value is one more ``step`` on
     ``bootstrap_obs`` from the state after the last step, zeroed where that step only reset
     the env (``valid[:, -1]`` False): the actor starts an episode at that observation, and

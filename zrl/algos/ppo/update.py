@@ -9,7 +9,7 @@ role to publish the weights after it.
 With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
 
 - a ``torch.distributed`` process group of the policy's learners
-  (``zrl.algos.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
+  (``zrl.distributed.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
   heartbeat and found by the others through the broker; gloo on the CPU, nccl on GPUs). Every
   learner holds the same round, cuts every minibatch into ``learners`` equal slices, computes
   the gradient of its slice and all-reduces it (the mean) before the optimizer step, so all
@@ -53,12 +53,13 @@ import torch
 from torch import nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.learner_group import CollectiveError, PolicyLearners
-from zrl.algos.optim import clipped_gradients, make_adam
-from zrl.algos.policy_gradient import normalize, ppo_loss
+from zrl.algos.kernel.optim import clipped_gradients, make_adam
+from zrl.algos.kernel.policy_gradient import normalize, ppo_loss
+from zrl.algos.kernel.policy_learners import PolicyLearners
+from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
-from zrl.algos.value_normalizer import ValueNormalizer
+from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.gaussian import GaussianActorCritic, check_distribution, distribution_of
@@ -98,7 +99,7 @@ class PPOUpdate(BaseUpdate):
         self.recurrent = is_recurrent(self.model)
         self.frames = not self.recurrent and is_frame_space(setup.observation_space)
         """Frame stacks ``[k, H, W]`` come as ``frame_unroll`` rollouts (as the actors'
-        policy sends them, ``zrl.algos.sampling``)."""
+        policy sends them, ``zrl.algos.kernel.sampling``)."""
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
         self.distribution = distribution_of(self.model)
         check_distribution(self.model, setup.action_space)

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zrl.algos.optim import StepFn, checked_step
+from zrl.algos.kernel.optim import StepFn, checked_step
 from zrl.algos.r2d2.losses import burn_in_unroll, nstep_double_q_targets
 
 if TYPE_CHECKING:

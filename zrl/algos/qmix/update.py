@@ -26,9 +26,9 @@ import copy
 from torch import Tensor
 
 from zrl.algos.api.learner import LearnerSetup
-from zrl.algos.batch_update import BatchStep, QTargetUpdate
-from zrl.algos.batches import PendingBatches
-from zrl.algos.optim import make_adam
+from zrl.algos.kernel.batch_update import BatchStep, QTargetUpdate
+from zrl.algos.kernel.batches import PendingBatches
+from zrl.algos.kernel.optim import make_adam
 from zrl.algos.qmix.config import QMIXConfig
 from zrl.algos.qmix.losses import qmix_sequence_update, qmix_update
 from zrl.nets.recurrent import is_recurrent

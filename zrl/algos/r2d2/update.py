@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from zrl.algos.api.learner import LearnerSetup
-from zrl.algos.batch_update import BatchStep, QTargetUpdate
-from zrl.algos.batches import PendingBatches
-from zrl.algos.optim import make_adam
+from zrl.algos.kernel.batch_update import BatchStep, QTargetUpdate
+from zrl.algos.kernel.batches import PendingBatches
+from zrl.algos.kernel.optim import make_adam
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import (
     burn_in_unroll,

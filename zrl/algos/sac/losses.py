@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from zrl.algos.apex_ddpg.losses import check_batch, frozen
-from zrl.algos.optim import StepFn, checked_step
+from zrl.algos.kernel.optim import StepFn, checked_step
 from zrl.nets.continuous import SACModel
 
 

@@ -3,21 +3,20 @@
 the state of the Q-learning ones (an online network, its target copy, one optimizer).
 
 Several learners of one policy (``roles.learners > 1``, data-parallel): a ``torch.distributed``
-group (``zrl.algos.learner_group.PolicyLearners``, formed through the broker before the first
-batch). Replay deals its batches to the learners in turn; each learner trains the batches it
+group (``zrl.algos.kernel.policy_learners.PolicyLearners``, formed through the broker before the
+first batch). Replay deals its batches to the learners in turn; each learner trains the batches it
 receives, one round of collectives per batch: :meth:`PolicyLearners.sync` (the newest weights
-version, and the fingerprint of the weights and the targets: any drift is corrected from
-rank 0), then every optimizer step of the algorithm's step (the critic's, the actor's, the
-temperature's) on the gradients averaged over the group, weighted by the learners' batch
-sizes (:meth:`BatchUpdate.optimizer_step`). The steps an algorithm takes per batch depend only
-on the config and the update count (TD3's delayed actor, the target updates), which every
-learner holds alike, so every learner takes the same steps in the same order. A learner
-without a batch for ``IDLE_ROUND_S`` joins the next round without one: it runs its step on
-its last batch, adding nothing to the means (weight 0), so that it takes the same steps;
-where no learner has a batch, no step is taken. Learner 0 alone publishes; a learner that
-dies fails the others' collective, the batch is dropped and the group re-formed with its
-restarted learner, rank 0's whole update state (weights, targets, every optimizer, the update
-count) copied into every learner.
+version, and the fingerprint of the weights and the targets: any drift is corrected from rank 0),
+then every optimizer step of the algorithm's step (the critic's, the actor's, the temperature's) on
+the gradients averaged over the group, weighted by the learners' batch sizes
+(:meth:`BatchUpdate.optimizer_step`). The steps an algorithm takes per batch depend only on the
+config and the update count (TD3's delayed actor, the target updates), which every learner holds
+alike, so every learner takes the same steps in the same order. A learner without a batch for
+``IDLE_ROUND_S`` joins the next round without one: it runs its step on its last batch, adding
+nothing to the means (weight 0), so that it takes the same steps; where no learner has a batch, no
+step is taken. Learner 0 alone publishes; a learner that dies fails the others' collective, the
+batch is dropped and the group re-formed with its restarted learner, rank 0's whole update state
+(weights, targets, every optimizer, the update count) copied into every learner.
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ from zrl.algos.api.learner import (
     Priorities,
     UpdateResult,
 )
-from zrl.algos.batches import DeviceBatch, PendingBatches, policy_lags
-from zrl.algos.learner_group import CollectiveError, PolicyLearners
-from zrl.algos.optim import checked_step
+from zrl.algos.kernel.batches import DeviceBatch, PendingBatches, policy_lags
+from zrl.algos.kernel.optim import checked_step
+from zrl.algos.kernel.policy_learners import PolicyLearners
+from zrl.distributed.learner_group import CollectiveError
 
 if TYPE_CHECKING:
     from zrl.algos.api.train_stats import TrainStats
@@ -118,8 +118,8 @@ class BatchUpdate(BaseUpdate):
         parameters: Sequence[Tensor],
         grad_clip: float,
     ) -> float:
-        """The step every optimizer of the update takes (``zrl.algos.optim.StepFn``, handed to
-        the algorithm's math): :func:`checked_step` alone; in a group, the step on the
+        """The step every optimizer of the update takes (``zrl.algos.kernel.optim.StepFn``,
+        handed to the algorithm's math): :func:`checked_step` alone; in a group, the step on the
         group's weighted mean gradient (``PolicyLearners.step``), this learner's ``loss``
         left out in an idle round, NoStepTaken where no learner had a batch."""
         if self.group is None:

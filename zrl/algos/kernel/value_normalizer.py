@@ -88,7 +88,7 @@ class ValueNormalizer:
         """:meth:`update` without reading anything back to the host (a GPU learner's): the
         statistics become float64 tensors on the targets' device. Non-finite targets leave
         them as they were, unreported: the loss they feed is non-finite too, and its step
-        is skipped (``zrl.algos.optim.deferred_step``)."""
+        is skipped (``zrl.algos.kernel.optim.deferred_step``)."""
         x = targets.detach().double()
         if valid is not None and valid.shape != x.shape:
             raise ValueError(f"valid {tuple(valid.shape)} != targets {tuple(x.shape)}")

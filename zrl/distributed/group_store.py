@@ -1,4 +1,4 @@
-"""The learner group's rendezvous store (``zrl.algos.learner_group``): rank 0 holds a bounded
+"""The learner group's rendezvous store (``zrl.distributed.learner_group``): rank 0 holds a bounded
 table of keys and values and serves it to the other ranks over one ZeroMQ ROUTER bound to the
 run's address (the address rank 0 advertises: loopback in a one-host run), never every
 interface. Every request and every reply carries an HMAC-SHA256 under a key rank 0 makes at

@@ -54,7 +54,7 @@ def checked_step(
 class StepFn(Protocol):
     """An optimizer step as the algorithms' math takes it (``step=``): :func:`checked_step`,
     or a learner group's step on the gradients averaged over the group
-    (``zrl.algos.batch_update.BatchUpdate.optimizer_step``)."""
+    (``zrl.algos.kernel.batch_update.BatchUpdate.optimizer_step``)."""
 
     def __call__(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from zrl.algos.returns import check_nonnegative
+from zrl.algos.kernel.returns import check_nonnegative
 
 REDUCE_MODES = ("sum", "mean")
 

@@ -1,4 +1,4 @@
-"""The learner group's store (``zrl.algos.group_store``): only requests sealed under the
+"""The learner group's store (``zrl.distributed.group_store``): only requests sealed under the
 store's key are answered (a wrong key, an unsealed or replayed request, torch's own TCPStore
 client: dropped, counted, nothing written); the table refuses keys outside ``zrl/``, oversized
 values, a generation that is no number or goes back, and writes past its bound (counted), and
@@ -16,8 +16,8 @@ import pytest
 import torch.distributed as dist
 import zmq
 
-from zrl.algos import group_store
-from zrl.algos.group_store import (
+from zrl.distributed import group_store
+from zrl.distributed.group_store import (
     GENERATION_KEY,
     KEY_BYTES,
     MAX_VALUE_BYTES,

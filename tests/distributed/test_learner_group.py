@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.helpers.ranks import run_ranks
-from zrl.algos.group_store import (
+from zrl.distributed.group_store import (
     GENERATION_KEY,
     RemoteStore,
     StoreRefused,
     StoreUnreachable,
     parse_ticket,
 )
-from zrl.algos.learner_group import (
+from zrl.distributed.learner_group import (
     CollectiveError,
     LearnerGroup,
     LearnerGroupError,

@@ -10,7 +10,7 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   model (observation width, state width, actions in ``[0, num_actions)``, k frames per
   stack); :data:`CONTINUOUS_UNROLL_BATCH` for a Gaussian policy (Box actions, float32
   ``[B, T, A]``); a malformed one raises ProtocolError. Its fresh unrolls start for the device at
-  once (``zrl.algos.batches.HostStaging``: on a GPU the copy runs on a stream of its own
+  once (``zrl.algos.kernel.batches.HostStaging``: on a GPU the copy runs on a stream of its own
   while the update before it trains).
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
   the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
@@ -21,11 +21,11 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   shard of the batch, which is dropped, never retried. On a GPU (``defer_checks``) nothing is
   read back to the host per update: the loss, ``mean_rho`` and the figures stay tensors until
   the metrics report, a NaN/inf step is skipped on the device
-  (``zrl.algos.optim.deferred_step``) and the result's ``finite`` flag tells the learner,
+  (``zrl.algos.kernel.optim.deferred_step``) and the result's ``finite`` flag tells the learner,
   which reads it one update later.
 - the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
 - several learners of one policy (``roles.learners > 1``, data-parallel): a ``torch.distributed``
-  group (``zrl.algos.learner_group.PolicyLearners``, formed before the first batch, through
+  group (``zrl.algos.kernel.policy_learners.PolicyLearners``, formed before the first batch, through
   the broker); each learner trains the batches it receives, every step on the gradients
   averaged over the group (weighted by the learners' valid steps), and every batch takes
   :meth:`UnrollUpdate.steps_per_batch` steps on every learner, stale or short batches too
@@ -38,7 +38,7 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   formed are dropped (``PolicyLearners.trim``). A learner that dies fails the others'
   collective: the batch is dropped and the group re-formed with its restarted learner, rank
   0's weights copied into every learner (``PolicyLearners.rejoin``). Sockets: the group's
-  (``zrl.algos.learner_group``).
+  (``zrl.distributed.learner_group``).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ import torch
 from torch import Tensor, nn
 
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, UpdateResult
-from zrl.algos.batches import HostStaging, InFlight, policy_lags
-from zrl.algos.learner_group import CollectiveError, PolicyLearners
-from zrl.algos.optim import checked_step, deferred_step, defers_checks, make_adam
+from zrl.algos.kernel.batches import HostStaging, InFlight, policy_lags
+from zrl.algos.kernel.optim import checked_step, deferred_step, defers_checks, make_adam
+from zrl.algos.kernel.policy_learners import PolicyLearners
+from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import check_distribution, distribution_of
