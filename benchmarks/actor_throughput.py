@@ -53,7 +53,7 @@ def reference_loops(spec: dict[str, Any], cmds: Any, out: Any) -> None:
     import numpy as np
     import torch
 
-    from zrl.algos.apex_dqn.losses import apex_epsilons
+    from zrl.algos.kernel.exploration import apex_epsilons
     from zrl.config.experiment import ExperimentConfig
     from zrl.envs.vector import make_vector_env
     from zrl.nets.discrete import build_q_network

@@ -167,15 +167,16 @@ def learner_main(
     index: int, learners: int, config: str, overrides: list[str], rounds: int, folder: str
 ) -> dict[str, float]:
     """One learner process: form the group, train ``rounds`` rounds (the first untimed)."""
+    from zrl.algos.apex_ddpg.update import ApexDDPGUpdate
     from zrl.algos.apex_dqn.update import ApexDQNUpdate
     from zrl.algos.api.learner import LearnerSetup
     from zrl.algos.api.train_stats import TrainStats
     from zrl.algos.appo.update import AppoUpdate
-    from zrl.algos.continuous import ContinuousUpdate
     from zrl.algos.impala.update import ImpalaUpdate
     from zrl.algos.kernel.batches import resolve_device
     from zrl.algos.models import experiment_model
     from zrl.algos.ppo.update import PPOUpdate
+    from zrl.algos.sac.update import SACLearnerUpdate
     from zrl.config.experiment import load_config
 
     torch.set_num_threads(1)
@@ -199,8 +200,8 @@ def learner_main(
         "appo": AppoUpdate,
         "impala": ImpalaUpdate,
         "apex_dqn": ApexDQNUpdate,
-        "apex_ddpg": ContinuousUpdate,
-        "sac": ContinuousUpdate,
+        "apex_ddpg": ApexDDPGUpdate,
+        "sac": SACLearnerUpdate,
     }
     if cfg.algo not in kinds:
         raise SystemExit(f"--config: algo {cfg.algo!r} is not measured here ({sorted(kinds)})")

@@ -3,7 +3,9 @@
 The rules are import-linter contracts in ``pyproject.toml`` (``.ci/run`` runs ``lint-imports``);
 import-linter's graph (grimp) holds every import statement, those inside functions included,
 and leaves out only imports under ``if TYPE_CHECKING:``, which never run. These tests show that
-the contracts hold, that they catch a planted upward import, and that no import loop exists.
+the contracts hold, that they catch a planted upward import and a planted import of one
+algorithm package by another, that every algorithm package is in every contract that lists
+them, and that no import loop exists.
 """
 
 from __future__ import annotations
@@ -54,6 +56,30 @@ def test_every_top_level_module_is_in_a_layer() -> None:
     assert top == layers, f"not in a layer: {sorted(top - layers)}; gone: {sorted(layers - top)}"
 
 
+def contract(name_starts: str) -> dict:
+    (found,) = [c for c in CONFIG["contracts"] if c["name"].startswith(name_starts)]
+    return found
+
+
+def test_every_algorithms_module_is_in_a_layer_and_every_algorithm_in_every_list() -> None:
+    """The layers inside ``zrl.algos`` name all of its modules, and every algorithm package
+    (a folder with an ``__init__.py`` besides ``api`` and ``kernel``) is in the independence
+    contract and the forbidden list: a new algorithm left out of one would go unchecked."""
+    algos = REPO / "zrl" / "algos"
+    children = {
+        p.stem if p.is_file() else p.name
+        for p in algos.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    inside = contract("Inside algos")
+    layered = {m.strip() for layer in inside["layers"] for m in layer.replace(":", "|").split("|")}
+    assert children == layered, f"not in a layer: {sorted(children - layered)}"
+    packages = {f"zrl.algos.{name}" for name in children - {"api", "kernel", "models"}}
+    assert (algos / "models.py").is_file()
+    assert set(contract("An algorithm is one folder")["modules"]) == packages
+    assert set(contract("Generic roles")["forbidden_modules"]) == packages
+
+
 def test_the_contracts_hold() -> None:
     result = lint_imports(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -69,6 +95,11 @@ def test_the_contracts_hold() -> None:
         ("zrl/config/planted.py", "def f():\n    from zrl.run import supervisor\n"),
         # a generic role naming an algorithm package
         ("zrl/roles/planted.py", "from zrl.algos.appo import config\n"),
+        # an algorithm package importing a sibling: an algorithm is one folder
+        ("zrl/algos/appo/planted.py", "from zrl.algos import impala\n"),
+        ("zrl/algos/qmix/planted.py", "def f():\n    from zrl.algos.r2d2 import losses\n"),
+        # the kernel importing an algorithm package above it
+        ("zrl/algos/kernel/planted.py", "from zrl.algos.sac import config\n"),
     ],
 )
 def test_a_planted_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str):

@@ -27,12 +27,13 @@ from tests.helpers.updates import (
 )
 from zrl.algos.appo.losses import appo_loss, masked_normalize
 from zrl.algos.appo.update import AppoUpdate
-from zrl.algos.impala.vtrace import categorical_entropy, unroll_forward, vtrace
 from zrl.algos.kernel.policy_gradient import normalize, ppo_loss
 from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.kernel.unrolls import FRAME_TRAINED_ARRAYS, TRAINED_ARRAYS
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.vtrace import unroll_forward, vtrace
 from zrl.config.algorithms import get_algorithm
+from zrl.nets.gaussian import categorical_entropy
 from zrl.testing.fakes import learner_setup
 from zrl.transport import messages as M
 from zrl.transport import protocol as P

@@ -27,11 +27,12 @@ from tests.helpers.updates import (
     dqn_batch,
     setup,
 )
+from zrl.algos.apex_ddpg.update import ApexDDPGUpdate
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
 from zrl.algos.api.learner import UpdateResult
-from zrl.algos.continuous import ContinuousUpdate
 from zrl.algos.kernel import policy_learners
 from zrl.algos.kernel.batch_update import BatchUpdate
+from zrl.algos.sac.update import SACLearnerUpdate
 from zrl.testing.probes import wait_for
 
 torch.set_num_threads(1)
@@ -46,7 +47,7 @@ ALGOS = [
 def group_of_two(algo: str, sections: dict[str, Any]) -> list[BatchUpdate]:
     cfg = config(algo, roles={"learners": 2}, **sections)
     registry: dict[str, dict[str, Any]] = {}
-    kind = ApexDQNUpdate if algo == "apex_dqn" else ContinuousUpdate
+    kind = {"apex_dqn": ApexDQNUpdate, "apex_ddpg": ApexDDPGUpdate, "sac": SACLearnerUpdate}[algo]
     # seed=index: the follower starts from other weights (a resume from another checkpoint)
     ups = [kind(setup(cfg, seed=i, index=i, services=GroupServices(i, registry))) for i in (0, 1)]
     registry["learner-0"] = ups[0].heartbeat_info()  # rank 0's heartbeat: the store address
@@ -247,7 +248,7 @@ def test_a_replaced_sac_learner_reforms_the_group_and_takes_rank_0s_whole_state(
         assert not leader.members.ready and leader.members.group is not None
         assert leader.members.group.generation == 2 and leader.updates == 1
         cfg = config("sac", roles={"learners": 2})
-        replacement = ContinuousUpdate(
+        replacement = SACLearnerUpdate(
             setup(cfg, seed=5, index=1, services=GroupServices(1, registry))
         )
         pair = [leader, replacement]

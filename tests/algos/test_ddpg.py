@@ -16,12 +16,11 @@ from zrl.algos.apex_ddpg.losses import (
     DDPGUpdate,
     critic_targets,
     ddpg_update,
-    initial_priorities,
     target_policy_smoothing,
 )
-from zrl.algos.apex_dqn.losses import huber, soft_update
-from zrl.algos.apex_dqn.losses import soft_update as dqn_soft_update
 from zrl.algos.api.learner import NonFiniteLossError
+from zrl.algos.kernel.continuous import initial_priorities
+from zrl.algos.kernel.q_learning import huber
 from zrl.nets.continuous import DDPGModel
 
 torch.set_num_threads(1)
@@ -110,10 +109,6 @@ def test_smoothing_noise_statistics_and_zero_noise():
         target_policy_smoothing(actions, -0.1, 0.5, LOW, HIGH)
     with pytest.raises(ValueError, match="noise_clip=nan"):
         target_policy_smoothing(actions, 0.1, math.nan, LOW, HIGH)
-
-
-def test_soft_update_is_dqns():
-    assert soft_update is dqn_soft_update
 
 
 # ----------------------------------------------------------------------------- update step

@@ -14,15 +14,15 @@ from torch import nn
 
 from zrl.algos.apex_dqn.losses import (
     DQNUpdate,
-    apex_epsilons,
     double_q_targets,
     dqn_loss,
     dqn_update,
     initial_priorities,
     q_targets,
-    soft_update,
     td_errors,
 )
+from zrl.algos.kernel.exploration import apex_epsilons
+from zrl.algos.kernel.q_learning import soft_update
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -19,9 +19,10 @@ from torch.distributions import Normal
 from tests.helpers.updates import batch, config, layout, setup, trained
 from zrl.algos.appo.losses import appo_loss
 from zrl.algos.appo.update import AppoUpdate
+from zrl.algos.impala.losses import impala_loss
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.algos.impala.vtrace import impala_loss, unroll_forward, vtrace
 from zrl.algos.kernel.sampling import GaussianPolicy, make_categorical_policy, sample_gaussian
+from zrl.algos.kernel.vtrace import unroll_forward, vtrace
 from zrl.algos.models import experiment_model
 from zrl.algos.ppo.policy import GaussianPPOPolicy, make_policy
 from zrl.algos.ppo.update import PPOUpdate

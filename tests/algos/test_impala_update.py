@@ -15,17 +15,12 @@ from hypothesis import strategies as st
 
 from tests.helpers.updates import config, layout
 from zrl.algos.api.learner import NonFiniteLossError
-from zrl.algos.impala.vtrace import (
-    ImpalaStepResult,
-    VTraceReturns,
-    categorical_entropy,
-    impala_loss,
-    impala_update,
-    vtrace,
-)
+from zrl.algos.impala.losses import ImpalaStepResult, impala_loss, impala_update
 from zrl.algos.kernel.optim import make_adam
 from zrl.algos.kernel.returns import rollout_gae
+from zrl.algos.kernel.vtrace import VTraceReturns, vtrace
 from zrl.nets.discrete import ActorCritic
+from zrl.nets.gaussian import categorical_entropy
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=50, deadline=None)

@@ -2,7 +2,7 @@
 learner replaying a stored state reproduces the actor's Q-values, what replay accepts, and one
 learner update.
 
-The cutting reference is written from the definition (``zrl.algos.r2d2.sequences``): in an
+The cutting reference is written from the definition (``zrl.algos.kernel.sequences``): in an
 episode of n steps, sequence j starts at episode step ``-burn_in + j * (L - burn_in)`` and is
 sent while its trained part ``[start + burn_in, start + L)`` holds a step of the episode.
 """
@@ -16,10 +16,10 @@ import torch
 
 from tests.helpers.frames import SHAPE, Collector, act_on, first_of, scripted_actions
 from zrl.algos.api.actor import Trajectory
+from zrl.algos.kernel.sequences import SequenceCutter
 from zrl.algos.r2d2 import update as r2d2_update
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
-from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.algos.r2d2.update import R2D2Update
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.frames import sequence_stacks_from_frames

@@ -10,14 +10,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from zrl.algos.r2d2.losses import (
-    burn_in_unroll,
-    inverse_value_rescale,
-    nstep_double_q_targets,
-    r2d2_loss,
-    sequence_priority,
-    value_rescale,
-)
+from zrl.algos.kernel.q_learning import burn_in_unroll, nstep_double_q_targets
+from zrl.algos.r2d2.losses import inverse_value_rescale, r2d2_loss, sequence_priority, value_rescale
 from zrl.replay.nstep import nstep_transitions
 
 torch.set_num_threads(1)

@@ -25,8 +25,8 @@ from tests.helpers.recurrent import ACT_SPACE, CORE, OBS_SPACE, ScriptedActor, s
 from tests.helpers.recurrent import E as ENVS
 from tests.helpers.recurrent import T as STEPS
 from zrl.algos.appo.update import AppoUpdate
+from zrl.algos.impala.losses import impala_update
 from zrl.algos.impala.update import ImpalaUpdate
-from zrl.algos.impala.vtrace import impala_update
 from zrl.algos.kernel.optim import make_adam
 from zrl.algos.kernel.sampling import (
     CategoricalPolicy,

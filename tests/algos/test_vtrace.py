@@ -11,8 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zrl.algos.impala.vtrace import VTraceReturns, categorical_entropy, impala_loss, vtrace
+from zrl.algos.impala.losses import impala_loss
 from zrl.algos.kernel.returns import discounted_returns
+from zrl.algos.kernel.vtrace import VTraceReturns, vtrace
+from zrl.nets.gaussian import categorical_entropy
 
 torch.set_num_threads(1)
 SETTINGS = settings(max_examples=60, deadline=None)

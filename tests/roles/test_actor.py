@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
+from zrl.algos.kernel.exploration import apex_epsilons
 from zrl.algos.models import build_model
 from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
 from zrl.envs.vector import EnvGroups, EpisodeTracker, make_vector_env

@@ -1,8 +1,9 @@
 """Ape-X DDPG and SAC in the generic roles: bounds clipping, NaN detection, continuous replay,
 the learner.
 
-Most tests drive the generic ``Actor.collect`` (with the algorithm's ``ContinuousPolicy``) and
-the generic ``Learner``'s ``receive`` and ``train`` (with its ``ContinuousUpdate``) directly on
+Most tests drive the generic ``Actor.collect`` (with the algorithm's policy, a
+``ContinuousPolicy``) and the generic ``Learner``'s ``receive`` and ``train`` (with its update, a
+``ContinuousUpdate``) directly on
 role objects that never connect (no broker: the learner's input and publishers are replaced by
 stand-ins), so a stub model or env can be injected; one test runs a real actor in-process.
 """
@@ -24,11 +25,15 @@ from gymnasium.vector import AutoresetMode
 from torch import nn
 
 from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.apex_ddpg.policy import ApexDDPGPolicy
+from zrl.algos.apex_ddpg.update import ApexDDPGUpdate
 from zrl.algos.api.actor import ActorSetup
 from zrl.algos.api.train_stats import TrainStats
-from zrl.algos.continuous import ContinuousPolicy, ContinuousUpdate
+from zrl.algos.kernel.continuous import ContinuousPolicy, ContinuousUpdate
 from zrl.algos.models import build_model
 from zrl.algos.sac.config import SACConfig
+from zrl.algos.sac.policy import SACPolicy
+from zrl.algos.sac.update import SACLearnerUpdate
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
 from zrl.envs.vector import EpisodeTracker, make_vector_env
@@ -421,7 +426,8 @@ def snapshot(learner: Learner) -> dict[str, torch.Tensor]:
     update = update_of(learner)
     state = {f"online.{k}": v.clone() for k, v in learner.online.state_dict().items()}
     state.update({f"target.{k}": v.clone() for k, v in update.target.state_dict().items()})
-    state["log_alpha"] = update.log_alpha.detach().clone()
+    if isinstance(update, SACLearnerUpdate):
+        state["log_alpha"] = update.log_alpha.detach().clone()
     return state
 
 
@@ -548,10 +554,11 @@ def test_config_sections_and_validation():
     # One actor and one learner for every algorithm; the algorithm supplies their parts.
     assert role_class("actor") is Actor
     assert role_class("learner") is Learner
-    for algo in ("sac", "apex_ddpg"):
+    kinds = {"sac": (SACPolicy, SACLearnerUpdate), "apex_ddpg": (ApexDDPGPolicy, ApexDDPGUpdate)}
+    for algo, (policy, update) in kinds.items():
         algorithm = get_algorithm(algo)
-        assert algorithm.load(algorithm.policy) is ContinuousPolicy
-        assert algorithm.load(algorithm.update) is ContinuousUpdate
+        assert algorithm.load(algorithm.policy) is policy
+        assert algorithm.load(algorithm.update) is update
 
 
 def test_greedy_evaluation_plays_box_actions():

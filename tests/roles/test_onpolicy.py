@@ -13,7 +13,6 @@ import torch
 from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.a3c.server import A3CGradientServer
-from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.kernel.optim import make_adam
 from zrl.algos.kernel.policy_gradient import a2c_loss, reduce_gradients
 from zrl.algos.kernel.returns import rollout_gae
@@ -22,6 +21,7 @@ from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
 from zrl.envs.vector import make_vector_env
 from zrl.nets.discrete import ActorCritic, build_actor_critic
+from zrl.nets.gaussian import categorical_entropy
 from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.replay.assemble import assemble_unrolls
 from zrl.roles.actor import Actor

@@ -16,9 +16,9 @@ import torch
 
 from zrl.algos.a3c.policy import A3CPolicy
 from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.apex_ddpg.policy import ApexDDPGPolicy
 from zrl.algos.apex_dqn.policy import ApexDQNPolicy
 from zrl.algos.api.train_stats import TrainStats
-from zrl.algos.continuous import ContinuousPolicy
 from zrl.algos.ppo.rounds import Rollout
 from zrl.algos.ppo.update import PPOUpdate
 from zrl.config.experiment import ExperimentConfig
@@ -387,7 +387,7 @@ def test_apex_actor_reports_episodes_and_epsilons():
 def test_ddpg_actor_reports_its_noise_scale():
     cfg = config("apex_ddpg", env="Pendulum-v1")
     actor = bare_actor(cfg, index=0)
-    assert isinstance(actor.policy, ContinuousPolicy)
+    assert isinstance(actor.policy, ApexDDPGPolicy)
     report = actor.train_metrics()
     check(report, "noise_sigma_min", "noise_sigma_max", "warming_up")
     assert report["noise_sigma_max"] == pytest.approx(cfg.section(DDPGConfig).noise_sigma)

@@ -39,7 +39,7 @@ def sequence_stacks_from_frames(
     """An R2D2 frame sequence's ``frames [B, T + k, H, W]``, ``first [B, T + 1]`` and
     ``mask [B, T]`` -> its observations ``obs [B, T + 1, k, H, W]`` on ``frames``' device.
 
-    A sequence (``zrl.algos.r2d2.sequences``) holds one episode's steps, the real ones
+    A sequence (``zrl.algos.kernel.sequences``) holds one episode's steps, the real ones
     (``mask``) contiguous, with zero observations before the episode's first position
     (``first``, the front padding of its burn-in) and after the position that follows its last
     real step (the bootstrap observation). A position starts a new stack where ``first`` says

@@ -15,10 +15,10 @@ import torch
 
 from zrl.algos.a3c.config import A3CConfig
 from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
-from zrl.algos.impala.vtrace import categorical_entropy
 from zrl.algos.kernel.policy_gradient import a2c_loss
 from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.kernel.sampling import CategoricalPolicy
+from zrl.nets.gaussian import categorical_entropy
 from zrl.transport import protocol as P
 
 

@@ -2,8 +2,13 @@
 smoothing as options (``ddpg.*``): Gaussian-noise actors with an Ape-X spread of noise scales,
 n-step transitions in replay.
 
-- ``losses``: the pure math (critic targets, one update, initial priorities).
-- ``zrl.algos.continuous``: the actor side and the learner side, shared with SAC.
+- ``losses``: the pure math (critic targets, target policy smoothing, one update).
+- ``policy``: the actor side (``ApexDDPGPolicy``: Gaussian noise, a scale per env slot).
+- ``update``: the learner side (``ApexDDPGUpdate``: the critics and the delayed actor).
+
+The policy and the update are built on what Ape-X DDPG shares with SAC
+(``zrl.algos.kernel.continuous``: warm-up, bounds, initial priorities, receiving, targets,
+checkpoint state); the record on ``zrl.algos.kernel.records.box_off_policy``.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zrl.algos.apex_ddpg.config import DDPGConfig
-from zrl.algos.api.algorithm import Algorithm
+from zrl.algos.kernel.records import box_off_policy
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -22,9 +27,11 @@ def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"twin": cfg.section(DDPGConfig).twin}
 
 
-ALGORITHM = Algorithm.box_off_policy(
+ALGORITHM = box_off_policy(
     "apex_ddpg",
     "Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
+    policy="zrl.algos.apex_ddpg.policy:ApexDDPGPolicy",
+    update="zrl.algos.apex_ddpg.update:ApexDDPGUpdate",
     model="zrl.nets.continuous:ddpg_model_for",
     config={"ddpg": DDPGConfig},
     model_options=model_options,

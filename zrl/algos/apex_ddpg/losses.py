@@ -1,6 +1,6 @@
 """Ape-X DDPG / TD3 learner math: n-step critic targets, target policy smoothing, one update.
 
-Transitions are n-step as in :mod:`zrl.algos.apex_dqn.losses`: ``reward`` is
+Transitions are n-step (``zrl.replay.nstep``): ``reward`` is
 ``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is ``gamma^k`` (0 when the episode
 terminated). With the target actor ``mu'`` and target critics ``Q'_1, Q'_2``:
 
@@ -16,36 +16,25 @@ terminated). With the target actor ``mu'`` and target critics ``Q'_1, Q'_2``:
 The critics minimise the importance-weighted ``mean_b w_b * L(y_b - Q_i(s_b, a_b))`` (``L`` Huber
 or ``x^2 / 2``); the actor maximises ``Q_1(s, mu(s))``, i.e. minimises ``-mean_b Q_1(s_b, mu(s_b))``
 (deterministic policy gradient, Silver et al. 2014), with the critic weights held fixed.
-Polyak averaging of the targets is the caller's job (:func:`zrl.algos.apex_dqn.losses.soft_update`).
+Polyak averaging of the targets is the caller's job (``zrl.algos.kernel.continuous.polyak``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
-from torch import Tensor, nn
+from torch import Tensor
 
-from zrl.algos.apex_dqn.losses import BATCH_KEYS, huber, soft_update
+from zrl.algos.kernel.continuous import check_batch, frozen
 from zrl.algos.kernel.optim import StepFn, checked_step
+from zrl.algos.kernel.q_learning import huber
 from zrl.algos.kernel.returns import check_nonnegative
 from zrl.nets.continuous import DDPGModel
-
-__all__ = [
-    "DDPGUpdate",
-    "checked_step",
-    "critic_targets",
-    "ddpg_update",
-    "frozen",
-    "initial_priorities",
-    "soft_update",
-    "target_policy_smoothing",
-]
 
 
 def target_policy_smoothing(
@@ -86,46 +75,10 @@ def critic_targets(
     return returns + discounts * next_q
 
 
-def initial_priorities(
-    q_taken: ArrayLike, returns: ArrayLike, discounts: ArrayLike, next_q: ArrayLike
-) -> np.ndarray:
-    """Actor-side priorities ``|R + discount * next_q - Q(s, a)|`` with ``next_q = Q(s', mu(s'))``
-    from the actor's own (possibly stale) critic. All ``[M]``; returns float32 ``[M]``."""
-    target = np.asarray(returns, dtype=np.float64) + np.asarray(
-        discounts, dtype=np.float64
-    ) * np.asarray(next_q, dtype=np.float64)
-    return np.abs(target - np.asarray(q_taken, dtype=np.float64)).astype(np.float32)
-
-
-@contextmanager
-def frozen(modules: Iterable[nn.Module | None]) -> Iterator[None]:
-    """Turn ``requires_grad`` off for every parameter of ``modules`` (None entries skipped),
-    restoring the previous flags on exit. Used so the actor loss, which backpropagates through
-    the critic, leaves no gradient in the critic weights."""
-    params = [p for m in modules if m is not None for p in m.parameters()]
-    flags = [p.requires_grad for p in params]
-    for p in params:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, flag in zip(params, flags, strict=True):
-            p.requires_grad_(flag)
-
-
 def _critic_loss(td: Tensor, weights: Tensor, huber_delta: float | None) -> Tensor:
     """``mean_b w_b * L(td_b)`` with ``L`` Huber(``huber_delta``) or ``td^2 / 2`` if None."""
     per_sample = 0.5 * td.square() if huber_delta is None else huber(td, huber_delta)
     return (weights * per_sample).mean()
-
-
-def check_batch(batch: Mapping[str, Tensor], grad_clip: float, caller: str) -> None:
-    """Shared argument checks of the continuous-control updates."""
-    missing = [k for k in BATCH_KEYS if k not in batch]
-    if missing:
-        raise ValueError(f"{caller}: batch is missing keys {missing}")
-    if not grad_clip > 0:
-        raise ValueError(f"grad_clip must be > 0 (math.inf disables), got grad_clip={grad_clip!r}")
 
 
 @dataclass

@@ -17,8 +17,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
 from zrl.algos.kernel.optim import StepFn, checked_step
-
-BATCH_KEYS = ("obs", "action", "reward", "discount", "next_obs", "weight")
+from zrl.algos.kernel.q_learning import BATCH_KEYS, huber
 
 
 def double_q_targets(
@@ -44,13 +43,6 @@ def td_errors(q_values: Tensor, actions: Tensor, targets: Tensor) -> Tensor:
     return targets - q_values.gather(1, actions.long().unsqueeze(1)).squeeze(1)
 
 
-def huber(x: Tensor, delta: float = 1.0) -> Tensor:
-    """Elementwise Huber loss: ``0.5 x^2`` if ``|x| <= delta`` else
-    ``delta * (|x| - delta / 2)``."""
-    abs_x = x.abs()
-    return torch.where(abs_x <= delta, 0.5 * x.square(), delta * (abs_x - 0.5 * delta))
-
-
 def dqn_loss(
     q_values: Tensor,
     actions: Tensor,
@@ -73,20 +65,6 @@ def dqn_loss(
     td = td_errors(q_values, actions, targets)
     loss = (weights * huber(td, huber_delta)).mean()
     return loss, td.detach()
-
-
-def apex_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
-    """Per-actor exploration rates of Ape-X (Horgan et al. 2018).
-
-    ``eps_i = base ** (1 + alpha * i / (num - 1))`` for ``i = 0..num-1``, so actor 0 explores
-    most (``base``) and the last least (``base ** (1 + alpha)``); ``num == 1`` gives ``[base]``.
-    """
-    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
-        raise ValueError(f"num must be an integer >= 1, got num={num!r}")
-    if num == 1:
-        return np.array([base], dtype=np.float64)
-    exponents = 1.0 + alpha * np.arange(num, dtype=np.float64) / (num - 1)
-    return np.power(base, exponents)
 
 
 def initial_priorities(
@@ -165,25 +143,3 @@ def dqn_update(
         grad_norm=grad_norm,
         q_mean=float(q_taken.item()),
     )
-
-
-def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging ``theta_target <- tau * theta_online + (1 - tau) * theta_target``.
-
-    ``tau = 1`` is an exact hard copy. Non-float buffers (e.g. BatchNorm counters) are copied.
-    """
-    if not 0.0 < tau <= 1.0:
-        raise ValueError(f"tau must be in (0, 1], got tau={tau!r}")
-    # state_dict tensors share storage with the module, so in-place ops update it.
-    target_state = target.state_dict()
-    online_state = online.state_dict()
-    if target_state.keys() != online_state.keys():
-        diff = sorted(set(target_state) ^ set(online_state))
-        raise ValueError(f"soft_update: target and online differ in keys {diff}")
-    with torch.no_grad():
-        for name, dst in target_state.items():
-            src = online_state[name]
-            if tau == 1.0 or not dst.is_floating_point():
-                dst.copy_(src)
-            else:
-                dst.lerp_(src.to(dst.dtype), tau)

@@ -1,12 +1,13 @@
 """The Ape-X DQN actor policy: epsilon-greedy over the Q-network, with actor-side priorities.
 
 Env slot k of all N = actors x envs slots uses the Ape-X epsilon
-``base ** (1 + alpha * k / (N - 1))`` (``losses.apex_epsilons``): a few slots explore widely,
-most act nearly greedily. Each trajectory becomes a ``transitions`` TRAJECTORY whose
-``priority`` holds the initial priority ``|R + discount * max_a Q(s', a) - Q(s, a)|`` of every
-n-step transition's first step (zeros elsewhere), from this actor's own copy of the network.
-Frame stacks (uint8 ``[k, H, W]`` observations, Atari) go as ``frame_transitions``: each
-frame once instead of two stacks per step.
+``base ** (1 + alpha * k / (N - 1))`` (``zrl.algos.kernel.exploration.apex_epsilons``): a few
+slots explore widely, most act nearly greedily. Each trajectory becomes a ``transitions``
+TRAJECTORY whose ``priority`` holds the initial priority
+``|R + discount * max_a Q(s', a) - Q(s, a)|`` of every n-step transition's first step (zeros
+elsewhere), from this actor's own copy of the network. Frame stacks (uint8 ``[k, H, W]``
+observations, Atari) go as ``frame_transitions``: each frame once instead of two stacks per
+step.
 """
 
 from __future__ import annotations
@@ -16,49 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.apex_dqn.losses import apex_epsilons, initial_priorities
-from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.apex_dqn.losses import initial_priorities
+from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
+from zrl.algos.kernel.exploration import EpsilonGreedyPolicy
 from zrl.replay.frames import frames_of, is_frame_space, is_frame_stack
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import protocol as P
-
-
-class EpsilonGreedyPolicy(BasePolicy):
-    """Ape-X's exploration for the policies that act on Q-values (Ape-X DQN, R2D2): the
-    epsilons of this actor's env slots, and each trajectory's exploration coins and random
-    actions, drawn at once in ``begin``."""
-
-    action_dtype = np.int64
-    action_shape: tuple[int, ...] = ()
-
-    def __init__(self, setup: ActorSetup) -> None:
-        cfg = setup.config
-        self.rng = setup.rng
-        self.num_actions = int(setup.action_space.n)
-        E = setup.num_envs
-        slots = max(cfg.roles.count("actors"), setup.actor_index + 1) * E
-        all_eps = apex_epsilons(slots, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
-        first = setup.actor_index * E
-        self.epsilons = all_eps[first : first + E].astype(np.float32)
-        self.explore = np.zeros((0, E), bool)
-        self.random_actions = np.zeros((0, E), np.int64)
-
-    def begin(self, steps: int, env_steps: int) -> None:
-        # The exploration coins and random actions of the whole trajectory, in two draws.
-        self.explore = self.rng.random((steps, len(self.epsilons))) < self.epsilons
-        self.random_actions = self.rng.integers(0, self.num_actions, size=self.explore.shape)
-
-    def epsilon_greedy(self, q: np.ndarray, t: int, rows: slice | None = None) -> np.ndarray:
-        """Step ``t``'s actions for Q-values ``q`` of the envs ``rows`` (all by default)."""
-        rows = slice(None) if rows is None else rows
-        return np.where(self.explore[t, rows], self.random_actions[t, rows], q.argmax(axis=1))
-
-    def train_info(self) -> dict[str, float]:
-        """The smallest and largest epsilon of this actor's env slots."""
-        return {
-            "epsilon_min": float(self.epsilons.min()),
-            "epsilon_max": float(self.epsilons.max()),
-        }
 
 
 class ApexDQNPolicy(EpsilonGreedyPolicy):

@@ -120,33 +120,6 @@ class Algorithm:
     team's sequences instead of its transitions); the same actions, experience and learner
     input, only what the replay shard stores changes (:meth:`wiring_for`)."""
 
-    @classmethod
-    def box_off_policy(
-        cls,
-        name: str,
-        summary: str,
-        *,
-        model: str,
-        config: Mapping[str, type[Section]],
-        model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None,
-    ) -> Algorithm:
-        """An algorithm for Box actions on the policy and update of ``zrl.algos.continuous``
-        (Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``, the config sections replay,
-        learner and its own ``config``; data-parallel learners."""
-        continuous = "zrl.algos.continuous"
-        return cls(
-            name=name,
-            summary=summary,
-            wiring=Wiring.off_policy("box"),
-            policy=f"{continuous}:ContinuousPolicy",
-            update=f"{continuous}:ContinuousUpdate",
-            model=model,
-            config=config,
-            sections=("replay", "learner"),
-            model_options=model_options,
-            data_parallel=True,
-        )
-
     def wiring_for(self, cfg: ExperimentConfig) -> Wiring:
         """The wiring of experiment ``cfg``: ``recurrent_wiring`` where it has one and
         ``model.core`` is set, else ``wiring``."""

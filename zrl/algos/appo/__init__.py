@@ -3,29 +3,30 @@ wiring (actors that never wait, unrolls through a FIFO replay queue, unrolls mor
 ``appo.max_lag`` versions old dropped) with a learner that optimizes PPO's clipped surrogate
 objective on V-trace advantages, ``appo.epochs`` passes of ``appo.minibatches`` per batch.
 
-- ``losses``: the pure math (the clipped surrogate on ``zrl.algos.impala.vtrace`` targets).
-- the actor side, the wiring and the model: IMPALA's (``zrl.algos.kernel.sampling``'s categorical
-  policy, ``zrl.nets.recurrent.actor_critic_for``), recurrent with ``model.core`` as IMPALA's.
-- ``update``: the learner side (``AppoUpdate``).
+- ``losses``: the pure math (the clipped surrogate on ``zrl.algos.kernel.vtrace`` targets).
+- the actor side, the wiring and the model: IMPALA's, from the kernel's record of the unroll
+  algorithms (``zrl.algos.kernel.records.unroll_algorithm``: ``zrl.algos.kernel.sampling``'s
+  categorical policy, ``zrl.nets.gaussian.policy_model_for``), recurrent with ``model.core``.
+- ``update``: the learner side (``AppoUpdate``, on ``zrl.algos.kernel.unrolls`` as IMPALA's).
 
-``roles.learners: N > 1``: data-parallel learners, as IMPALA's (``zrl.algos.impala``), each
-taking ``appo.epochs x appo.minibatches`` steps per batch on the group's averaged gradients.
+``roles.learners: N > 1``: data-parallel learners, as IMPALA's, each taking ``appo.epochs x
+appo.minibatches`` steps per batch on the group's averaged gradients.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from zrl.algos import impala
 from zrl.algos.appo.config import AppoConfig
+from zrl.algos.kernel.records import check_learner_group, check_recurrent, unroll_algorithm
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    impala.check_config(cfg)
+    check_recurrent(cfg)
+    check_learner_group(cfg)
     learners = cfg.learners_per_policy()
     if learners > 1 and cfg.section(AppoConfig).normalize_returns:
         raise ValueError(
@@ -41,11 +42,10 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
 
 
-# IMPALA's record with another learner: its wiring, actor policy and model.
-ALGORITHM = replace(
-    impala.ALGORITHM,
-    name="appo",
-    summary="APPO: asynchronous actors, unrolls through a FIFO queue, PPO clip on V-trace",
+# The unroll algorithms' record (IMPALA's wiring, actor policy and model) with its learner.
+ALGORITHM = unroll_algorithm(
+    "appo",
+    "APPO: asynchronous actors, unrolls through a FIFO queue, PPO clip on V-trace",
     update="zrl.algos.appo.update:AppoUpdate",
     config={"appo": AppoConfig},
     check_config=check_config,

@@ -7,7 +7,7 @@ RLlib's ``APPO``: IMPALA's asynchronous actors, and a learner that optimizes PPO
 2018). On one minibatch of whole unrolls, time-major ``[T, B]``, with ``mu`` the actors'
 (behaviour) policy and ``pi`` the learner's current one:
 
-1. V-trace targets ``v_s`` under the current ``pi`` and ``V`` (``zrl.algos.impala.vtrace.vtrace``,
+1. V-trace targets ``v_s`` under the current ``pi`` and ``V`` (``zrl.algos.kernel.vtrace.vtrace``,
    recomputed for every minibatch, as Sample Factory does, so later epochs correct for the
    policy having moved), and the V-trace policy-gradient advantage::
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from zrl.algos.impala.vtrace import VTraceReturns, check_loss_inputs
 from zrl.algos.kernel.returns import check_nonnegative
+from zrl.algos.kernel.vtrace import VTraceReturns, check_loss_inputs
 from zrl.nets.gaussian import CATEGORICAL, ActionDistribution
 
 
@@ -82,7 +82,7 @@ def appo_loss(
     ``logits [T, B, A]`` and ``values [T, B]`` come from the learner's forward pass (with
     gradients); ``actions``, ``behaviour_logp`` (``log mu(a_t|x_t)``) and ``valid`` are ``[T,
     B]``; ``vtrace_returns`` (``vs`` and ``pg_advantages`` ``[T, B]``) are constants from
-    :func:`zrl.algos.impala.vtrace.vtrace`. ``old_values [T, B]`` (constants) are required with
+    :func:`zrl.algos.kernel.vtrace.vtrace`. ``old_values [T, B]`` (constants) are required with
     ``value_clip``. ``distribution`` reads the logits: categorical, or
     :data:`zrl.nets.gaussian.DIAG_GAUSSIAN` (``logits [T, B, 2A]`` the mean and log-std,
     ``actions [T, B, A]``; log-densities and entropies summed over the action dims). Returns

@@ -30,9 +30,9 @@ from torch import Tensor
 from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.appo.config import AppoConfig
 from zrl.algos.appo.losses import appo_loss
-from zrl.algos.impala.vtrace import unroll_forward
 from zrl.algos.kernel.unrolls import UnrollUpdate, unroll_outputs
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
+from zrl.algos.kernel.vtrace import unroll_forward
 
 
 class AppoUpdate(UnrollUpdate):

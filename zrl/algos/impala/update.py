@@ -14,7 +14,7 @@ A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step (the
 intact); the batch is dropped, never retried. On a GPU the check stays on the device: the step
 and the batch's later ones are skipped there, and the learner reads the result's ``finite``
 flag one update later (:class:`zrl.algos.kernel.unrolls.UnrollUpdate`). The math is
-``zrl.algos.impala.vtrace.impala_update``.
+``zrl.algos.impala.losses.impala_update``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from zrl.algos.api.learner import LearnerSetup, UpdateResult
 from zrl.algos.impala.config import ImpalaConfig
-from zrl.algos.impala.vtrace import impala_update
+from zrl.algos.impala.losses import impala_update
 from zrl.algos.kernel.unrolls import UnrollUpdate
 
 

@@ -25,10 +25,10 @@ A team transition carries the agents' actions as one joint index (``joint_action
 With a recurrent agent network (``model.core``) the learner trains on team sequences of ``T``
 steps (``T + 1`` observations), as R2D2 does (:func:`qmix_sequence_update`): every agent's
 network is unrolled from the state it had at the sequence's start, the first ``burn_in`` steps
-without gradient (``zrl.algos.r2d2.losses.burn_in_unroll``); ``Q_tot`` is mixed per step; the
+without gradient (``zrl.algos.kernel.q_learning.burn_in_unroll``); ``Q_tot`` is mixed per step; the
 targets are the n-step returns over the sequence's real steps (``mask``), cut without a
 bootstrap at a terminal step, else bootstrapping ``Q_tot^-`` of the observation after the walk
-(``zrl.algos.r2d2.losses.nstep_double_q_targets``, with ``Q_tot^-`` as the bootstrap value and
+(``zrl.algos.kernel.q_learning.nstep_double_q_targets``, with ``Q_tot^-`` as the bootstrap value and
 no value rescaling); the loss is pymarl's masked mean of the squared TD errors over the trained
 steps (:func:`qmix_sequence_loss`).
 """
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from zrl.algos.kernel.optim import StepFn, checked_step
-from zrl.algos.r2d2.losses import burn_in_unroll, nstep_double_q_targets
+from zrl.algos.kernel.q_learning import burn_in_unroll, nstep_double_q_targets
 
 if TYPE_CHECKING:
     from zrl.algos.qmix.model import QMIXModel, RecurrentQMIXModel

@@ -15,7 +15,7 @@ transitions (n-step returns, uniform table) with its layout fixed for teams
 
 With ``model.core`` (:class:`RecurrentQMIXPolicy`) each slot carries its agent's recurrent
 state, zeroed where the actor says an episode starts, and ``finish`` cuts each game's team
-steps into R2D2's fixed-length overlapping sequences (``zrl.algos.r2d2.sequences``,
+steps into R2D2's fixed-length overlapping sequences (``zrl.algos.kernel.sequences``,
 ``qmix.sequence_length`` and ``qmix.burn_in``): the L slot observations side by side per step,
 the joint action, the team reward, the game's flags, and the L agents' states at the
 sequence's start side by side; they go as a ``sequences`` TRAJECTORY (:func:`team_steps`).
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.algos.kernel.sequences import SequenceCutter
 from zrl.algos.qmix.config import QMIXConfig
 from zrl.algos.qmix.losses import joint_actions, linear_epsilon
-from zrl.algos.r2d2.sequences import SequenceCutter
 from zrl.nets.recurrent import EnvStates, is_recurrent
 from zrl.transport import protocol as P
 

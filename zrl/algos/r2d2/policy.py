@@ -17,16 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.algos.apex_dqn.policy import EpsilonGreedyPolicy
 from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
+from zrl.algos.kernel.exploration import EpsilonGreedyPolicy
+from zrl.algos.kernel.q_learning import nstep_double_q_targets
+from zrl.algos.kernel.sequences import SequenceCutter, Sequences
 from zrl.algos.r2d2.config import R2D2Config
-from zrl.algos.r2d2.losses import (
-    inverse_value_rescale,
-    nstep_double_q_targets,
-    sequence_priority,
-    value_rescale,
-)
-from zrl.algos.r2d2.sequences import SequenceCutter, Sequences
+from zrl.algos.r2d2.losses import inverse_value_rescale, sequence_priority, value_rescale
 from zrl.nets.recurrent import EnvStates
 from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M

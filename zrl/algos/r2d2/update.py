@@ -9,7 +9,8 @@ One step, for a batch of ``B`` sequences of ``L`` steps (``L + 1`` observations)
 
 1. The online network unrolls from each sequence's stored state (zeros with
    ``r2d2.zero_state``), resetting where ``first`` says an episode starts: the ``burn_in``
-   leading steps without gradient, the rest with it (``losses.burn_in_unroll``).
+   leading steps without gradient, the rest with it
+   (``zrl.algos.kernel.q_learning.burn_in_unroll``).
 2. The target network unrolls the whole sequence from the same state, without gradient.
 3. Double-Q bootstrap values ``h^-1(Q_target(s, argmax_a Q_online(s, a)))`` at every position,
    n-step targets over the real steps (``mask``), rescaled by ``h``.
@@ -34,15 +35,9 @@ from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.kernel.batch_update import BatchStep, QTargetUpdate
 from zrl.algos.kernel.batches import PendingBatches
 from zrl.algos.kernel.optim import make_adam
+from zrl.algos.kernel.q_learning import burn_in_unroll, nstep_double_q_targets
 from zrl.algos.r2d2.config import R2D2Config
-from zrl.algos.r2d2.losses import (
-    burn_in_unroll,
-    inverse_value_rescale,
-    nstep_double_q_targets,
-    r2d2_loss,
-    sequence_priority,
-    value_rescale,
-)
+from zrl.algos.r2d2.losses import inverse_value_rescale, r2d2_loss, sequence_priority, value_rescale
 from zrl.nets.frames import sequence_stacks_from_frames
 from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M

@@ -1,8 +1,8 @@
 """Soft actor-critic math (Haarnoja et al. 2018, "SAC: Algorithms and Applications"), with the
 automatic temperature and n-step, prioritized transitions.
 
-With ``R`` the n-step return and ``discount = gamma^k`` (0 at termination) as in
-:mod:`zrl.algos.apex_dqn.losses`, ``a' ~ pi(.|s')`` sampled from the *current* policy, and
+With ``R`` the n-step return and ``discount = gamma^k`` (0 at termination) of the n-step
+transitions (``zrl.replay.nstep``), ``a' ~ pi(.|s')`` sampled from the *current* policy, and
 target critics ``Q'_1, Q'_2``::
 
     y       = R + discount * (min(Q'_1, Q'_2)(s', a') - alpha * log pi(a'|s'))
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from zrl.algos.apex_ddpg.losses import check_batch, frozen
+from zrl.algos.kernel.continuous import check_batch, frozen
 from zrl.algos.kernel.optim import StepFn, checked_step
 from zrl.nets.continuous import SACModel
 
@@ -101,17 +101,17 @@ def sac_update(
 ) -> SACUpdate:
     """One SAC step: critic step, then actor step, then temperature step.
 
-    ``batch`` is as for :func:`zrl.algos.apex_ddpg.losses.ddpg_update` (``action [B, A]``
-    float); the importance weights scale the critic loss. ``target`` supplies only the target
-    critics (SAC has no target policy: ``a'`` is sampled from ``model.policy``).
-    ``critic_optimizer`` holds
-    ``q1`` and ``q2``, ``actor_optimizer`` the policy and ``alpha_optimizer`` the scalar
-    ``log_alpha``. With ``fixed_alpha`` the temperature is that constant and ``log_alpha`` /
-    ``alpha_optimizer`` are left alone. Gradients of the critic and actor are clipped to global
-    norm ``grad_clip`` (the temperature's is not clipped). Each step raises
-    :class:`NonFiniteLossError` before changing the weights it owns (a later non-finite loss
-    comes after the earlier steps have been applied). ``step`` takes each optimizer step (a
-    learner group's averages the gradients first). The caller does the Polyak target update.
+    ``batch`` holds ``obs [B, ...]``, ``action [B, A]`` (float), ``reward [B]`` (the n-step return),
+    ``discount [B]``, ``next_obs [B, ...]`` and ``weight [B]``; the importance weights scale the
+    critic loss. ``target`` supplies only the target critics (SAC has no target policy: ``a'`` is
+    sampled from ``model.policy``). ``critic_optimizer`` holds ``q1`` and ``q2``,
+    ``actor_optimizer`` the policy and ``alpha_optimizer`` the scalar ``log_alpha``. With
+    ``fixed_alpha`` the temperature is that constant and ``log_alpha`` / ``alpha_optimizer`` are
+    left alone. Gradients of the critic and actor are clipped to global norm ``grad_clip`` (the
+    temperature's is not clipped). Each step raises :class:`NonFiniteLossError` before changing the
+    weights it owns (a later non-finite loss comes after the earlier steps have been applied).
+    ``step`` takes each optimizer step (a learner group's averages the gradients first). The caller
+    does the Polyak target update.
     """
     check_batch(batch, grad_clip, "sac_update")
     if fixed_alpha is None:

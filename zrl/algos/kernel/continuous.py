@@ -1,8 +1,10 @@
-"""Ape-X DDPG / TD3 and SAC, the two algorithms for Box actions: what they share.
+"""Ape-X DDPG / TD3 and SAC, the two algorithms for Box actions: what they share. Each has its
+own actor policy and learner update on these (``zrl.algos.apex_ddpg``, ``zrl.algos.sac``).
 
-Actor side (``ContinuousPolicy``): the actions of the deterministic policy plus Gaussian
-noise (DDPG) or samples of the squashed-Gaussian policy (SAC), kept inside the action bounds,
-sent to replay as n-step transitions with initial priorities.
+Actor side (:class:`ContinuousPolicy`): uniform actions while warming up, then the
+algorithm's exploring actions (:meth:`ContinuousPolicy.explore`: the deterministic policy plus
+Gaussian noise, DDPG; samples of the squashed-Gaussian policy, SAC), kept inside the action
+bounds, sent to replay as n-step transitions with initial priorities.
 
 Learner side (:class:`ContinuousUpdate`). The generic learner role owns the sockets: it acks
 every BATCH, hands it to ``receive``, calls ``train``, publishes the priorities of the result
@@ -13,42 +15,81 @@ actors use both) every ``learner.publish_interval`` updates.
   ``shard``), checked against the model (observation and action widths, actions inside the
   bounds) and kept; a malformed one raises ProtocolError (the replay validates what it
   stores, so this is a peer's bug).
-- ``train``: per batch one critic step, then (DDPG: every ``ddpg.policy_delay``-th update;
-  SAC: always) an actor step, SAC's temperature step, and Polyak averaging of the targets
-  with rate ``tau`` (TD3 only on the delayed steps). The result carries the new priorities
-  ``|y - Q1(s, a)|`` of the batch's keys with ``replay.table: prioritized`` (a uniform table
-  has no use for them), and the critic loss as the loss.
+- ``train``: per batch the algorithm's ``step``: one critic step, then (DDPG: every
+  ``ddpg.policy_delay``-th update; SAC: always) an actor step, SAC's temperature step, and
+  Polyak averaging of the targets with rate ``tau`` (TD3 only on the delayed steps). The
+  result carries the new priorities ``|y - Q1(s, a)|`` of the batch's keys with
+  ``replay.table: prioritized`` (a uniform table has no use for them), and the critic loss as
+  the loss.
 
 A NaN/inf loss or gradient raises :class:`NonFiniteLossError` before the optimizer step that
 would apply it; the batch is dropped, never retried. The math is
-``zrl.algos.apex_ddpg.losses.ddpg_update`` and ``zrl.algos.sac.losses.sac_update``.
+``zrl.algos.apex_ddpg.losses.ddpg_update`` and ``zrl.algos.sac.losses.sac_update``; what
+both use is here (:func:`check_batch`, :func:`frozen`, :func:`initial_priorities`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import Tensor, nn
 
-from zrl.algos.apex_ddpg.config import DDPGConfig
-from zrl.algos.apex_ddpg.losses import ddpg_update, initial_priorities
-from zrl.algos.apex_dqn.losses import apex_epsilons
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
 from zrl.algos.api.learner import LearnerSetup
 from zrl.algos.kernel.batch_update import BatchStep, BatchUpdate
 from zrl.algos.kernel.batches import PendingBatches
 from zrl.algos.kernel.optim import make_adam
-from zrl.algos.sac.config import SACConfig
-from zrl.algos.sac.losses import default_target_entropy, sac_update
+from zrl.algos.kernel.q_learning import BATCH_KEYS
 from zrl.nets.continuous import DDPGModel, SACModel, clip_to_bounds
 from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import validate
+
+# --- the math both updates use -------------------------------------------------------
+
+
+def check_batch(batch: Mapping[str, Tensor], grad_clip: float, caller: str) -> None:
+    """Shared argument checks of the continuous-control updates."""
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"{caller}: batch is missing keys {missing}")
+    if not grad_clip > 0:
+        raise ValueError(f"grad_clip must be > 0 (math.inf disables), got grad_clip={grad_clip!r}")
+
+
+@contextmanager
+def frozen(modules: Iterable[nn.Module | None]) -> Iterator[None]:
+    """Turn ``requires_grad`` off for every parameter of ``modules`` (None entries skipped),
+    restoring the previous flags on exit. Used so the actor loss, which backpropagates through
+    the critic, leaves no gradient in the critic weights."""
+    params = [p for m in modules if m is not None for p in m.parameters()]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+
+
+def initial_priorities(
+    q_taken: ArrayLike, returns: ArrayLike, discounts: ArrayLike, next_q: ArrayLike
+) -> np.ndarray:
+    """Actor-side priorities ``|R + discount * next_q - Q(s, a)|`` with ``next_q = Q(s', mu(s'))``
+    from the actor's own (possibly stale) critic. All ``[M]``; returns float32 ``[M]``."""
+    target = np.asarray(returns, dtype=np.float64) + np.asarray(
+        discounts, dtype=np.float64
+    ) * np.asarray(next_q, dtype=np.float64)
+    return np.abs(target - np.asarray(q_taken, dtype=np.float64)).astype(np.float32)
 
 
 def critic_parameters(model: DDPGModel | SACModel) -> list[nn.Parameter]:
@@ -62,29 +103,43 @@ def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
     torch._foreach_lerp_(target, online, tau)
 
 
-class ContinuousUpdate(BatchUpdate):
-    """A DDPGModel (DDPG / TD3) or SACModel (SAC), its targets and optimizers."""
+# --- learner side --------------------------------------------------------------------
 
-    def __init__(self, setup: LearnerSetup) -> None:
+
+class ContinuousUpdate(BatchUpdate):
+    """A DDPGModel (DDPG / TD3) or SACModel (SAC), its targets and optimizers: what both
+    updates hold. A subclass names its ``model_type``, passes its section's rates to
+    ``__init__``, adds its own state, calls :meth:`join_learners` last, and takes its
+    :meth:`step` (ending in :meth:`step_done`)."""
+
+    model_type: type[DDPGModel] | type[SACModel] = DDPGModel
+    target_policy = True
+    """Whether the target network's policy is Polyak-averaged too (SAC has no target policy:
+    ``a'`` is sampled from the online policy)."""
+
+    def __init__(
+        self, setup: LearnerSetup, *, actor_lr: float, critic_lr: float, tau: float
+    ) -> None:
         cfg = setup.config
         model = setup.model
-        if not isinstance(model, DDPGModel | SACModel):
-            raise ValueError(f"{cfg.algo} needs zrl's DDPGModel/SACModel, got {type(model)}")
+        if not isinstance(model, self.model_type):
+            raise ValueError(
+                f"{cfg.algo} needs zrl's {self.model_type.__name__}, got {type(model)}"
+            )
         self.config = cfg
         self.train_stats = setup.train_stats
         self.model: nn.Module = model
         self.online: DDPGModel | SACModel = model
-        self.sac = isinstance(model, SACModel)
-        algo_cfg = cfg.section(SACConfig) if self.sac else cfg.section(DDPGConfig)
         self.target: DDPGModel | SACModel = copy.deepcopy(model)
         self.target.requires_grad_(False)
+        self.tau = tau
         eps = cfg.learner.adam_eps
-        self.actor_optimizer = make_adam(model.policy.parameters(), algo_cfg.actor_lr, eps)
-        self.critic_optimizer = make_adam(critic_parameters(model), algo_cfg.critic_lr, eps)
-        # Polyak pairs: SAC has no target policy (a' is sampled from the online policy).
+        self.actor_optimizer = make_adam(model.policy.parameters(), actor_lr, eps)
+        self.critic_optimizer = make_adam(critic_parameters(model), critic_lr, eps)
+        # Polyak pairs: the critics, and the policy where the target has one.
         target_modules: list[nn.Module | None] = [self.target.q1, self.target.q2]
         online_modules: list[nn.Module | None] = [model.q1, model.q2]
-        if not self.sac:
+        if self.target_policy:
             target_modules.append(self.target.policy)
             online_modules.append(model.policy)
         self.target_params: list[Tensor] = [
@@ -93,10 +148,6 @@ class ContinuousUpdate(BatchUpdate):
         self.online_params: list[Tensor] = [
             p for m in online_modules if m is not None for p in m.parameters()
         ]
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.section(SACConfig).init_alpha)))
-        self.alpha_optimizer = make_adam([self.log_alpha], cfg.section(SACConfig).alpha_lr, eps)
-        te = cfg.section(SACConfig).target_entropy
-        self.target_entropy = default_target_entropy(model.act_dim) if te is None else te
         self.send_priorities = cfg.replay.table == "prioritized"
         self.updates = 0
         """Updates this object made (the phase of TD3's delayed steps); restored from the
@@ -104,7 +155,6 @@ class ContinuousUpdate(BatchUpdate):
         self.last_parts: dict[str, float] = {}
         self.pending = PendingBatches(setup.device)
         """Received batches not trained on yet: (shard, keys, tensors)."""
-        self.join_learners(setup)
 
     # --- receiving --------------------------------------------------------------------
 
@@ -120,63 +170,21 @@ class ContinuousUpdate(BatchUpdate):
 
     # --- training ---------------------------------------------------------------------
 
-    def step(self, batch: dict[str, Tensor]) -> BatchStep:
-        online, target = self.online, self.target
-        grad_clip = self.config.learner.grad_clip
-        if isinstance(online, SACModel):
-            assert isinstance(target, SACModel)
-            c = self.config.section(SACConfig)
-            r = sac_update(
-                online,
-                target,
-                self.actor_optimizer,
-                self.critic_optimizer,
-                self.alpha_optimizer,
-                self.log_alpha,
-                batch,
-                target_entropy=self.target_entropy,
-                grad_clip=grad_clip,
-                fixed_alpha=c.fixed_alpha,
-                step=self.optimizer_step,
-            )
-            targets_due, td, loss = True, r.td, r.critic_loss
-            parts = {"actor_loss": r.actor_loss, "alpha": r.alpha, "entropy": r.entropy}
-            figures = {
-                **parts,
-                "alpha_loss": r.alpha_loss,
-                "q_mean": r.q_mean,
-                "grad_norm": r.grad_norm,
-                "actor_grad_norm": r.actor_grad_norm,
-            }
-        else:
-            assert isinstance(target, DDPGModel)
-            d = self.config.section(DDPGConfig)
-            targets_due = (self.updates + 1) % d.policy_delay == 0
-            r2 = ddpg_update(
-                online,
-                target,
-                self.actor_optimizer,
-                self.critic_optimizer,
-                batch,
-                update_actor=targets_due,
-                target_noise=d.target_noise,
-                target_noise_clip=d.target_noise_clip,
-                grad_clip=grad_clip,
-                huber_delta=d.huber_delta,
-                step=self.optimizer_step,
-            )
-            td, loss = r2.td, r2.critic_loss
-            parts = {"actor_loss": r2.actor_loss, "q_mean": r2.q_mean}
-            figures = {**parts, "grad_norm": r2.grad_norm, "actor_grad_norm": r2.actor_grad_norm}
+    def step_done(
+        self,
+        loss: float,
+        td: np.ndarray,
+        parts: dict[str, float],
+        figures: dict[str, float],
+        targets_due: bool,
+    ) -> BatchStep:
+        """The end of a subclass's :meth:`step`: keep the finite ``parts`` for the heartbeat
+        and report the critic loss as the loss, so every learner has a learner/loss curve."""
         self.last_parts = {k: v for k, v in parts.items() if math.isfinite(v)} or self.last_parts
-        # loss = critic_loss, so every learner has a learner/loss curve.
         return BatchStep(loss, td, {"loss": loss, "critic_loss": loss, **figures}, targets_due)
 
     def update_targets(self) -> None:
-        tau = (
-            self.config.section(SACConfig).tau if self.sac else self.config.section(DDPGConfig).tau
-        )
-        polyak(self.target_params, self.online_params, tau)
+        polyak(self.target_params, self.online_params, self.tau)
 
     # --- the rest of the protocol -----------------------------------------------------
 
@@ -186,8 +194,6 @@ class ContinuousUpdate(BatchUpdate):
             "target": self.target.state_dict(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(),
-            "alpha_optimizer": self.alpha_optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -195,9 +201,6 @@ class ContinuousUpdate(BatchUpdate):
         self.target.load_state_dict(state["target"])
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         self.updates = int(state.get("updates", 0))
 
     def train_info(self) -> dict[str, float]:
@@ -205,9 +208,6 @@ class ContinuousUpdate(BatchUpdate):
             "lr": float(self.critic_optimizer.param_groups[0]["lr"]),
             "actor_lr": float(self.actor_optimizer.param_groups[0]["lr"]),
         }
-
-    def group_tensors(self) -> list[Tensor]:
-        return [*super().group_tensors(), self.log_alpha]
 
     def heartbeat_info(self) -> dict[str, Any]:
         parts = {k: round(v, 5) for k, v in self.last_parts.items()}
@@ -218,42 +218,33 @@ class ContinuousUpdate(BatchUpdate):
 
 
 class ContinuousPolicy(BasePolicy):
-    """Acting for Box actions (see the module docstring): warm-up, then DDPG's Gaussian noise
-    with an Ape-X spread of scales, or a sample of SAC's squashed-Gaussian policy; every
-    action clipped to the bounds. Initial priorities only for a prioritized table."""
+    """Acting for Box actions (see the module docstring): ``warmup_steps`` of uniform actions,
+    then the subclass's :meth:`explore`; every action clipped to the bounds. Initial
+    priorities only for a prioritized table. A subclass gives its noise scales per env slot
+    (:meth:`noise_sigmas`, zeros by default: they are logged)."""
 
     records_next_obs = True
     action_dtype = np.float32
 
-    def __init__(self, setup: ActorSetup) -> None:
+    def __init__(self, setup: ActorSetup, *, warmup_steps: int) -> None:
         cfg = setup.config
         space = setup.action_space
         if not hasattr(space, "low") or len(space.shape) != 1:
             raise ValueError(f"{cfg.algo} needs a 1-D Box action space, got {space!r}")
         self.model: Any = setup.model
         self.rng = setup.rng
-        self.sac = cfg.algo == "sac"
         self.low = np.asarray(space.low, dtype=np.float32)
         self.high = np.asarray(space.high, dtype=np.float32)
         self.act_dim = int(space.shape[0])
         self.action_shape = (self.act_dim,)
         self.half_range = (self.high - self.low) / 2
-        self.warmup_steps = (
-            cfg.section(SACConfig) if self.sac else cfg.section(DDPGConfig)
-        ).warmup_steps
+        self.warmup_steps = warmup_steps
         self.env_steps = 0
         self.prioritized = cfg.replay.table == "prioritized"
         self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
         # The action-sampling stream (SAC) differs per actor; the weights come from params.
         torch.manual_seed(setup.seed)
-        self.sigmas = np.zeros(setup.num_envs, np.float32)
-        if not self.sac:
-            slots = max(cfg.roles.count("actors"), setup.actor_index + 1) * setup.num_envs
-            all_sigmas = apex_epsilons(
-                slots, cfg.section(DDPGConfig).noise_sigma, cfg.section(DDPGConfig).noise_alpha
-            )
-            first = setup.actor_index * setup.num_envs
-            self.sigmas = all_sigmas[first : first + setup.num_envs].astype(np.float32)
+        self.sigmas = self.noise_sigmas(setup)
         setup.log.info(
             "actor %d (%s): %d x %s, action bounds %s..%s, noise sigma %.3g..%.3g, "
             "%d warm-up steps, seed %d",
@@ -269,6 +260,15 @@ class ContinuousPolicy(BasePolicy):
             setup.seed,
         )
 
+    def noise_sigmas(self, setup: ActorSetup) -> np.ndarray:
+        """The Gaussian noise scale of each of this actor's env slots (float32 ``[E]``)."""
+        return np.zeros(setup.num_envs, np.float32)
+
+    def explore(self, obs: np.ndarray, rows: slice) -> np.ndarray:
+        """Exploring actions ``[E, act_dim]`` for ``obs`` of the envs ``rows``, past the
+        warm-up (clipped to the bounds by :meth:`act`)."""
+        raise NotImplementedError
+
     def begin(self, steps: int, env_steps: int) -> None:
         self.env_steps = env_steps
 
@@ -281,12 +281,8 @@ class ContinuousPolicy(BasePolicy):
         rows = slice(None) if rows is None else rows
         if self.env_steps < self.warmup_steps:
             a = self.rng.uniform(self.low, self.high, size=(len(obs), self.act_dim))
-        elif self.sac:
-            a = self.model.act(torch.from_numpy(obs), deterministic=False).numpy()
         else:
-            mu = self.model.act(torch.from_numpy(obs)).numpy()
-            noise = self.rng.standard_normal(mu.shape).astype(np.float32)
-            a = mu + noise * self.sigmas[rows, None] * self.half_range
+            a = self.explore(obs, rows)
         return clip_to_bounds(a, self.low, self.high), {}
 
     @torch.no_grad()
@@ -315,16 +311,7 @@ class ContinuousPolicy(BasePolicy):
         return Outgoing(P.TRAJECTORY, tr.transitions(priority))
 
     def train_info(self) -> dict[str, float]:
-        """DDPG: the Gaussian noise scale (fraction of the half-range) of this actor's env
-        slots; SAC explores by its own policy's entropy (``learner/entropy``, ``alpha``)."""
-        out: dict[str, float] = {}
-        if not self.sac and len(self.sigmas):
-            out = {
-                "noise_sigma_min": float(self.sigmas.min()),
-                "noise_sigma_max": float(self.sigmas.max()),
-            }
-        out["warming_up"] = float(self.env_steps < self.warmup_steps)
-        return out
+        return {"warming_up": float(self.env_steps < self.warmup_steps)}
 
     def heartbeat_info(self) -> dict[str, Any]:
         return {"warming_up": self.env_steps < self.warmup_steps}

@@ -1,4 +1,5 @@
-"""Cutting each env's stream of steps into R2D2's fixed-length sequences, on the actor.
+"""Cutting each env's stream of steps into R2D2's fixed-length sequences, on the actor (R2D2's,
+and recurrent QMIX's team sequences).
 
 Sequences are ``L`` steps (``r2d2.sequence_length``) and start every ``L - burn_in`` steps,
 so neighbours overlap by ``burn_in`` and the trained parts (the steps after the burn-in)
