@@ -154,14 +154,14 @@ def start_broker(
         )
         return
     setup_logging(log_level)
-    if keys is None and "ZRL_STOP_TOKEN" not in os.environ:  # zrl run's broker says nothing
-        warn_insecure("this broker")
     if not is_loopback(bind) and keys is None and not insecure:
         fail(
             f"{bind} is reachable from other hosts and no keys are configured: anyone on the "
             "network could join this experiment. Pass --keys DIR (see `zrl keys init`), or "
             "--insecure to accept that."
         )
+    if keys is None and "ZRL_STOP_TOKEN" not in os.environ:  # zrl run's broker says nothing
+        warn_insecure("this broker")
     cfg, factories = load_experiment(config, overrides)
     if cfg is not None:  # the spec the roles get carries numbers, never auto
         from zrl.run.sizing import resolve_auto_roles

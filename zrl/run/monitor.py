@@ -48,6 +48,8 @@ STATUS_TIMEOUT_S = 3.0
 """How long one refresh of the registry's rows (every page of the listing) may take: at 1 s
 a loaded machine's refreshes all failed and the head showed 0 steps while the roles trained."""
 EVAL_SENDER_ASK_S = 1.0
+DRAIN_BUDGET_S = 0.2
+"""The longest one ``drain`` reads the topic bus before the head's loop goes on."""
 STATUS_WARN_INTERVAL_S = 30.0
 """Failed STATUS refreshes are logged at most once per this, with how many failed."""
 
@@ -106,9 +108,12 @@ class RunMonitor:
         return Channel(sock, "monitor", "supervisor", TransportStats(), topics=True)
 
     def drain(self, source: TopicSource, writer: MetricsWriter, elapsed: float) -> None:
-        """Everything ``source`` holds now: metrics to the aggregator, evals (of this run's
-        evaluators) to ``writer`` and the stop rule."""
-        while True:
+        """What ``source`` holds now, for at most ``DRAIN_BUDGET_S``: metrics to the
+        aggregator, evals (of this run's evaluators) to ``writer`` and the stop rule. Bounded:
+        a flood of messages (forged metrics faster than the head reads them) must not hold the
+        head's loop, which refreshes the roles' rows and checks the stop rules between."""
+        until = time.monotonic() + DRAIN_BUDGET_S
+        while time.monotonic() < until:
             got = source.recv(block=False)
             if got is None:
                 return
