@@ -28,7 +28,7 @@ def test_the_console_progress_and_summary_agree_with_the_roles(tmp_path: Path) -
     cmd = zrl_run_command(
         REPO / "configs" / "cartpole_ppo.yaml",
         run_dir,
-        ["stop.wall_time=40", "stop.eval_return=null"],
+        ["stop.wall_time=25", "stop.eval_return=null"],
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:

@@ -141,6 +141,28 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         for seq in (0, P.MAX_SEQ, 2**64 - 1, 5):
             reg.send_multipart(raw_frames(P.HEARTBEAT, "actor-0", seq, {"id": "actor-0"}))
 
+        # 1b. Issue 39, item 4: a HELLO as the run's evaluator, with its host and real pid,
+        #     without the credential zrl run gave only the real one: refused, and the real
+        #     evaluator keeps its entry (checked with every role's pid at the end).
+        evaluator = rows()["evaluator-0"]
+        forger = sock(zmq.DEALER, eps["registry"])
+        forger.send_multipart(
+            frames(
+                P.HELLO,
+                "evaluator-0",
+                meta={
+                    "role": "evaluator",
+                    "id": "evaluator-0",
+                    "index": 0,
+                    "host": evaluator["host"],
+                    "pid": evaluator["pid"],
+                    "zrl_version": __version__,
+                },
+            )
+        )
+        refused = P.decode(forger.recv_multipart())
+        assert refused.kind == P.REFUSED, refused.kind
+
         # 2. Poisoned weights: NaN in the real architecture's arrays, and a version far ahead,
         #    both under the params server's own id (no keys: ids can be claimed).
         services = registry_request(

@@ -6,7 +6,8 @@ the run ends with what the real roles did.
 - ``zrl run`` with no flag: the run made its own keys (0700, ignored by git); a client
   without them gets no answer and is told why; the forger holds the run's client keys (a
   process of the same user that read them) but no credential.
-- ``zrl run --insecure``: no keys at all; the credential alone stops the same forger.
+- ``zrl run --insecure`` (no keys at all, the credential alone stops the same forger) is
+  replayed in ``test_hostile_run.py``'s run without keys.
 
 Also: every listening socket of the run's processes is one docs/security.md names."""
 
@@ -72,13 +73,10 @@ def forged_hello(ctx: zmq.Context, addr: str, keys: Any, **meta: Any) -> P.Messa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["default", "insecure"])
-def test_a_forged_role_gets_nothing_and_changes_nothing(tmp_path: Path, mode: str) -> None:
+def test_a_forged_role_gets_nothing_and_changes_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "run.log"
     cmd = zrl_run_command(CONFIG, run_dir, ["stop.wall_time=40", "stop.eval_return=null"])
-    if mode == "insecure":
-        cmd.append("--insecure")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     ctx = zmq.Context()
@@ -86,7 +84,7 @@ def test_a_forged_role_gets_nothing_and_changes_nothing(tmp_path: Path, mode: st
     try:
         addr = run_broker_address(proc, run_dir, log)
         keys = run_keys(addr)
-        assert (keys is None) == (mode == "insecure"), list(run_dir.iterdir())
+        assert keys is not None, list(run_dir.iterdir())  # keyed with no flag
 
         def all_alive() -> bool:
             r = status_rows(ctx, addr)
@@ -97,7 +95,7 @@ def test_a_forged_role_gets_nothing_and_changes_nothing(tmp_path: Path, mode: st
         rows = status_rows(ctx, addr)
         evaluator = rows["evaluator-0"]
 
-        if keys is not None:
+        if keys is not None:  # (always: the run's own keys)
             assert stat.S_IMODE((run_dir / "keys").stat().st_mode) == 0o700
             assert (run_dir / "keys" / ".gitignore").read_text().splitlines()[-1] == "*"
             # Without the keys: no answer, and the handshake is refused (the cause is named).
