@@ -5,7 +5,7 @@ said 0 env steps and 0 evaluations).
 A real `zrl run configs/cartpole_ppo.yaml`: every status line it printed is a row of
 progress.csv (the same records), progress.csv's last row and summary.json hold the roles' own
 final counters (the sum of the actors' env steps and the learner's updates in the summary's
-``heartbeats``), and every evaluation the head recorded is in eval.csv."""
+``heartbeats``), and summary.json counts the evaluations eval.csv holds."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def test_the_console_progress_and_summary_agree_with_the_roles(tmp_path: Path) -
     updates = sum(v.get("updates", 0) for k, v in beats.items() if k.startswith("learner-"))
     assert (summary["env_steps"], summary["updates"]) == (actors, updates), beats
     assert progress[-1] == (actors, updates), progress[-3:]
-    # Every evaluation the head took is in eval.csv, and the evaluator made at least those.
+    # Every evaluation the head took is in eval.csv. (The evaluator's own count may be one
+    # short: its last result can go out after its last heartbeat.)
     with open(run_dir / "eval.csv") as f:
         recorded = list(csv.DictReader(f))
     assert summary["evaluations"] == len(recorded) > 0, summary
-    assert beats["evaluator-0"]["evaluations"] >= len(recorded), beats["evaluator-0"]
