@@ -124,20 +124,19 @@ def run_broker_address(
 def note_run(addr: str, run_dir: Path) -> str:
     """Remember the keys of the run in ``run_dir`` whose broker is at ``addr`` (for
     ``run_keys``, ``status_rows``, ``zrl_status_json``); returns ``addr``."""
-    if (run_dir / "keys").is_dir():
-        _RUN_KEYS[addr] = run_dir / "keys"
+    if (run_dir / "keys").is_dir():  # made before the broker, so whole by now
+        _RUN_KEYS[addr] = load_keys(run_dir / "keys")
     return addr
 
 
-_RUN_KEYS: dict[str, Path] = {}
-"""The key directory of each run whose broker address ``run_broker_address`` read."""
+_RUN_KEYS: dict[str, Keys] = {}
+"""The keys of each run whose broker address ``note_run`` was given, loaded once."""
 
 
 def run_keys(addr: str) -> Keys | None:
     """The keys of the `zrl run` whose broker is at ``addr`` (a run makes its own by
     default), None for a run without keys (``--insecure``) or one this process never saw."""
-    directory = _RUN_KEYS.get(addr)
-    return load_keys(directory) if directory is not None else None
+    return _RUN_KEYS.get(addr)
 
 
 def end_run(proc: subprocess.Popen, addr: str) -> list[psutil.Process]:
@@ -157,7 +156,7 @@ def zrl_status_json(addr: str) -> dict[str, Any]:
     """`zrl status --json` as a user would run it (a real subprocess)."""
     out = subprocess.run(
         [sys.executable, "-m", "zrl", "status", "--broker", addr, "--json", "--timeout", "5"]
-        + (["--keys", str(_RUN_KEYS[addr])] if addr in _RUN_KEYS else []),
+        + (["--keys", str(_RUN_KEYS[addr].directory)] if addr in _RUN_KEYS else []),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -187,7 +186,8 @@ def run_zrl(
     """`zrl run` of ``configs/<config>`` to one evaluation at the target or ``wall_time``: it
     must exit 0, reach a best evaluation above ``beats`` (by default clearly above a random
     CartPole policy; None: no evaluation asked, for a run without an evaluator), and leave no
-    process of the run behind. Returns the summary, with the run dir under "dir"."""
+    process of the run behind. Returns the summary, with the run dir under "dir" and what
+    the run printed under "output"."""
     run_dir = tmp_path / "run"
     cmd = zrl_run_command(
         REPO / "configs" / config,
@@ -211,6 +211,7 @@ def run_zrl(
     left = zrl_processes(broker)
     assert not left, [p.cmdline() for p in left]
     summary["dir"] = run_dir
+    summary["output"] = text
     return summary
 
 
