@@ -1,12 +1,14 @@
 """Load slows learning, it does not break it: the env steps a run needs to reach its target on
 a quiet machine and beside a load generator (busy loops, one per ``--load`` unit), measured in
-one process, the quiet run first. Also counts the roles the broker marked dead in each run.
+one process, the quiet run first. Also counts the roles the broker marked dead or stalled.
 
     python benchmarks/under_load.py                                  # load 20, two configs
     python benchmarks/under_load.py --configs pendulum_appo.yaml --load 10
+    python benchmarks/under_load.py --configs pong_appo.yaml:300 --loaded-only   # liveness
 
-Prints, per config: env steps to the target quiet and loaded, their ratio (the issue's bar:
-at most 1.5), wall times, dead-markings, and the load average the loaded run saw.
+A config may carry its own wall time (``NAME:SECONDS``). Prints, per config: env steps to the
+target quiet and loaded, their ratio (the bar: at most 1.5), wall times, dead and stalled
+markings, and the load average the loaded run saw; ``--out FILE`` writes the rows as JSON.
 """
 
 from __future__ import annotations
@@ -42,16 +44,29 @@ def one_run(config: str, wall_time: int, load: int) -> dict:
             summary = json.loads((run_dir / "summary.json").read_text())
             broker_log = (run_dir / "logs" / "broker.log").read_text(errors="replace")
             return {
+                "config": config,
+                "load_units": load,
                 "reached": summary["reached_target"],
                 "steps": summary.get("env_steps_to_target") or summary["env_steps"],
-                "wall": time.monotonic() - t0,
+                "env_steps": summary["env_steps"],
+                "wall": round(time.monotonic() - t0, 1),
                 "dead": broker_log.count("marked dead"),
-                "load": max(loads, default=0.0),
+                "stalled": broker_log.count(": stalled"),
+                "restarts": summary.get("restarts"),
+                "load": round(max(loads, default=0.0), 1),
             }
     finally:
         for p in busy:
             p.kill()
             p.wait()
+
+
+def describe(r: dict) -> str:
+    return (
+        f"{r['steps']:,} env steps ({r['wall']:.0f} s, reached {r['reached']}, "
+        f"{r['dead']} marked dead, {r['stalled']} stalled, restarts {r['restarts']}, "
+        f"load up to {r['load']:.1f})"
+    )
 
 
 def main() -> None:
@@ -60,21 +75,26 @@ def main() -> None:
         "--configs", nargs="+", default=["pendulum_appo.yaml", "cartpole_apex_dqn.yaml"]
     )
     ap.add_argument("--load", type=int, default=20, help="busy loops beside the loaded run")
-    ap.add_argument("--wall-time", type=int, default=900)
+    ap.add_argument("--wall-time", type=int, default=900, help="for configs without :SECONDS")
+    ap.add_argument("--loaded-only", action="store_true", help="skip the quiet runs")
+    ap.add_argument("--out", type=Path, help="write every run's row here as JSON")
     args = ap.parse_args()
-    print(f"{os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.1f}")
-    for config in args.configs:
-        quiet = one_run(config, args.wall_time, 0)
-        loaded = one_run(config, args.wall_time, args.load)
-        ratio = loaded["steps"] / quiet["steps"] if quiet["steps"] else float("nan")
-        print(
-            f"{config}: quiet {quiet['steps']:,} env steps ({quiet['wall']:.0f} s, reached "
-            f"{quiet['reached']}, {quiet['dead']} marked dead); beside {args.load} busy loops "
-            f"(load up to {loaded['load']:.1f}) {loaded['steps']:,} env steps "
-            f"({loaded['wall']:.0f} s, reached {loaded['reached']}, {loaded['dead']} marked "
-            f"dead); loaded/quiet env steps {ratio:.2f}",
-            flush=True,
-        )
+    print(f"{os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    for spec in args.configs:
+        config, _, wall = spec.partition(":")
+        wall_time = int(wall) if wall else args.wall_time
+        quiet = None if args.loaded_only else one_run(config, wall_time, 0)
+        loaded = one_run(config, wall_time, args.load)
+        rows += [r for r in (quiet, loaded) if r]
+        line = f"{config}: beside {args.load} busy loops {describe(loaded)}"
+        if quiet:
+            ratio = loaded["steps"] / quiet["steps"] if quiet["steps"] else float("nan")
+            line = f"{config}: quiet {describe(quiet)}; " + line.split(": ", 1)[1]
+            line += f"; loaded/quiet env steps {ratio:.2f}"
+        print(line, flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -216,6 +216,7 @@ def test_proc_cpu_counts_the_processes_it_started(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # fixed-length steps: the rates it checks are only > 0
 def test_the_dry_run_goes_through_every_step_and_writes_its_results(tmp_path) -> None:
     """The lease's dry run on this CPU machine, shortened: wheels made here installed offline
     (Sample Factory's folder holds a stand-in, which does not import: its run is left out,

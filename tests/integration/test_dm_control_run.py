@@ -23,6 +23,7 @@ BEATS_UNTRAINED = 800.0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # above its run's wall_time of 400 s and the eval after
 def test_dm_control_cartpole_balance_learns(tmp_path: Path) -> None:
     pytest.importorskip("shimmy", reason=f"dm_control needs its extra: {DM_CONTROL_INSTALL}")
     pytest.importorskip("dm_control", reason=f"dm_control needs its extra: {DM_CONTROL_INSTALL}")

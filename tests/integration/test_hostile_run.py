@@ -62,6 +62,7 @@ def raw_frames(kind: str, sender: str, seq: int, meta: dict[str, Any]) -> list[b
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # a wall-time run: CartPole passes 100 at any share of the cores
 def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "run.log"

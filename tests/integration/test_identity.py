@@ -73,6 +73,7 @@ def forged_hello(ctx: zmq.Context, addr: str, keys: Any, **meta: Any) -> P.Messa
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # a wall-time run without a target: what it checks does not depend on its speed
 def test_a_forged_role_gets_nothing_and_changes_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "run.log"

@@ -438,6 +438,7 @@ def test_apex_across_three_hosts_learns(make_hosts: Callable[[int], Hosts], tmp_
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.waits  # waits for one update, no learning target
 def test_keys_keep_outsiders_out(make_hosts: Callable[[int], Hosts], tmp_path: Path) -> None:
     keys, other = tmp_path / "keys", tmp_path / "other"
     for d in (keys, other):

@@ -109,4 +109,6 @@ def test_appo_with_two_data_parallel_learners_learns(tmp_path: Path) -> None:
 def test_a3c_workers_gradients_applied_by_params(tmp_path: Path) -> None:
     summary = run_zrl(tmp_path, "cartpole_a3c.yaml", STOP, wall_time=60)
     params = summary["heartbeats"]["params-0"]  # the server applying the workers' gradients
-    assert params["updates"] > 100 and params["applied_gradients"] >= params["updates"], params
+    # Many updates, not a fixed number: the run stops at the target, which a loaded machine
+    # (load 11) reached after 75 of them (quiet: a few hundred).
+    assert params["updates"] > 20 and params["applied_gradients"] >= params["updates"], params

@@ -581,6 +581,7 @@ def test_agent_gives_up_a_role_that_keeps_crashing_and_stops_when_the_broker_is_
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # no learning target
 def test_an_agent_with_keys_runs_its_roles_on_a_keyed_broker(spawn, zmq_ctx, broker_addr, tmp_path):
     """``zrl host --keys`` end to end: the agent and the roles it starts (which get the keys
     from it) register with a CurveZMQ broker; an agent without the keys never does."""
