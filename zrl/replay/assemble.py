@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zrl.codecs.nstep import nstep_transitions
 from zrl.replay.layout import ExperienceLayout
-from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Schema, validate

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zrl.replay.frames import is_frame_space
+from zrl.codecs.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Schema, Size, validate

@@ -302,7 +302,7 @@ FRAME_UNROLL = schema(
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
 :data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
-bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.nets.frames``)."""
+bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.codecs.frames``)."""
 CONTINUOUS_UNROLL = schema(
     P.TRAJECTORY,
     "continuous_unroll",
@@ -427,11 +427,11 @@ FRAME_SEQUENCES = schema(
     **{k: v for k, v in SEQUENCES.arrays.items() if k != "obs"},
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the
-sequence's position 0, then the newest frame of positions 1..T (``zrl.replay.frames.frames_of``
+sequence's position 0, then the newest frame of positions 1..T (``zrl.codecs.frames.frames_of``
 of its ``obs``), in place of ``obs [E, T + 1, k, H, W]``. Each sequence carries its own
 frames, so overlapping sequences repeat the frames of their overlap (``r2d2.burn_in`` steps).
 The learner rebuilds the stacks on its device from ``first`` and ``mask``
-(``zrl.nets.frames.sequence_stacks_from_frames``): padding positions are zero stacks, as the
+(``zrl.codecs.frames.sequence_stacks_from_frames``): padding positions are zero stacks, as the
 actor's."""
 FRAME_SEQUENCE_BATCH = schema(
     P.BATCH,
@@ -486,7 +486,7 @@ RECURRENT_FRAME_UNROLL_BATCH = schema(
     **_rows(RECURRENT_FRAME_UNROLL.arrays, drop=tuple(FRAME_UNROLL.arrays)),  # state and first
 )
 """What a FIFO shard stores of each :data:`RECURRENT_FRAME_UNROLL` row, sampled; the learner
-rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.nets.frames``)."""
+rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.codecs.frames``)."""
 PRIORITIES = schema(
     P.PRIORITIES,
     "priorities",

@@ -17,7 +17,7 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
   (``policy_lag`` and ``policy_lag_max``), and the subclass's :meth:`train_unrolls` trains on
   them (a frame batch's stacks rebuilt on the learner's device first,
-  ``zrl.nets.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
+  ``zrl.codecs.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
   shard of the batch, which is dropped, never retried. On a GPU (``defer_checks``) nothing is
   read back to the host per update: the loss, ``mean_rho`` and the figures stay tensors until
   the metrics report, a NaN/inf step is skipped on the device
@@ -55,12 +55,11 @@ from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, 
 from zrl.algos.kernel.batches import HostStaging, InFlight, policy_lags
 from zrl.algos.kernel.optim import checked_step, deferred_step, defers_checks, make_adam
 from zrl.algos.kernel.policy_learners import PolicyLearners
+from zrl.codecs.frames import is_frame_space, stacks_from_frames
 from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.encoders import observe_inputs
-from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
-from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Size, validate

@@ -27,7 +27,7 @@ With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's servic
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
 each frame once: the layout comes from the observation space at setup (full stacks from an
 actor are refused, counted by the role), and a round's stacks are rebuilt from the frames
-(``zrl.nets.frames``) before GAE and the updates.
+(``zrl.codecs.frames``) before GAE and the updates.
 
 A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts (full
 stacks on frame-stacked envs too): its
@@ -59,13 +59,13 @@ from zrl.algos.kernel.policy_learners import PolicyLearners
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
+from zrl.codecs.frames import is_frame_space
 from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.gaussian import GaussianActorCritic, check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
-from zrl.replay.frames import is_frame_space
 from zrl.transport import protocol as P
 from zrl.transport.messages import (
     CONTINUOUS_UNROLL,
