@@ -28,7 +28,7 @@ def assemble_transitions(
 
     ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
     int64 ``[E, T]`` indices."""
-    sizes = validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
+    sizes = validate(msg, M.experience_schema("transitions", continuous=continuous))
     if continuous and sizes["A"] < 1:
         raise P.ProtocolError("trajectory actions have no dimensions")
     a = msg.arrays

@@ -147,17 +147,20 @@ class UnrollUpdate(BaseUpdate):
         if self.continuous:
             if self.recurrent or self.frames:
                 raise ValueError("a Gaussian policy is feed-forward over flat observations")
-            self.schema, self.trained_arrays = M.CONTINUOUS_UNROLL_BATCH, TRAINED_ARRAYS
             self.sizes["A"] = math.prod(setup.action_space.shape)
-        elif self.recurrent and self.frames:
-            self.schema = M.RECURRENT_FRAME_UNROLL_BATCH
-            self.trained_arrays = RECURRENT_FRAME_TRAINED_ARRAYS
-        elif self.recurrent:
-            self.schema, self.trained_arrays = M.RECURRENT_UNROLL_BATCH, RECURRENT_TRAINED_ARRAYS
-        elif self.frames:
-            self.schema, self.trained_arrays = M.FRAME_UNROLL_BATCH, FRAME_TRAINED_ARRAYS
-        else:
-            self.schema, self.trained_arrays = M.UNROLL_BATCH, TRAINED_ARRAYS
+        self.schema = M.experience_schema(
+            "unroll",
+            batch=True,
+            frames=self.frames,
+            recurrent=self.recurrent,
+            continuous=self.continuous,
+        )
+        self.trained_arrays = {
+            (False, False): TRAINED_ARRAYS,
+            (False, True): RECURRENT_TRAINED_ARRAYS,
+            (True, False): FRAME_TRAINED_ARRAYS,
+            (True, True): RECURRENT_FRAME_TRAINED_ARRAYS,
+        }[self.frames, self.recurrent]
         if self.recurrent:
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.max_lag = max_lag

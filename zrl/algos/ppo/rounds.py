@@ -25,7 +25,7 @@ from zrl.codecs.frames import stacks_from_frames
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.gaussian import GaussianActorCritic
 from zrl.nets.recurrent import RecurrentActorCritic
-from zrl.transport.messages import FRAME_UNROLL, RECURRENT_UNROLL, UNROLL
+from zrl.transport.messages import RECURRENT_UNROLL, experience_schema
 
 
 @dataclass
@@ -124,7 +124,7 @@ def round_tensors(
     On ``device`` (the model's: a GPU learner's) the observations go there once, the values
     come back for GAE (on the host), and every tensor of the round is returned there."""
     device = torch.device(device)
-    schema = FRAME_UNROLL if frames else UNROLL
+    schema = experience_schema("unroll", frames=frames)
     # A game played from both seats adds passes (TURN_UNROLL): GAE negates across them.
     keys = [*schema.arrays, *(["passes"] if "passes" in rollouts[0].arrays else [])]
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in keys}

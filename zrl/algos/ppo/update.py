@@ -67,15 +67,7 @@ from zrl.nets.gaussian import GaussianActorCritic, check_distribution, distribut
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
 from zrl.transport import protocol as P
-from zrl.transport.messages import (
-    CONTINUOUS_UNROLL,
-    FRAME_UNROLL,
-    RECURRENT_UNROLL,
-    TURN_UNROLL,
-    UNROLL,
-    obs_shape,
-    weights_version,
-)
+from zrl.transport.messages import experience_schema, obs_shape, weights_version
 from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
@@ -103,21 +95,25 @@ class PPOUpdate(BaseUpdate):
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
         self.distribution = distribution_of(self.model)
         check_distribution(self.model, setup.action_space)
-        if self.distribution.continuous:  # the Gaussian policy: float32 actions [E, T, A]
+        continuous = self.distribution.continuous
+        if continuous:  # the Gaussian policy: float32 actions [E, T, A]
             if self.recurrent or self.frames:
                 raise ValueError("a Gaussian policy is feed-forward over flat observations")
-            self.schema = CONTINUOUS_UNROLL
             self.sizes["A"] = int(np.prod(setup.action_space.shape))
         elif self.recurrent:
-            self.schema = RECURRENT_UNROLL
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         elif self.frames:
-            self.schema = FRAME_UNROLL
             self.sizes["O"] = self.obs_shape[1:]
-        elif cfg.env.multiagent.self_play_seats == "both":  # the config's, not the message's
-            self.schema = TURN_UNROLL
-        else:
-            self.schema = UNROLL
+        # A game played from both seats (the config's, not the message's) adds passes.
+        turns = not (continuous or self.recurrent or self.frames)
+        turns &= cfg.env.multiagent.self_play_seats == "both"
+        self.schema = experience_schema(
+            "unroll",
+            frames=self.frames,
+            recurrent=self.recurrent,
+            continuous=continuous,
+            turns=turns,
+        )
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)
         # DD-PPO among the learners of this learner's policy (one each in a league with
         # exploiters: they train different players and must not average their gradients):

@@ -62,7 +62,7 @@ class R2D2Update(QTargetUpdate):
         """Frame stacks come as :data:`~zrl.transport.messages.FRAME_SEQUENCE_BATCH` (as the
         replay shard's layout, ``zrl.replay.layout``, takes them from the actors)."""
         L = self.config.section(R2D2Config).sequence_length
-        self.schema = M.FRAME_SEQUENCE_BATCH if self.frames else M.SEQUENCE_BATCH
+        self.schema = M.experience_schema("sequences", batch=True, frames=self.frames)
         self.sizes: dict[str, Size] = {
             "O": self.obs_shape,
             "R": self.state_size,
