@@ -9,19 +9,16 @@ role to publish the weights after it.
 With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
 
 - a ``torch.distributed`` process group of the policy's learners
-  (``zrl.distributed.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
-  heartbeat and found by the others through the broker; gloo on the CPU, nccl on GPUs). Every
-  learner holds the same round, cuts every minibatch into ``learners`` equal slices, computes
-  the gradient of its slice and all-reduces it (the mean) before the optimizer step, so all
-  learners apply the same update. Learner 0 publishes the weights
-  (:meth:`PPOUpdate.may_publish`, once the group has formed: the first weights start the
-  actors); the others follow them at the start of each round (and count any drift, which
-  should stay 0). The group is destroyed when the learner stops (:meth:`PPOUpdate.close`). A
-  learner of the group that dies or cannot be reached fails the others' all-reduce: they drop
-  the round and re-form the group on a new generation with its restarted learner, which takes
-  learner 0's weights, Adam state and minibatch order (``PolicyLearners.rejoin``); learner 0
-  then publishes (the actors of a sync round wait for new weights). Past
-  ``learner.group_timeout_s`` without it they stop.
+  (``zrl.distributed.learner_group.LearnerGroup``: learner 0's group store,
+  ``zrl.distributed.group_store``, found by the others through the broker). Every learner
+  holds the same round, computes the gradient of its slice of every minibatch and all-reduces
+  it (the mean) before the optimizer step, so all learners apply the same update. Learner 0
+  publishes the weights (:meth:`PPOUpdate.may_publish`, once the group has formed); the others
+  follow them at the start of each round and count any drift. A learner that dies fails the
+  others' all-reduce: they drop the round and re-form the group with its restarted learner,
+  which takes learner 0's weights, Adam state and minibatch order
+  (``PolicyLearners.rejoin``); past ``learner.group_timeout_s`` without it they stop
+  (docs/algorithms.md, "Several PPO learners").
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
@@ -30,10 +27,8 @@ actor are refused, counted by the role), and a round's stacks are rebuilt from t
 (``zrl.codecs.frames``) before GAE and the updates.
 
 A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts (full
-stacks on frame-stacked envs too): its
-minibatches are whole env rows (``ppo.minibatch_size // actor.trajectory_length`` of them),
-each unrolled from the state its actor recorded, and its loss is over their valid steps
-(:meth:`PPOUpdate.sequence_loss`). DD-PPO learners each take their share of the rows.
+stacks on frame-stacked envs too): its minibatches are whole env rows, each unrolled from the
+state its actor recorded (:meth:`PPOUpdate.sequence_loss`, docs/recurrent.md).
 
 On a Box action space the model is the Gaussian actor-critic (``zrl.nets.gaussian``): its
 rollouts are ``continuous_unroll``s (float32 actions, the samples before the actors clipped
