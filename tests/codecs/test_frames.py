@@ -6,6 +6,10 @@ actor cuts in ``tests/algos/test_r2d2.py``; here its refusals and its GPU varian
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +22,8 @@ from zrl.codecs.frames import (
     sequence_stacks_from_frames,
     stacks_from_frames,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rebuilt(traj: dict[str, np.ndarray], padding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -116,3 +122,13 @@ def test_rebuilds_sequences_on_the_gpu():
     np.testing.assert_array_equal(gpu.cpu().numpy(), cpu.numpy())
     np.testing.assert_array_equal(cpu[0, 2, 3].numpy(), frames[0, 5].numpy())
     assert not cpu[0, 2, :3].any() and not cpu[0, :2].any() and not cpu[0, 5].any()
+
+
+def test_the_codec_loads_torch_only_when_the_learner_half_runs():
+    """A replay shard reads the episode-start rule without paying torch's import."""
+    code = (
+        "import sys; import zrl.codecs.frames as f, zrl.replay.frames; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "import numpy as np; f.episode_first_frames(np.ones((1, 2), bool), 4)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
