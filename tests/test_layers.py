@@ -5,12 +5,14 @@ import-linter's graph (grimp) holds every import statement, those inside functio
 and leaves out only imports under ``if TYPE_CHECKING:``, which never run. These tests show that
 the contracts hold, that they catch a planted upward import and a planted import of one
 algorithm package by another, that every algorithm package is in every contract that lists
-them, and that no import loop exists.
+them, that ``docs/architecture.md`` draws the layers of the contract, and that no import loop
+exists.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +56,32 @@ def test_every_top_level_module_is_in_a_layer() -> None:
         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
     }
     assert top == layers, f"not in a layer: {sorted(top - layers)}; gone: {sorted(layers - top)}"
+
+
+def documented_layers() -> list[str]:
+    """The layers of the block under "## Layers" in ``docs/architecture.md``: each line's first
+    column, a name ending in ``|`` joined with the next line's."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("\n## Layers\n", 1)[1].split("```", 2)[1]
+    layers: list[str] = []
+    for line in block.splitlines():
+        first = re.split(r"\s{2,}", line, maxsplit=1)[0].strip()
+        if not first:
+            continue
+        if layers and layers[-1].endswith("|"):
+            layers[-1] = f"{layers[-1]} {first}"
+        else:
+            layers.append(first)
+    return layers
+
+
+def test_the_architecture_page_lists_the_layers_of_the_contract() -> None:
+    """``docs/architecture.md`` draws the layer contract: the same layers in the same order."""
+    contract_layers = [
+        " | ".join(m.strip().removeprefix("zrl.") for m in layer.split("|"))
+        for layer in CONFIG["contracts"][0]["layers"]
+    ]
+    assert documented_layers() == contract_layers
 
 
 def contract(name_starts: str) -> dict:
@@ -100,6 +128,8 @@ def test_the_contracts_hold() -> None:
         ("zrl/algos/qmix/planted.py", "def f():\n    from zrl.algos.r2d2 import losses\n"),
         # the kernel importing an algorithm package above it
         ("zrl/algos/kernel/planted.py", "from zrl.algos.sac import config\n"),
+        # an algorithm reaching into replay instead of the codecs (allowed by the layers)
+        ("zrl/algos/apex_dqn/planted.py", "def f():\n    from zrl.replay import frames\n"),
     ],
 )
 def test_a_planted_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str):

@@ -21,8 +21,8 @@ from zrl.algos.r2d2 import update as r2d2_update
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.policy import R2D2Policy, actor_priorities
 from zrl.algos.r2d2.update import R2D2Update
+from zrl.codecs.frames import sequence_stacks_from_frames
 from zrl.config.experiment import ExperimentConfig
-from zrl.nets.frames import sequence_stacks_from_frames
 from zrl.nets.recurrent import recurrent_q_network_for
 from zrl.replay.assemble import assemble_items, assemble_sequences
 from zrl.replay.layout import experience_layout

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from zrl.algos.kernel.q_learning import burn_in_unroll, nstep_double_q_targets
 from zrl.algos.r2d2.losses import inverse_value_rescale, r2d2_loss, sequence_priority, value_rescale
-from zrl.replay.nstep import nstep_transitions
+from zrl.codecs.nstep import nstep_transitions
 
 torch.set_num_threads(1)
 

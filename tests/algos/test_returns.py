@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zrl.algos.kernel.returns import discounted_returns, gae
-from zrl.replay.nstep import NStepTransitions, nstep_transitions
+from zrl.codecs.nstep import NStepTransitions, nstep_transitions
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from zrl.algos.models import experiment_model
+from zrl.codecs.frames import is_frame_stack
 from zrl.config.experiment import ConfigError, load_config
 from zrl.envs.base import EnvError
 from zrl.envs.minigrid import MINIGRID_INSTALL, is_minigrid, make_minigrid_env
 from zrl.envs.vector import make_vector_env
-from zrl.replay.frames import is_frame_stack
 from zrl.run.preflight import check_env_id, preflight
 from zrl.testing.processes import REPO
 

@@ -15,13 +15,13 @@ import torch
 
 from zrl.algos.api.actor import Trajectory
 from zrl.algos.models import experiment_model
+from zrl.codecs.frames import is_frame_space
 from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, load_config
 from zrl.envs.base import EnvError, is_single_image, mark_single_image
 from zrl.envs.vector import make_vector_env
 from zrl.envs.vizdoom import VIZDOOM_INSTALL, VizdoomEnv, is_vizdoom, scenarios
 from zrl.nets.discrete import policy_logits
-from zrl.replay.frames import is_frame_space
 from zrl.run.preflight import check_env_id, preflight
 from zrl.testing.fakes import actor_setup
 from zrl.testing.processes import REPO

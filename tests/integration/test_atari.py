@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from zrl.algos.apex_dqn.update import ApexDQNUpdate
+from zrl.codecs.frames import stacks_from_frames
 from zrl.config.experiment import ExperimentConfig
-from zrl.nets.frames import stacks_from_frames
 from zrl.replay.frames import FrameTable
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner

@@ -13,14 +13,10 @@ import numpy as np
 import pytest
 
 from tests.helpers.frames import SHAPE, Collector, scripted_actions
+from zrl.codecs.frames import frames_of
+from zrl.codecs.nstep import nstep_transitions
 from zrl.replay.assemble import assemble_transitions
-from zrl.replay.frames import (
-    FrameTable,
-    assemble_frame_transitions,
-    bytes_per_transition,
-    frames_of,
-)
-from zrl.replay.nstep import nstep_transitions
+from zrl.replay.frames import FrameTable, assemble_frame_transitions, bytes_per_transition
 from zrl.replay.snapshot import load_state, save_state
 from zrl.replay.tables import make_table
 from zrl.transport import messages as M

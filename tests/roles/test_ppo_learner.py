@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from tests.helpers.frames import SHAPE, Collector, scripted_actions
 from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, round_tensors
+from zrl.codecs.frames import frames_of
 from zrl.nets.discrete import ActorCritic
-from zrl.replay.frames import frames_of
 from zrl.transport.messages import FRAME_UNROLL, UNROLL
 
 torch.set_num_threads(1)

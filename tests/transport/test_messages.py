@@ -3,6 +3,7 @@ every kind of the protocol is documented (module docstring and ``docs/protocol.m
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -77,6 +78,48 @@ def test_schemas_are_the_module_constants():
             assert all(np.dtype(name).str in P.ALLOWED_DTYPES for name in spec.dtypes)
             assert spec.dims and all(d == ANY or d in SIZES for d in spec.dims)
             assert not spec.finite or any(np.dtype(n).kind == "f" for n in spec.dtypes)
+
+
+def test_experience_schemas_are_their_options():
+    """Each experience schema is the one ``experience_schema`` gives for the options its name
+    spells, and its arrays are the plain item's changed by those options only."""
+    found = {}
+    for item, batch, frames, recurrent, continuous, turns in itertools.product(
+        ("transitions", "unroll", "sequences"), *[(False, True)] * 5
+    ):
+        options = dict(frames=frames, recurrent=recurrent, continuous=continuous, turns=turns)
+        try:
+            schema = M.experience_schema(item, batch=batch, **options)
+        except ValueError as exc:
+            assert str(exc).startswith(f"no {item} ")
+            continue
+        spelled = [
+            word
+            for word, on in zip(
+                ("recurrent", "turn", "frame", "continuous"),
+                (recurrent, turns, frames, continuous),
+                strict=True,
+            )
+            if on
+        ]
+        noun = f"{item.removesuffix('s')}_batch" if batch else item
+        assert schema.name == "_".join([*spelled, noun])
+        assert schema.kind == (P.BATCH if batch else P.TRAJECTORY)
+        plain = M.experience_schema(item, batch=batch)
+        assert ("frames" in schema.arrays) == frames and ("obs" in schema.arrays) != frames
+        assert ("passes" in schema.arrays) == turns
+        if item == "unroll":
+            assert ("state" in schema.arrays) == recurrent
+        action = schema.arrays["action"]
+        assert (action.dtype, "A" in action.dims) == (
+            ("float32", True) if continuous else (plain.arrays["action"].dtype, False)
+        )
+        found[schema.name] = schema
+    assert found == {n: s for n, s in M.SCHEMAS.items() if s.kind in (P.TRAJECTORY, P.BATCH)}
+    with pytest.raises(ValueError, match="no unroll trajectory schema with frames and continuous"):
+        M.experience_schema("unroll", frames=True, continuous=True)
+    with pytest.raises(ValueError, match="no transitions batch schema with frames"):
+        M.experience_schema("transitions", batch=True, frames=True)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)

@@ -7,41 +7,30 @@ anyone may ask LOOKUP (a service's rpc endpoints) and STATUS (the role table, a 
 most ``STATUS_PAGE_BYTES`` at a time, or one role's whole row).
 
 The registry validates every message it reads (malformed ones are counted and dropped) and
-bounds what it stores (``zrl.broker.limits``): ``max_roles`` entries, ids and addresses of
-``MAX_ID_CHARS``/``MAX_FIELD_CHARS``, ``max_info_bytes`` of heartbeat info; dead and stopped
-entries are forgotten after ``forget_after`` seconds. The run's planned roles (the config's
-``roles`` counts) always keep a slot, and one connection holds at most
-``MAX_ENTRIES_PER_CONNECTION`` live entries. STATUS listings queued for peers that do not
-read them are bounded per peer and in total (``ReplyBudget``). An entry belongs to the
-connection (ROUTER routing id) that registered it: HELLO, HEARTBEAT and BYE for a live id
-from another connection are dropped and counted. A role that misses its heartbeats for
+bounds what it stores (``zrl.broker.limits``: entries, field sizes, heartbeat info; STATUS
+replies queued for peers, ``ReplyBudget``). Dead and stopped entries are forgotten after
+``forget_after`` seconds; the run's planned roles always keep a slot. An entry belongs to the
+connection (ROUTER routing id) that registered it, which holds at most
+``MAX_ENTRIES_PER_CONNECTION`` live ones: HELLO, HEARTBEAT and BYE for a live id from another
+connection are dropped and counted. A role that misses its heartbeats for
 ``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead; one whose
-heartbeats (from its heartbeat thread) go on while their ``loop`` stays the same for
-``stall_after`` is shown stalled (``stalled_s`` in its row), and stays alive.
+``loop`` stays the same for ``stall_after`` is shown stalled (``stalled_s``) and stays alive.
 
-Host agents (``zrl host``, role ``host``) heartbeat for the roles they started: such a role's
-HELLO names its agent (``agent``), and the registry registers it under that agent only when
-the agent is a live ``host`` entry on the role's own host (the WELCOME says which: ``agent``,
-or None and the role heartbeats itself). The agent's own HEARTBEAT then carries ``roles``, one
-report (id, stats, info) per role, at most ``MAX_REPORTED_ROLES``: each registered under this
-agent is alive with those figures; a report for any other role is dropped and counted, and
-the ack's ``unknown`` lists the ids whose roles must say HELLO again. A role its agent stops
-reporting misses its heartbeats like any other. A HELLO without
-an id or index from a role object (``instance``, in a process) that already holds a
-``starting`` entry gets the same id again: a role that said HELLO on several sockets before
-its broker was up registers once.
+Host agents (``zrl host``, role ``host``) heartbeat for the roles they started: a role's
+HELLO names its agent, which the registry takes only when it is a live ``host`` entry on the
+role's own host, and the agent's HEARTBEAT carries one report per role registered under it
+(docs/protocol.md, ``hello``, ``heartbeat`` and ``heartbeat_ack``). A HELLO without an id or
+index from a role object (``instance``) that already holds a ``starting`` entry gets the
+same id again: a role that said HELLO on several sockets before its broker was up registers
+once.
 
-Stopping an experiment: the head that owns the run sends STOP_RUN with the broker's stop
-token (``ZRL_STOP_TOKEN``, which only the head and the broker know). From then on every
-HEARTBEAT_ACK carries ``stop`` (the reason), so every role, wherever it runs, stops; a HELLO
-is REFUSED with ``stopped``. A broker started without a token refuses every STOP_RUN.
-
-Identity: a registry with the run secret (``run_secret``: from the run's keys, or the secret
-``zrl run`` hands its broker) registers an id only for a HELLO whose ``credential`` proves it
-(``zrl.transport.security.role_credential`` of the id; of ``<role>-*`` for an id the registry
-numbers): a wrong or missing credential is REFUSED and counted, and changes nothing, a live
-entry under that id included. Without a secret (``--insecure`` by hand) a role is whoever
-says its id first.
+Stopping: STOP_RUN with the broker's stop token (``ZRL_STOP_TOKEN``, which only the head and
+the broker know) makes every HEARTBEAT_ACK carry ``stop`` and every HELLO REFUSED with
+``stopped``; a broker without a token refuses every STOP_RUN. Identity: with the run secret
+(``run_secret``) a HELLO registers an id only with the ``credential`` that proves it
+(``zrl.transport.security.role_credential``); a wrong or missing one is REFUSED and counted
+and changes nothing, a live entry under that id included. Without a secret (``--insecure``)
+a role is whoever says its id first (docs/security.md, "Who a role is").
 
 The table itself (entries, id numbering, which HELLO may take over an id, liveness and
 forgetting) is ``zrl.broker.role_table``.

@@ -1,54 +1,28 @@
 """``LearnerGroup``: the learners that train one policy together (``roles.learners > 1``:
 DD-PPO, IMPALA, APPO, the off-policy algorithms) as a ``torch.distributed`` process group,
-and the mean of their gradients over it. It knows nothing of learning: a learner update's
-place among them (its rank, the group, and what every such update does with it) is
-``zrl.algos.kernel.policy_learners.PolicyLearners``.
+and the collectives over it. It knows nothing of learning: a learner update's place among
+them is ``zrl.algos.kernel.policy_learners.PolicyLearners``. How a run forms and re-forms the
+group is in docs/algorithms.md ("Several PPO learners"), what guards it in docs/security.md
+("The learner group").
 
-Rendezvous, through the broker: rank 0 opens the group's store (``zrl.distributed.group_store``: a
-bounded table served on a random port of the address it advertises, loopback in a one-host
-run, never every interface; every request authenticated under a random key of that store) and
-shows its *ticket* ``host:port#key`` (``address``) in its heartbeat; the other ranks find it by
-asking the broker for rank 0's heartbeat info (the ``find_leader`` callable), so only a
-process the broker answers (with ``--keys``: a key holder) can read or write the store. Logs
-and errors show the address without its key (``endpoint_of``). The store holds the rendezvous
-**generation** (``zrl/generation``, 1 in a new store): every rank writes
-``zrl/gen/<g>/rank/<r>`` into it; once all ``world_size`` keys of generation ``g`` are there,
-every rank makes its process group on that store, under ``zrl/gen/<g>/pg``
-(``ProcessGroupGloo`` on the CPU, ``ProcessGroupNCCL`` on a GPU). The group is an object
-of its own, not torch's default group (``init_process_group``): learners run as threads of one
-process too (``zrl run --inproc``, the role tests), and each must hold its own rank.
-:meth:`LearnerGroup.poll` takes one step of this without blocking past a store connection, so
-the role keeps beating (rank 0's address reaches the broker only in a heartbeat). Past
-``timeout_s`` the rendezvous fails with :class:`LearnerGroupError` naming the ranks that did
-not come (or, on a rank other than 0, that rank 0's address was never found).
+Rendezvous, through the broker: rank 0 opens the group's store (``zrl.distributed.group_store``,
+every request authenticated under a random key of that store) and shows its ticket
+``host:port#key`` (``address``) in its heartbeat; the other ranks find it by asking the broker
+(the ``find_leader`` callable). Every rank writes ``zrl/gen/<g>/rank/<r>`` for the store's
+generation ``g`` (``zrl/generation``); once all ``world_size`` keys are there, each makes its
+process group on the store under ``zrl/gen/<g>/pg`` (gloo on the CPU, nccl on a GPU): an
+object of its own, not torch's default group, so learners may be threads of one process.
+:meth:`LearnerGroup.poll` takes one step without blocking past a store connection, so the
+role keeps beating; past ``timeout_s`` it raises :class:`LearnerGroupError` naming the ranks
+that did not come. A generation read from the store that is not a decimal number is counted
+(``bad_values``) and skipped, never a crash.
 
-Re-forming (torch elastic's idea, made simple): a collective that fails (a rank died or left)
-raises :class:`CollectiveError`; the learner then calls :meth:`LearnerGroup.rejoin`, which
-destroys the process group and moves the store's generation on to the next one (an atomic
-``compare_set``: the first rank to get there moves it, the others find it moved; the store
-then drops the keys of the generations before the previous one), and the
-rendezvous starts again on it, with ``timeout_s`` of its own. A rank that waits follows the
-store's generation where another moved it. A restarted rank reads the current generation and
-joins it, or, where an earlier incarnation of itself is in it (it died after writing its key),
-moves it on. A rank whose store connection fails (rank 0 died: its store went with it) forgets
-that address and finds the new one through the broker, as at the start, never taking the
-stale one again; joining a new store (a restarted rank 0's, generation 1) it moves the
-generation past the one it left, so generations only grow. Whenever a group forms (the first
-time, or again on a generation past 1) ``PolicyLearners`` copies rank 0's weights and
-optimizer state into every rank before training starts: learners resumed from checkpoints of
-different times, or a restarted one, go on from rank 0's.
-
-Then :meth:`LearnerGroup.average_gradients`: one ``all_reduce`` (sum) of the model's gradients
-flattened into one buffer, divided by the world size (or, weighted, by the sum of the ranks'
-weights, which rides in the same buffer), copied back; an all-reduce leaves the same bits on
-every rank, so every rank applies the same update. :meth:`LearnerGroup.reduce_max` (a
-maximum: IMPALA's and APPO's newest version and weight fingerprints) and
-:meth:`LearnerGroup.broadcast` (rank 0's tensors to all) are the other collectives.
-
-A generation read from the store is checked (a decimal number, as the store itself admits
-only such): any other value is counted (``bad_values``) and the rendezvous goes on without
-it (rank 0 moves the generation on past it; the others ask again), failing past
-``timeout_s`` as ever, never with a crash.
+Re-forming: a collective that fails raises :class:`CollectiveError`, and the learner calls
+:meth:`LearnerGroup.rejoin` (the process group destroyed, the generation moved on, the
+rendezvous again). Generations only grow, across restarts of any rank (:meth:`rejoin`).
+The collectives: :meth:`LearnerGroup.average_gradients` (one all-reduce of the flattened
+gradients: the same bits on every rank), :meth:`LearnerGroup.reduce_max` and
+:meth:`LearnerGroup.broadcast`.
 
 Sockets: the store's ROUTER (rank 0, the advertised address, a free port) and a DEALER to it
 per other rank (``zrl.distributed.group_store``), and the backend's own connections between the
@@ -313,7 +287,17 @@ class LearnerGroup:
 
     def rejoin(self) -> None:
         """After a collective failed (:class:`CollectiveError`): destroy the process group
-        and start the rendezvous again on the next generation (``timeout_s`` from now)."""
+        and start the rendezvous again on the next generation (``timeout_s`` from now).
+
+        The generation moves on by an atomic ``compare_set``: the first rank to get there
+        moves it, the others find it moved (and a rank that waits follows it where another
+        moved it); the store then drops the keys of the generations before the previous one.
+        A restarted rank reads the current generation and joins it, or moves it on where an
+        earlier incarnation of itself is in it. A rank whose store connection fails (rank 0
+        died, its store with it) forgets that address and finds the new one through the
+        broker, never the stale one; joining a new store (generation 1) it moves the
+        generation past the one it left, so generations only grow. Whenever a group forms,
+        ``PolicyLearners`` copies rank 0's weights and optimizer state into every rank."""
         self.shutdown_group()
         self.floor = self.generation + 1
         self.started = time.monotonic()

@@ -62,7 +62,7 @@ SINGLE_IMAGE = "zrl_single_image"
 def mark_single_image(space: S) -> S:
     """``space`` (a uint8 ``[C, H, W]`` Box) marked as one image of C colour channels (RGB),
     not a stack of C frames: zrl then sends and stores whole observations
-    (``zrl.replay.frames.is_frame_space`` is False). Returns ``space``."""
+    (``zrl.codecs.frames.is_frame_space`` is False). Returns ``space``."""
     setattr(space, SINGLE_IMAGE, True)
     return space
 

@@ -8,7 +8,7 @@ in front of the agent as uint8 [7, 7, 3] (object index 0-10, colour index 0-5, d
 direction adds little, the mission is constant in a task family) and flattens it to float32
 [147]: the entries are category indices, not pixel intensities, so they go to the MLP (with
 ``model.normalize_input``) rather than to the uint8 path, where a [C, H, W] uint8 space would
-be taken for a frame stack (``zrl.replay.frames.is_frame_stack``) and scaled by 1/255.
+be taken for a frame stack (``zrl.codecs.frames.is_frame_stack``) and scaled by 1/255.
 
 The grid is partially observable (walls and doors hide what is behind them): a recurrent
 model (``model.recurrent``) helps on the larger tasks.

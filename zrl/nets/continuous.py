@@ -4,8 +4,8 @@ Every policy ends in ``tanh``, so its raw output lies in ``[-1, 1]``, and is map
 environment's bounds by the affine map ``a = action_bias + action_scale * tanh(u)`` with
 ``action_scale = (high - low) / 2`` and ``action_bias = (high + low) / 2``. These (and the bounds
 themselves, used to clamp away float32 rounding) are registered float32 buffers, so they ship
-with ``state_dict`` and :func:`zrl.nets.discrete.model_to_arrays` /
-:func:`zrl.nets.discrete.load_arrays` work unchanged: an actor that loads the weights acts
+with ``state_dict`` and :func:`zrl.nets.wire.model_to_arrays` /
+:func:`zrl.nets.wire.load_arrays` work unchanged: an actor that loads the weights acts
 inside the bounds with no extra configuration.
 
 The squashed-Gaussian (SAC) policy samples ``u = mu + std * eps`` with ``eps ~ N(0, I)`` (the

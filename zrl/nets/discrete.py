@@ -1,4 +1,4 @@
-"""Neural networks and their (de)serialization to plain numpy arrays for shipping weights."""
+"""Networks for discrete action spaces: Q-networks, categorical actor-critics, acting with them."""
 
 from __future__ import annotations
 

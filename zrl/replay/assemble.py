@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zrl.codecs.nstep import nstep_transitions
 from zrl.replay.layout import ExperienceLayout
-from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Schema, validate
@@ -28,7 +28,7 @@ def assemble_transitions(
 
     ``continuous``: actions are float32 ``[E, T, act_dim]`` (and must be finite) instead of
     int64 ``[E, T]`` indices."""
-    sizes = validate(msg, M.CONTINUOUS_TRANSITIONS if continuous else M.TRANSITIONS)
+    sizes = validate(msg, M.experience_schema("transitions", continuous=continuous))
     if continuous and sizes["A"] < 1:
         raise P.ProtocolError("trajectory actions have no dimensions")
     a = msg.arrays

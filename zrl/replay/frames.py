@@ -12,30 +12,10 @@ transition / for 1M transitions (bytes from :func:`bytes_per_transition`):
 * FrameTable, T = 32 steps per trajectory: 8 002 B /  8.0 GB (T + k frames per T steps);
 * FrameTable, T = 64:                  7 561 B /  7.6 GB.
 
-**Wire format** of one trajectory, E envs x T steps (``frames_of`` builds it): ``frames``
-``[E, T + k, H, W]``; ``frames[e, :k-1]`` are the k - 1 older frames of obs_0 and
-``frames[e, k-1+i]`` is the newest frame of obs_i for i = 0..T (obs_T: the final obs), plus
-the ``[E, T]`` arrays ``action, reward, terminated, truncated, valid, priority`` of a
-``transitions`` TRAJECTORY. obs_i is step i's observation (the actor's ``obs_t[i]``), and the
-observation step i returned is obs_{i+1}.
-
-**Episode starts** (gymnasium NEXT_STEP autoreset, as ``Actor.collect``/``end_trajectory``
-record it). After a step t with terminated|truncated, obs_{t+1} is still the old episode's
-terminal obs (the bootstrap state of a truncation); step t+1 only resets the env, is
-invalid, and returns the new episode's reset obs as obs_{t+2}. An env whose trajectory
-begins with ``valid[e, 0]`` False (it ended at the previous trajectory's last step) has a
-terminal obs as obs_0 and the reset obs as obs_1. Hence the rule::
-
-    obs_{i+1} is the first obs of a new episode  <=>  valid[e, i] is False
-
-so the episode of obs_i begins at obs m = 1 + max{j < i : not valid[e, j]} (its first frame at
-row position k-1+m) and obs_i == frames[e, i:i+k] with the positions before k-1+m padded.
-Without such j the episode began at or before obs_0, and frames[e, :k-1] already carry
-whatever padding obs_0 had. Transitions start at valid steps and never run past an invalid
-one, so obs and next_obs (obs_{end+1}, the terminal obs after a terminal step) always share
-an episode. Padding is zeros (``padding="zero"``, the stacks this module assumes) or, for
-gymnasium's ``FrameStackObservation`` default, copies of the episode's first frame
-(``padding="reset"``).
+The wire format of a trajectory's frames, the episode-start rule the stacks are rebuilt by and
+their padding are the codec's (``zrl.codecs.frames``). Transitions start at valid steps and never
+run past an invalid one, so obs and next_obs (obs_{end+1}, the terminal obs after a terminal
+step) always share an episode.
 
 **Items** carry global frame indices (a counter over all frames ever inserted):
 ``obs_frame``/``next_frame`` (newest frame of obs / next_obs) and ``first_frame``, the oldest
@@ -48,13 +28,13 @@ from __future__ import annotations
 
 import math
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from zrl.envs.base import is_single_image
+from zrl.codecs.frames import Padding, episode_first_frames
+from zrl.codecs.nstep import nstep_transitions
 from zrl.replay.checks import check_int
-from zrl.replay.nstep import nstep_transitions
 from zrl.replay.tables import (
     PrioritizedTable,
     SampledBatch,
@@ -65,40 +45,9 @@ from zrl.replay.tables import (
     written_rows,
 )
 
-Padding = Literal["zero", "reset"]
 FRAME_REFS = ("obs_frame", "next_frame", "first_frame")
 ITEM_BYTES = 8 + 4 + 4 + 3 * 8 + 8  # action, reward, discount, 3 frame indices, weights version
 KEY_BYTES = 16  # per item in the inner table beyond its columns: key and priority (as replay)
-
-
-def is_frame_stack(obs: np.ndarray) -> bool:
-    """``[E, T, k, H, W]`` uint8 observations: frame stacks that travel as single frames.
-    The shape alone cannot tell RGB ``[3, H, W]`` images from stacks of 3 frames: actors
-    check :func:`is_frame_space` of their env's observation space first."""
-    return obs.dtype == np.uint8 and obs.ndim == 5
-
-
-def is_frame_space(space: Any) -> bool:
-    """An observation space of uint8 frame stacks ``[k, H, W]``, whose observations travel as
-    single frames (``frame_transitions``, ``frame_unroll``). The env decides: a space it
-    marked with ``zrl.envs.base.mark_single_image`` (VizDoom's RGB ``[3, H, W]``) is one
-    image, not a stack, and its observations travel whole."""
-    shape = getattr(space, "shape", None) or ()
-    uint8_chw = getattr(space, "dtype", None) == np.uint8 and len(shape) == 3
-    return uint8_chw and not is_single_image(space)
-
-
-def frames_of(obs_t: np.ndarray, final_obs: np.ndarray) -> np.ndarray:
-    """Stacked observations ``[E, T, k, H, W]`` and the final one ``[E, k, H, W]`` -> the
-    trajectory's ``frames [E, T + k, H, W]``: obs_0's k frames, then the newest frame of
-    obs_1..obs_{T-1} and of ``final_obs``."""
-    obs_t, final_obs = np.asarray(obs_t), np.asarray(final_obs)
-    if obs_t.ndim != 5 or final_obs.shape != (obs_t.shape[0], *obs_t.shape[2:]):
-        raise ValueError(
-            f"need obs_t [E, T, k, H, W] and final_obs [E, k, H, W], got "
-            f"{obs_t.shape} and {final_obs.shape}"
-        )
-    return np.concatenate([obs_t[:, 0], obs_t[:, 1:, -1], final_obs[:, -1:]], axis=1)
 
 
 def assemble_frame_transitions(
@@ -134,10 +83,7 @@ def assemble_frame_transitions(
         if np.shape(arr) != (E, T):
             raise ValueError(f"{name} has shape {np.shape(arr)}, expected {(E, T)}")
     ns = nstep_transitions(reward, terminated, truncated, valid, n_step, gamma)
-    # episode[e, i]: first obs of obs_i's episode if it began inside the row (else 0).
-    episode = np.zeros((E, T + 1), np.int64)
-    episode[:, 1:] = np.maximum.accumulate(np.where(valid, 0, np.arange(1, T + 1)), axis=1)
-    start_pos = np.where(episode > 0, k - 1 + episode, 0)  # row position of its first frame
+    start_pos = episode_first_frames(valid, k)  # row position of obs_i's episode's first frame
     base = ns.env * row
     items = {
         "action": np.asarray(action, dtype=np.int64)[ns.env, ns.start],

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zrl.replay.frames import is_frame_space
+from zrl.codecs.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Schema, Size, validate
@@ -180,39 +180,36 @@ def experience_layout(
         low = np.asarray(action_space.low, np.float32).reshape(-1)
         high = np.asarray(action_space.high, np.float32).reshape(-1)
     frame_stacks = is_frame_space(observation_space)  # stacks of k frames [k, H, W]
+    continuous = actions == "box"
     if item == "transitions":
-        if actions == "box":
-            schema = M.CONTINUOUS_TRANSITIONS
-        elif frame_stacks:
-            schema = M.FRAME_TRANSITIONS
+        frame_stacks &= not continuous  # Box-action transitions carry whole observations
+        if frame_stacks:
             sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
-        else:
-            schema = M.TRANSITIONS
         sizes.update(E=E, T=T)
     elif item == "unroll":
-        if actions == "box":
+        if continuous:
             if state_size is not None or frame_stacks:
                 raise ValueError(
                     "Box-action unrolls are feed-forward over flat observations: no recurrent "
                     "state, no frame stacks"
                 )
-            schema = M.CONTINUOUS_UNROLL
             low = high = None  # unclipped samples: any finite value
         elif state_size is not None:
-            schema = M.RECURRENT_FRAME_UNROLL if frame_stacks else M.RECURRENT_UNROLL
             sizes["R"] = state_size
-        else:
-            schema = M.FRAME_UNROLL if frame_stacks else M.UNROLL
         if frame_stacks:
             sizes.update(S=T + obs_shape[0], O=obs_shape[1:])
         sizes.update(E=E, T=T)
     elif item == "sequences":
         if sequence_length is None or state_size is None:
             raise ValueError("a layout of sequences needs sequence_length and state_size")
-        schema = M.FRAME_SEQUENCES if frame_stacks else M.SEQUENCES
+        continuous = False  # sequences are of discrete actions: Box ones fail the int64 check
         sizes.update(T=sequence_length, P=sequence_length + 1, R=state_size)
         if frame_stacks:  # each sequence's frames once
             sizes.update(S=sequence_length + obs_shape[0], O=obs_shape[1:])
     else:
         raise ValueError(f"no replay layout for items {item!r}")
+    recurrent = item == "unroll" and state_size is not None
+    schema = M.experience_schema(
+        item, frames=frame_stacks, recurrent=recurrent, continuous=continuous
+    )
     return ExperienceLayout(item, schema, sizes, obs_dtype, num_actions, low, high)

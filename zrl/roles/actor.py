@@ -10,17 +10,12 @@ Sockets (where the algorithm's ``wiring.experience`` says):
 - **replay**: PUSH ``experience`` -> broker -> a replay shard: one TRAJECTORY per trajectory
   (arrays [E, T, ...]). A full stream blocks the send (back-pressure): the actor retries the
   same message and collects nothing new meanwhile, so nothing is dropped and memory stays
-  bounded. SUB ``acks/<id>/`` (topic bus): the shard's ACK of each insert. At most
-  ``actor.max_in_flight`` trajectories may be unacknowledged (a credit window,
-  ``zrl.roles.insert_acks``), which bounds how stale replay's data can get; on stop the actor
-  waits for the last acks (end of stream) instead of trusting LINGER. An ack releases exactly
-  the trajectory it names; one no ack names within ``ACK_TIMEOUT_S`` is counted lost
-  (``trajectories_lost``/``steps_lost`` in heartbeats), so experience taken off the stream by
-  anyone but a shard is reported, never hidden by the acks of later trajectories. SUB
-  ``incarnations/`` (topic bus): each shard's incarnation, which its acks carry too. When a
-  shard the actor knows speaks with a new one it restarted, and what it held is counted lost
-  at once (``shard_restarts``; the rule is ``CreditWindow.lose_before``'s), so the window
-  reopens without waiting ``ACK_TIMEOUT_S``.
+  bounded. SUB ``acks/<id>/`` and ``incarnations/`` (topic bus): the shards' ACK of each
+  insert and their incarnations. At most ``actor.max_in_flight`` trajectories may be
+  unacknowledged (a credit window, ``zrl.roles.insert_acks``); one that no ack names within
+  ``ACK_TIMEOUT_S``, or that a restarted shard lost, is counted lost, never hidden by later
+  acks (docs/protocol.md, ``ack`` and ``incarnation``). On stop the actor waits for the last
+  acks.
 - **rollouts**: PUB topic ``rollouts/`` -> every learner (PPO). The policy may hold the actor
   back until newer weights arrive (``may_collect``); meanwhile the actor asks the parameter
   server for them once a second.
@@ -28,30 +23,20 @@ Sockets (where the algorithm's ``wiring.experience`` says):
   gradient of the rollout).
 - SUB ``weights`` (topic bus) and one GET_WEIGHTS at start (late join): the newest version is
   applied before each trajectory and reported with it.
-- DEALER -> an inference role's rpc (found with LOOKUP "inference"), only where the config
-  places inference roles on the actor's host (``roles.inference``): INFER/INFERRED
-  (``zrl.roles.inference_client``). The inference role runs the model at its weights; the
-  actor then follows no weights itself and reports, with each trajectory, the oldest version
-  that answered for it.
+- DEALER -> an inference role's rpc (LOOKUP "inference"), where ``roles.inference`` places
+  one on the actor's host: INFER/INFERRED (``zrl.roles.inference_client``). The actor then
+  follows no weights and reports the oldest version that answered for each trajectory.
 - DEALER -> the league's rpc (found with LOOKUP "league"), only in a run with a league
   (``roles.league``): MATCH, RESULTS, GET_SNAPSHOT (``zrl.roles.league_client``).
 
-An actor acts for one learning policy for its whole life, ``config.actor_policy(index)``:
-the default one, or in a league with exploiters one of its players (round-robin over the
-actor indices). It follows that policy's weights stream and publishes its rollouts on that
-policy's topic (``M.policy_topic``), which only that policy's learner reads. When the league
-matches it against another learning player at its current weights (a main exploiter against
-the main agent), the actor follows that player's stream too (``live_opponent``).
-
-Multi-agent envs (``zrl.envs.multiagent``): the vector env's slots are the learning policy's agents;
-the actor lends it who plays the others (``make_opponents``: its own model for ``self``, league
-snapshots by id, the random and scripted players), and is otherwise unchanged.
-
-Double-buffered sampling (``actor.env_groups: G`` > 1, Sample Factory's): the E envs are G
-vector envs of E/G (``zrl.envs.vector.EnvGroups``); the actor sends one group's actions, then
-computes the next group's while the first steps (ale-py's C++ threads, gymnasium's async
-workers), so inference and env stepping overlap. The trajectory is the same ``[E, T, ...]``
-message, group 0's envs first.
+An actor acts for one learning policy for its whole life, ``config.actor_policy(index)``
+(the default one, or a league player, round-robin over the indices): it follows that policy's
+weights stream and publishes its rollouts on that policy's topic, and follows the stream of a
+learning player the league matches it against too (``live_opponent``). On a multi-agent env
+the vector env's slots are the learning policy's agents, and the actor lends it who plays the
+others (``make_opponents``). With ``actor.env_groups`` > 1 it computes one group's actions
+while the other steps (double-buffered sampling, ``zrl.envs.vector.EnvGroups``). All of this:
+docs/architecture.md.
 
 A NaN/inf observation or reward from the env, or an env that raises, is counted
 (``non_finite_env``, ``env_errors``), logged with the actor's id and env step, and handled the

@@ -11,58 +11,32 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
   that lets the shard sample another (at most ``replay.prefetch`` in flight); PUB
   ``priorities/<shard>/``: PRIORITIES for the sampled keys, back to the shard that sampled
   them, when the update returns them.
-- **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO). The update may
-  open more sockets through the learner; several learners of one policy (DD-PPO, IMPALA,
-  APPO: ``roles.learners > 1``) open a ``torch.distributed`` group of their own
-  (``zrl.distributed.learner_group``: learner 0's group store, found through a STATUS of
-  ``learner-0``, ``role_info``). The batches stream deals the shards' batches out to IMPALA's
-  and APPO's learners in turn, and while their group's collective waits the update takes in
-  (and acks) what arrived through :meth:`Learner.take_input`. Only learner 0 of a group
-  sends WEIGHTS.
+- **rollouts**: SUB ``rollouts/`` (topic bus): every actor's rollouts (PPO).
+- Several learners of one policy (``roles.learners > 1``) form a ``torch.distributed`` group
+  (``zrl.distributed.learner_group``, docs/algorithms.md); while its collective waits, the
+  update takes in (and acks) what arrived through :meth:`Learner.take_input`. Only learner 0
+  of a group sends WEIGHTS.
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
-  ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s`` (a
-  version held back goes out when that time has passed, updates or not), or at once when the
-  update says so; the weights leave the device only then, copied on a stream of their own
-  while the updates go on (``zrl.nets.wire.WeightsCopy``) and sent once there. Answered with
-  ACK {version, resets}. The DEALER connects under a random routing id whose digest the
-  learner's heartbeat shows (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS
-  only from a connection a live learner entry vouches for. A heartbeat with a new key goes
-  out before the first WEIGHTS on that connection.
+  ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s``, or at
+  once when the update says so, copied off the device meanwhile (``zrl.nets.wire.WeightsCopy``);
+  answered with ACK {version, resets}. It connects under a random routing id whose digest the
+  heartbeat shows first (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS only
+  from a connection a live learner entry vouches for.
 
 Learner i trains the learning policy ``config.learner_policy(i)`` (the default one unless a
-league has exploiters): its WEIGHTS name that policy and its rollouts come from that policy's
-topic. When an ACK carries more ``resets`` than this learner has applied (the league reset its
-player after a snapshot), the update goes back to the state it had before its first step
-(model, optimizer: the initial weights) and the weights are sent at once; versions go on
-increasing. Each WEIGHTS carries ``resets`` so the league sees the reset done.
+league has exploiters). An ACK of its WEIGHTS may carry more ``resets`` than it has applied
+(the league restarts its player: the update goes back to its initial model and optimizer,
+versions go on increasing, docs/leagues.md) or the pbt role's newest ``exploit`` of this
+member (checked against the config again here: it loads the source member's newest
+checkpoint, a checked path under the checkpoint root, keeps its own counters, sets the
+hyperparameters and publishes at once, docs/pbt.md).
 
-Population-based training (``pbt.members``, PPO): an ACK may carry the pbt role's newest
-``exploit`` of this member (``zrl.roles.pbt``; checked against the config again here). Once
-per ``seq``, the learner loads the source member's newest checkpoint (its learner's
-``<checkpoint.dir>/learner-<i>.pt``, a checked path under the checkpoint root, into this
-learner's own model: another layout is refused) as its weights and optimizer state, keeps
-its own counters, sets the instruction's hyperparameters (``set_hyperparameters`` of the
-update) and publishes the new weights at once as a new version. Its heartbeat shows
-``pbt_seq`` (the last applied), ``pbt_exploits`` and ``hyperparameters``; the checkpoint
-keeps ``pbt_seq``.
-
-A message the update rejects is dropped and counted. A NaN/inf loss or gradient raises
-before the optimizer step that would apply it: the batch is dropped, and ten in a row stop the
-learner cleanly (it is diverging), reporting its id and update number and keeping the last
-good checkpoint and published weights. On a GPU the update reads nothing back per update:
-the device skips a non-finite step (``zrl.algos.kernel.optim.deferred_step``) and the result carries
-a finite flag, which the learner reads once the next update is queued behind it
-(:meth:`Learner.settle`): the update is counted then, or its batch dropped as above. The copy
-of the next batch runs meanwhile on a stream of its own (``zrl.algos.kernel.batches.HostStaging``),
-so the GPU has the next update and its input queued while the host receives the one after.
-
-Where the learner's time goes (``TIME_PARTS``): waiting for input, handing it to the update
-(its checks and the copy to the device), updating and publishing. Training figures
-``wait_ms`` and ``copy_ms`` per gradient step, beside the update's ``update_ms``; the heartbeat
-shows each part's share of the learner's time since its first step (``wait_share``, ...),
-kept in summary.json with the learner's other heartbeat figures. On a GPU, "copy" is the host's
-part (staging into pinned memory, queueing the copy), and "update" includes waiting for the
-update before the last one to finish on the device (``update_ms`` only the queueing).
+A message the update rejects is dropped and counted. A NaN/inf loss or gradient drops its
+batch before the optimizer step, and ten in a row stop the learner, which keeps its last good
+checkpoint (docs/failures.md). On a GPU the update reads nothing back per update: the device
+skips a non-finite step and the learner reads its finite flag once the next update is queued
+(:meth:`Learner.settle`). Where its time goes (``TIME_PARTS``: waiting, copying, updating,
+publishing) is in its heartbeat (docs/running.md).
 """
 
 from __future__ import annotations

@@ -13,17 +13,14 @@ Sockets:
   they came and concatenates them into the batch, one copy: ``zrl.replay.tables.FifoQueue``).
   Read only while the rate limiter allows inserts, so a shard that is ahead of its learners
   applies back-pressure to the actors instead of growing.
-- PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the
-  rate limiter allows and fewer than ``replay.prefetch`` batches are unacknowledged.
-  That credit window, not the sockets' high-water marks, bounds how much sampled data
-  waits between the shard and the learners: HWMs count messages on each side of each
-  hop, and the kernel buffers hold more, so without it dozens of batches queued up and
-  IMPALA's learner saw unrolls 20+ versions old (and dropped half of them as stale).
-- PUB ``acks/<actor id>/`` (topic bus): an ACK of each inserted trajectory to the actor
-  that sent it, with this shard's ``incarnation`` (a random number picked at each start);
-  and ``incarnations/<shard id>/``: that incarnation, once a second. An actor that hears a
-  new one from a shard it knows learns that the shard restarted and counts what it held as
-  lost at once, instead of after ``ACK_TIMEOUT_S`` (``zrl.transport.credit``).
+- PUSH ``batches`` -> learners (via the broker): BATCH messages, sampled while the rate
+  limiter allows and fewer than ``replay.prefetch`` batches are unacknowledged. That credit
+  window, not the sockets' high-water marks (which count messages per hop, beside the
+  kernel's buffers), bounds how old the sampled data waiting for the learners can get.
+- PUB ``acks/<actor id>/`` (topic bus): an ACK of each inserted trajectory to the actor that
+  sent it, with this shard's ``incarnation`` (random at each start); and
+  ``incarnations/<shard id>/``: that incarnation, once a second, so an actor learns of a
+  restart at once (docs/protocol.md, ``incarnation``).
 - SUB ``priorities/<shard id>/`` and ``batch-acks/<shard id>/`` (topic bus): PRIORITIES
   for the keys this shard sampled, and a learner's ACK of each batch it received.
   They travel by topic, not on a load-balanced stream, because they must reach the

@@ -18,7 +18,7 @@ channel, never fatal):
   (LOOKUP "params", asked again on an unknown ``params-*`` id at most once per
   ``PARAMS_LOOKUP_INTERVAL_S``, so a flood of forged ids cannot turn into a LOOKUP
   per message; other ids are dropped without asking).
-- Only finite values that fit the model (:func:`zrl.nets.discrete.load_arrays`).
+- Only finite values that fit the model (:func:`zrl.nets.wire.load_arrays`).
 - From the bus, a version at most ``MAX_VERSION_STEP`` ahead of the current one. A
   larger jump is not adopted from the bus: it triggers a resync, a GET_WEIGHTS to the
   params rpc endpoint the broker names, whose answer is adopted at whatever version it

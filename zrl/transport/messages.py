@@ -3,12 +3,14 @@
 This docstring is the contract; ``docs/protocol.md`` section 4 says the same at more length.
 Framing and the checks every message passes are in :mod:`zrl.transport.protocol`; the array
 schemas of the data kinds are the :class:`Schema` constants below, checked by
-:func:`zrl.transport.schema.validate`. Dims: ``E`` envs, ``T`` time steps, ``O`` observation
-shape (all trailing axes), ``A`` action width (continuous), ``B`` batch rows, ``N`` updated
-keys, ``S`` stored frames, ``P`` a sequence's observation positions (its steps + 1), ``R`` the
-recurrent state's width. "Registry" is the broker's ROUTER (roles talk to it through a DEALER);
-streams pass the broker's PULL/PUSH devices, topics its XSUB/XPUB bus; rpc goes straight to a
-server's own ROUTER (found with LOOKUP).
+:func:`zrl.transport.schema.validate`; the experience ones are three items (transitions,
+unrolls, sequences) in the variants of a few options, :func:`experience_schema`. Dims:
+``E`` envs, ``T`` time steps, ``O`` observation shape (all trailing axes), ``A`` action width
+(continuous), ``B`` batch rows, ``N`` updated keys, ``S`` stored frames, ``P`` a sequence's
+observation positions (its steps + 1), ``R`` the recurrent state's width. "Registry" is the
+broker's ROUTER (roles talk to it through a DEALER); streams pass the broker's PULL/PUSH
+devices, topics its XSUB/XPUB bus; rpc goes straight to a server's own ROUTER (found with
+LOOKUP).
 
 Registry (role DEALER <-> broker ROUTER):
 
@@ -141,7 +143,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -255,98 +257,52 @@ _OUTCOMES = {
 }
 """What each env step returned, as every trajectory of T steps of E envs carries it (``valid``:
 False for the step after an episode end, which only reset the env)."""
-
-TRANSITIONS = schema(
-    P.TRAJECTORY,
-    "transitions",
-    "Ape-X DQN actor -> replay: T steps of E envs, discrete actions, initial priorities.",
-    obs=_OBS,
-    action=_ACTION,
-    **_OUTCOMES,
-    next_obs=_OBS,
-    priority=_STEP_F32,
-)
-FRAME_TRANSITIONS = schema(
-    P.TRAJECTORY,
-    "frame_transitions",
-    "Ape-X DQN actor on frame stacks -> replay: the transitions layout with each frame once.",
-    frames=Array("uint8", ("E", "S", OBS)),
-    **{k: v for k, v in TRANSITIONS.arrays.items() if k not in ("obs", "next_obs")},
-)
-"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the first
-observation, then the newest frame of each later one (the last is the final observation's).
-The replay server rebuilds the stacks (``zrl.replay.frames``); 1/8 of the transitions' bytes."""
-CONTINUOUS_TRANSITIONS = schema(
-    P.TRAJECTORY,
-    "continuous_transitions",
-    "apex_ddpg/sac actor -> replay: the transitions layout with float32 [E, T, A] actions.",
-    **{**TRANSITIONS.arrays, "action": Array("float32", ("E", "T", "A"), finite=True)},
-)
-UNROLL = schema(
-    P.TRAJECTORY,
-    "unroll",
-    "impala/ppo actor -> replay FIFO or PPO learners: T steps of E envs, behaviour log-probs.",
-    obs=_OBS,
-    action=_ACTION,
-    logp=_STEP_F32,
-    **_OUTCOMES,
-    bootstrap_obs=Array(OBS_DTYPES, ("E", OBS), finite=True),
-)
-FRAME_UNROLL = schema(
-    P.TRAJECTORY,
-    "frame_unroll",
-    "impala/appo/ppo actor on frame stacks -> replay FIFO or PPO learners: the unroll layout "
-    "with each frame once.",
-    frames=Array("uint8", ("E", "S", OBS)),
-    **{k: v for k, v in UNROLL.arrays.items() if k not in ("obs", "bootstrap_obs")},
-)
-"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
-:data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
-bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.nets.frames``)."""
-CONTINUOUS_UNROLL = schema(
-    P.TRAJECTORY,
-    "continuous_unroll",
-    "impala/appo/ppo actor with Box actions -> replay FIFO or PPO learners: the unroll layout "
-    "with float32 [E, T, A] actions.",
-    **{**UNROLL.arrays, "action": Array("float32", ("E", "T", "A"), finite=True)},
-)
-"""The Gaussian policy's unroll (``zrl.nets.gaussian``): ``action`` is the sample whose
-log-density ``logp`` is, before the actor clipped it to the Box for the env (it may lie
-outside the bounds)."""
-TURN_UNROLL = schema(
-    P.TRAJECTORY,
-    "turn_unroll",
-    "ppo actor on a turn-based game played from both seats (env.multiagent.self_play_seats: "
-    "both) -> PPO learners: the unroll layout and whether the turn passed after each step.",
-    **UNROLL.arrays,
-    passes=_STEP_BOOL,
-)
-"""``passes[e, t]``: after step ``t`` the slot moves for the other seat, so GAE negates the
-values after it (``zrl.algos.kernel.returns.rollout_gae``)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
 """Each item's weights version (:data:`UNKNOWN_VERSION` where not known)."""
-TRANSITION_BATCH = schema(
-    P.BATCH,
-    "transition_batch",
-    "replay -> Ape-X DQN learner: B n-step transitions, importance weights, table keys and "
-    "the weights version each transition was collected with.",
-    obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
-    action=Array("int64", ("B",)),
-    reward=_ROW_F32,
-    discount=_ROW_F32,
-    next_obs=Array(OBS_DTYPES, ("B", OBS), finite=True),
-    weights_version=_VERSION,
-    weight=_ROW_F32,
-    key=_KEY,
-)
-CONTINUOUS_TRANSITION_BATCH = schema(
-    P.BATCH,
-    "continuous_transition_batch",
-    "replay -> apex_ddpg/sac learner: the transition batch with float32 [B, A] actions.",
-    **{**TRANSITION_BATCH.arrays, "action": Array("float32", ("B", "A"), finite=True)},
-)
+
+# --- experience: three items, each in the variants of a few options ---------------------------
+
+Item = Literal["transitions", "unroll", "sequences"]
+_ITEMS: dict[str, dict[str, Array]] = {
+    "transitions": {
+        "obs": _OBS,
+        "action": _ACTION,
+        **_OUTCOMES,
+        "next_obs": _OBS,
+        "priority": _STEP_F32,
+    },
+    "unroll": {
+        "obs": _OBS,
+        "action": _ACTION,
+        "logp": _STEP_F32,
+        **_OUTCOMES,
+        "bootstrap_obs": Array(OBS_DTYPES, ("E", OBS), finite=True),
+    },
+    "sequences": {
+        "obs": Array(OBS_DTYPES, ("E", "P", OBS), finite=True),
+        "action": Array("int64", ("E", "T")),
+        "reward": _STEP_F32,
+        "terminated": _STEP_BOOL,
+        "mask": _STEP_BOOL,
+        "first": Array("bool", ("E", "P")),
+        "state": Array("float32", ("E", "R"), finite=True),
+        "priority": Array("float32", ("E",), finite=True),
+        "weights_version": Array("int64", ("E",)),
+    },
+}
+"""Each item's TRAJECTORY arrays in its plain variant (discrete actions, whole observations)."""
+_FRAMES = Array("uint8", ("E", "S", OBS))
+"""Frame stacks each frame once (``zrl.codecs.frames``), in place of every stacked array."""
+_STACKED = ("obs", "next_obs", "bootstrap_obs")
+_RECURRENT = {"state": Array("float32", ("E", "R"), finite=True), "first": _STEP_BOOL}
+"""What a recurrent unroll adds: the state step 0 acted from, the steps where an episode starts."""
+_TURNS = {"passes": _STEP_BOOL}
+"""What a turn-based game played from both seats adds to an unroll."""
+_EXPERIENCE: dict[tuple[str, bool, bool, bool, bool, bool], Schema] = {}
+"""Every experience schema of the protocol by (item, batch, frames, recurrent, continuous,
+turns): the variants that exist, no others."""
 
 
 def _rows(arrays: Mapping[str, Array], drop: tuple[str, ...] = ()) -> dict[str, Array]:
@@ -359,50 +315,165 @@ def _rows(arrays: Mapping[str, Array], drop: tuple[str, ...] = ()) -> dict[str, 
     }
 
 
-UNROLL_BATCH = schema(
-    P.BATCH,
-    "unroll_batch",
-    "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
-    **_rows(UNROLL.arrays),
-    weights_version=_VERSION,
-    weight=Array("float32", ("B",)),  # every table sends them; a FIFO's are all 1
-    key=_KEY,
+def _experience(
+    item: Item,
+    doc: str,
+    *,
+    batch: bool = False,
+    frames: bool = False,
+    recurrent: bool = False,
+    continuous: bool = False,
+    turns: bool = False,
+) -> Schema:
+    """The schema of ``item`` with the options given, derived from the item's plain arrays:
+    ``continuous`` makes the action float32 with a dim ``A``, ``frames`` puts ``frames`` first
+    in place of the stacked observations, ``recurrent`` and ``turns`` add their arrays, and a
+    ``batch`` is what a replay shard samples of such trajectories. Named by its options
+    (``recurrent_frame_unroll_batch``) and registered for :func:`experience_schema`."""
+    arrays = dict(_ITEMS[item])
+    if continuous:
+        action = arrays["action"]
+        arrays["action"] = Array("float32", (*action.dims, "A"), finite=True)
+    if frames:
+        arrays = {"frames": _FRAMES, **{k: v for k, v in arrays.items() if k not in _STACKED}}
+    extras = {**(_RECURRENT if recurrent else {}), **(_TURNS if turns else {})}
+    if not batch:
+        arrays.update(extras)
+    elif item == "transitions":  # n-step transitions, their stacks whole (a shard rebuilds them)
+        action = arrays["action"]
+        arrays = {
+            "obs": Array(OBS_DTYPES, ("B", OBS), finite=True),
+            "action": Array(action.dtype, ("B", *action.dims[2:]), action.finite),
+            "reward": _ROW_F32,
+            "discount": _ROW_F32,
+            "next_obs": Array(OBS_DTYPES, ("B", OBS), finite=True),
+            "weights_version": _VERSION,
+            "weight": _ROW_F32,
+            "key": _KEY,
+        }
+    elif item == "unroll":  # a FIFO's weights are all 1: not checked finite
+        arrays = {
+            **_rows(arrays),
+            "weights_version": _VERSION,
+            "weight": Array("float32", ("B",)),
+            "key": _KEY,
+            **_rows(extras),
+        }
+    else:
+        arrays = {**_rows(arrays, drop=("priority",)), "weight": _ROW_F32, "key": _KEY}
+    prefix = "recurrent_" * recurrent + "turn_" * turns + "frame_" * frames
+    prefix += "continuous_" * continuous
+    name = prefix + (f"{item.removesuffix('s')}_batch" if batch else item)
+    found = schema(P.BATCH if batch else P.TRAJECTORY, name, doc, **arrays)
+    _EXPERIENCE[item, batch, frames, recurrent, continuous, turns] = found
+    return found
+
+
+def experience_schema(
+    item: Item,
+    *,
+    batch: bool = False,
+    frames: bool = False,
+    recurrent: bool = False,
+    continuous: bool = False,
+    turns: bool = False,
+) -> Schema:
+    """The schema of ``item`` (a TRAJECTORY, or with ``batch`` the BATCH a shard samples of
+    it) on uint8 frame stacks (``frames``), from a recurrent model (``recurrent``, unrolls),
+    with Box actions (``continuous``) or from both seats of a turn-based game (``turns``, PPO
+    unrolls). ValueError for a combination the protocol has no schema for (Box actions are
+    feed-forward over flat observations; a shard samples frame transitions as whole stacks)."""
+    found = _EXPERIENCE.get((item, batch, frames, recurrent, continuous, turns))
+    if found is None:
+        flags = {"frames": frames, "recurrent": recurrent, "continuous": continuous, "turns": turns}
+        options = " and ".join(name for name, on in flags.items() if on) or "no options"
+        raise ValueError(f"no {item} {'batch' if batch else 'trajectory'} schema with {options}")
+    return found
+
+
+TRANSITIONS = _experience(
+    "transitions",
+    "Ape-X DQN actor -> replay: T steps of E envs, discrete actions, initial priorities.",
 )
-FRAME_UNROLL_BATCH = schema(
-    P.BATCH,
-    "frame_unroll_batch",
+FRAME_TRANSITIONS = _experience(
+    "transitions",
+    "Ape-X DQN actor on frame stacks -> replay: the transitions layout with each frame once.",
+    frames=True,
+)
+"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the first
+observation, then the newest frame of each later one (the last is the final observation's).
+The replay server rebuilds the stacks (``zrl.replay.frames``); 1/8 of the transitions' bytes."""
+CONTINUOUS_TRANSITIONS = _experience(
+    "transitions",
+    "apex_ddpg/sac actor -> replay: the transitions layout with float32 [E, T, A] actions.",
+    continuous=True,
+)
+UNROLL = _experience(
+    "unroll",
+    "impala/ppo actor -> replay FIFO or PPO learners: T steps of E envs, behaviour log-probs.",
+)
+FRAME_UNROLL = _experience(
+    "unroll",
+    "impala/appo/ppo actor on frame stacks -> replay FIFO or PPO learners: the unroll layout "
+    "with each frame once.",
+    frames=True,
+)
+"""``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
+:data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
+bytes for k = 4. The learner rebuilds the stacks on its device (``zrl.codecs.frames``)."""
+CONTINUOUS_UNROLL = _experience(
+    "unroll",
+    "impala/appo/ppo actor with Box actions -> replay FIFO or PPO learners: the unroll layout "
+    "with float32 [E, T, A] actions.",
+    continuous=True,
+)
+"""The Gaussian policy's unroll (``zrl.nets.gaussian``): ``action`` is the sample whose
+log-density ``logp`` is, before the actor clipped it to the Box for the env (it may lie
+outside the bounds)."""
+TURN_UNROLL = _experience(
+    "unroll",
+    "ppo actor on a turn-based game played from both seats (env.multiagent.self_play_seats: "
+    "both) -> PPO learners: the unroll layout and whether the turn passed after each step.",
+    turns=True,
+)
+"""``passes[e, t]``: after step ``t`` the slot moves for the other seat, so GAE negates the
+values after it (``zrl.algos.kernel.returns.rollout_gae``)."""
+TRANSITION_BATCH = _experience(
+    "transitions",
+    "replay -> Ape-X DQN learner: B n-step transitions, importance weights, table keys and "
+    "the weights version each transition was collected with.",
+    batch=True,
+)
+CONTINUOUS_TRANSITION_BATCH = _experience(
+    "transitions",
+    "replay -> apex_ddpg/sac learner: the transition batch with float32 [B, A] actions.",
+    batch=True,
+    continuous=True,
+)
+UNROLL_BATCH = _experience(
+    "unroll",
+    "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
+    batch=True,
+)
+FRAME_UNROLL_BATCH = _experience(
+    "unroll",
     "replay FIFO -> IMPALA/APPO learner on frame stacks: B whole frame unrolls.",
-    **_rows(FRAME_UNROLL.arrays),
-    weights_version=_VERSION,
-    weight=Array("float32", ("B",)),
-    key=_KEY,
+    batch=True,
+    frames=True,
 )
 """What a FIFO shard stores of each :data:`FRAME_UNROLL` row, sampled: ``frames [B, S, H, W]``
 in place of ``obs`` and ``bootstrap_obs``."""
-CONTINUOUS_UNROLL_BATCH = schema(
-    P.BATCH,
-    "continuous_unroll_batch",
+CONTINUOUS_UNROLL_BATCH = _experience(
+    "unroll",
     "replay FIFO -> IMPALA/APPO learner with Box actions: the unroll batch with float32 "
     "[B, T, A] actions.",
-    **_rows(CONTINUOUS_UNROLL.arrays),
-    weights_version=_VERSION,
-    weight=Array("float32", ("B",)),
-    key=_KEY,
+    batch=True,
+    continuous=True,
 )
-SEQUENCES = schema(
-    P.TRAJECTORY,
+SEQUENCES = _experience(
     "sequences",
     "R2D2 actor -> replay: E fixed-length sequences the actor cut, each with the recurrent "
     "state it started from.",
-    obs=Array(OBS_DTYPES, ("E", "P", OBS), finite=True),
-    action=Array("int64", ("E", "T")),
-    reward=_STEP_F32,
-    terminated=_STEP_BOOL,
-    mask=_STEP_BOOL,
-    first=Array("bool", ("E", "P")),
-    state=Array("float32", ("E", "R"), finite=True),
-    priority=Array("float32", ("E",), finite=True),
-    weights_version=Array("int64", ("E",)),
 )
 """Sequences of ``T`` steps (``r2d2.sequence_length``), ``E`` of them (possibly 0): ``obs`` has
 ``P = T + 1`` positions, the last the observation after the last step (what its n-step targets
@@ -411,82 +482,69 @@ end is False); ``first`` the positions where an episode starts (the state is zer
 them); ``state`` the recurrent state before position 0; ``priority`` the initial priority;
 ``weights_version`` the oldest weights version that acted in its real steps (a sequence can
 span trajectories, so the message's one version is not enough)."""
-SEQUENCE_BATCH = schema(
-    P.BATCH,
-    "sequence_batch",
+SEQUENCE_BATCH = _experience(
+    "sequences",
     "replay -> R2D2 learner: B sequences, importance weights, table keys and weights versions.",
-    **_rows(SEQUENCES.arrays, drop=("priority",)),
-    weight=_ROW_F32,
-    key=_KEY,
+    batch=True,
 )
-FRAME_SEQUENCES = schema(
-    P.TRAJECTORY,
-    "frame_sequences",
+FRAME_SEQUENCES = _experience(
+    "sequences",
     "R2D2 actor on frame stacks -> replay: the sequences layout with each frame once per sequence.",
-    frames=Array("uint8", ("E", "S", OBS)),
-    **{k: v for k, v in SEQUENCES.arrays.items() if k != "obs"},
+    frames=True,
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the
-sequence's position 0, then the newest frame of positions 1..T (``zrl.replay.frames.frames_of``
+sequence's position 0, then the newest frame of positions 1..T (``zrl.codecs.frames.frames_of``
 of its ``obs``), in place of ``obs [E, T + 1, k, H, W]``. Each sequence carries its own
 frames, so overlapping sequences repeat the frames of their overlap (``r2d2.burn_in`` steps).
 The learner rebuilds the stacks on its device from ``first`` and ``mask``
-(``zrl.nets.frames.sequence_stacks_from_frames``): padding positions are zero stacks, as the
+(``zrl.codecs.frames.sequence_stacks_from_frames``): padding positions are zero stacks, as the
 actor's."""
-FRAME_SEQUENCE_BATCH = schema(
-    P.BATCH,
-    "frame_sequence_batch",
+FRAME_SEQUENCE_BATCH = _experience(
+    "sequences",
     "replay -> R2D2 learner on frame stacks: B frame sequences, importance weights, table "
     "keys and weights versions.",
-    **_rows(FRAME_SEQUENCES.arrays, drop=("priority",)),
-    weight=_ROW_F32,
-    key=_KEY,
+    batch=True,
+    frames=True,
 )
 """What a shard stores of each :data:`FRAME_SEQUENCES` row, sampled: ``frames [B, S, H, W]``
 in place of ``obs``."""
-RECURRENT_UNROLL = schema(
-    P.TRAJECTORY,
-    "recurrent_unroll",
+RECURRENT_UNROLL = _experience(
+    "unroll",
     "recurrent impala/appo/ppo actor -> replay FIFO or PPO learners: the unroll, the recurrent "
     "state before its first step and the steps where an episode starts.",
-    **UNROLL.arrays,
-    state=Array("float32", ("E", "R"), finite=True),
-    first=_STEP_BOOL,
+    recurrent=True,
 )
 """``state`` is the recurrent state step 0 acted from; ``first[e, t]`` is True where the actor
 zeroed the state before step t (an episode starts there: ``first[:, t + 1] == ~valid[:, t]``).
 A learner unrolling ``model.unroll(obs, state, first)`` computes what the actor computed."""
-RECURRENT_UNROLL_BATCH = schema(
-    P.BATCH,
-    "recurrent_unroll_batch",
+RECURRENT_UNROLL_BATCH = _experience(
+    "unroll",
     "replay FIFO -> recurrent IMPALA/APPO learner: the unroll batch with each unroll's "
     "recurrent state and episode starts.",
-    **UNROLL_BATCH.arrays,
-    **_rows(RECURRENT_UNROLL.arrays, drop=tuple(UNROLL.arrays)),  # state and first
+    batch=True,
+    recurrent=True,
 )
 """What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
 ``first [B, T]`` as the actor recorded them (the same convention)."""
-RECURRENT_FRAME_UNROLL = schema(
-    P.TRAJECTORY,
-    "recurrent_frame_unroll",
+RECURRENT_FRAME_UNROLL = _experience(
+    "unroll",
     "recurrent impala/appo actor on frame stacks -> replay FIFO: the frame unroll, the "
     "recurrent state before its first step and the steps where an episode starts.",
-    **FRAME_UNROLL.arrays,
-    state=RECURRENT_UNROLL.arrays["state"],
-    first=_STEP_BOOL,
+    frames=True,
+    recurrent=True,
 )
 """:data:`RECURRENT_UNROLL` with each frame once: ``frames [E, T + k, H, W]`` (as
 :data:`FRAME_UNROLL`) in place of ``obs`` and ``bootstrap_obs``."""
-RECURRENT_FRAME_UNROLL_BATCH = schema(
-    P.BATCH,
-    "recurrent_frame_unroll_batch",
+RECURRENT_FRAME_UNROLL_BATCH = _experience(
+    "unroll",
     "replay FIFO -> recurrent IMPALA/APPO learner on frame stacks: the frame unroll batch with "
     "each unroll's recurrent state and episode starts.",
-    **FRAME_UNROLL_BATCH.arrays,
-    **_rows(RECURRENT_FRAME_UNROLL.arrays, drop=tuple(FRAME_UNROLL.arrays)),  # state and first
+    batch=True,
+    frames=True,
+    recurrent=True,
 )
 """What a FIFO shard stores of each :data:`RECURRENT_FRAME_UNROLL` row, sampled; the learner
-rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.nets.frames``)."""
+rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.codecs.frames``)."""
 PRIORITIES = schema(
     P.PRIORITIES,
     "priorities",

@@ -1,6 +1,6 @@
 """Ape-X DDPG / TD3 learner math: n-step critic targets, target policy smoothing, one update.
 
-Transitions are n-step (``zrl.replay.nstep``): ``reward`` is
+Transitions are n-step (``zrl.codecs.nstep``): ``reward`` is
 ``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is ``gamma^k`` (0 when the episode
 terminated). With the target actor ``mu'`` and target critics ``Q'_1, Q'_2``:
 

@@ -2,7 +2,7 @@
 
 Transitions are n-step: ``reward`` is ``R = sum_{i<k} gamma^i r_{t+i}`` and ``discount`` is
 ``gamma^k`` (0 when the episode terminated), both from
-:func:`zrl.replay.nstep.nstep_transitions`, so the targets below never need ``gamma`` or a
+:func:`zrl.codecs.nstep.nstep_transitions`, so the targets below never need ``gamma`` or a
 done flag.
 """
 

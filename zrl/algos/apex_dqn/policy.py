@@ -20,8 +20,8 @@ import torch
 from zrl.algos.apex_dqn.losses import initial_priorities
 from zrl.algos.api.actor import ActorSetup, Outgoing, Trajectory
 from zrl.algos.kernel.exploration import EpsilonGreedyPolicy
-from zrl.replay.frames import frames_of, is_frame_space, is_frame_stack
-from zrl.replay.nstep import nstep_transitions
+from zrl.codecs.frames import frames_of, is_frame_space, is_frame_stack
+from zrl.codecs.nstep import nstep_transitions
 from zrl.transport import protocol as P
 
 

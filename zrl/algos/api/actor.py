@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from zrl.replay.frames import frames_of
+from zrl.codecs.frames import frames_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,7 +86,7 @@ class Trajectory:
 
     def frame_unroll(self) -> dict[str, np.ndarray]:
         """The arrays of a ``frame_unroll`` TRAJECTORY: :meth:`unroll` with each frame of the
-        ``[E, T, k, H, W]`` stacks once (``zrl.replay.frames.frames_of``)."""
+        ``[E, T, k, H, W]`` stacks once (``zrl.codecs.frames.frames_of``)."""
         arrays = self.unroll()
         del arrays["obs"], arrays["bootstrap_obs"]
         return {"frames": frames_of(self.obs, self.final_obs), **arrays}

@@ -47,8 +47,8 @@ from zrl.algos.kernel.batch_update import BatchStep, BatchUpdate
 from zrl.algos.kernel.batches import PendingBatches
 from zrl.algos.kernel.optim import make_adam
 from zrl.algos.kernel.q_learning import BATCH_KEYS
+from zrl.codecs.nstep import nstep_transitions
 from zrl.nets.continuous import DDPGModel, SACModel, clip_to_bounds
-from zrl.replay.nstep import nstep_transitions
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import validate

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from zrl.algos.api.actor import ActorSetup, BasePolicy, Outgoing, Trajectory
+from zrl.codecs.frames import is_frame_space, is_frame_stack
 from zrl.nets.discrete import policy_logits, sample_categorical
 from zrl.nets.gaussian import check_box
 from zrl.nets.recurrent import EnvStates, is_recurrent
-from zrl.replay.frames import is_frame_space, is_frame_stack
 from zrl.transport import protocol as P
 
 

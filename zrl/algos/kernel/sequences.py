@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zrl.replay.frames import frames_of
+from zrl.codecs.frames import frames_of
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Sequences:
     def arrays(self, priority: np.ndarray, frames: bool = False) -> dict[str, np.ndarray]:
         """The arrays of a ``sequences`` TRAJECTORY; ``frames`` (uint8 frame stacks): of a
         ``frame_sequences`` one, each sequence's ``obs [L + 1, k, H, W]`` sent as its
-        ``frames [L + k, H, W]`` (``zrl.replay.frames.frames_of``; the frames of the burn-in
+        ``frames [L + k, H, W]`` (``zrl.codecs.frames.frames_of``; the frames of the burn-in
         overlap go in both sequences that hold it)."""
         if frames:
             arrays = self.arrays(priority)

@@ -2,22 +2,18 @@
 the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
 :func:`unroll_outputs`, the model's outputs over a batch of unrolls that both train on.
 
-- ``receive``: a BATCH of :data:`zrl.transport.messages.UNROLL_BATCH` (whole unrolls, each
-  with the weights version it was collected with; :data:`RECURRENT_UNROLL_BATCH`, with each
-  unroll's recurrent state and episode starts, for a recurrent model;
-  :data:`FRAME_UNROLL_BATCH` on frame stacks ``[k, H, W]``, each frame once, and
-  :data:`RECURRENT_FRAME_UNROLL_BATCH` for a recurrent model on them), checked against the
-  model (observation width, state width, actions in ``[0, num_actions)``, k frames per
-  stack); :data:`CONTINUOUS_UNROLL_BATCH` for a Gaussian policy (Box actions, float32
-  ``[B, T, A]``); a malformed one raises ProtocolError. Its fresh unrolls start for the device at
-  once (``zrl.algos.kernel.batches.HostStaging``: on a GPU the copy runs on a stream of its own
-  while the update before it trains).
+- ``receive``: a BATCH of whole unrolls, each with the weights version it was collected with,
+  in the unroll batch schema of the model (``zrl.transport.messages.experience_schema``:
+  ``frame_`` on frame stacks ``[k, H, W]``, ``recurrent_`` for a recurrent model,
+  ``continuous_`` for a Gaussian policy), checked against it (observation width, state width,
+  actions in ``[0, num_actions)``, k frames per stack); a malformed one raises ProtocolError.
+  Its fresh unrolls start for the device at once (``zrl.algos.kernel.batches.HostStaging``).
 - ``train``: takes the oldest kept batch; its unrolls more than ``max_lag`` versions behind
   the learner are dropped and counted (``stale_unrolls``), never trained on (V-trace corrects
   a small lag, not an arbitrary one). The policy lag of the rest goes to the training metrics
   (``policy_lag`` and ``policy_lag_max``), and the subclass's :meth:`train_unrolls` trains on
   them (a frame batch's stacks rebuilt on the learner's device first,
-  ``zrl.nets.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
+  ``zrl.codecs.frames.stacks_from_frames``). A :class:`NonFiniteLossError` it raises names the
   shard of the batch, which is dropped, never retried. On a GPU (``defer_checks``) nothing is
   read back to the host per update: the loss, ``mean_rho`` and the figures stay tensors until
   the metrics report, a NaN/inf step is skipped on the device
@@ -25,19 +21,12 @@ the replay shards' FIFO queues (IMPALA, APPO), all but the training itself; and
   which reads it one update later.
 - the checkpoint state (the model and its Adam), the learning rate and the heartbeat counters.
 - several learners of one policy (``roles.learners > 1``, data-parallel): a ``torch.distributed``
-  group (``zrl.algos.kernel.policy_learners.PolicyLearners``, formed before the first batch, through
-  the broker); each learner trains the batches it receives, every step on the gradients
-  averaged over the group (weighted by the learners' valid steps), and every batch takes
-  :meth:`UnrollUpdate.steps_per_batch` steps on every learner, stale or short batches too
-  (their steps add nothing to the mean; a step no learner had a sample for is taken by none).
-  At each batch one all-reduce (max) agrees on the newest weights version (a follower's
-  staleness is measured against it) and compares the weights (``weight_drift``, corrected
-  from rank 0). Learner 0 alone publishes. While a collective waits, ``PolicyLearners.tick``
-  takes in the batch that arrives; a learner without a batch for ``IDLE_ROUND_S`` joins the
-  next round without one (:meth:`idle_round`), and the batches that came before the group
-  formed are dropped (``PolicyLearners.trim``). A learner that dies fails the others'
-  collective: the batch is dropped and the group re-formed with its restarted learner, rank
-  0's weights copied into every learner (``PolicyLearners.rejoin``). Sockets: the group's
+  group (``zrl.algos.kernel.policy_learners.PolicyLearners``); each learner trains the batches
+  it receives, every step on the gradients averaged over the group (weighted by the learners'
+  valid steps), and every batch takes :meth:`UnrollUpdate.steps_per_batch` steps on every
+  learner. At each batch one all-reduce (max) agrees on the newest weights version and
+  compares the weights (``weight_drift``). Learner 0 alone publishes. Idle learners, backlog
+  and re-forming: docs/algorithms.md ("Several IMPALA or APPO learners"). Sockets: the group's
   (``zrl.distributed.learner_group``).
 """
 
@@ -55,12 +44,11 @@ from zrl.algos.api.learner import BaseUpdate, LearnerSetup, NonFiniteLossError, 
 from zrl.algos.kernel.batches import HostStaging, InFlight, policy_lags
 from zrl.algos.kernel.optim import checked_step, deferred_step, defers_checks, make_adam
 from zrl.algos.kernel.policy_learners import PolicyLearners
+from zrl.codecs.frames import is_frame_space, stacks_from_frames
 from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.encoders import observe_inputs
-from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
-from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Size, validate
@@ -148,17 +136,20 @@ class UnrollUpdate(BaseUpdate):
         if self.continuous:
             if self.recurrent or self.frames:
                 raise ValueError("a Gaussian policy is feed-forward over flat observations")
-            self.schema, self.trained_arrays = M.CONTINUOUS_UNROLL_BATCH, TRAINED_ARRAYS
             self.sizes["A"] = math.prod(setup.action_space.shape)
-        elif self.recurrent and self.frames:
-            self.schema = M.RECURRENT_FRAME_UNROLL_BATCH
-            self.trained_arrays = RECURRENT_FRAME_TRAINED_ARRAYS
-        elif self.recurrent:
-            self.schema, self.trained_arrays = M.RECURRENT_UNROLL_BATCH, RECURRENT_TRAINED_ARRAYS
-        elif self.frames:
-            self.schema, self.trained_arrays = M.FRAME_UNROLL_BATCH, FRAME_TRAINED_ARRAYS
-        else:
-            self.schema, self.trained_arrays = M.UNROLL_BATCH, TRAINED_ARRAYS
+        self.schema = M.experience_schema(
+            "unroll",
+            batch=True,
+            frames=self.frames,
+            recurrent=self.recurrent,
+            continuous=self.continuous,
+        )
+        self.trained_arrays = {
+            (False, False): TRAINED_ARRAYS,
+            (False, True): RECURRENT_TRAINED_ARRAYS,
+            (True, False): FRAME_TRAINED_ARRAYS,
+            (True, True): RECURRENT_FRAME_TRAINED_ARRAYS,
+        }[self.frames, self.recurrent]
         if self.recurrent:
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         self.max_lag = max_lag

@@ -21,11 +21,11 @@ import torch
 from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.kernel.unrolls import unroll_outputs
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
+from zrl.codecs.frames import stacks_from_frames
 from zrl.nets.discrete import ActorCritic
-from zrl.nets.frames import stacks_from_frames
 from zrl.nets.gaussian import GaussianActorCritic
 from zrl.nets.recurrent import RecurrentActorCritic
-from zrl.transport.messages import FRAME_UNROLL, RECURRENT_UNROLL, UNROLL
+from zrl.transport.messages import RECURRENT_UNROLL, experience_schema
 
 
 @dataclass
@@ -114,7 +114,7 @@ def round_tensors(
 
     ``frames``: the rollouts are ``frame_unroll``s (the learner's layout, taken from the
     observation space at setup); their ``obs`` and ``bootstrap_obs`` stacks are rebuilt from
-    ``frames [E, T + k, H, W]`` first (``zrl.nets.frames.stacks_from_frames``, zero padding
+    ``frames [E, T + k, H, W]`` first (``zrl.codecs.frames.stacks_from_frames``, zero padding
     before an episode's first frame, as zrl's Atari envs stack).
 
     Box actions (``continuous_unroll`` rollouts) keep their action dim: ``action [N, A]``.
@@ -124,7 +124,7 @@ def round_tensors(
     On ``device`` (the model's: a GPU learner's) the observations go there once, the values
     come back for GAE (on the host), and every tensor of the round is returned there."""
     device = torch.device(device)
-    schema = FRAME_UNROLL if frames else UNROLL
+    schema = experience_schema("unroll", frames=frames)
     # A game played from both seats adds passes (TURN_UNROLL): GAE negates across them.
     keys = [*schema.arrays, *(["passes"] if "passes" in rollouts[0].arrays else [])]
     cat = {k: np.concatenate([r.arrays[k] for r in rollouts]) for k in keys}

@@ -9,31 +9,26 @@ role to publish the weights after it.
 With ``roles.learners > 1`` (DD-PPO) the update opens, through the role's services:
 
 - a ``torch.distributed`` process group of the policy's learners
-  (``zrl.distributed.learner_group.LearnerGroup``: learner 0's TCPStore, its address in learner 0's
-  heartbeat and found by the others through the broker; gloo on the CPU, nccl on GPUs). Every
-  learner holds the same round, cuts every minibatch into ``learners`` equal slices, computes
-  the gradient of its slice and all-reduces it (the mean) before the optimizer step, so all
-  learners apply the same update. Learner 0 publishes the weights
-  (:meth:`PPOUpdate.may_publish`, once the group has formed: the first weights start the
-  actors); the others follow them at the start of each round (and count any drift, which
-  should stay 0). The group is destroyed when the learner stops (:meth:`PPOUpdate.close`). A
-  learner of the group that dies or cannot be reached fails the others' all-reduce: they drop
-  the round and re-form the group on a new generation with its restarted learner, which takes
-  learner 0's weights, Adam state and minibatch order (``PolicyLearners.rejoin``); learner 0
-  then publishes (the actors of a sync round wait for new weights). Past
-  ``learner.group_timeout_s`` without it they stop.
+  (``zrl.distributed.learner_group.LearnerGroup``: learner 0's group store,
+  ``zrl.distributed.group_store``, found by the others through the broker). Every learner
+  holds the same round, computes the gradient of its slice of every minibatch and all-reduces
+  it (the mean) before the optimizer step, so all learners apply the same update. Learner 0
+  publishes the weights (:meth:`PPOUpdate.may_publish`, once the group has formed); the others
+  follow them at the start of each round and count any drift. A learner that dies fails the
+  others' all-reduce: they drop the round and re-form the group with its restarted learner,
+  which takes learner 0's weights, Adam state and minibatch order
+  (``PolicyLearners.rejoin``); past ``learner.group_timeout_s`` without it they stop
+  (docs/algorithms.md, "Several PPO learners").
 - SUB ``weights`` (followers only, ``services.follow_weights``).
 
 On frame stacks ``[k, H, W]`` (Atari) a feed-forward model's rollouts are ``frame_unroll``s,
 each frame once: the layout comes from the observation space at setup (full stacks from an
 actor are refused, counted by the role), and a round's stacks are rebuilt from the frames
-(``zrl.nets.frames``) before GAE and the updates.
+(``zrl.codecs.frames``) before GAE and the updates.
 
 A recurrent actor-critic (``model.core``) trains on ``recurrent_unroll`` rollouts (full
-stacks on frame-stacked envs too): its
-minibatches are whole env rows (``ppo.minibatch_size // actor.trajectory_length`` of them),
-each unrolled from the state its actor recorded, and its loss is over their valid steps
-(:meth:`PPOUpdate.sequence_loss`). DD-PPO learners each take their share of the rows.
+stacks on frame-stacked envs too): its minibatches are whole env rows, each unrolled from the
+state its actor recorded (:meth:`PPOUpdate.sequence_loss`, docs/recurrent.md).
 
 On a Box action space the model is the Gaussian actor-critic (``zrl.nets.gaussian``): its
 rollouts are ``continuous_unroll``s (float32 actions, the samples before the actors clipped
@@ -59,23 +54,15 @@ from zrl.algos.kernel.policy_learners import PolicyLearners
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
+from zrl.codecs.frames import is_frame_space
 from zrl.distributed.learner_group import CollectiveError
 from zrl.nets.discrete import ActorCritic
 from zrl.nets.encoders import observe_inputs
 from zrl.nets.gaussian import GaussianActorCritic, check_distribution, distribution_of
 from zrl.nets.recurrent import RecurrentActorCritic, is_recurrent
 from zrl.nets.wire import load_arrays, model_to_arrays
-from zrl.replay.frames import is_frame_space
 from zrl.transport import protocol as P
-from zrl.transport.messages import (
-    CONTINUOUS_UNROLL,
-    FRAME_UNROLL,
-    RECURRENT_UNROLL,
-    TURN_UNROLL,
-    UNROLL,
-    obs_shape,
-    weights_version,
-)
+from zrl.transport.messages import experience_schema, obs_shape, weights_version
 from zrl.transport.schema import Size, validate
 
 TICK_EVERY_STEPS = 16  # keep heartbeats going through a long round
@@ -103,21 +90,25 @@ class PPOUpdate(BaseUpdate):
         self.sizes: dict[str, Size] = {"O": self.obs_shape}
         self.distribution = distribution_of(self.model)
         check_distribution(self.model, setup.action_space)
-        if self.distribution.continuous:  # the Gaussian policy: float32 actions [E, T, A]
+        continuous = self.distribution.continuous
+        if continuous:  # the Gaussian policy: float32 actions [E, T, A]
             if self.recurrent or self.frames:
                 raise ValueError("a Gaussian policy is feed-forward over flat observations")
-            self.schema = CONTINUOUS_UNROLL
             self.sizes["A"] = int(np.prod(setup.action_space.shape))
         elif self.recurrent:
-            self.schema = RECURRENT_UNROLL
             self.sizes["R"] = cast(RecurrentActorCritic, self.model).state_size
         elif self.frames:
-            self.schema = FRAME_UNROLL
             self.sizes["O"] = self.obs_shape[1:]
-        elif cfg.env.multiagent.self_play_seats == "both":  # the config's, not the message's
-            self.schema = TURN_UNROLL
-        else:
-            self.schema = UNROLL
+        # A game played from both seats (the config's, not the message's) adds passes.
+        turns = not (continuous or self.recurrent or self.frames)
+        turns &= cfg.env.multiagent.self_play_seats == "both"
+        self.schema = experience_schema(
+            "unroll",
+            frames=self.frames,
+            recurrent=self.recurrent,
+            continuous=continuous,
+            turns=turns,
+        )
         self.optimizer = make_adam(self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps)
         # DD-PPO among the learners of this learner's policy (one each in a league with
         # exploiters: they train different players and must not average their gradients):

@@ -23,8 +23,8 @@ from zrl.algos.kernel.q_learning import nstep_double_q_targets
 from zrl.algos.kernel.sequences import SequenceCutter, Sequences
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import inverse_value_rescale, sequence_priority, value_rescale
+from zrl.codecs.frames import is_frame_space
 from zrl.nets.recurrent import EnvStates
-from zrl.replay.frames import is_frame_space
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 

@@ -18,7 +18,7 @@ One step, for a batch of ``B`` sequences of ``L`` steps (``L + 1`` observations)
 
 On uint8 frame stacks ``[k, H, W]`` (Atari) the batches are ``frame_sequence_batch``es (each
 sequence's frames once): each step first rebuilds ``obs`` from them on the learner's device
-(``zrl.nets.frames.sequence_stacks_from_frames``, zero padding as zrl's Atari envs stack).
+(``zrl.codecs.frames.sequence_stacks_from_frames``, zero padding as zrl's Atari envs stack).
 
 A NaN/inf loss raises :class:`NonFiniteLossError` before the optimizer step.
 """
@@ -38,8 +38,7 @@ from zrl.algos.kernel.optim import make_adam
 from zrl.algos.kernel.q_learning import burn_in_unroll, nstep_double_q_targets
 from zrl.algos.r2d2.config import R2D2Config
 from zrl.algos.r2d2.losses import inverse_value_rescale, r2d2_loss, sequence_priority, value_rescale
-from zrl.nets.frames import sequence_stacks_from_frames
-from zrl.replay.frames import is_frame_space
+from zrl.codecs.frames import is_frame_space, sequence_stacks_from_frames
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.schema import Size, validate
@@ -63,7 +62,7 @@ class R2D2Update(QTargetUpdate):
         """Frame stacks come as :data:`~zrl.transport.messages.FRAME_SEQUENCE_BATCH` (as the
         replay shard's layout, ``zrl.replay.layout``, takes them from the actors)."""
         L = self.config.section(R2D2Config).sequence_length
-        self.schema = M.FRAME_SEQUENCE_BATCH if self.frames else M.SEQUENCE_BATCH
+        self.schema = M.experience_schema("sequences", batch=True, frames=self.frames)
         self.sizes: dict[str, Size] = {
             "O": self.obs_shape,
             "R": self.state_size,

@@ -2,7 +2,7 @@
 automatic temperature and n-step, prioritized transitions.
 
 With ``R`` the n-step return and ``discount = gamma^k`` (0 at termination) of the n-step
-transitions (``zrl.replay.nstep``), ``a' ~ pi(.|s')`` sampled from the *current* policy, and
+transitions (``zrl.codecs.nstep``), ``a' ~ pi(.|s')`` sampled from the *current* policy, and
 target critics ``Q'_1, Q'_2``::
 
     y       = R + discount * (min(Q'_1, Q'_2)(s', a') - alpha * log pi(a'|s'))

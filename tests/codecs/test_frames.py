@@ -1,17 +1,29 @@
 """``stacks_from_frames``: the stacks a frame unroll's learner rebuilds are the env's, bit for
-bit, across episode ends (both paddings), with the scripted envs of the FrameTable's tests.
+bit, across episode ends (both paddings), with the scripted envs of the FrameTable's tests, and
+the replay shard's half of the rule (``episode_first_frames``) rebuilds the same ones.
 ``sequence_stacks_from_frames`` (R2D2's frame sequences) is checked against the sequences the
 actor cuts in ``tests/algos/test_r2d2.py``; here its refusals and its GPU variant."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from tests.helpers.frames import Collector, scripted_actions
-from zrl.nets.frames import sequence_stacks_from_frames, stacks_from_frames
-from zrl.replay.frames import frames_of
+from zrl.codecs.frames import (
+    all_stacks,
+    episode_first_frames,
+    frames_of,
+    sequence_stacks_from_frames,
+    stacks_from_frames,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rebuilt(traj: dict[str, np.ndarray], padding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -45,6 +57,23 @@ def test_random_episode_ends_rebuild_exact_stacks(k, padding):
         np.testing.assert_array_equal(obs, traj["obs"])
         np.testing.assert_array_equal(bootstrap, traj["final_obs"])
     assert ends > 5
+
+
+@pytest.mark.parametrize("padding", ["zero", "reset"])
+def test_the_replay_rule_and_the_learner_gather_agree(padding):
+    """A numpy gather from ``episode_first_frames`` (what the FrameTable stores of each
+    transition) gives the stacks the learner's torch gather rebuilds."""
+    rng = np.random.default_rng(3)
+    E, T, k = 5, 11, 4
+    frames = rng.integers(1, 256, (E, T + k, 2, 3), dtype=np.uint8)
+    valid = rng.random((E, T)) > 0.3
+    lowest = episode_first_frames(valid, k)[:, :, None]  # [E, T + 1, 1]
+    index = np.arange(T + 1)[:, None] + np.arange(k)  # [T + 1, k] row positions of obs_i
+    expected = frames[np.arange(E)[:, None, None], np.maximum(index, lowest)]
+    if padding == "zero":
+        expected[index < lowest] = 0
+    got = all_stacks(torch.from_numpy(frames), torch.from_numpy(valid), padding)
+    np.testing.assert_array_equal(got.numpy(), expected)
 
 
 def test_rejects_frames_that_do_not_fit():
@@ -93,3 +122,13 @@ def test_rebuilds_sequences_on_the_gpu():
     np.testing.assert_array_equal(gpu.cpu().numpy(), cpu.numpy())
     np.testing.assert_array_equal(cpu[0, 2, 3].numpy(), frames[0, 5].numpy())
     assert not cpu[0, 2, :3].any() and not cpu[0, :2].any() and not cpu[0, 5].any()
+
+
+def test_the_codec_loads_torch_only_when_the_learner_half_runs():
+    """A replay shard reads the episode-start rule without paying torch's import."""
+    code = (
+        "import sys; import zrl.codecs.frames as f, zrl.replay.frames; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "import numpy as np; f.episode_first_frames(np.ones((1, 2), bool), 4)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)

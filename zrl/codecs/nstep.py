@@ -1,11 +1,14 @@
 """n-step transitions cut from an ``[E, T]`` block of steps (numpy only).
 
-Replay stores these (``zrl.replay.assemble``, ``zrl.replay.frames``) and the off-policy
-algorithms build them on their actors; the return maths of the on-policy algorithms is in
-``zrl.algos.kernel.returns``. Conventions for the ``[E, T]`` arrays: row ``e`` holds steps
-``t = 0..T-1`` of vector env ``e``; ``rewards[e, t]`` is the reward of step ``t`` and
-``next_obs[e, t]`` the observation after it (the final observation when the episode ended at
-``t``).
+Both ends of a transitions path cut the same ones: the off-policy actors (for their initial
+priorities) and the replay shard that stores them (``zrl.replay.assemble``,
+``zrl.replay.frames``), so they are in the codec layer below both. The return maths of the
+on-policy algorithms is in ``zrl.algos.kernel.returns``. Conventions for the ``[E, T]``
+arrays: row ``e`` holds steps ``t = 0..T-1`` of vector env ``e``; ``rewards[e, t]`` is the
+reward of step ``t`` and ``next_obs[e, t]`` the observation after it (the final observation
+when the episode ended at ``t``).
+
+Sockets: none.
 """
 
 from __future__ import annotations
