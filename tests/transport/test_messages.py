@@ -55,6 +55,7 @@ def test_schemas_are_the_module_constants():
         "unroll_batch",
         "continuous_unroll",
         "turn_unroll",
+        "search_samples",
         "continuous_unroll_batch",
         "frame_unroll",
         "frame_unroll_batch",
@@ -291,6 +292,7 @@ def test_finiteness_as_the_receivers_check_it():
         "priorities": {"priority"},
         "infer_obs": {"obs"},
         "infer_step": {"obs", "state"},
+        "search_samples": {"obs", "policy", "value"},
     }
 
 

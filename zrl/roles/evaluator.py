@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from zrl.config.algorithms import get_algorithm
 from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
+from zrl.envs.multiagent.games import board_game
 from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role
 from zrl.roles.evaluated_weights import EvaluatedKeeper
@@ -48,6 +50,7 @@ from zrl.roles.evaluation import (
     greedy_exploitability,
     greedy_returns,
     outcome_rates,
+    seat_outcome_rates,
 )
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import messages as M
@@ -74,6 +77,14 @@ class Evaluator(Role):
         )
         probe.close()
         self.model.eval()
+        # An algorithm that plays with search (alphazero) is evaluated with it too, against
+        # the same opponents, beside its greedy policy.
+        self.searcher: Any = None
+        algorithm = get_algorithm(self.config.algo)
+        game = board_game(self.config.env.id.partition("/")[2]) if turn_based else None
+        if algorithm.search_player and game is not None:
+            make = algorithm.load(algorithm.search_player)
+            self.searcher = make(self.model, self.config, game, self.config.seed + 3)
         # The exploitability of the greedy policy, where the game is small enough to search.
         self.game = exploitability_game(self.config.evaluator.exploitability, self.config.env.id)
         self.policy = self.config.evaluator_policy(self.index or 0)
@@ -160,8 +171,16 @@ class Evaluator(Role):
                 if i == 0:
                     returns = scores
                 if opponent is not None:
-                    rates = outcome_rates(scores)
+                    rates = {**outcome_rates(scores), **seat_outcome_rates(scores)}
                     against.update({f"{opponent}_{k}": round(v, 4) for k, v in rates.items()})
+                if opponent is not None and self.searcher is not None:
+                    scores = greedy_returns(
+                        self.searcher, make_envs, episodes, seed=seed, on_step=self.tick
+                    )
+                    rates = {**outcome_rates(scores), **seat_outcome_rates(scores)}
+                    against.update(
+                        {f"search_{opponent}_{k}": round(v, 4) for k, v in rates.items()}
+                    )
         self.last = {
             "weights_version": version,
             "mean": float(np.mean(returns)),
@@ -203,7 +222,9 @@ class Evaluator(Role):
             "".join(
                 f", {k} {v:.2f}"
                 for k, v in against.items()
-                if k.endswith("win_rate") or k.endswith("loss_rate")
+                if (k.endswith("win_rate") or k.endswith("loss_rate"))
+                and "_first_" not in k
+                and "_second_" not in k
             )
             + (
                 f", exploitability {self.last['exploitability']:g} "
