@@ -11,9 +11,12 @@ Sockets:
   (late join).
 - PUB ``eval`` (topic bus): one EVAL result per evaluation {weights_version, mean,
   std, min, max, episodes, confirming; a turn-based game's ``<opponent>_{win,draw,loss}_rate``
-  per eval opponent; where the game is small enough (``evaluator.exploitability``),
-  ``exploitability``, ``exploitability_first``/``_second`` and ``losing_lines`` of the greedy
-  policy}; the supervisor records it and checks the stop rule.
+  per eval opponent, and per seat (``<opponent>_first_win_rate``, ..., ``_second_...``); for
+  an algorithm with a search player (``Algorithm.search_player``: alphazero) the same of
+  that player as ``search_<opponent>_...``; where the game is small enough
+  (``evaluator.exploitability``), ``exploitability``, ``exploitability_first``/``_second`` and
+  ``losing_lines`` of the greedy policy (and ``search_exploitability``, ... of the search
+  player)}; the supervisor records it and checks the stop rule.
 
 The heartbeat carries the evaluation running now (``evaluating``: its weights version and
 how long it has run; the head records one the stop cut short) and the means of the latest
@@ -41,6 +44,7 @@ import torch
 from zrl.config.algorithms import get_algorithm
 from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 from zrl.envs.multiagent.games import board_game
+from zrl.envs.multiagent.search import exploitability
 from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role
 from zrl.roles.evaluated_weights import EvaluatedKeeper
@@ -197,6 +201,11 @@ class Evaluator(Role):
             with torch.no_grad():
                 found = greedy_exploitability(self.model, self.game)
             self.last.update(exploitability_fields(found))
+            if self.searcher is not None:  # the search player's, which the stop rule ignores
+                with torch.no_grad():
+                    searched = exploitability(self.game, self.searcher.actions)
+                fields = exploitability_fields(searched)
+                self.last.update({f"search_{k}": v for k, v in fields.items()})
             self.last["seconds"] = round(time.monotonic() - started, 3)
             self.log.debug(
                 "exploitability of v%d: %s in %.2f s",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zrl.envs.multiagent.games import BoardGame
-from zrl.envs.multiagent.search import Bitboards, observation
+from zrl.envs.multiagent.search import Bitboards
 
 Evaluate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 """Observations ``[B, O]`` (the env's slot observations) -> ``(priors [B, A], values [B])``:
@@ -58,7 +58,7 @@ def puct_scores(
     """``Q + U`` of each move: ``Q = W / N`` (0 for an unvisited move) and
     ``U = c_puct * P * sqrt(max(1, sum N)) / (1 + N)`` (AlphaZero's PUCT; the ``max`` lets
     the priors choose the first visit)."""
-    q = np.divide(value_sum, visits, out=np.zeros_like(value_sum), where=visits > 0)
+    q = value_sum / np.maximum(visits, 1.0)  # an unvisited move's W is 0
     u = c_puct * prior * math.sqrt(max(1.0, float(visits.sum()))) / (1.0 + visits)
     return q + u  # type: ignore[no-any-return]
 
@@ -148,6 +148,27 @@ def descend(root: Node, boards: Bitboards, c_puct: float) -> tuple[list[tuple[No
     return path, node
 
 
+def observations(game: BoardGame, positions: list[tuple[int, int]]) -> np.ndarray:
+    """The slot observations ``[B, rows * cols * 2 + num_actions]`` of positions, as
+    ``zrl.envs.multiagent.search.observation`` makes each one (planes of the player to
+    move's pieces and the other's, then the legal-move mask), built for all at once."""
+    n = game.rows * game.cols
+    if not positions:
+        return np.zeros((0, 2 * n + game.num_actions), np.float32)
+    squares = np.arange(n, dtype=np.int64)
+    pieces = np.array(positions, np.int64)  # [B, 2]: 42 squares fit in int64
+    planes = (pieces[:, None, :] >> squares[None, :, None]) & 1  # [B, n, 2]
+    occupied = pieces[:, 0] | pieces[:, 1]
+    if game.gravity:  # a column is open while its top square (row 0) is empty
+        free = (occupied[:, None] >> np.arange(game.cols, dtype=np.int64)) & 1
+    else:
+        free = (occupied[:, None] >> squares) & 1
+    out = np.empty((len(positions), 2 * n + game.num_actions), np.float32)
+    out[:, : 2 * n] = planes.reshape(len(positions), 2 * n)
+    out[:, 2 * n :] = 1 - free
+    return out
+
+
 def search(
     game: BoardGame,
     positions: list[tuple[int, int]],
@@ -164,7 +185,7 @@ def search(
     roots = [Node(m, t) for m, t in positions]
     if not roots:
         return roots, 0
-    priors, _ = evaluate(np.stack([observation(game, r.mine, r.theirs) for r in roots]))
+    priors, _ = evaluate(observations(game, positions))
     for root, p in zip(roots, priors, strict=True):
         expand(root, boards, p)
         add_root_noise(root, cfg.dirichlet_alpha, cfg.noise_fraction, rng)
@@ -179,8 +200,9 @@ def search(
                 pending.append((path, leaf))
         if not pending:
             continue
-        obs = np.stack([observation(game, leaf.mine, leaf.theirs) for _, leaf in pending])
-        priors, values = evaluate(obs)
+        priors, values = evaluate(
+            observations(game, [(leaf.mine, leaf.theirs) for _, leaf in pending])
+        )
         evaluated += len(pending)
         for (path, leaf), p, v in zip(pending, priors, values, strict=True):
             expand(leaf, boards, p)
