@@ -69,6 +69,8 @@ class AlphaZeroUpdate(BaseUpdate):
         self.grad_clip = cfg.learner.grad_clip
         self.rng = np.random.default_rng(cfg.seed + 17 * setup.index)
         self.received = 0
+        self.counted = 0
+        """Samples received that an update's ``samples`` has counted (each once)."""
         self.updates = 0
         self.last_parts: dict[str, float] = {}
 
@@ -111,7 +113,8 @@ class AlphaZeroUpdate(BaseUpdate):
             "policy_loss": float(policy_loss.detach()),
             "value_loss": float(value_loss.detach()),
         }
-        return UpdateResult(updates=1, loss=float(loss.detach()), samples=0)
+        new, self.counted = self.received - self.counted, self.received
+        return UpdateResult(updates=1, loss=float(loss.detach()), samples=new)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -125,7 +128,7 @@ class AlphaZeroUpdate(BaseUpdate):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
-        self.received = int(state["received"])
+        self.received = self.counted = int(state["received"])
 
     def train_info(self) -> dict[str, float]:
         return dict(self.last_parts)
