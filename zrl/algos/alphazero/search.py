@@ -17,7 +17,7 @@ move at the node it belongs to. No sockets, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,10 +41,11 @@ class Node:
     player just completed a line; 0: the board is full), else None."""
     actions: list[int] = field(default_factory=list)
     bits: list[int] = field(default_factory=list)
-    prior: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    visits: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    value_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Per move: the sum of the backed-up values, from this node's player to move's view."""
+    prior: list[float] = field(default_factory=list)
+    visits: list[float] = field(default_factory=list)
+    value_sum: list[float] = field(default_factory=list)
+    """Per move: the sum of the backed-up values, from this node's player to move's view.
+    (Python lists: a node has at most a few moves, where numpy's per-call cost dominates.)"""
     children: list[Node | None] = field(default_factory=list)
 
     @property
@@ -53,20 +54,23 @@ class Node:
 
 
 def puct_scores(
-    prior: np.ndarray, visits: np.ndarray, value_sum: np.ndarray, c_puct: float
-) -> np.ndarray:
+    prior: Sequence[float], visits: Sequence[float], value_sum: Sequence[float], c_puct: float
+) -> list[float]:
     """``Q + U`` of each move: ``Q = W / N`` (0 for an unvisited move) and
     ``U = c_puct * P * sqrt(max(1, sum N)) / (1 + N)`` (AlphaZero's PUCT; the ``max`` lets
     the priors choose the first visit)."""
-    q = value_sum / np.maximum(visits, 1.0)  # an unvisited move's W is 0
-    u = c_puct * prior * math.sqrt(max(1.0, float(visits.sum()))) / (1.0 + visits)
-    return q + u  # type: ignore[no-any-return]
+    scale = c_puct * math.sqrt(max(1.0, float(sum(visits))))
+    return [
+        (w / n if n else 0.0) + scale * p / (1.0 + n)
+        for p, n, w in zip(prior, visits, value_sum, strict=True)
+    ]
 
 
 def select(node: Node, c_puct: float) -> int:
     """The index (into ``node.actions``) of the move of the highest PUCT score, the first
     of equal ones."""
-    return int(np.argmax(puct_scores(node.prior, node.visits, node.value_sum, c_puct)))
+    scores = puct_scores(node.prior, node.visits, node.value_sum, c_puct)
+    return max(range(len(scores)), key=scores.__getitem__)
 
 
 def expand(node: Node, boards: Bitboards, priors: np.ndarray) -> None:
@@ -75,12 +79,13 @@ def expand(node: Node, boards: Bitboards, priors: np.ndarray) -> None:
     moves = boards.moves(node.mine | node.theirs)
     node.actions = [a for a, _ in moves]
     node.bits = [b for _, b in moves]
-    p = np.asarray(priors, np.float64)[node.actions].clip(min=0.0)
-    total = p.sum()
-    node.prior = p / total if total > 0 else np.full(len(p), 1.0 / len(p))
-    node.visits = np.zeros(len(p))
-    node.value_sum = np.zeros(len(p))
-    node.children = [None] * len(p)
+    p = [max(float(priors[a]), 0.0) for a in node.actions]
+    total = sum(p)
+    n = len(p)
+    node.prior = [x / total for x in p] if total > 0 else [1.0 / n] * n
+    node.visits = [0.0] * n
+    node.value_sum = [0.0] * n
+    node.children = [None] * n
 
 
 def child(node: Node, i: int, boards: Bitboards) -> Node:
@@ -113,7 +118,10 @@ def add_root_noise(node: Node, alpha: float, fraction: float, rng: np.random.Gen
     """AlphaZero's exploration at the root: ``P = (1 - fraction) P + fraction Dir(alpha)``."""
     if fraction > 0 and len(node.prior) > 1:
         noise = rng.dirichlet(np.full(len(node.prior), alpha))
-        node.prior = (1.0 - fraction) * node.prior + fraction * noise
+        node.prior = [
+            (1.0 - fraction) * p + fraction * float(x)
+            for p, x in zip(node.prior, noise, strict=True)
+        ]
 
 
 def visit_policy(visits: np.ndarray, temperature: float) -> np.ndarray:
