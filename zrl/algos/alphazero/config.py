@@ -27,6 +27,11 @@ class AlphaZeroConfig(Section):
     temperature_moves: int = Field(4, ge=0)
     """Moves of each game played by sampling the visit counts (temperature 1); later moves
     take the most visited move."""
+    random_opening_moves: int = Field(0, ge=0)
+    """Moves at the start of each game played uniformly at random among the legal moves
+    (searched all the same: their samples carry the search's visit counts). Self-play alone
+    rarely plays a weak opening, and a best response probes exactly those: the second mover
+    must learn to answer every one."""
     window: int = Field(20_000, ge=1)
     """Samples the learner keeps (its replay window: the newest, sampled uniformly)."""
     min_samples: int = Field(512, ge=1)

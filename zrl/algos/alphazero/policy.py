@@ -5,7 +5,8 @@ policy moves for whichever player is to move, and every observation is that play
 ``act`` searches all of the actor's positions at once (:func:`~zrl.algos.alphazero.player.
 searched_counts`: one forward per simulation for every game), with Dirichlet noise at the
 roots, and plays the visit counts at temperature 1 for the first ``temperature_moves`` moves
-of a game, the most visited move after. ``finish`` keeps each game's (observation, visit
+of a game, the most visited move after (the first ``random_opening_moves`` uniformly at
+random). ``finish`` keeps each game's (observation, visit
 distribution) until the game ends, then sends them with the game's outcome from each
 mover's view (``search_samples``); games still running carry over to the next trajectory.
 """
@@ -60,6 +61,7 @@ class AlphaZeroPolicy(BasePolicy):
         self.rng = setup.rng
         self.cfg = SearchConfig(c.simulations, c.c_puct, c.dirichlet_alpha, c.noise_fraction)
         self.temperature_moves = c.temperature_moves
+        self.random_opening_moves = c.random_opening_moves
         self.moves = np.zeros(setup.num_envs, np.int64)
         """Moves made so far in each env's game."""
         self.open: list[list[tuple[np.ndarray, np.ndarray, float, bool]]] = [
@@ -81,11 +83,16 @@ class AlphaZeroPolicy(BasePolicy):
         live = counts.sum(axis=1) > 0
         self.searches += int(live.sum())
         actions = first_legal(obs, self.game)
+        squares = self.game.rows * self.game.cols * 2
+        legal = obs[:, squares : squares + self.game.num_actions] > 0.5
         policy = np.zeros(counts.shape, np.float32)
         for e in np.flatnonzero(live):
             policy[e] = visit_policy(counts[e], 1.0)
-            temperature = 1.0 if self.moves[e] < self.temperature_moves else 0.0
-            play = visit_policy(counts[e], temperature)
+            if self.moves[e] < self.random_opening_moves:
+                play = visit_policy(legal[e], 1.0)  # uniform over the legal moves
+            else:
+                temperature = 1.0 if self.moves[e] < self.temperature_moves else 0.0
+                play = visit_policy(counts[e], temperature)
             actions[e] = self.rng.choice(len(play), p=play)
         move = self.moves.copy()
         self.moves += 1
