@@ -402,3 +402,17 @@ def test_the_evaluators_search_player_plays_both_seats_against_random():
     }
     # An untrained network's priors, but 64 simulations: random is beaten from both seats.
     assert rates["first_win_rate"] >= 0.75 and rates["second_loss_rate"] <= 0.25, rates
+
+
+def test_random_opening_moves_are_uniform_over_the_legal_moves():
+    cfg = tictactoe_config(
+        random_opening_moves=1, simulations=4, temperature_moves=0, noise_fraction=0.0
+    )
+    E = 200
+    policy = AlphaZeroPolicy(actor_setup(cfg, make_model(cfg), *spaces(cfg), num_envs=E))
+    empty = np.tile(observation(TTT, 0, 0), (E, 1))
+    first, extras = policy.act(empty, 0)
+    assert len(set(first.tolist())) == 9  # every opening, where the search would pick one
+    assert (extras["move"] == 0).all()
+    second, _ = policy.act(empty, 1)  # the games' second moves follow the search
+    assert len(set(second.tolist())) < 9
