@@ -191,7 +191,8 @@ def test_config_show_prints_the_sections_its_algo_uses(cli):
     assert shown["algo"] == "ppo" and {"env", "learner", "ppo", "stop"} <= set(shown)
     assert not {"replay", "impala", "appo", "a3c", "ddpg", "sac", "r2d2"} & set(shown)
     assert r.stdout.endswith(
-        "# not used by ppo: replay, impala, appo, a3c, ddpg, sac, r2d2, qmix (--all shows them)\n"
+        "# not used by ppo: replay, impala, appo, a3c, ddpg, sac, r2d2, qmix, alphazero "
+        "(--all shows them)\n"
     )
     every = cli["config_show_ppo_all"]
     assert every.returncode == 0, every.stderr

@@ -12,6 +12,7 @@ from typing import Any
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from zrl.config.experiment import load_config
+from zrl.run.aggregator import Aggregator
 from zrl.run.metrics import (
     BASE_EVAL_FIELDS,
     EVAL_FIELDS,
@@ -19,6 +20,7 @@ from zrl.run.metrics import (
     LEAGUE_COUNTS,
     MAX_LEAGUE_MEMBERS,
     MetricsWriter,
+    eval_fields,
     exploitability_summary,
     league_figures,
     league_record,
@@ -101,16 +103,45 @@ def test_a_league_eval_csv_has_the_rates_and_the_exploitability(tmp_path: Path) 
         for opponent in cfg.env.multiagent.eval_opponents
         for outcome in ("win", "draw", "loss")
     ]
+    seats = [
+        f"{opponent}_{seat}_{outcome}_rate"
+        for opponent in cfg.env.multiagent.eval_opponents
+        for seat in ("first", "second")
+        for outcome in ("win", "draw", "loss")
+    ]
     writer = MetricsWriter(tmp_path, tensorboard=False, config=cfg.model_dump(mode="json"))
     writer.write_eval(
         {"time": 2.0, "env_steps": 300, "mean": 0.9, **dict.fromkeys(rates, 0.5)}
         | {"exploitability": 0.5, "exploitability_first": 0, "losing_lines": 66}
     )
     writer.close()
-    assert eval_header(tmp_path) == [*BASE_EVAL_FIELDS, *rates, *EXPLOITABILITY_FIELDS]
+    assert eval_header(tmp_path) == [*BASE_EVAL_FIELDS, *rates, *seats, *EXPLOITABILITY_FIELDS]
     (row,) = read_csv(tmp_path / "eval.csv")
     assert all(row[k] == 0.5 for k in rates) and row["losing_lines"] == 66
     assert "exploitability_second" not in row  # a column, empty in this row
+
+
+def test_an_alphazero_eval_csv_has_the_search_players_figures_too(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "configs" / "tictactoe_alphazero.yaml")
+    header = eval_fields(cfg.model_dump(mode="json"))
+    for opponent in cfg.env.multiagent.eval_opponents:
+        for prefix in ("", "search_"):
+            assert f"{prefix}{opponent}_loss_rate" in header
+            assert f"{prefix}{opponent}_second_loss_rate" in header
+    assert header[-len(EXPLOITABILITY_FIELDS) :] == [f"search_{f}" for f in EXPLOITABILITY_FIELDS]
+    agg = Aggregator()
+    row = agg.on_eval(
+        {
+            "mean": 0.5,
+            "search_random_first_win_rate": 0.75,
+            "search_exploitability": 0.0,
+            "search_losing_lines": -3,  # out of range: dropped
+            "random_second_loss_rate": 1.5,  # not a share: dropped
+        },
+        1.0,
+    )
+    assert row["search_random_first_win_rate"] == 0.75 and row["search_exploitability"] == 0
+    assert "search_losing_lines" not in row and "random_second_loss_rate" not in row
 
 
 def test_a_resumed_run_appends_under_its_eval_csvs_header(tmp_path: Path) -> None:

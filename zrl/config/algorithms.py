@@ -27,6 +27,7 @@ ALGORITHMS: dict[str, str] = {
     "sac": "zrl.algos.sac",
     "r2d2": "zrl.algos.r2d2",
     "qmix": "zrl.algos.qmix",
+    "alphazero": "zrl.algos.alphazero",
 }
 """``algo`` name -> the package whose ``ALGORITHM`` describes it."""
 

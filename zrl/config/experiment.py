@@ -226,7 +226,10 @@ class ExperimentConfig(Section):
         if multiagent and self.env.multiagent.self_play_seats == "both":
             why = ""
             if not get_algorithm(self.algo).both_seats:
-                why = f"algo {self.algo!r} learns from one seat's moves (ppo learns from both)"
+                why = (
+                    f"algo {self.algo!r} learns from one seat's moves (ppo and alphazero "
+                    "learn from both)"
+                )
             elif self.model.core != "none":
                 why = "a recurrent model (model.core) carries one seat's memory"
             if why:

@@ -82,6 +82,18 @@ def outcome_rates(returns: np.ndarray) -> dict[str, float]:
     }
 
 
+def seat_outcome_rates(returns: np.ndarray) -> dict[str, float]:
+    """:func:`outcome_rates` per seat of games that each evaluation env played once from its
+    first episode: a turn-based vector env gives env ``g`` the first mover's seat when ``g``
+    is even, the second's when odd (``TurnBasedVectorEnv`` alternates the learning seat by
+    ``g + episode``). Keys ``first_win_rate``, ..., ``second_loss_rate``."""
+    out: dict[str, float] = {}
+    for seat, games in (("first", returns[0::2]), ("second", returns[1::2])):
+        if len(games):
+            out.update({f"{seat}_{k}": v for k, v in outcome_rates(games).items()})
+    return out
+
+
 def exploitability_game(setting: str | bool, env_id: str) -> BoardGame | None:
     """The game whose exploitability an evaluation computes (``evaluator.exploitability``:
     auto, true or false), or None. ValueError naming the env when ``true`` asks for it on one

@@ -11,9 +11,12 @@ Sockets:
   (late join).
 - PUB ``eval`` (topic bus): one EVAL result per evaluation {weights_version, mean,
   std, min, max, episodes, confirming; a turn-based game's ``<opponent>_{win,draw,loss}_rate``
-  per eval opponent; where the game is small enough (``evaluator.exploitability``),
-  ``exploitability``, ``exploitability_first``/``_second`` and ``losing_lines`` of the greedy
-  policy}; the supervisor records it and checks the stop rule.
+  per eval opponent, and per seat (``<opponent>_first_win_rate``, ..., ``_second_...``); for
+  an algorithm with a search player (``Algorithm.search_player``: alphazero) the same of
+  that player as ``search_<opponent>_...``; where the game is small enough
+  (``evaluator.exploitability``), ``exploitability``, ``exploitability_first``/``_second`` and
+  ``losing_lines`` of the greedy policy (and ``search_exploitability``, ... of the search
+  player)}; the supervisor records it and checks the stop rule.
 
 The heartbeat carries the evaluation running now (``evaluating``: its weights version and
 how long it has run; the head records one the stop cut short) and the means of the latest
@@ -38,7 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from zrl.config.algorithms import get_algorithm
 from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
+from zrl.envs.multiagent.games import board_game
+from zrl.envs.multiagent.search import exploitability
 from zrl.nets.wire import model_to_arrays
 from zrl.roles.base import Role
 from zrl.roles.evaluated_weights import EvaluatedKeeper
@@ -48,6 +54,7 @@ from zrl.roles.evaluation import (
     greedy_exploitability,
     greedy_returns,
     outcome_rates,
+    seat_outcome_rates,
 )
 from zrl.roles.weights import WeightsFollower
 from zrl.transport import messages as M
@@ -74,6 +81,14 @@ class Evaluator(Role):
         )
         probe.close()
         self.model.eval()
+        # An algorithm that plays with search (alphazero) is evaluated with it too, against
+        # the same opponents, beside its greedy policy.
+        self.searcher: Any = None
+        algorithm = get_algorithm(self.config.algo)
+        game = board_game(self.config.env.id.partition("/")[2]) if turn_based else None
+        if algorithm.search_player and game is not None:
+            make = algorithm.load(algorithm.search_player)
+            self.searcher = make(self.model, self.config, game, self.config.seed + 3)
         # The exploitability of the greedy policy, where the game is small enough to search.
         self.game = exploitability_game(self.config.evaluator.exploitability, self.config.env.id)
         self.policy = self.config.evaluator_policy(self.index or 0)
@@ -160,8 +175,16 @@ class Evaluator(Role):
                 if i == 0:
                     returns = scores
                 if opponent is not None:
-                    rates = outcome_rates(scores)
+                    rates = {**outcome_rates(scores), **seat_outcome_rates(scores)}
                     against.update({f"{opponent}_{k}": round(v, 4) for k, v in rates.items()})
+                if opponent is not None and self.searcher is not None:
+                    scores = greedy_returns(
+                        self.searcher, make_envs, episodes, seed=seed, on_step=self.tick
+                    )
+                    rates = {**outcome_rates(scores), **seat_outcome_rates(scores)}
+                    against.update(
+                        {f"search_{opponent}_{k}": round(v, 4) for k, v in rates.items()}
+                    )
         self.last = {
             "weights_version": version,
             "mean": float(np.mean(returns)),
@@ -178,6 +201,11 @@ class Evaluator(Role):
             with torch.no_grad():
                 found = greedy_exploitability(self.model, self.game)
             self.last.update(exploitability_fields(found))
+            if self.searcher is not None:  # the search player's, which the stop rule ignores
+                with torch.no_grad():
+                    searched = exploitability(self.game, self.searcher.actions)
+                fields = exploitability_fields(searched)
+                self.last.update({f"search_{k}": v for k, v in fields.items()})
             self.last["seconds"] = round(time.monotonic() - started, 3)
             self.log.debug(
                 "exploitability of v%d: %s in %.2f s",
@@ -203,7 +231,9 @@ class Evaluator(Role):
             "".join(
                 f", {k} {v:.2f}"
                 for k, v in against.items()
-                if k.endswith("win_rate") or k.endswith("loss_rate")
+                if (k.endswith("win_rate") or k.endswith("loss_rate"))
+                and "_first_" not in k
+                and "_second_" not in k
             )
             + (
                 f", exploitability {self.last['exploitability']:g} "

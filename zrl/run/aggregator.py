@@ -17,7 +17,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from zrl.run.metrics import EXPLOITABILITY_RANGES, OUTCOME_FIELDS
+from zrl.run.metrics import ALL_EXPLOITABILITY_RANGES, ALL_OUTCOME_FIELDS
 
 
 def count(value: Any) -> int:
@@ -257,12 +257,13 @@ class Aggregator:
         row["time"] = round(elapsed, 2)
         row["env_steps"] = self.row(elapsed)["env_steps"]
         row["confirming"] = meta.get("confirming") is True
-        for key in OUTCOME_FIELDS:
+        for key in ALL_OUTCOME_FIELDS:
             share = number(meta.get(key))
             if share is not None and 0.0 <= share <= 1.0:
                 row[key] = share
-        # A small board game's exploitability (EXPLOITABILITY_FIELDS), each in its range.
-        for key, low, high in EXPLOITABILITY_RANGES:
+        # A small board game's exploitability (EXPLOITABILITY_FIELDS, and the search
+        # player's), each in its range.
+        for key, low, high in ALL_EXPLOITABILITY_RANGES:
             value = number(meta.get(key))
             if value is not None and low <= value <= high:
                 row[key] = value

@@ -43,6 +43,16 @@ OUTCOME_FIELDS = [
 ]
 """Win/draw/loss shares of a turn-based game's evaluation against the fixed opponents (empty
 in the CSV for other envs)."""
+SEATS = ("first", "second")
+SEAT_OUTCOME_FIELDS = [
+    f"{opponent}_{seat}_{outcome}_rate"
+    for opponent in FIXED_PLAYERS
+    for seat in SEATS
+    for outcome in ("win", "draw", "loss")
+]
+"""The same shares per seat: the games where the evaluated policy moved first, and second."""
+SEARCH_PREFIX = "search_"
+"""The evaluation figures of an algorithm's search player (``Algorithm.search_player``)."""
 EXPLOITABILITY_FIELDS = [
     "exploitability",
     "exploitability_first",
@@ -59,6 +69,14 @@ EXPLOITABILITY_RANGES = (
     ("losing_lines", 0.0, 1e6),  # tic-tac-toe has fewer than 9! move sequences
 )
 """Each exploitability field and its range: the head keeps a value only within it."""
+SEARCH_OUTCOME_FIELDS = [SEARCH_PREFIX + f for f in (*OUTCOME_FIELDS, *SEAT_OUTCOME_FIELDS)]
+SEARCH_EXPLOITABILITY_FIELDS = [SEARCH_PREFIX + f for f in EXPLOITABILITY_FIELDS]
+ALL_OUTCOME_FIELDS = [*OUTCOME_FIELDS, *SEAT_OUTCOME_FIELDS, *SEARCH_OUTCOME_FIELDS]
+"""Every share an evaluation may report, each in [0, 1]."""
+ALL_EXPLOITABILITY_RANGES = (
+    *EXPLOITABILITY_RANGES,
+    *((SEARCH_PREFIX + key, low, high) for key, low, high in EXPLOITABILITY_RANGES),
+)
 BASE_EVAL_FIELDS = [
     "time",
     "env_steps",
@@ -70,16 +88,24 @@ BASE_EVAL_FIELDS = [
     "episodes",
 ]
 """The columns of every run's eval.csv."""
-EVAL_FIELDS = [*BASE_EVAL_FIELDS, *OUTCOME_FIELDS, *EXPLOITABILITY_FIELDS]
+EVAL_FIELDS = [
+    *BASE_EVAL_FIELDS,
+    *OUTCOME_FIELDS,
+    *SEAT_OUTCOME_FIELDS,
+    *SEARCH_OUTCOME_FIELDS,
+    *EXPLOITABILITY_FIELDS,
+    *SEARCH_EXPLOITABILITY_FIELDS,
+]
 """Every column an eval.csv can have (``eval_fields`` picks a run's)."""
 
 
 def eval_fields(config: Mapping[str, Any] | None) -> list[str]:
     """eval.csv's columns for a run of ``config`` (``ExperimentConfig.model_dump``), only
     those its evaluations can fill: ``BASE_EVAL_FIELDS``; for a turn-based game, the
-    win/draw/loss rates against each of ``env.multiagent.eval_opponents``; where
-    ``evaluator.exploitability`` computes it (tic-tac-toe), ``EXPLOITABILITY_FIELDS``.
-    Every column (``EVAL_FIELDS``) without a config."""
+    win/draw/loss rates against each of ``env.multiagent.eval_opponents``, overall and per
+    seat; where ``evaluator.exploitability`` computes it (tic-tac-toe),
+    ``EXPLOITABILITY_FIELDS``; for an algorithm with a search player (alphazero), the same
+    of that player (``search_...``). Every column (``EVAL_FIELDS``) without a config."""
     if config is None:
         return list(EVAL_FIELDS)
     from zrl.envs.multiagent.search import enumerable_game
@@ -88,13 +114,30 @@ def eval_fields(config: Mapping[str, Any] | None) -> list[str]:
     env_id = str(env.get("id", ""))
     fields = list(BASE_EVAL_FIELDS)
     multiagent = env.get("multiagent") or {}
+    searches = _has_search_player(str(config.get("algo", "")))
     if is_multiagent(env_id) and _turn_based(env_id, str(multiagent.get("api", "auto"))):
         opponents = dict.fromkeys(multiagent.get("eval_opponents") or ["random"])
-        fields += [f for f in OUTCOME_FIELDS if f.rsplit("_", 2)[0] in opponents]
+        rates = [f for f in OUTCOME_FIELDS if f.rsplit("_", 2)[0] in opponents]
+        rates += [f for f in SEAT_OUTCOME_FIELDS if f.rsplit("_", 3)[0] in opponents]
+        fields += rates
+        if searches:
+            fields += [SEARCH_PREFIX + f for f in rates]
     exploitability = (config.get("evaluator") or {}).get("exploitability", "auto")
     if exploitability is not False and enumerable_game(env_id) is not None:
         fields += EXPLOITABILITY_FIELDS
+        if searches:
+            fields += SEARCH_EXPLOITABILITY_FIELDS
     return fields
+
+
+def _has_search_player(algo: str) -> bool:
+    """Whether the evaluator also plays algorithm ``algo``'s search player."""
+    from zrl.config.algorithms import get_algorithm
+
+    try:
+        return bool(get_algorithm(algo).search_player)
+    except ValueError:  # an algorithm this process does not know: no such columns
+        return False
 
 
 def _turn_based(env_id: str, api: str) -> bool:

@@ -70,7 +70,9 @@ Data paths:
   :data:`RECURRENT_UNROLL` (impala, appo and ppo with ``model.core``;
   :data:`RECURRENT_FRAME_UNROLL` for impala and appo on frame stacks) or
   :data:`CONTINUOUS_UNROLL` (impala, appo and ppo on Box actions) or :data:`TURN_UNROLL` (ppo on
-  a turn-based game played from both seats).
+  a turn-based game played from both seats), or :data:`SEARCH_SAMPLES` (alphazero: the
+  moves of finished self-play games, with the search's visit distributions, on topic
+  ``rollouts/`` to every learner).
 - ``batch``: replay shard -> one learner, PUSH stream ``batches``. Meta ``shard`` (replay
   id), ``table_size``. Arrays: :data:`TRANSITION_BATCH` (apex_dqn; qmix's of teams),
   :data:`CONTINUOUS_TRANSITION_BATCH`
@@ -257,6 +259,20 @@ _OUTCOMES = {
 }
 """What each env step returned, as every trajectory of T steps of E envs carries it (``valid``:
 False for the step after an episode end, which only reset the env)."""
+
+SEARCH_SAMPLES = schema(
+    P.TRAJECTORY,
+    "search_samples",
+    "alphazero actor -> alphazero learners (PUB topic rollouts/): B moves of finished self-play "
+    "games, each with the search's visit distribution and the game's outcome for its mover.",
+    obs=Array("float32", ("B", OBS), finite=True),
+    policy=Array("float32", ("B", "A"), finite=True),
+    value=Array("float32", ("B",), finite=True),
+)
+"""``policy [B, A]``: the root's visit counts normalised (0 on illegal moves); ``value [B]``:
++1 the mover of that position won the game, 0 draw, -1 lost. B may be 0 (no game ended in
+the trajectory). The learner checks the distributions and outcomes too
+(``zrl.algos.alphazero.update``)."""
 _ROW_F32 = Array("float32", ("B",), finite=True)
 _KEY = Array("int64", ("B",))
 _VERSION = Array("int64", ("B",))
@@ -718,6 +734,7 @@ SCHEMAS: dict[str, Schema] = {
         CONTINUOUS_UNROLL,
         CONTINUOUS_UNROLL_BATCH,
         TURN_UNROLL,
+        SEARCH_SAMPLES,
         FRAME_UNROLL,
         FRAME_UNROLL_BATCH,
         SEQUENCES,

@@ -18,6 +18,8 @@ never ask which algorithm runs; they ask the ``Algorithm``:
 - ``model_options``: options of that network its own config sets (Ape-X DDPG: ``ddpg.twin``).
 - ``config``: the config sections it defines (its pydantic models, by YAML key).
 - ``check_config``: the checks of a config that only this algorithm needs.
+- ``search_player``: a player that searches with the model (AlphaZero's), which the evaluator
+  plays beside the greedy policy.
 
 The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are
 ``"module:attribute"`` references, imported only by the process that uses them: the config

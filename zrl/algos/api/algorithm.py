@@ -100,6 +100,12 @@ class Algorithm:
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
     its actors; one that needs the weights in the actor (PPO's synchronous rounds, A3C's
     gradients, the continuous policies' critics) has False."""
+    search_player: str = ""
+    """``module:function`` of a player that searches with the model, called
+    ``f(model, config, game, seed)`` for a board game (``zrl.envs.multiagent.games``); it
+    returns None when the config asks for no search, else an object with the model's
+    ``act(obs, deterministic=True)``: the evaluator plays it beside the greedy policy and
+    reports it as ``search_<opponent>_...`` (AlphaZero). "" for none."""
     config: Mapping[str, type[Section]] = field(default_factory=dict)
     """The config sections it defines, YAML key -> section model (``{"ppo": PPOConfig}``):
     ``ExperimentConfig`` validates them beside its own, and the algorithm reads its section

@@ -13,13 +13,16 @@ from torch import Tensor, nn
 from zrl.algos.api.learner import NonFiniteLossError
 
 
-def make_adam(params: Iterable[Any], lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
-    """Adam, fused where this torch supports it on the CPU (fewer kernel launches per step)."""
+def make_adam(
+    params: Iterable[Any], lr: float, eps: float = 1e-8, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
+    """Adam, fused where this torch supports it on the CPU (fewer kernel launches per step);
+    ``weight_decay`` adds ``weight_decay * w`` to each gradient (L2 regularisation)."""
     params = list(params)
     try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+        return torch.optim.Adam(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
     except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr, eps=eps)
+        return torch.optim.Adam(params, lr=lr, eps=eps, weight_decay=weight_decay)
 
 
 def clipped_gradients(loss: Tensor, parameters: Sequence[Tensor], grad_clip: float) -> Tensor:

@@ -1,0 +1,60 @@
+"""AlphaZero (Silver et al. 2018) on the k-in-a-row board games: actors play self-play games
+whose every move is a PUCT search over the game's own model, the network's priors and
+values at the leaves; the learner fits the network to the searches' visit counts and the
+games' outcomes.
+
+- ``search``: the tree search as small pure functions, many trees per model forward.
+- ``player``: the model as the search's evaluator, and the search as a player (the
+  evaluator's ``search_player``).
+- ``policy``: the actor side (``AlphaZeroPolicy``), ``search_samples`` of finished games.
+- ``losses`` and ``update``: the policy-value loss and the learner (``AlphaZeroUpdate``), a
+  window of the newest samples.
+
+Samples go to every learner on topic ``rollouts/`` (PPO's path); the env plays each game
+from both seats (``env.multiagent.self_play_seats: both``, opponent ``self``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zrl.algos.alphazero.config import AlphaZeroConfig
+from zrl.algos.api.algorithm import Algorithm, Wiring
+
+if TYPE_CHECKING:
+    from zrl.config.experiment import ExperimentConfig
+
+BOARD_GAMES = ("pettingzoo/tictactoe_v3", "pettingzoo/connect_four_v3")
+"""The envs whose model the search knows (``zrl.envs.multiagent.search.Bitboards``)."""
+
+
+def check_config(cfg: ExperimentConfig) -> None:
+    ma = cfg.env.multiagent
+    if cfg.env.id not in BOARD_GAMES:
+        raise ValueError(
+            f"env.id: {cfg.env.id}: alphazero searches the model of {' or '.join(BOARD_GAMES)}"
+        )
+    if ma.self_play_seats != "both" or ma.opponent != "self" or ma.policy_mapping:
+        raise ValueError(
+            "env.multiagent: alphazero plays every move of its self-play games: set "
+            "self_play_seats: both, opponent: self and no policy_mapping"
+        )
+    if cfg.roles.league:
+        raise ValueError("roles.league: alphazero plays itself with search; set roles.league: 0")
+    if cfg.section(AlphaZeroConfig).min_samples > cfg.section(AlphaZeroConfig).window:
+        raise ValueError("alphazero.min_samples is larger than alphazero.window")
+
+
+ALGORITHM = Algorithm(
+    name="alphazero",
+    summary="AlphaZero: self-play with PUCT search, a policy-value network on visit counts",
+    wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
+    policy="zrl.algos.alphazero.policy:AlphaZeroPolicy",
+    update="zrl.algos.alphazero.update:AlphaZeroUpdate",
+    model="zrl.nets.discrete:actor_critic_for",
+    both_seats=True,
+    search_player="zrl.algos.alphazero.player:search_player",
+    config={"alphazero": AlphaZeroConfig},
+    sections=("learner",),
+    check_config=check_config,
+)
