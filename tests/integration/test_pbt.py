@@ -51,7 +51,8 @@ def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path, fitness:
     assert sum(b["pbt_exploits"] for b in learners) >= 1, learners
     with (Path(summary["dir"]) / "checkpoints" / "pbt-0.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == pbt["exploits"], (rows, pbt)
+    # The summary holds PBT's last heartbeat; an exploit written after it is one row more.
+    assert pbt["exploits"] <= len(rows) <= pbt["exploits"] + 1, (rows, pbt)
     for row in rows:
         assert {row["member"], row["source"]} == {"member_0", "member_1"}, row
         assert float(row["source_fitness"]) >= float(row["member_fitness"]), row
