@@ -87,12 +87,11 @@ def main() -> None:
         quiet = None if args.loaded_only else one_run(config, wall_time, 0)
         loaded = one_run(config, wall_time, args.load)
         rows += [r for r in (quiet, loaded) if r]
-        line = f"{config}: beside {args.load} busy loops {describe(loaded)}"
+        parts = [f"beside {args.load} busy loops {describe(loaded)}"]
         if quiet:
             ratio = loaded["steps"] / quiet["steps"] if quiet["steps"] else float("nan")
-            line = f"{config}: quiet {describe(quiet)}; " + line.split(": ", 1)[1]
-            line += f"; loaded/quiet env steps {ratio:.2f}"
-        print(line, flush=True)
+            parts = [f"quiet {describe(quiet)}", *parts, f"loaded/quiet env steps {ratio:.2f}"]
+        print(f"{config}: " + "; ".join(parts), flush=True)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
 

@@ -41,8 +41,12 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
     if cfg.roles.league:
         raise ValueError("roles.league: alphazero plays itself with search; set roles.league: 0")
-    if cfg.section(AlphaZeroConfig).min_samples > cfg.section(AlphaZeroConfig).window:
-        raise ValueError("alphazero.min_samples is larger than alphazero.window")
+    az = cfg.section(AlphaZeroConfig)
+    if az.min_samples > az.window:
+        raise ValueError(
+            f"alphazero.min_samples ({az.min_samples}) is larger than alphazero.window "
+            f"({az.window}): training would never start; lower min_samples or raise window"
+        )
 
 
 ALGORITHM = Algorithm(
