@@ -73,14 +73,17 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n 2 --dist loadgroup`` (CI) the tests that train through real processes
     run one after another on one worker, while the other worker takes everything else: two
-    trainings side by side on 2 cores would each get half the CPU their time limits assume."""
-    trains, rest = [], []
+    trainings side by side on 2 cores would each get half the CPU their time limits assume.
+    The order is the group first (CI's critical path starts at once), then the other slow
+    tests (``waits``: long but mostly waiting, started early on the other worker so that no
+    long test is left for the end), then the rest."""
+    trains, waits, rest = [], [], []
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("waits"):
             item.add_marker(pytest.mark.xdist_group("trains"))
             trains.append(item)
+        elif item.get_closest_marker("slow") or item.get_closest_marker("waits"):
+            waits.append(item)
         else:
             rest.append(item)
-    # First in the order, so the group (CI's critical path) starts at once rather than
-    # after the scopes collected before it.
-    items[:] = trains + rest
+    items[:] = trains + waits + rest

@@ -52,6 +52,7 @@ def processes_of(broker: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.waits  # a multi-host launch: mostly waiting on hosts; a low CartPole target
 @pytest.mark.timeout(300)
 def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_running(
     make_hosts: Callable[[int], Hosts], tmp_path: Path

@@ -369,6 +369,7 @@ def experience_counts(rows: dict[str, dict[str, Any]]) -> tuple[int, int]:
 # --- 1. a run across three hosts learns ------------------------------------------------------
 
 
+@pytest.mark.waits  # a multi-host launch: mostly waiting on hosts; a low CartPole target
 @pytest.mark.timeout(180)
 def test_apex_across_three_hosts_learns(make_hosts: Callable[[int], Hosts], tmp_path: Path) -> None:
     hosts = make_hosts(3)
@@ -604,6 +605,7 @@ def readme_hosts_block() -> list[tuple[str, list[str]]]:
     return commands
 
 
+@pytest.mark.waits  # a multi-host launch: mostly waiting on hosts; a low CartPole target
 @pytest.mark.timeout(300)
 def test_the_readme_hosts_each_in_its_own_directory(
     make_hosts: Callable[[int], Hosts], tmp_path: Path

@@ -58,9 +58,10 @@ def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path, fitness:
         assert float(row["source_fitness"]) >= float(row["member_fitness"]), row
         new = json.loads(row["new_hyperparameters"])
         assert 1e-5 <= new["learner.lr"] <= 1e-2, row
-    for i, b in enumerate(learners):  # each learner applied the newest seq sent to it
-        seqs = [int(r["seq"]) for r in rows if r["member"] == f"member_{i}"]
-        assert b["pbt_seq"] == max(seqs, default=0), (b, rows)
+    for i, b in enumerate(learners):  # each learner applied the newest seq sent to it,
+        # or the one before where the newest was still on its way at the stop
+        seqs = sorted(int(r["seq"]) for r in rows if r["member"] == f"member_{i}")
+        assert b["pbt_seq"] in ([0, *seqs][-2:]), (b, rows)
     # Each member's fitness and hyperparameters in the training figures (TensorBoard).
     tags = tensorboard_tags(summary["dir"])
     assert {"pbt/member_0_lr", "pbt/member_1_lr", "pbt/exploits"} <= tags, sorted(tags)

@@ -74,6 +74,7 @@ def _job_report(job_dir: Path, job: int) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.waits  # a multi-host launch: mostly waiting on hosts; a low CartPole target
 @pytest.mark.slow
 @pytest.mark.timeout(TRAIN_TIMEOUT_S + 120)
 def test_sbatch_trains_cartpole_and_leaves_nothing(

@@ -558,6 +558,7 @@ def _in_namespaces(hosts: Any, skip: Collection[int]) -> list[int]:
     return found
 
 
+@pytest.mark.waits  # a multi-host launch: mostly waiting on hosts; a low CartPole target
 @pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.timeout(240)
