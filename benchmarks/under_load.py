@@ -43,6 +43,7 @@ def one_run(config: str, wall_time: int, load: int) -> dict:
                 time.sleep(5)
             summary = json.loads((run_dir / "summary.json").read_text())
             broker_log = (run_dir / "logs" / "broker.log").read_text(errors="replace")
+            deaths = [line for line in broker_log.splitlines() if "marked dead" in line]
             return {
                 "config": config,
                 "load_units": load,
@@ -50,7 +51,8 @@ def one_run(config: str, wall_time: int, load: int) -> dict:
                 "steps": summary.get("env_steps_to_target") or summary["env_steps"],
                 "env_steps": summary["env_steps"],
                 "wall": round(time.monotonic() - t0, 1),
-                "dead": broker_log.count("marked dead"),
+                "dead": len(deaths),
+                "dead_lines": deaths[:20],  # which role, which host, how long it was silent
                 "stalled": broker_log.count(": stalled"),
                 "restarts": summary.get("restarts"),
                 "load": round(max(loads, default=0.0), 1),
@@ -92,6 +94,9 @@ def main() -> None:
             ratio = loaded["steps"] / quiet["steps"] if quiet["steps"] else float("nan")
             parts = [f"quiet {describe(quiet)}", *parts, f"loaded/quiet env steps {ratio:.2f}"]
         print(f"{config}: " + "; ".join(parts), flush=True)
+        for r in (quiet, loaded):
+            for line in (r or {}).get("dead_lines", []):
+                print(f"  {'quiet' if r is quiet else 'loaded'}: {line}", flush=True)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
 
