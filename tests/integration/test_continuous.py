@@ -53,7 +53,10 @@ def test_continuous_run_learns_and_cleans_up(algo: str, tmp_path: Path) -> None:
     # Exits 0, beats a random policy, leaves nothing behind.
     # Stops at -600, not the configs' -200: half the time, and CI time is short
     # (benchmarks/continuous.py measures the time to -200).
-    summary = run_zrl(tmp_path, CONFIGS[algo], "stop.eval_return=-600", beats=BEATS_RANDOM[algo])
+    # The wall time is a guard: at load 6 SAC stepped 60 env steps/s, 3,700 in a minute.
+    summary = run_zrl(
+        tmp_path, CONFIGS[algo], "stop.eval_return=-600", wall_time=300, beats=BEATS_RANDOM[algo]
+    )
     run_dir = summary["dir"]
     assert summary["stop_reason"] in ("eval_return", "wall_time"), summary
     assert summary["evaluations"] >= 2, summary

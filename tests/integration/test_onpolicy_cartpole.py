@@ -16,9 +16,13 @@ STOP = "stop.eval_return=200"
 
 @pytest.mark.slow
 def test_ppo_sync_rounds_never_mix_versions(tmp_path: Path) -> None:
-    # 12 s, not a stop at the first evaluation of 200: that came after one second of
-    # training, before the learner's first report of its training figures.
-    summary = run_zrl(tmp_path, "cartpole_ppo.yaml", "stop.eval_return=null", wall_time=12)
+    # 5 rounds of 40 updates (20 epochs of 2 minibatches), not a stop at the first evaluation
+    # of 200: that came after one second of training, before the learner's first report of
+    # its training figures. The wall time is a guard.
+    summary = run_zrl(
+        tmp_path, "cartpole_ppo.yaml", "stop.eval_return=null", "stop.updates=200", wall_time=180
+    )
+    assert summary["stop_reason"] == "updates", summary
     learner = summary["heartbeats"]["learner-0"]
     assert learner["mixed_rounds"] == 0, learner
     assert "group_rank" not in learner, learner  # one learner: no group to average with

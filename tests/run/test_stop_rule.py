@@ -1,6 +1,7 @@
-"""``StopRule`` on exploitability (``stop.exploitability``): met by a window of evaluations or
-a confirming one, only once the evaluator's own heartbeat reports the same evaluations and
-their exploitability; refused at once where no evaluation computes one."""
+"""``StopRule``: its limits (env steps, updates, wall time), and exploitability
+(``stop.exploitability``): met by a window of evaluations or a confirming one, only once the
+evaluator's own heartbeat reports the same evaluations and their exploitability; refused at
+once where no evaluation computes one."""
 
 from __future__ import annotations
 
@@ -135,3 +136,18 @@ def test_exploitability_asked_of_a_game_too_big_is_refused() -> None:
     with pytest.raises(ConfigError, match="connect_four_v3 is no board game small enough"):
         StopRule(cfg)
     StopRule(tictactoe("env.id=pettingzoo/connect_four_v3"))  # auto: none, and no error
+
+
+def test_the_limits_stop_at_env_steps_updates_or_wall_time_whichever_comes_first() -> None:
+    cfg = load_config(
+        REPO / "configs" / "cartpole_apex_dqn.yaml",
+        ["stop.env_steps=1000", "stop.updates=50", "stop.wall_time=60"],
+    )
+    rule = StopRule(cfg)
+    row = {"env_steps": 999, "updates": 49, "time": 59.0}
+    assert rule.limit_reached(row) is None
+    assert rule.limit_reached({**row, "updates": 50}) == "updates"
+    assert rule.limit_reached({**row, "env_steps": 1000}) == "env_steps"
+    assert rule.limit_reached({**row, "time": 60.0}) == "wall_time"
+    unbounded = StopRule(load_config(REPO / "configs" / "cartpole_apex_dqn.yaml", []))
+    assert unbounded.limit_reached({**row, "updates": 10**9}) is None

@@ -417,6 +417,9 @@ class StopConfig(Section):
     this (0: no seat can be beaten), as `confirm` says: every evaluation of the window, or a
     confirming evaluation of the same weights. With eval_return set too, both must hold."""
     env_steps: int | None = Field(None, ge=1)
+    updates: int | None = Field(None, ge=1)
+    """Stop once the learners' updates (summed, as progress.csv counts them) reach this: a
+    run bounded by training rather than by the clock or the actors."""
     wall_time: float | None = Field(600.0, gt=0)
     """Seconds."""
     no_progress: float | None = Field(300.0, gt=0)

@@ -213,6 +213,8 @@ class StatusDisplay:
             self.tasks["steps"] = self.progress.add_task(
                 "env steps", total=stop.env_steps, label=""
             )
+        if stop.updates is not None:
+            self.tasks["updates"] = self.progress.add_task("updates", total=stop.updates, label="")
         if stop.wall_time is not None:
             self.tasks["time"] = self.progress.add_task("wall time", total=stop.wall_time, label="")
 
@@ -248,6 +250,12 @@ class StatusDisplay:
                 self.tasks["steps"],
                 completed=row["env_steps"],
                 label=f"{row['env_steps']:,} / {stop.env_steps:,}",
+            )
+        if "updates" in self.tasks:
+            self.progress.update(
+                self.tasks["updates"],
+                completed=row["updates"],
+                label=f"{row['updates']:,} / {stop.updates:,}",
             )
         if "time" in self.tasks:
             self.progress.update(

@@ -157,10 +157,13 @@ class StopRule:
         return False
 
     def limit_reached(self, row: dict[str, Any]) -> str | None:
-        """``env_steps`` or ``wall_time`` when the progress row reached that limit."""
+        """``env_steps``, ``updates`` or ``wall_time`` when the progress row reached that
+        limit."""
         s = self.cfg.stop
         if s.env_steps is not None and row["env_steps"] >= s.env_steps:
             return "env_steps"
+        if s.updates is not None and row["updates"] >= s.updates:
+            return "updates"
         if s.wall_time is not None and row["time"] >= s.wall_time:
             return "wall_time"
         return None
