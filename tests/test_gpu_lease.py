@@ -228,7 +228,7 @@ def test_the_dry_run_goes_through_every_step_and_writes_its_results(tmp_path) ->
     (wheels / "python-version").write_text(HERE + "\n")
     cmd = [sys.executable, "benchmarks/gpu_host.py", "--lease", "--dry-run", "--out", str(out)]
     cmd += ["--work", str(tmp_path / "work"), "--wheels", str(wheels)]
-    cmd += ["--g3-seconds", "8", "--g1-seconds", "8", "--ceiling-seconds", "3"]
+    cmd += ["--g3-seconds", "4", "--g1-seconds", "5", "--ceiling-seconds", "2"]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
     took = time.monotonic() - started

@@ -20,7 +20,7 @@ from zrl.envs.base import EnvError
 from zrl.envs.dmcontrol import DM_CONTROL_INSTALL, make_dm_control_env
 from zrl.testing.processes import run_zrl, zrl_eval
 
-ROUNDS = 3
+ROUNDS = 2
 """PPO rounds of 8 envs x 256 steps (the config's), each 10 epochs of 8 minibatches."""
 ENV_STEPS = ROUNDS * 8 * 256
 
@@ -38,7 +38,7 @@ def test_dm_control_cartpole_balance_runs_through_the_roles(tmp_path: Path) -> N
         tmp_path,
         "dmc_cartpole_balance_ppo.yaml",
         "evaluator.episodes=1",
-        "evaluator.interval=1",
+        "evaluator.interval=5",
         "stop.eval_return=null",
         f"stop.env_steps={ENV_STEPS}",
         wall_time=240,  # a guard: the run stops at its env steps

@@ -14,9 +14,9 @@ from zrl.testing.processes import run_zrl, zrl_eval
 # unloaded cores (docs/continuous.md); the test stops at -600, well clear of random.
 BEATS_RANDOM = -900.0
 CONFIGS = {"ppo": "pendulum_ppo.yaml", "appo": "pendulum_appo.yaml"}
-STOP = {"ppo": -600.0, "appo": -700.0}
+STOP = {"ppo": -600.0, "appo": -800.0}
 """APPO takes about twice PPO's time to -600 on 2 cores (docs/continuous.md): the suite stops it
-a little earlier, still well clear of random."""
+earlier (it took 75-128 s of CI's time to -700), still well clear of random."""
 EVAL_BEATS = -1100.0
 """What 3 greedy episodes of the saved policy must beat: an untrained Gaussian policy scores
 about -1300 and Pendulum's episodes vary by a few hundred, so the bar sits below the stop's."""

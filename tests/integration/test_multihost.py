@@ -612,7 +612,7 @@ def test_the_readme_hosts_each_in_its_own_directory(
 ) -> None:
     """The README's "Many hosts" block as written, node1 and node2 network namespaces each in
     a working directory of its own (node1's a clone: `configs/` there), the keys copied: only
-    node1's address (10.0.0.1 in the README) is this test's, and the run stops at 150 rather
+    node1's address (10.0.0.1 in the README) is this test's, and the run stops at 100 rather
     than the config's 475 (CI's time, as the CartPole test does). The roles of node2
     register and run; `zrl status` answers from node2; the learner keeps its checkpoint under
     its host's working directory, never at the head's path, and the actors keep none; the
@@ -648,7 +648,7 @@ def test_the_readme_hosts_each_in_its_own_directory(
     head = hosts.zrl(
         0,
         *ours(start),
-        *("--set", "stop.eval_return=150", "--set", "stop.eval_window=1"),
+        *("--set", "stop.eval_return=100", "--set", "stop.eval_window=1"),
         log=tmp_path / "head.log",
         cwd=node1,
     )
