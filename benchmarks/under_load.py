@@ -43,7 +43,8 @@ def one_run(config: str, wall_time: int, load: int) -> dict:
                 time.sleep(5)
             summary = json.loads((run_dir / "summary.json").read_text())
             broker_log = (run_dir / "logs" / "broker.log").read_text(errors="replace")
-            deaths = [line for line in broker_log.splitlines() if "marked dead" in line]
+            lines = broker_log.splitlines()
+            deaths = [line for line in lines if line.rstrip().endswith(": marked dead")]
             return {
                 "config": config,
                 "load_units": load,

@@ -1346,3 +1346,30 @@ def test_agent_reports_are_bounded_and_malformed_ones_are_counted(make_broker, c
     row = rows_by_id(status(b.ctx, b.bind_address))["actor-0"]
     assert row["state"] == "alive" and row["info"] == {"env_steps": 1}
     assert b.stats.snapshot()["registry"]["dropped"] >= 1
+
+
+def test_a_role_setting_up_is_not_dead_while_silent_within_setup_grace(make_broker, clients):
+    """Native setup code can hold the GIL from a role's heartbeat thread (ale-py building
+    Atari envs at load 20): a role whose heartbeats say ``starting`` may be silent for up to
+    ``setup_grace``, not ``heartbeat_timeout``; set up, ``heartbeat_timeout`` applies."""
+    b = make_broker(heartbeat_timeout=0.5, setup_grace=8.0)
+    role = RegistryClient(b.ctx, b.bind_address)
+    clients.append(role)
+    rid = role.hello(role="actor", index=0).meta["id"]
+
+    def state() -> str:
+        return rows_by_id(status(b.ctx, b.bind_address))[rid]["state"]
+
+    assert role.request(P.HEARTBEAT, id=rid, state="starting", loop=0).kind == P.HEARTBEAT_ACK
+    silent_since = time.monotonic()
+    time.sleep(1.5)  # three heartbeat timeouts of silence, well inside setup_grace
+    assert state() == "starting", time.monotonic() - silent_since
+    wait_for(lambda: state() == "dead", timeout=30, interval=0.1)
+    assert time.monotonic() - silent_since >= 8.0
+    # Set up: a heartbeat with its figures makes it alive, and then heartbeat_timeout applies.
+    beat = {"id": rid, "state": "running", "loop": 1, "info": {"env_steps": 1}}
+    assert role.request(P.HEARTBEAT, **beat).kind == P.HEARTBEAT_ACK
+    assert state() == "alive"
+    silent_since = time.monotonic()
+    wait_for(lambda: state() == "dead", timeout=30, interval=0.1)
+    assert time.monotonic() - silent_since < 8.0

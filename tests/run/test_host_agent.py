@@ -617,7 +617,8 @@ def test_an_agent_with_keys_runs_its_roles_on_a_keyed_broker(spawn, zmq_ctx, bro
             return start_broker_keyed.poll() is not None
         return True
 
-    wait_for(answers, timeout=30)
+    # A process start at load 20 on 2 cores took over 30 s (imports, then the keys).
+    wait_for(answers, timeout=120, message="the keyed broker's STATUS answer, within 120 s")
     assert start_broker_keyed.poll() is None, "the keyed broker exited"
     outsider = spawn(
         "host",

@@ -13,7 +13,7 @@ replies queued for peers, ``ReplyBudget``). Dead and stopped entries are forgott
 connection (ROUTER routing id) that registered it, which holds at most
 ``MAX_ENTRIES_PER_CONNECTION`` live ones: HELLO, HEARTBEAT and BYE for a live id from another
 connection are dropped and counted. A role that misses its heartbeats for
-``heartbeat_timeout`` (``setup_grace`` before its first one) is marked dead; one whose
+``heartbeat_timeout`` (``setup_grace`` while it sets up) is marked dead; one whose
 ``loop`` stays the same for ``stall_after`` is shown stalled (``stalled_s``) and stays alive.
 
 Host agents (``zrl host``, role ``host``) heartbeat for the roles they started: a role's

@@ -60,8 +60,8 @@ class RoleEntry:
     """``info`` as a STATUS listing shows it (``limits.brief``, STATUS_ROW_INFO_BYTES)."""
     brief_stats: dict[str, Any] = field(default_factory=dict)
     heard: bool = False
-    """A heartbeat came since HELLO: from then on ``heartbeat_timeout`` applies, even to a
-    role still setting up (its heartbeat thread's), not ``setup_grace``."""
+    """A heartbeat came since HELLO. Silence is bounded by ``setup_grace`` while the role is
+    ``starting`` (its heartbeats say it is setting up), by ``heartbeat_timeout`` after."""
     loop: int | None = None
     """The turns of the role's loop its last heartbeat said (``loop``; None: it does not say)."""
     turned: float = field(default_factory=time.monotonic)
@@ -291,10 +291,11 @@ class RoleTable:
         now = time.monotonic()
         died = stalled = 0
         for e in list(self.entries.values()):
-            # Between HELLO and its first heartbeat a role may be setting up (imports, envs,
-            # models) without a heartbeat thread yet.
-            silent = e.state == "starting" and not e.heard
-            window = self.limits.setup_grace if silent else self.limits.heartbeat_timeout
+            # While a role sets up (imports, envs, models) its heartbeat thread may be silent:
+            # before it starts, and while native code holds the GIL (building 8 ALE envs held
+            # it 1.2 s on an idle core, over 10 s at load 20). setup_grace bounds that.
+            starting = e.state == "starting"
+            window = self.limits.setup_grace if starting else self.limits.heartbeat_timeout
             if e.state in ("starting", "alive") and now - e.last_seen > window:
                 e.state = "dead"
                 e.ended = now

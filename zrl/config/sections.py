@@ -136,9 +136,9 @@ class BrokerConfig(Section):
     broker`` end some time after it. null: reconnect for ever. Keep it well above the time a
     broker takes to restart (``zrl run`` restarts a killed broker at once)."""
     setup_grace: float = Field(60.0, gt=0)
-    """Seconds a role may take between HELLO and its first heartbeat; a role heartbeats from
-    its thread while it sets up (imports, envs, models), and one still setting up this long
-    is shown stalled."""
+    """Seconds a role setting up (imports, envs, models) may be silent: before its first
+    heartbeat, and while native code holds the GIL from its heartbeat thread (building
+    Atari envs at load 20). One still setting up this long is shown stalled."""
     wait_for_roles: float | None = Field(300.0, gt=0)
     """Seconds the head waits for the roles placed on other hosts (`hosts`, or every role of
     `zrl start broker --run-dir`) to register; past it the run fails, naming them. null: wait
