@@ -59,9 +59,6 @@ class RoleEntry:
     brief_info: dict[str, Any] = field(default_factory=dict)
     """``info`` as a STATUS listing shows it (``limits.brief``, STATUS_ROW_INFO_BYTES)."""
     brief_stats: dict[str, Any] = field(default_factory=dict)
-    heard: bool = False
-    """A heartbeat came since HELLO. Silence is bounded by ``setup_grace`` while the role is
-    ``starting`` (its heartbeats say it is setting up), by ``heartbeat_timeout`` after."""
     loop: int | None = None
     """The turns of the role's loop its last heartbeat said (``loop``; None: it does not say)."""
     turned: float = field(default_factory=time.monotonic)
@@ -86,7 +83,6 @@ class RoleEntry:
         else:
             self.state = "alive"
         self.last_seen = now
-        self.heard = True
         if loop is None or loop != self.loop:
             if self.stalled:
                 log.info("%s turns its loop again after %.1fs stalled", self.id, now - self.turned)
