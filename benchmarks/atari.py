@@ -431,46 +431,48 @@ def run_zrl(
         procs: dict[int, Any] = {}
         cpu: dict[int, float] = {}  # the last CPU time seen per process: it stays counted
         learners: set[int] = set()  # after the process has gone
-        deadline = time.time() + seconds + 180
-        next_check = time.time() + STOP_CHECK_S
-        while proc.poll() is None and time.time() < deadline:
-            time.sleep(MONITOR_EVERY_S)
-            if stop_when is not None and time.time() >= next_check:
-                next_check = time.time() + STOP_CHECK_S
-                run.episodes = _zrl_episodes(run_dir, run.launched)
-                if stop_when(run):
-                    run.notes.append("stopped: stop_when met")
+        try:
+            deadline = time.time() + seconds + 180
+            next_check = time.time() + STOP_CHECK_S
+            while proc.poll() is None and time.time() < deadline:
+                time.sleep(MONITOR_EVERY_S)
+                if stop_when is not None and time.time() >= next_check:
+                    next_check = time.time() + STOP_CHECK_S
+                    run.episodes = _zrl_episodes(run_dir, run.launched)
+                    if stop_when(run):
+                        run.notes.append("stopped: stop_when met")
+                        break
+                try:
+                    for p in [root, *root.children(recursive=True)]:
+                        procs.setdefault(p.pid, p)
+                except psutil.Error:
                     break
-            try:
-                for p in [root, *root.children(recursive=True)]:
-                    procs.setdefault(p.pid, p)
-            except psutil.Error:
-                break
-            for pid, p in procs.items():
-                with contextlib.suppress(psutil.Error):
-                    cpu[pid] = _cpu(p)
-                    # The title is set after the zygote forks: look until it says learner.
-                    if pid not in learners and " start learner" in " ".join(p.cmdline()):
-                        learners.add(pid)
-            learner, total = sum(cpu[p] for p in learners), sum(cpu.values())
-            row = _last_csv_row(run_dir / "progress.csv")
-            if row is None:
-                continue
-            trained = int(float(row.get("samples_trained") or 0))
-            lag = row.get("max_version_lag")
-            run.samples.append(
-                Sample(
-                    time.time(),
-                    int(float(row.get("env_steps") or 0)),
-                    trained,
-                    learner,
-                    total,
-                    float(lag) if lag else None,
+                for pid, p in procs.items():
+                    with contextlib.suppress(psutil.Error):
+                        cpu[pid] = _cpu(p)
+                        # The title is set after the zygote forks: look until it says learner.
+                        if pid not in learners and " start learner" in " ".join(p.cmdline()):
+                            learners.add(pid)
+                learner, total = sum(cpu[p] for p in learners), sum(cpu.values())
+                row = _last_csv_row(run_dir / "progress.csv")
+                if row is None:
+                    continue
+                trained = int(float(row.get("samples_trained") or 0))
+                lag = row.get("max_version_lag")
+                run.samples.append(
+                    Sample(
+                        time.time(),
+                        int(float(row.get("env_steps") or 0)),
+                        trained,
+                        learner,
+                        total,
+                        float(lag) if lag else None,
+                    )
                 )
-            )
-        if proc.poll() is None and not run.notes:
-            run.notes.append("did not stop by itself: killed")
-        _stop_group(proc)
+            if proc.poll() is None and not run.notes:
+                run.notes.append("did not stop by itself: killed")
+        finally:  # Ctrl-C or an error too: the run stops
+            _stop_group(proc)
     run.episodes = _zrl_episodes(run_dir, run.launched)
     if not run.samples:
         run.failed = f"no figures (log: {log})\n" + log.read_text()[-2000:]
@@ -504,6 +506,15 @@ def _zrl_episodes(run_dir: Path, launched: float) -> list[tuple[float, float, fl
 
 def bare_atari_loop(num_envs: int, seconds: float, atari: dict[str, Any]) -> float:
     """Env steps/s of ``AtariVectorEnv`` (C++ threads, one per core) with random actions."""
+    return bare_atari_rate(num_envs, seconds, atari)[0]
+
+
+def bare_atari_rate(
+    num_envs: int, seconds: float, atari: dict[str, Any], num_threads: int | None = None
+) -> tuple[float, float]:
+    """Env steps/s of ``AtariVectorEnv`` with random actions, ``num_threads`` C++ threads
+    (None: one per core), and the cores this process used meanwhile (CPU-s per second of
+    the timed loop: the emulator's threads and the Python loop)."""
     import inspect
 
     import numpy as np
@@ -511,18 +522,19 @@ def bare_atari_loop(num_envs: int, seconds: float, atari: dict[str, Any]) -> flo
 
     accepted = inspect.signature(AtariVectorEnv.__init__).parameters
     kwargs = {k: v for k, v in atari.items() if k in accepted and k != "num_threads"}
-    env = AtariVectorEnv("pong", num_envs=num_envs, num_threads=cores(), **kwargs)
+    threads = num_threads or cores()
+    env = AtariVectorEnv("pong", num_envs=num_envs, num_threads=threads, **kwargs)
     rng = np.random.default_rng(0)
     n_actions = int(env.single_action_space.n)
     try:
         env.reset(seed=0)
         for _ in range(20):  # warm-up
             env.step(rng.integers(0, n_actions, num_envs))
-        steps, t0 = 0, time.perf_counter()
+        steps, t0, cpu0 = 0, time.perf_counter(), time.process_time()
         while (elapsed := time.perf_counter() - t0) < seconds:
             env.step(rng.integers(0, n_actions, num_envs))
             steps += num_envs
-        return steps / elapsed
+        return steps / elapsed, (time.process_time() - cpu0) / elapsed
     finally:
         env.close()
 
