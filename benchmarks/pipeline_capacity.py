@@ -3,30 +3,32 @@
 Is the input path ever the limit? Pong APPO's real processes (``configs/pong_appo.yaml``:
 ``zrl run``'s actors acting uniformly at random, ``actor.random_policy``; the broker; a FIFO
 replay shard; the parameter server) feed a real learner role (``zrl.roles.learner.Learner``,
-in a process of its own that this script starts, ``--learner-process``) whose APPO update
-trains nothing: ``train_unrolls`` is a no-op of zero cost, everything before it runs as in a
-real learner (receive, decode, check, stage, rebuild the frame stacks, the input
-normalizer's statistics, acks, heartbeats) and the weights go to the parameter server by
-time (``learner.publish_interval=1``, ``learner.publish_every_s=1``). Measured in one run,
-because this machine is noisy:
+in a process this script starts, joining as learner-0 with the run's keys as ``zrl start
+learner --keys`` would) whose APPO update trains nothing: ``train_unrolls`` is a no-op of zero
+cost (:func:`no_model`); receiving, decoding, checking, staging, acks, heartbeats run as in a
+real learner, and its weights go to the parameter server by time
+(``learner.publish_interval=1``, ``learner.publish_every_s=1``). The device work before the
+model step (frame stacks, input statistics) is skipped as on a GPU, where it is no host work,
+or run on the CPU with ``--device-work``. All in one run, because this machine is noisy:
 
   bare     the bare ``AtariVectorEnv`` loop with random actions, the same envs
            (``--actors`` x ``--envs``) and threads (``--actors`` x ``env.atari.num_threads``)
-  e2e      env steps/s through to the learner (samples it received), over the steady window
-           (``--warmup`` s after its first batch to its last), and the actors' env steps/s
-  learner  the learner process's CPU-ms per 1024 samples over that window (``/proc`` via
-           psutil: every thread of it, sockets and publishing included); and in this
-           process, the same update fed recorded batches (``gpu_host.record_batches``) with
-           each stage timed in CPU-ms per 1024 samples: decode, check, stage (on the CPU a
-           plain copy; the GPU path's copy into reused pinned buffers is timed as ``stage
-           (GPU path)`` with ``HostStaging.stage`` into plain memory), frame stacks + input
-           statistics.
+  e2e      env steps/s through to the learner (samples it received) over the steady window
+           (``--warmup`` s after its first batch to its last), the actors' env steps/s, and
+           each process's cores (psutil) and the whole machine's over it
+  learner  host-side CPU-ms per 1024 samples, two ways: (process) the learner process's CPU
+           over the window (every thread) less its device work, per-second costs in; (stages)
+           in this process, the same update fed Pong batches recorded from a random actor
+           through a FIFO shard (``gpu_host.record_batches``), each stage timed: decode,
+           check, stage (the CPU path's copy into plain memory), the rest of ``train``;
+           beside them the GPU path's copy into reused host buffers (as into pinned ones)
+           and the device work as it costs on this CPU.
 
-Targets: e2e >= 0.8 of the bare loop; learner host-side <= 2 CPU-ms per 1024 samples (500
-batches/s on one core). Where one is missed, the lines after the verdicts say which stage
-limits and by how much: CPU per env step by process against the emulator's own (from the
-bare loop), and the learner's stages. Every process it starts is stopped by its pid, on
-Ctrl-C and errors too. Run from the repo root (about two minutes with the defaults)::
+Targets: e2e >= 0.8 of the bare loop; learner host side <= 2 CPU-ms per 1024 samples (500
+batches/s on one core). Where one is missed, "What limits" says which stage and by how much:
+CPU-us per env step of each process against the emulator's own (the bare loop's), and the
+learner's stages. Every process it starts is stopped by its pid, on Ctrl-C and errors too.
+From the repo root (about two minutes with the defaults)::
 
     python benchmarks/pipeline_capacity.py
     python benchmarks/pipeline_capacity.py --seconds 30 --actors 2 --envs 8 --json out.json
@@ -121,6 +123,7 @@ def learner_process(
                 "machine_busy_s": machine_busy_s(),
                 "device_cpu_s": sum(t.cpu for t in timers.values()),
                 "weights_sent": self.weights_sent,
+                "publish_s": self.time_s["publish"],  # wall: building and sending weights
             }
             with open(stats, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -189,6 +192,8 @@ class Window:
     """CPU-seconds the whole machine was busy (every process, others' too)."""
     env_steps_per_s: float | None
     """The actors' (progress.csv's ``env_steps``) over the rows inside the window."""
+    publish_s: float = math.nan
+    """The learner's wall time building and sending weights (its ``time_s["publish"]``)."""
 
     @property
     def seconds(self) -> float:
@@ -250,6 +255,7 @@ def steady_window(
         b.get("device_cpu_s", 0.0) - a.get("device_cpu_s", 0.0),
         b.get("machine_busy_s", math.nan) - a.get("machine_busy_s", math.nan),
         actors,
+        b.get("publish_s", math.nan) - a.get("publish_s", math.nan),
     )
 
 
@@ -500,7 +506,8 @@ def pipeline_limit(
     budget = env_us * (1 / TARGET_VS_BARE - 1)
     lines = [
         f"  per env step: the emulator {env_us:.0f} CPU-us (the bare loop's), the stages "
-        f"{stages:.0f} CPU-us where the target allows {budget:.0f} ({stages / budget:.1f}x)"
+        f"{stages:.0f} CPU-us where the target allows {budget:.0f} ({stages / budget:.1f}x); "
+        f"ratio by this count {env_us / (env_us + stages):.2f}, measured {rate / bare_rate:.2f}"
     ]
     others = max(0.0, busy - total) if math.isfinite(busy) else math.nan
     used = f"{busy:.2f} of {machine} cores busy: this run {total:.2f}, other processes {others:.2f}"
@@ -518,7 +525,9 @@ def pipeline_limit(
     return lines
 
 
-def host_limit(hs: HostSide, process: float | None, rate: float | None) -> list[str]:
+def host_limit(
+    hs: HostSide, process: float | None, rate: float | None, publish_ms_per_s: float = math.nan
+) -> list[str]:
     """Which of the learner's host-side stages limits, and by how much; what its process
     spent beyond them (at ``rate`` samples/s) as CPU-ms per second, which costs less per
     batch the more batches a second come."""
@@ -532,10 +541,16 @@ def host_limit(hs: HostSide, process: float | None, rate: float | None) -> list[
             f"receive polls): {per_s:.0f} CPU-ms per second at {rate:,.0f} samples/s, "
             f"{per_s / 100:.2f} per batch if it were paid per second at 100 batches/s"
         )
+        if math.isfinite(publish_ms_per_s):
+            lines.append(
+                f"    of which building and sending weights {publish_ms_per_s:.0f} ms/s (wall)"
+            )
     name, worst = max(hs.stages.items(), key=lambda kv: kv[1])
+    over = hs.total - TARGET_HOST_MS
     lines.append(
-        f"  the largest stage: {name} {worst:.2f} CPU-ms per 1024, "
-        f"{worst / TARGET_HOST_MS:.0%} of the target's {TARGET_HOST_MS:g}"
+        f"  the stages {hs.total:.2f} CPU-ms per 1024: {over:+.2f} ({over / TARGET_HOST_MS:+.0%}) "
+        f"against the target's {TARGET_HOST_MS:g}; the largest, {name}, {worst:.2f} "
+        f"({worst / hs.total:.0%} of them); without it {hs.total - worst:.2f}"
     )
     return lines
 
@@ -640,7 +655,7 @@ def report(
     print(gpu_host.verdict("the same, GPU path's copy", gpu_path, TARGET_HOST_MS, True))
     print(
         gpu_host.verdict(
-            "learner host side, its process at this rate", process, TARGET_HOST_MS, True
+            "learner host side, its process (per-second costs in)", process, TARGET_HOST_MS, True
         )
     )
     limits: list[str] = []
@@ -652,7 +667,8 @@ def report(
             *pipeline_limit(e2e, bare_rate, bare_cores, run.cores, machine, busy),
         ]
     if max(process or 0.0, hs.total, gpu_path) > TARGET_HOST_MS:
-        limits += ["learner host side:", *host_limit(hs, process, e2e)]
+        publish = 1e3 * w.publish_s / w.seconds if w else math.nan
+        limits += ["learner host side:", *host_limit(hs, process, e2e, publish)]
     if limits:
         print("\nWhat limits:\n" + "\n".join(limits))
     return {
