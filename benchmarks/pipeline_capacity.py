@@ -316,14 +316,15 @@ def run_pipeline(args: argparse.Namespace, tmp: Path) -> PipelineRun:
     learner: subprocess.Popen[Any] | None = None
     cpu_log = tmp / "cpu.csv"
     try:
-        learner = subprocess.Popen(
-            [sys.executable, __file__, "--learner-process", str(run_dir), str(stats)]
-            + (["--device-work"] if args.device_work else []),
-            stdout=open(tmp / "learner.log", "w"),  # noqa: SIM115 - the child holds it
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        with open(tmp / "learner.log", "w") as log:  # the child has its own copy
+            learner = subprocess.Popen(
+                [sys.executable, __file__, "--learner-process", str(run_dir), str(stats)]
+                + (["--device-work"] if args.device_work else []),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         with gpu_host.ProcCpu(cpu_log):
             stop = gpu_host.stop_after_stepping(args.seconds, cap)
             run = atari.run_zrl(s, args.config, cap, args.seed, tmp, sets, stop)
