@@ -1,7 +1,8 @@
 """The head owns the run across hosts: ``zrl run`` with a ``hosts:`` section, its printed
-``zrl host`` line pasted into another network namespace, a remote role killed with -9 and
-brought back by the host agent, the target reached, every role in the summary and nothing
-left running anywhere afterwards.
+``zrl host`` line (with the run's own keys, the default) pasted into another network
+namespace, a remote role killed with -9 and brought back by the host agent at once (its
+restart proves the id with the run's secret), the target reached, every role in the summary
+and nothing left running anywhere afterwards.
 
 The hosts are network namespaces (:class:`tests.integration.netns.Hosts`). h0 has no default
 route, only its 10.213.N.1 address: the printed command must name that address, which is
@@ -33,9 +34,20 @@ CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
 TARGET = 100.0  # a random policy scores about 22
 
 
-def status_rows(hosts: Hosts, broker: str) -> dict[str, dict[str, Any]]:
+def status_rows(hosts: Hosts, broker: str, keys: Path) -> dict[str, dict[str, Any]]:
     done = hosts.run(
-        0, sys.executable, "-m", "zrl", "status", "--broker", broker, "--json", "--timeout", "3"
+        0,
+        sys.executable,
+        "-m",
+        "zrl",
+        "status",
+        "--broker",
+        broker,
+        "--json",
+        "--timeout",
+        "3",
+        "--keys",
+        str(keys),
     )
     if done.returncode != 0:
         return {}
@@ -72,7 +84,6 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
         str(config),
         "--run-dir",
         str(run_dir),
-        "--insecure",
         "--set",
         "broker.host=0.0.0.0",
         "--set",
@@ -107,11 +118,11 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
     # learner has no data until the restart, so the target comes after it (on a loaded
     # machine, waiting for "alive" once let training reach the target before the kill).
     wait_for(
-        lambda: status_rows(hosts, broker).get(remote, {}).get("pid"),
+        lambda: status_rows(hosts, broker, run_dir / "keys").get(remote, {}).get("pid"),
         timeout=120,
         message=f"{remote} never came up on h1",
     )
-    first_pid = status_rows(hosts, broker)[remote]["pid"]
+    first_pid = status_rows(hosts, broker, run_dir / "keys")[remote]["pid"]
     assert hosts.netns_of(first_pid) == hosts.names[1]
     os.kill(first_pid, signal.SIGKILL)
 
@@ -120,7 +131,7 @@ def test_zrl_run_with_a_remote_host_reaches_its_target_and_leaves_nothing_runnin
         # probe sees it alive: then the summary's restart count below is the evidence.
         if head.poll() is not None:
             return True
-        row = status_rows(hosts, broker).get(remote, {})
+        row = status_rows(hosts, broker, run_dir / "keys").get(remote, {})
         return row.get("state") == "alive" and row.get("pid") != first_pid
 
     wait_for(back, timeout=90, message="the host agent did not bring the actor back")
