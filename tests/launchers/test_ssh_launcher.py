@@ -436,10 +436,12 @@ def _start_launcher(
 
 
 def _status(
-    broker_addr: str, run: Callable[..., subprocess.CompletedProcess[str]] | None = None
+    broker_addr: str,
+    run: Callable[..., subprocess.CompletedProcess[str]] | None = None,
+    keys: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`zrl status --json`: role id -> its row ({} while the broker does not answer); ``run``
-    runs the command elsewhere (inside a namespace)."""
+    runs the command elsewhere (inside a namespace), with ``keys`` where the run has some."""
     argv = [
         sys.executable,
         "-m",
@@ -450,6 +452,7 @@ def _status(
         "--json",
         "--timeout",
         "2",
+        *(["--keys", str(keys)] if keys is not None else []),
     ]
     if run is None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -570,8 +573,16 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
     with -9 comes back (its agent restarts it, and summary.json counts that restart even when
     the run met its target before the new process registered); the head stops the run at the
     target; the agents exit by themselves; the launcher exits 0; nothing is left in any
-    namespace."""
+    namespace. With keys (one `zrl keys init` directory at the same path on every host): the
+    restarted actor proves its id and takes it over at once."""
     hosts = netns_sshd.hosts
+    keys = tmp_path / "keys"
+    subprocess.run(
+        [sys.executable, "-m", "zrl", "keys", "init", str(keys)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     hosts_file = tmp_path / "hosts.txt"
     hosts_file.write_text(
         f"node1 {netns_sshd.target(1)} broker params replay learner\n"
@@ -587,7 +598,8 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
         str(hosts_file),
         "--config",
         str(CONFIG),
-        "--insecure",
+        "--keys",
+        str(keys),
         "--run-dir",
         str(run_dir),
         "--log-dir",
@@ -612,7 +624,9 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
 
         def status() -> dict[str, dict[str, Any]]:
             assert launcher.poll() is None, out.read_text(errors="replace")[-3000:]
-            return _status(broker, lambda *argv, timeout: hosts.run(0, *argv, timeout=timeout))
+            return _status(
+                broker, lambda *argv, timeout: hosts.run(0, *argv, timeout=timeout), keys
+            )
 
         victim = "actor-1"
         wait_for(
