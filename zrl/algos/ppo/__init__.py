@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 from zrl.algos.ppo.config import PPOConfig
 
 if TYPE_CHECKING:
@@ -50,13 +50,20 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.ppo.policy import make_policy
+    from zrl.algos.ppo.update import PPOUpdate
+    from zrl.nets.gaussian import policy_model_for
+
+    return Pieces(policy=make_policy, update=PPOUpdate, model=policy_model_for)
+
+
 ALGORITHM = Algorithm(
     name="ppo",
     summary="PPO / DD-PPO: rollouts to every learner, clipped surrogate, optional allreduce",
+    pieces=pieces,
     wiring=Wiring(actions="any", experience="rollouts", learner_input="rollouts"),
-    policy="zrl.algos.ppo.policy:make_policy",
-    update="zrl.algos.ppo.update:PPOUpdate",
-    model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
     both_seats=True,
     data_parallel=True,
