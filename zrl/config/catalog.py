@@ -35,6 +35,10 @@ class Catalog:
     sections: Callable[[], dict[str, type[Section]]]
     """The config sections the algorithms define, YAML key -> section model."""
 
+    def default(self) -> str:
+        """The ``algo`` of a config that names none: the registry's first."""
+        return self.names()[0]
+
 
 _installed: Catalog | None = None
 

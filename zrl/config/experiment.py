@@ -106,8 +106,9 @@ class ExperimentConfig(Section):
     """The experiment's name: one path component (letters, digits, ``_.+-`` and inner spaces;
     not starting with a dot), as the run directory ``runs/<name>-<time>-<pid>`` is named
     after it."""
-    algo: str = "apex_dqn"
-    """One of ``zrl.algos.registry.BUILT_IN`` (or an algorithm a script registered)."""
+    algo: str = Field(default_factory=lambda: catalog().default())
+    """One of ``zrl.algos.registry.BUILT_IN`` (or an algorithm a script registered); by
+    default the registry's first, apex_dqn."""
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
     """The environments: a gymnasium or PettingZoo id, how many one actor steps and how they
@@ -299,8 +300,9 @@ class ExperimentConfig(Section):
             return
         key = f"pbt.members ({n})"
         why = ""
-        if self.algo != "ppo":
-            why = f"algo {self.algo!r}: PBT is implemented for ppo only"
+        if not catalog().get(self.algo).population:
+            able = [a for a in catalog().names() if catalog().get(a).population]
+            why = f"algo {self.algo!r}: PBT is implemented for {' and '.join(able)} only"
         elif r.league:
             why = "roles.league: a league's players and a population cannot share one run"
         elif r.learners < n or r.learners % n:
@@ -611,7 +613,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
         algo = data.get("algo")
-        algo = algo if algo in catalog().names() else "apex_dqn"
+        algo = algo if algo in catalog().names() else catalog().default()
         why = format_validation_error(err, config_schema(), algo, sections_used(algo))
         raise ConfigError(f"invalid config: {why}") from None
 

@@ -66,6 +66,7 @@ ALGORITHM = Algorithm(
     wiring=Wiring(actions="any", experience="rollouts", learner_input="rollouts"),
     recurrent=True,
     both_seats=True,
+    population=True,
     data_parallel=True,
     config={"ppo": PPOConfig},
     sections=("learner",),
