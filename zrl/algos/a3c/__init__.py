@@ -7,7 +7,7 @@ its own rollout and pushes it to the parameter server, which applies it (no lear
   applies the gradients with Adam).
 """
 
-from zrl.algos.a3c.config import A3CConfig
+from zrl.algos.a3c.config import KEY_ALIASES, A3CConfig
 from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 
 
@@ -28,4 +28,5 @@ ALGORITHM = Algorithm(
     # learner: the parameter server takes learner.torch_threads
     config={"a3c": A3CConfig},
     sections=("learner",),
+    key_aliases=KEY_ALIASES,
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.apex_ddpg.config import KEY_ALIASES, SHARED_KEY_ALIASES, DDPGConfig
 from zrl.algos.api.algorithm import Pieces
 from zrl.algos.kernel.records import box_off_policy
 
@@ -43,4 +43,6 @@ ALGORITHM = box_off_policy(
     pieces=pieces,
     config={"ddpg": DDPGConfig},
     model_options=model_options,
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )

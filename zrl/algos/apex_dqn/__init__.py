@@ -8,6 +8,16 @@ transitions in (prioritized) replay, double DQN learners.
 
 from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 
+KEY_ALIASES: dict[str, str] = {
+    "learning_rate": "learner.lr",
+    "lr": "learner.lr",
+    "n_steps": "replay.n_step",
+    "n_step": "replay.n_step",
+    "batch_size": "replay.batch_size",
+}
+"""What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
+of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
+
 
 def pieces() -> Pieces:
     """The heavy pieces (torch), imported when a process first uses one."""
@@ -26,4 +36,5 @@ ALGORITHM = Algorithm(
     sections=("replay", "learner"),
     remote_inference=True,
     data_parallel=True,
+    key_aliases=KEY_ALIASES,
 )

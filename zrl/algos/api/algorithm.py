@@ -139,6 +139,14 @@ class Algorithm:
     sections: tuple[str, ...] = ()
     """The shared config sections it reads that not every algorithm does (``replay``,
     ``learner``): ``zrl config show`` prints these and its own (:attr:`reads`)."""
+    key_aliases: Mapping[str, str] = field(default_factory=dict)
+    """What users of other libraries (SB3, CleanRL, RLlib, Sample Factory) call its keys,
+    ``{"learning_rate": "learner.lr"}``: an unknown key of a config of this algorithm with
+    one of these names (or a typo of one) is suggested the zrl key (``zrl.config.help``)."""
+    shared_key_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other libraries' names for keys of its own sections (``{"ent_coef":
+    "ppo.entropy_coef"}``), suggested whichever algorithm runs where that one has no
+    ``key_aliases`` entry of its own for the name."""
     check_config: Callable[[ExperimentConfig], None] | None = None
     """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
     model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.appo.config import AppoConfig
+from zrl.algos.appo.config import KEY_ALIASES, AppoConfig
 from zrl.algos.kernel.records import check_learner_group, check_recurrent, unroll_algorithm
 
 if TYPE_CHECKING:
@@ -57,4 +57,5 @@ ALGORITHM = unroll_algorithm(
     update=update,
     config={"appo": AppoConfig},
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
 )

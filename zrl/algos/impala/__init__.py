@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.impala.config import ImpalaConfig
+from zrl.algos.impala.config import KEY_ALIASES, ImpalaConfig
 from zrl.algos.kernel.records import check_learner_group, check_recurrent, unroll_algorithm
 
 if TYPE_CHECKING:
@@ -56,4 +56,5 @@ ALGORITHM = unroll_algorithm(
     update=update,
     config={"impala": ImpalaConfig},
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
 )

@@ -63,6 +63,7 @@ def unroll_algorithm(
     update: Callable[[], Callable[[LearnerSetup], LearnerUpdate]],
     config: Mapping[str, type[Section]],
     check_config: Callable[[ExperimentConfig], None],
+    key_aliases: Mapping[str, str],
 ) -> Algorithm:
     """An algorithm of IMPALA's wiring with its own learner update (``update()`` imports and
     returns its class): unrolls through a
@@ -90,6 +91,7 @@ def unroll_algorithm(
         config=config,
         sections=("replay", "learner"),
         check_config=check_config,
+        key_aliases=key_aliases,
     )
 
 
@@ -100,6 +102,8 @@ def box_off_policy(
     pieces: Callable[[], Pieces],
     config: Mapping[str, type[Section]],
     model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None,
+    key_aliases: Mapping[str, str],
+    shared_key_aliases: Mapping[str, str],
 ) -> Algorithm:
     """An algorithm for Box actions with its own ``pieces``, a policy and an update (on
     ``zrl.algos.kernel.continuous``; Ape-X DDPG, SAC) and zrl's network: Ape-X wiring,
@@ -113,4 +117,6 @@ def box_off_policy(
         sections=("replay", "learner"),
         model_options=model_options,
         data_parallel=True,
+        key_aliases=key_aliases,
+        shared_key_aliases=shared_key_aliases,
     )

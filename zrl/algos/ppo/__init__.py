@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
-from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.ppo.config import KEY_ALIASES, SHARED_KEY_ALIASES, PPOConfig
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -71,4 +71,6 @@ ALGORITHM = Algorithm(
     config={"ppo": PPOConfig},
     sections=("learner",),
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )

@@ -12,7 +12,7 @@ The policy and the update are built on what SAC shares with Ape-X DDPG
 
 from zrl.algos.api.algorithm import Pieces
 from zrl.algos.kernel.records import box_off_policy
-from zrl.algos.sac.config import SACConfig
+from zrl.algos.sac.config import KEY_ALIASES, SHARED_KEY_ALIASES, SACConfig
 
 
 def pieces() -> Pieces:
@@ -29,4 +29,6 @@ ALGORITHM = box_off_policy(
     "SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
     pieces=pieces,
     config={"sac": SACConfig},
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )
