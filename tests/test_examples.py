@@ -16,7 +16,7 @@ import torch
 
 from zrl.algos.api.learner import UpdateResult
 from zrl.algos.models import build_model, experiment_model
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
 from zrl.nets.discrete import greedy_actions
@@ -66,12 +66,14 @@ def make_model(cfg: ExperimentConfig, obs_space: Any, act_space: Any, model_fn: 
 
 def learner_update(cfg: ExperimentConfig, model: Any, obs_space: Any, act_space: Any) -> Any:
     algorithm = get_algorithm(cfg.algo)
-    return algorithm.load(algorithm.update)(learner_setup(cfg, model, obs_space, act_space))
+    update = algorithm.update
+    assert update is not None
+    return update(learner_setup(cfg, model, obs_space, act_space))
 
 
 def actor_policy(cfg: ExperimentConfig, model: Any, obs_space: Any, act_space: Any) -> Any:
     algorithm = get_algorithm(cfg.algo)
-    return algorithm.load(algorithm.policy)(actor_setup(cfg, model, obs_space, act_space, E))
+    return algorithm.policy(actor_setup(cfg, model, obs_space, act_space, E))
 
 
 def observations(rng: np.random.Generator, space: gym.spaces.Box, n: int) -> np.ndarray:

@@ -102,8 +102,8 @@ def test_every_algorithms_module_is_in_a_layer_and_every_algorithm_in_every_list
     inside = contract("Inside algos")
     layered = {m.strip() for layer in inside["layers"] for m in layer.replace(":", "|").split("|")}
     assert children == layered, f"not in a layer: {sorted(children - layered)}"
-    packages = {f"zrl.algos.{name}" for name in children - {"api", "kernel", "models"}}
-    assert (algos / "models.py").is_file()
+    packages = {f"zrl.algos.{name}" for name in children - {"api", "kernel", "models", "registry"}}
+    assert (algos / "models.py").is_file() and (algos / "registry.py").is_file()
     assert set(contract("An algorithm is one folder")["modules"]) == packages
     assert set(contract("Generic roles")["forbidden_modules"]) == packages
 

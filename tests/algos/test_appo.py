@@ -32,7 +32,7 @@ from zrl.algos.kernel.returns import rollout_gae
 from zrl.algos.kernel.unrolls import FRAME_TRAINED_ARRAYS, TRAINED_ARRAYS
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
 from zrl.algos.kernel.vtrace import unroll_forward, vtrace
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.nets.gaussian import categorical_entropy
 from zrl.testing.fakes import learner_setup
 from zrl.transport import messages as M

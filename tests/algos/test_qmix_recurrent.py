@@ -21,7 +21,7 @@ from zrl.algos.qmix.losses import ILLEGAL_Q, joint_actions, qmix_sequence_update
 from zrl.algos.qmix.model import RecurrentQMIXModel, qmix_model_for
 from zrl.algos.qmix.policy import QMIXPolicy, RecurrentQMIXPolicy, qmix_policy
 from zrl.algos.qmix.update import QMIXUpdate
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import load_config
 from zrl.envs.multiagent.spaces import AgentObservationSpace
 from zrl.replay.layout import experience_layout

@@ -25,7 +25,7 @@ from zrl.algos.ppo.config import PPOConfig
 from zrl.algos.ppo.policy import PPOPolicy, RecurrentPPOPolicy, make_policy
 from zrl.algos.ppo.rounds import recurrent_round_tensors
 from zrl.algos.ppo.update import PPOUpdate
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.nets.wire import model_to_arrays

@@ -36,7 +36,7 @@ from zrl.algos.kernel.sampling import (
 from zrl.algos.kernel.unrolls import RECURRENT_TRAINED_ARRAYS, UnrollUpdate, unroll_outputs
 from zrl.algos.models import build_model
 from zrl.algos.ppo.policy import RecurrentPPOPolicy
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.recurrent import RecurrentActorCritic
 from zrl.replay.assemble import assemble_items, assemble_unrolls

@@ -29,7 +29,7 @@ from zrl.algos.appo.update import AppoUpdate
 from zrl.algos.impala.update import ImpalaUpdate
 from zrl.algos.kernel.continuous import ContinuousUpdate
 from zrl.algos.kernel.unrolls import UnrollUpdate
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.transport import protocol as P
 
 torch.set_num_threads(1)
@@ -244,7 +244,8 @@ CONTINUOUS = [
 def continuous_update(s: LearnerSetup) -> ContinuousUpdate:
     """The update of ``s.config.algo`` (Ape-X DDPG's or SAC's), as the learner builds it."""
     algorithm = get_algorithm(s.config.algo)
-    update = algorithm.load(algorithm.update)(s)
+    assert algorithm.update is not None
+    update = algorithm.update(s)
     assert isinstance(update, ContinuousUpdate)
     return update
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -175,19 +176,21 @@ def test_every_built_in_algorithm_trains_one_policy_with_several_learners(config
     assert cfg.roles.learners == 2 and cfg.learners_per_policy() == 2
 
 
+def _no_pieces() -> Any:
+    raise AssertionError("validating a config never imports an algorithm's pieces")
+
+
 def test_several_learners_of_one_policy_need_an_algorithm_that_trains_it_together():
     # A plug-in algorithm without data_parallel: each learner would train and publish a model
     # of its own.
     from zrl.algos.api.algorithm import Algorithm, Wiring
-    from zrl.config.algorithms import register, unregister
+    from zrl.algos.registry import register, unregister
 
     solo = Algorithm(
         name="solo",
         summary="",
         wiring=Wiring.off_policy("discrete"),
-        policy="",
-        update="",
-        model="",
+        pieces=_no_pieces,
         sections=("replay", "learner"),
     )
     register(solo)
@@ -299,16 +302,14 @@ def test_assigning_a_field_runs_the_algorithms_checks():
 
 def test_an_algorithm_section_may_not_shadow_a_common_one():
     from zrl.algos.api.algorithm import Algorithm, Wiring
-    from zrl.config.algorithms import register, unregister
+    from zrl.algos.registry import register, unregister
     from zrl.config.sections import ReplayConfig
 
     clash = Algorithm(
         name="clash",
         summary="",
         wiring=Wiring.off_policy("discrete"),
-        policy="",
-        update="",
-        model="",
+        pieces=_no_pieces,
         config={"replay": ReplayConfig},
     )
     register(clash)
@@ -321,9 +322,7 @@ def test_an_algorithm_section_may_not_shadow_a_common_one():
         name="twice",
         summary="",
         wiring=Wiring.off_policy("discrete"),
-        policy="",
-        update="",
-        model="",
+        pieces=_no_pieces,
         config={"ppo": ReplayConfig},
     )
     register(twice)
@@ -410,11 +409,11 @@ def test_every_alias_names_a_real_key():
 
 
 def test_algo_sections_cover_every_algo():
-    from zrl.config.algorithms import ALGORITHMS
+    from zrl.algos.registry import BUILT_IN
     from zrl.config.experiment import algo_sections
 
     sections_by_algo = algo_sections()
-    assert set(sections_by_algo) == set(ALGORITHMS)
+    assert set(sections_by_algo) == set(BUILT_IN)
     for sections in sections_by_algo.values():
         assert set(sections) <= set(config_schema())
 

@@ -15,8 +15,8 @@ import torch
 
 from zrl.algos.api.actor import Trajectory
 from zrl.algos.models import experiment_model
+from zrl.algos.registry import get_algorithm
 from zrl.codecs.frames import is_frame_space
-from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, load_config
 from zrl.envs.base import EnvError, is_single_image, mark_single_image
 from zrl.envs.vector import make_vector_env
@@ -138,7 +138,7 @@ def test_rgb_images_travel_whole_and_frame_stacks_as_single_frames(rgb: bool) ->
     assert is_frame_space(space) is not rgb
     actions = gym.spaces.Discrete(4)
     E, T = 2, 4
-    policy_cls = get_algorithm("appo").load(get_algorithm("appo").policy)
+    policy_cls = get_algorithm("appo").policy
     policy = policy_cls(actor_setup(cfg, experiment_model(cfg, space, actions), space, actions, E))
     rng = np.random.default_rng(0)
     obs = rng.integers(0, 256, (E, T, 3, 72, 128), dtype=np.uint8)

@@ -25,12 +25,13 @@ from zrl.algos.api import (
     BaseUpdate,
     LearnerSetup,
     Outgoing,
+    Pieces,
     Trajectory,
     UpdateResult,
     Wiring,
 )
 from zrl.algos.kernel.optim import checked_step, make_adam
-from zrl.config.algorithms import register, unregister
+from zrl.algos.registry import register, unregister
 from zrl.config.base import Section
 from zrl.config.experiment import ConfigError, config_from_dict, config_to_yaml
 from zrl.transport import messages as M
@@ -112,6 +113,14 @@ class TinyQUpdate(BaseUpdate):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+def tiny_q_pieces() -> Pieces:
+    """Its policy, its update and zrl's Q-network (a plug-in may import at the top: the
+    function is for zrl's own packages, which keep torch out of the config)."""
+    from zrl.nets.discrete import q_network_for
+
+    return Pieces(policy=TinyQPolicy, update=TinyQUpdate, model=q_network_for)
+
+
 TINY_Q = Algorithm(
     name="tiny_q",
     summary="one-step Q-learning, for the plug-in test",
@@ -122,9 +131,7 @@ TINY_Q = Algorithm(
         replay_tables=("uniform",),
         learner_input="batches",
     ),
-    policy=f"{__name__}:TinyQPolicy",
-    update=f"{__name__}:TinyQUpdate",
-    model="zrl.nets.discrete:q_network_for",
+    pieces=tiny_q_pieces,
     config={"tiny_q": TinyQConfig},
     sections=("replay", "learner"),
 )

@@ -31,10 +31,10 @@ from zrl.algos.api.actor import ActorSetup
 from zrl.algos.api.train_stats import TrainStats
 from zrl.algos.kernel.continuous import ContinuousPolicy, ContinuousUpdate
 from zrl.algos.models import build_model
+from zrl.algos.registry import get_algorithm
 from zrl.algos.sac.config import SACConfig
 from zrl.algos.sac.policy import SACPolicy
 from zrl.algos.sac.update import SACLearnerUpdate
-from zrl.config.algorithms import get_algorithm
 from zrl.config.experiment import ConfigError, ExperimentConfig, config_from_dict
 from zrl.envs.vector import EpisodeTracker, make_vector_env
 from zrl.nets.continuous import DDPGModel, SACModel
@@ -148,7 +148,7 @@ def actor_setup(cfg: ExperimentConfig, envs: Any, model: nn.Module, index: int =
 def make_policy(setup: ActorSetup) -> ContinuousPolicy:
     """The algorithm's policy, as the registry names it."""
     algorithm = get_algorithm(setup.config.algo)
-    policy = algorithm.load(algorithm.policy)(setup)
+    policy = algorithm.policy(setup)
     assert isinstance(policy, ContinuousPolicy)
     return policy
 
@@ -557,8 +557,8 @@ def test_config_sections_and_validation():
     kinds = {"sac": (SACPolicy, SACLearnerUpdate), "apex_ddpg": (ApexDDPGPolicy, ApexDDPGUpdate)}
     for algo, (policy, update) in kinds.items():
         algorithm = get_algorithm(algo)
-        assert algorithm.load(algorithm.policy) is policy
-        assert algorithm.load(algorithm.update) is update
+        assert algorithm.policy is policy
+        assert algorithm.update is update
 
 
 def test_greedy_evaluation_plays_box_actions():

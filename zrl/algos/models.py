@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 from torch import nn
 
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.sections import ModelConfig
 from zrl.nets.encoders import add_input_normalizers
@@ -31,7 +31,7 @@ def build_model(
     takes them from the config)."""
     if model_fn is None:
         algorithm = get_algorithm(algo)
-        return algorithm.load(algorithm.model)(  # type: ignore[no-any-return]
+        return algorithm.model(  # type: ignore[no-any-return]
             observation_space, action_space, model_cfg, **options
         )
     model = model_fn(observation_space, action_space)

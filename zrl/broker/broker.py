@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from zrl import __version__
+from zrl.algos import registry as _registry  # noqa: F401 - the algorithms' config sections (light)
 from zrl.broker.devices import Devices
 from zrl.broker.limits import DropLog
 from zrl.broker.registry import REGISTRY_MAX_MESSAGE_BYTES, Registry, registry_socket

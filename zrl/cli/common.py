@@ -72,6 +72,7 @@ def fail(message: str) -> None:
 
 def load_experiment(config: Path | None, overrides: list[str] | None) -> tuple[Any, Any]:
     """A YAML config, or an experiment script with its factories."""
+    import zrl.algos.registry  # noqa: F401 - installs the algorithms the config validates against
     from zrl.config.experiment import load_config
     from zrl.config.factories import Factories
 

@@ -42,8 +42,8 @@ from pydantic import (
 from pydantic_core import InitErrorDetails
 from yaml.composer import ComposerError
 
-from zrl.config.algorithms import algorithm_names, algorithm_sections, get_algorithm
 from zrl.config.base import Section
+from zrl.config.catalog import catalog
 from zrl.config.help import format_validation_error
 from zrl.config.league import MAIN, LeagueConfig
 from zrl.config.multiagent import is_multiagent
@@ -91,7 +91,7 @@ S = TypeVar("S", bound=Section)
 def algo_sections() -> dict[str, tuple[str, ...]]:
     """The algorithm-specific sections each ``algo`` reads (the keys are the algorithms); every
     other section applies to all of them. ``zrl config show`` prints only what ``algo`` uses."""
-    return {name: get_algorithm(name).reads for name in algorithm_names()}
+    return {name: catalog().get(name).reads for name in catalog().names()}
 
 
 class ConfigError(ValueError):
@@ -106,8 +106,9 @@ class ExperimentConfig(Section):
     """The experiment's name: one path component (letters, digits, ``_.+-`` and inner spaces;
     not starting with a dot), as the run directory ``runs/<name>-<time>-<pid>`` is named
     after it."""
-    algo: str = "apex_dqn"
-    """One of ``zrl.config.algorithms.ALGORITHMS`` (or an algorithm a script registered)."""
+    algo: str = Field(default_factory=lambda: catalog().default())
+    """One of ``zrl.algos.registry.BUILT_IN`` (or an algorithm a script registered); by
+    default the registry's first, apex_dqn."""
     seed: int = 0
     env: EnvConfig = Field(default_factory=EnvConfig)
     """The environments: a gymnasium or PettingZoo id, how many one actor steps and how they
@@ -155,8 +156,9 @@ class ExperimentConfig(Section):
     hosts: list[HostConfig] = Field(default_factory=list)
     """Placement: roles on other hosts; the rest of `roles` runs where `zrl run` runs."""
     _algorithm_sections: dict[str, Section] = PrivateAttr(default_factory=dict)
-    """Every section of ``zrl.config.algorithms.algorithm_sections()``, by YAML key (defaults where
-    the config has none), whichever algorithm runs: ``--all`` shows them, a config keeps them."""
+    """Every section of ``catalog().sections()`` (``zrl.config.catalog``), by YAML key
+    (defaults where the config has none), whichever algorithm runs: ``--all`` shows them, a
+    config keeps them."""
 
     def section(self, model: type[S]) -> S:
         """The algorithm config section of class ``model``: ``cfg.section(PPOConfig).clip``."""
@@ -225,7 +227,7 @@ class ExperimentConfig(Section):
             )
         if multiagent and self.env.multiagent.self_play_seats == "both":
             why = ""
-            if not get_algorithm(self.algo).both_seats:
+            if not catalog().get(self.algo).both_seats:
                 why = (
                     f"algo {self.algo!r} learns from one seat's moves (ppo and alphazero "
                     "learn from both)"
@@ -261,7 +263,7 @@ class ExperimentConfig(Section):
                 f"roles.actors ({r.actors}) must be at least 1 + {keys} = {players}: each "
                 "learning player needs an actor"
             )
-        wiring = get_algorithm(self.algo).wiring
+        wiring = catalog().get(self.algo).wiring
         if wiring.learner_input != "rollouts":
             # A replay shard's table holds one policy's experience, so its batches could
             # not tell the learners apart.
@@ -298,8 +300,9 @@ class ExperimentConfig(Section):
             return
         key = f"pbt.members ({n})"
         why = ""
-        if self.algo != "ppo":
-            why = f"algo {self.algo!r}: PBT is implemented for ppo only"
+        if not catalog().get(self.algo).population:
+            able = [a for a in catalog().names() if catalog().get(a).population]
+            why = f"algo {self.algo!r}: PBT is implemented for {' and '.join(able)} only"
         elif r.league:
             why = "roles.league: a league's players and a population cannot share one run"
         elif r.learners < n or r.learners % n:
@@ -445,7 +448,7 @@ class ExperimentConfig(Section):
     @field_validator("algo")
     @classmethod
     def _known_algo(cls, algo: str) -> str:
-        get_algorithm(algo)  # ValueError naming the known algorithms
+        catalog().get(algo)  # ValueError naming the known algorithms
         return algo
 
     @model_validator(mode="wrap")
@@ -457,7 +460,7 @@ class ExperimentConfig(Section):
         # the common ones, as they read what those checked. Validating an instance (an
         # assignment) keeps its sections.
         cfg = cls._with_sections(data, handler) if isinstance(data, dict) else handler(data)
-        get_algorithm(cfg.algo).check(cfg)  # after the sections: the checks read them
+        catalog().get(cfg.algo).check(cfg)  # after the sections: the checks read them
         cfg._pbt_bounds_hold()
         return cfg
 
@@ -467,7 +470,7 @@ class ExperimentConfig(Section):
     ) -> ExperimentConfig:
         """Validate the algorithms' sections of ``data`` with their models and the rest with
         the fields; the errors of both together, located as if the sections were fields."""
-        models = algorithm_sections()
+        models = catalog().sections()
         clash = models.keys() & cls.model_fields.keys()
         if clash:
             raise ValueError(f"an algorithm defines the config section(s) {sorted(clash)}")
@@ -504,7 +507,7 @@ def config_schema() -> dict[str, Any]:
     sections after ``learner``."""
     fields = [(k, f.annotation) for k, f in ExperimentConfig.model_fields.items()]
     at = [k for k, _ in fields].index(ALGORITHM_SECTIONS_AFTER) + 1
-    return dict([*fields[:at], *algorithm_sections().items(), *fields[at:]])
+    return dict([*fields[:at], *catalog().sections().items(), *fields[at:]])
 
 
 def sections_used(algo: str) -> list[str]:
@@ -610,7 +613,7 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
         algo = data.get("algo")
-        algo = algo if algo in algorithm_names() else "apex_dqn"
+        algo = algo if algo in catalog().names() else catalog().default()
         why = format_validation_error(err, config_schema(), algo, sections_used(algo))
         raise ConfigError(f"invalid config: {why}") from None
 

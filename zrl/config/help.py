@@ -2,7 +2,8 @@
 key the key it was most likely meant to be (``did you mean learner.lr?``).
 
 It reads the schema it is given (``zrl.config.experiment.config_schema()``: each top-level key of a
-config and its type) and imports nothing from zrl, so ``zrl.config.experiment`` can use it.
+config and its type) and the algorithms' names for their keys (``zrl.config.catalog``); it
+imports nothing else from zrl, so ``zrl.config.experiment`` can use it.
 """
 
 from __future__ import annotations
@@ -13,159 +14,87 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from zrl.config.catalog import catalog
+
 # What users of SB3, CleanRL, RLlib and Sample Factory call zrl's keys: an unknown key with
-# one of these names is suggested the zrl key, per algo ("*": any algo). Spelling mistakes of
-# zrl's own names need no entry: they are found by closeness to the schema.
-_ON_POLICY_ROLLOUT = {a: "actor.trajectory_length" for a in ("impala", "appo", "ppo", "a3c")}
-_OFF_POLICY_N_STEP = {a: "replay.n_step" for a in ("apex_dqn", "apex_ddpg", "sac")}
-_REPLAY_ALGOS = ("apex_dqn", "impala", "appo", "apex_ddpg", "sac")
-_LR = {
-    "apex_dqn": "learner.lr",
-    "impala": "learner.lr",
-    "appo": "learner.lr",
-    "ppo": "learner.lr",
-    "a3c": "a3c.lr",
-    "apex_ddpg": "ddpg.actor_lr or ddpg.critic_lr",
-    "sac": "sac.actor_lr or sac.critic_lr",
+# one of these names is suggested the zrl key. Spelling mistakes of zrl's own names need no
+# entry: they are found by closeness to the schema. The names of an algorithm's keys are its
+# record's (``Algorithm.key_aliases``, ``shared_key_aliases``); these are the common keys'.
+COMMON_KEY_ALIASES: dict[str, str] = {
+    "gamma": "replay.gamma",
+    "discount": "replay.gamma",
+    "max_grad_norm": "learner.grad_clip",
+    "grad_clip": "learner.grad_clip",
+    "grad_norm_clipping": "learner.grad_clip",
+    "max_grad_norm_clip": "learner.grad_clip",
+    "target_update_interval": "learner.target_update_interval",
+    "target_network_frequency": "learner.target_update_interval",
+    "target_network_update_freq": "learner.target_update_interval",
+    "buffer_size": "replay.capacity",
+    "replay_size": "replay.capacity",
+    "replay_buffer_size": "replay.capacity",
+    "learning_starts": "replay.min_size",
+    "exploration_final_eps": "actor.epsilon",
+    "exploration_initial_eps": "actor.epsilon",
+    "exploration_fraction": "actor.epsilon",
+    "start_e": "actor.epsilon",
+    "end_e": "actor.epsilon",
+    "epsilon": "actor.epsilon",
+    "n_envs": "env.num_envs",
+    "num_envs": "env.num_envs",
+    "num_envs_per_worker": "env.num_envs",
+    "num_envs_per_env_runner": "env.num_envs",
+    "num_workers": "roles.actors",
+    "num_env_runners": "roles.actors",
+    "total_timesteps": "stop.env_steps",
+    "train_for_env_steps": "stop.env_steps",
+    "train_for_seconds": "stop.wall_time",
+    "time_limit": "stop.wall_time",
+    "env_id": "env.id",
+    "env_name": "env.id",
+    "env_kwargs": "env.kwargs",
+    "env_config": "env.kwargs",
+    "max_episode_steps": "env.kwargs.max_episode_steps",
+    "net_arch": "model.hidden",
+    "hidden_sizes": "model.hidden",
+    "fcnet_hiddens": "model.hidden",
+    "activation_fn": "model.activation",
+    "fcnet_activation": "model.activation",
+    "double_q": "learner.double",
+    "double_dqn": "learner.double",
+    "train_freq": "replay.samples_per_insert",
+    "gradient_steps": "replay.samples_per_insert",
+    "replay_ratio": "replay.samples_per_insert",
+    "prioritized_replay_alpha": "replay.alpha",
+    "prioritized_replay_beta": "replay.beta",
+    "eval_freq": "evaluator.interval",
+    "n_eval_episodes": "evaluator.episodes",
+    "reward_threshold": "stop.eval_return",
+    "target_return": "stop.eval_return",
 }
-_GAMMA = {
-    "impala": "impala.gamma",
-    "appo": "appo.gamma",
-    "ppo": "ppo.gamma",
-    "a3c": "a3c.gamma",
-    "*": "replay.gamma",
-}
-_ENTROPY = {
-    "impala": "impala.entropy_coef",
-    "appo": "appo.entropy_coef",
-    "a3c": "a3c.entropy_coef",
-    "sac": "sac.fixed_alpha",
-    "*": "ppo.entropy_coef",
-}
-_VALUE = {
-    "impala": "impala.value_coef",
-    "appo": "appo.value_coef",
-    "a3c": "a3c.value_coef",
-    "*": "ppo.value_coef",
-}
-_EPOCHS = {"impala": "impala.epochs", "appo": "appo.epochs", "*": "ppo.epochs"}
-_CLIP = {"appo": "appo.clip", "*": "ppo.clip"}
-_VALUE_CLIP = {"appo": "appo.value_clip", "*": "ppo.value_clip"}
-_LAMBDA = {
-    "impala": "impala.vtrace_lambda",
-    "appo": "appo.vtrace_lambda",
-    "a3c": "a3c.gae_lambda",
-    "*": "ppo.gae_lambda",
-}
-_MAX_LAG = {"impala": "impala.max_lag", "appo": "appo.max_lag", "ppo": "ppo.max_lag"}
-_GRAD_CLIP = {"a3c": "a3c.grad_clip", "*": "learner.grad_clip"}
-_TAU = {"sac": "sac.tau", "*": "ddpg.tau"}
-_EPSILON = {"*": "actor.epsilon", "apex_ddpg": "ddpg.noise_sigma"}
-KEY_ALIASES: dict[str, dict[str, str]] = {
-    "learning_rate": _LR,
-    "lr": _LR,
-    "gamma": _GAMMA,
-    "discount": _GAMMA,
-    "n_steps": {**_OFF_POLICY_N_STEP, **_ON_POLICY_ROLLOUT},
-    "num_steps": _ON_POLICY_ROLLOUT,
-    "rollout_length": _ON_POLICY_ROLLOUT,
-    "rollout": _ON_POLICY_ROLLOUT,
-    "unroll_length": _ON_POLICY_ROLLOUT,
-    "n_step": _OFF_POLICY_N_STEP,
-    "batch_size": {"ppo": "ppo.minibatch_size", **{a: "replay.batch_size" for a in _REPLAY_ALGOS}},
-    "num_minibatches": {"appo": "appo.minibatches", "*": "ppo.minibatch_size"},
-    "num_batches_per_epoch": {"appo": "appo.minibatches", "*": "ppo.minibatch_size"},
-    "ent_coef": _ENTROPY,
-    "entropy_coef": _ENTROPY,
-    "ent_coeff": _ENTROPY,
-    "entropy_coeff": _ENTROPY,
-    "exploration_loss_coeff": _ENTROPY,
-    "vf_coef": _VALUE,
-    "value_coef": _VALUE,
-    "vf_loss_coeff": _VALUE,
-    "value_loss_coeff": _VALUE,
-    "clip_range": _CLIP,
-    "clip_coef": _CLIP,
-    "clip_param": _CLIP,
-    "ppo_clip_ratio": _CLIP,
-    "clip_range_vf": _VALUE_CLIP,
-    "vf_clip_param": _VALUE_CLIP,
-    "ppo_clip_value": _VALUE_CLIP,
-    "max_policy_lag": _MAX_LAG,
-    "vtrace_rho": {"impala": "impala.rho_bar", "appo": "appo.rho_bar"},
-    "vtrace_c": {"impala": "impala.c_bar", "appo": "appo.c_bar"},
-    "n_epochs": _EPOCHS,
-    "update_epochs": _EPOCHS,
-    "num_epochs": _EPOCHS,
-    "num_sgd_iter": _EPOCHS,
-    "epochs": _EPOCHS,
-    "gae_lambda": _LAMBDA,
-    "lambda": _LAMBDA,
-    "norm_adv": {"appo": "appo.normalize_advantages", "*": "ppo.normalize_advantages"},
-    "normalize_advantage": {"appo": "appo.normalize_advantages", "*": "ppo.normalize_advantages"},
-    "max_grad_norm": _GRAD_CLIP,
-    "grad_clip": _GRAD_CLIP,
-    "grad_norm_clipping": _GRAD_CLIP,
-    "max_grad_norm_clip": _GRAD_CLIP,
-    "target_update_interval": {"*": "learner.target_update_interval"},
-    "target_network_frequency": {"*": "learner.target_update_interval"},
-    "target_network_update_freq": {"*": "learner.target_update_interval"},
-    "tau": _TAU,
-    "polyak": _TAU,
-    "buffer_size": {"*": "replay.capacity"},
-    "replay_size": {"*": "replay.capacity"},
-    "replay_buffer_size": {"*": "replay.capacity"},
-    "learning_starts": {"*": "replay.min_size"},
-    "exploration_final_eps": _EPSILON,
-    "exploration_initial_eps": _EPSILON,
-    "exploration_fraction": _EPSILON,
-    "start_e": _EPSILON,
-    "end_e": _EPSILON,
-    "epsilon": _EPSILON,
-    "exploration_noise": {"*": "ddpg.noise_sigma"},
-    "action_noise": {"*": "ddpg.noise_sigma"},
-    "policy_delay": {"*": "ddpg.policy_delay"},
-    "policy_frequency": {"*": "ddpg.policy_delay"},
-    "target_policy_noise": {"*": "ddpg.target_noise"},
-    "policy_noise": {"*": "ddpg.target_noise"},
-    "target_noise_clip": {"*": "ddpg.target_noise_clip"},
-    "noise_clip": {"*": "ddpg.target_noise_clip"},
-    "q_lr": {"apex_ddpg": "ddpg.critic_lr", "*": "sac.critic_lr"},
-    "policy_lr": {"apex_ddpg": "ddpg.actor_lr", "*": "sac.actor_lr"},
-    "autotune": {"*": "sac.fixed_alpha"},
-    "target_entropy": {"*": "sac.target_entropy"},
-    "n_envs": {"*": "env.num_envs"},
-    "num_envs": {"*": "env.num_envs"},
-    "num_envs_per_worker": {"*": "env.num_envs"},
-    "num_envs_per_env_runner": {"*": "env.num_envs"},
-    "num_workers": {"*": "roles.actors"},
-    "num_env_runners": {"*": "roles.actors"},
-    "total_timesteps": {"*": "stop.env_steps"},
-    "train_for_env_steps": {"*": "stop.env_steps"},
-    "train_for_seconds": {"*": "stop.wall_time"},
-    "time_limit": {"*": "stop.wall_time"},
-    "env_id": {"*": "env.id"},
-    "env_name": {"*": "env.id"},
-    "env_kwargs": {"*": "env.kwargs"},
-    "env_config": {"*": "env.kwargs"},
-    "max_episode_steps": {"*": "env.kwargs.max_episode_steps"},
-    "net_arch": {"*": "model.hidden"},
-    "hidden_sizes": {"*": "model.hidden"},
-    "fcnet_hiddens": {"*": "model.hidden"},
-    "activation_fn": {"*": "model.activation"},
-    "fcnet_activation": {"*": "model.activation"},
-    "double_q": {"*": "learner.double"},
-    "double_dqn": {"*": "learner.double"},
-    "train_freq": {"*": "replay.samples_per_insert"},
-    "gradient_steps": {"*": "replay.samples_per_insert"},
-    "replay_ratio": {"*": "replay.samples_per_insert"},
-    "prioritized_replay_alpha": {"*": "replay.alpha"},
-    "prioritized_replay_beta": {"*": "replay.beta"},
-    "eval_freq": {"*": "evaluator.interval"},
-    "n_eval_episodes": {"*": "evaluator.episodes"},
-    "reward_threshold": {"*": "stop.eval_return"},
-    "target_return": {"*": "stop.eval_return"},
-}
+
+
+def key_aliases() -> dict[str, dict[str, str]]:
+    """Other libraries' name -> ``{algo: the zrl key meant when algo runs, "*": for any other
+    algo}``: the registered algorithms' ``key_aliases`` and ``shared_key_aliases`` and
+    :data:`COMMON_KEY_ALIASES`."""
+    algorithms = catalog()
+    aliases: dict[str, dict[str, str]] = {}
+    for algo in algorithms.names():
+        record = algorithms.get(algo)
+        for name, key in record.key_aliases.items():
+            aliases.setdefault(name, {})[algo] = key
+        for name, key in record.shared_key_aliases.items():
+            aliases.setdefault(name, {})["*"] = key
+    for name, key in COMMON_KEY_ALIASES.items():
+        aliases.setdefault(name, {})["*"] = key
+    return aliases
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KEY_ALIASES":  # the table as it stands, for a reader of the module
+        return key_aliases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 Schema = Mapping[str, Any]
@@ -198,7 +127,7 @@ def _close(word: str, candidates: list[str], cutoff: float) -> str | None:
 def suggest_key(
     loc: tuple[int | str, ...],
     schema: Schema,
-    algo: str = "apex_dqn",
+    algo: str | None = None,
     used: Collection[str] = (),
 ) -> str | None:
     """The key path an unknown key at ``loc`` of ``schema`` was most likely meant to be, or
@@ -207,7 +136,7 @@ def suggest_key(
     A near miss in the same section wins (a typo); then a name other libraries use for a zrl
     key (``learning_rate`` -> ``learner.lr``), or a typo of one (``lerning_rate``); then a
     looser match in the same section; then a close name in another section, the sections
-    ``algo`` uses (``used``) first."""
+    ``algo`` uses (``used``) first. ``algo``: the registry's default if None."""
     *parent, last = loc
     key = str(last).lower().replace("-", "_")
     here = [str(p) for p in parent]
@@ -215,9 +144,10 @@ def suggest_key(
     near = _close(key, fields, 0.8)
     if near is not None:
         return ".".join([*here, near])
-    alias = KEY_ALIASES.get(key) or KEY_ALIASES.get(_close(key, list(KEY_ALIASES), 0.85) or "")
+    aliases = key_aliases()
+    alias = aliases.get(key) or aliases.get(_close(key, list(aliases), 0.85) or "")
     if alias is not None:
-        target = alias.get(algo) or alias.get("*")
+        target = alias.get(algo or catalog().default()) or alias.get("*")
         if target is not None:
             return target
     near = _close(key, fields, 0.6)
@@ -235,7 +165,7 @@ def suggest_key(
 def format_validation_error(
     err: ValidationError,
     schema: Schema,
-    algo: str = "apex_dqn",
+    algo: str | None = None,
     used: Collection[str] = (),
 ) -> str:
     """``err`` as one line, ``path: message`` per error; an unknown key with the key it was
@@ -260,4 +190,11 @@ def format_validation_error(
     return "; ".join(lines)
 
 
-__all__ = ["KEY_ALIASES", "Schema", "fields_at", "format_validation_error", "suggest_key"]
+__all__ = [
+    "COMMON_KEY_ALIASES",
+    "Schema",
+    "fields_at",
+    "format_validation_error",
+    "key_aliases",
+    "suggest_key",
+]

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from zrl.algos.api.actor import ActorPolicy, ActorSetup, Trajectory
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.envs.multiagent.envs import MultiAgentVectorEnv, fixed_opponents
 from zrl.envs.vector import EnvGroups, EpisodeTracker
 from zrl.roles.base import Role
@@ -164,7 +164,7 @@ class Actor(Role):
         stand-in for it), its envs, seed and random stream, for ``spaces`` (observation,
         action)."""
         algorithm = get_algorithm(self.config.algo)
-        return algorithm.load(algorithm.policy)(
+        return algorithm.policy(
             ActorSetup(
                 config=self.config,
                 observation_space=spaces[0],

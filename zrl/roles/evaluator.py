@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.envs.multiagent.envs import TurnBasedVectorEnv, fixed_opponents
 from zrl.envs.multiagent.games import board_game
 from zrl.envs.multiagent.search import exploitability
@@ -86,8 +86,8 @@ class Evaluator(Role):
         self.searcher: Any = None
         algorithm = get_algorithm(self.config.algo)
         game = board_game(self.config.env.id.partition("/")[2]) if turn_based else None
-        if algorithm.search_player and game is not None:
-            make = algorithm.load(algorithm.search_player)
+        make = algorithm.search_player if algorithm.searches else None
+        if make is not None and game is not None:
             self.searcher = make(self.model, self.config, game, self.config.seed + 3)
         # The exploitability of the greedy policy, where the game is small enough to search.
         self.game = exploitability_game(self.config.evaluator.exploitability, self.config.env.id)

@@ -58,7 +58,7 @@ from zrl.algos.api.learner import (
     UpdateResult,
 )
 from zrl.algos.kernel.batches import resolve_device, wants_channels_last
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.nets.encoders import use_channels_last
 from zrl.nets.wire import WeightsCopy
 from zrl.roles.base import Role, checked_file
@@ -164,8 +164,10 @@ class Learner(Role):
     ) -> LearnerUpdate:
         """The algorithm's update of a new model for ``spaces`` (observation, action); the
         learner lends itself as ``services`` unless given others (tests)."""
-        algorithm = get_algorithm(self.config.algo)
-        return algorithm.load(algorithm.update)(
+        update = get_algorithm(self.config.algo).update
+        if update is None:
+            raise ValueError(f"{self.config.algo} has no learner: set roles.learners: 0")
+        return update(
             LearnerSetup(
                 config=self.config,
                 model=self.learner_model(spaces),

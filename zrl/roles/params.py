@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from zrl.algos.api.learner import GradientServer, GradientServerSetup
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.nets.wire import non_finite_array
 from zrl.roles.base import Role, index_of_id
 from zrl.roles.errors import RoleError
@@ -153,7 +153,7 @@ class ParameterServer(Role):
 
     def setup(self) -> None:
         self.publisher = self.open_publisher(P.WEIGHTS_TOPIC, hwm=100)
-        if get_algorithm(self.config.algo).gradient_server:
+        if get_algorithm(self.config.algo).wiring.experience == "gradients":
             self.setup_gradient_server()
         else:
             self.layout = self.model_layout()
@@ -208,7 +208,9 @@ class ParameterServer(Role):
         from zrl.nets.wire import model_to_arrays
 
         self.layout = layout_of(model_to_arrays(model))
-        self.gradient_server = algorithm.load(algorithm.gradient_server)(
+        make_server = algorithm.gradient_server
+        assert make_server is not None  # its wiring sends gradients (setup)
+        self.gradient_server = make_server(
             GradientServerSetup(
                 config=self.config,
                 model=model,

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ExperimentConfig
 from zrl.replay.assemble import assemble_items
 from zrl.replay.frames import FrameTable, assemble_frame_transitions

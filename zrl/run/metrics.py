@@ -132,10 +132,10 @@ def eval_fields(config: Mapping[str, Any] | None) -> list[str]:
 
 def _has_search_player(algo: str) -> bool:
     """Whether the evaluator also plays algorithm ``algo``'s search player."""
-    from zrl.config.algorithms import get_algorithm
+    from zrl.algos.registry import get_algorithm
 
     try:
-        return bool(get_algorithm(algo).search_player)
+        return get_algorithm(algo).searches
     except ValueError:  # an algorithm this process does not know: no such columns
         return False
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from zrl.config.algorithms import get_algorithm
+from zrl.algos.registry import get_algorithm
 from zrl.config.experiment import ConfigError, ExperimentConfig, check_fits_machine
 from zrl.config.factories import Factories, FactoryError
 from zrl.run.sizing import resolve_auto_roles

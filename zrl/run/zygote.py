@@ -74,12 +74,13 @@ def preload(entry: str) -> Any:
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    from zrl.config.algorithms import ALGORITHMS, get_algorithm
+    from zrl.algos.registry import BUILT_IN
     from zrl.roles import ROLE_MODULES
 
-    parts = [p for name in ALGORITHMS for p in _algorithm_parts(get_algorithm(name))]
-    for path in [*ROLE_MODULES.values(), *parts]:
+    for path in ROLE_MODULES.values():
         __import__(path.split(":")[0])
+    for algorithm in BUILT_IN.values():
+        algorithm.loaded()  # its pieces: policy, update, model, ...
     import zrl.broker  # noqa: F401
     import zrl.envs.vector  # noqa: F401
     import zrl.nets.continuous  # noqa: F401
@@ -88,10 +89,6 @@ def preload(entry: str) -> Any:
     module = importlib.import_module(entry)
     module.command()  # every role parses its arguments with it
     return module
-
-
-def _algorithm_parts(algorithm: Any) -> list[str]:
-    return [ref for ref in (algorithm.policy, algorithm.update, algorithm.model) if ref]
 
 
 def _run_role(

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.alphazero.config import AlphaZeroConfig
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -49,15 +49,28 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.alphazero.player import search_player
+    from zrl.algos.alphazero.policy import AlphaZeroPolicy
+    from zrl.algos.alphazero.update import AlphaZeroUpdate
+    from zrl.nets.discrete import actor_critic_for
+
+    return Pieces(
+        policy=AlphaZeroPolicy,
+        update=AlphaZeroUpdate,
+        model=actor_critic_for,
+        search_player=search_player,
+    )
+
+
 ALGORITHM = Algorithm(
     name="alphazero",
     summary="AlphaZero: self-play with PUCT search, a policy-value network on visit counts",
+    pieces=pieces,
     wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
-    policy="zrl.algos.alphazero.policy:AlphaZeroPolicy",
-    update="zrl.algos.alphazero.update:AlphaZeroUpdate",
-    model="zrl.nets.discrete:actor_critic_for",
     both_seats=True,
-    search_player="zrl.algos.alphazero.player:search_player",
+    searches=True,
     config={"alphazero": AlphaZeroConfig},
     sections=("learner",),
     check_config=check_config,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zrl.algos.apex_ddpg.config import DDPGConfig
+from zrl.algos.apex_ddpg.config import KEY_ALIASES, SHARED_KEY_ALIASES, DDPGConfig
+from zrl.algos.api.algorithm import Pieces
 from zrl.algos.kernel.records import box_off_policy
 
 if TYPE_CHECKING:
@@ -27,12 +28,21 @@ def model_options(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"twin": cfg.section(DDPGConfig).twin}
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.apex_ddpg.policy import ApexDDPGPolicy
+    from zrl.algos.apex_ddpg.update import ApexDDPGUpdate
+    from zrl.nets.continuous import ddpg_model_for
+
+    return Pieces(policy=ApexDDPGPolicy, update=ApexDDPGUpdate, model=ddpg_model_for)
+
+
 ALGORITHM = box_off_policy(
     "apex_ddpg",
     "Ape-X DDPG / TD3: Gaussian-noise actors, n-step replay, deterministic policy",
-    policy="zrl.algos.apex_ddpg.policy:ApexDDPGPolicy",
-    update="zrl.algos.apex_ddpg.update:ApexDDPGUpdate",
-    model="zrl.nets.continuous:ddpg_model_for",
+    pieces=pieces,
     config={"ddpg": DDPGConfig},
     model_options=model_options,
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )

@@ -41,3 +41,38 @@ class DDPGConfig(Section):
     """Huber loss of the critics with this delta; null: squared error."""
     warmup_steps: int = Field(1000, ge=0)
     """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
+
+
+KEY_ALIASES: dict[str, str] = {
+    "learning_rate": "ddpg.actor_lr or ddpg.critic_lr",
+    "lr": "ddpg.actor_lr or ddpg.critic_lr",
+    "n_steps": "replay.n_step",
+    "n_step": "replay.n_step",
+    "batch_size": "replay.batch_size",
+    "exploration_final_eps": "ddpg.noise_sigma",
+    "exploration_initial_eps": "ddpg.noise_sigma",
+    "exploration_fraction": "ddpg.noise_sigma",
+    "start_e": "ddpg.noise_sigma",
+    "end_e": "ddpg.noise_sigma",
+    "epsilon": "ddpg.noise_sigma",
+    "q_lr": "ddpg.critic_lr",
+    "policy_lr": "ddpg.actor_lr",
+}
+"""What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
+of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
+
+
+SHARED_KEY_ALIASES: dict[str, str] = {
+    "tau": "ddpg.tau",
+    "polyak": "ddpg.tau",
+    "exploration_noise": "ddpg.noise_sigma",
+    "action_noise": "ddpg.noise_sigma",
+    "policy_delay": "ddpg.policy_delay",
+    "policy_frequency": "ddpg.policy_delay",
+    "target_policy_noise": "ddpg.target_noise",
+    "policy_noise": "ddpg.target_noise",
+    "target_noise_clip": "ddpg.target_noise_clip",
+    "noise_clip": "ddpg.target_noise_clip",
+}
+"""Other libraries' names for keys of its own section, suggested whichever algorithm runs
+where that one has no name of its own for the key (``zrl.config.help``)."""

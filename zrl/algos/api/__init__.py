@@ -1,7 +1,7 @@
 """What an algorithm package gives the generic roles, and what they give it.
 
 An algorithm is a package ``zrl/algos/<name>/`` whose ``__init__.py`` defines ``ALGORITHM``,
-an :class:`Algorithm`, and one line in ``zrl.config.algorithms.ALGORITHMS`` names it. The roles
+an :class:`Algorithm`, and one import in the registry ``zrl.algos.registry`` names it. The roles
 never ask which algorithm runs; they ask the ``Algorithm``:
 
 - ``wiring``: where actors send (a replay shard, every learner, or the parameter server), what
@@ -21,9 +21,10 @@ never ask which algorithm runs; they ask the ``Algorithm``:
 - ``search_player``: a player that searches with the model (AlphaZero's), which the evaluator
   plays beside the greedy policy.
 
-The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``) are
-``"module:attribute"`` references, imported only by the process that uses them: the config
-and the CLI never import torch.
+The heavy parts (``policy``, ``update``, ``gradient_server``, ``model``, ``search_player``)
+are its :class:`Pieces`, which its ``pieces`` function imports inside its body (real imports,
+which mypy and import-linter see) when a process first uses one: the config and the CLI never
+import torch.
 It imports nothing else from zrl at run time, so every layer may use it. Its modules:
 ``algorithm`` (:class:`Algorithm`, :class:`Wiring`), ``actor`` (what the actor and its policy
 exchange) and ``learner`` (what the learner or the parameter server and the algorithm's update
@@ -33,7 +34,7 @@ each name from its module.
 """
 
 from zrl.algos.api.actor import ActorPolicy, ActorSetup, BasePolicy, Outgoing, Trajectory
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 from zrl.algos.api.learner import (
     BaseUpdate,
     GradientServer,
@@ -58,6 +59,7 @@ __all__ = [
     "LearnerSetup",
     "LearnerUpdate",
     "NonFiniteLossError",
+    "Pieces",
     "Outgoing",
     "Priorities",
     "Trajectory",

@@ -105,11 +105,18 @@ class ActorPolicy(Protocol):
     """The actor-side half of an algorithm. The actor owns the envs, the buffers, sending,
     the credit window and the episode statistics; the policy only decides."""
 
-    records_next_obs: bool
-    """Whether the actor keeps every step's next observation (transitions need it)."""
-    action_dtype: type
-    action_shape: tuple[int, ...]
-    """The per-env action: ``()`` int64 for Discrete, ``(act_dim,)`` float32 for a Box."""
+    # Read-only to the actor (properties here, so that a policy's narrower class attribute,
+    # ``action_dtype = np.int64``, satisfies the protocol).
+    @property
+    def records_next_obs(self) -> bool:
+        """Whether the actor keeps every step's next observation (transitions need it)."""
+
+    @property
+    def action_dtype(self) -> type: ...
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """The per-env action: ``()`` int64 for Discrete, ``(act_dim,)`` float32 for a Box."""
 
     def begin(self, steps: int, env_steps: int) -> None:
         """A trajectory of ``steps`` steps starts (draw its exploration noise here, at once)."""

@@ -4,12 +4,18 @@ roles (:class:`Wiring`); ``zrl.algos.api`` says what each field means to the rol
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from zrl.algos.api.actor import ActorPolicy, ActorSetup
+    from zrl.algos.api.learner import (
+        GradientServer,
+        GradientServerSetup,
+        LearnerSetup,
+        LearnerUpdate,
+    )
     from zrl.config.base import Section
     from zrl.config.experiment import ExperimentConfig
 
@@ -65,23 +71,41 @@ class Wiring:
 
 
 @dataclass(frozen=True)
+class Pieces:
+    """An algorithm's heavy pieces (they import torch): what :attr:`Algorithm.pieces` returns,
+    the objects themselves, imported by the function that builds this record."""
+
+    policy: Callable[[ActorSetup], ActorPolicy]
+    """Its :class:`ActorPolicy` class, or a function choosing one (PPO: feed-forward or
+    recurrent), called with an :class:`ActorSetup`."""
+    model: Callable[..., Any]
+    """The function building zrl's network for it:
+    ``f(observation_space, action_space, model_cfg, **model_options(config)) -> nn.Module``."""
+    update: Callable[[LearnerSetup], LearnerUpdate] | None = None
+    """Its :class:`LearnerUpdate` class, called with a :class:`LearnerSetup` (None when it has
+    no learner)."""
+    gradient_server: Callable[[GradientServerSetup], GradientServer] | None = None
+    """Its :class:`GradientServer` class, called with a :class:`GradientServerSetup`
+    (required when ``wiring.experience`` is "gradients", None otherwise)."""
+    search_player: Callable[..., Any] | None = None
+    """A player that searches with the model, called ``f(model, config, game, seed)`` for a
+    board game (``zrl.envs.multiagent.games``); it returns None when the config asks for no
+    search, else an object with the model's ``act(obs, deterministic=True)``: the evaluator
+    plays it beside the greedy policy and reports it as ``search_<opponent>_...``
+    (AlphaZero). None for none (then :attr:`Algorithm.searches` is False)."""
+
+
+@dataclass(frozen=True)
 class Algorithm:
     name: str
     summary: str
     wiring: Wiring
-    policy: str
-    """``module:attribute`` of its :class:`ActorPolicy` class, or of a function choosing one
-    (PPO: feed-forward or recurrent), called with an :class:`ActorSetup`."""
-    update: str
-    """``module:Class`` of its :class:`LearnerUpdate`, called with a :class:`LearnerSetup`
-    ("" when it has no learner)."""
-    model: str
-    """``module:function`` building zrl's network for it:
-    ``f(observation_space, action_space, model_cfg, **model_options(config)) -> nn.Module``."""
-    gradient_server: str = ""
-    """``module:Class`` of its :class:`GradientServer`, called with a
-    :class:`GradientServerSetup` (required when ``wiring.experience`` is "gradients", ""
-    otherwise)."""
+    pieces: Callable[[], Pieces]
+    """Imports and returns its heavy pieces (:class:`Pieces`): a function whose imports are
+    inside it, so that the record, and the config that validates against it, stay light
+    (no torch) and only a process that runs a piece imports it. Called once per process
+    (:meth:`loaded`); ``policy``, ``update``, ``model``, ``gradient_server`` and
+    ``search_player`` are its pieces."""
     recurrent: bool = False
     """Its policy and update carry a recurrent state, so ``model.core`` may be lstm or gru."""
     random_actions: bool = False
@@ -100,12 +124,14 @@ class Algorithm:
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
     its actors; one that needs the weights in the actor (PPO's synchronous rounds, A3C's
     gradients, the continuous policies' critics) has False."""
-    search_player: str = ""
-    """``module:function`` of a player that searches with the model, called
-    ``f(model, config, game, seed)`` for a board game (``zrl.envs.multiagent.games``); it
-    returns None when the config asks for no search, else an object with the model's
-    ``act(obs, deterministic=True)``: the evaluator plays it beside the greedy policy and
-    reports it as ``search_<opponent>_...`` (AlphaZero). "" for none."""
+    population: bool = False
+    """Population-based training (``pbt.members``, ``roles.pbt``) is implemented for it: each
+    member's learners take the member's hyperparameters (``pbt.hyperparameters``) and report
+    its fitness (PPO)."""
+    searches: bool = False
+    """Its pieces have a ``search_player`` (AlphaZero's): the evaluator plays it beside the
+    greedy policy and reports it as ``search_<opponent>_...``; light, for the supervisor,
+    which lists those columns without importing the pieces."""
     config: Mapping[str, type[Section]] = field(default_factory=dict)
     """The config sections it defines, YAML key -> section model (``{"ppo": PPOConfig}``):
     ``ExperimentConfig`` validates them beside its own, and the algorithm reads its section
@@ -113,6 +139,14 @@ class Algorithm:
     sections: tuple[str, ...] = ()
     """The shared config sections it reads that not every algorithm does (``replay``,
     ``learner``): ``zrl config show`` prints these and its own (:attr:`reads`)."""
+    key_aliases: Mapping[str, str] = field(default_factory=dict)
+    """What users of other libraries (SB3, CleanRL, RLlib, Sample Factory) call its keys,
+    ``{"learning_rate": "learner.lr"}``: an unknown key of a config of this algorithm with
+    one of these names (or a typo of one) is suggested the zrl key (``zrl.config.help``)."""
+    shared_key_aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other libraries' names for keys of its own sections (``{"ent_coef":
+    "ppo.entropy_coef"}``), suggested whichever algorithm runs where that one has no
+    ``key_aliases`` entry of its own for the name."""
     check_config: Callable[[ExperimentConfig], None] | None = None
     """Raises ValueError (a user-facing message naming the key) on a config it cannot run."""
     model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None
@@ -201,11 +235,6 @@ class Algorithm:
                 f"{self.name} has no learner (the parameter server applies the actors' "
                 "gradients): set roles.learners: 0"
             )
-        if (w.experience == "gradients") != bool(self.gradient_server):
-            raise ValueError(
-                f"algorithm {self.name}: gradient_server must name the class that applies the "
-                "actors' gradients exactly when wiring.experience is 'gradients'"
-            )
         items = {self.wiring.replay_item}
         if self.recurrent_wiring is not None:
             items.add(self.recurrent_wiring.replay_item)
@@ -221,7 +250,42 @@ class Algorithm:
         if self.check_config is not None:
             self.check_config(cfg)
 
-    def load(self, ref: str) -> Any:
-        """The object a ``module:attribute`` reference of this algorithm names."""
-        module, _, attr = ref.partition(":")
-        return getattr(importlib.import_module(module), attr)
+    def loaded(self) -> Pieces:
+        """Its :class:`Pieces`, imported on the first call in this process (``pieces()``),
+        checked against the record: a gradient server exactly when its actors send gradients,
+        a search player exactly when ``searches``."""
+        cached: Pieces | None = self.__dict__.get("_loaded")
+        if cached is not None:
+            return cached
+        pieces = self.pieces()
+        if (self.wiring.experience == "gradients") != (pieces.gradient_server is not None):
+            raise ValueError(
+                f"algorithm {self.name}: gradient_server must give the class that applies the "
+                "actors' gradients exactly when wiring.experience is 'gradients'"
+            )
+        if self.searches != (pieces.search_player is not None):
+            raise ValueError(
+                f"algorithm {self.name}: search_player must be given exactly when searches"
+            )
+        object.__setattr__(self, "_loaded", pieces)  # a cache, not a field: frozen all the same
+        return pieces
+
+    @property
+    def policy(self) -> Callable[[ActorSetup], ActorPolicy]:
+        return self.loaded().policy
+
+    @property
+    def update(self) -> Callable[[LearnerSetup], LearnerUpdate] | None:
+        return self.loaded().update
+
+    @property
+    def model(self) -> Callable[..., Any]:
+        return self.loaded().model
+
+    @property
+    def gradient_server(self) -> Callable[[GradientServerSetup], GradientServer] | None:
+        return self.loaded().gradient_server
+
+    @property
+    def search_player(self) -> Callable[..., Any] | None:
+        return self.loaded().search_player

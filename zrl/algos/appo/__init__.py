@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.appo.config import AppoConfig
+from zrl.algos.appo.config import KEY_ALIASES, AppoConfig
 from zrl.algos.kernel.records import check_learner_group, check_recurrent, unroll_algorithm
 
 if TYPE_CHECKING:
+    from zrl.algos.appo.update import AppoUpdate
     from zrl.config.experiment import ExperimentConfig
 
 
@@ -42,11 +43,19 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
 
 
+def update() -> type[AppoUpdate]:
+    """The learner update (torch), imported when a learner first builds one."""
+    from zrl.algos.appo.update import AppoUpdate
+
+    return AppoUpdate
+
+
 # The unroll algorithms' record (IMPALA's wiring, actor policy and model) with its learner.
 ALGORITHM = unroll_algorithm(
     "appo",
     "APPO: asynchronous actors, unrolls through a FIFO queue, PPO clip on V-trace",
-    update="zrl.algos.appo.update:AppoUpdate",
+    update=update,
     config={"appo": AppoConfig},
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
 )

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.impala.config import ImpalaConfig
+from zrl.algos.impala.config import KEY_ALIASES, ImpalaConfig
 from zrl.algos.kernel.records import check_learner_group, check_recurrent, unroll_algorithm
 
 if TYPE_CHECKING:
+    from zrl.algos.impala.update import ImpalaUpdate
     from zrl.config.experiment import ExperimentConfig
 
 
@@ -42,10 +43,18 @@ def check_config(cfg: ExperimentConfig) -> None:
     check_learner_group(cfg)
 
 
+def update() -> type[ImpalaUpdate]:
+    """The learner update (torch), imported when a learner first builds one."""
+    from zrl.algos.impala.update import ImpalaUpdate
+
+    return ImpalaUpdate
+
+
 ALGORITHM = unroll_algorithm(
     "impala",
     "IMPALA: asynchronous actors, unrolls through a FIFO queue, V-trace learner",
-    update="zrl.algos.impala.update:ImpalaUpdate",
+    update=update,
     config={"impala": ImpalaConfig},
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
 )

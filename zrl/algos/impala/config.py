@@ -31,3 +31,38 @@ class ImpalaConfig(Section):
     """V-trace updates on each batch (RLlib's and Sample Factory's num_epochs): 1 is the
     paper's IMPALA; more train on each unroll again, V-trace correcting for the policy having
     moved, so actors spend less CPU per update."""
+
+
+KEY_ALIASES: dict[str, str] = {
+    "learning_rate": "learner.lr",
+    "lr": "learner.lr",
+    "gamma": "impala.gamma",
+    "discount": "impala.gamma",
+    "n_steps": "actor.trajectory_length",
+    "num_steps": "actor.trajectory_length",
+    "rollout_length": "actor.trajectory_length",
+    "rollout": "actor.trajectory_length",
+    "unroll_length": "actor.trajectory_length",
+    "batch_size": "replay.batch_size",
+    "ent_coef": "impala.entropy_coef",
+    "entropy_coef": "impala.entropy_coef",
+    "ent_coeff": "impala.entropy_coef",
+    "entropy_coeff": "impala.entropy_coef",
+    "exploration_loss_coeff": "impala.entropy_coef",
+    "vf_coef": "impala.value_coef",
+    "value_coef": "impala.value_coef",
+    "vf_loss_coeff": "impala.value_coef",
+    "value_loss_coeff": "impala.value_coef",
+    "max_policy_lag": "impala.max_lag",
+    "vtrace_rho": "impala.rho_bar",
+    "vtrace_c": "impala.c_bar",
+    "n_epochs": "impala.epochs",
+    "update_epochs": "impala.epochs",
+    "num_epochs": "impala.epochs",
+    "num_sgd_iter": "impala.epochs",
+    "epochs": "impala.epochs",
+    "gae_lambda": "impala.vtrace_lambda",
+    "lambda": "impala.vtrace_lambda",
+}
+"""What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
+of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 
 if TYPE_CHECKING:
+    from zrl.algos.api.learner import LearnerSetup, LearnerUpdate
     from zrl.config.base import Section
     from zrl.config.experiment import ExperimentConfig
 
@@ -59,23 +60,30 @@ def unroll_algorithm(
     name: str,
     summary: str,
     *,
-    update: str,
+    update: Callable[[], Callable[[LearnerSetup], LearnerUpdate]],
     config: Mapping[str, type[Section]],
     check_config: Callable[[ExperimentConfig], None],
+    key_aliases: Mapping[str, str],
 ) -> Algorithm:
-    """An algorithm of IMPALA's wiring with its own learner ``update``: unrolls through a
+    """An algorithm of IMPALA's wiring with its own learner update (``update()`` imports and
+    returns its class): unrolls through a
     FIFO replay queue (``any`` action space), the actor policy
     ``zrl.algos.kernel.sampling.make_categorical_policy`` (recurrent with ``model.core``,
     random with ``actor.random_policy``, through inference roles), the actor-critic
     ``zrl.nets.gaussian.policy_model_for``, data-parallel learners, the config sections
     replay, learner and its own ``config``."""
+
+    def pieces() -> Pieces:
+        from zrl.algos.kernel.sampling import make_categorical_policy
+        from zrl.nets.gaussian import policy_model_for
+
+        return Pieces(policy=make_categorical_policy, update=update(), model=policy_model_for)
+
     return Algorithm(
         name=name,
         summary=summary,
         wiring=Wiring.replayed("any", "unroll", ("fifo",)),
-        policy="zrl.algos.kernel.sampling:make_categorical_policy",
-        update=update,
-        model="zrl.nets.gaussian:policy_model_for",
+        pieces=pieces,
         recurrent=True,
         random_actions=True,
         remote_inference=True,
@@ -83,6 +91,7 @@ def unroll_algorithm(
         config=config,
         sections=("replay", "learner"),
         check_config=check_config,
+        key_aliases=key_aliases,
     )
 
 
@@ -90,24 +99,24 @@ def box_off_policy(
     name: str,
     summary: str,
     *,
-    policy: str,
-    update: str,
-    model: str,
+    pieces: Callable[[], Pieces],
     config: Mapping[str, type[Section]],
     model_options: Callable[[ExperimentConfig], dict[str, Any]] | None = None,
+    key_aliases: Mapping[str, str],
+    shared_key_aliases: Mapping[str, str],
 ) -> Algorithm:
-    """An algorithm for Box actions with its own ``policy`` and ``update`` (on
-    ``zrl.algos.kernel.continuous``; Ape-X DDPG, SAC): Ape-X wiring, zrl's network ``model``,
+    """An algorithm for Box actions with its own ``pieces``, a policy and an update (on
+    ``zrl.algos.kernel.continuous``; Ape-X DDPG, SAC) and zrl's network: Ape-X wiring,
     the config sections replay, learner and its own ``config``; data-parallel learners."""
     return Algorithm(
         name=name,
         summary=summary,
         wiring=Wiring.off_policy("box"),
-        policy=policy,
-        update=update,
-        model=model,
+        pieces=pieces,
         config=config,
         sections=("replay", "learner"),
         model_options=model_options,
         data_parallel=True,
+        key_aliases=key_aliases,
+        shared_key_aliases=shared_key_aliases,
     )

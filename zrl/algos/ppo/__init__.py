@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api.algorithm import Algorithm, Wiring
-from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
+from zrl.algos.ppo.config import KEY_ALIASES, SHARED_KEY_ALIASES, PPOConfig
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -50,17 +50,27 @@ def check_config(cfg: ExperimentConfig) -> None:
         )
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.ppo.policy import make_policy
+    from zrl.algos.ppo.update import PPOUpdate
+    from zrl.nets.gaussian import policy_model_for
+
+    return Pieces(policy=make_policy, update=PPOUpdate, model=policy_model_for)
+
+
 ALGORITHM = Algorithm(
     name="ppo",
     summary="PPO / DD-PPO: rollouts to every learner, clipped surrogate, optional allreduce",
+    pieces=pieces,
     wiring=Wiring(actions="any", experience="rollouts", learner_input="rollouts"),
-    policy="zrl.algos.ppo.policy:make_policy",
-    update="zrl.algos.ppo.update:PPOUpdate",
-    model="zrl.nets.gaussian:policy_model_for",
     recurrent=True,
     both_seats=True,
+    population=True,
     data_parallel=True,
     config={"ppo": PPOConfig},
     sections=("learner",),
     check_config=check_config,
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 from zrl.algos.qmix.config import QMIXConfig
 
 if TYPE_CHECKING:
@@ -96,16 +96,23 @@ def _wiring(item: Literal["transitions", "sequences"]) -> Wiring:
     )
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.qmix.model import qmix_model_for
+    from zrl.algos.qmix.policy import qmix_policy
+    from zrl.algos.qmix.update import QMIXUpdate
+
+    return Pieces(policy=qmix_policy, update=QMIXUpdate, model=qmix_model_for)
+
+
 ALGORITHM = Algorithm(
     name="qmix",
     summary="QMIX: per-agent epsilon-greedy Q (GRU/LSTM: team sequences), monotonic mixer",
+    pieces=pieces,
     wiring=_wiring("transitions"),
     recurrent_wiring=_wiring("sequences"),
     recurrent=True,
     sequence_length=lambda cfg: cfg.section(QMIXConfig).sequence_length,
-    policy="zrl.algos.qmix.policy:qmix_policy",
-    update="zrl.algos.qmix.update:QMIXUpdate",
-    model="zrl.algos.qmix.model:qmix_model_for",
     config={"qmix": QMIXConfig},
     sections=("replay", "learner"),
     data_parallel=True,

@@ -93,7 +93,7 @@ def team_steps(
     }
 
 
-def qmix_policy(setup: ActorSetup) -> BasePolicy:
+def qmix_policy(setup: ActorSetup) -> QMIXPolicy | RecurrentQMIXPolicy:
     """The QMIX actor policy for the model: :class:`RecurrentQMIXPolicy` for a recurrent
     agent network (``model.core``), else :class:`QMIXPolicy`."""
     if is_recurrent(setup.model):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zrl.algos.api.algorithm import Algorithm, Wiring
+from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 from zrl.algos.r2d2.config import R2D2Config
 
 if TYPE_CHECKING:
@@ -34,13 +34,20 @@ def check_config(cfg: ExperimentConfig) -> None:
         raise ValueError("r2d2 actors run with actor.env_groups: 1")
 
 
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.r2d2.policy import R2D2Policy
+    from zrl.algos.r2d2.update import R2D2Update
+    from zrl.nets.recurrent import recurrent_q_network_for
+
+    return Pieces(policy=R2D2Policy, update=R2D2Update, model=recurrent_q_network_for)
+
+
 ALGORITHM = Algorithm(
     name="r2d2",
     summary="R2D2: recurrent Ape-X, stored-state sequences with burn-in, value rescaling",
+    pieces=pieces,
     wiring=Wiring.replayed("discrete", "sequences", ("prioritized", "uniform")),
-    policy="zrl.algos.r2d2.policy:R2D2Policy",
-    update="zrl.algos.r2d2.update:R2D2Update",
-    model="zrl.nets.recurrent:recurrent_q_network_for",
     recurrent=True,
     remote_inference=True,
     config={"r2d2": R2D2Config},

@@ -10,14 +10,25 @@ The policy and the update are built on what SAC shares with Ape-X DDPG
 (``zrl.algos.kernel.continuous``); the record on ``zrl.algos.kernel.records.box_off_policy``.
 """
 
+from zrl.algos.api.algorithm import Pieces
 from zrl.algos.kernel.records import box_off_policy
-from zrl.algos.sac.config import SACConfig
+from zrl.algos.sac.config import KEY_ALIASES, SHARED_KEY_ALIASES, SACConfig
+
+
+def pieces() -> Pieces:
+    """The heavy pieces (torch), imported when a process first uses one."""
+    from zrl.algos.sac.policy import SACPolicy
+    from zrl.algos.sac.update import SACLearnerUpdate
+    from zrl.nets.continuous import sac_model_for
+
+    return Pieces(policy=SACPolicy, update=SACLearnerUpdate, model=sac_model_for)
+
 
 ALGORITHM = box_off_policy(
     "sac",
     "SAC: squashed-Gaussian actors, n-step replay, twin critics, learned temperature",
-    policy="zrl.algos.sac.policy:SACPolicy",
-    update="zrl.algos.sac.update:SACLearnerUpdate",
-    model="zrl.nets.continuous:sac_model_for",
+    pieces=pieces,
     config={"sac": SACConfig},
+    key_aliases=KEY_ALIASES,
+    shared_key_aliases=SHARED_KEY_ALIASES,
 )

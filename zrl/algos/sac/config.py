@@ -31,3 +31,31 @@ class SACConfig(Section):
     """A constant temperature instead of the automatic one."""
     warmup_steps: int = Field(1000, ge=0)
     """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
+
+
+KEY_ALIASES: dict[str, str] = {
+    "learning_rate": "sac.actor_lr or sac.critic_lr",
+    "lr": "sac.actor_lr or sac.critic_lr",
+    "n_steps": "replay.n_step",
+    "n_step": "replay.n_step",
+    "batch_size": "replay.batch_size",
+    "ent_coef": "sac.fixed_alpha",
+    "entropy_coef": "sac.fixed_alpha",
+    "ent_coeff": "sac.fixed_alpha",
+    "entropy_coeff": "sac.fixed_alpha",
+    "exploration_loss_coeff": "sac.fixed_alpha",
+    "tau": "sac.tau",
+    "polyak": "sac.tau",
+}
+"""What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
+of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
+
+
+SHARED_KEY_ALIASES: dict[str, str] = {
+    "q_lr": "sac.critic_lr",
+    "policy_lr": "sac.actor_lr",
+    "autotune": "sac.fixed_alpha",
+    "target_entropy": "sac.target_entropy",
+}
+"""Other libraries' names for keys of its own section, suggested whichever algorithm runs
+where that one has no name of its own for the key (``zrl.config.help``)."""
