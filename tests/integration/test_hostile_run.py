@@ -10,6 +10,7 @@ stream.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -62,7 +63,7 @@ def raw_frames(kind: str, sender: str, seq: int, meta: dict[str, Any]) -> list[b
 
 
 @pytest.mark.slow
-@pytest.mark.waits  # a wall-time run: CartPole passes 100 at any share of the cores
+@pytest.mark.waits  # CartPole passes 100 at any share of the cores; Ctrl-C ends it
 def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "run.log"
@@ -78,7 +79,7 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
                 str(run_dir),
                 "--insecure",  # what a run without keys guarantees
                 "--set",
-                "stop.wall_time=55",
+                "stop.wall_time=240",  # a guard: Ctrl-C ends it
                 "--set",
                 "stop.eval_return=1000000",
             ],
@@ -272,9 +273,27 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         assert broker_mb < 300
         assert len(log.read_text(errors="replace")) < 5 * 2**20
 
+        # Learning goes on: an evaluation of weights trained after the attacks beats 100 (a
+        # random policy scores about 22). Then Ctrl-C ends the run, as a user would.
+        trained_after = int(now["learner-0"]["info"].get("weights_version", 0))
+
+        def learned_after_the_attacks() -> bool:
+            info = rows().get("evaluator-0", {}).get("info", {})
+            return (
+                info.get("evaluated_version", 0) > trained_after
+                and info.get("eval_return", 0) > 100
+            )
+
+        wait_for(
+            learned_after_the_attacks,
+            timeout=120,
+            message="no evaluation above 100 of weights trained after the attacks",
+        )
+        proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
+        assert proc.returncode == 130, log.read_text()[-3000:]
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["stop_reason"] == "wall_time", summary
+        assert summary["stop_reason"] == "interrupted" and not summary["failed"], summary
         assert summary["restarts"] == {}, summary
         assert summary["best_eval_return"] < 10**6, summary
         assert summary["best_eval_return"] > 100, summary  # learning continued
