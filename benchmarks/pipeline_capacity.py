@@ -52,6 +52,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # atari.py, gpu_host.py beside it
 
 import atari  # noqa: E402 - the path above first
@@ -569,7 +571,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=60.0, help="the run, from its first env step")
     ap.add_argument("--bare-seconds", type=float, default=15.0, help="the bare loop")
     ap.add_argument("--host-seconds", type=float, default=8.0, help="the in-process stages")
-    ap.add_argument("--host-batches", type=int, default=2, help="batches recorded for them")
+    ap.add_argument(
+        "--host-batches",
+        type=int,
+        default=2,
+        help="batches recorded for them; 0: one synthetic batch in the shard's wire format "
+        "(learner_cpu.frame_batch), no recording run (the test's)",
+    )
     ap.add_argument("--warmup", type=float, default=10.0, help="s after the first batch")
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--envs", type=int, default=8, help="envs per actor")
@@ -597,9 +605,15 @@ def atari_threads(config: Path) -> int:
 def record(config: Path, batches: int) -> tuple[Any, list[list[bytes]]]:
     """A :func:`no_model` APPO update on the CPU (``gpu_host.make_learner_update``) and
     ``batches`` Pong batches' wire frames recorded from a random actor through a FIFO shard
-    (``gpu_host.record_batches``)."""
+    (``gpu_host.record_batches``); for 0, one synthetic batch of the same wire format
+    (``learner_cpu.frame_batch``) and no recording run."""
     sets = ["actor.random_policy=true"]
-    msgs = gpu_host.record_batches(config, batches, sets)
+    if batches > 0:
+        msgs = gpu_host.record_batches(config, batches, sets)
+    else:
+        import learner_cpu  # beside this file (the path above)
+
+        msgs = [learner_cpu.frame_batch(np.random.default_rng(0))]
     return no_model(gpu_host.make_learner_update(config, "cpu", sets)), gpu_host.wire_frames(msgs)
 
 
