@@ -31,7 +31,9 @@ from zrl.testing.probes import wait_for
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 CONFIG = REPO / "configs" / "cartpole_apex_dqn.yaml"
-TARGET = 100.0  # a random policy scores about 22
+TARGET = 60.0
+"""A random policy scores about 22 (the mean of an evaluation's 20 episodes: 22 +- 3): 60 is
+learning, across hosts, which is what this test checks; not how fast."""
 
 
 def status_rows(hosts: Hosts, broker: str, keys: Path) -> dict[str, dict[str, Any]]:
