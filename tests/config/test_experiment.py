@@ -393,10 +393,10 @@ def test_unknown_key_without_a_near_name_gets_no_guess():
 
 def test_every_alias_names_a_real_key():
     from zrl.config.experiment import algo_sections
-    from zrl.config.help import KEY_ALIASES
+    from zrl.config.help import key_aliases
 
     cfg = ExperimentConfig().model_dump()
-    for name, targets in KEY_ALIASES.items():
+    for name, targets in key_aliases().items():
         assert set(targets) <= {"*", *algo_sections()}, name
         for target in targets.values():
             for path in target.split(" or "):

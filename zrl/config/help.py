@@ -91,12 +91,6 @@ def key_aliases() -> dict[str, dict[str, str]]:
     return aliases
 
 
-def __getattr__(name: str) -> Any:
-    if name == "KEY_ALIASES":  # the table as it stands, for a reader of the module
-        return key_aliases()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 Schema = Mapping[str, Any]
 """A config's top-level keys and their types (a section's pydantic model, or a plain type)."""
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
 
 
@@ -38,11 +39,7 @@ KEY_ALIASES: dict[str, str] = {
     "lr": "a3c.lr",
     "gamma": "a3c.gamma",
     "discount": "a3c.gamma",
-    "n_steps": "actor.trajectory_length",
-    "num_steps": "actor.trajectory_length",
-    "rollout_length": "actor.trajectory_length",
-    "rollout": "actor.trajectory_length",
-    "unroll_length": "actor.trajectory_length",
+    **ROLLOUT_KEY_ALIASES,
     "ent_coef": "a3c.entropy_coef",
     "entropy_coef": "a3c.entropy_coef",
     "ent_coeff": "a3c.entropy_coef",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
 
 
@@ -38,11 +39,7 @@ KEY_ALIASES: dict[str, str] = {
     "lr": "learner.lr",
     "gamma": "impala.gamma",
     "discount": "impala.gamma",
-    "n_steps": "actor.trajectory_length",
-    "num_steps": "actor.trajectory_length",
-    "rollout_length": "actor.trajectory_length",
-    "rollout": "actor.trajectory_length",
-    "unroll_length": "actor.trajectory_length",
+    **ROLLOUT_KEY_ALIASES,
     "batch_size": "replay.batch_size",
     "ent_coef": "impala.entropy_coef",
     "entropy_coef": "impala.entropy_coef",

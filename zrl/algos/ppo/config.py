@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
 
 
@@ -49,11 +50,7 @@ KEY_ALIASES: dict[str, str] = {
     "lr": "learner.lr",
     "gamma": "ppo.gamma",
     "discount": "ppo.gamma",
-    "n_steps": "actor.trajectory_length",
-    "num_steps": "actor.trajectory_length",
-    "rollout_length": "actor.trajectory_length",
-    "rollout": "actor.trajectory_length",
-    "unroll_length": "actor.trajectory_length",
+    **ROLLOUT_KEY_ALIASES,
     "batch_size": "ppo.minibatch_size",
     "max_policy_lag": "ppo.max_lag",
 }
