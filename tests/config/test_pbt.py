@@ -61,7 +61,11 @@ def test_a_member_may_train_with_a_dd_ppo_group_of_learners():
         ({"checkpoint__interval": 30}, "checkpoint.interval (30.0)"),
         ({"pbt__perturb": [0.8, -1.0]}, "perturb"),
         ({"pbt__exploit_fraction": 0.7}, "pbt.exploit_fraction"),
-        ({"pbt__hyperparameters": {"learner.gamma": {"low": 0.9, "high": 1}}}, "learner.gamma"),
+        (
+            {"pbt__hyperparameters": {"learner.gamma": {"low": 0.9, "high": 1}}},
+            "pbt.hyperparameters: unknown hyperparameter(s) ['learner.gamma']: PBT changes "
+            "learner.lr, ppo.entropy_coef",
+        ),
         ({"pbt__hyperparameters": {"learner.lr": {"low": 1, "high": 0.1}}}, "low (1.0)"),
         (
             {"pbt__hyperparameters": {"ppo.entropy_coef": {"low": 1e-4, "high": 0.1}}},

@@ -191,28 +191,28 @@ def test_clip_to_bounds():
 def test_build_continuous_model():
     obs_space = gym.spaces.Box(-1.0, 1.0, shape=(2, 3), dtype=np.float32)
     act_space = gym.spaces.Box(LOW, HIGH, dtype=np.float32)
-    ddpg = build_continuous_model(obs_space, act_space, "apex_ddpg", (8,), twin=True)
-    sac = build_continuous_model(obs_space, act_space, "sac", (8,), twin=False)
+    ddpg = build_continuous_model(obs_space, act_space, DDPGModel, (8,), twin=True)
+    sac = build_continuous_model(obs_space, act_space, SACModel, (8,), twin=False)
     assert isinstance(ddpg, DDPGModel) and ddpg.q2 is not None and ddpg.obs_dim == 6
     assert isinstance(sac, SACModel) and sac.act_dim == 3
     batch = torch.as_tensor(np.stack([obs_space.sample() for _ in range(3)]))
     torch.testing.assert_close(ddpg.act(batch), ddpg.act(batch.reshape(3, 6)))
     np.testing.assert_array_equal(ddpg.policy.action_low.numpy(), LOW)
-    assert not build_continuous_model(obs_space, act_space, "apex_ddpg", (8,), False).twin
+    assert not build_continuous_model(obs_space, act_space, DDPGModel, (8,), False).twin
 
 
 def test_build_continuous_model_rejects_unsupported_spaces():
     box = gym.spaces.Box(-1.0, 1.0, shape=(3,))
     with pytest.raises(ValueError, match="action space Discrete\\(2\\).*Box"):
-        build_continuous_model(box, gym.spaces.Discrete(2), "sac", (8,), False)
+        build_continuous_model(box, gym.spaces.Discrete(2), SACModel, (8,), False)
     with pytest.raises(ValueError, match="observation space Discrete\\(3\\)"):
-        build_continuous_model(gym.spaces.Discrete(3), box, "sac", (8,), False)
+        build_continuous_model(gym.spaces.Discrete(3), box, SACModel, (8,), False)
     with pytest.raises(ValueError, match="1-D Box"):
-        build_continuous_model(box, gym.spaces.Box(-1.0, 1.0, shape=(2, 2)), "sac", (8,), False)
+        build_continuous_model(box, gym.spaces.Box(-1.0, 1.0, shape=(2, 2)), SACModel, (8,), False)
     with pytest.raises(ValueError, match="finite bounds"):
-        build_continuous_model(box, gym.spaces.Box(-np.inf, np.inf, shape=(2,)), "sac", (8,), False)
-    with pytest.raises(ValueError, match="unknown continuous algo 'ppo'"):
-        build_continuous_model(box, box, "ppo", (8,), False)
+        build_continuous_model(
+            box, gym.spaces.Box(-np.inf, np.inf, shape=(2,)), SACModel, (8,), False
+        )
     with pytest.raises(ValueError, match="high > low"):
         DDPGModel(3, 2, np.zeros(2), np.array([1.0, 0.0]))
     with pytest.raises(ValueError, match="act_dim=0"):

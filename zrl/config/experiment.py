@@ -228,8 +228,9 @@ class ExperimentConfig(Section):
         if multiagent and self.env.multiagent.self_play_seats == "both":
             why = ""
             if not catalog().get(self.algo).both_seats:
+                both = [a for a in catalog().names() if catalog().get(a).both_seats]
                 why = (
-                    f"algo {self.algo!r} learns from one seat's moves (ppo and alphazero "
+                    f"algo {self.algo!r} learns from one seat's moves ({' and '.join(both)} "
                     "learn from both)"
                 )
             elif self.model.core != "none":
@@ -267,10 +268,13 @@ class ExperimentConfig(Section):
         if wiring.learner_input != "rollouts":
             # A replay shard's table holds one policy's experience, so its batches could
             # not tell the learners apart.
+            able = [
+                a for a in catalog().names() if catalog().get(a).wiring.learner_input == "rollouts"
+            ]
             raise ValueError(
                 f"{keys}: algo {self.algo!r} sends experience through replay, which carries "
                 "one policy; exploiters need an algorithm whose actors publish rollouts to "
-                "the learners (ppo)"
+                f"the learners ({', '.join(able)})"
             )
 
     def _inference_fits(self) -> None:
@@ -300,9 +304,14 @@ class ExperimentConfig(Section):
             return
         key = f"pbt.members ({n})"
         why = ""
-        if not catalog().get(self.algo).population:
+        changes = catalog().get(self.algo).population
+        unknown = sorted(set(self.pbt.hyperparameters) - set(changes))
+        if not changes:
             able = [a for a in catalog().names() if catalog().get(a).population]
             why = f"algo {self.algo!r}: PBT is implemented for {' and '.join(able)} only"
+        elif unknown:
+            key = "pbt.hyperparameters"
+            why = f"unknown hyperparameter(s) {unknown}: PBT changes {', '.join(changes)}"
         elif r.league:
             why = "roles.league: a league's players and a population cannot share one run"
         elif r.learners < n or r.learners % n:
@@ -356,7 +365,7 @@ class ExperimentConfig(Section):
                 )
 
     def hyperparameter(self, name: str) -> float:
-        """The config's value of a PBT hyperparameter (``zrl.config.pbt.HYPERPARAMETERS``):
+        """The config's value of a PBT hyperparameter (one of ``Algorithm.population``):
         ``<section>.<field>`` of a common or an algorithm's section."""
         section, field = name.split(".", 1)
         owner = self._algorithm_sections.get(section) or getattr(self, section)

@@ -320,40 +320,39 @@ class SACModel(PolicyAndCritics):
 def build_continuous_model(
     observation_space: gym.spaces.Space,
     action_space: gym.spaces.Space,
-    algo: str,
+    model_type: type[DDPGModel] | type[SACModel],
     hidden: Sequence[int],
     twin: bool,
-) -> nn.Module:
-    """:class:`DDPGModel` (``algo="apex_ddpg"``) or :class:`SACModel` (``algo="sac"``) for a
-    ``Box`` observation space (flattened) and a 1-D ``Box`` action space with finite bounds.
-    ``twin`` only applies to DDPG (TD3's clipped double-Q); SAC always has twin critics."""
+) -> DDPGModel | SACModel:
+    """A ``model_type`` (:class:`DDPGModel` or :class:`SACModel`) for a ``Box`` observation
+    space (flattened) and a 1-D ``Box`` action space with finite bounds. ``twin`` only applies
+    to DDPG (TD3's clipped double-Q); SAC always has twin critics."""
+    name = model_type.__name__
     if not isinstance(observation_space, gym.spaces.Box):
         raise ValueError(
             f"unsupported observation space {observation_space!r}: continuous models need a Box"
         )
     if not isinstance(action_space, gym.spaces.Box):
         raise ValueError(
-            f"unsupported action space {action_space!r}: {algo} needs a 1-D Box action space"
+            f"unsupported action space {action_space!r}: {name} needs a 1-D Box action space"
         )
     if len(action_space.shape) != 1 or action_space.shape[0] < 1:
         raise ValueError(
-            f"unsupported action space {action_space!r}: {algo} needs a 1-D Box action space, "
+            f"unsupported action space {action_space!r}: {name} needs a 1-D Box action space, "
             f"got shape {action_space.shape}"
         )
     low = np.asarray(action_space.low, dtype=np.float64)
     high = np.asarray(action_space.high, dtype=np.float64)
     if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(high > low)):
         raise ValueError(
-            f"unsupported action space {action_space!r}: {algo} needs finite bounds with "
+            f"unsupported action space {action_space!r}: {name} needs finite bounds with "
             f"high > low, got low={low.tolist()}, high={high.tolist()}"
         )
     obs_dim = math.prod(observation_space.shape)
     act_dim = int(action_space.shape[0])
-    if algo == "apex_ddpg":
+    if model_type is DDPGModel:
         return DDPGModel(obs_dim, act_dim, low, high, hidden=hidden, twin=twin)
-    if algo == "sac":
-        return SACModel(obs_dim, act_dim, low, high, hidden=hidden)
-    raise ValueError(f"unknown continuous algo {algo!r}, expected apex_ddpg or sac")
+    return SACModel(obs_dim, act_dim, low, high, hidden=hidden)
 
 
 def ddpg_model_for(
@@ -365,7 +364,7 @@ def ddpg_model_for(
     """zrl's network for Ape-X DDPG (``Algorithm.model``; ``twin``: TD3's second critic,
     ``ddpg.twin``)."""
     return build_continuous_model(
-        observation_space, action_space, "apex_ddpg", model_cfg.hidden, twin
+        observation_space, action_space, DDPGModel, model_cfg.hidden, twin
     )
 
 
@@ -373,7 +372,7 @@ def sac_model_for(
     observation_space: gym.spaces.Space, action_space: gym.spaces.Space, model_cfg: ModelConfig
 ) -> nn.Module:
     """zrl's network for SAC (``Algorithm.model``; always twin critics)."""
-    return build_continuous_model(observation_space, action_space, "sac", model_cfg.hidden, True)
+    return build_continuous_model(observation_space, action_space, SACModel, model_cfg.hidden, True)
 
 
 def clip_to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:

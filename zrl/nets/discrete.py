@@ -342,7 +342,8 @@ def q_network_for(
     """zrl's network for Q-learning algorithms (``Algorithm.model``)."""
     if isinstance(observation_space, AgentObservationSpace) and observation_space.mask:
         raise ValueError(
-            "this env masks illegal actions and zrl's Q-networks do not: use ppo, impala or appo"
+            "this env masks illegal actions and zrl's Q-networks do not: use an algorithm "
+            "with an actor-critic model, whose policy masks them"
         )
     return build_q_network(
         observation_space, action_space, model_cfg.hidden, model_cfg.dueling, model_cfg.encoder

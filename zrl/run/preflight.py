@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from zrl.algos.registry import get_algorithm
+from zrl.algos.registry import algorithm_names, get_algorithm
 from zrl.config.experiment import ConfigError, ExperimentConfig, check_fits_machine
 from zrl.config.factories import Factories, FactoryError
 from zrl.run.sizing import resolve_auto_roles
@@ -181,16 +181,19 @@ def check_model(
                 f"the model factory {_name(model_fn)} does not build for {spaces}: {why}"
             ) from None
         actions = get_algorithm(cfg.algo).wiring.actions
-        continuous = actions == "box"
-        if continuous and isinstance(action_space, gym.spaces.Discrete):
+        other = {"box": "discrete", "discrete": "box"}.get(actions)
+        if other is not None and isinstance(
+            action_space, gym.spaces.Discrete if other == "discrete" else gym.spaces.Box
+        ):
+            fits = [
+                name
+                for name in algorithm_names()
+                if get_algorithm(name).wiring.actions in (other, "any")
+            ]
             raise ConfigError(
-                f"algo {cfg.algo!r} is for Box actions and env.id {cfg.env.id!r} has "
-                f"{describe_space(action_space)}: use apex_dqn, impala, appo, ppo or a3c ({why})"
-            ) from None
-        if actions == "discrete" and isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(
-                f"algo {cfg.algo!r} is for Discrete actions and env.id {cfg.env.id!r} has "
-                f"{describe_space(action_space)}: use sac, apex_ddpg, ppo, impala or appo ({why})"
+                f"algo {cfg.algo!r} is for {'Box' if actions == 'box' else 'Discrete'} actions "
+                f"and env.id {cfg.env.id!r} has {describe_space(action_space)}: use "
+                f"{', '.join(fits)} ({why})"
             ) from None
         raise ConfigError(
             f"model: the {cfg.algo} model with {cfg.model.model_dump()} does not build for "

@@ -132,10 +132,11 @@ class Algorithm:
     ``policy_logits``, ``step``), so an inference role (``roles.inference``) can run them for
     its actors; one that needs the weights in the actor (PPO's synchronous rounds, A3C's
     gradients, the continuous policies' critics) has False."""
-    population: bool = False
-    """Population-based training (``pbt.members``, ``roles.pbt``) is implemented for it: each
-    member's learners take the member's hyperparameters (``pbt.hyperparameters``) and report
-    its fitness (PPO)."""
+    population: tuple[str, ...] = ()
+    """The hyperparameters population-based training (``pbt.members``, ``roles.pbt``) may
+    change for it, as ``<section>.<field>`` config keys its learner can set live (PPO:
+    ``learner.lr``, ``ppo.entropy_coef``); empty: no PBT. Each member's learners take the
+    member's values (``pbt.hyperparameters``) and report its fitness."""
     searches: bool = False
     """Its pieces have a ``search_player`` (AlphaZero's): the evaluator plays it beside the
     greedy policy and reports it as ``search_<opponent>_...``; light, for the supervisor,

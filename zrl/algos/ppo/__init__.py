@@ -20,7 +20,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
-from zrl.algos.ppo.config import KEY_ALIASES, SHARED_KEY_ALIASES, PPOConfig
+from zrl.algos.ppo.config import (
+    KEY_ALIASES,
+    PBT_HYPERPARAMETERS,
+    SHARED_KEY_ALIASES,
+    PPOConfig,
+)
 
 if TYPE_CHECKING:
     from zrl.config.experiment import ExperimentConfig
@@ -66,7 +71,7 @@ ALGORITHM = Algorithm(
     wiring=Wiring(actions="any", experience="rollouts", learner_input="rollouts"),
     recurrent=True,
     both_seats=True,
-    population=True,
+    population=PBT_HYPERPARAMETERS,
     data_parallel=True,
     config={"ppo": PPOConfig},
     sections=("learner",),

@@ -45,6 +45,10 @@ class PPOConfig(Section):
     the rollouts it has (a dead actor must not stop training); counted as short rounds."""
 
 
+PBT_HYPERPARAMETERS = ("learner.lr", "ppo.entropy_coef")
+"""What population-based training may change for PPO: the values its learner sets on a live
+optimizer and loss (``PPOUpdate.set_hyperparameters``)."""
+
 KEY_ALIASES: dict[str, str] = {
     "learning_rate": "learner.lr",
     "lr": "learner.lr",

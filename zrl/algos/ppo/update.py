@@ -52,7 +52,7 @@ from zrl.algos.kernel.optim import clipped_gradients, make_adam
 from zrl.algos.kernel.policy_gradient import normalize, ppo_loss
 from zrl.algos.kernel.policy_learners import PolicyLearners
 from zrl.algos.kernel.value_normalizer import ValueNormalizer
-from zrl.algos.ppo.config import PPOConfig
+from zrl.algos.ppo.config import PBT_HYPERPARAMETERS, PPOConfig
 from zrl.algos.ppo.rounds import Rollout, RoundBuffer, recurrent_round_tensors, round_tensors
 from zrl.codecs.frames import is_frame_space
 from zrl.distributed.learner_group import CollectiveError
@@ -457,14 +457,14 @@ class PPOUpdate(BaseUpdate):
             self.value_normalizer.load_state_dict(state["value_normalizer"])
 
     def hyperparameters(self) -> dict[str, float]:
-        """The values PBT may change (``zrl.config.pbt.HYPERPARAMETERS``), as they are now."""
+        """The values PBT may change (``PBT_HYPERPARAMETERS``), as they are now."""
         lr = float(self.optimizer.param_groups[0]["lr"])
         return {"learner.lr": lr, "ppo.entropy_coef": float(self.entropy_coef)}
 
     def set_hyperparameters(self, values: dict[str, float]) -> None:
         """Set PBT's hyperparameters (the optimizer's learning rate, the entropy bonus) from
         ``values``, by name; a name PBT does not change raises ValueError."""
-        unknown = sorted(set(values) - {"learner.lr", "ppo.entropy_coef"})
+        unknown = sorted(set(values) - set(PBT_HYPERPARAMETERS))
         if unknown:
             raise ValueError(f"PPO cannot set the hyperparameter(s) {unknown}")
         if "learner.lr" in values:
