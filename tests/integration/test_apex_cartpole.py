@@ -25,9 +25,23 @@ from zrl.testing.processes import (
 def test_apex_dqn_run_learns_and_cleans_up(tmp_path: Path) -> None:
     # Exits 0, learns, leaves nothing. 150, not the config's 475: the time to 475 varies from
     # 10 s to a minute with the seed's luck, and CI time is short (benchmarks/ time to 475).
-    summary = run_zrl(tmp_path, "cartpole_apex_dqn.yaml", "stop.eval_return=150")
+    # Bounded by env steps (quiet, 150 comes within 10,000); the wall time is a guard for a
+    # loaded machine.
+    # The head's own imports on its output: the roles fork from the zygote, which logs its own.
+    summary = run_zrl(
+        tmp_path,
+        "cartpole_apex_dqn.yaml",
+        "stop.eval_return=150",
+        "stop.env_steps=40000",
+        wall_time=400,
+        env={"PYTHONPROFILEIMPORTTIME": "1"},
+    )
     run_dir = summary["dir"]
-    assert summary["stop_reason"] in ("eval_return", "wall_time"), summary
+    # The head never imports torch (a child of the zygote writes the model files).
+    imported = [line.rsplit("|", 1)[-1].strip() for line in summary["output"].splitlines()]
+    assert "zrl.run.supervisor" in imported and "torch" not in imported
+    assert "model.pt: " in (run_dir / "logs" / "models.log").read_text()
+    assert summary["stop_reason"] in ("eval_return", "env_steps"), summary
     assert summary["evaluations"] >= 3, summary
     assert summary["env_steps"] > 2_000
     assert summary["updates"] > 200

@@ -25,8 +25,8 @@ import zmq
 
 from zrl import __version__
 from zrl.config.experiment import ExperimentConfig
+from zrl.roles.params_client import request_latest_weights
 from zrl.roles.registry_client import registry_request
-from zrl.roles.weights import request_latest_weights
 from zrl.testing.probes import wait_for, wait_for_subscriber
 from zrl.testing.processes import (
     REPO,

@@ -27,7 +27,7 @@ from zrl.replay.assemble import assemble_unrolls
 from zrl.roles.actor import Actor
 from zrl.roles.learner import Learner
 from zrl.roles.params import ParameterServer
-from zrl.roles.weights import request_latest_weights
+from zrl.roles.params_client import request_latest_weights
 from zrl.testing.fakes import Rpc, as_message, unroll_trajectory
 from zrl.testing.inproc import InProc, collect
 from zrl.testing.probes import settle, wait_for

@@ -18,13 +18,9 @@ from tests.helpers.params import (
 )
 from zrl.roles.base import Role
 from zrl.roles.params import ParameterServer
+from zrl.roles.params_client import request_latest_weights
 from zrl.roles.registry_client import registry_request
-from zrl.roles.weights import (
-    PARAMS_LOOKUP_INTERVAL_S,
-    RESYNC_INTERVAL_S,
-    WeightsFollower,
-    request_latest_weights,
-)
+from zrl.roles.weights import PARAMS_LOOKUP_INTERVAL_S, RESYNC_INTERVAL_S, WeightsFollower
 from zrl.testing.inproc import collect
 from zrl.testing.probes import settle, wait_for
 from zrl.transport import protocol as P

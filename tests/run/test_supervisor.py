@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -489,6 +490,51 @@ def test_model_pt_is_the_confirmed_weights_not_the_last_nor_the_best(tmp_path: P
     assert describe_saved(run) == (
         "model.pt: the weights that met the stop rule, weights v4, eval return 480.00"
     )
+
+
+class InProcessZygote:
+    """A zygote whose "fork" runs the child's command here: ``zrl config save-models``."""
+
+    def __init__(self, fork: bool = True) -> None:
+        self.can_fork = fork
+        self.argv: list[str] = []
+
+    def fork(self, argv: list[str], log_path: Path) -> Any:
+        from zrl.run.model_files import answer_request
+
+        self.argv = argv
+        if not self.can_fork:
+            return None
+        assert argv[:2] == ["config", "save-models"]
+        answer_request(Path(argv[2]))
+        return types.SimpleNamespace(wait=lambda timeout: 0)
+
+
+def test_a_zygote_child_writes_the_same_model_files_from_the_request(tmp_path: Path):
+    """What ``zrl run`` forks so that the head never imports torch: the request carries the
+    final weights and the stop rule's outcome, the child chooses and writes as the head
+    would, and both files are gone after."""
+    from zrl.roles.evaluated_weights import Evaluated
+    from zrl.run.model_files import ANSWER, REQUEST, write_models_forked
+    from zrl.testing.fakes import model_weights
+
+    sup, _ = evaluated_run(tmp_path, [200.0, 520.0, 440.0, 480.0])
+    run = tmp_path / "run"
+    last = Evaluated(6, model_weights(sup.cfg, 6))
+    here = sup.rundir.write_models(last, sup.target)
+    for name in ("model.pt", "model_best.pt", "model_last.pt"):
+        (run / name).unlink()
+    zygote = InProcessZygote()
+    saved = write_models_forked(sup.rundir, last, sup.target, zygote, timeout=60)  # type: ignore[arg-type]
+    assert zygote.argv == ["config", "save-models", str(run)]
+    assert saved == here and saved.source == "confirmed"
+    assert same_weights(run / "model.pt", sup.cfg, 4)
+    assert same_weights(run / "model_best.pt", sup.cfg, 2)
+    assert same_weights(run / "model_last.pt", sup.cfg, 6)
+    assert not (run / REQUEST).exists() and not (run / ANSWER).exists()
+    # No zygote to fork from (--inproc, or it died): the caller writes them itself.
+    unforked = write_models_forked(sup.rundir, last, sup.target, InProcessZygote(fork=False), 60)  # type: ignore[arg-type]
+    assert unforked is None and not (run / REQUEST).exists()
 
 
 def test_a_run_that_never_met_its_rule_saves_its_best_evaluated_weights(tmp_path: Path):

@@ -57,3 +57,15 @@ def config_check(
         f"observations {describe_space(observation_space)}, actions {describe_space(action_space)}"
     )
     typer.echo(f"ok: the {cfg.algo} model builds for {cfg.env.id} ({spaces})")
+
+
+@config_app.command("save-models", hidden=True)
+def config_save_models(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory holding the request.")],
+) -> None:
+    """Write a stopping run's model files from its request (``zrl.run.model_files``): what
+    ``zrl run`` forks from its zygote so that it never imports torch itself."""
+    from zrl.run.model_files import answer_request
+
+    saved = answer_request(run_dir)
+    typer.echo(saved.note)

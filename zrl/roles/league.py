@@ -56,12 +56,13 @@ from zrl.roles.params import (
     layout_of,
     layout_problem,
 )
+from zrl.roles.params_client import request_latest_weights
 from zrl.roles.rpc_identity import (
     ClientKeys,
     RegisteredPeers,
     status_rows,
 )
-from zrl.roles.weights import RESYNC_TIMEOUT_S, WeightsFollower, request_latest_weights
+from zrl.roles.weights import RESYNC_TIMEOUT_S, WeightsFollower
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.messages import weights_version

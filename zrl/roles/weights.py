@@ -42,18 +42,16 @@ import logging
 import time
 from typing import Any
 
-import zmq
 from torch import nn
 
 from zrl.nets.wire import load_arrays
 from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.roles.params import MAX_VERSION_STEP
+from zrl.roles.params_client import request_latest_weights
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.messages import policy_meta, weights_version
-from zrl.transport.security import Keys
-from zrl.transport.sockets import Channel, TransportStats, make_socket
+from zrl.transport.messages import weights_version
 
 PARAMS_ID_PREFIX = "params-"
 PARAMS_LOOKUP_INTERVAL_S = 1.0
@@ -230,33 +228,3 @@ class WeightsFollower:
         self.meta = dict(msg.meta)
         self.unconfirmed_jump = False
         return True
-
-
-def request_latest_weights(
-    ctx: zmq.Context,
-    services: list[dict],
-    max_message_bytes: int,
-    timeout: float = 2.0,
-    keys: Keys | None = None,
-    policy: str = M.DEFAULT_POLICY,
-) -> P.Message | None:
-    """GET_WEIGHTS of ``policy`` from the first parameter server in ``services`` (a LOOKUP
-    answer) that has them."""
-    for svc in services:
-        sock = make_socket(
-            ctx,
-            zmq.DEALER,
-            rcvtimeo_ms=int(timeout * 1000),
-            max_message_bytes=max_message_bytes,
-            keys=keys,
-        )
-        try:
-            sock.connect(svc["rpc"])
-            ch = Channel(sock, "params-rpc", "weights-client", TransportStats())
-            ch.send(P.Message(P.GET_WEIGHTS, meta=policy_meta(policy)))
-            got = ch.recv()
-        finally:
-            sock.close(linger=0)
-        if got is not None and got[1].kind == P.WEIGHTS:
-            return got[1]
-    return None

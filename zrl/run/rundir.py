@@ -313,12 +313,13 @@ class RunDir:
         target: StopRule,
         evals: list[dict[str, Any]],
         timeout: float = 5.0,
+        write: Callable[[Evaluated, StopRule], SavedModels | None] | None = None,
     ) -> SavedModels | None:
-        """``model.pt``, ``model_best.pt`` and ``model_last.pt`` (``write_models``), the last
-        being the latest weights of this run's params server (``is_ours`` tells a registered
-        id of this run from any other, ``timeout`` bounds its answer); None if no weights
-        came from params."""
-        from zrl.roles.weights import request_latest_weights
+        """``model.pt``, ``model_best.pt`` and ``model_last.pt`` (``write``, by default
+        ``write_models``), the last being the latest weights of this run's params server
+        (``is_ours`` tells a registered id of this run from any other, ``timeout`` bounds its
+        answer); None if no weights came from params."""
+        from zrl.roles.params_client import request_latest_weights
 
         try:
             services = registry_request(
@@ -341,7 +342,7 @@ class RunDir:
         # The last weights' own evaluation, if an evaluator got to them.
         returns = [e["mean"] for e in evals if e.get("weights_version") == version]
         last = Evaluated(version, dict(msg.arrays), returns[-1] if returns else None)
-        return self.write_models(last, target)
+        return (write or self.write_models)(last, target)
 
     def write_models(self, last: Evaluated, target: StopRule) -> SavedModels:
         """``model_last.pt`` (``last``: the final weights), ``model_best.pt`` (the best single

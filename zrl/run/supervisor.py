@@ -26,6 +26,7 @@ STATUS and STOP_RUN, ``rundir`` the LOOKUP and the final GET_WEIGHTS.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import zmq
 
 from zrl.config.experiment import ConfigError, ExperimentConfig
 from zrl.config.factories import FACTORIES_FILE, Factories
+from zrl.roles.evaluated_weights import Evaluated
 from zrl.run.aggregator import Aggregator, count, number
 from zrl.run.children import Child
 from zrl.run.learning import ProgressWatch, did_not_learn
@@ -84,17 +86,19 @@ INTERRUPT_WEIGHTS_S = 2.0
 """How long, after Ctrl-C, the head waits for the params server's final weights."""
 
 
-def preload_finish_modules() -> threading.Thread:
-    """Import what the end of a run needs (torch to write model.pt, matplotlib for the
-    learning curve) in a thread, once the roles are collecting: at the stop those imports
-    took 2-4 s of a loaded machine between the stop rule and summary.json, while the run
-    itself can spare them (the head is mostly idle). Not at the start, where they would take
-    CPU from the roles starting up."""
+def preload_finish_modules(torch: bool) -> threading.Thread:
+    """Import what the end of a run needs (matplotlib for the learning curve; ``torch`` to
+    write model.pt, where no zygote child writes it: ``zrl.run.model_files``) in a thread,
+    once the roles are collecting: at the stop those imports took 2-4 s of a loaded machine
+    between the stop rule and summary.json, while the run itself can spare them (the head is
+    mostly idle). Not at the start, where they would take CPU from the roles starting up."""
 
     def load() -> None:
         try:
             import matplotlib
-            import torch  # noqa: F401
+
+            if torch:
+                importlib.import_module("torch")
 
             matplotlib.use("Agg")
             import matplotlib.pyplot  # noqa: F401
@@ -437,14 +441,10 @@ class Supervisor:
     def _save_model(self) -> SavedModels | None:
         """model.pt (the weights that met the stop rule, else the best evaluated, else the
         last), model_best.pt and model_last.pt; see RunDir.save_models. After a signal, only
-        if torch is loaded already (``preload_finish_modules``: loading it takes seconds of a
-        busy machine) and within ``INTERRUPT_WEIGHTS_S``; the roles' own checkpoints, which
-        ``--resume`` continues from, are written either way."""
-        if self.interrupted_at is not None and not self._finish_modules_loaded():
-            self.model_skipped = (
-                "interrupted before the head had loaded torch: no model files (the roles' "
-                "checkpoints are written; `zrl run --resume` continues from them)"
-            )
+        if a zygote child can write them or torch is loaded already (``preload_finish_modules``:
+        loading it takes seconds of a busy machine) and within ``INTERRUPT_WEIGHTS_S``; the
+        roles' own checkpoints, which ``--resume`` continues from, are written either way."""
+        if not self._zygote_alive() and not self._may_write_models_here():
             return None
         return self.rundir.save_models(
             self.ctx,
@@ -453,7 +453,41 @@ class Supervisor:
             self.target,
             self.agg.evals,
             timeout=5.0 if self.interrupted_at is None else INTERRUPT_WEIGHTS_S,
+            write=self._write_models,
         )
+
+    def _write_models(self, last: Evaluated, target: StopRule) -> SavedModels | None:
+        """The model files, by a child forked from the zygote (the head never imports
+        torch), else here."""
+        from zrl.run.model_files import write_models_forked
+
+        timeout = 60.0
+        if self.interrupted_at is not None:  # half what is left, the rest for the roles' stop
+            timeout = max(1.0, (self.interrupted_at + INTERRUPT_STOP_S - time.monotonic()) / 2)
+        try:
+            saved = write_models_forked(self.rundir, last, target, self.pool.zygote, timeout)
+        except RuntimeError as exc:
+            log.warning("%s: writing them here", exc)
+            saved = None
+        if saved is not None:
+            return saved
+        return self.rundir.write_models(last, target) if self._may_write_models_here() else None
+
+    def _may_write_models_here(self) -> bool:
+        """Whether the head may write the model files itself, importing torch: not after a
+        signal unless torch is loaded already (that takes seconds of a busy machine); says
+        why not in the summary."""
+        if self.interrupted_at is None or self._finish_modules_loaded():
+            return True
+        self.model_skipped = (
+            "interrupted before the head had loaded torch: no model files (the roles' "
+            "checkpoints are written; `zrl run --resume` continues from them)"
+        )
+        return False
+
+    def _zygote_alive(self) -> bool:
+        proc = self.pool.zygote.proc
+        return proc is not None and proc.poll() is None
 
     def _finish_modules_loaded(self) -> bool:
         """Whether torch is imported here and its import over (the end-of-run preload)."""
@@ -595,7 +629,7 @@ class Supervisor:
                     next_confirm = time.monotonic() + 0.25
                     self._confirm_target()
                 if self._finish_imports is None and self.monitor.first_env_step is not None:
-                    self._finish_imports = preload_finish_modules()
+                    self._finish_imports = preload_finish_modules(torch=not self._zygote_alive())
                 if time.monotonic() >= next_row:
                     next_row += 1.0
                     fresh = self.monitor.refresh()

@@ -182,19 +182,26 @@ def run_zrl(
     *overrides: str,
     wall_time: int = 60,
     beats: float | None = 5 * RANDOM_POLICY_RETURN,
+    env: dict[str, str] | None = None,
 ) -> dict:
     """`zrl run` of ``configs/<config>`` to one evaluation at the target or ``wall_time``: it
     must exit 0, reach a best evaluation above ``beats`` (by default clearly above a random
     CartPole policy; None: no evaluation asked, for a run without an evaluator), and leave no
     process of the run behind. Returns the summary, with the run dir under "dir" and what
-    the run printed under "output"."""
+    the run printed under "output". ``env``: variables added to ours."""
     run_dir = tmp_path / "run"
     cmd = zrl_run_command(
         REPO / "configs" / config,
         run_dir,
         [f"stop.wall_time={wall_time}", "stop.eval_window=1", *overrides],
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**os.environ, **env} if env else None,
+    )
     try:
         out, _ = proc.communicate(timeout=wall_time + 90)
     finally:
