@@ -40,7 +40,7 @@ def test_shapes_and_buffers():
     assert a.shape == (5, 3) and logp.shape == (5,)
     assert sac.act(obs).shape == (5, 3) and sac.act(obs, deterministic=True).shape == (5, 3)
     assert [t.shape for t in sac.q_values(obs, actions)] == [(5,), (5,)]
-    assert (ddpg.kind, sac.kind, ddpg.obs_dim, ddpg.act_dim) == ("ddpg", "sac", 4, 3)
+    assert (ddpg.obs_dim, ddpg.act_dim, sac.obs_dim, sac.act_dim) == (4, 3, 4, 3)
     for policy in (ddpg.policy, sac.policy):
         assert policy.action_scale.dtype == torch.float32
         np.testing.assert_allclose(policy.action_scale.numpy(), (HIGH - LOW) / 2, rtol=1e-6)

@@ -275,7 +275,6 @@ class DDPGModel(PolicyAndCritics):
     TD3's clipped double-Q when ``twin``). Exploration noise is added by the actor process, not
     here."""
 
-    kind = "ddpg"
     policy_type = DeterministicPolicy
     policy: DeterministicPolicy
 
@@ -296,7 +295,6 @@ class DDPGModel(PolicyAndCritics):
 class SACModel(PolicyAndCritics):
     """Soft actor-critic (Haarnoja et al. 2018): squashed-Gaussian policy and twin critics."""
 
-    kind = "sac"
     policy_type = SquashedGaussianPolicy
     twin_only = True
     policy: SquashedGaussianPolicy
