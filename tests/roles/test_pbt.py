@@ -239,7 +239,9 @@ def test_params_takes_exploit_only_from_the_pbt_role_and_hands_it_to_that_member
         learner = rpc("learner-1")
         meta = {"policy": "member_1", "updates": 1, "min_version": 1}
         ack = learner.request(P.Message(P.WEIGHTS, meta=meta, arrays=model_weights(cfg, 1)))
-        assert ack.kind == P.ACK and ack.meta["exploit"] == {**instruction, "seq": 3}
+        assert ack.kind == P.ACK and "exploit" not in ack.meta
+        control = learner.request(P.Message(P.GET_CONTROL, meta={"policy": "member_1"}))
+        assert control.kind == P.CONTROL and control.meta["exploit"] == {**instruction, "seq": 3}
         assert params.weights_refused == 4
         assert params.stats.snapshot()["rpc"]["dropped"] == 5  # the unknown source too
     finally:

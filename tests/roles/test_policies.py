@@ -176,10 +176,11 @@ def test_params_keeps_one_stream_per_policy(inproc, params, rpc, exploiter_rpc) 
     assert params.streams[EXPLOITER].version == 2 and params.weights_refused == 1
 
 
-def test_reset_reaches_the_policys_learner_in_its_next_ack(params, rpc, exploiter_rpc) -> None:
+def test_reset_reaches_the_policys_learner_in_its_control(params, rpc, exploiter_rpc) -> None:
     named = {"policy": EXPLOITER}
     ack = exploiter_rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(1)))
-    assert "resets" not in ack.meta
+    assert ack.meta == {"version": 1, **named}
+    assert exploiter_rpc.request(P.Message(P.GET_CONTROL, meta=named)).meta == named
     league = Rpc(params.ctx, params.rpc_endpoint, sender="league-0", broker=params.broker)
     try:
         rpc.send(P.Message(P.RESET, meta={**named, "resets": 5}))  # a learner may not reset
@@ -189,9 +190,12 @@ def test_reset_reaches_the_policys_learner_in_its_next_ack(params, rpc, exploite
         wait_for(lambda: params.weights_refused == 1, timeout=5)
     finally:
         league.close()
-    ack = exploiter_rpc.request(P.Message(P.WEIGHTS, meta=named, arrays=weights(2)))
-    assert ack.meta["resets"] == 2
-    assert "resets" not in rpc.request(P.Message(P.WEIGHTS, arrays=weights(3))).meta  # main's
+    control = exploiter_rpc.request(P.Message(P.GET_CONTROL, meta=named))
+    assert control.kind == P.CONTROL and control.meta == {**named, "resets": 2}
+    assert rpc.request(P.Message(P.GET_CONTROL)).meta == {}  # main's: never reset
+    # Only the policy's own learner may ask (learner 0 trains main): dropped and counted.
+    rpc.send(P.Message(P.GET_CONTROL, meta=named))
+    wait_for(lambda: params.weights_refused == 2, timeout=5)
 
 
 def test_follower_of_a_named_policy_takes_only_its_stream(
@@ -255,10 +259,14 @@ class FakeUpdate:
 
 
 class FakeParams:
-    """The learner's params channel: queued ACKs, and what was dropped."""
+    """The learner's params channel: queued ACKs (a meta with a ``version``) and CONTROLs
+    (the others), and what was dropped."""
 
-    def __init__(self, *acks: dict) -> None:
-        self.acks = [(b"", P.Message(P.ACK, meta=meta)) for meta in acks]
+    def __init__(self, *replies: dict) -> None:
+        self.acks = [
+            (b"", P.Message(P.ACK if "version" in meta else P.CONTROL, meta=meta))
+            for meta in replies
+        ]
         self.dropped: list[str] = []
 
     def recv(self, block: bool = True) -> Any:
@@ -268,7 +276,7 @@ class FakeParams:
         self.dropped.append(why)
 
 
-def test_learner_resets_to_its_initial_weights_when_an_ack_says_so() -> None:
+def test_learner_resets_to_its_initial_weights_when_a_control_says_so() -> None:
     import copy
     import logging
 
@@ -287,12 +295,12 @@ def test_learner_resets_to_its_initial_weights_when_an_ack_says_so() -> None:
         update.train_once()
     assert not torch.equal(update.model.weight, initial["weight"])
 
-    learner.params = FakeParams({"version": 7}, {"version": 8, "resets": "x"})  # type: ignore[assignment]
+    learner.params = FakeParams({"version": 7}, {"version": 8}, {"resets": "x"})  # type: ignore[assignment]
     learner.read_acks()
     assert learner.resets == 0 and sent == []  # no reset asked; a bad count is dropped
     assert learner.weights_version == 8 and len(learner.params.dropped) == 1  # type: ignore[union-attr]
 
-    learner.params = FakeParams({"version": 9, "resets": 1})  # type: ignore[assignment]
+    learner.params = FakeParams({"version": 9}, {"resets": 1})  # type: ignore[assignment]
     learner.read_acks()
     assert learner.resets == 1 and sent == [1]  # weights sent at once, with resets 1
     for name, value in initial.items():
@@ -300,7 +308,7 @@ def test_learner_resets_to_its_initial_weights_when_an_ack_says_so() -> None:
     assert update.optimizer.state_dict()["state"] == {}  # Adam's moments are gone too
     assert update.rounds == 3  # counters go on
 
-    learner.params = FakeParams({"version": 10, "resets": 1})  # type: ignore[assignment]
+    learner.params = FakeParams({"version": 10}, {"resets": 1})  # type: ignore[assignment]
     update.train_once()
     learner.read_acks()  # the same count again: nothing to do
     assert sent == [1] and not torch.equal(update.model.weight, initial["weight"])

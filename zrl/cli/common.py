@@ -12,12 +12,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
     from zrl.roles.evaluation import RunDirTrust
+
+HELP_MARKUP: Literal["markdown"] = "markdown"
+"""Every command group's ``rich_markup_mode``: a help text's lines are one paragraph wrapped to
+the terminal (Rich's default mode keeps the docstrings' line breaks, mid-sentence)."""
 
 BrokerOpt = Annotated[
     str, typer.Option("--broker", "-b", help="Broker address, e.g. tcp://10.0.0.1:5555.")

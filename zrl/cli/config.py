@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from zrl.cli.common import (
+    HELP_MARKUP,
     ExperimentEnvFactoryOpt,
     ExperimentModelFactoryOpt,
     FactoriesFileOpt,
@@ -15,7 +16,9 @@ from zrl.cli.common import (
     load_experiment,
 )
 
-config_app = typer.Typer(help="Inspect experiment configs.", no_args_is_help=True)
+config_app = typer.Typer(
+    help="Inspect experiment configs.", rich_markup_mode=HELP_MARKUP, no_args_is_help=True
+)
 
 
 @config_app.command("show")

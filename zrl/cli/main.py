@@ -17,6 +17,7 @@ import typer
 
 from zrl import __version__
 from zrl.cli.common import (
+    HELP_MARKUP,
     BrokerOpt,
     KeyNameOpt,
     KeysOpt,
@@ -36,12 +37,15 @@ from zrl.cli.start import start_app
 
 app = typer.Typer(
     help="zrl: distributed reinforcement learning on ZeroMQ.",
+    rich_markup_mode=HELP_MARKUP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 keys_app = typer.Typer(
-    help="CurveZMQ keys: authenticate and encrypt every socket.", no_args_is_help=True
+    help="CurveZMQ keys: authenticate and encrypt every socket.",
+    rich_markup_mode=HELP_MARKUP,
+    no_args_is_help=True,
 )
 app.add_typer(start_app, name="start")
 app.add_typer(config_app, name="config")

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from zrl.cli.common import (
+    HELP_MARKUP,
     BrokerOpt,
     ExperimentEnvFactoryOpt,
     ExperimentModelFactoryOpt,
@@ -28,7 +29,9 @@ from zrl.cli.common import (
 )
 
 start_app = typer.Typer(
-    help="Start one role of an experiment in this process.", no_args_is_help=True
+    help="Start one role of an experiment in this process.",
+    rich_markup_mode=HELP_MARKUP,
+    no_args_is_help=True,
 )
 
 IndexOpt = Annotated[

@@ -19,12 +19,13 @@ Sockets (the input is the algorithm's ``wiring.learner_input``):
 - DEALER -> the parameter server's rpc ROUTER (found with LOOKUP "params"): WEIGHTS every
   ``learner.publish_interval`` updates but at most once per ``learner.publish_every_s``, or at
   once when the update says so, copied off the device meanwhile (``zrl.nets.wire.WeightsCopy``);
-  answered with ACK {version, resets}. It connects under a random routing id whose digest the
-  heartbeat shows first (``rpc_keys``, ``zrl.roles.rpc_identity``): params takes WEIGHTS only
-  from a connection a live learner entry vouches for.
+  answered with ACK {version}; in a run with a league or PBT also GET_CONTROL {policy} once a
+  second, answered with CONTROL {policy, resets, exploit}. It connects under a random routing
+  id whose digest the heartbeat shows first (``rpc_keys``, ``zrl.roles.rpc_identity``): params
+  takes WEIGHTS and GET_CONTROL only from a connection a live learner entry vouches for.
 
 Learner i trains the learning policy ``config.learner_policy(i)`` (the default one unless a
-league has exploiters). An ACK of its WEIGHTS may carry more ``resets`` than it has applied
+league has exploiters). A CONTROL may carry more ``resets`` than it has applied
 (the league restarts its player: the update goes back to its initial model and optimizer,
 versions go on increasing, docs/leagues.md) or the pbt role's newest ``exploit`` of this
 member (checked against the config again here: it loads the source member's newest
@@ -79,6 +80,8 @@ PARAMS_ACK_TIMEOUT_S = 3.0
 # Unacked this long, the weights go again on the same connection (params may have asked the
 # registry about it just before our key showed); unacked PARAMS_ACK_TIMEOUT_S: reconnect.
 PARAMS_RESEND_S = 1.0
+CONTROL_POLL_S = 1.0
+"""How often a learner of a run with a league or PBT asks params for its policy's CONTROL."""
 MAX_NON_FINITE_IN_A_ROW = 10
 MAX_READS_PER_STEP = 256  # rollouts read before training: bounded, so a flood cannot starve us
 TIME_PARTS = ("wait", "copy", "update", "publish")
@@ -96,6 +99,7 @@ class Learner(Role):
         self._next_lookup = 0.0
         self._unacked_since: float | None = None
         self._resent = False
+        self._next_control = 0.0  # when to send the next GET_CONTROL (ask_control)
         self.updates = 0
         self.samples_trained = 0  # distinct env steps trained on, since this process started
         self.weights_version = 0
@@ -289,15 +293,9 @@ class Learner(Role):
                 self._resent = False
                 self.params_acked = True
                 self.weights_acked += 1
-                try:
-                    resets = M.reset_count(got[1].meta)
-                except P.ProtocolError as exc:
-                    self.params.drop(got[1].sender or "?", str(exc))
-                    continue
-                if resets > self.resets:
-                    self.reset(resets)
-                if "exploit" in got[1].meta and self.config.pbt.members:
-                    self.on_exploit(got[1].meta["exploit"])
+            elif got[1].kind == P.CONTROL:
+                self.on_control(got[1])
+        self.ask_control()
         unacked_s = (
             time.monotonic() - self._unacked_since if self._unacked_since is not None else 0.0
         )
@@ -313,6 +311,31 @@ class Learner(Role):
             self.params = None
             self._unacked_since = None
             self._resent = False
+
+    def on_control(self, msg: P.Message) -> None:
+        """The league's resets and the pbt role's newest exploit of our policy; a malformed
+        count is dropped and counted."""
+        try:
+            resets = M.reset_count(msg.meta)
+        except P.ProtocolError as exc:
+            assert self.params is not None
+            self.params.drop(msg.sender or "?", str(exc))
+            return
+        if resets > self.resets:
+            self.reset(resets)
+        if "exploit" in msg.meta and self.config.pbt.members:
+            self.on_exploit(msg.meta["exploit"])
+
+    def ask_control(self) -> None:
+        """GET_CONTROL once per ``CONTROL_POLL_S`` in a run whose league or PBT role may
+        reset or exploit this learner's policy, once params has acked our weights."""
+        if not (self.config.roles.league or self.config.pbt.members) or not self.params_acked:
+            return
+        now = time.monotonic()
+        if self.params is None or now < self._next_control:
+            return
+        self._next_control = now + CONTROL_POLL_S
+        self.params.send(P.Message(P.GET_CONTROL, meta=M.policy_meta(self.policy)), block=False)
 
     def reset(self, resets: int) -> None:
         """The league reset our player: back to the update's weights and optimizer before its
@@ -337,7 +360,7 @@ class Learner(Role):
         self.send_weights()
 
     def on_exploit(self, meta: Any) -> None:
-        """The pbt role's instruction from params' ACK: applied once per seq
+        """The pbt role's instruction from params' CONTROL: applied once per seq
         (``exploit``); a malformed one is logged and ignored."""
         try:
             instruction = exploit_instruction(meta, self.config)

@@ -8,14 +8,14 @@ Sockets:
 
 - ROUTER ``rpc`` (own endpoint, announced in HELLO, found with LOOKUP "params"):
   WEIGHTS {policy} from a learner -> stored as that policy's version v+1, answered with ACK
-  {version, resets}; GET_WEIGHTS {policy} from anyone -> WEIGHTS {policy, version} (or
-  NO_WEIGHTS before the first); RESET {policy, resets} from the league (not answered): the
-  count goes back to that policy's learner in its next ACK, which restarts it from its
-  initial weights (an exploiter after a snapshot); EXPLOIT {policy, source, seq,
-  hyperparameters} from the pbt role (not answered, checked against the config's ``pbt``:
-  ``zrl.roles.pbt.exploit_instruction``): the newest per member goes back to that member's
-  learner in every ACK (``exploit``), which copies the source member's checkpoint and sets
-  the hyperparameters once. Replies are bounded per peer
+  {version}; GET_WEIGHTS {policy} from anyone -> WEIGHTS {policy, version} (or NO_WEIGHTS
+  before the first); RESET {policy, resets} from the league and EXPLOIT {policy, source, seq,
+  hyperparameters} from the pbt role (neither answered; EXPLOIT checked against the config's
+  ``pbt``: ``zrl.roles.pbt.exploit_instruction``) are kept per policy, and GET_CONTROL
+  {policy} from that policy's learner is answered with CONTROL {policy, resets, exploit}:
+  more resets than it applied restart it from its initial weights (an exploiter after a
+  snapshot), a newer exploit makes it copy the source member's checkpoint and set the
+  hyperparameters once. Replies are bounded per peer
   (``REPLY_HWM`` queued messages, ``REPLY_KERNEL_BUFFER_BYTES`` of kernel buffer) and in
   total (``reply_budget``: ``REPLY_TOTAL_BYTES`` per ``REPLY_DRAIN_S``); a reply past either
   is dropped and counted in ``replies_dropped``. A queued WEIGHTS reply holds the stored
@@ -25,7 +25,8 @@ What a WEIGHTS may be is fixed at setup, not by the first one that arrives: the 
 and dtypes of the model the config builds for the env's spaces (every policy has that
 layout). Anything else is dropped and counted (``weights_refused``). WEIGHTS (and RESET) are
 taken only from a connection a live registry entry vouches for (``zrl.roles.rpc_identity``):
-WEIGHTS of a policy from a planned learner of that policy, RESET from the planned league
+WEIGHTS and GET_CONTROL of a policy from a planned learner of that policy, RESET from the
+planned league
 (``zrl.transport.senders``); others are dropped and counted (``weights_refused``).
 - PUB ``weights`` -> topic bus, topic ``weights`` (``policy/<name>/weights`` for a named
   policy): every new version, so actors and the evaluator pick it up without asking. A late
@@ -351,6 +352,10 @@ class ParameterServer(Role):
             stream = self.streams[policy]
             if stream.exploit is None or instruction["seq"] > stream.exploit["seq"]:
                 stream.exploit = instruction
+        elif msg.kind == P.GET_CONTROL:
+            policy = self.known_policy(msg.meta)
+            self.vouched_sender(ident, msg, policy)
+            self.reply(ident, P.Message(P.CONTROL, meta=self.control(policy)), budget=False)
         else:
             raise P.ProtocolError(f"params does not serve {msg.kind!r}")
 
@@ -391,7 +396,7 @@ class ParameterServer(Role):
 
     def on_weights(self, ident: bytes, msg: P.Message) -> None:
         """A learner's new weights for its policy: stored as the next version, published and
-        acked with the version and the league's resets of that policy."""
+        acked with the version."""
         policy = self.known_policy(msg.meta)
         stream = self.streams[policy]
         problem = layout_problem(msg.arrays, self.layout)
@@ -423,11 +428,18 @@ class ParameterServer(Role):
         }
         self.publish_weights(policy)
         ack = {"version": stream.version, **M.policy_meta(policy)}
-        if stream.resets:
-            ack["resets"] = stream.resets
-        if stream.exploit is not None:
-            ack["exploit"] = stream.exploit
         self.reply(ident, P.Message(P.ACK, meta=ack), budget=False)
+
+    def control(self, policy: str) -> dict[str, Any]:
+        """A CONTROL's meta: the league's resets and the pbt role's newest exploit of
+        ``policy`` (each absent while there is none)."""
+        stream = self.streams[policy]
+        meta: dict[str, Any] = dict(M.policy_meta(policy))
+        if stream.resets:
+            meta["resets"] = stream.resets
+        if stream.exploit is not None:
+            meta["exploit"] = stream.exploit
+        return meta
 
     def weights_message(self, policy: str = M.DEFAULT_POLICY) -> P.Message:
         stream = self.streams[policy]

@@ -19,12 +19,12 @@ Sockets:
 
 - DEALER -> the parameter server's rpc (LOOKUP "params"): EXPLOIT {policy (the worse
   member), source (the better one), seq, hyperparameters} (not answered). params keeps the
-  newest per member and hands it to that member's learner in the ACK of its next WEIGHTS
-  (``zrl.roles.learner``), which applies it once (``seq`` above the one it applied) and
-  publishes its new weights as a new version at once. The DEALER connects under a random
-  routing id whose digest the heartbeat shows (``rpc_keys``): params takes EXPLOIT only from
-  the planned pbt role's connection; the learner then checks the instruction against the
-  config again (``exploit_instruction``).
+  newest per member and hands it to that member's learner in the CONTROL it answers that
+  learner's GET_CONTROL (``zrl.roles.learner``), which applies it once (``seq`` above the
+  one it applied) and publishes its new weights as a new version at once. The DEALER
+  connects under a random routing id whose digest the heartbeat shows (``rpc_keys``):
+  params takes EXPLOIT only from the planned pbt role's connection; the learner then checks
+  the instruction against the config again (``exploit_instruction``).
 - throwaway DEALERs -> broker (STATUS of the actors or evaluators and of the learners,
   ``status_rows``).
 
@@ -79,7 +79,7 @@ def exploit_instruction(meta: Any, cfg: ExperimentConfig) -> dict[str, Any]:
     """An EXPLOIT's meta, checked against the config: ``policy`` and ``source`` two different
     members, ``seq`` an int in [1, 2**53], ``hyperparameters`` the configured ones, each a
     finite float within its bounds. Returns it (its policy among the keys); ProtocolError
-    otherwise. Both params (on receipt) and the learner (in the ACK) check it."""
+    otherwise. Both params (on receipt) and the learner (in the CONTROL) check it."""
     if not isinstance(meta, dict):
         raise P.ProtocolError("exploit instruction is not a map")
     members = cfg.policies if cfg.pbt.members else []

@@ -104,12 +104,16 @@ Data paths:
   ``weights`` or ``no_weights``.
 - ``no_weights``: params -> asker (nothing stored yet). Meta ``policy`` for a named one.
 - ``reset``: league -> params rpc (DEALER). Meta ``policy``, ``resets`` (how many times the
-  league reset it): params returns the count in the ``ack`` of that policy's next weights,
-  and its learner restarts from its initial weights. Not answered. No arrays.
+  league reset it): params returns the count in the ``control`` it answers that policy's
+  learner, which restarts from its initial weights. Not answered. No arrays.
 - ``exploit``: pbt -> params rpc (DEALER). Meta ``policy``, ``source`` (two PBT members),
   ``seq``, ``hyperparameters`` (checked by ``zrl.roles.pbt.exploit_instruction``): params
-  returns the newest in the ``ack`` of that member's next weights (``exploit``), and its
-  learner copies the source's checkpoint and sets them. Not answered. No arrays.
+  returns the newest in the ``control`` it answers that member's learner (``exploit``), which
+  copies the source's checkpoint and sets them. Not answered. No arrays.
+- ``get_control``: learner -> params rpc, once a second in a run with a league or PBT. Meta
+  ``policy``. No arrays; answered with ``control``.
+- ``control``: params -> learner. Meta ``policy``, ``resets`` (absent: 0) and ``exploit``
+  (absent: none) of that policy. No arrays.
 - ``metrics``: every role -> topic ``metrics`` (meta ``id``, ``role``, ``time``, the role's
   heartbeat info, ``train``); evaluator -> topic ``eval`` (meta ``kind`` = "eval",
   ``weights_version``, ``mean``, ``std``, ``min``, ``max``, ``episodes``, ``seconds``). No

@@ -65,6 +65,8 @@ RESET = "reset"  # league -> params rpc: a named policy's learner restarts from 
 INFER = "infer"  # actor -> inference rpc: observations to run the policy on
 INFERRED = "inferred"  # inference -> actor: the policy's outputs for them
 EXPLOIT = "exploit"  # pbt -> params rpc: a member's learner copies a better one and explores
+GET_CONTROL = "get_control"  # learner -> params rpc: the league's and pbt's word on its policy
+CONTROL = "control"  # params -> learner: its policy's resets and newest exploit
 # Every message kind above: who sends each, its metadata and arrays are in zrl.transport.messages.
 KINDS: tuple[str, ...] = (
     HELLO,
@@ -99,6 +101,8 @@ KINDS: tuple[str, ...] = (
     INFER,
     INFERRED,
     EXPLOIT,
+    GET_CONTROL,
+    CONTROL,
 )
 
 # Topics on the bus (PUB/SUB prefix matching; a trailing "/" keeps "replay-1" from

@@ -148,7 +148,7 @@ def test_build_actor_critic_picks_the_agent_model():
 
 
 def test_q_networks_refuse_masked_spaces():
-    with pytest.raises(ValueError, match="ppo"):
+    with pytest.raises(ValueError, match="actor-critic"):
         q_network_for(BOARD, gym.spaces.Discrete(9), ModelConfig())
     unmasked = q_network_for(
         AgentObservationSpace((18,), 0, 0), gym.spaces.Discrete(5), ModelConfig()
