@@ -38,6 +38,8 @@ def test_the_console_progress_and_summary_agree_with_the_roles(tmp_path: Path) -
     assert set(shown) <= set(progress), (shown, progress)
     # The run trained, and the console saw it.
     assert summary["updates"] > 0 and summary["env_steps"] > 0, summary
+    # A run that stepped says when it first did (from metrics or, on a busy bus, heartbeats).
+    assert 0 < summary["seconds_to_first_env_step"] < summary["wall_time"], summary
     assert max(shown) > (0, 0), shown
     # summary.json and progress.csv end on the roles' own last counters.
     beats = summary["heartbeats"]

@@ -639,6 +639,12 @@ class Supervisor:
                         self._report_deaths(display)
                         self._check_progress()
                     row = self.agg.row(elapsed)
+                    if self.monitor.first_env_step is None and (
+                        row["env_steps"] > self.agg.env_steps_offset
+                    ):
+                        # No actor's metrics heard yet (a busy bus drops them), but its
+                        # heartbeat counts steps: the first env step came by now.
+                        self.monitor.first_env_step = round(elapsed, 2)
                     writer.write_progress(row)
                     writer.write_train(row["env_steps"], self.agg.train_row(), elapsed)
                     self._record_league(row, writer)
