@@ -282,17 +282,28 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         # random policy scores about 22). Then Ctrl-C ends the run, as a user would.
         trained_after = int(now["learner-0"]["info"].get("weights_version", 0))
 
+        # The actors count a stolen trajectory lost once no ack came in ACK_TIMEOUT_S (10 s):
+        # on a quiet machine learning can come first, so the wait is for both.
         def learned_after_the_attacks() -> bool:
-            info = rows().get("evaluator-0", {}).get("info", {})
+            now = rows()
+            info = now.get("evaluator-0", {}).get("info", {})
+            lost = sum(
+                now.get(a, {}).get("info", {}).get("trajectories_lost", 0)
+                for a in ("actor-0", "actor-1")
+            )
             return (
                 info.get("evaluated_version", 0) > trained_after
                 and info.get("eval_return", 0) > 100
+                and lost >= stolen - 2
             )
 
         wait_for(
             learned_after_the_attacks,
             timeout=120,
-            message="no evaluation above 100 of weights trained after the attacks",
+            message=(
+                "no evaluation above 100 of weights trained after the attacks, or the actors "
+                f"did not count the {stolen} stolen trajectories lost"
+            ),
         )
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
