@@ -34,7 +34,7 @@ META = "__meta__"
 WEIGHT_PREFIX = "w:"
 
 
-def write_request(run_dir: Path, rundir: RunDir, last: Evaluated, target: StopRule) -> Path:
+def write_request(rundir: RunDir, last: Evaluated, target: StopRule) -> Path:
     """The request file for the child: ``last``'s arrays and what ``write_models`` reads of
     the run (its config, factory references) and of the stop rule."""
     meta = {
@@ -46,7 +46,7 @@ def write_request(run_dir: Path, rundir: RunDir, last: Evaluated, target: StopRu
         "config": rundir.cfg.model_dump(mode="json"),
         "factory_refs": rundir.factories.references,
     }
-    path = run_dir / REQUEST
+    path = rundir.path / REQUEST
     payload: dict[str, Any] = {META: np.array(json.dumps(meta))}
     payload.update({f"{WEIGHT_PREFIX}{name}": array for name, array in last.weights.items()})
     with open(path, "wb") as f:
@@ -83,7 +83,7 @@ def write_models_forked(
     where no child could be forked (the caller writes them itself). A child that fails or
     runs out of time raises RuntimeError naming its log."""
     run_dir = rundir.path
-    request = write_request(run_dir, rundir, last, target)
+    request = write_request(rundir, last, target)
     answer, log_path = run_dir / ANSWER, rundir.log_path("models")
     try:
         forked = zygote.fork(["config", "save-models", str(run_dir)], log_path)
