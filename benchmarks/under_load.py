@@ -63,6 +63,10 @@ def one_run(config: str, wall_time: int, load: int, env_steps: int | None = None
                 "dead_lines": deaths[:20],  # which role, which host, how long it was silent
                 "stalled": broker_log.count(": stalled"),
                 "restarts": summary.get("restarts"),
+                # What a miss needs explained: how far it got, what the actors' steps came to.
+                "best_eval_return": summary.get("best_eval_return"),
+                "updates": summary.get("updates"),
+                "experience": summary.get("experience"),
                 "load": round(max(loads, default=0.0), 1),
             }
     finally:
@@ -74,6 +78,7 @@ def one_run(config: str, wall_time: int, load: int, env_steps: int | None = None
 def describe(r: dict) -> str:
     return (
         f"{r['steps']:,} env steps ({r['wall']:.0f} s, reached {r['reached']}, "
+        f"best {r['best_eval_return']}, {r['updates']} updates, "
         f"{r['dead']} marked dead, {r['stalled']} stalled, restarts {r['restarts']}, "
         f"load up to {r['load']:.1f})"
     )
