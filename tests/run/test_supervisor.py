@@ -497,6 +497,7 @@ class InProcessZygote:
 
     def __init__(self, fork: bool = True) -> None:
         self.can_fork = fork
+        self.proc = object() if fork else None  # a zygote process, or none
         self.argv: list[str] = []
 
     def fork(self, argv: list[str], log_path: Path) -> Any:

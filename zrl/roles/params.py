@@ -23,11 +23,11 @@ Sockets:
 
 What a WEIGHTS may be is fixed at setup, not by the first one that arrives: the names, shapes
 and dtypes of the model the config builds for the env's spaces (every policy has that
-layout). Anything else is dropped and counted (``weights_refused``). WEIGHTS (and RESET) are
-taken only from a connection a live registry entry vouches for (``zrl.roles.rpc_identity``):
-WEIGHTS and GET_CONTROL of a policy from a planned learner of that policy, RESET from the
-planned league
-(``zrl.transport.senders``); others are dropped and counted (``weights_refused``).
+layout). Anything else is dropped and counted (``weights_refused``). WEIGHTS, GET_CONTROL and
+RESET are taken only from a connection a live registry entry vouches for
+(``zrl.roles.rpc_identity``): WEIGHTS and GET_CONTROL of a policy from a planned learner of
+that policy, RESET from the planned league (``zrl.transport.senders``); others are dropped
+and counted (``weights_refused``).
 - PUB ``weights`` -> topic bus, topic ``weights`` (``policy/<name>/weights`` for a named
   policy): every new version, so actors and the evaluator pick it up without asking. A late
   joiner asks GET_WEIGHTS once, because PUB/SUB delivers nothing sent before the

@@ -10,7 +10,6 @@ import zmq
 
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
-from zrl.transport.messages import policy_meta
 from zrl.transport.security import Keys
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 
@@ -36,7 +35,7 @@ def request_latest_weights(
         try:
             sock.connect(svc["rpc"])
             ch = Channel(sock, "params-rpc", "weights-client", TransportStats())
-            ch.send(P.Message(P.GET_WEIGHTS, meta=policy_meta(policy)))
+            ch.send(P.Message(P.GET_WEIGHTS, meta=M.policy_meta(policy)))
             got = ch.recv()
         finally:
             sock.close(linger=0)

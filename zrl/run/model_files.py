@@ -82,6 +82,8 @@ def write_models_forked(
     """The model files written by a child of ``zygote`` within ``timeout`` seconds; None
     where no child could be forked (the caller writes them itself). A child that fails or
     runs out of time raises RuntimeError naming its log."""
+    if zygote.proc is None:  # nothing to fork from: no request to write
+        return None
     run_dir = rundir.path
     request = write_request(rundir, last, target)
     answer, log_path = run_dir / ANSWER, rundir.log_path("models")

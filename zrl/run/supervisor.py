@@ -26,7 +26,6 @@ STATUS and STOP_RUN, ``rundir`` the LOOKUP and the final GET_WEIGHTS.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -86,19 +85,20 @@ INTERRUPT_WEIGHTS_S = 2.0
 """How long, after Ctrl-C, the head waits for the params server's final weights."""
 
 
-def preload_finish_modules(torch: bool) -> threading.Thread:
-    """Import what the end of a run needs (matplotlib for the learning curve; ``torch`` to
-    write model.pt, where no zygote child writes it: ``zrl.run.model_files``) in a thread,
-    once the roles are collecting: at the stop those imports took 2-4 s of a loaded machine
-    between the stop rule and summary.json, while the run itself can spare them (the head is
-    mostly idle). Not at the start, where they would take CPU from the roles starting up."""
+def preload_finish_modules(with_torch: bool) -> threading.Thread:
+    """Import what the end of a run needs (matplotlib for the learning curve; with
+    ``with_torch``, torch to write model.pt, where no zygote child writes it:
+    ``zrl.run.model_files``) in a thread, once the roles are collecting: at the stop those
+    imports took 2-4 s of a loaded machine between the stop rule and summary.json, while the
+    run itself can spare them (the head is mostly idle). Not at the start, where they would
+    take CPU from the roles starting up."""
 
     def load() -> None:
         try:
             import matplotlib
 
-            if torch:
-                importlib.import_module("torch")
+            if with_torch:
+                import torch  # noqa: F401
 
             matplotlib.use("Agg")
             import matplotlib.pyplot  # noqa: F401
@@ -629,7 +629,8 @@ class Supervisor:
                     next_confirm = time.monotonic() + 0.25
                     self._confirm_target()
                 if self._finish_imports is None and self.monitor.first_env_step is not None:
-                    self._finish_imports = preload_finish_modules(torch=not self._zygote_alive())
+                    torch_here = not self._zygote_alive()
+                    self._finish_imports = preload_finish_modules(with_torch=torch_here)
                 if time.monotonic() >= next_row:
                     next_row += 1.0
                     fresh = self.monitor.refresh()
