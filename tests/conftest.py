@@ -14,6 +14,7 @@ from zrl.config.sections import DEFAULT_STREAMS
 from zrl.testing.inproc import InProc
 from zrl.testing.probes import wait_for  # noqa: F401 - old import path; use zrl.testing
 from zrl.testing.processes import (  # noqa: F401 - old import path; use zrl.testing
+    GUARD_S,
     REPO,
     kill_pids,
     run_broker_address,
@@ -76,9 +77,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     trainings side by side on 2 cores would each get half the CPU their time limits assume.
     The order is the group first (CI's critical path starts at once), then the other slow
     tests (``waits``: long but mostly waiting, started early on the other worker so that no
-    long test is left for the end), then the rest."""
+    long test is left for the end), then the rest.
+
+    A slow test without a timeout of its own gets one past :data:`GUARD_S` (its run's wall
+    time, a guard for a loaded machine) plus what it does around the run, not pytest's 300 s."""
     trains, waits, rest = [], [], []
     for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(GUARD_S + 300))
         if item.get_closest_marker("slow") and not item.get_closest_marker("waits"):
             item.add_marker(pytest.mark.xdist_group("trains"))
             trains.append(item)

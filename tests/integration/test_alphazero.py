@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import GUARD_S, run_zrl
 
 ENV_STEPS = 15_000
 """About 2,000 self-play games: 45 s on a quiet 2-core machine. Quiet runs met every
 condition below at 9,200 and 9,700 moves."""
-WALL_TIME = 240
-"""The guard: on a loaded machine the actor makes a third of its quiet moves per second."""
 
 
 def eval_rows(run_dir: Path) -> list[dict[str, float]]:
@@ -42,7 +40,7 @@ def test_tictactoe_alphazero_learns_through_the_real_roles(tmp_path: Path) -> No
         tmp_path,
         "tictactoe_alphazero.yaml",
         f"stop.env_steps={ENV_STEPS}",
-        wall_time=WALL_TIME,
+        wall_time=GUARD_S,  # a guard: the run stops at its env steps
         beats=0.5,
     )
     took = time.monotonic() - started

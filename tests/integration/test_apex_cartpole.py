@@ -12,6 +12,7 @@ import pytest
 
 from zrl.roles.evaluation import SOURCES
 from zrl.testing.processes import (
+    GUARD_S,
     RANDOM_POLICY_RETURN,
     REPO,
     kill_pids,
@@ -142,11 +143,11 @@ def test_inproc_mode_runs_every_role_in_one_process(tmp_path: Path) -> None:
         "--set",
         "stop.eval_window=2",
         "--set",
-        "stop.wall_time=120",
+        f"stop.wall_time={GUARD_S}",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=GUARD_S + 90)
     finally:
         if proc.poll() is None:
             kill_pids([proc.pid])

@@ -18,7 +18,7 @@ import pytest
 from zrl.config.sections import EnvConfig
 from zrl.envs.base import EnvError
 from zrl.envs.dmcontrol import DM_CONTROL_INSTALL, make_dm_control_env
-from zrl.testing.processes import run_zrl, zrl_eval
+from zrl.testing.processes import GUARD_S, run_zrl, zrl_eval
 
 ROUNDS = 2
 """PPO rounds of 8 envs x 256 steps (the config's), each 10 epochs of 8 minibatches."""
@@ -26,7 +26,6 @@ ENV_STEPS = ROUNDS * 8 * 256
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
 def test_dm_control_cartpole_balance_runs_through_the_roles(tmp_path: Path) -> None:
     pytest.importorskip("shimmy", reason=f"dm_control needs its extra: {DM_CONTROL_INSTALL}")
     pytest.importorskip("dm_control", reason=f"dm_control needs its extra: {DM_CONTROL_INSTALL}")
@@ -41,7 +40,7 @@ def test_dm_control_cartpole_balance_runs_through_the_roles(tmp_path: Path) -> N
         "evaluator.interval=5",
         "stop.eval_return=null",
         f"stop.env_steps={ENV_STEPS}",
-        wall_time=240,  # a guard: the run stops at its env steps
+        wall_time=GUARD_S,  # a guard: the run stops at its env steps
         beats=0.0,  # returns are in [0, 1000]: any evaluation at all scores above 0
     )
     assert summary["stop_reason"] == "env_steps", summary["output"][-3000:]

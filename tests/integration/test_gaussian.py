@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl, zrl_eval
+from zrl.testing.processes import GUARD_S, run_zrl, zrl_eval
 
 # A uniformly random policy scores about -1200 to -1500 on Pendulum-v1, the untrained Gaussian
 # policy (mean ~0, std 1) about -1300. pendulum_ppo.yaml reaches -200 in about 40 s on 2
@@ -34,7 +34,7 @@ def test_gaussian_run_learns_pendulum(algo: str, tmp_path: Path) -> None:
         CONFIGS[algo],
         f"stop.eval_return={STOP[algo]}",
         f"stop.env_steps={ENV_STEPS}",
-        wall_time=900,  # a guard for a loaded machine
+        wall_time=GUARD_S,  # a guard for a loaded machine
         beats=BEATS_RANDOM,
     )
     run_dir = summary["dir"]

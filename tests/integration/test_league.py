@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl
+from zrl.testing.processes import GUARD_S, run_zrl
 
 
 def eval_rows(run_dir: Path) -> list[dict[str, float]]:
@@ -44,7 +44,8 @@ def test_tictactoe_league_learns_against_random_and_scripted(tmp_path: Path) -> 
         "stop.eval_window=2",
         "league.snapshot_interval_s=5",
         "evaluator.interval=5",
-        wall_time=150,  # stops at the target: 15-20 s quiet, 77 s beside 8 busy processes
+        "stop.env_steps=150000",  # the bound: a CI run met the target at 36k moves
+        wall_time=GUARD_S,
         beats=0.5,
     )
     run_dir = summary["dir"]
@@ -81,7 +82,8 @@ def test_connect_four_learns_to_beat_random(tmp_path: Path) -> None:
         "stop.eval_return=0.5",
         "env.multiagent.eval_opponents=[random]",
         "evaluator.interval=5",
-        wall_time=100,
+        "stop.env_steps=60000",  # the bound: a CI run met the target at 4,602 moves
+        wall_time=GUARD_S,
         beats=0.4,
     )
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])
@@ -106,11 +108,14 @@ def test_main_exploiter_trains_and_joins_the_population(tmp_path: Path) -> None:
         "league.min_games=20",
         "checkpoint.interval=2",
         # Cheaper rounds (16 games x 16 moves, 4 epochs): more weights versions, and so more
-        # ACKs that can carry a reset, in the 20 s on a loaded machine.
+        # chances for a reset, in the run's updates.
         "env.num_envs=16",
         "ppo.epochs=4",
         "ppo.minibatch_size=128",
-        wall_time=20,
+        # Bounded by the two learners' updates (a quiet 20-s run made 1,424), not by time: at
+        # load 20 twenty seconds made none of the main agent's.
+        "stop.updates=1400",
+        wall_time=GUARD_S,
         beats=None,
     )
     run_dir = summary["dir"]
@@ -145,7 +150,8 @@ def test_self_play_from_both_seats_learns_from_every_move(tmp_path: Path) -> Non
         "env.multiagent.self_play_seats=both",
         "stop.eval_return=0.6",
         "evaluator.interval=5",
-        wall_time=100,
+        "stop.env_steps=100000",  # the bound: a CI run met the target at 16k moves
+        wall_time=GUARD_S,
         beats=0.5,
     )
     best = max(eval_rows(summary["dir"]), key=lambda r: r["mean"])

@@ -172,7 +172,8 @@ def test_a_registered_algorithm_trains_cartpole_through_the_generic_roles(tiny_q
             "learner": {"lr": 1e-3, "publish_interval": 20},
             "tiny_q": {"epsilon": 0.1, "target_every": 200},
             "evaluator": {"interval": 2.0, "episodes": 5},
-            "stop": {"eval_return": 150, "eval_window": 1, "wall_time": 90},
+            # Bounded by env steps (a CI run met 150 at 31k); the wall time is a guard.
+            "stop": {"eval_return": 150, "eval_window": 1, "env_steps": 150000, "wall_time": 600},
         }
     )
     summary = experiment.run(inproc=True, run_dir=tmp_path / "run")

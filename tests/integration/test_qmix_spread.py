@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl, zrl_eval
+from zrl.testing.processes import GUARD_S, run_zrl, zrl_eval
 
 RECURRENT = (
     "model.core=gru",
@@ -35,7 +35,7 @@ def test_qmix_spread_run_trains_and_cleans_up(tmp_path: Path, overrides: tuple[s
         "evaluator.interval=2",
         "stop.updates=100",
         *overrides,
-        wall_time=240,
+        wall_time=GUARD_S,
         beats=None,
     )
     run_dir = summary["dir"]

@@ -10,13 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from zrl.testing.processes import run_zrl, zrl_eval
+from zrl.testing.processes import GUARD_S, run_zrl, zrl_eval
+
+# Bounded by env steps: R2D2 met 150 at 37k and recurrent PPO at 47k in a CI run.
+BOUND = "stop.env_steps=150000"
 
 
 @pytest.mark.slow
 def test_r2d2_learns_what_it_cannot_see(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "cartpole_novel_r2d2.yaml", "stop.eval_return=150", wall_time=100, beats=100
+        tmp_path,
+        "cartpole_novel_r2d2.yaml",
+        "stop.eval_return=150",
+        BOUND,
+        wall_time=GUARD_S,
+        beats=100,
     )  # exits 0, learns, leaves nothing
     assert summary["stop_reason"] == "eval_return", summary
     experience = summary["experience"]
@@ -30,7 +38,12 @@ def test_r2d2_learns_what_it_cannot_see(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_recurrent_ppo_learns_what_it_cannot_see(tmp_path: Path) -> None:
     summary = run_zrl(
-        tmp_path, "cartpole_novel_ppo_lstm.yaml", "stop.eval_return=150", wall_time=100, beats=100
+        tmp_path,
+        "cartpole_novel_ppo_lstm.yaml",
+        "stop.eval_return=150",
+        BOUND,
+        wall_time=GUARD_S,
+        beats=100,
     )
     assert summary["stop_reason"] == "eval_return", summary
     learner = summary["heartbeats"]["learner-0"]

@@ -37,6 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 _LOGS: dict[int, Path] = {}
 """The log file of each process :func:`start_zrl` started, by pid (:func:`output_of`)."""
 RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
+GUARD_S = 600
+"""The wall time of a test run bounded by env steps or updates: a guard, not the measure (at
+load 20 a 2-core box gives a role a tenth of its quiet speed, or less)."""
 
 
 def kill_pids(pids: list[int], grace: float = 5.0) -> None:
