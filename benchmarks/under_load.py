@@ -5,6 +5,7 @@ one process, the quiet run first. Also counts the roles the broker marked dead o
     python benchmarks/under_load.py                                  # load 20, two configs
     python benchmarks/under_load.py --configs pendulum_appo.yaml --load 10
     python benchmarks/under_load.py --configs pong_appo.yaml:300 --loaded-only   # liveness
+    python benchmarks/under_load.py --configs pendulum_appo.yaml --keep runs/ul  # keep the logs
 
 A config may carry its own wall time (``NAME:SECONDS``). Prints, per config: env steps to the
 target quiet and loaded, their ratio (the bar: at most 1.5; the loaded run stops there, so a
@@ -18,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +32,11 @@ BAR = 1.5
 """The loaded run reaches the target within this many times the quiet run's env steps."""
 
 
-def one_run(config: str, wall_time: int, load: int, env_steps: int | None = None) -> dict:
+def one_run(
+    config: str, wall_time: int, load: int, env_steps: int | None = None, keep: Path | None = None
+) -> dict:
     """One `zrl run` to its config's target (or ``wall_time``, or ``env_steps``) beside
-    ``load`` busy loops."""
+    ``load`` busy loops; its run directory, less the checkpoints, copied under ``keep``."""
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -48,6 +52,10 @@ def one_run(config: str, wall_time: int, load: int, env_steps: int | None = None
             while proc.poll() is None:
                 loads.append(os.getloadavg()[0])
                 time.sleep(5)
+            if keep is not None:
+                dest = keep / f"{Path(config).stem}-load{load}"
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("checkpoints"))
             summary = json.loads((run_dir / "summary.json").read_text())
             broker_log = (run_dir / "logs" / "broker.log").read_text(errors="replace")
             lines = broker_log.splitlines()
@@ -93,17 +101,20 @@ def main() -> None:
     ap.add_argument("--wall-time", type=int, default=900, help="for configs without :SECONDS")
     ap.add_argument("--loaded-only", action="store_true", help="skip the quiet runs")
     ap.add_argument("--out", type=Path, help="write every run's row here as JSON")
+    ap.add_argument(
+        "--keep", type=Path, help="copy each run's directory (logs, eval.csv) under this one"
+    )
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
     for spec in args.configs:
         config, _, wall = spec.partition(":")
         wall_time = int(wall) if wall else args.wall_time
-        quiet = None if args.loaded_only else one_run(config, wall_time, 0)
+        quiet = None if args.loaded_only else one_run(config, wall_time, 0, keep=args.keep)
         # The bar ends the loaded run: it reaches the target within 1.5x the quiet run's env
         # steps, or it does not (its wall time grows with the load, and is only a guard).
         cap = math.ceil(BAR * quiet["steps"]) if quiet and quiet["reached"] else None
-        loaded = one_run(config, wall_time, args.load, env_steps=cap)
+        loaded = one_run(config, wall_time, args.load, env_steps=cap, keep=args.keep)
         rows += [r for r in (quiet, loaded) if r]
         parts = [f"beside {args.load} busy loops {describe(loaded)}"]
         if quiet:

@@ -152,7 +152,7 @@ def test_experience_taken_off_the_stream_is_counted_lost(inproc):
     thief = inproc.pull("experience")
     actor = inproc.start(Actor, index=0)
     assert isinstance(actor, Actor)
-    actor.credit.window.timeout_s = 0.5
+    actor.credit.window.latency.floor_s = 0.5
     pub = inproc.pub("replay-0")
     inproc.wait_for_subscriber(P.ack_topic("actor-0"), pub=pub)
     acked: list[P.Message] = []

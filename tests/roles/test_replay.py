@@ -426,8 +426,12 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
     credit window); an ack of a newer batch covers older ones; forged or impossible acks are
     dropped; and a window nobody acks is reopened after a timeout, counted."""
     import zrl.roles.replay as replay_module
+    import zrl.transport.credit as credit_module
 
     monkeypatch.setattr(replay_module, "BATCH_ACK_TIMEOUT_S", 1.0)
+    # The timeout stays at its floor however slowly this test acks (tests/transport covers
+    # its growth with the acks' latency).
+    monkeypatch.setattr(credit_module, "LATENCY_FACTOR", 0.0)
     inproc.start_broker(replay_config(prefetch=2, samples_per_insert=0, min_size=10))
     replay = inproc.start(ReplayServer, index=0)
     assert isinstance(replay, ReplayServer)
@@ -460,6 +464,7 @@ def test_batches_wait_for_learner_acks(inproc, monkeypatch):
 
     ack(0)  # one credit: one more batch
     assert [b.seq for b in collect(batches, until=1, timeout=5)] == [2]
+    assert replay.batch_ack_latency.slowest_s > 0  # how long batch 0 waited for its ack
     wait_for(lambda: replay.batches_sent == 3, timeout=2)  # counted after the send returns
     settle(lambda: replay.batches_sent == 3, 0.3)
     ack(2)  # covers 1 as well (a lost ack does not shrink the window)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from zrl.transport.credit import (
     INCARNATIONS_REMEMBERED,
+    LATENCY_FACTOR,
     MAX_EXPIRED_REMEMBERED,
     MAX_PEERS,
+    MAX_TIMEOUT_S,
+    AckLatency,
     CreditWindow,
     Incarnations,
 )
@@ -48,6 +51,33 @@ def test_expiry_counts_loss_and_a_late_ack_is_a_delivery():
     r = w.report()
     assert r["trajectories_sent"] == 3 and r["steps_sent"] == 60
     assert r["trajectories_lost"] - r["trajectories_late"] == 2
+
+
+def test_a_slow_consumer_lengthens_the_timeout_and_is_not_taken_for_loss():
+    """A loaded shard acks late but acks: after one late ack reveals how slow it is, the
+    window waits three times that long before counting loss, so the producer does not run
+    ahead of a consumer that is only slow."""
+    w = CreditWindow(limit=2, timeout_s=10.0)
+    w.sent(0, 1, now=0.0)
+    assert w.expire(now=10.0) == 1  # the first slow ack still costs one timeout
+    assert w.ack(0, now=25.0) and w.ledger.late == 1  # it came, 25 s after the send
+    assert w.timeout_s == LATENCY_FACTOR * 25.0
+    w.sent(1, 1, now=30.0)
+    assert w.expire(now=30.0 + 70.0) == 0  # slow, not lost
+    assert w.ack(1, now=100.0) and w.ledger.late == 1
+    assert balanced(w)
+
+
+def test_the_timeout_has_a_floor_and_a_cap_and_falls_with_the_load():
+    latency = AckLatency(floor_s=10.0)
+    assert latency.timeout_s == 10.0
+    latency.observe(1.0)  # fast acks: the floor
+    assert latency.timeout_s == 10.0
+    latency.observe(1000.0)  # a consumer that slow is taken for gone all the same
+    assert latency.timeout_s == MAX_TIMEOUT_S
+    for _ in range(100):  # the load is gone: fast acks again
+        latency.observe(0.1)
+    assert latency.timeout_s == 10.0
 
 
 def test_remembered_expired_messages_are_bounded():

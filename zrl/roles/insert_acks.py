@@ -4,10 +4,12 @@ release, and each shard's incarnation.
 Every trajectory sent to replay counts as in flight until a shard's ACK (topic
 ``acks/<actor id>/``) names it; at most ``actor.max_in_flight`` may be (``CreditWindow``), which
 bounds how stale replay's data can get. An ack releases exactly the trajectory it names; one
-that no ack names within ``ACK_TIMEOUT_S`` is counted lost, so a lost ack or a shard that died
-unheard of never deadlocks the window. Acks carry the shard's incarnation, which it also
-announces once a second (topic ``incarnations/``): a known shard that speaks with a new one
-restarted, and what it held is counted lost at once (``CreditWindow.lose_before`` says which).
+that no ack names within ``ACK_TIMEOUT_S`` (or three times the slowest recent ack, where a
+loaded shard acks that slowly: ``zrl.transport.credit.AckLatency``) is counted lost, so a lost
+ack or a shard that died unheard of never deadlocks the window. Acks carry the shard's
+incarnation, which it also announces once a second (topic ``incarnations/``): a known shard
+that speaks with a new one restarted, and what it held is counted lost at once
+(``CreditWindow.lose_before`` says which).
 
 Sockets: none of its own; it reads the actor's SUB on those two topics. A message there that
 is no valid ack or announcement of a replay shard is dropped and counted on that channel.
@@ -93,7 +95,7 @@ class InsertAcks:
         )
 
     def expire(self) -> None:
-        """Count trajectories no shard acknowledged within ``ACK_TIMEOUT_S`` as lost: a lost
+        """Count trajectories no shard acknowledged within the window's timeout as lost: a lost
         ack, or a shard that died before we ever heard of it, must not deadlock the window."""
         lost = self.window.expire()
         if lost:
@@ -104,7 +106,7 @@ class InsertAcks:
                 logging.WARNING if self.window.ledger.delivered else logging.DEBUG,
                 "%d trajectories unacknowledged by replay for %.0fs: counted as lost (%d in total)",
                 lost,
-                ACK_TIMEOUT_S,
+                self.window.timeout_s,
                 self.window.ledger.lost,
             )
 

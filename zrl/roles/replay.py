@@ -69,11 +69,13 @@ from zrl.roles.base import Role
 from zrl.roles.errors import RoleError
 from zrl.transport import messages as M
 from zrl.transport import protocol as P
+from zrl.transport.credit import AckLatency
 from zrl.transport.schema import validate
 
 INSERTS_PER_STEP = 32
 SAMPLES_PER_STEP = 16
 BATCH_ACK_TIMEOUT_S = 2.0  # then a dead learner or a lost ack no longer holds sampling back
+# (or three times the slowest recent ack, where a loaded learner takes batches that slowly)
 INCARNATION_INTERVAL_S = 1.0  # how often the shard announces its incarnation to the actors
 KEY_BYTES = 16  # per item beyond its columns: its key and priority
 SNAPSHOT_SLACK_BYTES = 1 << 16  # a snapshot's arrays beyond the table's own (rng, counters)
@@ -136,6 +138,8 @@ class ReplayServer(Role):
         self.learner_acked = False  # no learner took a batch yet: they may still be starting
         self.window_full_since: float | None = None
         self.batch_ack_timeouts = 0
+        self.batch_ack_latency = AckLatency(BATCH_ACK_TIMEOUT_S)
+        self.batch_sent_at: dict[int, float] = {}  # seq -> when; the batches in flight
         self.acks = self.open_publisher("acks")
         self.trajectories = 0
         # Since this process started (``trajectories`` survives a snapshot restore): what the
@@ -459,6 +463,10 @@ class ReplayServer(Role):
         seq = P.acked_seq(msg, "learner-", self.batches.next_seq, "batch")
         self.acked_batch_seq = max(self.acked_batch_seq, seq)
         self.learner_acked = True
+        sent_at = self.batch_sent_at.get(seq)
+        if sent_at is not None:
+            self.batch_ack_latency.observe(time.monotonic() - sent_at)
+        self.batch_sent_at = {s: t for s, t in self.batch_sent_at.items() if s > seq}
 
     @property
     def batches_in_flight(self) -> int:
@@ -472,7 +480,8 @@ class ReplayServer(Role):
         now = time.monotonic()
         if self.window_full_since is None:
             self.window_full_since = now
-        if now - self.window_full_since <= BATCH_ACK_TIMEOUT_S:
+        timeout_s = self.batch_ack_latency.timeout_s
+        if now - self.window_full_since <= timeout_s:
             return False
         # A learner died holding batches, or its acks were lost: never deadlock on the window.
         self.batch_ack_timeouts += 1
@@ -481,7 +490,7 @@ class ReplayServer(Role):
         self.log.log(
             logging.WARNING if self.learner_acked else logging.DEBUG,
             "no batch ack for %.0fs: resetting the window of %d batches",
-            BATCH_ACK_TIMEOUT_S,
+            timeout_s,
             self.batches_in_flight,
         )
         self.acked_batch_seq = self.batches.next_seq - 1
@@ -577,6 +586,8 @@ class ReplayServer(Role):
                 break
             if not self.batches.send(self.sample_batch(), block=False):
                 break
+            if len(self.batch_sent_at) < 4 * rc.prefetch + 16:  # bounded: a reset window's
+                self.batch_sent_at[self.batches.next_seq - 1] = time.monotonic()
             sent += 1
             self.batches_sent += 1
         if sent:

@@ -8,6 +8,12 @@ exactly the sequence number it names, a consumer that takes messages and never a
 stray PULL on the stream, a crashed shard) shows up as loss instead of hiding behind the acks
 of later messages.
 
+A consumer that is alive but slow (a loaded machine: a replay shard whose FIFO is full acks
+an insert only when its learner has made room) must not be taken for one that lost what it
+was sent: that would open the window, let the producer run ahead, and fill the pipes with
+data that is stale by the time it is used. So the timeout grows with the acknowledgements'
+own latency (``AckLatency``), late ones included, from ``timeout_s`` up to ``MAX_TIMEOUT_S``.
+
 ``Incarnations`` tells an actor that a replay shard restarted: every start of a shard picks a
 new incarnation and sends it with each ack (and once a second on its own). What the dead
 incarnation held unacknowledged is gone, and waiting ``timeout_s`` for it only holds the
@@ -27,6 +33,29 @@ MAX_EXPIRED_REMEMBERED = 4096
 # the old one still in transit is not taken for yet another restart.
 MAX_PEERS = 1024
 INCARNATIONS_REMEMBERED = 4
+# A timeout grows to this many times the slowest recent acknowledgement, up to MAX_TIMEOUT_S:
+# beyond it a consumer that acks that slowly is treated as gone all the same.
+LATENCY_FACTOR = 3.0
+MAX_TIMEOUT_S = 120.0
+
+
+class AckLatency:
+    """The timeout after which an unacknowledged message counts as lost: ``floor_s``, or
+    :data:`LATENCY_FACTOR` times the slowest recent acknowledgement where that is longer (up to
+    :data:`MAX_TIMEOUT_S`). Each acknowledgement's latency is observed; the remembered slowest
+    decays by ``decay`` per observation, so the timeout falls again when the load does."""
+
+    def __init__(self, floor_s: float, decay: float = 0.9) -> None:
+        self.floor_s = floor_s
+        self.decay = decay
+        self.slowest_s = 0.0
+
+    def observe(self, latency_s: float) -> None:
+        self.slowest_s = max(latency_s, self.slowest_s * self.decay)
+
+    @property
+    def timeout_s(self) -> float:
+        return min(MAX_TIMEOUT_S, max(self.floor_s, LATENCY_FACTOR * self.slowest_s))
 
 
 @dataclass
@@ -52,11 +81,17 @@ class CreditWindow:
 
     def __init__(self, limit: int, timeout_s: float) -> None:
         self.limit = limit
-        self.timeout_s = timeout_s
+        self.latency = AckLatency(timeout_s)
         self.ledger = Ledger()
         self.timeouts = 0
+        # seq -> (when it was sent, its weight)
         self._in_flight: OrderedDict[int, tuple[float, int]] = OrderedDict()
-        self._expired: OrderedDict[int, int] = OrderedDict()
+        self._expired: OrderedDict[int, tuple[float, int]] = OrderedDict()
+
+    @property
+    def timeout_s(self) -> float:
+        """After this long unacknowledged a message counts lost (:class:`AckLatency`)."""
+        return self.latency.timeout_s
 
     @property
     def in_flight(self) -> int:
@@ -71,16 +106,17 @@ class CreditWindow:
         self.ledger.sent += 1
         self.ledger.sent_weight += weight
 
-    def ack(self, seq: int) -> bool:
+    def ack(self, seq: int, now: float | None = None) -> bool:
         """Release ``seq``; False for a duplicate or an ack of nothing we have in flight."""
         if seq in self._in_flight:
-            _, weight = self._in_flight.pop(seq)
+            sent_at, weight = self._in_flight.pop(seq)
         elif seq in self._expired:
-            weight = self._expired.pop(seq)
+            sent_at, weight = self._expired.pop(seq)
             self.ledger.late += 1
             self.ledger.late_weight += weight
         else:
             return False
+        self.latency.observe((time.monotonic() if now is None else now) - sent_at)
         self.ledger.delivered += 1
         self.ledger.delivered_weight += weight
         return True
@@ -132,10 +168,10 @@ class CreditWindow:
         return self.lose_before(None)
 
     def _lose(self, seq: int) -> None:
-        _, weight = self._in_flight.pop(seq)
+        sent_at, weight = self._in_flight.pop(seq)
         self.ledger.lost += 1
         self.ledger.lost_weight += weight
-        self._expired[seq] = weight
+        self._expired[seq] = (sent_at, weight)
         while len(self._expired) > MAX_EXPIRED_REMEMBERED:
             self._expired.popitem(last=False)
 
