@@ -271,7 +271,9 @@ def test_impala_loss_valid_mask_is_the_loss_of_the_valid_steps():
         sub_logits, sub_values, actions[valid].unsqueeze(1), sub, 0.05, 0.7
     )
     sub_loss.backward()
-    assert parts == pytest.approx(sub_parts, rel=1e-12)
+    assert {k: float(v) for k, v in parts.items()} == pytest.approx(
+        {k: float(v) for k, v in sub_parts.items()}, rel=1e-12
+    )
     assert logits.grad is not None and values.grad is not None
     assert sub_logits.grad is not None and sub_values.grad is not None
     torch.testing.assert_close(logits.grad[valid], sub_logits.grad[:, 0])

@@ -90,12 +90,13 @@ def status(
 
     from zrl.roles.registry_client import NoAnswer, read_status, refuses_handshake
     from zrl.run.display import (
-        STATE_COLORS,
+        ROLE_COUNTS,
+        colored_state,
         inference_line,
         league_line,
         make_console,
         pbt_line,
-        shown_state,
+        role_counts,
         stall_text,
     )
 
@@ -127,40 +128,19 @@ def status(
         title=f"zrl broker {b.get('bind')} — {b.get('experiment') or 'no experiment'} "
         f"(up {b.get('uptime', 0):.0f}s)"
     )
-    numeric = {"pid", "heartbeat", "restarts", "in", "out", "dropped", "gaps", "rss MB"}
-    for col in (
-        "role",
-        "id",
-        "host",
-        "address",
-        "pid",
-        "state",
-        "heartbeat",
-        "restarts",
-        "in",
-        "out",
-        "dropped",
-        "gaps",
-        "rss MB",
-    ):
+    numeric = {"pid", "heartbeat", *ROLE_COUNTS}
+    for col in ("role", "id", "host", "address", "pid", "state", "heartbeat", *ROLE_COUNTS):
         table.add_column(col, justify="right" if col in numeric else "left")
     for r in roles:
-        state = shown_state(r)
-        rss = r.get("info", {}).get("rss_mb")
         table.add_row(
             r["role"],
             r["id"],
             r["host"],
             r.get("address", ""),
             str(r["pid"]),
-            f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
+            colored_state(r),
             _age(r["age"]),
-            str(r["restarts"]),
-            str(r["msgs_in"]),
-            str(r["msgs_out"]),
-            str(r["dropped"]),
-            str(r.get("gaps", 0)),
-            f"{rss:.0f}" if isinstance(rss, int | float) else "-",
+            *role_counts(r),
         )
     console = make_console()
     console.print(table)

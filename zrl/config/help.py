@@ -16,17 +16,46 @@ from pydantic import BaseModel, ValidationError
 
 from zrl.config.catalog import catalog
 
+OTHER_NAMES: dict[str, tuple[str, ...]] = {
+    "lr": ("learning_rate", "lr"),
+    "gamma": ("gamma", "discount"),
+    "grad_clip": ("max_grad_norm", "grad_clip", "grad_norm_clipping", "max_grad_norm_clip"),
+    "epsilon": ("exploration_final_eps", "exploration_initial_eps", "exploration_fraction")
+    + ("start_e", "end_e", "epsilon"),
+    "rollout": ("n_steps", "num_steps", "rollout_length", "rollout", "unroll_length"),
+    "n_step": ("n_steps", "n_step"),
+    "batch_size": ("batch_size",),
+    "minibatches": ("num_minibatches", "num_batches_per_epoch"),
+    "epochs": ("n_epochs", "update_epochs", "num_epochs", "num_sgd_iter", "epochs"),
+    "entropy_coef": ("ent_coef", "entropy_coef", "ent_coeff", "entropy_coeff")
+    + ("exploration_loss_coeff",),
+    "value_coef": ("vf_coef", "value_coef", "vf_loss_coeff", "value_loss_coeff"),
+    "clip": ("clip_range", "clip_coef", "clip_param", "ppo_clip_ratio"),
+    "value_clip": ("clip_range_vf", "vf_clip_param", "ppo_clip_value"),
+    "gae_lambda": ("gae_lambda", "lambda"),
+    "normalize_advantages": ("norm_adv", "normalize_advantage"),
+    "max_lag": ("max_policy_lag",),
+    "rho_bar": ("vtrace_rho",),
+    "c_bar": ("vtrace_c",),
+    "tau": ("tau", "polyak"),
+}
+"""What SB3, CleanRL, RLlib and Sample Factory call a setting zrl has a key for, by the
+setting: an algorithm's section key named as a setting here (``ppo.clip``) is suggested for
+these names when that algorithm runs (:func:`key_aliases`), others by :func:`other_names`."""
+
+
+def other_names(**keys: str) -> dict[str, str]:
+    """Other libraries' names -> the zrl key, for each setting of :data:`OTHER_NAMES` given as
+    ``setting="section.key"`` (``other_names(lr="learner.lr", gamma="ppo.gamma")``)."""
+    return {name: key for setting, key in keys.items() for name in OTHER_NAMES[setting]}
+
+
 # What users of SB3, CleanRL, RLlib and Sample Factory call zrl's keys: an unknown key with
 # one of these names is suggested the zrl key. Spelling mistakes of zrl's own names need no
 # entry: they are found by closeness to the schema. The names of an algorithm's keys are its
 # record's (``Algorithm.key_aliases``, ``shared_key_aliases``); these are the common keys'.
 COMMON_KEY_ALIASES: dict[str, str] = {
-    "gamma": "replay.gamma",
-    "discount": "replay.gamma",
-    "max_grad_norm": "learner.grad_clip",
-    "grad_clip": "learner.grad_clip",
-    "grad_norm_clipping": "learner.grad_clip",
-    "max_grad_norm_clip": "learner.grad_clip",
+    **other_names(gamma="replay.gamma", grad_clip="learner.grad_clip", epsilon="actor.epsilon"),
     "target_update_interval": "learner.target_update_interval",
     "target_network_frequency": "learner.target_update_interval",
     "target_network_update_freq": "learner.target_update_interval",
@@ -34,12 +63,6 @@ COMMON_KEY_ALIASES: dict[str, str] = {
     "replay_size": "replay.capacity",
     "replay_buffer_size": "replay.capacity",
     "learning_starts": "replay.min_size",
-    "exploration_final_eps": "actor.epsilon",
-    "exploration_initial_eps": "actor.epsilon",
-    "exploration_fraction": "actor.epsilon",
-    "start_e": "actor.epsilon",
-    "end_e": "actor.epsilon",
-    "epsilon": "actor.epsilon",
     "n_envs": "env.num_envs",
     "num_envs": "env.num_envs",
     "num_envs_per_worker": "env.num_envs",
@@ -76,12 +99,17 @@ COMMON_KEY_ALIASES: dict[str, str] = {
 
 def key_aliases() -> dict[str, dict[str, str]]:
     """Other libraries' name -> ``{algo: the zrl key meant when algo runs, "*": for any other
-    algo}``: the registered algorithms' ``key_aliases`` and ``shared_key_aliases`` and
+    algo}``: the keys of the registered algorithms' sections named as a setting of
+    :data:`OTHER_NAMES`, their ``key_aliases`` (which win) and ``shared_key_aliases``, and
     :data:`COMMON_KEY_ALIASES`."""
     algorithms = catalog()
     aliases: dict[str, dict[str, str]] = {}
     for algo in algorithms.names():
         record = algorithms.get(algo)
+        for section, model in record.config.items():
+            for key in model.model_fields:
+                for name in OTHER_NAMES.get(key, ()):
+                    aliases.setdefault(name, {})[algo] = f"{section}.{key}"
         for name, key in record.key_aliases.items():
             aliases.setdefault(name, {})[algo] = key
         for name, key in record.shared_key_aliases.items():
@@ -186,9 +214,11 @@ def format_validation_error(
 
 __all__ = [
     "COMMON_KEY_ALIASES",
+    "OTHER_NAMES",
     "Schema",
     "fields_at",
     "format_validation_error",
     "key_aliases",
+    "other_names",
     "suggest_key",
 ]

@@ -261,6 +261,18 @@ class EnvStates:
         self.state[first] = 0.0
         return first
 
+    def step_q(
+        self, model: Any, obs: np.ndarray, rows: slice | None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """A recurrent Q-network's values ``[E, A]`` on ``obs`` from the envs' states (zeroed
+        first where an episode starts), the states moved on; and what the actor records: where
+        the state was zeroed (``first``) and the state it acted from (``state``)."""
+        first = self.take_starts(rows)
+        state = self.state.copy()
+        q, next_state = model.step(torch.from_numpy(obs), torch.from_numpy(state))
+        self.state = next_state.numpy()
+        return q.numpy(), {"first": first, "state": state}
+
 
 @torch.no_grad()
 def greedy_step(model: Any, obs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:

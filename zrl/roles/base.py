@@ -106,6 +106,13 @@ def index_of_id(rid: Any, role: str) -> int | None:
     return int(m["index"])
 
 
+def is_planned(row: dict, role: str, planned: int) -> bool:
+    """Whether a STATUS ``row`` is of ``role`` with an index the config plans (below
+    ``planned``): its ``role`` field and its id say so."""
+    index = index_of_id(row.get("id"), role)
+    return row.get("role") == role and index is not None and index < planned
+
+
 PARENT_REPORT_ENV = "ZRL_ROLE_REPORT"
 """The file, in a directory of the host agent that started this role, that the role writes
 its id and state to (``write_parent_report``): the agent learns them from its own child,

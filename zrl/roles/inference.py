@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from zrl.algos.kernel.batches import resolve_device
-from zrl.roles.base import Role, index_of_id
+from zrl.roles.base import Role, is_planned
 from zrl.roles.params import REPLY_DRAIN_S, REPLY_HWM, REPLY_KERNEL_BUFFER_BYTES
 from zrl.roles.rpc_identity import RegisteredPeers, status_rows
 from zrl.roles.weights import WeightsFollower
@@ -186,12 +186,7 @@ class InferenceServer(Role):
 
     def planned_actor(self, row: dict) -> bool:
         """Whether a STATUS row is an actor the config plans."""
-        index = index_of_id(row.get("id"), "actor")
-        return (
-            row.get("role") == "actor"
-            and index is not None
-            and index < self.config.roles.count("actors")
-        )
+        return is_planned(row, "actor", self.config.roles.count("actors"))
 
     # --- requests ---------------------------------------------------------------------
 

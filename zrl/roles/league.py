@@ -46,7 +46,7 @@ import numpy as np
 
 from zrl.config.league import MAIN
 from zrl.league.population import League, snapshot_version
-from zrl.roles.base import Role, index_of_id
+from zrl.roles.base import Role, is_planned
 from zrl.roles.params import (
     REPLY_DRAIN_S,
     REPLY_HWM,
@@ -203,12 +203,7 @@ class LeagueRole(Role):
 
     def planned_actor(self, row: dict) -> bool:
         """Whether a STATUS row is an actor the config plans (they report results)."""
-        index = index_of_id(row.get("id"), "actor")
-        return (
-            row.get("role") == "actor"
-            and index is not None
-            and index < self.config.roles.count("actors")
-        )
+        return is_planned(row, "actor", self.config.roles.count("actors"))
 
     # --- snapshots ------------------------------------------------------------------------
 

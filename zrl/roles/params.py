@@ -53,7 +53,7 @@ import numpy as np
 from zrl.algos.api.learner import GradientServer, GradientServerSetup
 from zrl.algos.registry import get_algorithm
 from zrl.nets.wire import non_finite_array
-from zrl.roles.base import Role, index_of_id
+from zrl.roles.base import Role, index_of_id, is_planned
 from zrl.roles.errors import RoleError
 from zrl.roles.pbt import exploit_instruction
 from zrl.roles.rpc_identity import Parked, Peer, RegisteredPeers, status_rows
@@ -189,8 +189,7 @@ class ParameterServer(Role):
         learner, the league or the pbt role whose index the config plans."""
         roles, role = self.config.roles, str(row.get("role"))
         planned = {"learner": roles.learners, "league": roles.league, "pbt": roles.pbt}.get(role, 0)
-        index = index_of_id(row.get("id"), role)
-        return index is not None and index < planned
+        return is_planned(row, role, planned)
 
     def setup_gradient_server(self) -> None:
         """Build the algorithm's gradient server on a fresh model, resume it from this

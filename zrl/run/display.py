@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -31,6 +32,30 @@ def shown_state(row: dict[str, Any]) -> str:
     if state in ("starting", "alive") and isinstance(stalled, int | float):
         return "stalled"
     return state
+
+
+ROLE_COUNTS = ("restarts", "in", "out", "dropped", "gaps", "rss MB")
+"""The columns of a role's counters, in ``zrl status`` and the run's display (after its
+state and heartbeat age)."""
+
+
+def colored_state(row: dict[str, Any]) -> str:
+    """The row's shown state in its color (Rich markup)."""
+    state = shown_state(row)
+    return f"[{STATE_COLORS.get(state, 'white')}]{state}[/]"
+
+
+def role_counts(row: dict[str, Any], count: Callable[[Any], str] = str) -> list[str]:
+    """A registry row's :data:`ROLE_COUNTS`, each counter written by ``count``."""
+    rss = row.get("info", {}).get("rss_mb")
+    counters = (
+        row["restarts"],
+        row["msgs_in"],
+        row["msgs_out"],
+        row["dropped"],
+        row.get("gaps", 0),
+    )
+    return [*map(count, counters), f"{rss:.0f}" if isinstance(rss, int | float) else "-"]
 
 
 def stall_text(row: dict[str, Any]) -> str:
@@ -317,37 +342,17 @@ class StatusDisplay:
             )
             figures.add_row("eval return", eval_text(r), "run dir", str(self.sup.run_dir))
         roles = Table(box=None, header_style="bold")
-        for col in (
-            "id",
-            "host",
-            "pid",
-            "state",
-            "heartbeat",
-            "restarts",
-            "in",
-            "out",
-            "dropped",
-            "gaps",
-            "rss MB",
-            "note",
-        ):
+        for col in ("id", "host", "pid", "state", "heartbeat", *ROLE_COUNTS, "note"):
             roles.add_column(col)
         for row in self.sup.monitor.status_rows:
             info = row.get("info", {})
-            rss = info.get("rss_mb")
-            state = shown_state(row)
             roles.add_row(
                 row["id"],
                 row.get("address") or row["host"],
                 str(row["pid"]),
-                f"[{STATE_COLORS.get(state, 'white')}]{state}[/]",
+                colored_state(row),
                 f"{row['age']:.1f}s",
-                str(row["restarts"]),
-                _fmt(row["msgs_in"]),
-                _fmt(row["msgs_out"]),
-                _fmt(row["dropped"]),
-                _fmt(row.get("gaps", 0)),
-                f"{rss:.0f}" if isinstance(rss, int | float) else "-",
+                *role_counts(row, _fmt),
                 (stall_text(row) or role_note(info))[:100],
             )
         return Group(self.progress, figures, roles)

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class A3CConfig(Section):
@@ -34,27 +34,6 @@ class A3CConfig(Section):
     """Gradients computed on weights more than this many versions old are dropped and counted."""
 
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "a3c.lr",
-    "lr": "a3c.lr",
-    "gamma": "a3c.gamma",
-    "discount": "a3c.gamma",
-    **ROLLOUT_KEY_ALIASES,
-    "ent_coef": "a3c.entropy_coef",
-    "entropy_coef": "a3c.entropy_coef",
-    "ent_coeff": "a3c.entropy_coef",
-    "entropy_coeff": "a3c.entropy_coef",
-    "exploration_loss_coeff": "a3c.entropy_coef",
-    "vf_coef": "a3c.value_coef",
-    "value_coef": "a3c.value_coef",
-    "vf_loss_coeff": "a3c.value_coef",
-    "value_loss_coeff": "a3c.value_coef",
-    "gae_lambda": "a3c.gae_lambda",
-    "lambda": "a3c.gae_lambda",
-    "max_grad_norm": "a3c.grad_clip",
-    "grad_clip": "a3c.grad_clip",
-    "grad_norm_clipping": "a3c.grad_clip",
-    "max_grad_norm_clip": "a3c.grad_clip",
-}
+KEY_ALIASES: dict[str, str] = other_names(rollout="actor.trajectory_length")
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""

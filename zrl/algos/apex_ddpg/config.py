@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class DDPGConfig(Section):
@@ -44,17 +45,12 @@ class DDPGConfig(Section):
 
 
 KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "ddpg.actor_lr or ddpg.critic_lr",
-    "lr": "ddpg.actor_lr or ddpg.critic_lr",
-    "n_steps": "replay.n_step",
-    "n_step": "replay.n_step",
-    "batch_size": "replay.batch_size",
-    "exploration_final_eps": "ddpg.noise_sigma",
-    "exploration_initial_eps": "ddpg.noise_sigma",
-    "exploration_fraction": "ddpg.noise_sigma",
-    "start_e": "ddpg.noise_sigma",
-    "end_e": "ddpg.noise_sigma",
-    "epsilon": "ddpg.noise_sigma",
+    **other_names(
+        lr="ddpg.actor_lr or ddpg.critic_lr",
+        n_step="replay.n_step",
+        batch_size="replay.batch_size",
+        epsilon="ddpg.noise_sigma",
+    ),
     "q_lr": "ddpg.critic_lr",
     "policy_lr": "ddpg.actor_lr",
 }
@@ -63,8 +59,7 @@ of these names in a config of this algorithm is suggested the zrl key (``zrl.con
 
 
 SHARED_KEY_ALIASES: dict[str, str] = {
-    "tau": "ddpg.tau",
-    "polyak": "ddpg.tau",
+    **other_names(tau="ddpg.tau"),
     "exploration_noise": "ddpg.noise_sigma",
     "action_noise": "ddpg.noise_sigma",
     "policy_delay": "ddpg.policy_delay",

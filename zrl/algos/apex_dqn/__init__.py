@@ -7,14 +7,11 @@ transitions in (prioritized) replay, double DQN learners.
 """
 
 from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
+from zrl.config.help import other_names
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "learner.lr",
-    "lr": "learner.lr",
-    "n_steps": "replay.n_step",
-    "n_step": "replay.n_step",
-    "batch_size": "replay.batch_size",
-}
+KEY_ALIASES: dict[str, str] = other_names(
+    lr="learner.lr", n_step="replay.n_step", batch_size="replay.batch_size"
+)
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
 

@@ -35,14 +35,8 @@ class ApexDQNPolicy(EpsilonGreedyPolicy):
         self.n_step, self.gamma = cfg.replay.n_step, cfg.replay.gamma
         self.env_index = np.arange(setup.num_envs)
         self.frames = is_frame_space(setup.observation_space)  # stacks, not RGB images
-        setup.log.info(
-            "actor %d: %d x %s, epsilons %.3g..%.3g, seed %d",
-            setup.actor_index,
-            setup.num_envs,
-            cfg.env.id,
-            float(self.epsilons.max()),
-            float(self.epsilons.min()),
-            setup.seed,
+        setup.log_start(
+            f"epsilons {float(self.epsilons.max()):.3g}..{float(self.epsilons.min()):.3g}"
         )
 
     @torch.no_grad()

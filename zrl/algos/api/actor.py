@@ -35,6 +35,18 @@ class ActorSetup:
     log: logging.Logger
     train_stats: TrainStats
 
+    def log_start(self, what: str = "") -> None:
+        """Log the actor's start: index, algorithm, envs, seed and ``what`` the policy adds."""
+        self.log.info(
+            "actor %d (%s): %d x %s%s, seed %d",
+            self.actor_index,
+            self.config.algo,
+            self.num_envs,
+            self.config.env.id,
+            f", {what}" if what else "",
+            self.seed,
+        )
+
 
 @dataclass
 class Trajectory:

@@ -70,14 +70,6 @@ class Wiring:
         return cls.replayed(actions, "transitions", ("uniform", "prioritized"))
 
 
-ROLLOUT_KEY_ALIASES: dict[str, str] = {
-    name: "actor.trajectory_length"
-    for name in ("n_steps", "num_steps", "rollout_length", "rollout", "unroll_length")
-}
-"""Other libraries' names for the rollout length, in the ``key_aliases`` of the algorithms
-that train on rollouts (IMPALA, APPO, PPO, A3C)."""
-
-
 @dataclass(frozen=True)
 class Pieces:
     """An algorithm's heavy pieces (they import torch): what :attr:`Algorithm.pieces` returns,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class AppoConfig(Section):
@@ -45,43 +45,11 @@ class AppoConfig(Section):
     """Unrolls more than this many weights versions old are dropped (status: stale_unrolls)."""
 
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "learner.lr",
-    "lr": "learner.lr",
-    "gamma": "appo.gamma",
-    "discount": "appo.gamma",
-    **ROLLOUT_KEY_ALIASES,
-    "batch_size": "replay.batch_size",
-    "num_minibatches": "appo.minibatches",
-    "num_batches_per_epoch": "appo.minibatches",
-    "ent_coef": "appo.entropy_coef",
-    "entropy_coef": "appo.entropy_coef",
-    "ent_coeff": "appo.entropy_coef",
-    "entropy_coeff": "appo.entropy_coef",
-    "exploration_loss_coeff": "appo.entropy_coef",
-    "vf_coef": "appo.value_coef",
-    "value_coef": "appo.value_coef",
-    "vf_loss_coeff": "appo.value_coef",
-    "value_loss_coeff": "appo.value_coef",
-    "clip_range": "appo.clip",
-    "clip_coef": "appo.clip",
-    "clip_param": "appo.clip",
-    "ppo_clip_ratio": "appo.clip",
-    "clip_range_vf": "appo.value_clip",
-    "vf_clip_param": "appo.value_clip",
-    "ppo_clip_value": "appo.value_clip",
-    "max_policy_lag": "appo.max_lag",
-    "vtrace_rho": "appo.rho_bar",
-    "vtrace_c": "appo.c_bar",
-    "n_epochs": "appo.epochs",
-    "update_epochs": "appo.epochs",
-    "num_epochs": "appo.epochs",
-    "num_sgd_iter": "appo.epochs",
-    "epochs": "appo.epochs",
-    "gae_lambda": "appo.vtrace_lambda",
-    "lambda": "appo.vtrace_lambda",
-    "norm_adv": "appo.normalize_advantages",
-    "normalize_advantage": "appo.normalize_advantages",
-}
+KEY_ALIASES: dict[str, str] = other_names(
+    lr="learner.lr",
+    rollout="actor.trajectory_length",
+    batch_size="replay.batch_size",
+    gae_lambda="appo.vtrace_lambda",
+)
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""

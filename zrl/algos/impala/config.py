@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class ImpalaConfig(Section):
@@ -34,32 +34,11 @@ class ImpalaConfig(Section):
     moved, so actors spend less CPU per update."""
 
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "learner.lr",
-    "lr": "learner.lr",
-    "gamma": "impala.gamma",
-    "discount": "impala.gamma",
-    **ROLLOUT_KEY_ALIASES,
-    "batch_size": "replay.batch_size",
-    "ent_coef": "impala.entropy_coef",
-    "entropy_coef": "impala.entropy_coef",
-    "ent_coeff": "impala.entropy_coef",
-    "entropy_coeff": "impala.entropy_coef",
-    "exploration_loss_coeff": "impala.entropy_coef",
-    "vf_coef": "impala.value_coef",
-    "value_coef": "impala.value_coef",
-    "vf_loss_coeff": "impala.value_coef",
-    "value_loss_coeff": "impala.value_coef",
-    "max_policy_lag": "impala.max_lag",
-    "vtrace_rho": "impala.rho_bar",
-    "vtrace_c": "impala.c_bar",
-    "n_epochs": "impala.epochs",
-    "update_epochs": "impala.epochs",
-    "num_epochs": "impala.epochs",
-    "num_sgd_iter": "impala.epochs",
-    "epochs": "impala.epochs",
-    "gae_lambda": "impala.vtrace_lambda",
-    "lambda": "impala.vtrace_lambda",
-}
+KEY_ALIASES: dict[str, str] = other_names(
+    lr="learner.lr",
+    rollout="actor.trajectory_length",
+    batch_size="replay.batch_size",
+    gae_lambda="impala.vtrace_lambda",
+)
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""

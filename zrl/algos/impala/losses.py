@@ -26,7 +26,7 @@ def impala_loss(
     value_coef: float,
     valid: Tensor | None = None,
     distribution: ActionDistribution = CATEGORICAL,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """IMPALA actor-critic loss on V-trace targets, averaged over the ``T * B`` steps (over the
     ``valid`` ones when a ``[T, B]`` mask is given).
 
@@ -40,27 +40,9 @@ def impala_loss(
     2A]`` the mean and log-std, ``actions [T, B, A]``, log-densities and entropies summed over the
     action dims). The V-trace outputs are constants: if they require grad (not computed by
     ``zrl.algos.kernel.vtrace.vtrace``) this raises ``ValueError``. Returns ``(loss, parts)`` with
-    the float parts ``loss, policy_loss, value_loss, entropy`` (:func:`impala_loss_tensors` leaves
-    them on the device).
+    the parts ``loss, policy_loss, value_loss, entropy`` as detached 0-d tensors, nothing read
+    back to the host (a GPU learner's ``TrainStats`` reads them at the metrics report).
     """
-    loss, parts = impala_loss_tensors(
-        logits, values, actions, vtrace_returns, entropy_coef, value_coef, valid, distribution
-    )
-    return loss, {name: float(part.item()) for name, part in parts.items()}
-
-
-def impala_loss_tensors(
-    logits: Tensor,
-    values: Tensor,
-    actions: Tensor,
-    vtrace_returns: VTraceReturns,
-    entropy_coef: float,
-    value_coef: float,
-    valid: Tensor | None = None,
-    distribution: ActionDistribution = CATEGORICAL,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`impala_loss` with its parts as detached 0-d tensors, nothing read back to the
-    host (a GPU learner's: ``TrainStats`` reads them at the metrics report)."""
     expected = check_loss_inputs(
         "impala_loss", logits, vtrace_returns, values=values, actions=actions, valid=valid
     )
@@ -125,23 +107,7 @@ def impala_update(
     """
     f = unroll_forward(model, batch, gamma=gamma, rho_bar=rho_bar, c_bar=c_bar, lambda_=lambda_)
     params = list(model.parameters())
-    if finite is None:
-        loss, parts = impala_loss(
-            f.logits,
-            f.values,
-            f.actions,
-            f.returns,
-            entropy_coef,
-            value_coef,
-            valid=f.valid,
-            distribution=f.distribution,
-        )
-        if step is not None:
-            grad_norm = step(loss, f.valid)
-        else:
-            grad_norm = checked_step(optimizer, loss, params, grad_clip)
-        return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
-    loss, tensors = impala_loss_tensors(
+    loss, tensors = impala_loss(
         f.logits,
         f.values,
         f.actions,
@@ -151,5 +117,12 @@ def impala_update(
         valid=f.valid,
         distribution=f.distribution,
     )
+    if finite is None:
+        if step is not None:
+            grad_norm = step(loss, f.valid)
+        else:
+            grad_norm = checked_step(optimizer, loss, params, grad_clip)
+        parts = {name: float(part.item()) for name, part in tensors.items()}
+        return ImpalaStepResult(parts=parts, grad_norm=grad_norm, mean_rho=float(f.mean_rho()))
     norm, finite = deferred_step(optimizer, loss, params, grad_clip, finite)
     return ImpalaStepResult(parts=tensors, grad_norm=norm, mean_rho=f.mean_rho(), finite=finite)

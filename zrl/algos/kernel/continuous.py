@@ -245,19 +245,10 @@ class ContinuousPolicy(BasePolicy):
         # The action-sampling stream (SAC) differs per actor; the weights come from params.
         torch.manual_seed(setup.seed)
         self.sigmas = self.noise_sigmas(setup)
-        setup.log.info(
-            "actor %d (%s): %d x %s, action bounds %s..%s, noise sigma %.3g..%.3g, "
-            "%d warm-up steps, seed %d",
-            setup.actor_index,
-            cfg.algo,
-            setup.num_envs,
-            cfg.env.id,
-            self.low.tolist(),
-            self.high.tolist(),
-            float(self.sigmas.max()),
-            float(self.sigmas.min()),
-            self.warmup_steps,
-            setup.seed,
+        setup.log_start(
+            f"action bounds {self.low.tolist()}..{self.high.tolist()}, noise sigma "
+            f"{float(self.sigmas.max()):.3g}..{float(self.sigmas.min()):.3g}, "
+            f"{self.warmup_steps} warm-up steps"
         )
 
     def noise_sigmas(self, setup: ActorSetup) -> np.ndarray:

@@ -53,14 +53,7 @@ class CategoricalPolicy(BasePolicy):
         self.gumbel = np.zeros((0, setup.num_envs, self.num_actions))
         self.random = setup.config.actor.random_policy
         self.frames = is_frame_space(setup.observation_space)  # stacks, not RGB images
-        setup.log.info(
-            "actor %d (%s): %d x %s, seed %d",
-            setup.actor_index,
-            setup.config.algo,
-            setup.num_envs,
-            setup.config.env.id,
-            setup.seed,
-        )
+        setup.log_start()
 
     def begin(self, steps: int, env_steps: int) -> None:
         if self.random:
@@ -168,14 +161,7 @@ class GaussianPolicy(BasePolicy):
         self.low = np.asarray(box.low, np.float32)
         self.high = np.asarray(box.high, np.float32)
         self.noise = np.zeros((0, setup.num_envs, self.act_dim), np.float32)
-        setup.log.info(
-            "actor %d (%s, Gaussian policy): %d x %s, seed %d",
-            setup.actor_index,
-            setup.config.algo,
-            setup.num_envs,
-            setup.config.env.id,
-            setup.seed,
-        )
+        setup.log_start("Gaussian policy")
 
     def begin(self, steps: int, env_steps: int) -> None:
         shape = (steps, self.noise.shape[1], self.act_dim)

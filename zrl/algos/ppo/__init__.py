@@ -23,7 +23,6 @@ from zrl.algos.api.algorithm import Algorithm, Pieces, Wiring
 from zrl.algos.ppo.config import (
     KEY_ALIASES,
     PBT_HYPERPARAMETERS,
-    SHARED_KEY_ALIASES,
     PPOConfig,
 )
 
@@ -77,5 +76,4 @@ ALGORITHM = Algorithm(
     sections=("learner",),
     check_config=check_config,
     key_aliases=KEY_ALIASES,
-    shared_key_aliases=SHARED_KEY_ALIASES,
 )

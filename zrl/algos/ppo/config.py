@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from zrl.algos.api.algorithm import ROLLOUT_KEY_ALIASES
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class PPOConfig(Section):
@@ -49,47 +49,11 @@ PBT_HYPERPARAMETERS = ("learner.lr", "ppo.entropy_coef")
 """What population-based training may change for PPO: the values its learner sets on a live
 optimizer and loss (``PPOUpdate.set_hyperparameters``)."""
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "learner.lr",
-    "lr": "learner.lr",
-    "gamma": "ppo.gamma",
-    "discount": "ppo.gamma",
-    **ROLLOUT_KEY_ALIASES,
-    "batch_size": "ppo.minibatch_size",
-    "max_policy_lag": "ppo.max_lag",
-}
+KEY_ALIASES: dict[str, str] = other_names(
+    lr="learner.lr",
+    rollout="actor.trajectory_length",
+    batch_size="ppo.minibatch_size",
+    minibatches="ppo.minibatch_size",
+)
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
-
-
-SHARED_KEY_ALIASES: dict[str, str] = {
-    "num_minibatches": "ppo.minibatch_size",
-    "num_batches_per_epoch": "ppo.minibatch_size",
-    "ent_coef": "ppo.entropy_coef",
-    "entropy_coef": "ppo.entropy_coef",
-    "ent_coeff": "ppo.entropy_coef",
-    "entropy_coeff": "ppo.entropy_coef",
-    "exploration_loss_coeff": "ppo.entropy_coef",
-    "vf_coef": "ppo.value_coef",
-    "value_coef": "ppo.value_coef",
-    "vf_loss_coeff": "ppo.value_coef",
-    "value_loss_coeff": "ppo.value_coef",
-    "clip_range": "ppo.clip",
-    "clip_coef": "ppo.clip",
-    "clip_param": "ppo.clip",
-    "ppo_clip_ratio": "ppo.clip",
-    "clip_range_vf": "ppo.value_clip",
-    "vf_clip_param": "ppo.value_clip",
-    "ppo_clip_value": "ppo.value_clip",
-    "n_epochs": "ppo.epochs",
-    "update_epochs": "ppo.epochs",
-    "num_epochs": "ppo.epochs",
-    "num_sgd_iter": "ppo.epochs",
-    "epochs": "ppo.epochs",
-    "gae_lambda": "ppo.gae_lambda",
-    "lambda": "ppo.gae_lambda",
-    "norm_adv": "ppo.normalize_advantages",
-    "normalize_advantage": "ppo.normalize_advantages",
-}
-"""Other libraries' names for keys of its own section, suggested whichever algorithm runs
-where that one has no name of its own for the key (``zrl.config.help``)."""

@@ -355,20 +355,7 @@ class PPOUpdate(BaseUpdate):
             mb = {k: v[part] for k, v in mb.items()}
             adv = adv[part]
         logits, values = self.model(mb["obs"])
-        return ppo_loss(
-            self.distribution.log_prob(logits, mb["action"]),
-            mb["logp"],
-            adv,
-            values,
-            mb["value"],
-            mb["return"],
-            self.distribution.entropy(logits),
-            c.clip,
-            c.value_clip,
-            self.entropy_coef,
-            c.value_coef,
-            normalize_advantages=False,
-        )
+        return self.loss(logits, values, adv, mb)
 
     def sequence_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """The PPO loss of this learner's part of a recurrent minibatch of env rows
@@ -390,15 +377,28 @@ class PPOUpdate(BaseUpdate):
         count = int(valid.sum())
         if count == 0:  # only reset steps in these rows: a zero gradient, for the allreduce
             return (logits.sum() + values.sum()) * 0.0, {"loss": 0.0}
-        logits = logits[valid]
-        new_logp = self.distribution.log_prob(logits, mb["action"][valid])
-        loss, parts = ppo_loss(
-            new_logp,
-            mb["logp"][valid],
-            adv[valid],
-            values[valid],
-            mb["value"][valid],
-            mb["return"][valid],
+        taken = {k: mb[k][valid] for k in ("action", "logp", "value", "return")}
+        loss, parts = self.loss(logits[valid], values[valid], adv[valid], taken)
+        return loss * (count * self.learners / total), parts
+
+    def loss(
+        self,
+        logits: torch.Tensor,
+        values: torch.Tensor,
+        adv: torch.Tensor,
+        mb: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """:func:`ppo_loss` of the model's ``logits`` and ``values`` on samples ``mb`` (their
+        ``action``, ``logp``, ``value`` and ``return``) with advantages ``adv``, normalized
+        already where the config asks."""
+        c = self.config.section(PPOConfig)
+        return ppo_loss(
+            self.distribution.log_prob(logits, mb["action"]),
+            mb["logp"],
+            adv,
+            values,
+            mb["value"],
+            mb["return"],
             self.distribution.entropy(logits),
             c.clip,
             c.value_clip,
@@ -406,7 +406,6 @@ class PPOUpdate(BaseUpdate):
             c.value_coef,
             normalize_advantages=False,
         )
-        return loss * (count * self.learners / total), parts
 
     # --- what the role asks -------------------------------------------------------------
 

@@ -120,16 +120,10 @@ class QMIXPolicy(BasePolicy):
         self.epsilon = self.cfg.epsilon_start
         self.explore = np.zeros((0, setup.num_envs), bool)
         self.scores = np.zeros((0, setup.num_envs, self.num_actions))
-        setup.log.info(
-            "actor %d: %d games of %d agents x %s, epsilon %.3g -> %.3g over %d steps, seed %d",
-            setup.actor_index,
-            setup.num_envs // self.agents,
-            self.agents,
-            setup.config.env.id,
-            self.cfg.epsilon_start,
-            self.cfg.epsilon_end,
-            self.cfg.epsilon_steps,
-            setup.seed,
+        setup.log_start(
+            f"{setup.num_envs // self.agents} games of {self.agents} agents, epsilon "
+            f"{self.cfg.epsilon_start:.3g} -> {self.cfg.epsilon_end:.3g} over "
+            f"{self.cfg.epsilon_steps} steps"
         )
 
     def begin(self, steps: int, env_steps: int) -> None:
@@ -182,14 +176,9 @@ class RecurrentQMIXPolicy(EnvStates, QMIXPolicy):
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        fresh = self.take_starts(rows)
-        state = self.state.copy()
-        q_t, next_state = self.model.step(torch.from_numpy(obs), torch.from_numpy(state))
-        self.state = next_state.numpy()
-        q = q_t.numpy()
+        q, recorded = self.step_q(self.model, obs, rows)
         random = np.where(q > ILLEGAL_THRESHOLD, self.scores[t], -1.0).argmax(axis=1)
-        action = np.where(self.explore[t], random, q.argmax(axis=1))
-        return action, {"first": fresh, "state": state}
+        return np.where(self.explore[t], random, q.argmax(axis=1)), recorded
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         x = trajectory.extras

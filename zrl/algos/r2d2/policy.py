@@ -73,29 +73,18 @@ class R2D2Policy(EnvStates, EpsilonGreedyPolicy):
         """Sequences of frame stacks go as ``frame_sequences`` (as the replay shard's layout,
         ``zrl.replay.layout``, takes them)."""
         self.sequences_sent = 0
-        setup.log.info(
-            "actor %d (r2d2): %d x %s, epsilons %.3g..%.3g, sequences of %d (burn-in %d), seed %d",
-            setup.actor_index,
-            E,
-            cfg.env.id,
-            float(self.epsilons.max()),
-            float(self.epsilons.min()),
-            cfg.section(R2D2Config).sequence_length,
-            cfg.section(R2D2Config).burn_in,
-            setup.seed,
+        setup.log_start(
+            f"epsilons {float(self.epsilons.max()):.3g}..{float(self.epsilons.min()):.3g}, "
+            f"sequences of {cfg.section(R2D2Config).sequence_length} "
+            f"(burn-in {cfg.section(R2D2Config).burn_in})"
         )
 
     @torch.no_grad()
     def act(
         self, obs: np.ndarray, t: int, rows: slice | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        fresh = self.take_starts(rows)
-        state = self.state.copy()
-        q, next_state = self.model.step(torch.from_numpy(obs), torch.from_numpy(state))
-        q = q.numpy()
-        self.state = next_state.numpy()
-        a = self.epsilon_greedy(q, t)
-        return a, {"first": fresh, "state": state, "q": q.astype(np.float32, copy=False)}
+        q, recorded = self.step_q(self.model, obs, rows)
+        return self.epsilon_greedy(q, t), {**recorded, "q": q.astype(np.float32, copy=False)}
 
     def finish(self, trajectory: Trajectory) -> Outgoing:
         tr, x = trajectory, trajectory.extras

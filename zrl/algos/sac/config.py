@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from zrl.config.base import Section
+from zrl.config.help import other_names
 
 
 class SACConfig(Section):
@@ -33,20 +34,12 @@ class SACConfig(Section):
     """Env steps (per actor, over all its envs) of uniform random actions before the policy acts."""
 
 
-KEY_ALIASES: dict[str, str] = {
-    "learning_rate": "sac.actor_lr or sac.critic_lr",
-    "lr": "sac.actor_lr or sac.critic_lr",
-    "n_steps": "replay.n_step",
-    "n_step": "replay.n_step",
-    "batch_size": "replay.batch_size",
-    "ent_coef": "sac.fixed_alpha",
-    "entropy_coef": "sac.fixed_alpha",
-    "ent_coeff": "sac.fixed_alpha",
-    "entropy_coeff": "sac.fixed_alpha",
-    "exploration_loss_coeff": "sac.fixed_alpha",
-    "tau": "sac.tau",
-    "polyak": "sac.tau",
-}
+KEY_ALIASES: dict[str, str] = other_names(
+    lr="sac.actor_lr or sac.critic_lr",
+    n_step="replay.n_step",
+    batch_size="replay.batch_size",
+    entropy_coef="sac.fixed_alpha",
+)
 """What users of SB3, CleanRL, RLlib and Sample Factory call its keys: an unknown key with one
 of these names in a config of this algorithm is suggested the zrl key (``zrl.config.help``)."""
 
