@@ -282,8 +282,9 @@ def test_attacks_on_a_running_experiment(tmp_path: Path) -> None:
         # random policy scores about 22). Then Ctrl-C ends the run, as a user would.
         trained_after = int(now["learner-0"]["info"].get("weights_version", 0))
 
-        # The actors count a stolen trajectory lost once no ack came in ACK_TIMEOUT_S (10 s):
-        # on a quiet machine learning can come first, so the wait is for both.
+        # The actors count a stolen trajectory lost once no ack came in ACK_TIMEOUT_S (10 s, or
+        # three times the slowest recent ack where a busy shard acks slowly): on a quiet
+        # machine learning can come first, so the wait is for both.
         def learned_after_the_attacks() -> bool:
             now = rows()
             info = now.get("evaluator-0", {}).get("info", {})
