@@ -70,14 +70,20 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     kill_pids([p.pid for p in procs])
 
 
+TRAIN_GROUPS = ("trains", "trains-2")
+"""The xdist groups of the tests that train (``pytest_collection_modifyitems``)."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n 2 --dist loadgroup`` (CI) the tests that train through real processes
-    run one after another on one worker, while the other worker takes everything else: two
-    trainings side by side on 2 cores would each get half the CPU their time limits assume.
-    The order is the group first (CI's critical path starts at once), then the other slow
-    tests (``waits``: long but mostly waiting, started early on the other worker so that no
-    long test is left for the end), then the rest.
+    """Under ``pytest -n 3 --dist loadgroup`` (CI, on 2 cores) the tests that train through
+    real processes run in two groups (``TRAIN_GROUPS``, every other one, about the same
+    time each), one after another within a group, while the third worker takes everything
+    else: three workers keep both cores busy while a test waits (a process start, a sleep, a
+    subprocess's I/O), which two left idle 16 % of the time. Two trainings side by side only
+    take longer: their runs are bounded by env steps or updates. The order is the groups
+    first (CI's critical path starts at once), then the other slow tests (``waits``: long but
+    mostly waiting, started early so that no long test is left for the end), then the rest.
 
     A slow test without a timeout of its own gets one past :data:`GUARD_S` (its run's wall
     time, a guard for a loaded machine) plus what it does around the run, not pytest's 300 s."""
@@ -86,7 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(GUARD_S + 300))
         if item.get_closest_marker("slow") and not item.get_closest_marker("waits"):
-            item.add_marker(pytest.mark.xdist_group("trains"))
+            group = TRAIN_GROUPS[len(trains) % len(TRAIN_GROUPS)]
+            item.add_marker(pytest.mark.xdist_group(group))
             trains.append(item)
         elif item.get_closest_marker("slow") or item.get_closest_marker("waits"):
             waits.append(item)
