@@ -586,7 +586,8 @@ class ReplayServer(Role):
                 break
             if not self.batches.send(self.sample_batch(), block=False):
                 break
-            if len(self.batch_sent_at) < 4 * rc.prefetch + 16:  # bounded: a reset window's
+            # Bounded: after a window reset the batches nobody acked stay until a later ack.
+            if len(self.batch_sent_at) < 4 * rc.prefetch + 16:
                 self.batch_sent_at[self.batches.next_seq - 1] = time.monotonic()
             sent += 1
             self.batches_sent += 1
