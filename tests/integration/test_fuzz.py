@@ -49,6 +49,7 @@ from zrl.broker.topic_bus import MAX_TOPIC_FRAMES
 from zrl.config.experiment import ExperimentConfig
 from zrl.nets.discrete import QNetwork
 from zrl.nets.wire import model_to_arrays
+from zrl.roles import insert_acks
 from zrl.roles.actor import Actor
 from zrl.roles.evaluator import Evaluator
 from zrl.roles.registry_client import registry_request
@@ -228,7 +229,10 @@ def test_replay_survives_an_unhashable_dtype(inproc):
 # with an int `seq` counts as an ack (any kind, any sender, seqs never sent), so one forged ack (or
 # an ack meant for the actor's previous incarnation) opens the credit window for as many
 # trajectories
-def test_actor_ignores_forged_acks(inproc):
+def test_actor_ignores_forged_acks(inproc, monkeypatch):
+    # No shard acks here: the window must not time out while the test looks (at load 20,
+    # collecting the two trajectories took longer than ACK_TIMEOUT_S, 10 s).
+    monkeypatch.setattr(insert_acks, "ACK_TIMEOUT_S", 600.0)
     inproc.start_broker(small_config())
     experience = inproc.pull("experience")
     actor = inproc.start(Actor, index=0)
