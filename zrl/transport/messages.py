@@ -335,21 +335,21 @@ def _rows(arrays: Mapping[str, Array], drop: tuple[str, ...] = ()) -> dict[str, 
     }
 
 
-EXPERIENCE_OPTIONS = ("batch", "frames", "recurrent", "continuous", "turns")
-"""What an experience schema combines (:func:`experience_schema`'s keywords)."""
-
-
-def _experience(item: Item, doc: str, *options: str) -> Schema:
-    """The schema of ``item`` with the ``options`` named (of :data:`EXPERIENCE_OPTIONS`),
-    derived from the item's plain arrays: ``continuous`` makes the action float32 with a dim
-    ``A``, ``frames`` puts ``frames`` first in place of the stacked observations, ``recurrent``
-    and ``turns`` add their arrays, and a ``batch`` is what a replay shard samples of such
-    trajectories. Named by its options
+def _experience(
+    item: Item,
+    doc: str,
+    *,
+    batch: bool = False,
+    frames: bool = False,
+    recurrent: bool = False,
+    continuous: bool = False,
+    turns: bool = False,
+) -> Schema:
+    """The schema of ``item`` with the options given, derived from the item's plain arrays:
+    ``continuous`` makes the action float32 with a dim ``A``, ``frames`` puts ``frames`` first
+    in place of the stacked observations, ``recurrent`` and ``turns`` add their arrays, and a
+    ``batch`` is what a replay shard samples of such trajectories. Named by its options
     (``recurrent_frame_unroll_batch``) and registered for :func:`experience_schema`."""
-    unknown = set(options) - set(EXPERIENCE_OPTIONS)
-    if unknown:
-        raise ValueError(f"unknown experience options {sorted(unknown)}")
-    batch, frames, recurrent, continuous, turns = (o in options for o in EXPERIENCE_OPTIONS)
     arrays = dict(_ITEMS[item])
     if continuous:
         action = arrays["action"]
@@ -418,7 +418,7 @@ TRANSITIONS = _experience(
 FRAME_TRANSITIONS = _experience(
     "transitions",
     "Ape-X DQN actor on frame stacks -> replay: the transitions layout with each frame once.",
-    "frames",
+    frames=True,
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the first
 observation, then the newest frame of each later one (the last is the final observation's).
@@ -426,7 +426,7 @@ The replay server rebuilds the stacks (``zrl.replay.frames``); 1/8 of the transi
 CONTINUOUS_TRANSITIONS = _experience(
     "transitions",
     "apex_ddpg/sac actor -> replay: the transitions layout with float32 [E, T, A] actions.",
-    "continuous",
+    continuous=True,
 )
 UNROLL = _experience(
     "unroll",
@@ -436,7 +436,7 @@ FRAME_UNROLL = _experience(
     "unroll",
     "impala/appo/ppo actor on frame stacks -> replay FIFO or PPO learners: the unroll layout "
     "with each frame once.",
-    "frames",
+    frames=True,
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k`` (the wire format of
 :data:`FRAME_TRANSITIONS`): obs_0..obs_{T-1} and ``bootstrap_obs`` (obs_T) in a quarter of the
@@ -445,7 +445,7 @@ CONTINUOUS_UNROLL = _experience(
     "unroll",
     "impala/appo/ppo actor with Box actions -> replay FIFO or PPO learners: the unroll layout "
     "with float32 [E, T, A] actions.",
-    "continuous",
+    continuous=True,
 )
 """The Gaussian policy's unroll (``zrl.nets.gaussian``): ``action`` is the sample whose
 log-density ``logp`` is, before the actor clipped it to the Box for the env (it may lie
@@ -454,7 +454,7 @@ TURN_UNROLL = _experience(
     "unroll",
     "ppo actor on a turn-based game played from both seats (env.multiagent.self_play_seats: "
     "both) -> PPO learners: the unroll layout and whether the turn passed after each step.",
-    "turns",
+    turns=True,
 )
 """``passes[e, t]``: after step ``t`` the slot moves for the other seat, so GAE negates the
 values after it (``zrl.algos.kernel.returns.rollout_gae``)."""
@@ -462,24 +462,24 @@ TRANSITION_BATCH = _experience(
     "transitions",
     "replay -> Ape-X DQN learner: B n-step transitions, importance weights, table keys and "
     "the weights version each transition was collected with.",
-    "batch",
+    batch=True,
 )
 CONTINUOUS_TRANSITION_BATCH = _experience(
     "transitions",
     "replay -> apex_ddpg/sac learner: the transition batch with float32 [B, A] actions.",
-    "batch",
-    "continuous",
+    batch=True,
+    continuous=True,
 )
 UNROLL_BATCH = _experience(
     "unroll",
     "replay FIFO -> IMPALA learner: B whole unrolls with the weights version of each.",
-    "batch",
+    batch=True,
 )
 FRAME_UNROLL_BATCH = _experience(
     "unroll",
     "replay FIFO -> IMPALA/APPO learner on frame stacks: B whole frame unrolls.",
-    "batch",
-    "frames",
+    batch=True,
+    frames=True,
 )
 """What a FIFO shard stores of each :data:`FRAME_UNROLL` row, sampled: ``frames [B, S, H, W]``
 in place of ``obs`` and ``bootstrap_obs``."""
@@ -487,8 +487,8 @@ CONTINUOUS_UNROLL_BATCH = _experience(
     "unroll",
     "replay FIFO -> IMPALA/APPO learner with Box actions: the unroll batch with float32 "
     "[B, T, A] actions.",
-    "batch",
-    "continuous",
+    batch=True,
+    continuous=True,
 )
 SEQUENCES = _experience(
     "sequences",
@@ -505,12 +505,12 @@ span trajectories, so the message's one version is not enough)."""
 SEQUENCE_BATCH = _experience(
     "sequences",
     "replay -> R2D2 learner: B sequences, importance weights, table keys and weights versions.",
-    "batch",
+    batch=True,
 )
 FRAME_SEQUENCES = _experience(
     "sequences",
     "R2D2 actor on frame stacks -> replay: the sequences layout with each frame once per sequence.",
-    "frames",
+    frames=True,
 )
 """``frames [E, S, H, W]`` with ``S = T + k`` for stacks of ``k``: the k frames of the
 sequence's position 0, then the newest frame of positions 1..T (``zrl.codecs.frames.frames_of``
@@ -523,8 +523,8 @@ FRAME_SEQUENCE_BATCH = _experience(
     "sequences",
     "replay -> R2D2 learner on frame stacks: B frame sequences, importance weights, table "
     "keys and weights versions.",
-    "batch",
-    "frames",
+    batch=True,
+    frames=True,
 )
 """What a shard stores of each :data:`FRAME_SEQUENCES` row, sampled: ``frames [B, S, H, W]``
 in place of ``obs``."""
@@ -532,7 +532,7 @@ RECURRENT_UNROLL = _experience(
     "unroll",
     "recurrent impala/appo/ppo actor -> replay FIFO or PPO learners: the unroll, the recurrent "
     "state before its first step and the steps where an episode starts.",
-    "recurrent",
+    recurrent=True,
 )
 """``state`` is the recurrent state step 0 acted from; ``first[e, t]`` is True where the actor
 zeroed the state before step t (an episode starts there: ``first[:, t + 1] == ~valid[:, t]``).
@@ -541,8 +541,8 @@ RECURRENT_UNROLL_BATCH = _experience(
     "unroll",
     "replay FIFO -> recurrent IMPALA/APPO learner: the unroll batch with each unroll's "
     "recurrent state and episode starts.",
-    "batch",
-    "recurrent",
+    batch=True,
+    recurrent=True,
 )
 """What a FIFO shard stores of each :data:`RECURRENT_UNROLL` row, sampled: ``state [B, R]`` and
 ``first [B, T]`` as the actor recorded them (the same convention)."""
@@ -550,8 +550,8 @@ RECURRENT_FRAME_UNROLL = _experience(
     "unroll",
     "recurrent impala/appo actor on frame stacks -> replay FIFO: the frame unroll, the "
     "recurrent state before its first step and the steps where an episode starts.",
-    "frames",
-    "recurrent",
+    frames=True,
+    recurrent=True,
 )
 """:data:`RECURRENT_UNROLL` with each frame once: ``frames [E, T + k, H, W]`` (as
 :data:`FRAME_UNROLL`) in place of ``obs`` and ``bootstrap_obs``."""
@@ -559,9 +559,9 @@ RECURRENT_FRAME_UNROLL_BATCH = _experience(
     "unroll",
     "replay FIFO -> recurrent IMPALA/APPO learner on frame stacks: the frame unroll batch with "
     "each unroll's recurrent state and episode starts.",
-    "batch",
-    "frames",
-    "recurrent",
+    batch=True,
+    frames=True,
+    recurrent=True,
 )
 """What a FIFO shard stores of each :data:`RECURRENT_FRAME_UNROLL` row, sampled; the learner
 rebuilds ``obs`` and ``bootstrap_obs`` on its device (``zrl.codecs.frames``)."""
