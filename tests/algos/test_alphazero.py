@@ -19,6 +19,7 @@ from zrl.algos.alphazero.search import (
     SearchConfig,
     add_root_noise,
     backup,
+    mirror_indices,
     observations,
     puct_scores,
     search,
@@ -361,6 +362,21 @@ def test_the_learner_checks_what_it_receives_and_trains():
     assert fresh.updates == 4
     for k, v in fresh.model.state_dict().items():
         assert torch.equal(v, model.state_dict()[k])
+    # The window comes back with the weights, oldest first, and trains at once.
+    assert fresh.window.size == 4
+    for mine, theirs in zip(fresh.window.ordered(), up.window.ordered(), strict=True):
+        assert np.array_equal(mine, theirs)
+    up.receive(samples_msg(2, rng), 0)
+    fresh.receive(samples_msg(2, rng), 0)
+    assert fresh.train(0) is not None
+    small = AlphaZeroUpdate(
+        learner_setup(
+            tictactoe_config(window=3, min_samples=2), make_model(cfg).train(), *spaces(cfg)
+        )
+    )
+    small.load_state_dict(up.state_dict())  # a smaller window keeps the newest
+    assert small.window.size == 3
+    assert np.array_equal(small.window.ordered()[2], up.window.ordered()[2][-3:])
 
 
 @pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
@@ -380,6 +396,58 @@ def test_batched_observations_are_the_envs(name):
             positions.append((mine, theirs))
     want = np.stack([observation(game, m, t) for m, t in positions])
     assert np.array_equal(observations(game, positions), want)
+
+
+def mirrored(game, pieces: int) -> int:
+    """A bitboard mirrored left-right, square by square (the reference for mirror_indices)."""
+    out = 0
+    for sq in range(game.rows * game.cols):
+        if pieces >> sq & 1:
+            r, c = divmod(sq, game.cols)
+            out |= 1 << (r * game.cols + game.cols - 1 - c)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
+def test_the_mirror_of_an_observation_is_the_mirrored_positions(name):
+    game = GAMES[name]
+    boards = Bitboards(game)
+    obs_index, action_index = mirror_indices(game)
+    rng = np.random.default_rng(1)
+    mine, theirs = 0, 0
+    for _ in range(game.rows * game.cols - 1):
+        moves = boards.moves(mine | theirs)
+        _, bit = moves[int(rng.integers(len(moves)))]
+        mine, theirs = theirs, mine | bit
+        want = observation(game, mirrored(game, mine), mirrored(game, theirs))
+        assert np.array_equal(observation(game, mine, theirs)[obs_index], want)
+        # A move's mirror is the move to the mirrored square (the same column's, with gravity).
+        legal = {a: bit for a, bit in boards.moves(mine | theirs)}
+        mirror_legal = dict(boards.moves(mirrored(game, mine | theirs)))
+        for a, bit in legal.items():
+            assert mirror_legal[action_index[a]] == mirrored(game, bit)
+    assert sorted(action_index) == list(range(game.num_actions))  # a permutation
+
+
+def test_the_learner_trains_on_mirrored_samples_half_the_time():
+    cfg = tictactoe_config()
+    up = AlphaZeroUpdate(learner_setup(cfg, make_model(cfg).train(), *spaces(cfg)))
+    rng = np.random.default_rng(0)
+    msg = samples_msg(1, rng)
+    up.receive(msg, 0)
+    obs_index, action_index = mirror_indices(TTT)
+    obs, policy, value = up.sampled(400)
+    original = np.all(obs == msg.arrays["obs"][0], axis=1)
+    flipped = np.all(obs == msg.arrays["obs"][0][obs_index], axis=1)
+    assert np.all(original | flipped) and 150 < flipped.sum() < 250
+    assert np.array_equal(policy[flipped][0], msg.arrays["policy"][0][action_index])
+    assert np.array_equal(policy[original & ~flipped][0], msg.arrays["policy"][0])
+    assert np.all(value == msg.arrays["value"][0])
+    off = AlphaZeroUpdate(
+        learner_setup(tictactoe_config(mirror=False), make_model(cfg).train(), *spaces(cfg))
+    )
+    off.receive(msg, 0)
+    assert np.all(off.sampled(50)[0] == msg.arrays["obs"][0])
 
 
 def test_the_evaluators_search_player_plays_both_seats_against_random():

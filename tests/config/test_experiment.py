@@ -540,13 +540,15 @@ def test_an_oversized_config_file_is_refused_unread(tmp_path):
 
 def float_fields(model: type, prefix: str = "") -> list[str]:
     """The dotted keys of every float field of ``model`` and of the sections inside it."""
-    from typing import get_args
+    from types import UnionType
+    from typing import Union, get_args, get_origin
 
     from zrl.config.base import Section
 
     keys = []
     for name, field in model.model_fields.items():
-        types = get_args(field.annotation) or (field.annotation,)
+        union = get_origin(field.annotation) in (Union, UnionType)
+        types = get_args(field.annotation) if union else (field.annotation,)
         if float in types:
             keys.append(f"{prefix}{name}")
         for t in types:
@@ -576,6 +578,12 @@ def test_every_float_field_must_be_finite(value):
         with pytest.raises(ConfigError) as info:
             load_config(CARTPOLE, [f"{key}={yaml_value}"])
         assert f"{key}: Input should be a finite number" in str(info.value), key
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_a_stop_bound_must_be_finite(value):
+    with pytest.raises(ConfigError, match="stop.eval_at_most.x: Input should be a finite"):
+        load_config(CARTPOLE, [f"stop.eval_at_most={{x: {value}}}"])
 
 
 def test_learner_lr_inf_in_a_file_names_the_key_and_value(tmp_path):

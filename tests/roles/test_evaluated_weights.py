@@ -83,6 +83,32 @@ def test_the_exploitability_target_holds_for_every_evaluation_of_the_rule():
     assert rule_met(both, [0.95], False, [0.0]) == [0.95]
 
 
+def test_column_bounds_hold_for_every_evaluation_of_the_rule():
+    stop = StopConfig.model_validate(
+        {
+            "eval_return": None,
+            "eval_at_least": {"search_alphabeta4_first_draw_rate": 0.5},
+            "eval_at_most": {"search_alphabeta4_second_loss_rate": 0.1},
+            "eval_window": 2,
+        }
+    )
+    assert stop.on_evaluations and stop.has_bounds
+    good = {"search_alphabeta4_first_draw_rate": 0.5, "search_alphabeta4_second_loss_rate": 0.1}
+    assert stop.bounds_met(good)
+    assert not stop.bounds_met({**good, "search_alphabeta4_first_draw_rate": 0.4})
+    assert not stop.bounds_met({**good, "search_alphabeta4_second_loss_rate": 0.2})
+    assert not stop.bounds_met({"search_alphabeta4_first_draw_rate": 0.9})  # a column missing
+    assert not stop.bounds_met({**good, "search_alphabeta4_second_loss_rate": float("nan")})
+    assert not stop.bounds_met({**good, "search_alphabeta4_second_loss_rate": "0.0"})
+    assert rule_met(stop, [0.0, 0.0], False, [], [True, False]) == []
+    assert rule_met(stop, [0.0, 0.0, 0.0], False, [], [False, True, True]) == [0.0, 0.0]
+    assert rule_met(stop, [0.0, 0.0], False, [], [True]) == []  # one not reported
+    assert rule_met(stop, [0.0, 0.0], False) == []
+    no_bounds = StopConfig.model_validate({"eval_return": 0.0, "eval_window": 1})
+    assert not no_bounds.has_bounds and no_bounds.bounds_met({})
+    assert rule_met(no_bounds, [0.0], False) == [0.0]
+
+
 def test_the_weights_that_met_an_exploitability_target_are_kept(tmp_path: Path):
     keeper = keeper_in(tmp_path, eval_return=None, exploitability=0.0, eval_window=1)
     assert keeper.on_eval(2, 0.9, 10, False, lambda: fake_weights(2), 0.5) == [

@@ -30,8 +30,15 @@ class Evaluator:
         self.rule = rule
         self.info: dict[str, Any] = {}
 
-    def evaluate(self, mean: float, exploitability: float | None, confirming: bool = False) -> None:
-        row = {
+    def evaluate(
+        self,
+        mean: float,
+        exploitability: float | None,
+        confirming: bool = False,
+        columns: dict[str, float] | None = None,
+    ) -> None:
+        row: dict[str, Any] = {
+            **(columns or {}),
             "mean": mean,
             "confirming": confirming,
             "time": float(len(self.info.get("recent_returns", [])) + 1),
@@ -46,9 +53,12 @@ class Evaluator:
             *self.info.get("recent_exploitability", []),
             exploitability,
         ]
+        held = self.rule.cfg.stop.bounds_met(row)
+        self.info["recent_bounds_met"] = [*self.info.get("recent_bounds_met", []), held]
         if confirming:
             self.info["confirming_return"] = round(mean, 2)
             self.info["confirming_exploitability"] = exploitability
+            self.info["confirming_bounds_met"] = held
 
     def confirm(self) -> bool:
         return self.rule.confirm(lambda sender: {"info": self.info})
@@ -151,3 +161,48 @@ def test_the_limits_stop_at_env_steps_updates_or_wall_time_whichever_comes_first
     assert rule.limit_reached({**row, "time": 60.0}) == "wall_time"
     unbounded = StopRule(load_config(REPO / "configs" / "cartpole_apex_dqn.yaml", []))
     assert unbounded.limit_reached({**row, "updates": 10**9}) is None
+
+
+def connect_four(*overrides: str) -> ExperimentConfig:
+    """The shipped AlphaZero config, whose stop rule is the issue's: the search player loses
+    at most 10 % of its games to alpha-beta at depth 4 from each seat."""
+    return load_config(REPO / "configs" / "connect_four_alphazero.yaml", list(overrides))
+
+
+LOSSES = ("search_alphabeta4_first_loss_rate", "search_alphabeta4_second_loss_rate")
+
+
+def test_column_bounds_stop_the_run_only_when_each_seat_meets_them() -> None:
+    rule = StopRule(connect_four())
+    assert all(f"{name} <= 0.1" in rule.describe() for name in LOSSES)
+    assert "fresh episodes" in rule.describe()
+    evaluator = Evaluator(rule)
+    first_ok = {LOSSES[0]: 0.0, LOSSES[1]: 0.3}
+    evaluator.evaluate(0.9, None, columns=first_ok)
+    evaluator.evaluate(0.9, None, confirming=True, columns=first_ok)
+    assert not evaluator.confirm()  # the second seat loses too often
+    both_ok = {LOSSES[0]: 0.1, LOSSES[1]: 0.05}
+    evaluator.evaluate(0.9, None, columns=both_ok)
+    evaluator.evaluate(0.2, None, confirming=True, columns=both_ok)
+    assert evaluator.confirm() and rule.confirming_return == 0.2  # no return target
+
+
+def test_a_forged_evaluation_meeting_the_bounds_does_not_stop_the_run() -> None:
+    rule = StopRule(connect_four("stop.confirm=window", "stop.eval_window=1"))
+    evaluator = Evaluator(rule)
+    evaluator.evaluate(0.9, None, columns={LOSSES[0]: 0.5, LOSSES[1]: 0.5})
+    forged = {"mean": 0.9, "confirming": False, "time": 2.0, "env_steps": 1}
+    rule.on_eval({**forged, LOSSES[0]: 0.0, LOSSES[1]: 0.0}, "evaluator-0")
+    assert rule.candidates and not evaluator.confirm()  # its heartbeat: not met
+    evaluator.info["recent_bounds_met"] = []  # a heartbeat without the list confirms nothing
+    evaluator.evaluate(0.9, None, columns={LOSSES[0]: 0.0, LOSSES[1]: 0.0})
+    evaluator.info["recent_bounds_met"] = evaluator.info["recent_bounds_met"][-1:]
+    assert not evaluator.confirm()
+
+
+def test_a_bound_on_a_column_no_evaluation_writes_is_refused_with_the_columns() -> None:
+    with pytest.raises(ConfigError, match="did you mean search_alphabeta4_first_loss_rate") as e:
+        StopRule(connect_four("stop.eval_at_most={search_alphabeta4_first_loss: 0.1}"))
+    assert "alphabeta2_second_win_rate" in str(e.value)
+    with pytest.raises(ConfigError, match="'exploitability' is no column"):
+        StopRule(connect_four("stop.eval_at_least={exploitability: 0.0}"))

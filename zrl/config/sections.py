@@ -8,6 +8,8 @@ base of every section and the ``multiagent`` section, so the CLI stays fast.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -416,6 +418,15 @@ class StopConfig(Section):
     """Stop when the greedy policy's exploitability (evaluator.exploitability) is at most
     this (0: no seat can be beaten), as `confirm` says: every evaluation of the window, or a
     confirming evaluation of the same weights. With eval_return set too, both must hold."""
+    eval_at_least: dict[str, float] = {}
+    """eval.csv column -> bound: each evaluation the rule counts (the window's, or the
+    confirming one) must have that figure at least this high, e.g.
+    `search_alphabeta4_first_draw_rate`. With eval_return or exploitability set too, all
+    must hold. The columns a run's evaluations write are in eval.csv's header."""
+    eval_at_most: dict[str, float] = {}
+    """As eval_at_least, an upper bound: `{search_alphabeta4_first_loss_rate: 0.1,
+    search_alphabeta4_second_loss_rate: 0.1}` is "the search player wins or draws 90 % of
+    its games against alpha-beta at depth 4 from each seat"."""
     env_steps: int | None = Field(None, ge=1)
     updates: int | None = Field(None, ge=1)
     """Stop once the learners' updates (summed, as progress.csv counts them) reach this: a
@@ -431,14 +442,33 @@ class StopConfig(Section):
     def _some_condition(self) -> StopConfig:
         if not self.on_evaluations and self.env_steps is None and self.wall_time is None:
             raise ValueError(
-                "at least one of eval_return, exploitability, env_steps, wall_time must be set"
+                "at least one of eval_return, exploitability, eval_at_least, eval_at_most, "
+                "env_steps, wall_time must be set"
             )
         return self
 
     @property
     def on_evaluations(self) -> bool:
-        """Whether the run has a target on evaluations (eval_return or exploitability)."""
-        return self.eval_return is not None or self.exploitability is not None
+        """Whether the run has a target on evaluations (eval_return, exploitability or an
+        eval.csv column's bound)."""
+        return self.eval_return is not None or self.exploitability is not None or self.has_bounds
+
+    @property
+    def has_bounds(self) -> bool:
+        """Whether eval_at_least or eval_at_most names a column."""
+        return bool(self.eval_at_least or self.eval_at_most)
+
+    def bounds_met(self, row: Mapping[str, Any]) -> bool:
+        """Whether an evaluation's figures ``row`` (eval.csv's columns) meet eval_at_least
+        and eval_at_most; a column the row lacks, or not a number, meets no bound."""
+        for bounds, sign in ((self.eval_at_least, 1.0), (self.eval_at_most, -1.0)):
+            for name, bound in bounds.items():
+                value = row.get(name)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    return False
+                if not math.isfinite(value) or sign * (value - bound) < 0:
+                    return False
+        return True
 
 
 __all__ = [

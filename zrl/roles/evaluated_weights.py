@@ -57,16 +57,20 @@ def rule_met(
     means: Sequence[float],
     confirming: bool,
     exploitabilities: Sequence[float | None] = (),
+    bounds: Sequence[bool | None] = (),
 ) -> list[float]:
     """The means that meet the stop rule with the latest evaluation, or [] if it does not.
 
     ``means`` are one evaluator's evaluation means, oldest first, the latest last (confirming
     ones included); ``confirming``: whether the latest was a confirming evaluation;
     ``exploitabilities``: the same evaluations' exploitability (None: not computed), aligned
-    with ``means`` at the end. With ``confirm: fresh`` only a confirming evaluation meets the
-    rule; with ``confirm: window``, the last ``eval_window`` evaluations. Their mean reaches
-    ``eval_return`` (when set) and each one's exploitability is at most ``exploitability``
-    (when set). The head (``StopRule``) and the evaluator count with this same function."""
+    with ``means`` at the end; ``bounds``: whether each met ``eval_at_least`` and
+    ``eval_at_most`` (``StopConfig.bounds_met``), aligned the same way. With ``confirm:
+    fresh`` only a confirming evaluation meets the rule; with ``confirm: window``, the last
+    ``eval_window`` evaluations. Their mean reaches ``eval_return`` (when set), each one's
+    exploitability is at most ``exploitability`` (when set) and each one meets the column
+    bounds (when set). The head (``StopRule``) and the evaluator count with this same
+    function."""
     if not stop.on_evaluations or not means:
         return []
     if stop.confirm == "fresh":
@@ -81,6 +85,10 @@ def rule_met(
     if stop.exploitability is not None:
         found = list(exploitabilities[-len(met) :])
         if len(found) < len(met) or any(e is None or e > stop.exploitability for e in found):
+            return []
+    if stop.has_bounds:
+        held = list(bounds[-len(met) :])
+        if len(held) < len(met) or not all(held):
             return []
     return met
 
@@ -164,6 +172,7 @@ class EvaluatedKeeper:
         self.stop = stop
         self.means: list[float] = []  # the latest eval_window, unrounded as the head gets them
         self.exploitabilities: list[float | None] = []  # theirs, aligned
+        self.bounds: list[bool | None] = []  # whether each met the column bounds, aligned
         self.best_return: float | None = None
         self.met_files: list[Path] = []
         best = file_for(BEST_SUFFIX)
@@ -186,12 +195,14 @@ class EvaluatedKeeper:
         confirming: bool,
         weights: Callable[[], dict[str, np.ndarray]],
         exploitability: float | None = None,
+        bounds: bool | None = None,
     ) -> list[Path]:
         """Keep what this evaluation calls for (``weights()`` is asked at most once); the
         files written. A file that cannot be written is logged, never fatal."""
         keep = max(self.stop.eval_window, 1)
         self.means = [*self.means, mean][-keep:]
         self.exploitabilities = [*self.exploitabilities, exploitability][-keep:]
+        self.bounds = [*self.bounds, bounds][-keep:]
         wanted: list[Path] = []
         best = self.file_for(BEST_SUFFIX)
         # The initial weights are never the best: a run without a target saved an untrained
@@ -201,7 +212,9 @@ class EvaluatedKeeper:
             self.best_return = mean
             wanted.append(best)
         met = self.file_for(met_suffix(version))
-        if met is not None and rule_met(self.stop, self.means, confirming, self.exploitabilities):
+        if met is not None and rule_met(
+            self.stop, self.means, confirming, self.exploitabilities, self.bounds
+        ):
             wanted.append(met)
         if not wanted:
             return []

@@ -20,12 +20,14 @@ Sockets:
 
 The heartbeat carries the evaluation running now (``evaluating``: its weights version and
 how long it has run; the head records one the stop cut short) and the means of the latest
-evaluations (``recent_returns``) and their
-exploitability (``recent_exploitability``): the supervisor stops on evaluations only once
+evaluations (``recent_returns``), their
+exploitability (``recent_exploitability``) and whether they met ``stop.eval_at_least`` /
+``eval_at_most`` (``recent_bounds_met``): the supervisor stops on evaluations only once
 the evaluator's own heartbeat, which no other peer can forge, reports them too. With
 ``stop.confirm: fresh`` an evaluation at the targets (``stop.eval_return``,
-``stop.exploitability``) is followed at once by a confirming one of ``stop.eval_episodes``
-episodes on new seeds with the same weights (and the exploitability searched again).
+``stop.exploitability``, the column bounds) is followed at once by a confirming one of
+``stop.eval_episodes`` episodes on new seeds with the same weights (and the exploitability
+searched again).
 
 Files (no socket): before it publishes an evaluation, the weights it evaluated go to its
 checkpoint directory if that is its best evaluation yet (``<id>.best.pt``) or if it met the
@@ -103,8 +105,10 @@ class Evaluator(Role):
         """The evaluation running now: (weights version, when it started)."""
         self.recent_returns: list[float] = []
         self.recent_exploitability: list[float | None] = []  # aligned with recent_returns
+        self.recent_bounds: list[bool] = []  # stop.eval_at_least/_at_most met, aligned
         self.confirming_return: float | None = None
         self.confirming_exploitability: float | None = None
+        self.confirming_bounds: bool | None = None
         self.kept = EvaluatedKeeper(
             self.checkpoint_file, self.config.stop, self.config.broker.max_message_bytes
         )
@@ -131,14 +135,18 @@ class Evaluator(Role):
             self._evaluate(version, self.config.stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
             self.confirming_exploitability = self.last.get("exploitability")
+            self.confirming_bounds = self.config.stop.bounds_met(self.last)
 
     def _at_target(self) -> bool:
         """Whether the latest evaluation reaches the stop rule's targets (eval_return,
-        exploitability: those set), so that ``confirm: fresh`` confirms it."""
+        exploitability, the column bounds: those set), so that ``confirm: fresh`` confirms
+        it."""
         stop, last = self.config.stop, self.last
         if not stop.on_evaluations:
             return False
         if stop.eval_return is not None and last["mean"] < stop.eval_return:
+            return False
+        if stop.has_bounds and not stop.bounds_met(last):
             return False
         found = last.get("exploitability")
         return stop.exploitability is None or (found is not None and found <= stop.exploitability)
@@ -221,6 +229,10 @@ class Evaluator(Role):
             *self.recent_exploitability[-(RECENT_RETURNS - 1) :],
             self.last.get("exploitability"),
         ]
+        self.recent_bounds = [
+            *self.recent_bounds[-(RECENT_RETURNS - 1) :],
+            self.config.stop.bounds_met(self.last),
+        ]
         self.log.info(
             "%s of weights v%d: %.1f +- %.1f over %d episodes%s",
             "confirming eval" if confirming else "eval",
@@ -250,6 +262,7 @@ class Evaluator(Role):
             confirming,
             lambda: model_to_arrays(self.model),
             self.last.get("exploitability"),
+            self.recent_bounds[-1],
         )
         self.publisher.send(
             P.Message(P.METRICS, meta={"kind": "eval", **self.last}),
@@ -271,6 +284,8 @@ class Evaluator(Role):
             if self.game is not None:
                 info["exploitability"] = self.last.get("exploitability")
                 info["recent_exploitability"] = list(self.recent_exploitability)
+            if self.config.stop.has_bounds:
+                info["recent_bounds_met"] = list(self.recent_bounds)
         if self.in_flight is not None:  # the head records it if the run stops meanwhile
             version, started = self.in_flight
             info["evaluating"] = {
@@ -281,4 +296,6 @@ class Evaluator(Role):
             info["confirming_return"] = self.confirming_return
             if self.game is not None:
                 info["confirming_exploitability"] = self.confirming_exploitability
+            if self.config.stop.has_bounds:
+                info["confirming_bounds_met"] = self.confirming_bounds
         return info

@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zrl.run.stop_rule import bounds_text
+
 if TYPE_CHECKING:
     from zrl.run.supervisor import Supervisor
 
@@ -375,6 +377,7 @@ class StatusDisplay:
                     f"exploitability {summary['target_exploitability']:g}"
                     if summary.get("target_exploitability") is not None
                     else "",
+                    bounds_text(summary.get("target_bounds") or {}),
                 )
                 if t
             )

@@ -837,6 +837,7 @@ class Supervisor:
         summary = self._run_summary(row, saved, interrupted)
         evals = self.agg.evals
         summary["target_exploitability"] = self.cfg.stop.exploitability
+        summary["target_bounds"] = self.target.bounds if self.cfg.stop.has_bounds else None
         # A turn-based game's last evaluation against each reference opponent, a small board
         # game's exploitability (last and best), and a league's figures (bounded: one record).
         summary["reference_opponents"] = reference_rates(evals[-1] if evals else None) or None

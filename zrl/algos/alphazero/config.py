@@ -40,6 +40,10 @@ class AlphaZeroConfig(Section):
     reuse: float = Field(4.0, gt=0)
     """How often each received sample is trained on, on average: the learner takes at most
     ``received * reuse / batch_size`` updates, so it never outruns self-play."""
+    mirror: bool = True
+    """Train on each sampled position or its left-right mirror, at random (the game is
+    symmetric: the mirrored position has the mirrored visit distribution and the same
+    outcome), which doubles the samples self-play pays for."""
     value_coef: float = Field(1.0, ge=0)
     """Weight of the value loss (mean squared error to the game's outcome)."""
     weight_decay: float = Field(1e-4, ge=0)

@@ -218,6 +218,24 @@ def search(
     return roots, evaluated
 
 
+def mirror_indices(game: BoardGame) -> tuple[np.ndarray, np.ndarray]:
+    """The left-right mirror of a k-in-a-row game as index arrays ``(obs [O], actions [A])``:
+    ``obs[:, o]`` is the observation of the mirrored position (``observations``' layout:
+    planes ``[rows, cols, 2]`` flattened, then the legal-move mask) and ``policy[:, a]`` the
+    move distribution over it. A line mirrored is a line, so the position's value is the
+    same: every self-play sample has a second, free one (AlphaZero's symmetry augmentation)."""
+    rows, cols, n = game.rows, game.cols, game.rows * game.cols
+    square = np.arange(n).reshape(rows, cols)[:, ::-1].ravel()  # the mirror of each square
+    boards = Bitboards(game)
+    if game.gravity:  # an action is a column
+        actions = np.arange(cols)[::-1].copy()
+    else:  # an action is a square (``Bitboards.moves`` on an empty board lists them all)
+        of_square = {bit.bit_length() - 1: a for a, bit in boards.moves(0)}
+        actions = np.array([of_square[square[bit.bit_length() - 1]] for _, bit in boards.moves(0)])
+    planes = (2 * square[:, None] + np.arange(2)[None, :]).ravel()
+    return np.concatenate([planes, 2 * n + actions]), actions
+
+
 def root_counts(root: Node, num_actions: int) -> np.ndarray:
     """A root's visit counts over every action ``[A]`` (0 for illegal moves)."""
     out = np.zeros(num_actions)

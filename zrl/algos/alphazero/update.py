@@ -6,7 +6,8 @@ its schema (``zrl.transport.messages.SEARCH_SAMPLES``) for this env's widths, th
 row's visit distribution (non-negative, summing to 1, nothing on an illegal move of its
 observation) and outcome (in [-1, 1]). The learner trains at most ``received * reuse /
 batch_size`` updates, so it follows self-play instead of overfitting the first games.
-The window is not checkpointed: a resumed learner refills it from new games.
+With ``mirror`` each sampled position may be trained on as its left-right mirror.
+The window is checkpointed with the weights: a resumed learner trains on the games it had.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 
 from zrl.algos.alphazero.config import AlphaZeroConfig
 from zrl.algos.alphazero.losses import policy_value_loss
+from zrl.algos.alphazero.policy import board_game_of
+from zrl.algos.alphazero.search import mirror_indices
 from zrl.algos.api.learner import BaseUpdate, LearnerSetup, UpdateResult
 from zrl.algos.kernel.optim import checked_step, make_adam
 from zrl.transport import messages as M
@@ -46,6 +49,11 @@ class SampleWindow:
             self.next = int((self.next + len(o)) % self.capacity)
             self.size = min(self.capacity, self.size + len(o))
 
+    def ordered(self) -> tuple[np.ndarray, ...]:
+        """The samples held, oldest first."""
+        order = (self.next - self.size + np.arange(self.size)) % self.capacity
+        return self.obs[order], self.policy[order], self.value[order]
+
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
         idx = rng.integers(0, self.size, n)
         return self.obs[idx], self.policy[idx], self.value[idx]
@@ -63,6 +71,14 @@ class AlphaZeroUpdate(BaseUpdate):
         self.features = int(getattr(space, "features", 0))
         self.has_mask = int(getattr(space, "mask", 0)) == self.num_actions
         self.window = SampleWindow(c.window, self.obs_dim, self.num_actions)
+        self.mirror: tuple[np.ndarray, np.ndarray] | None = None
+        if c.mirror:
+            self.mirror = mirror_indices(board_game_of(cfg.env.id))
+            if len(self.mirror[0]) != self.obs_dim or len(self.mirror[1]) != self.num_actions:
+                raise ValueError(
+                    f"alphazero.mirror: the observation ({self.obs_dim}) and actions "
+                    f"({self.num_actions}) are not the board's; set alphazero.mirror: false"
+                )
         self.optimizer = make_adam(
             self.model.parameters(), cfg.learner.lr, cfg.learner.adam_eps, c.weight_decay
         )
@@ -100,8 +116,7 @@ class AlphaZeroUpdate(BaseUpdate):
         if self.updates >= self.allowed_updates():
             return None
         obs, policy, value = (
-            torch.from_numpy(a).to(self.device)
-            for a in self.window.sample(self.c.batch_size, self.rng)
+            torch.from_numpy(a).to(self.device) for a in self.sampled(self.c.batch_size)
         )
         logits, predicted = self.model(obs)
         loss, policy_loss, value_loss = policy_value_loss(
@@ -116,12 +131,29 @@ class AlphaZeroUpdate(BaseUpdate):
         new, self.counted = self.received - self.counted, self.received
         return UpdateResult(updates=1, loss=float(loss.detach()), samples=new)
 
+    def sampled(self, n: int) -> tuple[np.ndarray, ...]:
+        """``n`` samples of the window, uniformly; with ``mirror`` each one mirrored or not
+        at random."""
+        obs, policy, value = self.window.sample(n, self.rng)
+        if self.mirror is not None:
+            flip = self.rng.random(n) < 0.5
+            obs_index, action_index = self.mirror
+            obs[flip] = obs[flip][:, obs_index]
+            policy[flip] = policy[flip][:, action_index]
+        return obs, policy, value
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
             "received": self.received,
+            # The window too: a resumed learner trains on the games it had, not on the first
+            # few new ones (at most window x (observation + actions + 1) floats).
+            "window": {
+                k: torch.from_numpy(a.copy())
+                for k, a in zip(("obs", "policy", "value"), self.window.ordered(), strict=True)
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -129,6 +161,16 @@ class AlphaZeroUpdate(BaseUpdate):
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self.received = self.counted = int(state["received"])
+        saved = state.get("window")
+        if isinstance(saved, dict):
+            arrays = [np.asarray(saved[k], np.float32) for k in ("obs", "policy", "value")]
+            if arrays[0].shape[1:] != (self.obs_dim,) or arrays[1].shape[1:] != (self.num_actions,):
+                raise ValueError(
+                    f"the checkpoint's window holds {arrays[0].shape} observations and "
+                    f"{arrays[1].shape} visit distributions, not this env's"
+                )
+            self.window = SampleWindow(self.c.window, self.obs_dim, self.num_actions)
+            self.window.add(*(a[-self.c.window :] for a in arrays))
 
     def train_info(self) -> dict[str, float]:
         return dict(self.last_parts)
