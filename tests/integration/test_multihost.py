@@ -669,13 +669,24 @@ def test_the_readme_hosts_each_in_its_own_directory(
         )
         return json.loads(done.stdout) if done.returncode == 0 else None
 
-    seen = wait_for(
-        lambda: (st := status_from_node2()) and len(st["roles"]) >= 7 and st or None,
+    wanted = {"actor-0", "actor-1", "learner-0"}
+    listed: list[set[str]] = []
+
+    def listed_ids() -> set[str] | None:
+        st = status_from_node2()
+        ids = {r["id"] for r in st["roles"]} if st else set()
+        listed.append(ids)
+        return ids if wanted <= ids else None
+
+    wait_for(
+        listed_ids,
         timeout=180,
         interval=2.0,
-        message=f"zrl status from node2 never listed the run's roles\n{logs()}",
+        message=lambda: (
+            f"zrl status from node2 never listed {sorted(wanted)}; it last listed "
+            f"{sorted(listed[-1]) if listed else 'nothing'}\n{logs()}"
+        ),
     )
-    assert {"actor-0", "actor-1", "learner-0"} <= {r["id"] for r in seen["roles"]}
     try:
         head.wait(timeout=240)
     except subprocess.TimeoutExpired:

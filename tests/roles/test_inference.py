@@ -78,9 +78,9 @@ def test_an_actor_acting_through_the_inference_role_sends_what_its_own_model_wou
     zmq_ctx: Any, algo: str, extra: dict[str, Any]
 ) -> None:
     """At the initial weights (both built from the run's seed) the server's forwards are the
-    actor's own: every array of every trajectory is equal, the recurrent state and the episode
-    starts (``first``) of an LSTM policy and Ape-X's priorities (a forward of the whole
-    trajectory) included."""
+    actor's own: every array of every trajectory is equal (floats up to rounding), the
+    recurrent state and the episode starts (``first``) of an LSTM policy and Ape-X's
+    priorities (a forward of the whole trajectory) included."""
     n = 4
     runs = {}
     for inference in (0, 1):
@@ -103,7 +103,14 @@ def test_an_actor_acting_through_the_inference_role_sends_what_its_own_model_wou
         assert a.meta["weights_version"] == b.meta["weights_version"] == 0
         assert sorted(a.arrays) == sorted(b.arrays)
         for name in a.arrays:
-            np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=name)
+            if np.issubdtype(a.arrays[name].dtype, np.floating):
+                # The server's forward joins the actor's rows with others: the same numbers
+                # up to the rounding of a different batch size (which CPUs' kernels show).
+                np.testing.assert_allclose(
+                    a.arrays[name], b.arrays[name], rtol=1e-5, atol=1e-6, err_msg=name
+                )
+            else:  # actions, episode starts, counts: exactly the same
+                np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=name)
     if "state" in own[0].arrays:
         # Episodes ended inside the trajectories: the state was zeroed there and carried on.
         assert any(m.arrays["first"][:, 1:].any() for m in own)

@@ -155,3 +155,32 @@ def test_a_stalled_role_is_shown_stalled_with_since_when_and_a_dead_one_dead(tmp
     display.console.print(display._render())
     line = next(x for x in out.getvalue().splitlines() if "learner-0" in x)
     assert " stalled " in line and "loop stalled 34 s (since " in line
+
+
+def progress_row(seconds: float, env_steps: int, updates: int) -> dict[str, object]:
+    return {
+        "time": seconds,
+        "env_steps": env_steps,
+        "env_steps_per_s": 0.0,
+        "updates": updates,
+        "updates_per_s": 0.0,
+        "replay_size": 0,
+        "samples_per_insert": 0,
+        "weights_version": 1,
+        "max_version_lag": 0,
+        "eval_return": None,
+    }
+
+
+def test_off_a_terminal_the_last_figures_are_printed_when_the_run_stops(tmp_path: Path):
+    """A run shorter than the status lines' 5 s used to end its log on "steps 0 updates 0"
+    (a console that said nothing happened while 400 updates did)."""
+    display, out = display_into(tmp_path)
+    display.update(progress_row(0.0, 0, 0))
+    display.update(progress_row(2.0, 900, 400))  # within 5 s of the first line: not printed
+    assert "steps 900" not in out.getvalue()
+    display.stop()
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("[     2s] steps 900 (0/s) updates 400 "), last
+    display.stop()  # printed once
+    assert out.getvalue().count("steps 900") == 1

@@ -223,6 +223,7 @@ class StatusDisplay:
         self.live: Live | None = None
         self.row: dict[str, Any] = {}
         self._next_plain = 0.0
+        self._printed: dict[str, Any] | None = None
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -294,25 +295,28 @@ class StatusDisplay:
             self.live.update(self._render())
         elif self.enabled and time.monotonic() >= self._next_plain:
             self._next_plain = time.monotonic() + 5.0
-            # Out of the roles the run placed: one that never came counts as not alive.
-            planned = self.sup.roster.planned
-            ours = [r for r in self.sup.monitor.status_rows if r.get("id") in planned]
-            alive = sum(1 for r in ours if r["state"] == "alive")
-            stalled = [
-                f"{r['id']} {r['stalled_s']:.0f} s" for r in ours if shown_state(r) == "stalled"
-            ]
-            self.console.print(
-                f"[{row['time']:6.0f}s] steps {row['env_steps']:,} "
-                f"({row['env_steps_per_s']:,.0f}/s) "
-                f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) "
-                f"trained {_rate(row.get('samples_trained_per_s', 0.0))}/s "
-                f"replay {row['replay_size']:,} "
-                f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
-                f"lag {row['max_version_lag']} eval {eval_text(row)} "
-                f"roles alive {alive}/{len(planned)}"
-                + (f", stalled: {', '.join(stalled)}" if stalled else ""),
-                highlight=False,
-            )
+            self._print_plain(row)
+
+    def _print_plain(self, row: dict[str, Any]) -> None:
+        """``row`` as one status line (a console that is no terminal: a log, a pipe)."""
+        self._printed = row
+        # Out of the roles the run placed: one that never came counts as not alive.
+        planned = self.sup.roster.planned
+        ours = [r for r in self.sup.monitor.status_rows if r.get("id") in planned]
+        alive = sum(1 for r in ours if r["state"] == "alive")
+        stalled = [f"{r['id']} {r['stalled_s']:.0f} s" for r in ours if shown_state(r) == "stalled"]
+        self.console.print(
+            f"[{row['time']:6.0f}s] steps {row['env_steps']:,} "
+            f"({row['env_steps_per_s']:,.0f}/s) "
+            f"updates {row['updates']:,} ({_rate(row['updates_per_s'])}/s) "
+            f"trained {_rate(row.get('samples_trained_per_s', 0.0))}/s "
+            f"replay {row['replay_size']:,} "
+            f"spi {row['samples_per_insert']} weights v{row['weights_version']} "
+            f"lag {row['max_version_lag']} eval {eval_text(row)} "
+            f"roles alive {alive}/{len(planned)}"
+            + (f", stalled: {', '.join(stalled)}" if stalled else ""),
+            highlight=False,
+        )
 
     def _render(self) -> Group:
         r = self.row
@@ -363,6 +367,10 @@ class StatusDisplay:
         if self.live is not None:
             self.live.stop()
             self.live = None
+        elif self.enabled and self.row and self.row is not self._printed:
+            # The last figures, not those of up to 5 s before: a short run's log would
+            # otherwise end on "steps 0 updates 0".
+            self._print_plain(self.row)
 
     def final(self, summary: dict[str, Any]) -> None:
         if not self.enabled:

@@ -685,13 +685,13 @@ class Supervisor:
         if interrupted and self.interrupted_at is None:
             self.interrupted_at = time.monotonic()
         deadline = None if self.interrupted_at is None else self.interrupted_at + INTERRUPT_STOP_S
+        display.stop()  # the last figures first
         # Saving the model and stopping the roles takes seconds (more on a loaded machine):
         # say so at once rather than go quiet between the last figures and the summary.
         display.message(
             f"stopping ({'interrupted' if interrupted else self.stop_reason or 'stopped'}) at "
             f"{time.monotonic() - self.started:.1f} s: saving the model, stopping the roles"
         )
-        display.stop()
         saved = None
         written = row  # the monitor loop's last progress row ({} if it wrote none)
         try:

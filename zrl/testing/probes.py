@@ -44,17 +44,18 @@ def wait_for(
     predicate: Callable[[], object],
     timeout: float = 20.0,
     interval: float = 0.1,
-    message: str | None = None,
+    message: str | Callable[[], str] | None = None,
 ) -> object:
     """Poll until ``predicate()`` is truthy and return its value; AssertionError on timeout
-    (with ``message`` if given)."""
+    (with ``message`` if given; a callable one is asked then, to say what was seen last)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(message or f"condition not met within {timeout}s: {predicate}")
+    said = message() if callable(message) else message
+    raise AssertionError(said or f"condition not met within {timeout}s: {predicate}")
 
 
 def settle(pred: Callable[[], bool], seconds: float = 1.0) -> None:
