@@ -734,3 +734,12 @@ def test_the_algorithms_whose_actors_act_through_inference_roles(algo):
     table = {"impala": "fifo", "appo": "fifo"}.get(algo, "prioritized")
     cfg = config_from_dict({"algo": algo, "roles": {"inference": 2}, "replay": {"table": table}})
     assert cfg.roles.counts()["inference"] == 2
+
+
+def test_alphazero_self_play_may_act_through_inference_roles_other_games_may_not():
+    """AlphaZero's actors move for both seats (no opponent model of their own): an inference
+    role may run their searches' forwards. A game against an opponent still may not."""
+    cfg = load_config(REPO / "configs" / "tictactoe_alphazero.yaml", ["roles.inference=1"])
+    assert cfg.roles.counts()["inference"] == 1
+    with pytest.raises(ConfigError, match="play their opponents with models of their own"):
+        load_config(REPO / "configs" / "tictactoe_impala.yaml", ["roles.inference=1"])

@@ -281,3 +281,52 @@ def test_no_gpu_for_inference_is_an_error_naming_the_key() -> None:
     with pytest.raises(Exception, match=r"inference.device='cuda', but torch sees no GPU"):
         resolve_device("cuda", "inference.device")
     assert resolve_device("auto", "inference.device").type == "cpu"
+
+
+def test_alphazero_actors_search_through_the_inference_role(zmq_ctx: Any) -> None:
+    """AlphaZero's self-play moves for both seats, so it plays no opponent model: every leaf
+    of its searches is evaluated by the inference role (one request a simulation for all of
+    the actor's games), and the samples it sends are well-formed visit distributions."""
+    cfg = ExperimentConfig.model_validate(
+        {
+            "name": "inference-alphazero",
+            "algo": "alphazero",
+            "seed": 5,
+            "env": {
+                "id": "pettingzoo/tictactoe_v3",
+                "num_envs": E,
+                "multiagent": {"opponent": "self", "self_play_seats": "both"},
+            },
+            "model": {"hidden": [16]},
+            "broker": {"heartbeat_interval": 0.2, "heartbeat_timeout": 5.0, "setup_grace": 20.0},
+            "roles": {"actors": 1, "replay": 0, "learners": 1, "inference": 1},
+            "actor": {"trajectory_length": 9},
+            "alphazero": {"simulations": 4},
+        }
+    )
+    h = InProc(zmq_ctx, "inference-alphazero")
+    try:
+        h.start_broker(cfg)
+        rollouts = h.sub(P.ROLLOUTS_TOPIC)
+        server = h.start(InferenceServer, index=0)
+        actor = h.start(Actor, index=0)
+        got: list[P.Message] = []
+
+        def samples() -> bool:
+            item = rollouts.recv()
+            if item is not None:
+                got.append(item[1])
+            return sum(len(m.arrays["value"]) for m in got) >= 18  # two games' moves at least
+
+        wait_for(samples, timeout=60, message=lambda: f"{len(got)} sample messages in 60 s")
+        assert isinstance(actor, Actor) and actor.inference is not None
+        info = actor.heartbeat_info()
+        # A search is one forward for the roots and one a simulation, all games joined.
+        assert info["inference_requests"] >= 2 * (1 + 4)
+        assert server.heartbeat_info()["requests_refused"] == 0
+        for m in got:
+            policy, value = m.arrays["policy"], m.arrays["value"]
+            assert np.allclose(policy.sum(axis=1), 1.0) and (policy >= 0).all()
+            assert set(np.unique(value)) <= {-1.0, 0.0, 1.0}
+    finally:
+        h.close()

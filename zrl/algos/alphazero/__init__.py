@@ -71,6 +71,9 @@ ALGORITHM = Algorithm(
     wiring=Wiring(actions="discrete", experience="rollouts", learner_input="rollouts"),
     both_seats=True,
     searches=True,
+    # Its self-play moves for both seats (no opponent model) and its search only calls the
+    # model's forward: an inference role can evaluate the leaves of all its actors' games.
+    remote_inference=True,
     config={"alphazero": AlphaZeroConfig},
     sections=("learner",),
     check_config=check_config,
