@@ -16,13 +16,13 @@ import pytest
 
 from zrl.testing.processes import GUARD_S, run_zrl
 
-ENV_STEPS = 20_000
-"""About 2,700 self-play games: about 60 s on a quiet, slow 2-core machine, 30 s on a fast
-one. Quiet runs met every condition below at 9,200 and 9,700 moves."""
-EVAL_INTERVAL_S = 4
+ENV_STEPS = 15_000
+"""About 2,000 self-play games: 45 s on a quiet, slow 2-core machine, 25 s on a fast one.
+Quiet runs met every condition below at 9,200 and 9,700 moves."""
+EVAL_INTERVAL_S = 5
 """Seconds between evaluations: they come by the clock, so a fast machine's run of
-``ENV_STEPS`` has a few after its first quarter too (at the config's 10 s, one run had a
-single one, at 7,936 moves, before it stopped at 15,386)."""
+``ENV_STEPS`` needs them more often to have a few after its first quarter (at the config's
+10 s, one run had a single one, at 7,936 moves, before it stopped at 15,386)."""
 
 
 def eval_rows(run_dir: Path) -> list[dict[str, float]]:
