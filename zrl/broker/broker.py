@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zrl import __version__
 from zrl.algos import registry as _registry  # noqa: F401 - the algorithms' config sections (light)
 from zrl.broker.devices import Devices
 from zrl.broker.limits import DropLog
@@ -56,6 +55,7 @@ from zrl.transport.endpoints import (
 from zrl.transport.security import Keys, stop_authenticator
 from zrl.transport.senders import planned_ids
 from zrl.transport.sockets import Channel, TransportStats
+from zrl.utils.version import __version__
 
 log = logging.getLogger("zrl.broker")
 

@@ -50,7 +50,6 @@ import msgpack
 import psutil
 import zmq
 
-from zrl import __version__
 from zrl.broker.limits import (
     AGENT_ROLE,
     MAX_ENTRIES_PER_CONNECTION,
@@ -76,6 +75,7 @@ from zrl.transport import messages as M
 from zrl.transport import protocol as P
 from zrl.transport.security import Keys, credential_matches
 from zrl.transport.sockets import Channel, ReplyBudget, make_socket
+from zrl.utils.version import __version__
 
 log = logging.getLogger("zrl.broker")
 

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import typer
 
-from zrl import __version__
 from zrl.cli.common import (
     HELP_MARKUP,
     BrokerOpt,
@@ -34,6 +33,7 @@ from zrl.cli.common import (
 from zrl.cli.config import config_app
 from zrl.cli.host import host
 from zrl.cli.start import start_app
+from zrl.utils.version import __version__
 
 app = typer.Typer(
     help="zrl: distributed reinforcement learning on ZeroMQ.",

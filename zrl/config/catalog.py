@@ -12,13 +12,51 @@ and where none did (a script or test that builds an ``ExperimentConfig`` on its 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from zrl.algos.api.algorithm import Algorithm
     from zrl.config.base import Section
+    from zrl.config.experiment import ExperimentConfig
+
+
+class WiringView(Protocol):
+    """What the config layer reads of an algorithm's wiring (``zrl.algos.api.algorithm.
+    Wiring``)."""
+
+    @property
+    def learner_input(self) -> str: ...
+
+
+class AlgorithmView(Protocol):
+    """What the config layer reads of an algorithm's record: ``zrl.algos.api.algorithm.
+    Algorithm`` is one. A protocol, so that this layer names nothing above it, not even in
+    its annotations."""
+
+    @property
+    def both_seats(self) -> bool: ...
+
+    @property
+    def population(self) -> tuple[str, ...]: ...
+
+    @property
+    def wiring(self) -> WiringView: ...
+
+    @property
+    def config(self) -> Mapping[str, type[Section]]: ...
+
+    @property
+    def key_aliases(self) -> Mapping[str, str]: ...
+
+    @property
+    def shared_key_aliases(self) -> Mapping[str, str]: ...
+
+    @property
+    def reads(self) -> tuple[str, ...]: ...
+
+    def check(self, cfg: ExperimentConfig) -> None: ...
+
 
 REGISTRY = "zrl.algos.registry"
 """The module that installs the catalog when imported."""
@@ -30,7 +68,7 @@ class Catalog:
 
     names: Callable[[], list[str]]
     """Every ``algo`` a config may name, in registry order."""
-    get: Callable[[str], Algorithm]
+    get: Callable[[str], AlgorithmView]
     """The record of ``algo``; ValueError naming the known ones for an unknown name."""
     sections: Callable[[], dict[str, type[Section]]]
     """The config sections the algorithms define, YAML key -> section model."""

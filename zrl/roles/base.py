@@ -52,7 +52,6 @@ from typing import Any, ClassVar
 import psutil
 import zmq
 
-from zrl import __version__
 from zrl.algos.api.train_stats import TrainStats
 from zrl.config.experiment import ExperimentConfig
 from zrl.config.factories import Factories
@@ -73,6 +72,7 @@ from zrl.transport.security import Keys, hello_credential
 from zrl.transport.sockets import Channel, TransportStats, make_socket
 from zrl.utils.durable import atomic_write_text
 from zrl.utils.runtime import keep_freed_memory
+from zrl.utils.version import __version__
 
 RECONNECT_BACKOFF_INITIAL_S = 0.1
 RECONNECT_BACKOFF_MAX_S = 5.0
