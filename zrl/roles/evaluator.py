@@ -132,6 +132,11 @@ class Evaluator(Role):
             # Far from the seeds of the regular evaluations, which count up by one.
             seed = self.config.seed + 7_000_003 + 100_003 * self.confirmations
             self.confirmations += 1
+            self.log.info(
+                "weights v%d met the stop rule's targets: confirming on %d fresh episodes",
+                version,
+                self.config.stop.eval_episodes,
+            )
             self._evaluate(version, self.config.stop.eval_episodes, seed, confirming=True)
             self.confirming_return = round(self.last["mean"], 2)
             self.confirming_exploitability = self.last.get("exploitability")
