@@ -185,6 +185,9 @@ def test_column_bounds_stop_the_run_only_when_each_seat_meets_them() -> None:
     evaluator.evaluate(0.9, None, columns=both_ok)
     evaluator.evaluate(0.2, None, confirming=True, columns=both_ok)
     assert evaluator.confirm() and rule.confirming_return == 0.2  # no return target
+    assert rule.reason() == "eval_bounds"
+    assert StopRule(tictactoe("stop.exploitability=0")).reason() == "exploitability"
+    assert StopRule(tictactoe("stop.eval_return=0.9")).reason() == "eval_return"
 
 
 def test_a_forged_evaluation_meeting_the_bounds_does_not_stop_the_run() -> None:

@@ -107,6 +107,14 @@ class StopRule:
             )
         return ", and ".join(parts)
 
+    def reason(self) -> str:
+        """summary.json's ``stop_reason`` when the rule on evaluations stopped the run: the
+        first of its targets set (``eval_return``, ``exploitability``, ``eval_bounds``)."""
+        s = self.cfg.stop
+        if s.eval_return is not None:
+            return "eval_return"
+        return "exploitability" if s.exploitability is not None else "eval_bounds"
+
     @property
     def bounds(self) -> dict[str, Any]:
         """The column bounds, as summary.json's ``target_bounds`` holds them."""

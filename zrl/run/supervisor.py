@@ -335,8 +335,7 @@ class Supervisor:
         if self.target.confirm(
             lambda sender: self.monitor.registered(sender, "evaluator", ask=True)
         ):
-            stop = self.cfg.stop
-            self.stop_reason = "eval_return" if stop.eval_return is not None else "exploitability"
+            self.stop_reason = self.target.reason()
             self._stop.set()
 
     def _record_league(
