@@ -5,6 +5,7 @@ and those that met the stop rule) by the time the result is heard."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -90,6 +91,36 @@ def test_the_heartbeat_shows_the_evaluation_running_now(inproc, zmq_ctx, monkeyp
         assert inproc.error_of(evaluator) is None
     finally:
         release.set()
+        rpc.close()
+
+
+def test_a_stop_ends_an_evaluation_in_progress(inproc, zmq_ctx, monkeypatch):
+    """An evaluation (connect four with search: minutes) ends at its next step once the
+    role is asked to stop, and records nothing of itself."""
+    cfg = config()
+    cfg.evaluator.interval = 0.01
+    steps = []
+
+    def endless(model, make_envs, episodes, seed, on_step):  # episodes that never finish
+        while True:
+            steps.append(1)
+            on_step()
+            time.sleep(0.01)
+
+    monkeypatch.setattr(evaluator_module, "greedy_returns", endless)
+    inproc.start_broker(cfg)
+    params = inproc.start(ParameterServer, index=0)
+    assert isinstance(params, ParameterServer)
+    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    try:
+        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+        evaluator = inproc.start(Evaluator, index=0)
+        assert isinstance(evaluator, Evaluator)
+        wait_for(lambda: len(steps) > 5, timeout=30, message="the evaluation never stepped")
+        inproc.stop_role(evaluator)  # it stops (joined) although its episodes never end
+        assert evaluator.evaluations == 0 and evaluator.last == {}
+        assert inproc.error_of(evaluator) is None
+    finally:
         rpc.close()
 
 

@@ -68,6 +68,10 @@ from zrl.utils.runtime import limit_torch_threads
 RECENT_RETURNS = 32
 
 
+class EvaluationStopped(Exception):
+    """The role was asked to stop during an evaluation."""
+
+
 class Evaluator(Role):
     role = "evaluator"
 
@@ -123,9 +127,10 @@ class Evaluator(Role):
             return
         self.next_eval = now + self.config.evaluator.interval
         version = self.weights.version
-        self._evaluate(
+        if not self._evaluate(
             version, self.config.evaluator.episodes, self.config.seed + 1_000_003 + self.evaluations
-        )
+        ):
+            return  # the role is stopping
         self.evaluated_version = version
         self.evaluations += 1
         if self.config.stop.confirm == "fresh" and self._at_target():
@@ -137,7 +142,8 @@ class Evaluator(Role):
                 version,
                 self.config.stop.eval_episodes,
             )
-            self._evaluate(version, self.config.stop.eval_episodes, seed, confirming=True)
+            if not self._evaluate(version, self.config.stop.eval_episodes, seed, confirming=True):
+                return
             self.confirming_return = round(self.last["mean"], 2)
             self.confirming_exploitability = self.last.get("exploitability")
             self.confirming_bounds = self.config.stop.bounds_met(self.last)
@@ -163,15 +169,28 @@ class Evaluator(Role):
         envs = self.make_envs(num_envs, evaluation=True)
         if opponent is not None:
             envs.opponents = fixed_opponents(envs, opponent, seed=seed)
-            envs.opponents.between_searches = self.tick  # heartbeats through long searches
+            envs.opponents.between_searches = self.tick_or_stop  # through long searches
         return envs
 
-    def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> None:
+    def tick_or_stop(self) -> None:
+        """Heartbeat within an evaluation, and end it once the role is asked to stop: a
+        connect four evaluation with search runs for minutes, longer than a stop waits."""
+        self.tick()
+        if self.stop_event.is_set():
+            raise EvaluationStopped
+
+    def _evaluate(self, version: int, episodes: int, seed: int, confirming: bool = False) -> bool:
+        """Evaluate weights ``version``; False when the role's stop cut it short (then
+        nothing of it is recorded; the head has its heartbeat's ``evaluating``)."""
         self.in_flight = (version, time.monotonic())
         try:
             self._run_evaluation(version, episodes, seed, confirming)
+        except EvaluationStopped:
+            self.log.info("evaluation of weights v%d cut short by the stop", version)
+            return False
         finally:
             self.in_flight = None
+        return True
 
     def _run_evaluation(self, version: int, episodes: int, seed: int, confirming: bool) -> None:
         started = time.monotonic()
@@ -183,7 +202,7 @@ class Evaluator(Role):
                     return self.make_eval_envs(n, opponent, seed)
 
                 scores = greedy_returns(
-                    self.model, make_envs, episodes, seed=seed, on_step=self.tick
+                    self.model, make_envs, episodes, seed=seed, on_step=self.tick_or_stop
                 )
                 if i == 0:
                     returns = scores
@@ -192,7 +211,7 @@ class Evaluator(Role):
                     against.update({f"{opponent}_{k}": round(v, 4) for k, v in rates.items()})
                 if opponent is not None and self.searcher is not None:
                     scores = greedy_returns(
-                        self.searcher, make_envs, episodes, seed=seed, on_step=self.tick
+                        self.searcher, make_envs, episodes, seed=seed, on_step=self.tick_or_stop
                     )
                     rates = {**outcome_rates(scores), **seat_outcome_rates(scores)}
                     against.update(
