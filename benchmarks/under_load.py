@@ -6,6 +6,7 @@ one process, the quiet run first. Also counts the roles the broker marked dead o
     python benchmarks/under_load.py --configs pendulum_appo.yaml --load 10
     python benchmarks/under_load.py --configs pong_appo.yaml:300 --loaded-only   # liveness
     python benchmarks/under_load.py --configs pendulum_appo.yaml --keep runs/ul  # keep the logs
+    python benchmarks/under_load.py --configs cartpole_apex_dqn.yaml:1800 --seeds 1 2 3
 
 A config may carry its own wall time (``NAME:SECONDS``). Prints, per config: env steps to the
 target quiet and loaded, their ratio (the bar: at most 1.5; the loaded run stops there, so a
@@ -33,7 +34,12 @@ BAR = 1.5
 
 
 def one_run(
-    config: str, wall_time: int, load: int, env_steps: int | None = None, keep: Path | None = None
+    config: str,
+    wall_time: int,
+    load: int,
+    env_steps: int | None = None,
+    keep: Path | None = None,
+    seed: int | None = None,
 ) -> dict:
     """One `zrl run` to its config's target (or ``wall_time``, or ``env_steps``) beside
     ``load`` busy loops; its run directory, less the checkpoints, copied under ``keep``."""
@@ -45,6 +51,8 @@ def one_run(
             cmd += ["--run-dir", str(run_dir), "--set", f"stop.wall_time={wall_time}"]
             if env_steps is not None:
                 cmd += ["--set", f"stop.env_steps={env_steps}"]
+            if seed is not None:
+                cmd += ["--set", f"seed={seed}"]
             t0, loads = time.monotonic(), []
             proc = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=tmp
@@ -53,7 +61,7 @@ def one_run(
                 loads.append(os.getloadavg()[0])
                 time.sleep(5)
             if keep is not None:
-                dest = keep / f"{Path(config).stem}-load{load}"
+                dest = keep / (f"{Path(config).stem}-load{load}" + (f"-seed{seed}" if seed else ""))
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("checkpoints"))
             summary = json.loads((run_dir / "summary.json").read_text())
@@ -62,6 +70,7 @@ def one_run(
             deaths = [line for line in lines if line.rstrip().endswith(": marked dead")]
             return {
                 "config": config,
+                "seed": seed,
                 "load_units": load,
                 "reached": summary["reached_target"],
                 "steps": summary.get("env_steps_to_target") or summary["env_steps"],
@@ -104,17 +113,26 @@ def main() -> None:
     ap.add_argument(
         "--keep", type=Path, help="copy each run's directory (logs, eval.csv) under this one"
     )
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="run each config with each of these seeds (quiet, then loaded, per seed)",
+    )
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
-    for spec in args.configs:
+    for spec, seed in [(spec, seed) for spec in args.configs for seed in args.seeds]:
         config, _, wall = spec.partition(":")
         wall_time = int(wall) if wall else args.wall_time
-        quiet = None if args.loaded_only else one_run(config, wall_time, 0, keep=args.keep)
+        quiet = (
+            None if args.loaded_only else one_run(config, wall_time, 0, keep=args.keep, seed=seed)
+        )
         # The bar ends the loaded run: it reaches the target within 1.5x the quiet run's env
         # steps, or it does not (its wall time grows with the load, and is only a guard).
         cap = math.ceil(BAR * quiet["steps"]) if quiet and quiet["reached"] else None
-        loaded = one_run(config, wall_time, args.load, env_steps=cap, keep=args.keep)
+        loaded = one_run(config, wall_time, args.load, env_steps=cap, keep=args.keep, seed=seed)
         rows += [r for r in (quiet, loaded) if r]
         parts = [f"beside {args.load} busy loops {describe(loaded)}"]
         if quiet:
@@ -125,7 +143,8 @@ def main() -> None:
                 *parts,
                 f"loaded/quiet env steps {ratio:.2f} (bar {BAR}: {verdict})",
             ]
-        print(f"{config}: " + "; ".join(parts), flush=True)
+        name = config if seed is None else f"{config} seed {seed}"
+        print(f"{name}: " + "; ".join(parts), flush=True)
         for r in (quiet, loaded):
             for line in (r or {}).get("dead_lines", []):
                 print(f"  {'quiet' if r is quiet else 'loaded'}: {line}", flush=True)
