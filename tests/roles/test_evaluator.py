@@ -64,6 +64,19 @@ def test_the_evaluated_weights_are_kept_before_the_result_goes_out(inproc, zmq_c
         rpc.close()
 
 
+def evaluator_of_weights_v1(inproc, zmq_ctx, cfg) -> tuple[Evaluator, Rpc]:
+    """A broker, a parameter server holding weights v1, and an evaluator of them; the rpc to
+    params, for the caller to close."""
+    inproc.start_broker(cfg)
+    params = inproc.start(ParameterServer, index=0)
+    assert isinstance(params, ParameterServer)
+    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
+    evaluator = inproc.start(Evaluator, index=0)
+    assert isinstance(evaluator, Evaluator)
+    return evaluator, rpc
+
+
 def test_the_heartbeat_shows_the_evaluation_running_now(inproc, zmq_ctx, monkeypatch):
     cfg = config()
     cfg.evaluator.interval = 0.01
@@ -75,14 +88,8 @@ def test_the_heartbeat_shows_the_evaluation_running_now(inproc, zmq_ctx, monkeyp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(evaluator_module, "greedy_returns", held)
-    inproc.start_broker(cfg)
-    params = inproc.start(ParameterServer, index=0)
-    assert isinstance(params, ParameterServer)
-    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    evaluator, rpc = evaluator_of_weights_v1(inproc, zmq_ctx, cfg)
     try:
-        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
-        evaluator = inproc.start(Evaluator, index=0)
-        assert isinstance(evaluator, Evaluator)
         running = wait_for(lambda: evaluator.heartbeat_info().get("evaluating"), timeout=30)
         assert running["weights_version"] == 1 and running["for_s"] >= 0
         release.set()
@@ -108,14 +115,8 @@ def test_a_stop_ends_an_evaluation_in_progress(inproc, zmq_ctx, monkeypatch):
             time.sleep(0.01)
 
     monkeypatch.setattr(evaluator_module, "greedy_returns", endless)
-    inproc.start_broker(cfg)
-    params = inproc.start(ParameterServer, index=0)
-    assert isinstance(params, ParameterServer)
-    rpc = Rpc(zmq_ctx, params.rpc_endpoint, broker=params.broker)
+    evaluator, rpc = evaluator_of_weights_v1(inproc, zmq_ctx, cfg)
     try:
-        assert rpc.request(P.Message(P.WEIGHTS, arrays=weights(1))).meta["version"] == 1
-        evaluator = inproc.start(Evaluator, index=0)
-        assert isinstance(evaluator, Evaluator)
         wait_for(lambda: len(steps) > 5, timeout=30, message="the evaluation never stepped")
         inproc.stop_role(evaluator)  # it stops (joined) although its episodes never end
         assert evaluator.evaluations == 0 and evaluator.last == {}
