@@ -631,13 +631,25 @@ def test_a_launch_on_namespaced_hosts_reaches_its_target_and_leaves_nothing(
             )
 
         victim = "actor-1"
-        wait_for(
-            lambda: status().get(victim, {}).get("state") == "alive",
-            timeout=90,
-            message=f"{victim} never came up on node2",
-        )
-        first_pid = status()[victim]["pid"]
-        assert hosts.netns_of(first_pid) == hosts.names[2]
+        actor_log = tmp_path / "logs" / "node2" / f"{victim}.log"
+
+        def victim_pid() -> int | None:
+            """actor-1's process on node2 once it has registered. Found by its command line
+            and namespace, not by `zrl status`: a status call starts a Python process, which
+            at load 10 took longer than the run took to meet its target."""
+            text = actor_log.read_text(errors="replace") if actor_log.is_file() else ""
+            if f"registered as {victim}" not in text:
+                return None
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                line = " ".join(proc.info["cmdline"] or [])
+                if re.search(r"zrl start actor .*--index 1( |$)", line) and (
+                    hosts.netns_of(proc.info["pid"]) == hosts.names[2]
+                ):
+                    return int(proc.info["pid"])
+            return None
+
+        first_pid = wait_for(victim_pid, timeout=90, message=f"{victim} never came up on node2")
+        assert isinstance(first_pid, int)
         os.kill(first_pid, signal.SIGKILL)
 
         def back() -> bool:
