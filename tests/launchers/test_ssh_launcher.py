@@ -477,8 +477,15 @@ def test_launch_over_ssh_runs_a_head_and_agents_and_ctrl_c_stops_everything(
         "node1 {target} broker params replay learner actor\n"
         "node2 {target} actor evaluator   # a second 'host' on the same sshd\n"
     )
+    # No return target: Ctrl-C is what ends this run. At load 10 the config's own target
+    # (475) came 40 s in, before the test's status checks were done.
     launcher, out = _start_launcher(
-        sshd, tmp_path, hosts, port, "--set", "env.num_envs=2", "--set", "evaluator.episodes=1"
+        sshd,
+        tmp_path,
+        hosts,
+        port,
+        *("--set", "env.num_envs=2", "--set", "evaluator.episodes=1"),
+        *("--set", "stop.eval_return=null"),
     )
     try:
 
