@@ -54,8 +54,9 @@ def test_two_members_exploit_and_the_lineage_is_written(tmp_path: Path, fitness:
     assert sum(b["pbt_exploits"] for b in learners) >= 1, learners
     with (Path(summary["dir"]) / "checkpoints" / "pbt-0.csv").open() as f:
         rows = list(csv.DictReader(f))
-    # The summary holds PBT's last heartbeat; an exploit written after it is one row more.
-    assert pbt["exploits"] <= len(rows) <= pbt["exploits"] + 1, (rows, pbt)
+    # The summary holds the last PBT heartbeat the head read: the lineage has at least its
+    # exploits (at load 10 the head's last reading was 8 exploits behind the file).
+    assert len(rows) >= pbt["exploits"], (rows, pbt)
     for row in rows:
         assert {row["member"], row["source"]} == {"member_0", "member_1"}, row
         assert float(row["source_fitness"]) >= float(row["member_fitness"]), row
