@@ -743,3 +743,8 @@ def test_alphazero_self_play_may_act_through_inference_roles_other_games_may_not
     assert cfg.roles.counts()["inference"] == 1
     with pytest.raises(ConfigError, match="play their opponents with models of their own"):
         load_config(REPO / "configs" / "tictactoe_impala.yaml", ["roles.inference=1"])
+    # A policy mapping gives seats to an opponent again: its slot no longer plays every move.
+    ma = cfg.env.multiagent
+    assert ma.plays_every_move
+    assert not ma.model_copy(update={"policy_mapping": {"player_2": "opponent"}}).plays_every_move
+    assert not ma.model_copy(update={"self_play_seats": "learning"}).plays_every_move

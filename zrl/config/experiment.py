@@ -281,11 +281,10 @@ class ExperimentConfig(Section):
         if not self.roles.inference:
             return
         why = ""
-        ma = self.env.multiagent
-        # An actor that moves for every seat of its games (self-play from both seats) plays no
-        # opponent model; every other multi-agent actor does.
-        plays_every_seat = ma.opponent == "self" and ma.self_play_seats == "both"
-        if self.roles.league or (is_multiagent(self.env.id) and not plays_every_seat):
+        # An actor that moves for every seat of its games plays no opponent model; every
+        # other multi-agent actor does.
+        plays_every_move = self.env.multiagent.plays_every_move
+        if self.roles.league or (is_multiagent(self.env.id) and not plays_every_move):
             why = "the actors of multi-agent games play their opponents with models of their own"
         elif self.actor.random_policy:
             why = "actor.random_policy never runs the model"

@@ -97,3 +97,11 @@ class MultiAgentConfig(Section):
         if not names:
             raise ValueError(f"eval_opponents: give at least one ({', '.join(FIXED_PLAYERS)})")
         return names
+
+    @property
+    def plays_every_move(self) -> bool:
+        """Whether the learning slot moves for every seat of its games and so plays no
+        opponent model: self-play from both seats, ``opponent: self``, no policy_mapping."""
+        return (
+            self.self_play_seats == "both" and self.opponent == "self" and not self.policy_mapping
+        )

@@ -146,7 +146,7 @@ class Evaluator(Role):
                 return
             self.confirming_return = round(self.last["mean"], 2)
             self.confirming_exploitability = self.last.get("exploitability")
-            self.confirming_bounds = self.config.stop.bounds_met(self.last)
+            self.confirming_bounds = self.recent_bounds[-1]  # the confirming evaluation's
 
     def _at_target(self) -> bool:
         """Whether the latest evaluation reaches the stop rule's targets (eval_return,

@@ -29,12 +29,11 @@ BOARD_GAMES = ("pettingzoo/tictactoe_v3", "pettingzoo/connect_four_v3")
 
 
 def check_config(cfg: ExperimentConfig) -> None:
-    ma = cfg.env.multiagent
     if cfg.env.id not in BOARD_GAMES:
         raise ValueError(
             f"env.id: {cfg.env.id}: alphazero searches the model of {' or '.join(BOARD_GAMES)}"
         )
-    if ma.self_play_seats != "both" or ma.opponent != "self" or ma.policy_mapping:
+    if not cfg.env.multiagent.plays_every_move:
         raise ValueError(
             "env.multiagent: alphazero plays every move of its self-play games: set "
             "self_play_seats: both, opponent: self and no policy_mapping"

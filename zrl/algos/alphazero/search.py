@@ -226,12 +226,12 @@ def mirror_indices(game: BoardGame) -> tuple[np.ndarray, np.ndarray]:
     same: every self-play sample has a second, free one (AlphaZero's symmetry augmentation)."""
     rows, cols, n = game.rows, game.cols, game.rows * game.cols
     square = np.arange(n).reshape(rows, cols)[:, ::-1].ravel()  # the mirror of each square
-    boards = Bitboards(game)
     if game.gravity:  # an action is a column
         actions = np.arange(cols)[::-1].copy()
     else:  # an action is a square (``Bitboards.moves`` on an empty board lists them all)
-        of_square = {bit.bit_length() - 1: a for a, bit in boards.moves(0)}
-        actions = np.array([of_square[square[bit.bit_length() - 1]] for _, bit in boards.moves(0)])
+        moves = Bitboards(game).moves(0)
+        of_square = {bit.bit_length() - 1: a for a, bit in moves}
+        actions = np.array([of_square[square[bit.bit_length() - 1]] for _, bit in moves])
     planes = (2 * square[:, None] + np.arange(2)[None, :]).ravel()
     return np.concatenate([planes, 2 * n + actions]), actions
 
